@@ -1,0 +1,39 @@
+# One entry point for set-up, codegen, checks and tests. `make test` is what CI runs.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test check lint protos check-protos pytest fuzz bench clean
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $@
+
+demo: $(STAMP)
+	$(BIN)/agent-server demo
+
+protos: $(STAMP)
+	PATH="$(BIN):$$PATH" $(PY) scripts/gen_protos.py
+
+check-protos: $(STAMP)
+	PATH="$(BIN):$$PATH" $(PY) scripts/gen_protos.py --check
+
+lint: $(STAMP)
+	$(BIN)/buf lint
+	$(BIN)/buf format --diff --exit-code
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+check: check-protos lint
+
+pytest: $(STAMP)
+	$(BIN)/pytest -q
+
+test: check pytest
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
