@@ -1,0 +1,133 @@
+"""BundleWriter: layout, permissions, payload dedup and chunking, failure behaviour."""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from pathlib import Path
+
+import pytest
+
+from rollout.trace.v1 import record_pb2
+from trace_reducer import (
+    MAX_RECORD_BYTES,
+    TRACE_FILE_NAME,
+    BundleWriter,
+    RecordingError,
+    payload_id,
+    read_bundle,
+)
+from trace_reducer._reader import CLEAN
+
+
+def _records(bundle: Path) -> list[record_pb2.TraceRecord]:
+    with read_bundle(bundle) as reader:
+        records = list(reader)
+        assert reader.integrity.status == CLEAN, reader.integrity
+    return records
+
+
+def test_layout_permissions_header_and_footer(tmp_path: Path) -> None:
+    writer = BundleWriter.create(tmp_path / "traces", "thread-1", producer_name="unit")
+    writer.close()
+    assert re.fullmatch(r"\d{8}T\d{6}Z-thread-1", writer.bundle_dir.name)
+    assert stat.S_IMODE(os.stat(writer.bundle_dir).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(writer.bundle_dir / TRACE_FILE_NAME).st_mode) == 0o600
+    header, footer = _records(writer.bundle_dir)
+    assert header.header.thread_id == "thread-1"
+    assert header.header.trace_id == writer.trace_id
+    assert header.header.producer_name == "unit"
+    assert header.header.format_version == 1
+    assert footer.footer.record_count == 2
+
+
+def test_payloads_are_written_once(tmp_path: Path) -> None:
+    writer = BundleWriter.create(tmp_path, "t")
+    first = writer.put_payload(b'{"a":1}', record_pb2.PAYLOAD_KIND_INPUT_ITEM)
+    again = writer.put_payload(b'{"a":1}', record_pb2.PAYLOAD_KIND_INPUT_ITEM)
+    other = writer.put_payload(b'{"a":2}', record_pb2.PAYLOAD_KIND_INPUT_ITEM)
+    writer.close()
+    assert first == again == payload_id(b'{"a":1}')
+    assert other != first
+    payloads = [r.payload for r in _records(writer.bundle_dir) if r.HasField("payload")]
+    assert [p.payload_id for p in payloads] == [first, other]
+
+
+def test_large_payloads_are_chunked_under_the_record_limit(tmp_path: Path) -> None:
+    data = os.urandom(MAX_RECORD_BYTES * 2 + 123)
+    writer = BundleWriter.create(tmp_path, "t")
+    pid = writer.put_payload(data, record_pb2.PAYLOAD_KIND_OUTPUT_ITEM, "application/octet-stream")
+    writer.close()
+    chunks = [r.payload for r in _records(writer.bundle_dir) if r.HasField("payload")]
+    assert len(chunks) == 3
+    assert all(c.ByteSize() < MAX_RECORD_BYTES for c in chunks)
+    assert [c.chunk_index for c in chunks] == [0, 1, 2]
+    assert {c.chunk_count for c in chunks} == {3}
+    assert {c.payload_id for c in chunks} == {pid}
+    assert b"".join(c.data for c in chunks) == data
+
+
+def test_seq_and_time_are_filled_in(tmp_path: Path) -> None:
+    writer = BundleWriter.create(tmp_path, "t")
+    seqs = [
+        writer.append(record_pb2.TraceRecord(provider_event=record_pb2.ProviderEvent(call=1)))
+        for _ in range(3)
+    ]
+    writer.close()
+    records = _records(writer.bundle_dir)
+    assert seqs == [2, 3, 4]
+    assert [r.seq for r in records] == [1, 2, 3, 4, 5]
+    times = [r.time_us for r in records]
+    assert times == sorted(times)
+
+
+def test_trace_root_that_is_a_file_fails_with_the_cause(tmp_path: Path) -> None:
+    root = tmp_path / "traces"
+    root.write_text("file")
+    with pytest.raises(RecordingError, match="not a directory"):
+        BundleWriter.create(root, "t")
+
+
+def test_missing_trace_root_is_created(tmp_path: Path) -> None:
+    writer = BundleWriter.create(tmp_path / "a" / "b", "t")
+    writer.close()
+    assert writer.bundle_dir.parent == tmp_path / "a" / "b"
+
+
+@pytest.mark.parametrize("thread_id", ["", "..", "a/b", "x\0y"])
+def test_thread_ids_that_are_no_directory_name_are_refused(tmp_path: Path, thread_id: str) -> None:
+    with pytest.raises(RecordingError, match="invalid thread id"):
+        BundleWriter.create(tmp_path, thread_id)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_root_below_a_file_fails_with_the_cause(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(RecordingError, match="Not a directory"):
+        BundleWriter.create(tmp_path / "file" / "traces", "t")
+
+
+def test_a_failed_write_fails_the_writer_and_keeps_earlier_records(tmp_path: Path) -> None:
+    writer = BundleWriter.create(tmp_path, "t")
+    writer.append(record_pb2.TraceRecord(provider_event=record_pb2.ProviderEvent(call=1)))
+    # Closing the descriptor behind the writer's back makes the next write() fail with EBADF.
+    os.close(writer._fd)
+    with pytest.raises(RecordingError):
+        writer.append(record_pb2.TraceRecord(provider_event=record_pb2.ProviderEvent(call=1)))
+    assert writer.failed
+    with pytest.raises(RecordingError, match="failed"):
+        writer.append(record_pb2.TraceRecord(provider_event=record_pb2.ProviderEvent(call=1)))
+    writer.closed = True  # the descriptor is gone already
+    with read_bundle(writer.bundle_dir) as reader:
+        assert [r.seq for r in reader] == [1, 2]
+        assert reader.integrity.status_name == "UNCLOSED"
+
+
+def test_close_is_idempotent_and_nothing_is_appended_after_it(tmp_path: Path) -> None:
+    writer = BundleWriter.create(tmp_path, "t")
+    writer.close()
+    writer.close()
+    with pytest.raises(RecordingError, match="closed"):
+        writer.append(record_pb2.TraceRecord(provider_event=record_pb2.ProviderEvent(call=1)))
+    assert len(_records(writer.bundle_dir)) == 2

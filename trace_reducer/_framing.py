@@ -1,0 +1,71 @@
+"""One frame in, one frame out: varint length prefix, the trailing CRC-32C field, size limits."""
+
+from __future__ import annotations
+
+import google_crc32c
+
+from rollout.trace.v1 import record_pb2
+
+# Go's protodelim reader refuses larger messages by default; staying under it keeps bundles
+# readable everywhere.
+MAX_RECORD_BYTES = 4 * 1024 * 1024
+
+# Field 15, wire type 5 (fixed32): (15 << 3) | 5.
+CRC_TAG = 0x7D
+CRC_TRAILER_BYTES = 5
+
+_MAX_VARINT_BYTES = 10
+
+
+class RecordTooLargeError(ValueError):
+    """A record would exceed MAX_RECORD_BYTES once framed."""
+
+
+def encode_varint(value: int) -> bytes:
+    """Unsigned LEB128, as protobuf writes lengths."""
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def decode_varint(buf: bytes | bytearray | memoryview, pos: int) -> tuple[int, int] | None:
+    """Return (value, next position), None if buf ends inside the varint.
+
+    Raises ValueError for a varint longer than 10 bytes.
+    """
+    value = 0
+    shift = 0
+    end = len(buf)
+    for i in range(pos, min(end, pos + _MAX_VARINT_BYTES)):
+        byte = buf[i]
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, i + 1
+        shift += 7
+    if end - pos >= _MAX_VARINT_BYTES:
+        raise ValueError("length prefix is longer than 10 bytes")
+    return None
+
+
+def encode_record(record: record_pb2.TraceRecord) -> bytes:
+    """Serialize record (its crc32c field is ignored) and frame it with its CRC appended."""
+    record.crc32c = 0
+    body = record.SerializeToString()
+    checksum = int(google_crc32c.value(body))
+    size = len(body) + CRC_TRAILER_BYTES
+    if size > MAX_RECORD_BYTES:
+        raise RecordTooLargeError(
+            f"record of {size} bytes exceeds the {MAX_RECORD_BYTES}-byte limit"
+        )
+    return b"".join((encode_varint(size), body, bytes((CRC_TAG,)), checksum.to_bytes(4, "little")))
+
+
+def verify_crc(frame: bytes) -> bool:
+    """Whether frame (one record, without its length prefix) ends with a matching CRC field."""
+    if len(frame) < CRC_TRAILER_BYTES or frame[-CRC_TRAILER_BYTES] != CRC_TAG:
+        return False
+    expected = int.from_bytes(frame[-4:], "little")
+    return int(google_crc32c.value(frame[:-CRC_TRAILER_BYTES])) == expected

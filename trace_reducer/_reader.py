@@ -1,0 +1,237 @@
+"""Streaming bundle reader: frames to records, and how the bundle ends (its integrity)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import BinaryIO
+
+from google.protobuf.message import DecodeError
+
+from rollout.trace.v1 import record_pb2, state_pb2
+
+from ._framing import MAX_RECORD_BYTES, decode_varint, verify_crc
+from ._writer import TRACE_FILE_NAME
+
+Status = state_pb2.IntegrityStatus
+CLEAN = state_pb2.INTEGRITY_STATUS_CLEAN
+UNCLOSED = state_pb2.INTEGRITY_STATUS_UNCLOSED
+TRUNCATED = state_pb2.INTEGRITY_STATUS_TRUNCATED
+CORRUPT = state_pb2.INTEGRITY_STATUS_CORRUPT
+
+_READ_BYTES = 1 << 20
+
+
+class BundleError(Exception):
+    """The path given is not a readable trace bundle."""
+
+
+class BundleNotFoundError(BundleError):
+    """Nothing exists at the path given."""
+
+
+class NotABundleError(BundleError):
+    """The path exists but holds no trace.binpb."""
+
+
+@dataclass(frozen=True)
+class Integrity:
+    """How a bundle ends, as far as it was read."""
+
+    status: Status.ValueType
+    records_read: int
+    bytes_read: int
+    detail: str
+    bad_frame_offset: int | None = None
+    bad_frame_seq: int | None = None
+
+    @property
+    def status_name(self) -> str:
+        return Status.Name(self.status).removeprefix("INTEGRITY_STATUS_")
+
+    def to_proto(self) -> state_pb2.Integrity:
+        return state_pb2.Integrity(
+            status=self.status,
+            records_read=self.records_read,
+            bytes_read=self.bytes_read,
+            detail=self.detail,
+            bad_frame_offset=self.bad_frame_offset or 0,
+            bad_frame_seq=self.bad_frame_seq or 0,
+        )
+
+
+class FrameDecoder:
+    """Push-style decoder: feed bytes as they come, get the records that completed.
+
+    It stops at the first bad frame and ignores what follows; finish() classifies the end.
+    Records before the damage are always returned.
+    """
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self._offset = 0  # absolute file offset of _buffer[0]
+        self._next_seq = 1
+        self._footer_seen = False
+        self._damage: Integrity | None = None
+
+    @property
+    def records_read(self) -> int:
+        return self._next_seq - 1
+
+    def feed(self, data: bytes) -> list[record_pb2.TraceRecord]:
+        """Decode every complete frame now buffered; keep a partial one for later."""
+        if self._damage is not None or not data:
+            return []
+        if self._footer_seen:
+            self._corrupt(self._offset, "data after the footer")
+            return []
+        buffer = self._buffer
+        buffer += data
+        records: list[record_pb2.TraceRecord] = []
+        pos = 0
+        end = len(buffer)
+        parse = record_pb2.TraceRecord.FromString
+        while pos < end:
+            frame_start = pos
+            try:
+                prefix = decode_varint(buffer, pos)
+            except ValueError as error:
+                self._corrupt(self._offset + frame_start, str(error))
+                break
+            if prefix is None:
+                break
+            size, body_start = prefix
+            if size == 0 or size > MAX_RECORD_BYTES:
+                self._corrupt(self._offset + frame_start, f"frame length {size} is not valid")
+                break
+            body_end = body_start + size
+            if body_end > end:
+                break
+            frame = bytes(buffer[body_start:body_end])
+            if not verify_crc(frame):
+                self._corrupt(self._offset + frame_start, "CRC mismatch")
+                break
+            try:
+                record = parse(frame)
+            except DecodeError as error:
+                self._corrupt(self._offset + frame_start, f"record does not parse: {error}")
+                break
+            problem = self._check(record)
+            if problem:
+                self._corrupt(self._offset + frame_start, problem)
+                break
+            self._next_seq += 1
+            records.append(record)
+            pos = body_end
+            if record.HasField("footer"):
+                self._footer_seen = True
+                if pos < end:
+                    self._corrupt(self._offset + pos, "data after the footer")
+                break
+        del buffer[:pos]
+        self._offset += pos
+        return records
+
+    def finish(self) -> Integrity:
+        """Classify the end of the stream once all bytes were fed."""
+        if self._damage is not None:
+            return self._damage
+        read = self.records_read
+        if self._buffer:
+            return Integrity(
+                TRUNCATED,
+                read,
+                self._offset,
+                f"ends inside a frame at byte {self._offset} "
+                f"({len(self._buffer)} bytes of seq {self._next_seq})",
+                self._offset,
+                self._next_seq,
+            )
+        if self._footer_seen:
+            return Integrity(CLEAN, read, self._offset, "")
+        if read == 0:
+            return Integrity(TRUNCATED, 0, 0, "empty: no header", 0, 1)
+        return Integrity(UNCLOSED, read, self._offset, f"no footer after seq {read}")
+
+    def _check(self, record: record_pb2.TraceRecord) -> str:
+        if record.seq != self._next_seq:
+            return f"seq {record.seq} where {self._next_seq} was expected"
+        body = record.WhichOneof("body")
+        if (body == "header") != (record.seq == 1):
+            return "the first record must be the header, and only the first"
+        if body == "footer" and record.footer.record_count != record.seq:
+            return f"footer counts {record.footer.record_count} records, found {record.seq}"
+        return ""
+
+    def _corrupt(self, offset: int, reason: str) -> None:
+        self._damage = Integrity(
+            CORRUPT,
+            self.records_read,
+            offset,
+            f"bad frame at byte {offset} (seq {self._next_seq}): {reason}",
+            offset,
+            self._next_seq,
+        )
+
+
+class BundleReader:
+    """Iterates over the records of one trace.binpb, streaming it from disk."""
+
+    def __init__(self, file_path: Path, source: BinaryIO) -> None:
+        self.file_path = file_path
+        self.bundle_dir = file_path.parent
+        self._source = source
+        self._decoder = FrameDecoder()
+        self._integrity: Integrity | None = None
+
+    @property
+    def integrity(self) -> Integrity:
+        """How the bundle ends; valid once iteration is over."""
+        if self._integrity is None:
+            raise RuntimeError("integrity is known only after reading every record")
+        return self._integrity
+
+    def __iter__(self) -> Iterator[record_pb2.TraceRecord]:
+        decoder = self._decoder
+        read = self._source.read
+        while chunk := read(_READ_BYTES):
+            yield from decoder.feed(chunk)
+        self._integrity = decoder.finish()
+
+    def close(self) -> None:
+        self._source.close()
+
+    def __enter__(self) -> BundleReader:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def resolve_trace_file(path: str | os.PathLike[str]) -> Path:
+    """The trace.binpb of a bundle given as its directory or as the file itself."""
+    given = Path(path)
+    if not given.exists():
+        raise BundleNotFoundError(f"no such file or directory: {given}")
+    candidate = given / TRACE_FILE_NAME if given.is_dir() else given
+    if not candidate.is_file():
+        raise NotABundleError(f"not a trace bundle (no {TRACE_FILE_NAME}): {given}")
+    return candidate
+
+
+def read_bundle(path: str | os.PathLike[str]) -> BundleReader:
+    """Open a bundle (its directory or its trace.binpb) for streaming."""
+    file_path = resolve_trace_file(path)
+    try:
+        source = file_path.open("rb", buffering=0)
+    except OSError as error:
+        raise BundleError(f"cannot read {file_path}: {error.strerror or error}") from error
+    return BundleReader(file_path, source)

@@ -1,0 +1,197 @@
+"""BundleWriter: creates a bundle, frames records into it, dedups payloads, flushes and fsyncs."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+from rollout.trace.v1 import record_pb2
+
+from ._framing import MAX_RECORD_BYTES, encode_record
+from ._version import __version__
+
+FORMAT_VERSION = 1
+TRACE_FILE_NAME = "trace.binpb"
+STATE_FILE_NAME = "state.json"
+
+# Leaves room for the payload record's own fields and the frame around the chunk.
+_CHUNK_BYTES = MAX_RECORD_BYTES - 4096
+
+
+class RecordingError(Exception):
+    """The bundle could not be created or written; the message is the cause."""
+
+
+def payload_id(data: bytes) -> str:
+    """Content address of a payload: lowercase hex BLAKE2b-128 of its bytes."""
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def _describe(error: OSError) -> str:
+    reason = error.strerror or str(error)
+    return f"{reason}: {error.filename}" if error.filename else reason
+
+
+class BundleWriter:
+    """Appends records to one bundle's trace.binpb; never appends after close or failure.
+
+    Every frame goes to the OS in a single write() (an unbuffered file descriptor), so a killed
+    process loses nothing it had recorded; sync() makes it durable.
+    """
+
+    def __init__(self, bundle_dir: Path, fd: int, trace_id: str, created_at: datetime) -> None:
+        self.bundle_dir = bundle_dir
+        self.file_path = bundle_dir / TRACE_FILE_NAME
+        self.trace_id = trace_id
+        self.created_at = created_at
+        self.record_count = 0
+        self.failed = False
+        self.closed = False
+        self._fd = fd
+        self._started_ns = time.monotonic_ns()
+        self._payloads: set[str] = set()
+
+    @classmethod
+    def create(
+        cls,
+        trace_root: str | Path,
+        thread_id: str,
+        *,
+        trace_id: str | None = None,
+        producer_name: str = "rollout-trace",
+        producer_version: str = __version__,
+    ) -> BundleWriter:
+        """Create `<trace_root>/<UTC stamp>-<thread_id>/trace.binpb` and write its header."""
+        if not thread_id or "/" in thread_id or thread_id in {".", ".."} or "\0" in thread_id:
+            raise RecordingError(f"invalid thread id for a bundle name: {thread_id!r}")
+        created_at = datetime.now(UTC)
+        root = Path(trace_root)
+        bundle_dir = root / f"{created_at:%Y%m%dT%H%M%SZ}-{thread_id}"
+        try:
+            if not root.is_dir():
+                # mkdir -p would turn a typo into a silent new tree; a missing root is created,
+                # anything else that is not a directory is the user's to fix.
+                if root.exists():
+                    raise RecordingError(f"trace root is not a directory: {root}")
+                root.mkdir(mode=0o700, parents=True, exist_ok=True)
+            bundle_dir.mkdir(mode=0o700)
+            fd = os.open(
+                bundle_dir / TRACE_FILE_NAME,
+                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC,
+                0o600,
+            )
+        except OSError as error:
+            raise RecordingError(_describe(error)) from error
+        writer = cls(bundle_dir, fd, trace_id or uuid.uuid4().hex, created_at)
+        header = record_pb2.Header(
+            format_version=FORMAT_VERSION,
+            trace_id=writer.trace_id,
+            thread_id=thread_id,
+            producer_name=producer_name,
+            producer_version=producer_version,
+        )
+        header.created_at.FromDatetime(created_at)
+        try:
+            writer.append(record_pb2.TraceRecord(header=header))
+        except RecordingError:
+            writer.abandon()
+            # A bundle without its header is no bundle; leave nothing half-made behind.
+            with contextlib.suppress(OSError):
+                writer.file_path.unlink()
+                bundle_dir.rmdir()
+            raise
+        return writer
+
+    def append(self, record: record_pb2.TraceRecord) -> int:
+        """Fill in seq and time, write the record as one frame, and return its seq."""
+        if self.failed or self.closed:
+            state = "failed" if self.failed else "closed"
+            raise RecordingError(f"the recording is {state}: {self.file_path}")
+        seq = self.record_count + 1
+        record.seq = seq
+        record.time_us = (time.monotonic_ns() - self._started_ns) // 1000
+        frame = encode_record(record)
+        try:
+            written = os.write(self._fd, frame)
+        except OSError as error:
+            self._fail()
+            raise RecordingError(_describe(error)) from error
+        if written != len(frame):
+            # A short write leaves a torn frame; appending after it would hide the damage.
+            self._fail()
+            raise RecordingError(f"short write ({written} of {len(frame)} bytes): {self.file_path}")
+        self.record_count = seq
+        return seq
+
+    def put_payload(
+        self,
+        data: bytes,
+        kind: record_pb2.PayloadKind.ValueType,
+        media_type: str = "application/json",
+    ) -> str:
+        """Write data as a payload unless this bundle already has it; return its id."""
+        pid = payload_id(data)
+        if pid in self._payloads:
+            return pid
+        if len(data) <= _CHUNK_BYTES:
+            self.append(
+                record_pb2.TraceRecord(
+                    payload=record_pb2.Payload(
+                        payload_id=pid, kind=kind, media_type=media_type, data=data
+                    )
+                )
+            )
+        else:
+            count = -(-len(data) // _CHUNK_BYTES)
+            for index in range(count):
+                chunk = data[index * _CHUNK_BYTES : (index + 1) * _CHUNK_BYTES]
+                payload = record_pb2.Payload(
+                    payload_id=pid,
+                    kind=kind,
+                    media_type=media_type,
+                    data=chunk,
+                    chunk_index=index,
+                    chunk_count=count,
+                )
+                self.append(record_pb2.TraceRecord(payload=payload))
+        self._payloads.add(pid)
+        return pid
+
+    def sync(self) -> None:
+        """Make everything written so far durable."""
+        if self.failed or self.closed:
+            return
+        try:
+            os.fsync(self._fd)
+        except OSError as error:
+            self._fail()
+            raise RecordingError(_describe(error)) from error
+
+    def close(self) -> None:
+        """Write the footer, fsync and close; after a failure only release the file."""
+        if self.closed:
+            return
+        try:
+            if not self.failed:
+                footer = record_pb2.Footer(record_count=self.record_count + 1)
+                self.append(record_pb2.TraceRecord(footer=footer))
+                self.sync()
+        finally:
+            self._release()
+
+    def abandon(self) -> None:
+        """Close the file without a footer, as a killed writer would leave it."""
+        self._release()
+
+    def _fail(self) -> None:
+        self.failed = True
+
+    def _release(self) -> None:
+        if not self.closed:
+            self.closed = True
+            os.close(self._fd)
