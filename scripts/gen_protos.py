@@ -52,12 +52,18 @@ def check() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         fresh = Path(tmp)
         generate(fresh)
-        committed = {p.relative_to(ROOT): p for p in (ROOT / PACKAGE).rglob("*") if p.is_file() and "__pycache__" not in p.parts}
+        committed = {
+            p.relative_to(ROOT): p
+            for p in (ROOT / PACKAGE).rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts
+        }
         generated = {p.relative_to(fresh): p for p in (fresh / PACKAGE).rglob("*") if p.is_file()}
         stale = sorted(
             str(rel)
             for rel in committed.keys() | generated.keys()
-            if rel not in committed or rel not in generated or committed[rel].read_bytes() != generated[rel].read_bytes()
+            if rel not in committed
+            or rel not in generated
+            or committed[rel].read_bytes() != generated[rel].read_bytes()
         )
     if stale:
         print("generated code is stale; run `make protos`:", *stale, sep="\n  ", file=sys.stderr)
