@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import os
+import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import BinaryIO
 
+import google_crc32c
 from google.protobuf.message import DecodeError
 
 from rollout.trace.v1 import record_pb2, state_pb2
 
-from ._framing import MAX_RECORD_BYTES, decode_varint, verify_crc
+from ._framing import CRC_TAG, MAX_RECORD_BYTES, decode_varint
 from ._writer import TRACE_FILE_NAME
 
 Status = state_pb2.IntegrityStatus
@@ -23,6 +25,9 @@ TRUNCATED = state_pb2.INTEGRITY_STATUS_TRUNCATED
 CORRUPT = state_pb2.INTEGRITY_STATUS_CORRUPT
 
 _READ_BYTES = 1 << 20
+_CRC_TRAILER_BYTES = 5
+# The trailer as it sits at the end of a frame: field tag byte, then the little-endian CRC.
+_CRC_FIELD = struct.Struct("<BI")
 
 
 class BundleError(Exception):
@@ -71,7 +76,7 @@ class FrameDecoder:
     """
 
     def __init__(self) -> None:
-        self._buffer = bytearray()
+        self._buffer = b""
         self._offset = 0  # absolute file offset of _buffer[0]
         self._next_seq = 1
         self._footer_seen = False
@@ -88,52 +93,73 @@ class FrameDecoder:
         if self._footer_seen:
             self._corrupt(self._offset, "data after the footer")
             return []
-        buffer = self._buffer
-        buffer += data
+        # This loop runs once per record of every bundle read: it is kept flat on purpose.
+        buffer = self._buffer + data if self._buffer else data
         records: list[record_pb2.TraceRecord] = []
+        append = records.append
+        parse = record_pb2.TraceRecord.FromString
+        checksum = google_crc32c.value
+        unpack_crc = _CRC_FIELD.unpack_from
+        next_seq = self._next_seq
         pos = 0
         end = len(buffer)
-        parse = record_pb2.TraceRecord.FromString
+        problem = ""
         while pos < end:
-            frame_start = pos
-            try:
-                prefix = decode_varint(buffer, pos)
-            except ValueError as error:
-                self._corrupt(self._offset + frame_start, str(error))
-                break
-            if prefix is None:
-                break
-            size, body_start = prefix
-            if size == 0 or size > MAX_RECORD_BYTES:
-                self._corrupt(self._offset + frame_start, f"frame length {size} is not valid")
-                break
+            size = buffer[pos]
+            if size < 0x80:
+                body_start = pos + 1
+            else:
+                try:
+                    prefix = decode_varint(buffer, pos)
+                except ValueError as error:
+                    problem = str(error)
+                    break
+                if prefix is None:
+                    break
+                size, body_start = prefix
+                if size > MAX_RECORD_BYTES:
+                    problem = f"frame length {size} exceeds the {MAX_RECORD_BYTES}-byte limit"
+                    break
             body_end = body_start + size
             if body_end > end:
                 break
-            frame = bytes(buffer[body_start:body_end])
-            if not verify_crc(frame):
-                self._corrupt(self._offset + frame_start, "CRC mismatch")
+            crc_at = body_end - _CRC_TRAILER_BYTES
+            tag, expected = unpack_crc(buffer, crc_at) if size >= _CRC_TRAILER_BYTES else (0, 0)
+            if tag != CRC_TAG or checksum(buffer[body_start:crc_at]) != expected:
+                problem = "CRC mismatch" if size else "zero-length frame"
                 break
             try:
-                record = parse(frame)
+                record = parse(buffer[body_start:body_end])
             except DecodeError as error:
-                self._corrupt(self._offset + frame_start, f"record does not parse: {error}")
+                problem = f"record does not parse: {error}"
                 break
-            problem = self._check(record)
-            if problem:
-                self._corrupt(self._offset + frame_start, problem)
+            if record.seq != next_seq:
+                problem = f"seq {record.seq} where {next_seq} was expected"
                 break
-            self._next_seq += 1
-            records.append(record)
+            body = record.WhichOneof("body")
+            if (body == "header") != (next_seq == 1):
+                problem = "the first record must be the header, and only the first"
+                break
+            if body == "footer" and record.footer.record_count != next_seq:
+                problem = f"footer counts {record.footer.record_count} records, found {next_seq}"
+                break
+            next_seq += 1
+            append(record)
             pos = body_end
-            if record.HasField("footer"):
+            if body == "footer":
                 self._footer_seen = True
                 if pos < end:
-                    self._corrupt(self._offset + pos, "data after the footer")
+                    problem = "data after the footer"
                 break
-        del buffer[:pos]
-        self._offset += pos
+        self._next_seq = next_seq
+        self._advance(buffer, pos)
+        if problem:
+            self._corrupt(self._offset, problem)
         return records
+
+    def _advance(self, buffer: bytes, pos: int) -> None:
+        self._buffer = buffer[pos:]
+        self._offset += pos
 
     def finish(self) -> Integrity:
         """Classify the end of the stream once all bytes were fed."""
@@ -155,16 +181,6 @@ class FrameDecoder:
         if read == 0:
             return Integrity(TRUNCATED, 0, 0, "empty: no header", 0, 1)
         return Integrity(UNCLOSED, read, self._offset, f"no footer after seq {read}")
-
-    def _check(self, record: record_pb2.TraceRecord) -> str:
-        if record.seq != self._next_seq:
-            return f"seq {record.seq} where {self._next_seq} was expected"
-        body = record.WhichOneof("body")
-        if (body == "header") != (record.seq == 1):
-            return "the first record must be the header, and only the first"
-        if body == "footer" and record.footer.record_count != record.seq:
-            return f"footer counts {record.footer.record_count} records, found {record.seq}"
-        return ""
 
     def _corrupt(self, offset: int, reason: str) -> None:
         self._damage = Integrity(
