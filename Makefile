@@ -35,5 +35,13 @@ pytest: $(STAMP)
 
 test: check pytest
 
+# The long fuzz run: tens of thousands of mutated bundles through the reader, reducer and CLI.
+fuzz: $(STAMP)
+	FUZZ_ITERATIONS=$${FUZZ_ITERATIONS:-20000} FUZZ_CLI_SAMPLES=$${FUZZ_CLI_SAMPLES:-200} \
+		$(BIN)/pytest -q --timeout 3600 tests/trace_reducer/test_fuzz.py
+
+bench: $(STAMP)
+	$(PY) -m bench
+
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

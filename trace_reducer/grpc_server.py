@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import hmac
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, NoReturn
 
 import grpc
@@ -57,6 +61,122 @@ def split_listen(listen: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+_HEALTH_PREFIX = "/grpc.health.v1.Health/"
+
+
+@dataclass(frozen=True)
+class AccessControl:
+    """Optional bearer-token authentication and TLS, shared by both servers."""
+
+    token: str | None = field(default=None, repr=False)
+    tls_cert: bytes | None = field(default=None, repr=False)
+    tls_key: bytes | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_args(
+        cls, args: argparse.Namespace, environ: Mapping[str, str] | None = None
+    ) -> AccessControl:
+        """Read the token from the variable named by --auth-token-env and the TLS files.
+
+        Raises ValueError with a message fit for the user; never one that shows the token.
+        """
+        env = os.environ if environ is None else environ
+        token = None
+        if args.auth_token_env:
+            token = env.get(args.auth_token_env, "")
+            if not token:
+                raise ValueError(
+                    f"--auth-token-env names {args.auth_token_env}, which is unset or empty"
+                )
+        if (args.tls_cert is None) != (args.tls_key is None):
+            raise ValueError("--tls-cert and --tls-key go together")
+        cert = key = None
+        if args.tls_cert is not None and args.tls_key is not None:
+            cert = _read_file(args.tls_cert, "--tls-cert")
+            key = _read_file(args.tls_key, "--tls-key")
+        return cls(token=token, tls_cert=cert, tls_key=key)
+
+    def interceptors(self) -> list[grpc.aio.ServerInterceptor[Any, Any]]:
+        return [_BearerTokenInterceptor(self.token)] if self.token else []
+
+    def credentials(self) -> grpc.ServerCredentials | None:
+        if self.tls_cert is None or self.tls_key is None:
+            return None
+        return grpc.ssl_server_credentials([(self.tls_key, self.tls_cert)])
+
+
+def add_access_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags that configure AccessControl, identical on both servers."""
+    parser.add_argument(
+        "--auth-token-env",
+        metavar="NAME",
+        help="require `authorization: Bearer <token>` on every RPC but health checks; "
+        "the token is read from the environment variable NAME",
+    )
+    parser.add_argument("--tls-cert", type=Path, metavar="PATH", help="PEM certificate chain")
+    parser.add_argument("--tls-key", type=Path, metavar="PATH", help="PEM private key")
+
+
+def _read_file(path: Path, flag: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as error:
+        raise ValueError(f"{flag}: cannot read {path}: {error.strerror or error}") from error
+
+
+# The stubs make ServerInterceptor generic; at run time it is a plain class.
+class _BearerTokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
+    """Refuses RPCs without the expected bearer token; health checks stay open for probes."""
+
+    def __init__(self, token: str) -> None:
+        self._expected = f"Bearer {token}".encode()
+
+    async def intercept_service(
+        self,
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]
+        ],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any]:
+        handler = await continuation(handler_call_details)
+        # An unknown method has no handler; gRPC answers it UNIMPLEMENTED itself.
+        if handler is None or handler_call_details.method.startswith(_HEALTH_PREFIX):
+            return handler
+        given = b""
+        for key, value in handler_call_details.invocation_metadata or ():
+            if key == "authorization":
+                given = value.encode() if isinstance(value, str) else value
+        if hmac.compare_digest(given, self._expected):
+            return handler
+        reason, message = (
+            ("INVALID_TOKEN", "the bearer token is not valid")
+            if given
+            else ("MISSING_TOKEN", "this server requires `authorization: Bearer <token>`")
+        )
+
+        async def refuse(request: object, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+            await abort(context, grpc.StatusCode.UNAUTHENTICATED, reason, message)
+
+        return _handler_like(handler, refuse)
+
+
+def _handler_like(
+    handler: grpc.RpcMethodHandler[Any, Any], behaviour: Callable[..., Any]
+) -> grpc.RpcMethodHandler[Any, Any]:
+    """A handler of the same streaming kind and codecs as handler, running behaviour."""
+    codecs = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(behaviour, **codecs)
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(behaviour, **codecs)
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(behaviour, **codecs)
+    return grpc.unary_unary_rpc_method_handler(behaviour, **codecs)
+
+
 class GrpcServer:
     """A grpc.aio server with health and reflection, bound to one loopback or host address."""
 
@@ -77,16 +197,17 @@ class GrpcServer:
         listen: str,
         register: Callable[[grpc.aio.Server], None],
         service_names: Sequence[str],
-        interceptors: Sequence[grpc.aio.ServerInterceptor[Any, Any]] = (),
+        access: AccessControl | None = None,
     ) -> GrpcServer:
         """Register the services, add health and reflection, bind and start.
 
         Raises ValueError for a malformed address and OSError when it cannot be bound.
         """
+        access = access or AccessControl()
         host, port = split_listen(listen)
         # Without this, a second server asking for a port in use silently shares it.
         server = grpc.aio.server(
-            interceptors=list(interceptors), options=[("grpc.so_reuseport", 0)]
+            interceptors=access.interceptors(), options=[("grpc.so_reuseport", 0)]
         )
         register(server)
         health = HealthServicer()
@@ -99,9 +220,13 @@ class GrpcServer:
             ],
             server,
         )
-        bound_host = f"[{host}]" if ":" in host else host
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        credentials = access.credentials()
         try:
-            bound = server.add_insecure_port(f"{bound_host}:{port}")
+            if credentials is None:
+                bound = server.add_insecure_port(address)
+            else:
+                bound = server.add_secure_port(address, credentials)
         except RuntimeError as error:
             raise OSError(f"cannot listen on {listen}: {error}") from error
         if bound == 0:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
+import shutil
+import subprocess
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -11,7 +15,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from grpc_status import rpc_status
 
-from trace_reducer.grpc_server import ERROR_DOMAIN, GrpcServer, abort, split_listen
+from trace_reducer.grpc_server import (
+    ERROR_DOMAIN,
+    AccessControl,
+    GrpcServer,
+    abort,
+    split_listen,
+)
 
 _SERVICE = "test.v1.EchoService"
 
@@ -92,3 +102,109 @@ def test_malformed_listen_address(listen: str) -> None:
 
 def test_ipv6_listen_address() -> None:
     assert split_listen("[::1]:50051") == ("::1", 50051)
+
+
+def _access(
+    token_env: str | None = None,
+    cert: Path | None = None,
+    key: Path | None = None,
+    environ: dict[str, str] | None = None,
+) -> AccessControl:
+    args = argparse.Namespace(auth_token_env=token_env, tls_cert=cert, tls_key=key)
+    return AccessControl.from_args(args, environ or {})
+
+
+async def _refuse_code(channel: grpc.aio.Channel, metadata: tuple[tuple[str, str], ...]) -> str:
+    refuse = channel.unary_unary(
+        f"/{_SERVICE}/Refuse", request_serializer=None, response_deserializer=None
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await refuse(b"", metadata=metadata)
+    status = rpc_status.from_call(raised.value)  # type: ignore[arg-type]
+    info = error_details_pb2.ErrorInfo()
+    assert status is not None
+    assert status.details[0].Unpack(info)
+    assert "s3cret" not in (raised.value.details() or "")
+    return f"{raised.value.code().name}/{info.reason}"
+
+
+async def test_bearer_token_is_required_except_for_health() -> None:
+    access = _access("TOKEN_VAR", environ={"TOKEN_VAR": "s3cret"})
+    server = await GrpcServer.start("127.0.0.1:0", _register, [_SERVICE], access=access)
+    try:
+        async with grpc.aio.insecure_channel(server.address) as channel:
+            assert await _refuse_code(channel, ()) == "UNAUTHENTICATED/MISSING_TOKEN"
+            wrong = (("authorization", "Bearer nope"),)
+            assert await _refuse_code(channel, wrong) == "UNAUTHENTICATED/INVALID_TOKEN"
+            # With the right token the call reaches the servicer, which refuses on its own terms.
+            right = (("authorization", "Bearer s3cret"),)
+            assert await _refuse_code(channel, right) == "NOT_FOUND/THING_NOT_FOUND"
+            health = health_pb2_grpc.HealthStub(channel)
+            reply = await health.Check(health_pb2.HealthCheckRequest(service=_SERVICE))
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        await server.stop(None)
+
+
+def test_access_flags_are_checked() -> None:
+    with pytest.raises(ValueError, match="TOKEN_VAR, which is unset"):
+        _access("TOKEN_VAR")
+    with pytest.raises(ValueError, match="go together"):
+        _access(cert=Path("cert.pem"))
+    with pytest.raises(ValueError, match="cannot read"):
+        _access(cert=Path("/nonexistent/cert.pem"), key=Path("/nonexistent/key.pem"))
+    assert "s3cret" not in repr(_access("T", environ={"T": "s3cret"}))
+
+
+@pytest.fixture
+def certificate(tmp_path: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and its key, made with the openssl command."""
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-addext",
+            "subjectAltName=IP:127.0.0.1,DNS:localhost",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return cert, key
+
+
+async def test_tls(certificate: tuple[Path, Path]) -> None:
+    cert, key = certificate
+    server = await GrpcServer.start(
+        "127.0.0.1:0", _register, [_SERVICE], access=_access(cert=cert, key=key)
+    )
+    try:
+        credentials = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
+        async with grpc.aio.secure_channel(server.address, credentials) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            reply = await health.Check(health_pb2.HealthCheckRequest(service=_SERVICE))
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        async with grpc.aio.insecure_channel(server.address) as plain:
+            with pytest.raises(grpc.aio.AioRpcError) as raised:
+                await health_pb2_grpc.HealthStub(plain).Check(
+                    health_pb2.HealthCheckRequest(), timeout=5
+                )
+            assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        await server.stop(None)
