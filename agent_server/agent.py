@@ -1,0 +1,224 @@
+"""The agent: the registry of threads and the operations the gRPC service exposes."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Mapping, Sequence
+
+from agent_server.config import Settings
+from agent_server.errors import (
+    EmptyInputError,
+    InputTooLargeError,
+    MissingThreadIdError,
+    MissingTurnIdError,
+    RecordingStartFailedError,
+    ShuttingDownError,
+    ThreadClosedError,
+    ThreadNotFoundError,
+    TurnAlreadyRunningError,
+    TurnNotRunningError,
+)
+from agent_server.events import EventBuffer
+from agent_server.provider import ProviderClient
+from agent_server.recorder import Recorder
+from agent_server.threads import Thread, Turn
+from agent_server.turn import TurnRunner
+from rollout.agent.v1 import agent_pb2
+from rollout.trace.v1 import common_pb2
+from trace_reducer import RecordingError
+
+MAX_INPUT_BYTES = 1024 * 1024
+CLOSE_REQUESTER = "close_thread"
+SHUTDOWN_REQUESTER = "shutdown"
+CLOSE_REASON = "closed"
+SHUTDOWN_REASON = "shutdown"
+
+
+def user_message(texts: Sequence[str]) -> dict[str, object]:
+    """A turn's input as one Responses API user message, one input_text part per text."""
+    return {
+        "type": "message",
+        "role": "user",
+        "content": [{"type": "input_text", "text": text} for text in texts],
+    }
+
+
+class Agent:
+    """Owns every thread of the server; each method is one client operation."""
+
+    def __init__(self, settings: Settings, provider: ProviderClient) -> None:
+        self._settings = settings
+        self._provider = provider
+        self._threads: dict[str, Thread] = {}
+        self._runners: dict[str, TurnRunner] = {}
+        self._stopping = False
+        # Threads whose bundle is being created: shutdown waits for them.
+        self._starting: set[asyncio.Task[Thread]] = set()
+
+    def thread_ids(self) -> list[str]:
+        return list(self._threads)
+
+    def check_serving(self) -> None:
+        if self._stopping:
+            raise ShuttingDownError()
+
+    async def start_thread(
+        self, model: str, instructions: str, metadata: Mapping[str, str]
+    ) -> Thread:
+        self.check_serving()
+        # A caller that gives up must not leave a bundle without its thread behind: the thread
+        # is made anyway, and shutdown finishes its bundle like any other.
+        starting = asyncio.create_task(self._start_thread(model, instructions, metadata))
+        self._starting.add(starting)
+        starting.add_done_callback(self._starting.discard)
+        return await asyncio.shield(starting)
+
+    async def _start_thread(
+        self, model: str, instructions: str, metadata: Mapping[str, str]
+    ) -> Thread:
+        thread_id = f"thread_{uuid.uuid4().hex}"
+        model = model or self._settings.model
+        trace_root = self._settings.trace_root
+        if trace_root is None:
+            recorder = Recorder.off(thread_id)
+        else:
+            try:
+                recorder = await Recorder.start(
+                    trace_root,
+                    thread_id,
+                    model=model,
+                    instructions=instructions,
+                    metadata=metadata,
+                )
+            except RecordingError as error:
+                raise RecordingStartFailedError(str(error)) from error
+        if self._stopping:
+            # Shutdown began while the bundle was being made: finish it like the others.
+            await recorder.finish(common_pb2.EXECUTION_STATUS_CANCELLED, SHUTDOWN_REASON)
+            raise ShuttingDownError()
+        thread = Thread(
+            id=thread_id,
+            model=model,
+            instructions=instructions,
+            metadata=dict(metadata),
+            recorder=recorder,
+            events=EventBuffer(self._settings.event_buffer),
+        )
+        self._threads[thread_id] = thread
+        return thread
+
+    def thread(self, thread_id: str) -> Thread:
+        self.check_serving()
+        if not thread_id:
+            raise MissingThreadIdError("thread_id is required")
+        thread = self._threads.get(thread_id)
+        if thread is None:
+            raise ThreadNotFoundError(f"no thread {thread_id!r}", thread_id=thread_id)
+        return thread
+
+    def start_turn(self, thread_id: str, texts: Sequence[str]) -> Turn:
+        """Record and announce the turn, start its task, and return it IN_PROGRESS."""
+        thread = self.thread(thread_id)
+        if not any(texts):
+            raise EmptyInputError("input must contain at least one non-empty text")
+        size = sum(len(text.encode()) for text in texts)
+        if size > MAX_INPUT_BYTES:
+            raise InputTooLargeError(
+                f"input holds {size} bytes of text; the limit is {MAX_INPUT_BYTES}",
+                limit=str(MAX_INPUT_BYTES),
+            )
+        if thread.closed or thread.closing is not None:
+            raise ThreadClosedError(f"thread {thread_id!r} is closed", thread_id=thread_id)
+        if thread.running is not None:
+            raise TurnAlreadyRunningError(
+                f"turn {thread.running.id!r} of thread {thread_id!r} is still running",
+                turn_id=thread.running.id,
+            )
+        turn_id = f"turn_{uuid.uuid4().hex}"
+        items = [user_message(texts)]
+        ordinal = thread.recorder.turn_started(turn_id, items)
+        thread.history.extend(items)
+        turn = Turn(id=turn_id, thread_id=thread_id, ordinal=ordinal)
+        thread.turns[turn_id] = turn
+        thread.running = turn
+        thread.emit(turn_id, turn_started=agent_pb2.TurnStartedEvent(turn=turn.to_proto()))
+        runner = TurnRunner(thread, turn, self._provider, self._settings)
+        self._runners[turn_id] = runner
+        runner.start().add_done_callback(lambda _: self._runners.pop(turn_id, None))
+        return turn
+
+    async def interrupt(self, thread_id: str, turn_id: str, requested_by: str) -> Turn:
+        """Stop the running turn; return once it has stopped, INTERRUPTED."""
+        thread = self.thread(thread_id)
+        if not turn_id:
+            raise MissingTurnIdError("turn_id is required")
+        turn = thread.turns.get(turn_id)
+        if turn is None or not turn.in_progress:
+            state = "is not a turn of" if turn is None else "is no longer running in"
+            raise TurnNotRunningError(
+                f"turn {turn_id!r} {state} thread {thread_id!r}", turn_id=turn_id
+            )
+        runner = self._runners.get(turn_id)
+        if runner is not None:
+            await runner.interrupt(requested_by)
+        return turn
+
+    async def close_thread(self, thread_id: str) -> Thread:
+        """Interrupt a running turn, end the thread and its recording; idempotent."""
+        thread = self.thread(thread_id)
+        await self._close(
+            thread, common_pb2.EXECUTION_STATUS_COMPLETED, CLOSE_REASON, CLOSE_REQUESTER
+        )
+        return thread
+
+    async def shutdown(self) -> None:
+        """Refuse new work, interrupt running turns, finish every open bundle."""
+        self._stopping = True
+        # They see the flag once their bundle exists, and finish it themselves.
+        if self._starting:
+            await asyncio.wait(self._starting)
+        await asyncio.gather(
+            *(
+                self._close(
+                    thread,
+                    common_pb2.EXECUTION_STATUS_CANCELLED,
+                    SHUTDOWN_REASON,
+                    SHUTDOWN_REQUESTER,
+                )
+                for thread in list(self._threads.values())
+            )
+        )
+
+    async def _close(
+        self,
+        thread: Thread,
+        status: common_pb2.ExecutionStatus.ValueType,
+        reason: str,
+        requested_by: str,
+    ) -> None:
+        if thread.closing is None:
+            thread.closing = asyncio.create_task(
+                self._finish_thread(thread, status, reason, requested_by),
+                name=f"close {thread.id}",
+            )
+        # The close goes on when the caller is cancelled; every caller sees the same end.
+        await asyncio.shield(thread.closing)
+
+    async def _finish_thread(
+        self,
+        thread: Thread,
+        status: common_pb2.ExecutionStatus.ValueType,
+        reason: str,
+        requested_by: str,
+    ) -> None:
+        running = thread.running
+        if running is not None:
+            runner = self._runners.get(running.id)
+            if runner is not None:
+                await runner.interrupt(requested_by)
+            elif running.task is not None:
+                await asyncio.wait([running.task])
+        await thread.recorder.finish(status, reason)
+        thread.closed = True
+        thread.events.close()

@@ -1,0 +1,186 @@
+"""The agent server's one settings object, built from command-line flags and the environment."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+from trace_reducer.grpc_server import AccessControl, add_access_arguments, split_listen
+
+_T = TypeVar("_T")
+
+DEFAULT_LISTEN = "127.0.0.1:50051"
+DEFAULT_LOCAL_MODEL = "local-echo-1"
+DEFAULT_API_KEY_ENV = "OPENAI_API_KEY"
+DEFAULT_MAX_RETRIES = 4
+DEFAULT_STREAM_IDLE_TIMEOUT = 300.0
+DEFAULT_EVENT_BUFFER = 10_000
+DEFAULT_WORD_DELAY = 0.02
+DEFAULT_RETRY_BASE_DELAY = 0.5
+
+
+class ConfigError(ValueError):
+    """A flag or environment value that cannot be used."""
+
+
+class Secret:
+    """A string that never shows itself in a repr, str or log line."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return "Secret('***')"
+
+    __str__ = __repr__
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(self._value)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the agent server is configured with; immutable once built."""
+
+    listen: str = DEFAULT_LISTEN
+    # None selects the built-in local model.
+    provider_url: str | None = None
+    model: str = DEFAULT_LOCAL_MODEL
+    api_key_env: str = DEFAULT_API_KEY_ENV
+    api_key: Secret | None = field(default=None, repr=False)
+    # None turns recording off.
+    trace_root: Path | None = None
+    max_retries: int = DEFAULT_MAX_RETRIES
+    retry_base_delay: float = DEFAULT_RETRY_BASE_DELAY
+    stream_idle_timeout: float = DEFAULT_STREAM_IDLE_TIMEOUT
+    event_buffer: int = DEFAULT_EVENT_BUFFER
+    local_word_delay: float = DEFAULT_WORD_DELAY
+    # Bearer token and TLS of the gRPC server (off by default); its secrets never show.
+    access: AccessControl = field(default_factory=AccessControl)
+
+    def __post_init__(self) -> None:
+        if self.max_retries < 0:
+            raise ConfigError("--max-retries must be 0 or more")
+        if self.retry_base_delay < 0:
+            raise ConfigError("--retry-base-delay must be 0 or more")
+        if self.stream_idle_timeout <= 0:
+            raise ConfigError("--stream-idle-timeout must be more than 0 seconds")
+        if self.event_buffer < 1:
+            raise ConfigError("--event-buffer must be at least 1")
+        if self.local_word_delay < 0:
+            raise ConfigError("--local-word-delay must be 0 or more")
+        if not self.model:
+            raise ConfigError("--model must not be empty")
+        if self.provider_url is not None and not self.provider_url.startswith(
+            ("http://", "https://")
+        ):
+            raise ConfigError("--provider-url must be an http:// or https:// URL")
+        try:
+            split_listen(self.listen)
+        except ValueError as error:
+            raise ConfigError(f"--listen: {error}") from error
+
+    @property
+    def recording(self) -> bool:
+        return self.trace_root is not None
+
+    @property
+    def uses_local_model(self) -> bool:
+        return self.provider_url is None
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of `serve`: the shared ones plus the server's access control."""
+    add_arguments(parser)
+    add_access_arguments(parser)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declare the flags every agent-server command shares (defaults resolved in from_args)."""
+    parser.add_argument("--listen", help=f"gRPC address HOST:PORT (default {DEFAULT_LISTEN})")
+    parser.add_argument(
+        "--provider-url",
+        help="Responses API base URL (env ROLLOUT_PROVIDER_URL; default: the built-in local model)",
+    )
+    parser.add_argument("--model", help="provider model (env ROLLOUT_MODEL)")
+    parser.add_argument(
+        "--api-key-env",
+        help="NAME of the environment variable holding the API key "
+        f"(default {DEFAULT_API_KEY_ENV})",
+    )
+    parser.add_argument(
+        "--trace-root", help="record every thread under this directory (env ROLLOUT_TRACE_ROOT)"
+    )
+    parser.add_argument("--max-retries", type=int, help=f"default {DEFAULT_MAX_RETRIES}")
+    parser.add_argument(
+        "--retry-base-delay",
+        type=float,
+        help=f"first retry back-off in seconds (default {DEFAULT_RETRY_BASE_DELAY})",
+    )
+    parser.add_argument(
+        "--stream-idle-timeout",
+        type=float,
+        help=f"seconds without provider data before an attempt fails "
+        f"(default {DEFAULT_STREAM_IDLE_TIMEOUT:g})",
+    )
+    parser.add_argument(
+        "--event-buffer", type=int, help=f"events kept per thread (default {DEFAULT_EVENT_BUFFER})"
+    )
+    parser.add_argument(
+        "--local-word-delay",
+        type=float,
+        help=f"seconds between words of the local model (default {DEFAULT_WORD_DELAY})",
+    )
+
+
+def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Settings:
+    """Build Settings from parsed flags, falling back to the environment, then to defaults."""
+    env = os.environ if environ is None else environ
+
+    def pick(flag: str | None, env_name: str) -> str | None:
+        if flag is not None:
+            return flag
+        value = env.get(env_name, "")
+        return value or None
+
+    provider_url = pick(args.provider_url, "ROLLOUT_PROVIDER_URL")
+    model = pick(args.model, "ROLLOUT_MODEL") or DEFAULT_LOCAL_MODEL
+    api_key_env = args.api_key_env or DEFAULT_API_KEY_ENV
+    key = env.get(api_key_env, "")
+    trace_root = pick(args.trace_root, "ROLLOUT_TRACE_ROOT")
+    access = AccessControl()
+    if hasattr(args, "auth_token_env"):
+        try:
+            access = AccessControl.from_args(args, env)
+        except ValueError as error:
+            raise ConfigError(str(error)) from error
+    return Settings(
+        listen=args.listen or DEFAULT_LISTEN,
+        provider_url=provider_url.rstrip("/") if provider_url else None,
+        model=model,
+        api_key_env=api_key_env,
+        api_key=Secret(key) if key else None,
+        trace_root=Path(trace_root) if trace_root else None,
+        max_retries=_default(args.max_retries, DEFAULT_MAX_RETRIES),
+        retry_base_delay=_default(args.retry_base_delay, DEFAULT_RETRY_BASE_DELAY),
+        stream_idle_timeout=_default(args.stream_idle_timeout, DEFAULT_STREAM_IDLE_TIMEOUT),
+        event_buffer=_default(args.event_buffer, DEFAULT_EVENT_BUFFER),
+        local_word_delay=_default(args.local_word_delay, DEFAULT_WORD_DELAY),
+        access=access,
+    )
+
+
+def _default(value: _T | None, default: _T) -> _T:
+    return default if value is None else value

@@ -1,0 +1,86 @@
+"""Domain errors of the agent server, each with its gRPC status code and ErrorInfo reason."""
+
+from __future__ import annotations
+
+from typing import ClassVar, NoReturn
+
+import grpc
+
+from trace_reducer import grpc_server
+
+
+class AgentError(Exception):
+    """An error a client caused or must know about; never a provider failure."""
+
+    code: ClassVar[grpc.StatusCode] = grpc.StatusCode.FAILED_PRECONDITION
+    reason: ClassVar[str] = "FAILED_PRECONDITION"
+
+    def __init__(self, message: str, **metadata: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.metadata = metadata
+
+
+class InvalidArgumentError(AgentError):
+    code = grpc.StatusCode.INVALID_ARGUMENT
+    reason = "INVALID_ARGUMENT"
+
+
+class MissingThreadIdError(InvalidArgumentError):
+    reason = "MISSING_THREAD_ID"
+
+
+class MissingTurnIdError(InvalidArgumentError):
+    reason = "MISSING_TURN_ID"
+
+
+class EmptyInputError(InvalidArgumentError):
+    reason = "EMPTY_INPUT"
+
+
+class InputTooLargeError(InvalidArgumentError):
+    reason = "INPUT_TOO_LARGE"
+
+
+class ThreadNotFoundError(AgentError):
+    code = grpc.StatusCode.NOT_FOUND
+    reason = "THREAD_NOT_FOUND"
+
+
+class ThreadClosedError(AgentError):
+    reason = "THREAD_CLOSED"
+
+
+class TurnAlreadyRunningError(AgentError):
+    reason = "TURN_ALREADY_RUNNING"
+
+
+class TurnNotRunningError(AgentError):
+    reason = "TURN_NOT_RUNNING"
+
+
+class RecordingStartFailedError(AgentError):
+    reason = "RECORDING_START_FAILED"
+
+    def __init__(self, cause: str) -> None:
+        super().__init__(f"failed to start rollout recording: {cause}")
+
+
+class EventsOutOfRangeError(AgentError):
+    code = grpc.StatusCode.OUT_OF_RANGE
+    reason = "EVENT_INDEX_OUT_OF_RANGE"
+
+
+class ShuttingDownError(AgentError):
+    code = grpc.StatusCode.UNAVAILABLE
+    reason = "SHUTTING_DOWN"
+
+    def __init__(self) -> None:
+        super().__init__("the agent server is shutting down")
+
+
+async def abort_with(
+    context: grpc.aio.ServicerContext[object, object], error: AgentError
+) -> NoReturn:
+    """The one translation of a domain error into a gRPC status with ErrorInfo."""
+    await grpc_server.abort(context, error.code, error.reason, error.message, **error.metadata)

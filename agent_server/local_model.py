@@ -1,0 +1,146 @@
+"""The built-in offline Responses endpoint: a deterministic reply streamed word by word."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from typing import Any
+
+from agent_server.loopback_http import HttpRequest, HttpResponse, LoopbackHttpServer
+
+_QUOTE_WORDS = 12
+_CLOSING = (
+    "This reply comes from the built-in local model, which runs offline on loopback.",
+    "It streams one word at a time over the same Server-Sent Events protocol as the "
+    "Responses API, so the real client code path runs.",
+    "Every word you see was recorded in the trace bundle before it reached you.",
+    "Interrupt the turn at any moment and the items already finished stay accepted.",
+    "Close the thread to finish the recording, then reduce the bundle to see what happened.",
+)
+
+
+def last_user_text(input_items: Any) -> str:
+    """The text of the last user message of a Responses API `input` array ('' when none)."""
+    if not isinstance(input_items, list):
+        return ""
+    for item in reversed(input_items):
+        if not isinstance(item, dict) or item.get("role") != "user":
+            continue
+        content = item.get("content")
+        if isinstance(content, str):
+            return content
+        if isinstance(content, list):
+            return " ".join(
+                part["text"]
+                for part in content
+                if isinstance(part, dict) and isinstance(part.get("text"), str)
+            )
+    return ""
+
+
+def reply_words(user_text: str) -> list[str]:
+    """The deterministic reply to `user_text`, split into the deltas it is streamed as."""
+    words = user_text.split()
+    quote = " ".join(words[:_QUOTE_WORDS]) + (" ..." if len(words) > _QUOTE_WORDS else "")
+    opening = f'You said: "{quote}".' if quote else "You said nothing."
+    text_words = " ".join((opening, *_CLOSING)).split(" ")
+    return [word if i == 0 else " " + word for i, word in enumerate(text_words)]
+
+
+def _count_words(items: Any) -> int:
+    return len(json.dumps(items).split()) if items else 0
+
+
+class LocalModel:
+    """Serves POST /responses with `stream: true` on 127.0.0.1, like the Responses API."""
+
+    def __init__(self, word_delay: float) -> None:
+        self._word_delay = word_delay
+        self._http: LoopbackHttpServer | None = None
+
+    @classmethod
+    async def start(cls, word_delay: float, port: int = 0) -> LocalModel:
+        model = cls(word_delay)
+        model._http = await LoopbackHttpServer.start(model._handle, port=port)
+        return model
+
+    @property
+    def url(self) -> str:
+        assert self._http is not None
+        return self._http.url
+
+    async def stop(self) -> None:
+        if self._http is not None:
+            await self._http.stop()
+
+    async def _handle(self, request: HttpRequest, response: HttpResponse) -> None:
+        if request.method != "POST" or request.path.rstrip("/").split("?")[0] != "/responses":
+            await _error(
+                response, 404, "not_found", f"no route for {request.method} {request.path}"
+            )
+            return
+        try:
+            body = request.json()
+        except ValueError:
+            await _error(response, 400, "invalid_json", "the request body is not valid JSON")
+            return
+        if not isinstance(body, dict) or body.get("stream") is not True:
+            await _error(response, 400, "invalid_request", "only `stream: true` is supported")
+            return
+        await self._stream(response, body)
+
+    async def _stream(self, response: HttpResponse, body: dict[str, Any]) -> None:
+        model = str(body.get("model", ""))
+        deltas = reply_words(last_user_text(body.get("input")))
+        response_id = f"resp_{uuid.uuid4().hex}"
+        item_id = f"msg_{uuid.uuid4().hex}"
+        sequence = 0
+
+        async def send(event_type: str, **fields: Any) -> None:
+            nonlocal sequence
+            sequence += 1
+            await response.event(
+                {"type": event_type, "sequence_number": sequence, **fields}, event=event_type
+            )
+
+        envelope = {"id": response_id, "object": "response", "model": model}
+        await response.start()
+        await send("response.created", response={**envelope, "status": "in_progress"})
+        item = {"id": item_id, "type": "message", "role": "assistant"}
+        await send(
+            "response.output_item.added",
+            output_index=0,
+            item={**item, "status": "in_progress", "content": []},
+        )
+        for delta in deltas:
+            await send(
+                "response.output_text.delta",
+                item_id=item_id,
+                output_index=0,
+                content_index=0,
+                delta=delta,
+            )
+            if self._word_delay:
+                await asyncio.sleep(self._word_delay)
+        part = {"type": "output_text", "text": "".join(deltas), "annotations": []}
+        done_item = {**item, "status": "completed", "content": [part]}
+        await send("response.output_item.done", output_index=0, item=done_item)
+        input_tokens = _count_words(body.get("input")) + _count_words(body.get("instructions"))
+        usage = {
+            "input_tokens": input_tokens,
+            "output_tokens": len(deltas),
+            "total_tokens": input_tokens + len(deltas),
+        }
+        # Only the events the agent needs: the real API's content_part and *.done events, and
+        # the output repeated in response.completed, would each record the whole text again.
+        await send(
+            "response.completed", response={**envelope, "status": "completed", "usage": usage}
+        )
+
+
+async def _error(response: HttpResponse, status: int, code: str, message: str) -> None:
+    body = json.dumps(
+        {"error": {"code": code, "message": message, "type": "invalid_request_error"}}
+    )
+    await response.send(status, body.encode())

@@ -1,0 +1,124 @@
+"""AgentServer: the agent, its provider and its gRPC server started and stopped as one."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from pathlib import Path
+
+import grpc
+
+from agent_server.agent import Agent
+from agent_server.config import Settings
+from agent_server.local_model import LocalModel
+from agent_server.provider import ProviderClient
+from agent_server.service import SERVICE_NAME, AgentService
+from rollout.agent.v1 import agent_pb2_grpc
+from trace_reducer.grpc_server import GrpcServer
+
+log = logging.getLogger(__name__)
+
+# Running RPCs get this long to finish once every thread has been ended.
+_STOP_GRACE = 5.0
+
+
+def trace_root_problem(root: Path) -> str | None:
+    """Why the trace root cannot take a bundle right now, or None when it looks usable."""
+    if root.exists():
+        if not root.is_dir():
+            return f"trace root is not a directory: {root}"
+        if not os.access(root, os.W_OK | os.X_OK):
+            return f"trace root is not writable: {root}"
+        return None
+    parent = next((p for p in root.parents if p.exists()), None)
+    if parent is None or not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        return f"trace root does not exist and cannot be created: {root}"
+    return None
+
+
+class AgentServer:
+    """`await AgentServer.start(settings)`, then `.address` / `.port`, then `await .stop()`."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        agent: Agent,
+        provider: ProviderClient,
+        grpc_server: GrpcServer,
+        local_model: LocalModel | None,
+    ) -> None:
+        self.settings = settings
+        self.agent = agent
+        self._provider = provider
+        self._grpc = grpc_server
+        self._local_model = local_model
+        self._stopping: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def start(cls, settings: Settings) -> AgentServer:
+        """Start the local model when no provider URL is set, then the gRPC server.
+
+        Raises ValueError / OSError when the listen address is unusable.
+        """
+        if settings.trace_root is not None:
+            problem = trace_root_problem(settings.trace_root)
+            if problem:
+                log.warning(
+                    "%s; threads will fail to start until it is fixed (recording is on)", problem
+                )
+        local_model = None
+        if settings.provider_url is None:
+            local_model = await LocalModel.start(settings.local_word_delay)
+            base_url = local_model.url
+        else:
+            base_url = settings.provider_url
+        provider = ProviderClient(base_url, settings.api_key, settings.stream_idle_timeout)
+        agent = Agent(settings, provider)
+        service = AgentService(agent)
+
+        def register(server: grpc.aio.Server) -> None:
+            agent_pb2_grpc.add_AgentServiceServicer_to_server(service, server)
+
+        try:
+            grpc_server = await GrpcServer.start(
+                settings.listen, register, [SERVICE_NAME], settings.access
+            )
+        except BaseException:
+            await provider.aclose()
+            if local_model is not None:
+                await local_model.stop()
+            raise
+        return cls(settings, agent, provider, grpc_server, local_model)
+
+    @property
+    def port(self) -> int:
+        return self._grpc.port
+
+    @property
+    def address(self) -> str:
+        return self._grpc.address
+
+    @property
+    def local_model_url(self) -> str | None:
+        return self._local_model.url if self._local_model is not None else None
+
+    async def stop(self) -> None:
+        """Graceful shutdown; every caller waits for the same one."""
+        if self._stopping is None:
+            self._stopping = asyncio.create_task(self._stop())
+        await asyncio.shield(self._stopping)
+
+    async def _stop(self) -> None:
+        await self._grpc.set_not_serving()
+        # Ending the threads first ends their event streams: the gRPC stop has little to wait for.
+        try:
+            await self.agent.shutdown()
+        finally:
+            await self._grpc.stop(_STOP_GRACE)
+            await self._provider.aclose()
+            if self._local_model is not None:
+                await self._local_model.stop()
+
+    async def wait_for_termination(self) -> None:
+        await self._grpc.wait_for_termination()

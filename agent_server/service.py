@@ -1,0 +1,105 @@
+"""The AgentService servicer: request validation and translation, nothing else."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+
+from agent_server.agent import Agent
+from agent_server.errors import AgentError, EmptyInputError, abort_with
+from rollout.agent.v1 import agent_pb2, agent_pb2_grpc
+from trace_reducer import grpc_server
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name
+
+Context = grpc.aio.ServicerContext[object, object]
+
+
+@contextlib.asynccontextmanager
+async def _translated(context: Context, rpc: str) -> AsyncIterator[None]:
+    """Domain errors become their status; anything unexpected becomes INTERNAL, logged."""
+    try:
+        yield
+    except AgentError as error:
+        await abort_with(context, error)
+    except (asyncio.CancelledError, grpc.aio.AbortError):
+        raise
+    except Exception:
+        log.exception("%s failed unexpectedly", rpc)
+        await grpc_server.abort(
+            context,
+            grpc.StatusCode.INTERNAL,
+            "INTERNAL",
+            f"{rpc} failed with an internal error; the server log has the details",
+        )
+
+
+def _texts(inputs: list[agent_pb2.UserInput]) -> list[str]:
+    texts = []
+    for position, user_input in enumerate(inputs):
+        if user_input.WhichOneof("content") != "text":
+            raise EmptyInputError(f"input[{position}] has no content")
+        texts.append(user_input.text)
+    return texts
+
+
+class AgentService(agent_pb2_grpc.AgentServiceServicer):
+    def __init__(self, agent: Agent) -> None:
+        self._agent = agent
+
+    async def StartThread(  # noqa: N802
+        self, request: agent_pb2.StartThreadRequest, context: Context
+    ) -> agent_pb2.StartThreadResponse:
+        async with _translated(context, "StartThread"):
+            thread = await self._agent.start_thread(
+                request.model, request.instructions, dict(request.metadata)
+            )
+            return agent_pb2.StartThreadResponse(thread=thread.to_proto())
+        raise AssertionError("unreachable")
+
+    async def StartTurn(  # noqa: N802
+        self, request: agent_pb2.StartTurnRequest, context: Context
+    ) -> agent_pb2.StartTurnResponse:
+        async with _translated(context, "StartTurn"):
+            turn = self._agent.start_turn(request.thread_id, _texts(list(request.input)))
+            return agent_pb2.StartTurnResponse(turn=turn.to_proto())
+        raise AssertionError("unreachable")
+
+    async def Interrupt(  # noqa: N802
+        self, request: agent_pb2.InterruptRequest, context: Context
+    ) -> agent_pb2.InterruptResponse:
+        async with _translated(context, "Interrupt"):
+            turn = await self._agent.interrupt(request.thread_id, request.turn_id, context.peer())
+            return agent_pb2.InterruptResponse(turn=turn.to_proto())
+        raise AssertionError("unreachable")
+
+    async def StreamEvents(  # noqa: N802
+        self, request: agent_pb2.StreamEventsRequest, context: Context
+    ) -> AsyncIterator[agent_pb2.StreamEventsResponse]:
+        async with _translated(context, "StreamEvents"):
+            events = self._agent.thread(request.thread_id).events
+            async for event in events.subscribe(request.after_index):
+                yield agent_pb2.StreamEventsResponse(event=event)
+
+    async def GetThread(  # noqa: N802
+        self, request: agent_pb2.GetThreadRequest, context: Context
+    ) -> agent_pb2.GetThreadResponse:
+        async with _translated(context, "GetThread"):
+            return agent_pb2.GetThreadResponse(
+                thread=self._agent.thread(request.thread_id).to_proto()
+            )
+        raise AssertionError("unreachable")
+
+    async def CloseThread(  # noqa: N802
+        self, request: agent_pb2.CloseThreadRequest, context: Context
+    ) -> agent_pb2.CloseThreadResponse:
+        async with _translated(context, "CloseThread"):
+            thread = await self._agent.close_thread(request.thread_id)
+            return agent_pb2.CloseThreadResponse(thread=thread.to_proto())
+        raise AssertionError("unreachable")

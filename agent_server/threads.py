@@ -1,0 +1,106 @@
+"""Threads and turns: their state, their public views, and each thread's event stream."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, TypeAlias
+
+from google.protobuf import timestamp_pb2
+
+from agent_server.events import EventBuffer
+from agent_server.recorder import Recorder
+from rollout.agent.v1 import agent_pb2
+
+TurnStatus: TypeAlias = agent_pb2.TurnStatus.ValueType
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def timestamp(moment: datetime) -> timestamp_pb2.Timestamp:
+    stamp = timestamp_pb2.Timestamp()
+    stamp.FromDatetime(moment)
+    return stamp
+
+
+@dataclass
+class Turn:
+    """One turn: IN_PROGRESS until it ends COMPLETED, FAILED or INTERRUPTED (never again)."""
+
+    id: str
+    thread_id: str
+    # The turn's ordinal in the thread's bundle.
+    ordinal: int
+    started_at: datetime = field(default_factory=now)
+    status: TurnStatus = agent_pb2.TURN_STATUS_IN_PROGRESS
+    error: agent_pb2.TurnError | None = None
+    completed_at: datetime | None = None
+    task: asyncio.Task[None] | None = None
+    # Who asked to interrupt it; set once, before its task is cancelled.
+    interrupted_by: str | None = None
+
+    @property
+    def in_progress(self) -> bool:
+        return self.status == agent_pb2.TURN_STATUS_IN_PROGRESS
+
+    def end(self, status: TurnStatus, error: agent_pb2.TurnError | None = None) -> None:
+        self.status = status
+        self.error = error
+        self.completed_at = now()
+
+    def to_proto(self) -> agent_pb2.Turn:
+        turn = agent_pb2.Turn(
+            id=self.id,
+            thread_id=self.thread_id,
+            status=self.status,
+            started_at=timestamp(self.started_at),
+        )
+        if self.error is not None:
+            turn.error.CopyFrom(self.error)
+        if self.completed_at is not None:
+            turn.completed_at.CopyFrom(timestamp(self.completed_at))
+        return turn
+
+
+@dataclass
+class Thread:
+    """A conversation: its history, its turns (at most one running), its events, its bundle."""
+
+    id: str
+    model: str
+    instructions: str
+    metadata: dict[str, str]
+    recorder: Recorder
+    events: EventBuffer
+    created_at: datetime = field(default_factory=now)
+    closed: bool = False
+    turns: dict[str, Turn] = field(default_factory=dict)
+    # Every item the model has been shown or has produced, in order: the next request's input.
+    history: list[dict[str, Any]] = field(default_factory=list)
+    # The turn that has not yet emitted turn_completed.
+    running: Turn | None = None
+    closing: asyncio.Task[None] | None = None
+
+    def to_proto(self) -> agent_pb2.Thread:
+        return agent_pb2.Thread(
+            id=self.id,
+            model=self.model,
+            status=agent_pb2.THREAD_STATUS_CLOSED
+            if self.closed
+            else agent_pb2.THREAD_STATUS_ACTIVE,
+            created_at=timestamp(self.created_at),
+            bundle_path=self.recorder.bundle_path,
+            turns=[turn.to_proto() for turn in self.turns.values()],
+            recording_status=self.recorder.status,
+            recording_error=self.recorder.error,
+            metadata=self.metadata,
+        )
+
+    def emit(self, turn_id: str, **kind: Any) -> None:
+        """Publish one event (exactly one `kind=message` keyword) to the thread's subscribers."""
+        event = agent_pb2.ThreadEvent(thread_id=self.id, turn_id=turn_id, **kind)
+        event.time.GetCurrentTime()
+        self.events.publish(event)

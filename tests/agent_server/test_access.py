@@ -1,0 +1,65 @@
+"""`agent-server serve` with a bearer token and TLS (the shared AccessControl)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from rollout.agent.v1 import agent_pb2, agent_pb2_grpc
+from tests.agent_server.conftest import AGENT_SERVER, clean_env, error_reason, serve
+from tests.trace_reducer import test_grpc_server
+
+# The self-signed certificate fixture the shared plumbing is tested with.
+certificate = test_grpc_server.certificate
+
+TOKEN = "agent-token-4711"
+
+
+async def test_serve_with_token_and_tls(certificate: tuple[Path, Path]) -> None:
+    cert, key = certificate
+    async with serve(
+        "--auth-token-env",
+        "AGENT_TOKEN",
+        "--tls-cert",
+        str(cert),
+        "--tls-key",
+        str(key),
+        AGENT_TOKEN=TOKEN,
+    ) as served:
+        credentials = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
+        async with grpc.aio.secure_channel(served.address, credentials) as channel:
+            stub = agent_pb2_grpc.AgentServiceStub(channel)
+            with pytest.raises(grpc.aio.AioRpcError) as raised:
+                await stub.StartThread(agent_pb2.StartThreadRequest())
+            assert raised.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert error_reason(raised.value) == "MISSING_TOKEN"
+            reply = await stub.StartThread(
+                agent_pb2.StartThreadRequest(), metadata=(("authorization", f"Bearer {TOKEN}"),)
+            )
+            assert reply.thread.id
+            health = await health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest()
+            )
+            assert health.status == health_pb2.HealthCheckResponse.SERVING
+    assert served.process.returncode == 0
+    assert TOKEN.encode() not in served.stderr + served.stdout
+
+
+async def test_serve_refuses_a_token_variable_that_is_unset() -> None:
+    process = await asyncio.create_subprocess_exec(
+        AGENT_SERVER,
+        "serve",
+        "--auth-token-env",
+        "NO_SUCH_TOKEN_VARIABLE",
+        env=clean_env(),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, stderr = await process.communicate()
+    assert process.returncode == 2
+    assert "NO_SUCH_TOKEN_VARIABLE" in stderr.decode()
+    assert "Traceback" not in stderr.decode()

@@ -1,0 +1,184 @@
+"""`agent-server serve` and `agent-server demo` as users run them: real processes."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from pathlib import Path
+
+import grpc
+import pytest
+
+from rollout.agent.v1 import agent_pb2, agent_pb2_grpc
+from rollout.trace.v1 import state_pb2
+from tests.agent_server.conftest import (
+    AGENT_SERVER,
+    EventLog,
+    clean_env,
+    error_reason,
+    reduce_with_cli,
+    serve,
+)
+from tests.agent_server.scripted_provider import (
+    ScriptedProvider,
+    answer,
+    created,
+    item_added,
+    item_done,
+    message,
+    sse,
+    text_delta,
+)
+from trace_reducer import read_bundle
+
+FAKE_KEY = "sk-test-0123456789-SECRET-never-written"
+
+
+async def test_serve_records_a_turn_and_exits_cleanly_on_sigterm(
+    provider: ScriptedProvider, tmp_path: Path
+) -> None:
+    provider.queue(answer("served answer"))
+    traces = tmp_path / "traces"
+    async with serve(
+        "--provider-url",
+        provider.url,
+        ROLLOUT_TRACE_ROOT=str(traces),
+        OPENAI_API_KEY=FAKE_KEY,
+    ) as served:
+        async with grpc.aio.insecure_channel(served.address) as channel:
+            stub = agent_pb2_grpc.AgentServiceStub(channel)
+            thread = (await stub.StartThread(agent_pb2.StartThreadRequest())).thread
+            events = EventLog(stub.StreamEvents(agent_pb2.StreamEventsRequest(thread_id=thread.id)))
+            turn = (
+                await stub.StartTurn(
+                    agent_pb2.StartTurnRequest(
+                        thread_id=thread.id, input=[agent_pb2.UserInput(text="hi")]
+                    )
+                )
+            ).turn
+            done = await events.turn_completed(turn.id)
+            assert done.status == agent_pb2.TURN_STATUS_COMPLETED
+            served.process.send_signal(signal.SIGTERM)
+            # The stream ends when the server shuts the thread down.
+            await events.until_end()
+        assert await served.process.wait() == 0
+
+    [bundle] = sorted(traces.iterdir())
+    with read_bundle(bundle) as reader:
+        assert sum(1 for _ in reader) > 5
+        assert reader.integrity.status == state_pb2.INTEGRITY_STATUS_CLEAN
+    # The key went to the provider as a header, and nowhere else.
+    assert provider.requests[0].headers["authorization"] == f"Bearer {FAKE_KEY}"
+    written = b"".join(p.read_bytes() for p in bundle.rglob("*") if p.is_file())
+    for output in (written, served.stdout, served.stderr, provider.requests[0].body):
+        assert FAKE_KEY.encode() not in output
+    assert b"Traceback" not in served.stderr
+
+
+async def test_serve_warns_about_an_unusable_trace_root_and_keeps_serving(
+    tmp_path: Path,
+) -> None:
+    traces = tmp_path / "traces"
+    traces.write_text("not a directory")
+    async with serve("--trace-root", str(traces)) as served:
+        channel = grpc.aio.insecure_channel(served.address)
+        stub = agent_pb2_grpc.AgentServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await stub.StartThread(agent_pb2.StartThreadRequest())
+        assert raised.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert error_reason(raised.value) == "RECORDING_START_FAILED"
+        try:
+            traces.unlink()
+            thread = (await stub.StartThread(agent_pb2.StartThreadRequest())).thread
+            assert thread.bundle_path.startswith(str(traces))
+        finally:
+            await channel.close(None)
+    assert served.process.returncode == 0
+    stderr = served.stderr.decode()
+    assert "trace root is not a directory" in stderr
+    assert "built-in local model" in stderr
+    assert "Traceback" not in stderr
+
+
+async def test_serve_rejects_bad_flags_without_a_traceback() -> None:
+    for args in (["--max-retries", "-1"], ["--listen", "nowhere"], ["--provider-url", "ftp://x"]):
+        process = await asyncio.create_subprocess_exec(
+            AGENT_SERVER,
+            "serve",
+            *args,
+            env=clean_env(),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        _, stderr = await process.communicate()
+        assert process.returncode == 2, args
+        assert stderr.decode().startswith("agent-server: ")
+        assert "Traceback" not in stderr.decode()
+
+
+async def test_demo_runs_and_reduces_its_bundle(tmp_path: Path) -> None:
+    process = await asyncio.create_subprocess_exec(
+        AGENT_SERVER,
+        "demo",
+        "--trace-root",
+        str(tmp_path),
+        "--local-word-delay",
+        "0.005",
+        env=clean_env(),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    stdout, stderr = await process.communicate()
+    assert process.returncode == 0, stderr.decode()
+    text = stdout.decode()
+    assert "recording complete: true (CLEAN" in text
+    assert ": COMPLETED" in text
+    assert ": CANCELLED" in text
+    state_path = Path(text.strip().splitlines()[-1].removeprefix("state.json: "))
+    assert await asyncio.to_thread(state_path.is_file)
+    assert state_path.parent.parent == tmp_path
+    assert "Traceback" not in stderr.decode()
+
+
+async def test_kill_9_mid_stream_keeps_every_item_a_client_saw_completed(
+    provider: ScriptedProvider, tmp_path: Path
+) -> None:
+    survivor = message("survives the kill", "msg-survivor")
+    provider.queue(
+        sse(
+            created(),
+            item_added(survivor),
+            text_delta("survives the kill", "msg-survivor"),
+            item_done(survivor),
+            item_added(message("", "msg-cut")),
+            text_delta("cut short"),
+        ),
+        asyncio.Event(),
+    )
+    traces = tmp_path / "traces"
+    async with (
+        serve("--provider-url", provider.url, "--trace-root", str(traces)) as served,
+        grpc.aio.insecure_channel(served.address) as channel,
+    ):
+        stub = agent_pb2_grpc.AgentServiceStub(channel)
+        thread = (await stub.StartThread(agent_pb2.StartThreadRequest())).thread
+        events = EventLog(stub.StreamEvents(agent_pb2.StreamEventsRequest(thread_id=thread.id)))
+        await stub.StartTurn(
+            agent_pb2.StartTurnRequest(thread_id=thread.id, input=[agent_pb2.UserInput(text="go")])
+        )
+        await events.wait_for(lambda e: e.agent_message_delta.delta == "cut short")
+        served.process.kill()
+        await served.process.wait()
+        await events.until_end()
+    seen = [e.item_completed.item.id for e in events.of_kind("item_completed")]
+    assert seen == ["msg-survivor"]
+
+    rollout = await reduce_with_cli(Path(thread.bundle_path))
+    assert not rollout.recording_complete
+    assert rollout.integrity.status == state_pb2.INTEGRITY_STATUS_UNCLOSED
+    accepted = {
+        item.responses_item_id
+        for item in rollout.conversation_items.values()
+        if item.role == state_pb2.CONVERSATION_ROLE_ASSISTANT
+    }
+    assert accepted == set(seen)

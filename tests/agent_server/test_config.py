@@ -1,0 +1,71 @@
+"""Settings from flags and environment; the API key never shows itself."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from agent_server import config
+from agent_server.config import ConfigError, Secret, Settings
+
+
+def parse(argv: list[str], env: dict[str, str]) -> Settings:
+    parser = argparse.ArgumentParser()
+    config.add_arguments(parser)
+    return config.from_args(parser.parse_args(argv), env)
+
+
+def test_defaults_select_the_local_model_without_recording() -> None:
+    settings = parse([], {})
+    assert settings.listen == "127.0.0.1:50051"
+    assert settings.uses_local_model
+    assert not settings.recording
+    assert (settings.max_retries, settings.stream_idle_timeout) == (4, 300.0)
+    assert settings.event_buffer == 10_000
+    assert settings.api_key is None
+
+
+def test_flags_win_over_the_environment() -> None:
+    env = {
+        "ROLLOUT_PROVIDER_URL": "http://env.example/v1/",
+        "ROLLOUT_MODEL": "env-model",
+        "ROLLOUT_TRACE_ROOT": "/env/traces",
+        "OPENAI_API_KEY": "sk-env",
+    }
+    from_env = parse([], env)
+    assert from_env.provider_url == "http://env.example/v1"
+    assert (from_env.model, from_env.trace_root) == ("env-model", Path("/env/traces"))
+    assert from_env.api_key == Secret("sk-env")
+    flags = parse(
+        ["--provider-url", "https://flag.example", "--model", "m", "--trace-root", "/t"], env
+    )
+    assert (flags.provider_url, flags.model, flags.trace_root) == (
+        "https://flag.example",
+        "m",
+        Path("/t"),
+    )
+
+
+def test_the_key_comes_from_the_named_variable_and_never_shows() -> None:
+    settings = parse(["--api-key-env", "MY_KEY"], {"MY_KEY": "sk-hidden", "OPENAI_API_KEY": "x"})
+    assert settings.api_key is not None
+    assert settings.api_key.reveal() == "sk-hidden"
+    for text in (repr(settings), str(settings), repr(settings.api_key), f"{settings.api_key}"):
+        assert "sk-hidden" not in text
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--max-retries", "-1"],
+        ["--stream-idle-timeout", "0"],
+        ["--event-buffer", "0"],
+        ["--listen", "no-port"],
+        ["--provider-url", "localhost:80"],
+    ],
+)
+def test_bad_values_are_config_errors(argv: list[str]) -> None:
+    with pytest.raises(ConfigError):
+        parse(argv, {})

@@ -1,0 +1,73 @@
+"""The bounded per-thread event buffer: replay, live delivery, slow subscribers, close."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from agent_server.errors import EventsOutOfRangeError
+from agent_server.events import EventBuffer
+from rollout.agent.v1 import agent_pb2
+
+
+def event(delta: str) -> agent_pb2.ThreadEvent:
+    return agent_pb2.ThreadEvent(
+        agent_message_delta=agent_pb2.AgentMessageDeltaEvent(item_id="i", delta=delta)
+    )
+
+
+def deltas(events: list[agent_pb2.ThreadEvent]) -> list[str]:
+    return [e.agent_message_delta.delta for e in events]
+
+
+async def collect(buffer: EventBuffer, after: int) -> list[agent_pb2.ThreadEvent]:
+    return [e async for e in buffer.subscribe(after)]
+
+
+async def test_replay_then_live_then_end_on_close() -> None:
+    buffer = EventBuffer(10)
+    for text in "ab":
+        buffer.publish(event(text))
+    task = asyncio.create_task(collect(buffer, 0))
+    await asyncio.sleep(0)
+    buffer.publish(event("c"))
+    buffer.close()
+    got = await task
+    assert deltas(got) == ["a", "b", "c"]
+    assert [e.index for e in got] == [1, 2, 3]
+    assert deltas(await collect(buffer, 2)) == ["c"]
+
+
+async def test_dropped_events_are_out_of_range() -> None:
+    buffer = EventBuffer(2)
+    for text in "abcd":
+        buffer.publish(event(text))
+    buffer.close()
+    with pytest.raises(EventsOutOfRangeError) as raised:
+        await collect(buffer, 1)
+    assert raised.value.metadata["first_index"] == "3"
+    assert deltas(await collect(buffer, 2)) == ["c", "d"]
+    with pytest.raises(EventsOutOfRangeError):
+        await collect(buffer, 5)
+
+
+async def test_a_slow_subscriber_never_blocks_the_publisher_and_learns_it_fell_behind() -> None:
+    buffer = EventBuffer(3)
+    buffer.publish(event("a"))
+    slow = buffer.subscribe(0)
+    assert deltas([await anext(slow)]) == ["a"]
+    # The publisher goes on without waiting for the subscriber.
+    for text in "bcdef":
+        buffer.publish(event(text))
+    assert buffer.last_index == 6
+    with pytest.raises(EventsOutOfRangeError):
+        await anext(slow)
+
+
+async def test_events_after_close_are_dropped() -> None:
+    buffer = EventBuffer(3)
+    buffer.close()
+    buffer.publish(event("late"))
+    assert buffer.last_index == 0
+    assert await collect(buffer, 0) == []

@@ -1,0 +1,70 @@
+"""The built-in local model speaks the Responses SSE protocol through the real client."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent_server.local_model import LocalModel, last_user_text, reply_words
+from agent_server.provider import ProviderClient, ProviderError
+
+
+async def stream_text(model: LocalModel, text: str) -> tuple[list[str], str]:
+    client = ProviderClient(model.url, None, idle_timeout=10)
+    try:
+        body = {
+            "model": "local-echo-1",
+            "stream": True,
+            "store": False,
+            "input": [{"type": "message", "role": "user", "content": text}],
+        }
+        types: list[str] = []
+        out = ""
+        async with client.batches("inf_test", body) as reader:
+            while batch := await reader.next():
+                for event in batch:
+                    assert event.data is not None
+                    types.append(event.type)
+                    if event.type == "response.output_text.delta":
+                        out += event.data["delta"]
+        return types, out
+    finally:
+        await client.aclose()
+
+
+async def test_reply_is_deterministic_and_streamed_word_by_word() -> None:
+    model = await LocalModel.start(word_delay=0)
+    try:
+        types, first = await stream_text(model, "tell me about traces")
+        _, again = await stream_text(model, "tell me about traces")
+    finally:
+        await model.stop()
+    assert first == again == "".join(reply_words("tell me about traces"))
+    assert first.startswith('You said: "tell me about traces".')
+    assert len(first.split()) > 40
+    assert types[:2] == ["response.created", "response.output_item.added"]
+    assert types[-2:] == ["response.output_item.done", "response.completed"]
+    assert types.count("response.output_text.delta") == len(reply_words("tell me about traces"))
+
+
+async def test_it_refuses_what_it_does_not_speak() -> None:
+    model = await LocalModel.start(word_delay=0)
+    client = ProviderClient(model.url + "/nowhere", None, idle_timeout=10)
+    try:
+        with pytest.raises(ProviderError) as raised:
+            async with client.batches("inf_test", {"stream": True}) as reader:
+                await reader.next()
+    finally:
+        await client.aclose()
+        await model.stop()
+    assert (raised.value.http_status, raised.value.code) == (404, "not_found")
+    assert not raised.value.retryable
+
+
+def test_last_user_text() -> None:
+    items = [
+        {"role": "user", "content": [{"type": "input_text", "text": "old"}]},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "reply"}]},
+        {"role": "user", "content": [{"type": "input_text", "text": "new"}]},
+    ]
+    assert last_user_text(items) == "new"
+    assert last_user_text("garbage") == ""

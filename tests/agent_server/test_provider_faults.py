@@ -1,0 +1,226 @@
+"""Provider faults: each ends in the right status, retried per policy, nothing accepted lost."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+import pytest
+
+from agent_server.config import Secret
+from rollout.agent.v1 import agent_pb2
+from rollout.trace.v1 import common_pb2, state_pb2
+from tests.agent_server.conftest import Harness, StartAgent, reduce_with_cli
+from tests.agent_server.scripted_provider import (
+    RESET,
+    ScriptedProvider,
+    answer,
+    created,
+    item_added,
+    item_done,
+    message,
+    sse,
+    text_delta,
+)
+
+FAILED = common_pb2.EXECUTION_STATUS_FAILED
+COMPLETED = common_pb2.EXECUTION_STATUS_COMPLETED
+
+
+async def run_turn(agent: Harness) -> tuple[agent_pb2.Turn, list[agent_pb2.ThreadEvent], str]:
+    thread = await agent.start_thread()
+    events = agent.events(thread.id)
+    turn = await agent.start_turn(thread.id, "hello")
+    final = await events.turn_completed(turn.id)
+    return final, events.events, thread.id
+
+
+async def reduced(agent: Harness) -> state_pb2.RolloutTrace:
+    await agent.server.stop()
+    [bundle] = agent.bundles()
+    rollout = await reduce_with_cli(bundle)
+    assert rollout.recording_complete
+    return rollout
+
+
+def calls_in_order(rollout: state_pb2.RolloutTrace) -> list[state_pb2.InferenceCall]:
+    [turn] = rollout.turns.values()
+    return [rollout.inference_calls[call_id] for call_id in turn.inference_call_ids]
+
+
+def errors(events: list[agent_pb2.ThreadEvent]) -> list[tuple[str, bool]]:
+    return [(e.error.code, e.error.will_retry) for e in events if e.HasField("error")]
+
+
+async def test_server_errors_are_retried_as_new_calls(
+    provider: ScriptedProvider, start_agent: StartAgent
+) -> None:
+    agent = await start_agent(max_retries=2)
+    provider.queue_error(500)
+    provider.queue_error(429, headers={"Retry-After": "0"})
+    provider.queue(answer("finally"))
+    final, events, _ = await run_turn(agent)
+    assert final.status == agent_pb2.TURN_STATUS_COMPLETED
+    assert errors(events) == [("server_error", True), ("server_error", True)]
+
+    calls = calls_in_order(await reduced(agent))
+    assert [(c.attempt, c.execution.status) for c in calls] == [
+        (1, FAILED),
+        (2, FAILED),
+        (3, COMPLETED),
+    ]
+    assert [c.error.http_status for c in calls] == [500, 429, 0]
+    header_ids = [r.headers["x-rollout-inference-call-id"] for r in provider.requests]
+    assert header_ids == [c.inference_call_id for c in calls]
+    assert len(set(header_ids)) == 3
+    # Every attempt sent the same input.
+    assert len({json.dumps(json.loads(r.body)["input"]) for r in provider.requests}) == 1
+
+
+async def test_retries_are_bounded(provider: ScriptedProvider, start_agent: StartAgent) -> None:
+    agent = await start_agent(max_retries=1)
+    provider.queue_error(503)
+    provider.queue_error(503, {"error": {"message": "overloaded", "code": "overloaded"}})
+    final, events, _ = await run_turn(agent)
+    assert final.status == agent_pb2.TURN_STATUS_FAILED
+    assert (final.error.code, final.error.http_status) == ("overloaded", 503)
+    assert "overloaded" in final.error.message
+    assert errors(events) == [("server_error", True), ("overloaded", False)]
+    assert [c.execution.status for c in calls_in_order(await reduced(agent))] == [FAILED] * 2
+
+
+async def test_client_errors_are_not_retried(
+    provider: ScriptedProvider, start_agent: StartAgent
+) -> None:
+    agent = await start_agent(max_retries=3)
+    provider.queue_error(400, {"error": {"message": "bad model", "code": "model_not_found"}})
+    final, _events, _ = await run_turn(agent)
+    assert final.status == agent_pb2.TURN_STATUS_FAILED
+    assert (final.error.code, final.error.http_status) == ("model_not_found", 400)
+    assert len(provider.requests) == 1
+
+
+async def test_malformed_event_fails_the_attempt(
+    provider: ScriptedProvider, start_agent: StartAgent
+) -> None:
+    agent = await start_agent(max_retries=3)
+    provider.queue(sse(created()) + "data: {not json\n\n")
+    final, _, _ = await run_turn(agent)
+    assert final.status == agent_pb2.TURN_STATUS_FAILED
+    assert final.error.code == "malformed_event"
+    [call] = calls_in_order(await reduced(agent))
+    assert call.execution.status == FAILED
+    assert len(provider.requests) == 1
+
+
+async def test_stream_ending_without_terminal_event(
+    agent: Harness, provider: ScriptedProvider
+) -> None:
+    item = message("kept", "msg-kept")
+    provider.queue(sse(created(), item_added(item), item_done(item)))
+    final, _, _ = await run_turn(agent)
+    assert final.status == agent_pb2.TURN_STATUS_FAILED
+    assert final.error.code == "stream_ended"
+    [call] = calls_in_order(await reduced(agent))
+    assert call.execution.status == FAILED
+    assert len(call.response_item_ids) == 1
+
+
+async def test_reset_after_accepted_output_keeps_it_and_is_not_retried(
+    provider: ScriptedProvider, start_agent: StartAgent
+) -> None:
+    agent = await start_agent(max_retries=3)
+    item = message("kept", "msg-kept")
+    provider.queue(
+        sse(created(), item_added(item), text_delta("kept"), item_done(item)),
+        sse(item_added(message("", "msg-lost")), text_delta("lost")),
+        RESET,
+    )
+    final, events, _ = await run_turn(agent)
+    assert final.status == agent_pb2.TURN_STATUS_FAILED
+    assert final.error.code == "connection_error"
+    assert errors(events) == [("connection_error", False)]
+    rollout = await reduced(agent)
+    [call] = calls_in_order(rollout)
+    assert call.execution.status == FAILED
+    [output_id] = call.response_item_ids
+    assert rollout.conversation_items[output_id].responses_item_id == "msg-kept"
+    assert [d.provider_item_id for d in call.discarded_outputs] == ["msg-lost"]
+    assert len(provider.requests) == 1
+
+
+async def test_reset_before_any_output_is_retried(
+    provider: ScriptedProvider, start_agent: StartAgent
+) -> None:
+    agent = await start_agent(max_retries=1)
+    provider.queue(sse(created()), RESET)
+    provider.queue(answer("second try"))
+    final, events, _ = await run_turn(agent)
+    assert final.status == agent_pb2.TURN_STATUS_COMPLETED
+    assert errors(events) == [("connection_error", True)]
+
+
+async def test_idle_stream_times_out(provider: ScriptedProvider, start_agent: StartAgent) -> None:
+    agent = await start_agent(stream_idle_timeout=0.2)
+    provider.queue(sse(created()), asyncio.Event())
+    final, _, _ = await run_turn(agent)
+    assert final.status == agent_pb2.TURN_STATUS_FAILED
+    assert final.error.code == "stream_idle_timeout"
+
+
+async def test_incomplete_and_error_events_fail_the_turn(
+    provider: ScriptedProvider, agent: Harness
+) -> None:
+    provider.queue(
+        sse(
+            created(),
+            {
+                "type": "response.incomplete",
+                "response": {"id": "resp-1", "incomplete_details": {"reason": "max_output_tokens"}},
+            },
+        )
+    )
+    provider.queue(sse({"type": "error", "code": "rate_limit_exceeded", "message": "slow down"}))
+    thread = await agent.start_thread()
+    events = agent.events(thread.id)
+    first = await agent.start_turn(thread.id, "one")
+    incomplete = await events.turn_completed(first.id)
+    assert incomplete.status == agent_pb2.TURN_STATUS_FAILED
+    assert incomplete.error.code == "response_incomplete"
+    assert "max_output_tokens" in incomplete.error.message
+    second = await agent.start_turn(thread.id, "two")
+    error = await events.turn_completed(second.id)
+    assert (error.error.code, error.error.message) == ("rate_limit_exceeded", "slow down")
+    rollout = await reduced(agent)
+    statuses = [c.execution.status for c in rollout.inference_calls.values()]
+    assert statuses == [FAILED, FAILED]
+    reasons = sorted(c.end_reason for c in rollout.inference_calls.values())
+    assert reasons == ["error", "response.incomplete"]
+
+
+async def test_the_api_key_is_sent_as_a_header_and_written_nowhere(
+    provider: ScriptedProvider, start_agent: StartAgent, caplog: pytest.LogCaptureFixture
+) -> None:
+    key = "sk-test-in-process-SECRET-4242"
+    agent = await start_agent(api_key=Secret(key), max_retries=1)
+    provider.queue_error(401, {"error": {"message": "invalid key", "code": "invalid_api_key"}})
+    provider.queue_error(500)
+    provider.queue(sse(created()) + "data: {broken\n\n")
+    with caplog.at_level(logging.DEBUG):
+        final, _, thread_id = await run_turn(agent)
+        assert final.status == agent_pb2.TURN_STATUS_FAILED
+        retried = await agent.start_turn(thread_id, "again")
+        assert (await agent.logs[0].turn_completed(retried.id)).error.code == "malformed_event"
+        reply = await agent.stub.GetThread(agent_pb2.GetThreadRequest(thread_id=thread_id))
+        await agent.server.stop()
+    assert [r.headers["authorization"] for r in provider.requests] == [f"Bearer {key}"] * 3
+    [bundle] = agent.bundles()
+    outputs = [
+        *(path.read_bytes() for path in bundle.rglob("*") if path.is_file()),
+        reply.SerializeToString(),
+        *(event.SerializeToString() for event in agent.logs[0].events),
+        *(caplog.text.encode(), *(record.getMessage().encode() for record in caplog.records)),
+        *(request.body for request in provider.requests),
+    ]
+    assert all(key.encode() not in output for output in outputs)

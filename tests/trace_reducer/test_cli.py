@@ -1,0 +1,273 @@
+"""The trace-reducer command, run as a real subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+from google.protobuf import json_format
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from rollout.reducer.v1 import reducer_pb2, reducer_pb2_grpc
+from rollout.trace.v1 import record_pb2, state_pb2
+from trace_reducer import replay_bundle, state_to_json
+from trace_reducer._framing import decode_varint
+
+from .bundles import COMPLETED, BundleBuilder, one_turn_bundle
+
+COMMAND = [sys.executable, "-m", "trace_reducer.cli"]
+
+
+def run(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*COMMAND, *map(str, args)], capture_output=True, text=True, timeout=30, check=False
+    )
+
+
+def assert_one_clean_line(stderr: str) -> None:
+    assert "Traceback" not in stderr
+    assert len(stderr.strip().splitlines()) == 1, stderr
+
+
+def test_reduce_writes_state_json_and_prints_its_path(tmp_path: Path) -> None:
+    bundle = one_turn_bundle(tmp_path)
+    result = run("reduce", bundle)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    assert result.stdout.strip() == str(bundle / "state.json")
+    trace = json_format.Parse((bundle / "state.json").read_text(), state_pb2.RolloutTrace())
+    assert trace.recording_complete
+    assert trace == replay_bundle(bundle)
+
+
+def test_reduce_to_a_path_to_stdout_and_from_the_file(tmp_path: Path) -> None:
+    bundle = one_turn_bundle(tmp_path)
+    expected = state_to_json(replay_bundle(bundle))
+    out = tmp_path / "elsewhere.json"
+    result = run("reduce", bundle / "trace.binpb", "-o", out)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(out)
+    assert out.read_text() == expected
+    assert not (bundle / "state.json").exists()
+    result = run("reduce", bundle, "--stdout")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == expected
+    assert not (bundle / "state.json").exists()
+    both = run("reduce", bundle, "--stdout", "-o", out)
+    assert both.returncode == 2
+    assert "Traceback" not in both.stderr
+
+
+def test_unclosed_and_truncated_warn_and_succeed(tmp_path: Path) -> None:
+    bundle = one_turn_bundle(tmp_path, close=False)
+    result = run("reduce", bundle)
+    assert result.returncode == 0
+    assert_one_clean_line(result.stderr)
+    assert "warning: unclosed" in result.stderr
+    assert (bundle / "state.json").exists()
+
+    data = (bundle / "trace.binpb").read_bytes()
+    torn = tmp_path / "torn.binpb"
+    torn.write_bytes(data[:-3])
+    result = run("reduce", torn, "--stdout")
+    assert result.returncode == 0
+    assert_one_clean_line(result.stderr)
+    assert "warning: truncated" in result.stderr
+    assert json.loads(result.stdout)["integrity"]["status"] == "INTEGRITY_STATUS_TRUNCATED"
+
+
+def corrupt_copy(tmp_path: Path) -> tuple[Path, int]:
+    """A copy of a bundle with a byte flipped inside its 5th frame; returns it and that offset."""
+    bundle = one_turn_bundle(tmp_path)
+    data = bytearray((bundle / "trace.binpb").read_bytes())
+    offset = 0
+    for _ in range(4):
+        size, start = decode_varint(data, offset) or (0, 0)
+        offset = start + size
+    data[offset + 3] ^= 0x40
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    (damaged / "trace.binpb").write_bytes(bytes(data))
+    return damaged, offset
+
+
+def test_corrupt_fails_with_offset_and_seq_unless_salvaged(tmp_path: Path) -> None:
+    damaged, offset = corrupt_copy(tmp_path)
+    result = run("reduce", damaged)
+    assert result.returncode == 1
+    assert_one_clean_line(result.stderr)
+    assert f"byte {offset}" in result.stderr
+    assert "seq 5" in result.stderr
+    assert not (damaged / "state.json").exists()
+
+    result = run("reduce", damaged, "--salvage")
+    assert result.returncode == 0
+    assert_one_clean_line(result.stderr)
+    assert "warning: corrupt" in result.stderr
+    state = json.loads((damaged / "state.json").read_text())
+    assert state["integrity"]["records_read"] == "4"
+    assert state["recording_complete"] is False
+
+
+def test_contradicting_records_exit_1_naming_the_seq(tmp_path: Path) -> None:
+    bundle = BundleBuilder(tmp_path)
+    seq = bundle.append(turn_started=record_pb2.TurnStarted(turn=1, thread=5, turn_id="x"))
+    result = run("reduce", bundle.close())
+    assert result.returncode == 1
+    assert_one_clean_line(result.stderr)
+    assert f"seq {seq}: unknown thread ordinal 5" in result.stderr
+
+
+def bad_inputs(tmp_path: Path) -> dict[str, Path]:
+    garbage_dir = tmp_path / "garbage-dir"
+    garbage_dir.mkdir()
+    (garbage_dir / "notes.txt").write_text("hello")
+    (garbage_dir / "data.bin").write_bytes(bytes(range(256)))
+    garbage_file = tmp_path / "garbage-file" / "trace.binpb"
+    garbage_file.parent.mkdir()
+    garbage_file.write_bytes(b"\x07not a protobuf frame at all" * 10)
+    empty = tmp_path / "empty" / "trace.binpb"
+    empty.parent.mkdir()
+    empty.write_bytes(b"")
+    torn_header = tmp_path / "torn-header.binpb"
+    torn_header.write_bytes((one_turn_bundle(tmp_path / "src") / "trace.binpb").read_bytes()[:9])
+    return {
+        "missing": tmp_path / "does-not-exist",
+        "garbage directory": garbage_dir,
+        "garbage trace.binpb": garbage_file.parent,
+        "empty file": empty,
+        "header cut short": torn_header,
+    }
+
+
+@pytest.mark.parametrize("command", ["reduce", "dump"])
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, command: str) -> None:
+    for name, path in bad_inputs(tmp_path).items():
+        result = run(command, path)
+        assert result.returncode == 2, (name, result.stderr)
+        assert_one_clean_line(result.stderr)
+        assert result.stderr.startswith("trace-reducer: "), name
+        assert str(path) in result.stderr, name
+        assert not path.is_dir() or not (path / "state.json").exists()
+
+
+def test_usage_errors_exit_2_without_traceback(tmp_path: Path) -> None:
+    for args in ([], ["explode"], ["reduce"], ["serve", "--listen", "nonsense"]):
+        result = run(*args)
+        assert result.returncode == 2, args
+        assert "Traceback" not in result.stderr
+    result = run("serve", "--bundle-root", tmp_path / "nope")
+    assert result.returncode == 2
+    assert_one_clean_line(result.stderr)
+
+
+def test_unwritable_output_exits_1(tmp_path: Path) -> None:
+    bundle = one_turn_bundle(tmp_path)
+    result = run("reduce", bundle, "-o", tmp_path / "no-such-dir" / "state.json")
+    assert result.returncode == 1
+    assert_one_clean_line(result.stderr)
+    assert "No such file or directory" in result.stderr
+
+
+def test_dump_prints_one_line_per_record(tmp_path: Path) -> None:
+    bundle = BundleBuilder(tmp_path)
+    turn = bundle.turn("turn-1", [{"role": "user", "content": "long " * 100}])
+    bundle.turn_ended(turn, COMPLETED)
+    directory = bundle.close()
+    result = run("dump", directory)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    records = replay_bundle(directory).integrity.records_read
+    assert len(lines) == records
+    assert lines[0].split()[:1] == ["1"]
+    assert " header " in lines[0]
+    assert "footer" in lines[-1]
+    payload_line = next(line for line in lines if "INPUT_ITEM" in line)
+    assert "long long" in payload_line
+    assert len(payload_line) < 250  # the 500-byte payload is abbreviated
+    assert result.stderr.startswith("integrity: CLEAN")
+
+    result = run("dump", directory, "--json")
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [row["seq"] for row in rows] == [str(n) for n in range(1, records + 1)]
+    assert "header" in rows[0]
+    assert "footer" in rows[-1]
+
+
+def test_serve_answers_and_stops_on_sigterm(tmp_path: Path) -> None:
+    bundle = one_turn_bundle(tmp_path)
+    process = subprocess.Popen(
+        [*COMMAND, "serve", "--listen", "127.0.0.1:0", "--bundle-root", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        assert line.startswith("listening on 127.0.0.1:"), line
+        address = line.split()[-1]
+        with grpc.insecure_channel(address) as channel:
+            stub = reducer_pb2_grpc.ReducerServiceStub(channel)
+            response = stub.ReduceBundle(reducer_pb2.ReduceBundleRequest(bundle=bundle.name))
+            assert response.trace == replay_bundle(bundle)
+            health = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service="rollout.reducer.v1.ReducerService")
+            )
+            assert health.status == health_pb2.HealthCheckResponse.SERVING
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=20) == 0
+        assert process.stderr is not None
+        assert "Traceback" not in process.stderr.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def test_serve_requires_the_token_when_configured(tmp_path: Path) -> None:
+    bundle = one_turn_bundle(tmp_path)
+    process = subprocess.Popen(
+        [
+            *COMMAND,
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--bundle-root",
+            str(tmp_path),
+            "--auth-token-env",
+            "REDUCER_TEST_TOKEN",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "REDUCER_TEST_TOKEN": "s3cret-token"},
+    )
+    try:
+        assert process.stdout is not None
+        address = process.stdout.readline().split()[-1]
+        request = reducer_pb2.ReduceBundleRequest(bundle=bundle.name)
+        with grpc.insecure_channel(address) as channel:
+            stub = reducer_pb2_grpc.ReducerServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as caught:
+                stub.ReduceBundle(request)
+            assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            answer = stub.ReduceBundle(
+                request, metadata=(("authorization", "Bearer s3cret-token"),)
+            )
+            assert answer.trace.recording_complete
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=20) == 0
+        assert process.stderr is not None
+        assert "s3cret-token" not in process.stderr.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()

@@ -1,0 +1,523 @@
+"""The reducer: reduction rules of SPEC §4 on bundles written by the real BundleWriter."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rollout.trace.v1 import common_pb2, record_pb2, state_pb2
+from trace_reducer import (
+    BundleNotFoundError,
+    NotABundleError,
+    Reducer,
+    ReductionError,
+    read_bundle,
+    replay_bundle,
+    state_to_json,
+)
+
+from .bundles import (
+    CANCELLED,
+    COMPLETED,
+    FAILED,
+    RUNNING,
+    BundleBuilder,
+    as_input,
+    assistant_output,
+    one_turn_bundle,
+    user_item,
+)
+
+CLEAN = state_pb2.INTEGRITY_STATUS_CLEAN
+UNCLOSED = state_pb2.INTEGRITY_STATUS_UNCLOSED
+
+
+def only_call(trace: state_pb2.RolloutTrace) -> state_pb2.InferenceCall:
+    assert len(trace.inference_calls) == 1
+    return next(iter(trace.inference_calls.values()))
+
+
+def inference(call_id: str) -> list[state_pb2.ProducerRef]:
+    return [state_pb2.ProducerRef(inference=state_pb2.InferenceProducer(inference_call_id=call_id))]
+
+
+def user_input(turn_id: str) -> list[state_pb2.ProducerRef]:
+    return [state_pb2.ProducerRef(user_input=state_pb2.UserInputProducer(turn_id=turn_id))]
+
+
+@pytest.mark.parametrize(
+    ("status", "provider_item_id", "expected_item_id"),
+    [
+        (COMPLETED, "msg-original", "msg-original"),
+        (COMPLETED, None, "msg-assigned-1"),
+        (FAILED, "msg-original", "msg-original"),
+        (FAILED, None, "msg-assigned-1"),
+    ],
+)
+def test_accepted_output_survives_success_and_failure(
+    tmp_path: Path,
+    status: common_pb2.ExecutionStatus.ValueType,
+    provider_item_id: str | None,
+    expected_item_id: str,
+) -> None:
+    bundle = one_turn_bundle(tmp_path, status, provider_item_id=provider_item_id)
+    trace = replay_bundle(bundle)
+
+    assert trace.recording_complete
+    assert trace.integrity.status == CLEAN
+    assert trace.root_thread_id == "thread-1"
+    call = only_call(trace)
+    assert len(call.response_item_ids) == 1
+    output_id = call.response_item_ids[0]
+    output = trace.conversation_items[output_id]
+    thread = trace.threads["thread-1"]
+    assert list(thread.conversation_item_ids) == [*call.request_item_ids, output_id]
+    assert trace.turns["turn-1"].execution.status == status
+    assert call.execution.status == status
+    assert thread.execution.status == COMPLETED
+    assert list(output.produced_by) == inference(call.inference_call_id)
+    assert output.responses_item_id == expected_item_id
+    assert output.role == state_pb2.CONVERSATION_ROLE_ASSISTANT
+    assert output.kind == state_pb2.ITEM_KIND_MESSAGE
+    assert [(p.type, p.text) for p in output.content] == [("output_text", "accepted answer")]
+    assert call.response_id == "resp-1"
+    assert call.usage.total_tokens == 7
+    assert list(call.output_payload_ids) == [output.payload_id]
+    if status == FAILED:
+        assert call.error.code == "server_error"
+        assert trace.turns["turn-1"].error.message == "stream failed"
+        assert call.end_reason == "response.failed"
+    else:
+        assert not call.HasField("error")
+        assert call.end_reason == "response.completed"
+
+
+def test_user_input_items_and_call_fields(tmp_path: Path) -> None:
+    trace = replay_bundle(one_turn_bundle(tmp_path))
+    call = only_call(trace)
+    turn = trace.turns["turn-1"]
+    assert list(turn.input_item_ids) == list(call.request_item_ids)
+    assert list(turn.inference_call_ids) == ["call-1"]
+    user = trace.conversation_items[turn.input_item_ids[0]]
+    assert list(user.produced_by) == user_input("turn-1")
+    assert user.role == state_pb2.CONVERSATION_ROLE_USER
+    assert [(p.type, p.text) for p in user.content] == [("input_text", "answer once")]
+    assert user.turn_id == "turn-1"
+    assert user.thread_id == "thread-1"
+    assert (call.model, call.attempt, call.turn_id) == ("test-model", 1, "turn-1")
+    assert call.provider_base_url == "http://127.0.0.1:9/v1"
+    assert call.request_envelope_payload_id
+    assert list(call.input_payload_ids) == [user.payload_id]
+    assert trace.threads["thread-1"].metadata["purpose"] == "test"
+
+
+def test_times_and_sequence_numbers(tmp_path: Path) -> None:
+    bundle = one_turn_bundle(tmp_path)
+    with read_bundle(bundle) as reader:
+        records = list(reader)
+    header = records[0].header
+    trace = replay_bundle(bundle)
+    assert trace.started_at == header.created_at
+    last_us = records[-1].time_us
+    base_us = header.created_at.seconds * 1_000_000 + header.created_at.nanos // 1000
+    assert trace.ended_at.ToMicroseconds() == base_us + last_us
+    seq_of = {record.WhichOneof("body"): record.seq for record in records}
+    call = only_call(trace)
+    assert call.execution.started_seq == seq_of["inference_started"]
+    assert call.execution.ended_seq == seq_of["inference_ended"]
+    assert trace.turns["turn-1"].execution.started_seq == seq_of["turn_started"]
+    assert trace.threads["thread-1"].execution.ended_seq == seq_of["thread_ended"]
+    by_seq = {record.seq: record for record in records}
+    started = by_seq[call.execution.started_seq]
+    assert call.execution.started_at.ToMicroseconds() == base_us + started.time_us
+
+
+def interrupted_bundle(root: Path, *, record_call_end: bool) -> Path:
+    """Reference test 3: one message done, a second only streamed, then the client interrupts."""
+    bundle = BundleBuilder(root)
+    question = user_item("answer once")
+    turn = bundle.turn("turn-1", [question])
+    call = bundle.call(turn, "call-1", [question])
+    bundle.created(call, "resp-1")
+    kept = bundle.added(call, "accepted")
+    bundle.delta(call, "Keep this answer.")
+    bundle.done(call, kept, assistant_output("Keep this answer.", "accepted"))
+    bundle.added(call, "unfinished")
+    bundle.delta(call, "Discard this ")
+    bundle.delta(call, "unfinished text")
+    bundle.interrupt(turn)
+    if record_call_end:
+        bundle.call_ended(call, CANCELLED, reason="interrupted")
+    bundle.turn_ended(turn, CANCELLED)
+    bundle.thread_ended(CANCELLED, "shutdown")
+    return bundle.close()
+
+
+@pytest.mark.parametrize("record_call_end", [True, False])
+def test_interrupted_turn_keeps_accepted_and_discards_unfinished(
+    tmp_path: Path, record_call_end: bool
+) -> None:
+    trace = replay_bundle(interrupted_bundle(tmp_path, record_call_end=record_call_end))
+    assert trace.recording_complete
+    call = only_call(trace)
+    turn = trace.turns["turn-1"]
+    # Without an inference_ended the call takes its turn's ending status.
+    assert call.execution.status == CANCELLED
+    assert turn.execution.status == CANCELLED
+    assert call.execution.ended_seq > call.execution.started_seq
+    assert len(call.response_item_ids) == 1
+    output = trace.conversation_items[call.response_item_ids[0]]
+    assert output.responses_item_id == "accepted"
+    assert list(output.produced_by) == inference("call-1")
+    assert list(call.discarded_outputs) == [
+        state_pb2.DiscardedOutput(
+            provider_item_id="unfinished",
+            item_type="message",
+            partial_text="Discard this unfinished text",
+        )
+    ]
+    assistants = [
+        item_id
+        for item_id in trace.threads["thread-1"].conversation_item_ids
+        if trace.conversation_items[item_id].role == state_pb2.CONVERSATION_ROLE_ASSISTANT
+    ]
+    assert assistants == [output.item_id]
+    assert turn.interrupt.requested_by == "ipv4:127.0.0.1:5555"
+    assert turn.interrupt.seq > 0
+    assert turn.interrupt.requested_at.ToMicroseconds() > 0
+
+
+def test_two_turns_reuse_history_items(tmp_path: Path) -> None:
+    bundle = BundleBuilder(tmp_path)
+    first_q = user_item("hello")
+    turn1 = bundle.turn("turn-1", [first_q])
+    call1 = bundle.call(turn1, "call-1", [first_q])
+    item = bundle.added(call1, "msg-1")
+    answer = assistant_output("hi there", "msg-1")
+    bundle.done(call1, item, answer)
+    bundle.call_ended(call1, COMPLETED)
+    bundle.turn_ended(turn1, COMPLETED)
+    # The same text again: a new item at a new position, not the first turn's.
+    second_q = user_item("hello")
+    turn2 = bundle.turn("turn-2", [second_q])
+    call2 = bundle.call(turn2, "call-2", [first_q, as_input(answer, "msg-1"), second_q])
+    item = bundle.added(call2, "msg-2")
+    answer2 = assistant_output("hello again", "msg-2")
+    bundle.done(call2, item, answer2)
+    bundle.call_ended(call2, COMPLETED)
+    bundle.turn_ended(turn2, COMPLETED)
+    # A third request where the earlier answer comes back without its id: found by content.
+    third_q = user_item("bye")
+    turn3 = bundle.turn("turn-3", [third_q])
+    history = [first_q, as_input(answer), second_q, as_input(answer2), third_q]
+    call3 = bundle.call(turn3, "call-3", history)
+    bundle.call_ended(call3, COMPLETED)
+    bundle.turn_ended(turn3, COMPLETED)
+    trace = replay_bundle(bundle.close())
+
+    c1, c2, c3 = (trace.inference_calls[f"call-{n}"] for n in (1, 2, 3))
+    t2, t3 = trace.turns["turn-2"], trace.turns["turn-3"]
+    assert list(c2.request_item_ids) == [
+        c1.request_item_ids[0],
+        c1.response_item_ids[0],
+        t2.input_item_ids[0],
+    ]
+    assert t2.input_item_ids[0] != c1.request_item_ids[0]
+    assert list(c3.request_item_ids) == [
+        *c2.request_item_ids,
+        c2.response_item_ids[0],
+        t3.input_item_ids[0],
+    ]
+    thread = trace.threads["thread-1"]
+    assert list(thread.conversation_item_ids) == list(c3.request_item_ids)
+    assert len(trace.conversation_items) == 5
+    assert list(thread.turn_ids) == ["turn-1", "turn-2", "turn-3"]
+
+
+def test_identical_content_within_one_request_is_two_items(tmp_path: Path) -> None:
+    bundle = BundleBuilder(tmp_path)
+    again = user_item("again")
+    turn = bundle.turn("turn-1", [again, again])
+    call = bundle.call(turn, "call-1", [again, again])
+    bundle.call_ended(call, COMPLETED)
+    bundle.turn_ended(turn, COMPLETED)
+    trace = replay_bundle(bundle.close())
+    ids = list(trace.inference_calls["call-1"].request_item_ids)
+    assert len(set(ids)) == 2
+    assert ids == list(trace.turns["turn-1"].input_item_ids)
+
+
+def test_retry_sees_the_same_items_and_unknown_inputs_become_items(tmp_path: Path) -> None:
+    bundle = BundleBuilder(tmp_path)
+    question = user_item("q")
+    seeded = {"role": "developer", "content": "be nice"}  # short input form, string content
+    turn = bundle.turn("turn-1", [question])
+    call1 = bundle.call(turn, "call-1", [seeded, question])
+    bundle.call_ended(call1, FAILED, reason="http_500")
+    call2 = bundle.call(turn, "call-2", [seeded, question], attempt=2)
+    bundle.call_ended(call2, COMPLETED)
+    bundle.turn_ended(turn, COMPLETED)
+    trace = replay_bundle(bundle.close())
+    first, second = trace.inference_calls["call-1"], trace.inference_calls["call-2"]
+    assert list(first.request_item_ids) == list(second.request_item_ids)
+    assert second.attempt == 2
+    developer = trace.conversation_items[first.request_item_ids[0]]
+    assert list(developer.produced_by) == []
+    assert developer.role == state_pb2.CONVERSATION_ROLE_DEVELOPER
+    assert [(p.type, p.text) for p in developer.content] == [("input_text", "be nice")]
+    assert first.execution.status == FAILED
+    assert list(trace.turns["turn-1"].inference_call_ids) == ["call-1", "call-2"]
+
+
+def test_unclosed_bundle_reduces_with_running_objects(tmp_path: Path) -> None:
+    bundle = BundleBuilder(tmp_path)
+    question = user_item("answer once")
+    turn = bundle.turn("turn-1", [question])
+    call = bundle.call(turn, "call-1", [question])
+    item = bundle.added(call, "msg-1")
+    bundle.delta(call, "half ", item)
+    bundle.delta(call, "an answer")
+    bundle.writer.abandon()
+    trace = replay_bundle(bundle.bundle_dir)
+    assert not trace.recording_complete
+    assert trace.integrity.status == UNCLOSED
+    assert trace.threads["thread-1"].execution.status == RUNNING
+    assert trace.turns["turn-1"].execution.status == RUNNING
+    call_state = only_call(trace)
+    assert call_state.execution.status == RUNNING
+    assert not call_state.execution.HasField("ended_at")
+    assert list(call_state.response_item_ids) == []
+    assert [d.partial_text for d in call_state.discarded_outputs] == ["half an answer"]
+    json_text = state_to_json(trace)
+    assert '"recording_complete": false' in json_text
+
+
+def test_chunked_payload_is_reassembled(tmp_path: Path) -> None:
+    bundle = BundleBuilder(tmp_path)
+    big = user_item("x" * (5 * 1024 * 1024))
+    turn = bundle.turn("turn-1", [big])
+    bundle.turn_ended(turn, COMPLETED)
+    directory = bundle.close()
+    with read_bundle(directory) as reader:
+        chunks = [r.payload.chunk_count for r in reader if r.HasField("payload")]
+    assert max(chunks) > 1
+    trace = replay_bundle(directory)
+    item = trace.conversation_items[trace.turns["turn-1"].input_item_ids[0]]
+    assert item.content[0].text == big["content"][0]["text"]
+
+
+def test_unannounced_output_and_done_without_added(tmp_path: Path) -> None:
+    bundle = BundleBuilder(tmp_path)
+    question = user_item("q")
+    turn = bundle.turn("turn-1", [question])
+    call = bundle.call(turn, "call-1", [question])
+    bundle.delta(call, "orphan text")  # no output_item.added before it
+    bundle.done(call, 0, assistant_output("orphan text", None), assigned_id="assigned-1")
+    bundle.call_ended(call, COMPLETED)
+    bundle.turn_ended(turn, COMPLETED)
+    trace = replay_bundle(bundle.close())
+    call_state = only_call(trace)
+    assert list(call_state.discarded_outputs) == []
+    output = trace.conversation_items[call_state.response_item_ids[0]]
+    assert output.responses_item_id == "assigned-1"
+    assert output.content[0].text == "orphan text"
+
+
+def test_unknown_record_body_is_skipped_and_counted(tmp_path: Path) -> None:
+    bundle = BundleBuilder(tmp_path)
+    # Field 19 (length-delimited) is not in this reducer's TraceRecord: a newer writer's body.
+    future = record_pb2.TraceRecord.FromString(bytes([0x9A, 0x01, 0x03]) + b"new")
+    seq = bundle.writer.append(future)
+    question = user_item("q")
+    turn = bundle.turn("turn-1", [question])
+    bundle.turn_ended(turn, COMPLETED)
+    trace = replay_bundle(bundle.close())
+    assert trace.recording_complete
+    assert trace.integrity.unknown_records == 1
+    assert f"seq {seq}" in trace.integrity.detail
+    assert "unknown body" in trace.integrity.detail
+    assert trace.turns["turn-1"].execution.status == COMPLETED
+
+
+def test_contradicting_bundle_fails_naming_the_seq(tmp_path: Path) -> None:
+    bundle = BundleBuilder(tmp_path)
+    seq = bundle.append(turn_started=record_pb2.TurnStarted(turn=1, thread=9, turn_id="turn-1"))
+    with pytest.raises(ReductionError, match=rf"^seq {seq}: unknown thread ordinal 9"):
+        replay_bundle(bundle.close())
+
+
+def header_record() -> record_pb2.TraceRecord:
+    header = record_pb2.Header(format_version=1, trace_id="t", thread_id="th")
+    header.created_at.FromMicroseconds(1_700_000_000_000_000)
+    return record_pb2.TraceRecord(seq=1, header=header)
+
+
+def prologue() -> list[record_pb2.TraceRecord]:
+    """Header, thread, one turn, one call with one announced output item."""
+    return [
+        header_record(),
+        record_pb2.TraceRecord(
+            seq=2, thread_started=record_pb2.ThreadStarted(thread=1, thread_id="th")
+        ),
+        record_pb2.TraceRecord(
+            seq=3, turn_started=record_pb2.TurnStarted(turn=1, thread=1, turn_id="tu")
+        ),
+        record_pb2.TraceRecord(
+            seq=4,
+            inference_started=record_pb2.InferenceStarted(call=1, turn=1, inference_call_id="c"),
+        ),
+        record_pb2.TraceRecord(seq=5, output_item_added=record_pb2.OutputItemAdded(call=1, item=1)),
+    ]
+
+
+CONTRADICTIONS: dict[str, tuple[record_pb2.TraceRecord, str]] = {
+    "second header": (header_record(), "a second header"),
+    "duplicate thread ordinal": (
+        record_pb2.TraceRecord(thread_started=record_pb2.ThreadStarted(thread=1, thread_id="x")),
+        "duplicate thread ordinal 1",
+    ),
+    "duplicate thread id": (
+        record_pb2.TraceRecord(thread_started=record_pb2.ThreadStarted(thread=2, thread_id="th")),
+        "duplicate thread id th",
+    ),
+    "duplicate turn id": (
+        record_pb2.TraceRecord(turn_started=record_pb2.TurnStarted(turn=2, thread=1, turn_id="tu")),
+        "duplicate turn id tu",
+    ),
+    "unknown turn": (
+        record_pb2.TraceRecord(
+            inference_started=record_pb2.InferenceStarted(call=2, turn=7, inference_call_id="d")
+        ),
+        "unknown turn ordinal 7",
+    ),
+    "duplicate call ordinal": (
+        record_pb2.TraceRecord(
+            inference_started=record_pb2.InferenceStarted(call=1, turn=1, inference_call_id="d")
+        ),
+        "duplicate inference call ordinal 1",
+    ),
+    "unknown call": (
+        record_pb2.TraceRecord(output_text_delta=record_pb2.OutputTextDelta(call=3, delta="x")),
+        "unknown inference call ordinal 3",
+    ),
+    "unknown item": (
+        record_pb2.TraceRecord(
+            output_text_delta=record_pb2.OutputTextDelta(call=1, delta="x", item=5)
+        ),
+        "unknown output item ordinal 5",
+    ),
+    "duplicate item ordinal": (
+        record_pb2.TraceRecord(output_item_added=record_pb2.OutputItemAdded(call=1, item=1)),
+        "duplicate output item ordinal 1",
+    ),
+    "unknown payload": (
+        record_pb2.TraceRecord(
+            output_item_done=record_pb2.OutputItemDone(
+                call=1, item=1, item_id="m", item_payload_id="feed"
+            )
+        ),
+        "unknown payload feed",
+    ),
+    "unknown turn for turn_ended": (
+        record_pb2.TraceRecord(turn_ended=record_pb2.TurnEnded(turn=4, status=COMPLETED)),
+        "unknown turn ordinal 4",
+    ),
+    "unknown thread for thread_ended": (
+        record_pb2.TraceRecord(thread_ended=record_pb2.ThreadEnded(thread=2, status=COMPLETED)),
+        "unknown thread ordinal 2",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONTRADICTIONS))
+def test_contradictions_fail_naming_the_seq(name: str) -> None:
+    record, message = CONTRADICTIONS[name]
+    reducer = Reducer()
+    for earlier in prologue():
+        reducer.apply(earlier)
+    record.seq = 6
+    with pytest.raises(ReductionError, match=rf"^seq 6: {message}"):
+        reducer.apply(record)
+
+
+def test_events_after_the_call_ended_contradict() -> None:
+    reducer = Reducer()
+    for earlier in prologue():
+        reducer.apply(earlier)
+    reducer.apply(
+        record_pb2.TraceRecord(
+            seq=6, inference_ended=record_pb2.InferenceEnded(call=1, status=COMPLETED)
+        )
+    )
+    for late in (
+        record_pb2.OutputTextDelta(call=1, delta="late"),
+        record_pb2.OutputTextDelta(call=1, delta="late", item=1),
+    ):
+        with pytest.raises(ReductionError, match=r"^seq 7: inference call c has already ended"):
+            reducer.apply(record_pb2.TraceRecord(seq=7, output_text_delta=late))
+    with pytest.raises(ReductionError, match=r"^seq 7: inference call c has already ended"):
+        reducer.apply(
+            record_pb2.TraceRecord(
+                seq=7, inference_ended=record_pb2.InferenceEnded(call=1, status=FAILED)
+            )
+        )
+
+
+def test_records_before_the_header_contradict() -> None:
+    record = record_pb2.TraceRecord(
+        seq=1, thread_started=record_pb2.ThreadStarted(thread=1, thread_id="th")
+    )
+    with pytest.raises(ReductionError, match=r"^seq 1: thread_started before the header"):
+        Reducer().apply(record)
+
+
+def test_state_is_a_snapshot_and_reduction_is_deterministic(tmp_path: Path) -> None:
+    bundle = interrupted_bundle(tmp_path, record_call_end=False)
+    reducer = Reducer()
+    snapshots = []
+    with read_bundle(bundle) as reader:
+        for record in reader:
+            reducer.apply(record)
+            snapshots.append(state_to_json(reducer.state()))
+        reducer.set_integrity(reader.integrity)
+    final = state_to_json(reducer.state())
+    assert final == state_to_json(reducer.state())
+    assert final == state_to_json(replay_bundle(bundle))
+    assert state_to_json(replay_bundle(bundle)) == state_to_json(replay_bundle(bundle))
+    # Mid-stream the still-open item shows as discarded, and later records change nothing of it.
+    streaming = [s for s in snapshots if "Discard this " in s]
+    assert streaming
+    assert json.loads(snapshots[-1])["recording_complete"] is False
+    assert json.loads(final)["recording_complete"] is True
+
+
+def test_missing_and_non_bundle_paths_raise_bundle_errors(tmp_path: Path) -> None:
+    with pytest.raises(BundleNotFoundError):
+        replay_bundle(tmp_path / "nope")
+    with pytest.raises(NotABundleError):
+        replay_bundle(tmp_path)
+
+
+def test_every_truncation_reduces_and_is_never_clean(tmp_path: Path) -> None:
+    bundle = interrupted_bundle(tmp_path, record_call_end=True)
+    data = (bundle / "trace.binpb").read_bytes()
+    damaged = tmp_path / "damaged.binpb"
+    for size in range(len(data)):
+        damaged.write_bytes(data[:size])
+        trace = replay_bundle(damaged)
+        assert trace.integrity.status != CLEAN
+        assert not trace.recording_complete
+
+
+def test_every_bit_flip_is_never_clean(tmp_path: Path) -> None:
+    bundle = one_turn_bundle(tmp_path)
+    data = (bundle / "trace.binpb").read_bytes()
+    damaged = tmp_path / "damaged.binpb"
+    for index in range(len(data)):
+        for bit in range(8):
+            flipped = bytearray(data)
+            flipped[index] ^= 1 << bit
+            damaged.write_bytes(flipped)
+            assert replay_bundle(damaged).integrity.status != CLEAN

@@ -1,0 +1,253 @@
+"""ReducerService over a real loopback channel: results, status codes, path confinement."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2, status_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from rollout.reducer.v1 import reducer_pb2, reducer_pb2_grpc
+from rollout.trace.v1 import record_pb2, state_pb2
+from trace_reducer import replay_bundle, service
+from trace_reducer.grpc_server import ERROR_DOMAIN, GrpcServer
+from trace_reducer.service import SERVICE_NAME, ReducerService, add_to_server
+
+from .bundles import BundleBuilder, one_turn_bundle
+
+if TYPE_CHECKING:
+    from rollout.reducer.v1.reducer_pb2_grpc import ReducerServiceAsyncStub
+
+
+@dataclass
+class Served:
+    root: Path
+    channel: grpc.aio.Channel
+    stub: ReducerServiceAsyncStub
+
+
+@pytest.fixture
+async def served(tmp_path: Path) -> AsyncIterator[Served]:
+    root = tmp_path / "root"
+    root.mkdir()
+    reducer_service = ReducerService(root)
+    server = await GrpcServer.start(
+        "127.0.0.1:0", lambda s: add_to_server(reducer_service, s), [SERVICE_NAME]
+    )
+    channel = grpc.aio.insecure_channel(server.address)
+    try:
+        yield Served(root, channel, reducer_pb2_grpc.ReducerServiceStub(channel))
+    finally:
+        await channel.close(None)
+        await server.stop(None)
+
+
+async def refused(call: Any) -> tuple[grpc.StatusCode, error_details_pb2.ErrorInfo, str]:
+    """Await a failing call; return its code, ErrorInfo and message."""
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await call
+    error = caught.value
+    trailers: Any = error.trailing_metadata() or ()  # the stubs type it as one pair
+    details = [value for key, value in trailers if key == "grpc-status-details-bin"]
+    assert details, "no google.rpc.Status in the trailers"
+    assert isinstance(details[0], bytes)
+    status = status_pb2.Status.FromString(details[0])
+    assert status.code == error.code().value[0]
+    assert status.message == error.details()
+    info = error_details_pb2.ErrorInfo()
+    assert status.details[0].Unpack(info)
+    assert info.domain == ERROR_DOMAIN
+    return error.code(), info, status.message
+
+
+def reduce_request(bundle: str, **fields: bool) -> reducer_pb2.ReduceBundleRequest:
+    return reducer_pb2.ReduceBundleRequest(bundle=bundle, **fields)
+
+
+async def test_reduce_bundle_matches_replay_and_writes_state(served: Served) -> None:
+    bundle = one_turn_bundle(served.root)
+    response = await served.stub.ReduceBundle(reduce_request(bundle.name))
+    assert response.trace == replay_bundle(bundle)
+    assert response.state_path == ""
+    assert not (bundle / "state.json").exists()
+
+    response = await served.stub.ReduceBundle(
+        reduce_request(f"{bundle.name}/trace.binpb", write_state=True)
+    )
+    assert response.state_path == str(bundle.resolve() / "state.json")
+    assert (bundle / "state.json").is_file()
+    # An absolute path is fine as long as it stays under the root.
+    response = await served.stub.ReduceBundle(reduce_request(str(bundle)))
+    assert response.trace.recording_complete
+
+
+async def test_paths_outside_the_root_are_refused(served: Served, tmp_path: Path) -> None:
+    outside = one_turn_bundle(tmp_path / "outside")
+    (served.root / "link-out").symlink_to(outside)
+    inside_dir = served.root / "inside"
+    inside_dir.mkdir()
+    (inside_dir / "trace.binpb").symlink_to(outside / "trace.binpb")
+    escapes = [
+        f"../outside/{outside.name}",
+        str(outside),
+        "link-out",
+        "inside",
+        "inside/../../outside",
+        "/etc",
+    ]
+    for bundle in escapes:
+        code, info, message = await refused(served.stub.ReduceBundle(reduce_request(bundle)))
+        assert code == grpc.StatusCode.PERMISSION_DENIED, bundle
+        assert info.reason == "PATH_OUTSIDE_ROOT", bundle
+        assert str(tmp_path) not in message.replace(bundle, "")
+
+
+@pytest.mark.parametrize(
+    ("bundle", "code", "reason"),
+    [
+        ("", grpc.StatusCode.INVALID_ARGUMENT, "BUNDLE_PATH_INVALID"),
+        ("bad\0name", grpc.StatusCode.INVALID_ARGUMENT, "BUNDLE_PATH_INVALID"),
+        ("no-such-bundle", grpc.StatusCode.NOT_FOUND, "BUNDLE_NOT_FOUND"),
+        ("plain-dir", grpc.StatusCode.INVALID_ARGUMENT, "NOT_A_BUNDLE"),
+        ("empty", grpc.StatusCode.INVALID_ARGUMENT, "NOT_A_BUNDLE"),
+        ("garbage", grpc.StatusCode.INVALID_ARGUMENT, "NOT_A_BUNDLE"),
+    ],
+)
+async def test_bad_bundle_arguments(
+    served: Served, bundle: str, code: grpc.StatusCode, reason: str
+) -> None:
+    (served.root / "plain-dir").mkdir()
+    (served.root / "plain-dir" / "notes.txt").write_text("not a bundle")
+    (served.root / "empty").mkdir()
+    (served.root / "empty" / "trace.binpb").write_bytes(b"")
+    (served.root / "garbage").mkdir()
+    (served.root / "garbage" / "trace.binpb").write_bytes(os.urandom(300))
+    got_code, info, _ = await refused(served.stub.ReduceBundle(reduce_request(bundle)))
+    assert (got_code, info.reason) == (code, reason)
+
+
+def corrupt(bundle: Path) -> bytes:
+    """The bundle's bytes with one flipped in its last frame; also written back to it."""
+    data = bytearray((bundle / "trace.binpb").read_bytes())
+    data[-4] ^= 0x01
+    (bundle / "trace.binpb").write_bytes(data)
+    return bytes(data)
+
+
+async def test_corrupt_bundle_is_data_loss_unless_salvaged(served: Served) -> None:
+    bundle = one_turn_bundle(served.root)
+    corrupt(bundle)
+    code, info, message = await refused(served.stub.ReduceBundle(reduce_request(bundle.name)))
+    assert code == grpc.StatusCode.DATA_LOSS
+    assert info.reason == "BUNDLE_CORRUPT"
+    expected = replay_bundle(bundle).integrity
+    assert info.metadata["bad_frame_offset"] == str(expected.bad_frame_offset)
+    assert info.metadata["bad_frame_seq"] == str(expected.bad_frame_seq)
+    assert "CRC mismatch" in message
+    response = await served.stub.ReduceBundle(reduce_request(bundle.name, salvage=True))
+    assert response.trace.integrity.status == state_pb2.INTEGRITY_STATUS_CORRUPT
+    assert not response.trace.recording_complete
+
+
+async def test_contradicting_records_are_failed_precondition(served: Served) -> None:
+    builder = BundleBuilder(served.root)
+    seq = builder.append(turn_started=record_pb2.TurnStarted(turn=1, thread=3, turn_id="t"))
+    bundle = builder.close()
+    code, info, message = await refused(served.stub.ReduceBundle(reduce_request(bundle.name)))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION
+    assert info.reason == "RECORDS_CONTRADICT"
+    assert message.startswith(f"seq {seq}: ")
+
+
+async def test_unwritable_state_is_an_io_error(served: Served) -> None:
+    bundle = one_turn_bundle(served.root)
+    (bundle / "state.json").mkdir()
+    code, info, _ = await refused(
+        served.stub.ReduceBundle(reduce_request(bundle.name, write_state=True))
+    )
+    assert (code, info.reason) == (grpc.StatusCode.FAILED_PRECONDITION, "IO_ERROR")
+
+
+async def test_unexpected_errors_are_internal_without_details(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def explode(path: object) -> state_pb2.RolloutTrace:
+        raise RuntimeError("secret internals")
+
+    monkeypatch.setattr(service, "replay_bundle", explode)
+    bundle = one_turn_bundle(served.root)
+    code, info, message = await refused(served.stub.ReduceBundle(reduce_request(bundle.name)))
+    assert (code, info.reason) == (grpc.StatusCode.INTERNAL, "INTERNAL")
+    assert "secret" not in message
+    assert "Traceback" not in message
+
+
+def chunks(
+    data: bytes, size: int, *, salvage: bool = False
+) -> list[reducer_pb2.ReduceRecordsRequest]:
+    pieces = [data[i : i + size] for i in range(0, len(data), size)] or [b""]
+    requests = [reducer_pb2.ReduceRecordsRequest(chunk=piece) for piece in pieces]
+    requests[0].salvage = salvage
+    return requests
+
+
+def upload(
+    stub: ReducerServiceAsyncStub, requests: Iterable[reducer_pb2.ReduceRecordsRequest]
+) -> Any:
+    """Start a ReduceRecords call streaming requests; await it for the response."""
+
+    async def stream() -> AsyncIterator[reducer_pb2.ReduceRecordsRequest]:
+        for request in requests:
+            yield request
+
+    return stub.ReduceRecords(stream())
+
+
+async def test_reduce_records_in_small_chunks_equals_replay(served: Served) -> None:
+    bundle = one_turn_bundle(served.root)
+    data = (bundle / "trace.binpb").read_bytes()
+    for size in (1, 7, 64, len(data)):
+        response = await upload(served.stub, chunks(data, size))
+        assert response.trace == replay_bundle(bundle), size
+
+
+async def test_reduce_records_errors(served: Served) -> None:
+    bundle = one_turn_bundle(served.root)
+    data = corrupt(bundle)
+    code, info, _ = await refused(upload(served.stub, chunks(data, 50)))
+    assert (code, info.reason) == (grpc.StatusCode.DATA_LOSS, "BUNDLE_CORRUPT")
+    salvaged = await upload(served.stub, chunks(data, 50, salvage=True))
+    assert salvaged.trace.integrity.status == state_pb2.INTEGRITY_STATUS_CORRUPT
+    assert salvaged.trace.trace_id
+
+    code, info, _ = await refused(upload(served.stub, []))
+    assert (code, info.reason) == (grpc.StatusCode.INVALID_ARGUMENT, "NOT_A_BUNDLE")
+
+    builder = BundleBuilder(served.root, "thread-2")
+    builder.append(turn_started=record_pb2.TurnStarted(turn=1, thread=3, turn_id="t"))
+    contradicting = (builder.close() / "trace.binpb").read_bytes()
+    code, info, _ = await refused(upload(served.stub, chunks(contradicting, 100)))
+    assert (code, info.reason) == (grpc.StatusCode.FAILED_PRECONDITION, "RECORDS_CONTRADICT")
+
+
+async def test_health_and_reflection(served: Served) -> None:
+    health = health_pb2_grpc.HealthStub(served.channel)
+    answer = await health.Check(health_pb2.HealthCheckRequest(service=SERVICE_NAME))
+    assert answer.status == health_pb2.HealthCheckResponse.SERVING
+
+    reflection = reflection_pb2_grpc.ServerReflectionStub(served.channel)
+
+    async def ask() -> AsyncIterator[reflection_pb2.ServerReflectionRequest]:
+        yield reflection_pb2.ServerReflectionRequest(list_services="")
+
+    names: list[str] = []
+    async for reply in reflection.ServerReflectionInfo(ask()):
+        names.extend(s.name for s in reply.list_services_response.service)
+    assert SERVICE_NAME in names

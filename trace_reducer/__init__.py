@@ -1,0 +1,49 @@
+"""Trace bundles of rollout-trace: the format, its writer and reader, and the reducer."""
+
+from ._framing import MAX_RECORD_BYTES, RecordTooLargeError
+from ._reader import (
+    BundleError,
+    BundleNotFoundError,
+    BundleReader,
+    FrameDecoder,
+    Integrity,
+    NotABundleError,
+    read_bundle,
+    resolve_trace_file,
+)
+from ._reducer import Reducer, ReductionError, replay_bundle
+from ._state_json import state_to_json, write_state_json
+from ._version import __version__
+from ._writer import (
+    FORMAT_VERSION,
+    STATE_FILE_NAME,
+    TRACE_FILE_NAME,
+    BundleWriter,
+    RecordingError,
+    payload_id,
+)
+
+__all__ = [
+    "FORMAT_VERSION",
+    "MAX_RECORD_BYTES",
+    "STATE_FILE_NAME",
+    "TRACE_FILE_NAME",
+    "BundleError",
+    "BundleNotFoundError",
+    "BundleReader",
+    "BundleWriter",
+    "FrameDecoder",
+    "Integrity",
+    "NotABundleError",
+    "RecordTooLargeError",
+    "RecordingError",
+    "Reducer",
+    "ReductionError",
+    "__version__",
+    "payload_id",
+    "read_bundle",
+    "replay_bundle",
+    "resolve_trace_file",
+    "state_to_json",
+    "write_state_json",
+]

@@ -1,0 +1,180 @@
+"""Conversation items: parsing payload JSON, normalising it, matching requests to history."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from rollout.trace.v1 import state_pb2
+
+_ROLES: dict[str, state_pb2.ConversationRole.ValueType] = {
+    "user": state_pb2.CONVERSATION_ROLE_USER,
+    "assistant": state_pb2.CONVERSATION_ROLE_ASSISTANT,
+    "system": state_pb2.CONVERSATION_ROLE_SYSTEM,
+    "developer": state_pb2.CONVERSATION_ROLE_DEVELOPER,
+    "tool": state_pb2.CONVERSATION_ROLE_TOOL,
+}
+
+_KINDS: dict[str, state_pb2.ItemKind.ValueType] = {
+    "message": state_pb2.ITEM_KIND_MESSAGE,
+    "function_call": state_pb2.ITEM_KIND_FUNCTION_CALL,
+    "function_call_output": state_pb2.ITEM_KIND_FUNCTION_CALL_OUTPUT,
+    "reasoning": state_pb2.ITEM_KIND_REASONING,
+}
+
+# Fields that change between the provider's copy of an item and the copy sent back as input
+# without changing what the model sees.
+_VOLATILE_FIELDS = frozenset({"id", "status"})
+
+
+@dataclass(frozen=True, slots=True)
+class ItemInfo:
+    """What the reducer needs to know about one Responses API item."""
+
+    key: str
+    """Normalised content: equal keys mean the model saw the same thing."""
+    responses_item_id: str
+    role: state_pb2.ConversationRole.ValueType
+    kind: state_pb2.ItemKind.ValueType
+    content: tuple[tuple[str, str], ...]
+    call_id: str
+
+    def fill(self, item: state_pb2.ConversationItem) -> None:
+        """Copy role, kind, content and call id into a conversation item."""
+        item.role = self.role
+        item.kind = self.kind
+        item.call_id = self.call_id
+        for part_type, text in self.content:
+            item.content.add(type=part_type, text=text)
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _normalise_part(part: object) -> object:
+    # Text parts collect annotations and logprobs on the way out that are not sent back in;
+    # other parts (images, files) are only distinguishable by all of their fields.
+    if isinstance(part, dict) and "text" in part:
+        return {"type": part.get("type", ""), "text": part["text"]}
+    return part
+
+
+def _parts(value: object, default_type: str) -> tuple[tuple[str, str], ...]:
+    if isinstance(value, str):
+        return ((default_type, value),)
+    if not isinstance(value, list):
+        return ()
+    return tuple(
+        (_text(part.get("type")), _text(part.get("text")))
+        for part in value
+        if isinstance(part, dict)
+    )
+
+
+def parse_item(data: bytes) -> ItemInfo:
+    """Describe one item from its JSON bytes; never raises (bad JSON is an opaque item)."""
+    try:
+        parsed: object = json.loads(data)
+    except ValueError:
+        return ItemInfo(
+            data.decode("utf-8", "replace"), "", state_pb2.CONVERSATION_ROLE_UNSPECIFIED,
+            state_pb2.ITEM_KIND_OTHER, (), "",
+        )  # fmt: skip
+    if not isinstance(parsed, dict):
+        return ItemInfo(
+            _canonical(parsed), "", state_pb2.CONVERSATION_ROLE_UNSPECIFIED,
+            state_pb2.ITEM_KIND_OTHER, (), "",
+        )  # fmt: skip
+    normalised = {k: v for k, v in parsed.items() if k not in _VOLATILE_FIELDS}
+    item_type = parsed.get("type")
+    if item_type is None and "role" in parsed:
+        # The short input form {"role", "content"} is a message.
+        item_type = "message"
+        normalised["type"] = item_type
+    content = parsed.get("content")
+    if isinstance(content, str):
+        normalised["content"] = [{"type": "input_text", "text": content}]
+    elif isinstance(content, list):
+        normalised["content"] = [_normalise_part(part) for part in content]
+    kind = state_pb2.ITEM_KIND_OTHER
+    if isinstance(item_type, str):
+        kind = _KINDS.get(item_type, kind)
+    role = _ROLES.get(_text(parsed.get("role")), state_pb2.CONVERSATION_ROLE_UNSPECIFIED)
+    if role == state_pb2.CONVERSATION_ROLE_UNSPECIFIED and kind == (
+        state_pb2.ITEM_KIND_FUNCTION_CALL_OUTPUT
+    ):
+        role = state_pb2.CONVERSATION_ROLE_TOOL
+    if kind == state_pb2.ITEM_KIND_REASONING:
+        parts = _parts(parsed.get("summary"), "summary_text")
+    else:
+        parts = _parts(content, "input_text")
+    return ItemInfo(
+        key=_canonical(normalised),
+        responses_item_id=_text(parsed.get("id")),
+        role=role,
+        kind=kind,
+        content=parts,
+        call_id=_text(parsed.get("call_id")),
+    )
+
+
+def _canonical(value: object) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+class ThreadItems:
+    """The conversation items of one thread, indexed for matching the next request's input."""
+
+    __slots__ = ("_by_key", "_by_responses_id", "_previous")
+
+    def __init__(self) -> None:
+        self._by_key: dict[str, list[str]] = {}
+        self._by_responses_id: dict[str, list[str]] = {}
+        self._previous: list[tuple[str, str]] = []
+
+    def register(self, item_id: str, key: str, responses_item_id: str) -> None:
+        """Make an item of the thread findable by its content and its Responses id."""
+        self._by_key.setdefault(key, []).append(item_id)
+        if responses_item_id:
+            self._by_responses_id.setdefault(responses_item_id, []).append(item_id)
+
+    def match_request(
+        self, inputs: Sequence[ItemInfo], new_item: Callable[[int], str]
+    ) -> list[str]:
+        """The item id of each input, in order; new_item(index) creates (and registers) the rest.
+
+        Tried in order: the same content at the same position of the previous request; an
+        unused item whose Responses id is the input's `id`; the first-seen unused item with the
+        same content; otherwise a new item.
+        """
+        previous = self._previous
+        used: set[str] = set()
+        matched: list[str] = []
+        for index, info in enumerate(inputs):
+            item_id = None
+            if index < len(previous):
+                key, candidate = previous[index]
+                if key == info.key and candidate not in used:
+                    item_id = candidate
+            if item_id is None and info.responses_item_id:
+                item_id = _first_unused(self._by_responses_id.get(info.responses_item_id), used)
+            if item_id is None:
+                item_id = _first_unused(self._by_key.get(info.key), used)
+            if item_id is None:
+                item_id = new_item(index)
+            used.add(item_id)
+            matched.append(item_id)
+        self._previous = [
+            (info.key, item_id) for info, item_id in zip(inputs, matched, strict=True)
+        ]
+        return matched
+
+
+def _first_unused(candidates: list[str] | None, used: set[str]) -> str | None:
+    if candidates:
+        for candidate in candidates:
+            if candidate not in used:
+                return candidate
+    return None

@@ -1,0 +1,600 @@
+"""The incremental reducer: trace records in, the RolloutTrace state graph out."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from typing import NoReturn
+
+from google.protobuf import timestamp_pb2
+
+from rollout.trace.v1 import common_pb2, record_pb2, state_pb2
+
+from ._items import ItemInfo, ThreadItems, parse_item
+from ._reader import Integrity, read_bundle
+
+_RUNNING = common_pb2.EXECUTION_STATUS_RUNNING
+_CLEAN = state_pb2.INTEGRITY_STATUS_CLEAN
+
+_Record = record_pb2.TraceRecord
+
+
+class ReductionError(Exception):
+    """Records contradict each other; the message starts with the seq of the offending one."""
+
+
+class _Thread:
+    __slots__ = ("ended", "items", "msg")
+
+    def __init__(self, msg: state_pb2.Thread) -> None:
+        self.msg = msg
+        self.items = ThreadItems()
+        self.ended = False
+
+
+class _Turn:
+    __slots__ = ("calls", "ended", "msg", "thread")
+
+    def __init__(self, msg: state_pb2.Turn, thread: _Thread) -> None:
+        self.msg = msg
+        self.thread = thread
+        self.calls: list[_Call] = []
+        self.ended = False
+
+
+class _Output:
+    """An output item between output_item.added and output_item.done."""
+
+    __slots__ = ("announced", "call", "item_type", "parts", "provider_item_id", "role")
+
+    def __init__(
+        self, call: _Call, provider_item_id: str, item_type: str, role: str, *, announced: bool
+    ) -> None:
+        self.announced = announced
+        self.call = call
+        self.provider_item_id = provider_item_id
+        self.item_type = item_type
+        self.role = role
+        # The streamed text until the item is done; None from then on.
+        self.parts: list[str] | None = []
+
+    def discarded(self) -> state_pb2.DiscardedOutput:
+        return state_pb2.DiscardedOutput(
+            provider_item_id=self.provider_item_id,
+            item_type=self.item_type,
+            partial_text="".join(self.parts or ()),
+        )
+
+
+class _Call:
+    __slots__ = ("ended", "latest", "msg", "open", "ordinal", "turn")
+
+    def __init__(self, ordinal: int, msg: state_pb2.InferenceCall, turn: _Turn) -> None:
+        self.ordinal = ordinal
+        self.msg = msg
+        self.turn = turn
+        # Items added but not done yet, in the order they were added (a dict as ordered set).
+        self.open: dict[_Output, None] = {}
+        self.latest: _Output | None = None
+        self.ended = False
+
+
+def _timestamp(micros: int) -> timestamp_pb2.Timestamp:
+    seconds, rest = divmod(micros, 1_000_000)
+    return timestamp_pb2.Timestamp(seconds=seconds, nanos=rest * 1000)
+
+
+def _fail(record: _Record, message: str) -> NoReturn:
+    raise ReductionError(f"seq {record.seq}: {message}")
+
+
+class Reducer:
+    """Applies records one at a time; state() is the reduced graph of what was applied so far.
+
+    Memory follows the state: records are never kept, and a streaming output item keeps only
+    its text until it is done.
+    """
+
+    def __init__(self) -> None:
+        self._header: record_pb2.Header | None = None
+        self._base_us = 0
+        self._last_time_us = 0
+        self._records = 0
+        self._unknown = 0
+        self._first_unknown_seq = 0
+        self._integrity: Integrity | None = None
+        self._threads: dict[int, _Thread] = {}
+        self._turns: dict[int, _Turn] = {}
+        self._calls: dict[int, _Call] = {}
+        self._outputs: dict[int, _Output] = {}
+        self._thread_ids: set[str] = set()
+        self._turn_ids: set[str] = set()
+        self._call_ids: set[str] = set()
+        self._items: dict[str, state_pb2.ConversationItem] = {}
+        self._payloads: dict[str, bytes | ItemInfo] = {}
+        self._chunks: dict[str, list[bytes | None]] = {}
+        # Until the header arrives every body takes the slow path, which rejects it.
+        self._handlers: dict[str | None, Callable[[_Record], None]] = {"header": self._on_header}
+
+    # -- public surface -------------------------------------------------------------------
+
+    def apply(self, record: record_pb2.TraceRecord) -> None:
+        """Fold one record into the state.
+
+        Raises ReductionError when it contradicts the records before it; the state is then
+        left as those records made it.
+        """
+        kind = record.WhichOneof("body")
+        handler = self._handlers.get(kind)
+        if handler is None:
+            self._unhandled(record, kind)
+        else:
+            handler(record)
+        self._last_time_us = record.time_us
+        self._records += 1
+
+    def set_integrity(self, integrity: Integrity) -> None:
+        """Record how the bundle ended, as the reader classified it."""
+        self._integrity = integrity
+
+    def state(self) -> state_pb2.RolloutTrace:
+        """The reduced state of every record applied so far (a fresh message on each call)."""
+        trace = state_pb2.RolloutTrace()
+        header = self._header
+        if header is not None:
+            trace.trace_id = header.trace_id
+            trace.root_thread_id = header.thread_id
+            trace.producer_name = header.producer_name
+            trace.producer_version = header.producer_version
+            trace.started_at.CopyFrom(_timestamp(self._base_us))
+            trace.ended_at.CopyFrom(_timestamp(self._base_us + self._last_time_us))
+        trace.integrity.CopyFrom(self._integrity_proto())
+        trace.recording_complete = trace.integrity.status == _CLEAN
+        for thread in self._threads.values():
+            trace.threads[thread.msg.thread_id].CopyFrom(thread.msg)
+        for turn in self._turns.values():
+            trace.turns[turn.msg.turn_id].CopyFrom(turn.msg)
+        for call in self._calls.values():
+            target = trace.inference_calls[call.msg.inference_call_id]
+            target.CopyFrom(call.msg)
+            # The records end here: whatever is still streaming would be discarded.
+            for output in call.open:
+                target.discarded_outputs.append(output.discarded())
+        for item_id, item in self._items.items():
+            trace.conversation_items[item_id].CopyFrom(item)
+        return trace
+
+    # -- dispatch -------------------------------------------------------------------------
+
+    def _unhandled(self, record: _Record, kind: str | None) -> None:
+        if kind is None:
+            # A body from a newer writer: skipped, but the state says so.
+            self._unknown += 1
+            if not self._first_unknown_seq:
+                self._first_unknown_seq = record.seq
+        elif self._header is None:
+            _fail(record, f"{kind} before the header")
+        else:
+            _fail(record, f"a second {kind}")
+
+    def _integrity_proto(self) -> state_pb2.Integrity:
+        if self._integrity is not None:
+            proto = self._integrity.to_proto()
+        else:
+            proto = state_pb2.Integrity(records_read=self._records)
+        if self._unknown:
+            note = (
+                f"skipped {self._unknown} record(s) with an unknown body "
+                f"(first at seq {self._first_unknown_seq})"
+            )
+            proto.detail = f"{proto.detail}; {note}" if proto.detail else note
+            proto.unknown_records = self._unknown
+        return proto
+
+    def _time(self, record: _Record) -> timestamp_pb2.Timestamp:
+        return _timestamp(self._base_us + record.time_us)
+
+    def _start(self, execution: state_pb2.Execution, record: _Record) -> None:
+        execution.status = _RUNNING
+        execution.started_at.CopyFrom(self._time(record))
+        execution.started_seq = record.seq
+
+    def _end(
+        self,
+        execution: state_pb2.Execution,
+        status: common_pb2.ExecutionStatus.ValueType,
+        record: _Record,
+    ) -> None:
+        execution.status = status
+        execution.ended_at.CopyFrom(self._time(record))
+        execution.ended_seq = record.seq
+
+    # -- lookups --------------------------------------------------------------------------
+
+    def _thread(self, ordinal: int, record: _Record) -> _Thread:
+        thread = self._threads.get(ordinal)
+        if thread is None:
+            _fail(record, f"unknown thread ordinal {ordinal}")
+        return thread
+
+    def _turn(self, ordinal: int, record: _Record) -> _Turn:
+        turn = self._turns.get(ordinal)
+        if turn is None:
+            _fail(record, f"unknown turn ordinal {ordinal}")
+        return turn
+
+    def _live_call(self, ordinal: int, record: _Record) -> _Call:
+        call = self._calls.get(ordinal)
+        if call is None:
+            _fail(record, f"unknown inference call ordinal {ordinal}")
+        if call.ended:
+            _fail(record, f"inference call {call.msg.inference_call_id} has already ended")
+        return call
+
+    def _item_info(self, payload_id: str, record: _Record) -> ItemInfo:
+        value = self._payloads.get(payload_id)
+        if value is None:
+            state = "incomplete" if payload_id in self._chunks else "unknown"
+            _fail(record, f"{state} payload {payload_id}")
+        if isinstance(value, bytes):
+            # Parsed once, however many later requests repeat the item.
+            value = parse_item(value)
+            self._payloads[payload_id] = value
+        return value
+
+    def _new_item(
+        self,
+        thread: _Thread,
+        turn_id: str,
+        info: ItemInfo,
+        payload_id: str,
+        record: _Record,
+        *,
+        responses_item_id: str,
+        producer: state_pb2.ProducerRef | None,
+    ) -> str:
+        item_id = f"item-{len(self._items) + 1}"
+        item = state_pb2.ConversationItem(
+            item_id=item_id,
+            thread_id=thread.msg.thread_id,
+            turn_id=turn_id,
+            responses_item_id=responses_item_id,
+            first_seen_seq=record.seq,
+            payload_id=payload_id,
+        )
+        info.fill(item)
+        item.first_seen_at.CopyFrom(self._time(record))
+        if producer is not None:
+            item.produced_by.append(producer)
+        self._items[item_id] = item
+        thread.msg.conversation_item_ids.append(item_id)
+        thread.items.register(item_id, info.key, responses_item_id)
+        return item_id
+
+    # -- handlers -------------------------------------------------------------------------
+
+    def _on_header(self, record: _Record) -> None:
+        header = record_pb2.Header()
+        header.CopyFrom(record.header)
+        self._header = header
+        created = header.created_at
+        self._base_us = created.seconds * 1_000_000 + created.nanos // 1000
+        self._handlers = {
+            "footer": self._on_footer,
+            "payload": self._on_payload,
+            "thread_started": self._on_thread_started,
+            "turn_started": self._on_turn_started,
+            "inference_started": self._on_inference_started,
+            "response_created": self._on_response_created,
+            "output_item_added": self._on_output_item_added,
+            "output_text_delta": self._on_output_text_delta,
+            "output_item_done": self._on_output_item_done,
+            "provider_event": self._on_provider_event,
+            "inference_ended": self._on_inference_ended,
+            "interrupt_requested": self._on_interrupt_requested,
+            "turn_ended": self._on_turn_ended,
+            "thread_ended": self._on_thread_ended,
+        }
+
+    def _on_footer(self, record: _Record) -> None:
+        # The reader checks the count; the footer adds nothing to the state.
+        pass
+
+    def _on_payload(self, record: _Record) -> None:
+        # Every kind is kept: the writer dedups by content, not kind, so an item may refer to
+        # bytes first written as another kind.
+        payload = record.payload
+        pid = payload.payload_id
+        if not pid:
+            _fail(record, "payload without an id")
+        if pid in self._payloads:
+            return
+        count = payload.chunk_count
+        if count <= 1:
+            self._payloads[pid] = payload.data
+            return
+        chunks = self._chunks.get(pid)
+        if chunks is None:
+            chunks = self._chunks[pid] = [None] * count
+        index = payload.chunk_index
+        if len(chunks) != count or index >= count:
+            _fail(record, f"payload {pid} chunk {index} of {count} does not fit earlier chunks")
+        if chunks[index] is not None:
+            _fail(record, f"payload {pid} chunk {index} repeated")
+        chunks[index] = payload.data
+        if all(chunk is not None for chunk in chunks):
+            del self._chunks[pid]
+            self._payloads[pid] = b"".join(chunk or b"" for chunk in chunks)
+
+    def _on_thread_started(self, record: _Record) -> None:
+        body = record.thread_started
+        if not body.thread:
+            _fail(record, "thread_started without a thread ordinal")
+        if body.thread in self._threads:
+            _fail(record, f"duplicate thread ordinal {body.thread}")
+        if not body.thread_id:
+            _fail(record, "thread_started without a thread id")
+        if body.thread_id in self._thread_ids:
+            _fail(record, f"duplicate thread id {body.thread_id}")
+        msg = state_pb2.Thread(
+            thread_id=body.thread_id,
+            model=body.model,
+            instructions_payload_id=body.instructions_payload_id,
+        )
+        msg.metadata.update(body.metadata)
+        self._start(msg.execution, record)
+        self._threads[body.thread] = _Thread(msg)
+        self._thread_ids.add(body.thread_id)
+
+    def _on_turn_started(self, record: _Record) -> None:
+        body = record.turn_started
+        if not body.turn:
+            _fail(record, "turn_started without a turn ordinal")
+        if body.turn in self._turns:
+            _fail(record, f"duplicate turn ordinal {body.turn}")
+        thread = self._thread(body.thread, record)
+        if thread.ended:
+            _fail(record, f"turn started on thread {thread.msg.thread_id}, which has ended")
+        turn_id = body.turn_id
+        if not turn_id:
+            _fail(record, "turn_started without a turn id")
+        if turn_id in self._turn_ids:
+            _fail(record, f"duplicate turn id {turn_id}")
+        # Looked up before anything changes, so a missing payload leaves the state as it was.
+        inputs = [(pid, self._item_info(pid, record)) for pid in body.input_payload_ids]
+        msg = state_pb2.Turn(turn_id=turn_id, thread_id=thread.msg.thread_id)
+        self._start(msg.execution, record)
+        producer = state_pb2.ProducerRef(user_input=state_pb2.UserInputProducer(turn_id=turn_id))
+        for pid, info in inputs:
+            msg.input_item_ids.append(
+                self._new_item(
+                    thread,
+                    turn_id,
+                    info,
+                    pid,
+                    record,
+                    responses_item_id=info.responses_item_id,
+                    producer=producer,
+                )
+            )
+        thread.msg.turn_ids.append(turn_id)
+        self._turns[body.turn] = _Turn(msg, thread)
+        self._turn_ids.add(turn_id)
+
+    def _on_inference_started(self, record: _Record) -> None:
+        body = record.inference_started
+        if not body.call:
+            _fail(record, "inference_started without a call ordinal")
+        if body.call in self._calls:
+            _fail(record, f"duplicate inference call ordinal {body.call}")
+        turn = self._turn(body.turn, record)
+        if turn.ended:
+            _fail(record, f"inference started in turn {turn.msg.turn_id}, which has ended")
+        call_id = body.inference_call_id
+        if not call_id:
+            _fail(record, "inference_started without an inference call id")
+        if call_id in self._call_ids:
+            _fail(record, f"duplicate inference call id {call_id}")
+        thread = turn.thread
+        turn_id = turn.msg.turn_id
+        msg = state_pb2.InferenceCall(
+            inference_call_id=call_id,
+            thread_id=thread.msg.thread_id,
+            turn_id=turn_id,
+            attempt=body.attempt,
+            model=body.model,
+            provider_base_url=body.provider_base_url,
+            request_envelope_payload_id=body.request_envelope_payload_id,
+            input_payload_ids=body.input_payload_ids,
+        )
+        self._start(msg.execution, record)
+        pids = list(body.input_payload_ids)
+        infos = [self._item_info(pid, record) for pid in pids]
+
+        def new_item(index: int) -> str:
+            info = infos[index]
+            return self._new_item(
+                thread,
+                turn_id,
+                info,
+                pids[index],
+                record,
+                responses_item_id=info.responses_item_id,
+                producer=None,
+            )
+
+        msg.request_item_ids.extend(thread.items.match_request(infos, new_item))
+        call = _Call(body.call, msg, turn)
+        turn.msg.inference_call_ids.append(call_id)
+        turn.calls.append(call)
+        self._calls[body.call] = call
+        self._call_ids.add(call_id)
+
+    def _on_response_created(self, record: _Record) -> None:
+        body = record.response_created
+        self._live_call(body.call, record).msg.response_id = body.response_id
+
+    def _on_output_item_added(self, record: _Record) -> None:
+        body = record.output_item_added
+        call = self._live_call(body.call, record)
+        if not body.item:
+            _fail(record, "output_item_added without an item ordinal")
+        if body.item in self._outputs:
+            _fail(record, f"duplicate output item ordinal {body.item}")
+        output = _Output(call, body.provider_item_id, body.item_type, body.role, announced=True)
+        self._outputs[body.item] = output
+        call.open[output] = None
+        call.latest = output
+
+    def _on_output_text_delta(self, record: _Record) -> None:
+        # The hot path: most records of a bundle are deltas.
+        body = record.output_text_delta
+        ordinal = body.item
+        if ordinal:
+            output = self._outputs.get(ordinal)
+            if output is None or output.call.ordinal != body.call:
+                _fail(record, f"unknown output item ordinal {ordinal} for call {body.call}")
+            if output.call.ended:
+                self._live_call(body.call, record)  # raises: the call has ended
+        else:
+            call = self._live_call(body.call, record)
+            output = call.latest
+            if output is None:
+                output = self._unannounced(call)
+        parts = output.parts
+        if parts is not None:
+            parts.append(body.delta)
+
+    def _unannounced(self, call: _Call) -> _Output:
+        # Text that arrived before any item was announced still belongs somewhere visible.
+        output = _Output(call, "", "", "", announced=False)
+        call.open[output] = None
+        call.latest = output
+        return output
+
+    def _on_output_item_done(self, record: _Record) -> None:
+        body = record.output_item_done
+        call = self._live_call(body.call, record)
+        output: _Output | None = None
+        if body.item:
+            output = self._outputs.get(body.item)
+            if output is None or output.call is not call:
+                _fail(record, f"unknown output item ordinal {body.item} for call {body.call}")
+            if output.parts is None:
+                _fail(record, f"output item ordinal {body.item} is already done")
+        elif (
+            (latest := call.latest) is not None
+            and not latest.announced
+            and latest.parts is not None
+        ):
+            # Item 0 is the item never announced: the one its unannounced deltas went to.
+            output = latest
+        pid = body.item_payload_id
+        info = self._item_info(pid, record) if pid else self._synthesised(output)
+        item_id = body.item_id or (output.provider_item_id if output else "")
+        item_id = item_id or info.responses_item_id
+        turn = call.turn
+        producer = state_pb2.ProducerRef(
+            inference=state_pb2.InferenceProducer(inference_call_id=call.msg.inference_call_id)
+        )
+        accepted = self._new_item(
+            turn.thread,
+            turn.msg.turn_id,
+            info,
+            pid,
+            record,
+            responses_item_id=item_id,
+            producer=producer,
+        )
+        call.msg.response_item_ids.append(accepted)
+        if pid:
+            call.msg.output_payload_ids.append(pid)
+        if output is not None:
+            output.parts = None
+            del call.open[output]
+
+    @staticmethod
+    def _synthesised(output: _Output | None) -> ItemInfo:
+        # A done record without its payload: describe the item from what was streamed.
+        item: dict[str, object] = {"type": output.item_type if output else "message"}
+        if output is not None:
+            if output.role:
+                item["role"] = output.role
+            if output.provider_item_id:
+                item["id"] = output.provider_item_id
+            item["content"] = [{"type": "output_text", "text": "".join(output.parts or ())}]
+        return parse_item(json.dumps(item).encode())
+
+    def _on_provider_event(self, record: _Record) -> None:
+        self._live_call(record.provider_event.call, record)
+
+    def _end_call(
+        self, call: _Call, status: common_pb2.ExecutionStatus.ValueType, record: _Record
+    ) -> None:
+        self._end(call.msg.execution, status, record)
+        discarded = call.msg.discarded_outputs
+        for output in call.open:
+            discarded.append(output.discarded())
+            output.parts = None
+        call.open.clear()
+        call.ended = True
+
+    def _on_inference_ended(self, record: _Record) -> None:
+        body = record.inference_ended
+        call = self._live_call(body.call, record)
+        msg = call.msg
+        if body.response_id:
+            msg.response_id = body.response_id
+        if body.HasField("usage"):
+            msg.usage.CopyFrom(body.usage)
+        if body.HasField("error"):
+            msg.error.CopyFrom(body.error)
+        msg.end_reason = body.reason
+        self._end_call(call, body.status, record)
+
+    def _on_interrupt_requested(self, record: _Record) -> None:
+        body = record.interrupt_requested
+        turn = self._turn(body.turn, record)
+        msg = turn.msg
+        # Several may ask (a client, then the shutdown); the first one is what stopped it.
+        if not msg.HasField("interrupt"):
+            msg.interrupt.requested_by = body.requested_by
+            msg.interrupt.requested_at.CopyFrom(self._time(record))
+            msg.interrupt.seq = record.seq
+
+    def _on_turn_ended(self, record: _Record) -> None:
+        body = record.turn_ended
+        turn = self._turn(body.turn, record)
+        if turn.ended:
+            _fail(record, f"turn {turn.msg.turn_id} has already ended")
+        if body.HasField("error"):
+            turn.msg.error.CopyFrom(body.error)
+        self._end(turn.msg.execution, body.status, record)
+        turn.ended = True
+        for call in turn.calls:
+            if not call.ended:
+                self._end_call(call, body.status, record)
+
+    def _on_thread_ended(self, record: _Record) -> None:
+        body = record.thread_ended
+        thread = self._thread(body.thread, record)
+        if thread.ended:
+            _fail(record, f"thread {thread.msg.thread_id} has already ended")
+        self._end(thread.msg.execution, body.status, record)
+        thread.ended = True
+
+
+def replay_bundle(path: str | os.PathLike[str]) -> state_pb2.RolloutTrace:
+    """Reduce a whole bundle (its directory or trace.binpb) up to its first damage.
+
+    Raises BundleError when path is missing or not a bundle, ReductionError when its records
+    contradict each other; damage is reported in the state's integrity, never raised.
+    """
+    reducer = Reducer()
+    with read_bundle(path) as reader:
+        apply = reducer.apply
+        for record in reader:
+            apply(record)
+        reducer.set_integrity(reader.integrity)
+    return reducer.state()

@@ -1,0 +1,250 @@
+"""The `trace-reducer` command: reduce a bundle to state.json, dump its records, serve gRPC."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from google.protobuf import json_format, text_format
+
+from rollout.trace.v1 import record_pb2, state_pb2
+
+from ._reader import BundleError, Integrity, read_bundle, resolve_trace_file
+from ._reducer import ReductionError, replay_bundle
+from ._state_json import state_to_json, write_state_json
+from ._version import __version__
+from ._writer import STATE_FILE_NAME
+from .grpc_server import AccessControl, add_access_arguments
+
+PROG = "trace-reducer"
+DEFAULT_LISTEN = "127.0.0.1:50052"
+_PREVIEW_CHARS = 60
+_FIELDS_CHARS = 240
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+
+class _CommandError(Exception):
+    """Ends the command with one line on stderr and an exit code."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _warn(message: str) -> None:
+    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+
+
+def _not_a_bundle(path: str, detail: str) -> _CommandError:
+    return _CommandError(f"not a trace bundle (no header record): {path}: {detail}", EXIT_USAGE)
+
+
+# -- reduce -----------------------------------------------------------------------------------
+
+
+def _reduce(args: argparse.Namespace) -> int:
+    trace_file = resolve_trace_file(args.bundle)
+    trace = replay_bundle(trace_file)
+    integrity = trace.integrity
+    if integrity.records_read == 0:
+        raise _not_a_bundle(args.bundle, integrity.detail)
+    status = integrity.status
+    name = state_pb2.IntegrityStatus.Name(status).removeprefix("INTEGRITY_STATUS_").lower()
+    if status == state_pb2.INTEGRITY_STATUS_CORRUPT:
+        # The reader's detail names the byte offset and the seq of the bad frame.
+        if not args.salvage:
+            raise _CommandError(
+                f"corrupt bundle {args.bundle}: {integrity.detail} "
+                "(--salvage reduces the records before it)",
+                EXIT_FAILED,
+            )
+        _warn(
+            f"warning: corrupt bundle {args.bundle}: {integrity.detail}; salvaged "
+            f"{integrity.records_read} records before it"
+        )
+    elif status != state_pb2.INTEGRITY_STATUS_CLEAN:
+        _warn(
+            f"warning: {name} bundle {args.bundle}: {integrity.detail}; "
+            f"reduced {integrity.records_read} records"
+        )
+    if args.stdout:
+        sys.stdout.write(state_to_json(trace))
+        sys.stdout.flush()
+        return EXIT_OK
+    target = Path(args.output) if args.output else trace_file.parent / STATE_FILE_NAME
+    print(write_state_json(trace, target), flush=True)
+    return EXIT_OK
+
+
+# -- dump -------------------------------------------------------------------------------------
+
+
+def _abbreviate(text: str, limit: int) -> str:
+    return text if len(text) <= limit else f"{text[: limit - 1]}…"
+
+
+def _describe(record: record_pb2.TraceRecord, body: str | None) -> str:
+    if body is None:
+        return "(unknown body)"
+    if body == "payload":
+        payload = record.payload
+        preview = _abbreviate(payload.data.decode("utf-8", "replace"), _PREVIEW_CHARS)
+        chunk = (
+            f" chunk {payload.chunk_index + 1}/{payload.chunk_count}"
+            if payload.chunk_count > 1
+            else ""
+        )
+        kind = record_pb2.PayloadKind.Name(payload.kind).removeprefix("PAYLOAD_KIND_")
+        return (
+            f"{payload.payload_id} {kind} {payload.media_type!r} {len(payload.data)} bytes"
+            f"{chunk} {json.dumps(preview, ensure_ascii=False)}"
+        )
+    fields = text_format.MessageToString(getattr(record, body), as_one_line=True, as_utf8=True)
+    return _abbreviate(fields, _FIELDS_CHARS)
+
+
+def _dump(args: argparse.Namespace) -> int:
+    out = sys.stdout
+    with read_bundle(args.bundle) as reader:
+        for record in reader:
+            body = record.WhichOneof("body")
+            if args.json:
+                line = json.dumps(
+                    json_format.MessageToDict(record, preserving_proto_field_name=True),
+                    ensure_ascii=False,
+                    sort_keys=True,
+                )
+            else:
+                seconds = record.time_us / 1_000_000
+                line = (
+                    f"{record.seq:>7} {seconds:>12.6f}s {body or '?':<19} {_describe(record, body)}"
+                )
+            out.write(line + "\n")
+        integrity = reader.integrity
+    out.flush()
+    if integrity.records_read == 0:
+        raise _not_a_bundle(args.bundle, integrity.detail)
+    print(_integrity_line(integrity), file=sys.stderr, flush=True)
+    return EXIT_OK
+
+
+def _integrity_line(integrity: Integrity) -> str:
+    line = (
+        f"integrity: {integrity.status_name} "
+        f"({integrity.records_read} records, {integrity.bytes_read} bytes)"
+    )
+    return f"{line}: {integrity.detail}" if integrity.detail else line
+
+
+# -- serve ------------------------------------------------------------------------------------
+
+
+async def _serve_async(listen: str, bundle_root: str, access: AccessControl) -> int:
+    # gRPC's server side takes a noticeable time to import; reduce and dump do not need it.
+    from .grpc_server import GrpcServer, install_signal_handlers
+    from .service import SERVICE_NAME, ReducerService, add_to_server
+
+    service = ReducerService(bundle_root)
+    try:
+        server = await GrpcServer.start(
+            listen,
+            lambda grpc_server: add_to_server(service, grpc_server),
+            [SERVICE_NAME],
+            access,
+        )
+    except ValueError as error:
+        raise _CommandError(f"--listen: {error}", EXIT_USAGE) from error
+    stop = asyncio.Event()
+    install_signal_handlers(stop.set)
+    print(f"listening on {server.address}", flush=True)
+    await stop.wait()
+    await server.stop(grace=5.0)
+    return EXIT_OK
+
+
+def _serve(args: argparse.Namespace) -> int:
+    root = args.bundle_root or os.getcwd()
+    if not os.path.isdir(root):
+        raise _CommandError(f"--bundle-root is not a directory: {root}", EXIT_USAGE)
+    try:
+        access = AccessControl.from_args(args)
+    except ValueError as error:
+        raise _CommandError(str(error), EXIT_USAGE) from error
+    return asyncio.run(_serve_async(args.listen, root, access))
+
+
+# -- entry point ------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Replay rollout-trace bundles into their reduced state."
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    reduce = commands.add_parser("reduce", help="write the reduced state of a bundle as JSON")
+    reduce.add_argument("bundle", help="bundle directory or its trace.binpb")
+    target = reduce.add_mutually_exclusive_group()
+    target.add_argument(
+        "-o", "--output", metavar="PATH", help="write here, not <bundle>/state.json"
+    )
+    target.add_argument("--stdout", action="store_true", help="print the JSON instead")
+    reduce.add_argument(
+        "--salvage", action="store_true", help="reduce a corrupt bundle up to the damage"
+    )
+    reduce.set_defaults(run=_reduce)
+
+    dump = commands.add_parser("dump", help="print the records of a bundle, one per line")
+    dump.add_argument("bundle", help="bundle directory or its trace.binpb")
+    dump.add_argument("--json", action="store_true", help="JSON lines instead of text")
+    dump.set_defaults(run=_dump)
+
+    serve = commands.add_parser("serve", help="run the ReducerService gRPC server")
+    serve.add_argument("--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT")
+    serve.add_argument("--bundle-root", metavar="DIR", help="bundles are read under here (cwd)")
+    add_access_arguments(serve)
+    serve.set_defaults(run=_serve)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; never lets a traceback out."""
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.run(args)
+    except _CommandError as failure:
+        _warn(str(failure))
+        return failure.code
+    except BundleError as error:
+        _warn(str(error))
+        return EXIT_USAGE
+    except ReductionError as error:
+        _warn(f"records contradict each other: {error}")
+        return EXIT_FAILED
+    except BrokenPipeError:
+        # The reader went away (`| head`); say nothing more to it.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAILED
+    except OSError as error:
+        reason = error.strerror or str(error)
+        _warn(f"{reason}: {error.filename}" if error.filename else reason)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return 130
+    except Exception as error:  # noqa: BLE001 - the edge: nothing may escape as a traceback
+        _warn(f"internal error: {type(error).__name__}: {error}")
+        return EXIT_FAILED
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
