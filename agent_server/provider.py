@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 from httpx_sse import SSEError, aconnect_sse
 
-from agent_server._json import canonical_json
 from agent_server.config import Secret
+from trace_reducer import canonical_json
 
 CALL_ID_HEADER = "x-rollout-inference-call-id"
 _ERROR_BODY_LIMIT = 64 * 1024

@@ -9,10 +9,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeAlias
 
-from agent_server._json import canonical_json
 from rollout.agent.v1 import agent_pb2
 from rollout.trace.v1 import common_pb2, record_pb2
-from trace_reducer import BundleWriter, RecordingError, RecordTooLargeError, __version__, payload_id
+from trace_reducer import (
+    BundleWriter,
+    RecordingError,
+    RecordTooLargeError,
+    __version__,
+    canonical_json,
+    payload_id,
+)
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +45,7 @@ class Recorder:
         self._turns = 0
         self._calls = 0
         self._items = 0
+        self._last_input: list[Mapping[str, Any]] = []
 
     @classmethod
     def off(cls, thread_id: str) -> Recorder:
@@ -160,7 +167,13 @@ class Recorder:
     ) -> int:
         self._calls += 1
         envelope_id = self._payload(envelope, record_pb2.PAYLOAD_KIND_REQUEST_ENVELOPE)
-        ids = [self._payload(item, record_pb2.PAYLOAD_KIND_INPUT_ITEM) for item in input_items]
+        # A request re-sends the history: record only what follows the previous request's
+        # input, so the bundle grows with the conversation, not with its square.
+        prefix = _shared_prefix(self._last_input, input_items)
+        ids = [
+            self._payload(item, record_pb2.PAYLOAD_KIND_INPUT_ITEM) for item in input_items[prefix:]
+        ]
+        self._last_input = list(input_items)
         self._append(
             record_pb2.TraceRecord(
                 inference_started=record_pb2.InferenceStarted(
@@ -172,6 +185,7 @@ class Recorder:
                     provider_base_url=provider_base_url,
                     request_envelope_payload_id=envelope_id,
                     input_payload_ids=ids,
+                    input_prefix_count=prefix,
                 )
             )
         )
@@ -302,3 +316,15 @@ class Recorder:
         async with self._io_lock:
             with self._guard():
                 await asyncio.to_thread(writer.close if ok else writer.abandon)
+
+
+def _shared_prefix(
+    previous: Sequence[Mapping[str, Any]], current: Sequence[Mapping[str, Any]]
+) -> int:
+    """How many leading items current shares with previous (the history is the same objects)."""
+    count = 0
+    for before, now in zip(previous, current, strict=False):
+        if before is not now and before != now:
+            break
+        count += 1
+    return count

@@ -1,6 +1,7 @@
 """Trace bundles of rollout-trace: the format, its writer and reader, and the reducer."""
 
 from ._framing import MAX_RECORD_BYTES, RecordTooLargeError
+from ._payloads import canonical_json, payload_id
 from ._reader import (
     BundleError,
     BundleNotFoundError,
@@ -12,6 +13,7 @@ from ._reader import (
     resolve_trace_file,
 )
 from ._reducer import Reducer, ReductionError, replay_bundle
+from ._requests import RequestNotFoundError, request_body
 from ._state_json import state_to_json, write_state_json
 from ._version import __version__
 from ._writer import (
@@ -20,7 +22,6 @@ from ._writer import (
     TRACE_FILE_NAME,
     BundleWriter,
     RecordingError,
-    payload_id,
 )
 
 __all__ = [
@@ -39,10 +40,13 @@ __all__ = [
     "RecordingError",
     "Reducer",
     "ReductionError",
+    "RequestNotFoundError",
     "__version__",
+    "canonical_json",
     "payload_id",
     "read_bundle",
     "replay_bundle",
+    "request_body",
     "resolve_trace_file",
     "state_to_json",
     "write_state_json",

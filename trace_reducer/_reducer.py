@@ -12,6 +12,7 @@ from google.protobuf import timestamp_pb2
 from rollout.trace.v1 import common_pb2, record_pb2, state_pb2
 
 from ._items import ItemInfo, ThreadItems, parse_item
+from ._payloads import PayloadError, PayloadStore, resolve_inputs
 from ._reader import Integrity, read_bundle
 
 _RUNNING = common_pb2.EXECUTION_STATUS_RUNNING
@@ -25,12 +26,14 @@ class ReductionError(Exception):
 
 
 class _Thread:
-    __slots__ = ("ended", "items", "msg")
+    __slots__ = ("ended", "inputs", "items", "msg")
 
     def __init__(self, msg: state_pb2.Thread) -> None:
         self.msg = msg
         self.items = ThreadItems()
         self.ended = False
+        # The complete input payload ids of the thread's latest inference call.
+        self.inputs: list[str] = []
 
 
 class _Turn:
@@ -112,8 +115,9 @@ class Reducer:
         self._turn_ids: set[str] = set()
         self._call_ids: set[str] = set()
         self._items: dict[str, state_pb2.ConversationItem] = {}
-        self._payloads: dict[str, bytes | ItemInfo] = {}
-        self._chunks: dict[str, list[bytes | None]] = {}
+        self._payloads = PayloadStore()
+        # Items are parsed once, however many later requests repeat them; their bytes go.
+        self._item_infos: dict[str, ItemInfo] = {}
         # Until the header arrives every body takes the slow path, which rejects it.
         self._handlers: dict[str | None, Callable[[_Record], None]] = {"header": self._on_header}
 
@@ -233,15 +237,15 @@ class Reducer:
         return call
 
     def _item_info(self, payload_id: str, record: _Record) -> ItemInfo:
-        value = self._payloads.get(payload_id)
-        if value is None:
-            state = "incomplete" if payload_id in self._chunks else "unknown"
-            _fail(record, f"{state} payload {payload_id}")
-        if isinstance(value, bytes):
-            # Parsed once, however many later requests repeat the item.
-            value = parse_item(value)
-            self._payloads[payload_id] = value
-        return value
+        info = self._item_infos.get(payload_id)
+        if info is None:
+            try:
+                info = parse_item(self._payloads.get(payload_id))
+            except PayloadError as error:
+                _fail(record, str(error))
+            self._item_infos[payload_id] = info
+            self._payloads.discard(payload_id)
+        return info
 
     def _new_item(
         self,
@@ -304,28 +308,10 @@ class Reducer:
     def _on_payload(self, record: _Record) -> None:
         # Every kind is kept: the writer dedups by content, not kind, so an item may refer to
         # bytes first written as another kind.
-        payload = record.payload
-        pid = payload.payload_id
-        if not pid:
-            _fail(record, "payload without an id")
-        if pid in self._payloads:
-            return
-        count = payload.chunk_count
-        if count <= 1:
-            self._payloads[pid] = payload.data
-            return
-        chunks = self._chunks.get(pid)
-        if chunks is None:
-            chunks = self._chunks[pid] = [None] * count
-        index = payload.chunk_index
-        if len(chunks) != count or index >= count:
-            _fail(record, f"payload {pid} chunk {index} of {count} does not fit earlier chunks")
-        if chunks[index] is not None:
-            _fail(record, f"payload {pid} chunk {index} repeated")
-        chunks[index] = payload.data
-        if all(chunk is not None for chunk in chunks):
-            del self._chunks[pid]
-            self._payloads[pid] = b"".join(chunk or b"" for chunk in chunks)
+        try:
+            self._payloads.add(record.payload)
+        except PayloadError as error:
+            _fail(record, str(error))
 
     def _on_thread_started(self, record: _Record) -> None:
         body = record.thread_started
@@ -406,10 +392,13 @@ class Reducer:
             model=body.model,
             provider_base_url=body.provider_base_url,
             request_envelope_payload_id=body.request_envelope_payload_id,
-            input_payload_ids=body.input_payload_ids,
         )
+        try:
+            pids = resolve_inputs(thread.inputs, body)
+        except PayloadError as error:
+            _fail(record, str(error))
+        msg.input_payload_ids.extend(pids)
         self._start(msg.execution, record)
-        pids = list(body.input_payload_ids)
         infos = [self._item_info(pid, record) for pid in pids]
 
         def new_item(index: int) -> str:
@@ -430,6 +419,7 @@ class Reducer:
         turn.calls.append(call)
         self._calls[body.call] = call
         self._call_ids.add(call_id)
+        thread.inputs = pids
 
     def _on_response_created(self, record: _Record) -> None:
         body = record.response_created

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import time
 import uuid
@@ -13,6 +12,7 @@ from pathlib import Path
 from rollout.trace.v1 import record_pb2
 
 from ._framing import MAX_RECORD_BYTES, encode_record
+from ._payloads import payload_id
 from ._version import __version__
 
 FORMAT_VERSION = 1
@@ -25,11 +25,6 @@ _CHUNK_BYTES = MAX_RECORD_BYTES - 4096
 
 class RecordingError(Exception):
     """The bundle could not be created or written; the message is the cause."""
-
-
-def payload_id(data: bytes) -> str:
-    """Content address of a payload: lowercase hex BLAKE2b-128 of its bytes."""
-    return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
 def _describe(error: OSError) -> str:

@@ -16,6 +16,7 @@ from rollout.trace.v1 import record_pb2, state_pb2
 
 from ._reader import BundleError, Integrity, read_bundle, resolve_trace_file
 from ._reducer import ReductionError, replay_bundle
+from ._requests import request_body
 from ._state_json import state_to_json, write_state_json
 from ._version import __version__
 from ._writer import STATE_FILE_NAME
@@ -144,6 +145,20 @@ def _integrity_line(integrity: Integrity) -> str:
     return f"{line}: {integrity.detail}" if integrity.detail else line
 
 
+# -- request ----------------------------------------------------------------------------------
+
+
+def _request(args: argparse.Namespace) -> int:
+    body = request_body(args.bundle, args.inference_call_id)
+    if args.pretty:
+        text = json.dumps(json.loads(body), indent=2, ensure_ascii=False) + "\n"
+        sys.stdout.write(text)
+    else:
+        sys.stdout.buffer.write(body + b"\n")
+    sys.stdout.flush()
+    return EXIT_OK
+
+
 # -- serve ------------------------------------------------------------------------------------
 
 
@@ -207,6 +222,14 @@ def build_parser() -> argparse.ArgumentParser:
     dump.add_argument("bundle", help="bundle directory or its trace.binpb")
     dump.add_argument("--json", action="store_true", help="JSON lines instead of text")
     dump.set_defaults(run=_dump)
+
+    request = commands.add_parser(
+        "request", help="print the exact JSON body an inference call sent to the provider"
+    )
+    request.add_argument("bundle", help="bundle directory or its trace.binpb")
+    request.add_argument("inference_call_id", help="as in the reduced state's inference_calls")
+    request.add_argument("--pretty", action="store_true", help="indent the JSON")
+    request.set_defaults(run=_request)
 
     serve = commands.add_parser("serve", help="run the ReducerService gRPC server")
     serve.add_argument("--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT")

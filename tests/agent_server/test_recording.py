@@ -7,11 +7,9 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from agent_server._json import canonical_json
 from rollout.agent.v1 import agent_pb2
 from rollout.trace.v1 import common_pb2, record_pb2, state_pb2
 from tests.agent_server.conftest import Harness, StartAgent, reduce_with_cli
@@ -24,7 +22,7 @@ from tests.agent_server.scripted_provider import (
     sse,
     text_delta,
 )
-from trace_reducer import read_bundle
+from trace_reducer import read_bundle, request_body
 
 CANCELLED = common_pb2.EXECUTION_STATUS_CANCELLED
 
@@ -63,15 +61,19 @@ async def test_requests_are_reconstructible_and_history_is_recorded_once(
     started = [r.inference_started for r in found if r.HasField("inference_started")]
     assert len(started) == 2
     for call, request in zip(started, provider.requests, strict=True):
-        body: dict[str, Any] = json.loads(data[call.request_envelope_payload_id])
-        body["input"] = [json.loads(data[pid]) for pid in call.input_payload_ids]
-        assert canonical_json(body) == request.body
+        assert request_body(thread.bundle_path, call.inference_call_id) == request.body
         assert "input" not in json.loads(data[call.request_envelope_payload_id])
         assert call.provider_base_url == provider.url
-    # Each distinct item is one payload record, however often it is sent.
+    # Each distinct item is one payload record, however often it is sent, and the second
+    # request refers to the first one's input instead of listing it again.
     ids = [r.payload.payload_id for r in found if r.HasField("payload")]
     assert len(ids) == len(set(ids))
-    assert set(started[0].input_payload_ids) < set(started[1].input_payload_ids)
+    first_input = json.loads(provider.requests[0].body)["input"]
+    second_input = json.loads(provider.requests[1].body)["input"]
+    assert second_input[: len(first_input)] == first_input
+    assert started[0].input_prefix_count == 0
+    assert started[1].input_prefix_count == len(first_input)
+    assert len(started[1].input_payload_ids) == len(second_input) - len(first_input)
     [thread_started] = [r.thread_started for r in found if r.HasField("thread_started")]
     assert data[thread_started.instructions_payload_id] == b"be brief"
     assert dict(thread_started.metadata) == {"run": "7"}

@@ -99,7 +99,10 @@ class BundleBuilder:
         )
         return self._turns
 
-    def call(self, turn: int, call_id: str, inputs: list[Item], *, attempt: int = 1) -> int:
+    def call(
+        self, turn: int, call_id: str, inputs: list[Item], *, attempt: int = 1, prefix: int = 0
+    ) -> int:
+        """An inference call whose input is `prefix` items of the previous call's, then inputs."""
         self._calls += 1
         envelope = {"instructions": "Answer briefly.", "model": self.model, "store": False}
         envelope_id = self.writer.put_payload(
@@ -116,6 +119,7 @@ class BundleBuilder:
                 provider_base_url="http://127.0.0.1:9/v1",
                 request_envelope_payload_id=envelope_id,
                 input_payload_ids=pids,
+                input_prefix_count=prefix,
             )
         )
         return self._calls

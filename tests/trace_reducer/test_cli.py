@@ -16,7 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rollout.reducer.v1 import reducer_pb2, reducer_pb2_grpc
 from rollout.trace.v1 import record_pb2, state_pb2
-from trace_reducer import replay_bundle, state_to_json
+from trace_reducer import replay_bundle, request_body, state_to_json
 from trace_reducer._framing import decode_varint
 
 from .bundles import COMPLETED, BundleBuilder, one_turn_bundle
@@ -62,6 +62,28 @@ def test_reduce_to_a_path_to_stdout_and_from_the_file(tmp_path: Path) -> None:
     both = run("reduce", bundle, "--stdout", "-o", out)
     assert both.returncode == 2
     assert "Traceback" not in both.stderr
+
+
+def test_request_prints_the_exact_body_of_a_call(tmp_path: Path) -> None:
+    bundle = one_turn_bundle(tmp_path)
+    result = run("request", bundle, "call-1")
+    assert result.returncode == 0, result.stderr
+    body = json.loads(result.stdout)
+    assert body["input"] == [
+        {
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": "answer once"}],
+        }
+    ]
+    assert result.stdout.encode() == request_body(bundle, "call-1") + b"\n"
+    pretty = run("request", bundle, "call-1", "--pretty")
+    assert json.loads(pretty.stdout) == body
+    assert pretty.stdout.count("\n") > 3
+    missing = run("request", bundle, "call-404")
+    assert missing.returncode == 2
+    assert_one_clean_line(missing.stderr)
+    assert "call-404" in missing.stderr
 
 
 def test_unclosed_and_truncated_warn_and_succeed(tmp_path: Path) -> None:

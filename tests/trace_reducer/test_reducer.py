@@ -13,8 +13,10 @@ from trace_reducer import (
     NotABundleError,
     Reducer,
     ReductionError,
+    RequestNotFoundError,
     read_bundle,
     replay_bundle,
+    request_body,
     state_to_json,
 )
 
@@ -234,6 +236,50 @@ def test_two_turns_reuse_history_items(tmp_path: Path) -> None:
     assert list(thread.conversation_item_ids) == list(c3.request_item_ids)
     assert len(trace.conversation_items) == 5
     assert list(thread.turn_ids) == ["turn-1", "turn-2", "turn-3"]
+
+
+def test_input_prefix_refers_to_the_previous_calls_input(tmp_path: Path) -> None:
+    bundle = BundleBuilder(tmp_path)
+    question = user_item("hello")
+    turn1 = bundle.turn("turn-1", [question])
+    call1 = bundle.call(turn1, "call-1", [question])
+    answer = assistant_output("hi there", "msg-1")
+    bundle.done(call1, bundle.added(call1, "msg-1"), answer)
+    bundle.call_ended(call1, COMPLETED)
+    bundle.turn_ended(turn1, COMPLETED)
+    follow_up = user_item("and then?")
+    turn2 = bundle.turn("turn-2", [follow_up])
+    bundle.call(turn2, "call-2", [as_input(answer), follow_up], prefix=1)
+    bundle.call(turn2, "call-3", [], prefix=3, attempt=2)
+    path = bundle.close()
+    trace = replay_bundle(path)
+
+    c1, c2, c3 = (trace.inference_calls[f"call-{n}"] for n in (1, 2, 3))
+    assert len(c2.input_payload_ids) == 3
+    assert c2.input_payload_ids[0] == c1.input_payload_ids[0]
+    assert list(c2.request_item_ids) == [
+        c1.request_item_ids[0],
+        c1.response_item_ids[0],
+        trace.turns["turn-2"].input_item_ids[0],
+    ]
+    assert list(c3.input_payload_ids) == list(c2.input_payload_ids)
+    assert list(c3.request_item_ids) == list(c2.request_item_ids)
+    body = json.loads(request_body(path, "call-2"))
+    assert body["input"] == [question, as_input(answer), follow_up]
+    assert body["model"] == "test-model"
+    with pytest.raises(RequestNotFoundError):
+        request_body(path, "call-9")
+
+
+def test_input_prefix_longer_than_the_previous_input_contradicts(tmp_path: Path) -> None:
+    bundle = BundleBuilder(tmp_path)
+    question = user_item("hello")
+    turn = bundle.turn("turn-1", [question])
+    bundle.call(turn, "call-1", [question])
+    bundle.call(turn, "call-2", [], prefix=2)
+    seq = bundle.writer.record_count
+    with pytest.raises(ReductionError, match=rf"seq {seq}: input_prefix_count 2 exceeds"):
+        replay_bundle(bundle.close())
 
 
 def test_identical_content_within_one_request_is_two_items(tmp_path: Path) -> None:

@@ -338,6 +338,7 @@ class InferenceStarted(_message.Message):
     PROVIDER_BASE_URL_FIELD_NUMBER: _builtins.int
     REQUEST_ENVELOPE_PAYLOAD_ID_FIELD_NUMBER: _builtins.int
     INPUT_PAYLOAD_IDS_FIELD_NUMBER: _builtins.int
+    INPUT_PREFIX_COUNT_FIELD_NUMBER: _builtins.int
     call: _builtins.int
     turn: _builtins.int
     inference_call_id: _builtins.str
@@ -348,9 +349,17 @@ class InferenceStarted(_message.Message):
     """The provider's base URL; never carries credentials."""
     request_envelope_payload_id: _builtins.str
     """The JSON request body without its `input` array."""
+    input_prefix_count: _builtins.int
+    """How many items at the start of the `input` array are the first items of the thread's
+    previous inference call's `input` (all of it, prefix included). A conversation re-sends its
+    history with every request; this keeps each inference_started record proportional to what
+    is new, so a bundle grows linearly with the conversation.
+    """
     @_builtins.property
     def input_payload_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """The `input` array of the request, one payload per item, in order."""
+        """The `input` array of the request after its first `input_prefix_count` items, one payload
+        per item, in order.
+        """
 
     def __init__(
         self,
@@ -363,10 +372,11 @@ class InferenceStarted(_message.Message):
         provider_base_url: _builtins.str = ...,
         request_envelope_payload_id: _builtins.str = ...,
         input_payload_ids: _abc.Iterable[_builtins.str] | None = ...,
+        input_prefix_count: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "call", b"call", "inference_call_id", b"inference_call_id", "input_payload_ids", b"input_payload_ids", "model", b"model", "provider_base_url", b"provider_base_url", "request_envelope_payload_id", b"request_envelope_payload_id", "turn", b"turn"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "call", b"call", "inference_call_id", b"inference_call_id", "input_payload_ids", b"input_payload_ids", "input_prefix_count", b"input_prefix_count", "model", b"model", "provider_base_url", b"provider_base_url", "request_envelope_payload_id", b"request_envelope_payload_id", "turn", b"turn"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
