@@ -10,6 +10,9 @@ from agent_server.config import Settings
 from agent_server.errors import (
     EmptyInputError,
     InputTooLargeError,
+    InstructionsTooLargeError,
+    InvalidModelError,
+    MetadataTooLargeError,
     MissingThreadIdError,
     MissingTurnIdError,
     RecordingStartFailedError,
@@ -29,6 +32,11 @@ from rollout.trace.v1 import common_pb2
 from trace_reducer import RecordingError
 
 MAX_INPUT_BYTES = 1024 * 1024
+MAX_INSTRUCTIONS_BYTES = 1024 * 1024
+MAX_MODEL_CHARS = 256
+MAX_METADATA_ENTRIES = 64
+MAX_METADATA_KEY_CHARS = 128
+MAX_METADATA_VALUE_CHARS = 4096
 CLOSE_REQUESTER = "close_thread"
 SHUTDOWN_REQUESTER = "shutdown"
 CLOSE_REASON = "closed"
@@ -67,6 +75,7 @@ class Agent:
         self, model: str, instructions: str, metadata: Mapping[str, str]
     ) -> Thread:
         self.check_serving()
+        _check_thread_arguments(model, instructions, metadata)
         # A caller that gives up must not leave a bundle without its thread behind: the thread
         # is made anyway, and shutdown finishes its bundle like any other.
         starting = asyncio.create_task(self._start_thread(model, instructions, metadata))
@@ -222,3 +231,28 @@ class Agent:
         await thread.recorder.finish(status, reason)
         thread.closed = True
         thread.events.close()
+
+
+def _check_thread_arguments(model: str, instructions: str, metadata: Mapping[str, str]) -> None:
+    """Refuse what no provider accepts and what would bloat every request of the thread."""
+    if len(model) > MAX_MODEL_CHARS or not model.isprintable():
+        raise InvalidModelError(
+            f"model must be at most {MAX_MODEL_CHARS} printable characters", model=model
+        )
+    size = len(instructions.encode())
+    if size > MAX_INSTRUCTIONS_BYTES:
+        raise InstructionsTooLargeError(
+            f"instructions hold {size} bytes; the limit is {MAX_INSTRUCTIONS_BYTES}",
+            limit=str(MAX_INSTRUCTIONS_BYTES),
+        )
+    if len(metadata) > MAX_METADATA_ENTRIES:
+        raise MetadataTooLargeError(
+            f"metadata has {len(metadata)} entries; the limit is {MAX_METADATA_ENTRIES}"
+        )
+    for key, value in metadata.items():
+        if len(key) > MAX_METADATA_KEY_CHARS or len(value) > MAX_METADATA_VALUE_CHARS:
+            raise MetadataTooLargeError(
+                f"metadata keys are limited to {MAX_METADATA_KEY_CHARS} characters and values "
+                f"to {MAX_METADATA_VALUE_CHARS}",
+                key=key,
+            )

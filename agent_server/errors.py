@@ -42,6 +42,18 @@ class InputTooLargeError(InvalidArgumentError):
     reason = "INPUT_TOO_LARGE"
 
 
+class InvalidModelError(InvalidArgumentError):
+    reason = "INVALID_MODEL"
+
+
+class InstructionsTooLargeError(InvalidArgumentError):
+    reason = "INSTRUCTIONS_TOO_LARGE"
+
+
+class MetadataTooLargeError(InvalidArgumentError):
+    reason = "METADATA_TOO_LARGE"
+
+
 class ThreadNotFoundError(AgentError):
     code = grpc.StatusCode.NOT_FOUND
     reason = "THREAD_NOT_FOUND"

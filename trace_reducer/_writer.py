@@ -163,9 +163,15 @@ class BundleWriter:
             return
         try:
             os.fsync(self._fd)
+            links = os.fstat(self._fd).st_nlink
         except OSError as error:
             self._fail()
             raise RecordingError(_describe(error)) from error
+        if links == 0:
+            # Writes to a removed file still succeed, into a file nobody can open: say so
+            # instead of recording into the void.
+            self._fail()
+            raise RecordingError(f"the bundle file was removed: {self.file_path}")
 
     def close(self) -> None:
         """Write the footer, fsync and close; after a failure only release the file."""

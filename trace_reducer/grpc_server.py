@@ -8,13 +8,13 @@ import hmac
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
 import grpc
-from google.rpc import code_pb2, error_details_pb2, status_pb2
+from google.rpc import error_details_pb2, status_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
@@ -23,12 +23,23 @@ ERROR_DOMAIN = "rollout-trace"
 _STATUS_DETAILS_KEY = "grpc-status-details-bin"
 
 
+# Status messages travel in HTTP/2 trailers, which clients cap (16 KiB by default); a message
+# echoing a client's 100 KB argument would turn a clear error into RESOURCE_EXHAUSTED.
+_MAX_MESSAGE_CHARS = 1024
+_MAX_METADATA_VALUE_CHARS = 256
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else f"{text[: limit - 20]}… ({len(text)} chars)"
+
+
 def error_status(
     code: grpc.StatusCode, reason: str, message: str, **metadata: str
 ) -> status_pb2.Status:
     """A google.rpc.Status carrying an ErrorInfo, as clients of any language decode it."""
-    info = error_details_pb2.ErrorInfo(reason=reason, domain=ERROR_DOMAIN, metadata=metadata)
-    status = status_pb2.Status(code=code.value[0], message=message)
+    clipped = {key: _clip(value, _MAX_METADATA_VALUE_CHARS) for key, value in metadata.items()}
+    info = error_details_pb2.ErrorInfo(reason=reason, domain=ERROR_DOMAIN, metadata=clipped)
+    status = status_pb2.Status(code=code.value[0], message=_clip(message, _MAX_MESSAGE_CHARS))
     status.details.add().Pack(info)
     return status
 
@@ -43,14 +54,11 @@ async def abort(
     """End the RPC with code, message and an ErrorInfo(reason) in the status details."""
     status = error_status(code, reason, message, **metadata)
     await context.abort(
-        code, message, trailing_metadata=((_STATUS_DETAILS_KEY, status.SerializeToString()),)
+        code,
+        status.message,
+        trailing_metadata=((_STATUS_DETAILS_KEY, status.SerializeToString()),),
     )
     raise AssertionError("context.abort returned")  # pragma: no cover - abort always raises
-
-
-def status_code_name(code: int) -> str:
-    """Name of a google.rpc.Code value, for messages."""
-    return str(code_pb2.Code.Name(code))
 
 
 def split_listen(listen: str) -> tuple[str, int]:
@@ -160,12 +168,102 @@ class _BearerTokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-
         return _handler_like(handler, refuse)
 
 
+class _Undecodable:
+    """Stands in for a request message that did not parse."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: str) -> None:
+        self.error = error
+
+
+def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any]:
+    def decode(data: bytes) -> Any:
+        try:
+            return deserializer(data) if deserializer else data
+        except Exception as error:  # noqa: BLE001 - any parse failure is the client's
+            return _Undecodable(str(error) or type(error).__name__)
+
+    return decode
+
+
+async def _refuse_undecodable(context: grpc.aio.ServicerContext[Any, Any], request: Any) -> None:
+    if isinstance(request, _Undecodable):
+        await abort(
+            context,
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "MALFORMED_REQUEST",
+            f"the request message does not parse: {request.error}",
+        )
+
+
+class _MalformedRequestInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
+    """Answers a request that does not parse with INVALID_ARGUMENT instead of gRPC's UNKNOWN."""
+
+    def __init__(self, service_names: Sequence[str]) -> None:
+        self._prefixes = tuple(f"/{name}/" for name in service_names)
+
+    async def intercept_service(
+        self,
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]
+        ],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any]:
+        handler = await continuation(handler_call_details)
+        if handler is None or not handler_call_details.method.startswith(self._prefixes):
+            return handler
+        # The stubs describe the sync server; on grpc.aio these are coroutine functions.
+        behaviour: Callable[..., Any] | None = (
+            handler.unary_unary
+            or handler.unary_stream
+            or handler.stream_unary
+            or handler.stream_stream
+        )
+        assert behaviour is not None
+        wrapped: Callable[..., Any]
+        if handler.request_streaming:
+
+            async def checked(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
+                async for request in requests:
+                    await _refuse_undecodable(context, request)
+                    yield request
+
+            if handler.response_streaming:
+
+                async def wrapped(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
+                    async for response in behaviour(checked(requests, context), context):
+                        yield response
+
+            else:
+
+                async def wrapped(requests: AsyncIterator[Any], context: Any) -> Any:
+                    return await behaviour(checked(requests, context), context)
+
+        elif handler.response_streaming:
+
+            async def wrapped(request: Any, context: Any) -> AsyncIterator[Any]:
+                await _refuse_undecodable(context, request)
+                async for response in behaviour(request, context):
+                    yield response
+
+        else:
+
+            async def wrapped(request: Any, context: Any) -> Any:
+                await _refuse_undecodable(context, request)
+                return await behaviour(request, context)
+
+        return _handler_like(handler, wrapped, _tolerant(handler.request_deserializer))
+
+
 def _handler_like(
-    handler: grpc.RpcMethodHandler[Any, Any], behaviour: Callable[..., Any]
+    handler: grpc.RpcMethodHandler[Any, Any],
+    behaviour: Callable[..., Any],
+    request_deserializer: Callable[[bytes], Any] | None = None,
 ) -> grpc.RpcMethodHandler[Any, Any]:
     """A handler of the same streaming kind and codecs as handler, running behaviour."""
     codecs = {
-        "request_deserializer": handler.request_deserializer,
+        "request_deserializer": request_deserializer or handler.request_deserializer,
         "response_serializer": handler.response_serializer,
     }
     if handler.request_streaming and handler.response_streaming:
@@ -207,7 +305,8 @@ class GrpcServer:
         host, port = split_listen(listen)
         # Without this, a second server asking for a port in use silently shares it.
         server = grpc.aio.server(
-            interceptors=access.interceptors(), options=[("grpc.so_reuseport", 0)]
+            interceptors=[*access.interceptors(), _MalformedRequestInterceptor(service_names)],
+            options=[("grpc.so_reuseport", 0)],
         )
         register(server)
         health = HealthServicer()

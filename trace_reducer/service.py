@@ -18,6 +18,7 @@ Status codes, each with a google.rpc.ErrorInfo (domain `rollout-trace`) whose re
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable
@@ -45,6 +46,8 @@ SERVICE_NAME: str = reducer_pb2.DESCRIPTOR.services_by_name["ReducerService"].fu
 
 _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
+# Linux's PATH_MAX: no longer path names a file, so it is refused before touching the disk.
+_MAX_PATH_BYTES = 4096
 if TYPE_CHECKING:
     _Context = grpc.aio.ServicerContext[object, object]
 else:  # the runtime class is not generic
@@ -121,6 +124,8 @@ class ReducerService(reducer_pb2_grpc.ReducerServiceServicer):
             await abort(
                 context, grpc.StatusCode.FAILED_PRECONDITION, "IO_ERROR", _describe_os_error(error)
             )
+        except grpc.aio.AbortError:
+            raise
         except Exception as error:  # noqa: BLE001 - the edge: nothing may end UNKNOWN
             # The traceback stays in the server log; the client learns only what kind of failure.
             _log.exception("%s failed", rpc)
@@ -133,8 +138,14 @@ class ReducerService(reducer_pb2_grpc.ReducerServiceServicer):
 
     def _resolve(self, bundle: str) -> Path:
         """The trace file of `bundle` under the root; _RefusalError when it may not be read."""
-        if not bundle or "\0" in bundle:
-            problem = "is empty" if not bundle else "contains a NUL byte"
+        problem = ""
+        if not bundle:
+            problem = "is empty"
+        elif "\0" in bundle:
+            problem = "contains a NUL byte"
+        elif len(bundle.encode()) > _MAX_PATH_BYTES:
+            problem = f"is longer than {_MAX_PATH_BYTES} bytes"
+        if problem:
             raise _RefusalError(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 "BUNDLE_PATH_INVALID",
@@ -145,6 +156,14 @@ class ReducerService(reducer_pb2_grpc.ReducerServiceServicer):
         self._require_inside(candidate, bundle)
         try:
             trace_file = resolve_trace_file(candidate)
+        except OSError as error:
+            if error.errno != errno.ENAMETOOLONG:
+                raise
+            raise _RefusalError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "BUNDLE_PATH_INVALID",
+                "bundle path has a name longer than the file system allows",
+            ) from error
         except BundleNotFoundError as error:
             raise _RefusalError(
                 grpc.StatusCode.NOT_FOUND, "BUNDLE_NOT_FOUND", f"no bundle at {bundle!r}"

@@ -117,7 +117,8 @@ class Harness:
 
     def bundles(self) -> list[Path]:
         assert self.trace_root is not None
-        return sorted(self.trace_root.iterdir())
+        # The root is made by the first bundle.
+        return sorted(self.trace_root.iterdir()) if self.trace_root.exists() else []
 
 
 StartAgent = Callable[..., Awaitable[Harness]]

@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from rollout.agent.v1 import agent_pb2, agent_pb2_grpc
-from rollout.trace.v1 import state_pb2
+from rollout.trace.v1 import common_pb2, state_pb2
 from tests.agent_server.conftest import (
     AGENT_SERVER,
     EventLog,
@@ -140,21 +140,36 @@ async def test_demo_runs_and_reduces_its_bundle(tmp_path: Path) -> None:
     assert "Traceback" not in stderr.decode()
 
 
-async def test_kill_9_mid_stream_keeps_every_item_a_client_saw_completed(
-    provider: ScriptedProvider, tmp_path: Path
+# Where the server dies: (what it streams, then what the client has seen when the kill comes).
+KILL_POINTS = {
+    "before_any_turn": 0,
+    "mid_first_item": 1,
+    "after_one_item_mid_the_next": 2,
+    "between_turns": 3,
+}
+
+
+@pytest.mark.parametrize("kill_point", sorted(KILL_POINTS))
+async def test_kill_9_keeps_every_item_a_client_saw_completed(
+    provider: ScriptedProvider, tmp_path: Path, kill_point: str
 ) -> None:
+    point = KILL_POINTS[kill_point]
     survivor = message("survives the kill", "msg-survivor")
-    provider.queue(
-        sse(
-            created(),
-            item_added(survivor),
-            text_delta("survives the kill", "msg-survivor"),
-            item_done(survivor),
-            item_added(message("", "msg-cut")),
-            text_delta("cut short"),
-        ),
-        asyncio.Event(),
-    )
+    if point == 3:
+        provider.queue(answer("the first turn's answer", "msg-first"))
+    else:
+        provider.queue(
+            sse(
+                created(),
+                item_added(survivor),
+                text_delta("survives", "msg-survivor"),
+                *([] if point == 1 else [text_delta(" the kill", "msg-survivor")]),
+                *([] if point == 1 else [item_done(survivor)]),
+                *([] if point == 1 else [item_added(message("", "msg-cut"))]),
+                *([] if point == 1 else [text_delta("cut short")]),
+            ),
+            asyncio.Event(),
+        )
     traces = tmp_path / "traces"
     async with (
         serve("--provider-url", provider.url, "--trace-root", str(traces)) as served,
@@ -163,22 +178,40 @@ async def test_kill_9_mid_stream_keeps_every_item_a_client_saw_completed(
         stub = agent_pb2_grpc.AgentServiceStub(channel)
         thread = (await stub.StartThread(agent_pb2.StartThreadRequest())).thread
         events = EventLog(stub.StreamEvents(agent_pb2.StreamEventsRequest(thread_id=thread.id)))
-        await stub.StartTurn(
-            agent_pb2.StartTurnRequest(thread_id=thread.id, input=[agent_pb2.UserInput(text="go")])
-        )
-        await events.wait_for(lambda e: e.agent_message_delta.delta == "cut short")
+        if point:
+            turn = await stub.StartTurn(
+                agent_pb2.StartTurnRequest(
+                    thread_id=thread.id, input=[agent_pb2.UserInput(text="go")]
+                )
+            )
+            if point == 1:
+                await events.wait_for(lambda e: e.agent_message_delta.delta == "survives")
+            elif point == 2:
+                await events.wait_for(lambda e: e.agent_message_delta.delta == "cut short")
+            else:
+                await events.turn_completed(turn.turn.id)
         served.process.kill()
         await served.process.wait()
         await events.until_end()
-    seen = [e.item_completed.item.id for e in events.of_kind("item_completed")]
-    assert seen == ["msg-survivor"]
+    seen = {e.item_completed.item.id for e in events.of_kind("item_completed")}
+    assert len(seen) == (1 if point >= 2 else 0)
 
     rollout = await reduce_with_cli(Path(thread.bundle_path))
     assert not rollout.recording_complete
-    assert rollout.integrity.status == state_pb2.INTEGRITY_STATUS_UNCLOSED
+    assert rollout.integrity.status in {
+        state_pb2.INTEGRITY_STATUS_UNCLOSED,
+        state_pb2.INTEGRITY_STATUS_TRUNCATED,
+    }
+    assert list(rollout.threads) == [thread.id]
     accepted = {
         item.responses_item_id
         for item in rollout.conversation_items.values()
         if item.role == state_pb2.CONVERSATION_ROLE_ASSISTANT
     }
-    assert accepted == set(seen)
+    assert accepted == seen
+    if point in {1, 2}:
+        # The text a client saw of the unfinished item is in the trace, as discarded output.
+        [call] = rollout.inference_calls.values()
+        assert call.execution.status == common_pb2.EXECUTION_STATUS_RUNNING
+        partial = [d.partial_text for d in call.discarded_outputs]
+        assert partial == (["survives"] if point == 1 else ["cut short"])

@@ -186,6 +186,24 @@ async def test_disk_full_after_start_keeps_the_thread_serving(
     assert list(rollout.threads) == [thread.id]
 
 
+async def test_removed_bundle_file_is_noticed_and_the_thread_keeps_serving(
+    provider: ScriptedProvider, agent: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    provider.queue(answer("first"))
+    provider.queue(answer("second"))
+    thread = await agent.start_thread()
+    (Path(thread.bundle_path) / "trace.binpb").unlink()
+    events = agent.events(thread.id)
+    with caplog.at_level(logging.WARNING):
+        for text in ("one", "two"):
+            turn = await agent.start_turn(thread.id, text)
+            assert (await events.turn_completed(turn.id)).status == agent_pb2.TURN_STATUS_COMPLETED
+    reply = await agent.stub.GetThread(agent_pb2.GetThreadRequest(thread_id=thread.id))
+    assert reply.thread.recording_status == agent_pb2.RECORDING_STATUS_FAILED
+    assert "removed" in reply.thread.recording_error
+    assert len([r for r in caplog.records if "recording of thread" in r.getMessage()]) == 1
+
+
 async def test_deltas_that_arrive_together_are_one_record_and_one_event(
     provider: ScriptedProvider, agent: Harness
 ) -> None:

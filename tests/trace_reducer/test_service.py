@@ -118,6 +118,10 @@ async def test_paths_outside_the_root_are_refused(served: Served, tmp_path: Path
         ("plain-dir", grpc.StatusCode.INVALID_ARGUMENT, "NOT_A_BUNDLE"),
         ("empty", grpc.StatusCode.INVALID_ARGUMENT, "NOT_A_BUNDLE"),
         ("garbage", grpc.StatusCode.INVALID_ARGUMENT, "NOT_A_BUNDLE"),
+        ("n" * 300, grpc.StatusCode.INVALID_ARGUMENT, "BUNDLE_PATH_INVALID"),
+        ("n" * 5000, grpc.StatusCode.INVALID_ARGUMENT, "BUNDLE_PATH_INVALID"),
+        ("d/" * 2000, grpc.StatusCode.NOT_FOUND, "BUNDLE_NOT_FOUND"),
+        ("../" * 1000, grpc.StatusCode.PERMISSION_DENIED, "PATH_OUTSIDE_ROOT"),
     ],
 )
 async def test_bad_bundle_arguments(
@@ -235,6 +239,24 @@ async def test_reduce_records_errors(served: Served) -> None:
     contradicting = (builder.close() / "trace.binpb").read_bytes()
     code, info, _ = await refused(upload(served.stub, chunks(contradicting, 100)))
     assert (code, info.reason) == (grpc.StatusCode.FAILED_PRECONDITION, "RECORDS_CONTRADICT")
+
+
+async def test_requests_that_do_not_parse_are_invalid_argument(served: Served) -> None:
+    garbage = b"\xff\xff\xff\xff"
+    reduce_bundle = served.channel.unary_unary(
+        "/rollout.reducer.v1.ReducerService/ReduceBundle",
+        request_serializer=None,
+        response_deserializer=None,
+    )
+    reduce_records = served.channel.stream_unary(
+        "/rollout.reducer.v1.ReducerService/ReduceRecords",
+        request_serializer=None,
+        response_deserializer=None,
+    )
+    for call in (reduce_bundle(garbage), reduce_records(iter([garbage]))):
+        code, info, message = await refused(call)
+        assert (code, info.reason) == (grpc.StatusCode.INVALID_ARGUMENT, "MALFORMED_REQUEST")
+        assert "does not parse" in message
 
 
 async def test_health_and_reflection(served: Served) -> None:

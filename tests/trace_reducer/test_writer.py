@@ -131,3 +131,14 @@ def test_close_is_idempotent_and_nothing_is_appended_after_it(tmp_path: Path) ->
     with pytest.raises(RecordingError, match="closed"):
         writer.append(record_pb2.TraceRecord(provider_event=record_pb2.ProviderEvent(call=1)))
     assert len(_records(writer.bundle_dir)) == 2
+
+
+def test_a_removed_file_fails_the_writer_at_the_next_sync(tmp_path: Path) -> None:
+    writer = BundleWriter.create(tmp_path, "t")
+    writer.sync()
+    writer.file_path.unlink()
+    with pytest.raises(RecordingError, match="removed"):
+        writer.sync()
+    assert writer.failed
+    writer.close()
+    assert writer.closed
