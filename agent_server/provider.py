@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import email.utils
 import json
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -222,12 +224,19 @@ async def _http_error(response: httpx.Response) -> ProviderError:
 
 
 def _retry_after(value: str | None) -> float | None:
+    """Seconds to wait from a Retry-After header: delay-seconds or an HTTP-date (RFC 9110)."""
     if value is None:
         return None
     try:
         seconds = float(value.strip())
     except ValueError:
-        return None
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:
+            return None
+        seconds = max(0.0, (when - datetime.now(UTC)).total_seconds())
     if seconds != seconds or seconds < 0:
         return None
     return min(seconds, _RETRY_AFTER_CAP)

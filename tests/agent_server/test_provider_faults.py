@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import json
 import logging
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
 from agent_server.config import Secret
+from agent_server.provider import _retry_after
 from rollout.agent.v1 import agent_pb2
 from rollout.trace.v1 import common_pb2, state_pb2
 from tests.agent_server.conftest import Harness, StartAgent, reduce_with_cli
@@ -23,6 +27,7 @@ from tests.agent_server.scripted_provider import (
     sse,
     text_delta,
 )
+from trace_reducer import read_bundle
 
 FAILED = common_pb2.EXECUTION_STATUS_FAILED
 COMPLETED = common_pb2.EXECUTION_STATUS_COMPLETED
@@ -224,3 +229,74 @@ async def test_the_api_key_is_sent_as_a_header_and_written_nowhere(
         *(request.body for request in provider.requests),
     ]
     assert all(key.encode() not in output for output in outputs)
+
+
+@pytest.mark.parametrize("status", [429, 503])
+async def test_retry_after_is_honoured_over_the_backoff(
+    provider: ScriptedProvider, start_agent: StartAgent, status: int
+) -> None:
+    # With an hour of back-off, only honouring Retry-After lets the retry come in time.
+    agent = await start_agent(max_retries=1, retry_base_delay=3600.0)
+    provider.queue_error(status, headers={"Retry-After": "0"})
+    provider.queue(answer("after waiting as told"))
+    final, events, _ = await run_turn(agent)
+    assert final.status == agent_pb2.TURN_STATUS_COMPLETED
+    assert [will_retry for _, will_retry in errors(events)] == [True]
+    assert len(provider.requests) == 2
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        ("2", 2.0),
+        (" 1.5 ", 1.5),
+        ("-1", None),
+        ("nan", None),
+        ("soon", None),
+        ("Wed, 21 Oct 2015 07:28:00 GMT", 0.0),
+        ("99999999", 600.0),
+    ],
+)
+def test_retry_after_header_forms(header: str, expected: float | None) -> None:
+    assert _retry_after(header) == expected
+
+
+def test_retry_after_http_date_in_the_future() -> None:
+    later = datetime.now(UTC) + timedelta(seconds=120)
+    seconds = _retry_after(email.utils.format_datetime(later, usegmt=True))
+    assert seconds is not None
+    assert 100 < seconds <= 120
+
+
+async def test_unknown_event_types_are_recorded_and_ignored(
+    provider: ScriptedProvider, agent: Harness
+) -> None:
+    item = message("still fine", "msg-fine")
+    unknown: list[dict[str, Any]] = [
+        {"type": "response.in_progress", "response": {"id": "resp-1"}},
+        {"type": "response.reasoning_summary_text.delta", "delta": "thinking"},
+        {"type": "response.some_future_event", "payload": {"x": 1}},
+    ]
+    provider.queue(
+        sse(created(), unknown[0], item_added(item), unknown[1], text_delta("still fine"))
+        + sse(unknown[2], item_done(item), {"type": "response.completed", "response": {"id": "r"}})
+    )
+    provider.queue(answer("and the next turn too"))
+    thread = await agent.start_thread()
+    events = agent.events(thread.id)
+    for text in ("one", "two"):
+        turn = await agent.start_turn(thread.id, text)
+        assert (await events.turn_completed(turn.id)).status == agent_pb2.TURN_STATUS_COMPLETED
+    assert not [e for e in events.events if e.HasField("error")]
+    await agent.server.stop()
+    [bundle] = agent.bundles()
+    with read_bundle(bundle) as reader:
+        raw = [
+            (r.provider_event.event_type, json.loads(r.provider_event.data))
+            for r in reader
+            if r.HasField("provider_event")
+        ]
+    for event in unknown:
+        assert (event["type"], event) in raw
+    rollout = await reduce_with_cli(bundle)
+    assert len(rollout.conversation_items) == 4
