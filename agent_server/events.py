@@ -16,6 +16,10 @@ class EventBuffer:
     Publishing is synchronous and O(1); every subscriber walks the shared buffer at its own
     pace and waits on a one-shot Event that the next publish (or close) sets, so a slow
     subscriber costs no memory beyond its position and is told when it fell out of the buffer.
+
+    Text deltas may be merged (merge_delta) into the delta event before them while that event
+    is still waiting for every live subscriber: nothing is delayed, and a subscriber that
+    cannot keep up with one message per delta gets fewer, larger ones instead of lagging.
     """
 
     def __init__(self, capacity: int) -> None:
@@ -23,6 +27,9 @@ class EventBuffer:
         self._next_index = 1
         self._closed = False
         self._changed = asyncio.Event()
+        # The highest index handed to any subscriber: events up to it are frozen.
+        self._taken = 0
+        self._subscribers = 0
 
     @property
     def last_index(self) -> int:
@@ -44,6 +51,20 @@ class EventBuffer:
         self._events.append(event)
         self._wake()
         return event
+
+    def merge_delta(self, turn_id: str, item_id: str, delta: str) -> bool:
+        """Append delta to the latest event when it is a delta of the same turn and item that
+        no subscriber has been handed yet while at least one is live; False when it is not."""
+        if self._closed or not self._subscribers or self._taken >= self.last_index:
+            return False
+        last = self._events[-1]
+        if last.turn_id != turn_id or last.WhichOneof("kind") != "agent_message_delta":
+            return False
+        body = last.agent_message_delta
+        if body.item_id != item_id:
+            return False
+        body.delta += delta
+        return True
 
     def close(self) -> None:
         """End every subscription once it has drained what is buffered."""
@@ -73,18 +94,23 @@ class EventBuffer:
         """Yield the events after `after_index`, then live ones until the buffer closes."""
         self.check(after_index)
         position = after_index
-        while True:
-            first = self._first_index()
-            if position + 1 < first:
-                raise EventsOutOfRangeError(
-                    f"the subscriber fell behind: event {position + 1} was dropped from the "
-                    f"buffer; resume from index {first - 1} or later",
-                    first_index=str(first),
-                )
-            if position < self.last_index:
-                position += 1
-                yield self._events[position - first]
-                continue
-            if self._closed:
-                return
-            await self._changed.wait()
+        self._subscribers += 1
+        try:
+            while True:
+                first = self._first_index()
+                if position + 1 < first:
+                    raise EventsOutOfRangeError(
+                        f"the subscriber fell behind: event {position + 1} was dropped from the "
+                        f"buffer; resume from index {first - 1} or later",
+                        first_index=str(first),
+                    )
+                if position < self.last_index:
+                    position += 1
+                    self._taken = max(self._taken, position)
+                    yield self._events[position - first]
+                    continue
+                if self._closed:
+                    return
+                await self._changed.wait()
+        finally:
+            self._subscribers -= 1

@@ -48,10 +48,6 @@ def reply_words(user_text: str) -> list[str]:
     return [word if i == 0 else " " + word for i, word in enumerate(text_words)]
 
 
-def _count_words(items: Any) -> int:
-    return len(json.dumps(items).split()) if items else 0
-
-
 class LocalModel:
     """Serves POST /responses with `stream: true` on 127.0.0.1, like the Responses API."""
 
@@ -62,7 +58,7 @@ class LocalModel:
     @classmethod
     async def start(cls, word_delay: float, port: int = 0) -> LocalModel:
         model = cls(word_delay)
-        model._http = await LoopbackHttpServer.start(model._handle, port=port)
+        model._http = await LoopbackHttpServer.start(model._handle, port=port, keep_requests=False)
         return model
 
     @property
@@ -88,9 +84,13 @@ class LocalModel:
         if not isinstance(body, dict) or body.get("stream") is not True:
             await _error(response, 400, "invalid_request", "only `stream: true` is supported")
             return
-        await self._stream(response, body)
+        # The local model's idea of tokens: the request's words, counted on its bytes because
+        # every request carries the whole history.
+        await self._stream(response, body, len(request.body.split()))
 
-    async def _stream(self, response: HttpResponse, body: dict[str, Any]) -> None:
+    async def _stream(
+        self, response: HttpResponse, body: dict[str, Any], input_tokens: int
+    ) -> None:
         model = str(body.get("model", ""))
         deltas = reply_words(last_user_text(body.get("input")))
         response_id = f"resp_{uuid.uuid4().hex}"
@@ -126,7 +126,6 @@ class LocalModel:
         part = {"type": "output_text", "text": "".join(deltas), "annotations": []}
         done_item = {**item, "status": "completed", "content": [part]}
         await send("response.output_item.done", output_index=0, item=done_item)
-        input_tokens = _count_words(body.get("input")) + _count_words(body.get("instructions"))
         usage = {
             "input_tokens": input_tokens,
             "output_tokens": len(deltas),

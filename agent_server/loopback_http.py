@@ -123,10 +123,12 @@ Handler = Callable[[HttpRequest, HttpResponse], Awaitable[None]]
 
 
 class LoopbackHttpServer:
-    """One request per connection; the handler writes the response; requests are kept."""
+    """One request per connection; the handler writes the response; requests are kept unless
+    keep_requests is off (a long-running server would keep every conversation forever)."""
 
-    def __init__(self, handler: Handler) -> None:
+    def __init__(self, handler: Handler, *, keep_requests: bool = True) -> None:
         self._handler = handler
+        self._keep_requests = keep_requests
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self.requests: list[HttpRequest] = []
@@ -135,9 +137,9 @@ class LoopbackHttpServer:
 
     @classmethod
     async def start(
-        cls, handler: Handler, host: str = "127.0.0.1", port: int = 0
+        cls, handler: Handler, host: str = "127.0.0.1", port: int = 0, *, keep_requests: bool = True
     ) -> LoopbackHttpServer:
-        server = cls(handler)
+        server = cls(handler, keep_requests=keep_requests)
         server._server = await asyncio.start_server(server._on_connection, host, port, backlog=1024)
         server.host, server.port = server._server.sockets[0].getsockname()[:2]
         return server
@@ -167,7 +169,8 @@ class LoopbackHttpServer:
         response = HttpResponse(writer)
         try:
             request = await _read_request(reader)
-            self.requests.append(request)
+            if self._keep_requests:
+                self.requests.append(request)
             await self._handler(request, response)
             await response.finish()
         except HttpProtocolError as exc:

@@ -218,11 +218,13 @@ class Recorder:
 
     def output_text_delta(self, call: int, item: int, delta: str) -> None:
         """item 0 = the call's most recently added item (the common case, and the cheapest)."""
-        self._append(
-            record_pb2.TraceRecord(
-                output_text_delta=record_pb2.OutputTextDelta(call=call, delta=delta, item=item)
-            )
-        )
+        # Filled in place: a body passed to the constructor would be built, then copied.
+        record = record_pb2.TraceRecord()
+        body = record.output_text_delta
+        body.call = call
+        body.item = item
+        body.delta = delta
+        self._append(record)
 
     def output_item_done(
         self, call: int, item: int, *, item_id: str, assigned: bool, payload: Mapping[str, Any]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeAlias
@@ -99,8 +100,18 @@ class Thread:
             metadata=self.metadata,
         )
 
+    def emit_delta(self, turn_id: str, item_id: str, delta: str) -> None:
+        """Publish a text delta, merged into the previous one while no subscriber has it."""
+        if not self.events.merge_delta(turn_id, item_id, delta):
+            self.emit(
+                turn_id,
+                agent_message_delta=agent_pb2.AgentMessageDeltaEvent(item_id=item_id, delta=delta),
+            )
+
     def emit(self, turn_id: str, **kind: Any) -> None:
         """Publish one event (exactly one `kind=message` keyword) to the thread's subscribers."""
         event = agent_pb2.ThreadEvent(thread_id=self.id, turn_id=turn_id, **kind)
-        event.time.GetCurrentTime()
+        # GetCurrentTime() goes through datetime arithmetic; this runs once per event.
+        nanos = time.time_ns()
+        event.time.seconds, event.time.nanos = divmod(nanos, 1_000_000_000)
         self.events.publish(event)

@@ -286,12 +286,7 @@ class TurnRunner:
     def _text_delta(self, call: _Call, output: _Output, delta: str) -> None:
         latest = call.outputs[-1] is output
         self._recorder.output_text_delta(call.ordinal, 0 if latest else output.ordinal, delta)
-        self._thread.emit(
-            self._turn.id,
-            agent_message_delta=agent_pb2.AgentMessageDeltaEvent(
-                item_id=output.client_id, delta=delta
-            ),
-        )
+        self._thread.emit_delta(self._turn.id, output.client_id, delta)
 
     def _on_event(self, call: _Call, event: ProviderEvent) -> bool:
         """Handle one event; True once the response completed. Raises ProviderError on failure."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,22 +95,3 @@ def measure_memory(root: Path, turns: int, delta_counts: list[int]) -> list[tupl
             records = sum(1 for _ in reader)
         results.append((records, _peak_rss_child(bundle)))
     return results
-
-
-def main() -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        bundle = write_conversation(root / "p1", Shape(turns=1000, deltas_per_turn=1000))
-        result = measure_throughput(bundle)
-        print(
-            f"P1 {result.records} records, {result.megabytes:.1f} MB: "
-            f"{result.records_per_second:,.0f} records/s, "
-            f"{result.megabytes / result.reduce_seconds:.1f} MB/s, "
-            f"{result.ratio_to_floor:.2f}x the read+parse floor"
-        )
-        for records, kib in measure_memory(root, 10, [1_000, 10_000, 100_000]):
-            print(f"P2 {records} records: +{kib / 1024:.1f} MiB peak RSS")
-
-
-if __name__ == "__main__":
-    main()

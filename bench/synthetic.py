@@ -26,7 +26,8 @@ def _json(obj: object) -> bytes:
 def write_conversation(root: Path, shape: Shape, *, thread_id: str = "bench-thread") -> Path:
     """Write one thread of `shape.turns` turns, each one call streaming its reply; return the dir.
 
-    Every request re-sends the whole history, as the agent does, so payload dedup is exercised.
+    Every request re-sends the whole history, as the agent does, and is recorded as the agent
+    records it: the previous request's input as a prefix count, then the new items.
     """
     writer = BundleWriter.create(root, thread_id, producer_name="bench")
     append = writer.append
@@ -54,6 +55,7 @@ def write_conversation(root: Path, shape: Shape, *, thread_id: str = "bench-thre
         record_pb2.PAYLOAD_KIND_REQUEST_ENVELOPE,
     )
     history: list[str] = []
+    previous_input = 0
     for turn in range(1, shape.turns + 1):
         user_item = {
             "type": "message",
@@ -79,10 +81,12 @@ def write_conversation(root: Path, shape: Shape, *, thread_id: str = "bench-thre
                     model="bench-model",
                     provider_base_url="http://127.0.0.1:1/v1",
                     request_envelope_payload_id=envelope,
-                    input_payload_ids=history,
+                    input_prefix_count=previous_input,
+                    input_payload_ids=history[previous_input:],
                 )
             )
         )
+        previous_input = len(history)
         append(
             record_pb2.TraceRecord(
                 response_created=record_pb2.ResponseCreated(call=turn, response_id=f"resp-{turn}")

@@ -127,12 +127,14 @@ def _canonical(value: object) -> str:
 class ThreadItems:
     """The conversation items of one thread, indexed for matching the next request's input."""
 
-    __slots__ = ("_by_key", "_by_responses_id", "_previous")
+    __slots__ = ("_by_key", "_by_responses_id", "_previous_ids", "_previous_keys")
 
     def __init__(self) -> None:
         self._by_key: dict[str, list[str]] = {}
         self._by_responses_id: dict[str, list[str]] = {}
-        self._previous: list[tuple[str, str]] = []
+        # The previous request: the key and the matched item id of each of its inputs.
+        self._previous_keys: list[str] = []
+        self._previous_ids: list[str] = []
 
     def register(self, item_id: str, key: str, responses_item_id: str) -> None:
         """Make an item of the thread findable by its content and its Responses id."""
@@ -141,22 +143,31 @@ class ThreadItems:
             self._by_responses_id.setdefault(responses_item_id, []).append(item_id)
 
     def match_request(
-        self, inputs: Sequence[ItemInfo], new_item: Callable[[int], str]
+        self, inputs: Sequence[ItemInfo], new_item: Callable[[int], str], *, known: int = 0
     ) -> list[str]:
         """The item id of each input, in order; new_item(index) creates (and registers) the rest.
 
         Tried in order: the same content at the same position of the previous request; an
         unused item whose Responses id is the input's `id`; the first-seen unused item with the
         same content; otherwise a new item.
+
+        The request starts with the first `known` inputs of the previous request, which
+        `inputs` leaves out (indexes count from there): they are its items by the first rule,
+        so a long conversation costs what its new inputs cost, not its whole history.
         """
-        previous = self._previous
-        used: set[str] = set()
-        matched: list[str] = []
+        if known > len(self._previous_ids):
+            raise ValueError(f"{known} known inputs, the previous request had fewer")
+        previous_keys = self._previous_keys
+        previous_ids = self._previous_ids
+        count = len(previous_ids)
+        matched = previous_ids[:known]
+        used = set(matched)
         for index, info in enumerate(inputs):
             item_id = None
-            if index < len(previous):
-                key, candidate = previous[index]
-                if key == info.key and candidate not in used:
+            position = known + index
+            if position < count:
+                candidate = previous_ids[position]
+                if previous_keys[position] == info.key and candidate not in used:
                     item_id = candidate
             if item_id is None and info.responses_item_id:
                 item_id = _first_unused(self._by_responses_id.get(info.responses_item_id), used)
@@ -166,10 +177,9 @@ class ThreadItems:
                 item_id = new_item(index)
             used.add(item_id)
             matched.append(item_id)
-        self._previous = [
-            (info.key, item_id) for info, item_id in zip(inputs, matched, strict=True)
-        ]
-        return matched
+        self._previous_keys = previous_keys[:known] + [info.key for info in inputs]
+        self._previous_ids = matched
+        return list(matched)
 
 
 def _first_unused(candidates: list[str] | None, used: set[str]) -> str | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import NoReturn
 
 from google.protobuf import timestamp_pb2
@@ -16,6 +16,7 @@ from ._payloads import PayloadError, PayloadStore, resolve_inputs
 from ._reader import Integrity, read_bundle
 
 _RUNNING = common_pb2.EXECUTION_STATUS_RUNNING
+_JOIN_EVERY = 256
 _CLEAN = state_pb2.INTEGRITY_STATUS_CLEAN
 
 _Record = record_pb2.TraceRecord
@@ -49,7 +50,7 @@ class _Turn:
 class _Output:
     """An output item between output_item.added and output_item.done."""
 
-    __slots__ = ("announced", "call", "item_type", "parts", "provider_item_id", "role")
+    __slots__ = ("announced", "call", "chunks", "item_type", "parts", "provider_item_id", "role")
 
     def __init__(
         self, call: _Call, provider_item_id: str, item_type: str, role: str, *, announced: bool
@@ -59,14 +60,32 @@ class _Output:
         self.provider_item_id = provider_item_id
         self.item_type = item_type
         self.role = role
-        # The streamed text until the item is done; None from then on.
+        # The latest deltas until the item is done; None from then on.
         self.parts: list[str] | None = []
+        # Earlier deltas, joined _JOIN_EVERY at a time: an item streamed in a million tiny
+        # deltas must not cost a million string objects.
+        self.chunks: list[str] = []
+
+    def add(self, delta: str) -> None:
+        parts = self.parts
+        if parts is not None:
+            parts.append(delta)
+            if len(parts) >= _JOIN_EVERY:
+                self.join()
+
+    def join(self) -> None:
+        assert self.parts is not None
+        self.chunks.append("".join(self.parts))
+        self.parts.clear()
+
+    def text(self) -> str:
+        return "".join(self.chunks) + "".join(self.parts or ())
 
     def discarded(self) -> state_pb2.DiscardedOutput:
         return state_pb2.DiscardedOutput(
             provider_item_id=self.provider_item_id,
             item_type=self.item_type,
-            partial_text="".join(self.parts or ()),
+            partial_text=self.text(),
         )
 
 
@@ -111,6 +130,8 @@ class Reducer:
         self._turns: dict[int, _Turn] = {}
         self._calls: dict[int, _Call] = {}
         self._outputs: dict[int, _Output] = {}
+        # Call ordinal -> its latest item while both are live (see _set_latest).
+        self._streaming: dict[int, _Output] = {}
         self._thread_ids: set[str] = set()
         self._turn_ids: set[str] = set()
         self._call_ids: set[str] = set()
@@ -137,6 +158,38 @@ class Reducer:
             handler(record)
         self._last_time_us = record.time_us
         self._records += 1
+
+    def apply_many(self, records: Iterable[record_pb2.TraceRecord]) -> None:
+        """apply() each record in order; the loop replay runs, with text deltas for a call's
+        latest item (most of any bundle) handled inline."""
+        streaming = self._streaming
+        apply = self.apply
+        last: _Record | None = None
+        inline = 0
+        try:
+            for record in records:
+                if record.WhichOneof("body") == "output_text_delta":
+                    body = record.output_text_delta
+                    latest = None if body.item else streaming.get(body.call)
+                    if latest is not None:
+                        parts = latest.parts
+                        assert parts is not None
+                        parts.append(body.delta)
+                        if len(parts) >= _JOIN_EVERY:
+                            latest.join()
+                        last = record
+                        inline += 1
+                        continue
+                if last is not None:
+                    self._records += inline
+                    self._last_time_us = last.time_us
+                    inline = 0
+                    last = None
+                apply(record)
+        finally:
+            if last is not None:
+                self._records += inline
+                self._last_time_us = last.time_us
 
     def set_integrity(self, integrity: Integrity) -> None:
         """Record how the bundle ended, as the reader classified it."""
@@ -399,7 +452,10 @@ class Reducer:
             _fail(record, str(error))
         msg.input_payload_ids.extend(pids)
         self._start(msg.execution, record)
-        infos = [self._item_info(pid, record) for pid in pids]
+        # The prefix is the previous call's input, matched already: only what is new is looked at.
+        known = body.input_prefix_count
+        new_pids = pids[known:]
+        infos = [self._item_info(pid, record) for pid in new_pids]
 
         def new_item(index: int) -> str:
             info = infos[index]
@@ -407,13 +463,13 @@ class Reducer:
                 thread,
                 turn_id,
                 info,
-                pids[index],
+                new_pids[index],
                 record,
                 responses_item_id=info.responses_item_id,
                 producer=None,
             )
 
-        msg.request_item_ids.extend(thread.items.match_request(infos, new_item))
+        msg.request_item_ids.extend(thread.items.match_request(infos, new_item, known=known))
         call = _Call(body.call, msg, turn)
         turn.msg.inference_call_ids.append(call_id)
         turn.calls.append(call)
@@ -435,12 +491,29 @@ class Reducer:
         output = _Output(call, body.provider_item_id, body.item_type, body.role, announced=True)
         self._outputs[body.item] = output
         call.open[output] = None
+        self._set_latest(call, output)
+
+    def _set_latest(self, call: _Call, output: _Output | None) -> None:
         call.latest = output
+        if output is None or output.parts is None or call.ended:
+            self._streaming.pop(call.ordinal, None)
+        else:
+            self._streaming[call.ordinal] = output
 
     def _on_output_text_delta(self, record: _Record) -> None:
-        # The hot path: most records of a bundle are deltas.
+        # The hot path: most records of a bundle are deltas, nearly all for their call's latest
+        # item, whose text list is kept at hand for them.
         body = record.output_text_delta
         ordinal = body.item
+        if not ordinal:
+            latest = self._streaming.get(body.call)
+            if latest is not None:
+                parts = latest.parts
+                assert parts is not None
+                parts.append(body.delta)
+                if len(parts) >= _JOIN_EVERY:
+                    latest.join()
+                return
         if ordinal:
             output = self._outputs.get(ordinal)
             if output is None or output.call.ordinal != body.call:
@@ -452,15 +525,13 @@ class Reducer:
             output = call.latest
             if output is None:
                 output = self._unannounced(call)
-        parts = output.parts
-        if parts is not None:
-            parts.append(body.delta)
+        output.add(body.delta)
 
     def _unannounced(self, call: _Call) -> _Output:
         # Text that arrived before any item was announced still belongs somewhere visible.
         output = _Output(call, "", "", "", announced=False)
         call.open[output] = None
-        call.latest = output
+        self._set_latest(call, output)
         return output
 
     def _on_output_item_done(self, record: _Record) -> None:
@@ -502,7 +573,10 @@ class Reducer:
             call.msg.output_payload_ids.append(pid)
         if output is not None:
             output.parts = None
+            output.chunks.clear()
             del call.open[output]
+            if output is call.latest:
+                self._streaming.pop(call.ordinal, None)
 
     @staticmethod
     def _synthesised(output: _Output | None) -> ItemInfo:
@@ -513,7 +587,7 @@ class Reducer:
                 item["role"] = output.role
             if output.provider_item_id:
                 item["id"] = output.provider_item_id
-            item["content"] = [{"type": "output_text", "text": "".join(output.parts or ())}]
+            item["content"] = [{"type": "output_text", "text": output.text()}]
         return parse_item(json.dumps(item).encode())
 
     def _on_provider_event(self, record: _Record) -> None:
@@ -527,8 +601,10 @@ class Reducer:
         for output in call.open:
             discarded.append(output.discarded())
             output.parts = None
+            output.chunks.clear()
         call.open.clear()
         call.ended = True
+        self._streaming.pop(call.ordinal, None)
 
     def _on_inference_ended(self, record: _Record) -> None:
         body = record.inference_ended
@@ -583,8 +659,7 @@ def replay_bundle(path: str | os.PathLike[str]) -> state_pb2.RolloutTrace:
     """
     reducer = Reducer()
     with read_bundle(path) as reader:
-        apply = reducer.apply
-        for record in reader:
-            apply(record)
+        for batch in reader.batches():
+            reducer.apply_many(batch)
         reducer.set_integrity(reader.integrity)
     return reducer.state()

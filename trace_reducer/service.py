@@ -210,8 +210,7 @@ class ReducerService(reducer_pb2_grpc.ReducerServiceServicer):
         salvage: bool | None = None
 
         def feed(chunk: bytes) -> None:
-            for record in decoder.feed(chunk):
-                reducer.apply(record)
+            reducer.apply_many(decoder.feed(chunk))
 
         async for request in requests:
             if salvage is None:

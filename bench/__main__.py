@@ -1,0 +1,175 @@
+"""`make bench`: measure SPEC §8's budgets P1-P5 and print them in one table with their targets."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench import agent_bench, reducer_bench
+from bench.synthetic import Shape, write_conversation
+
+
+@dataclass(frozen=True)
+class Row:
+    id: str
+    what: str
+    measured: str
+    target: str
+    met: bool
+
+
+def p1(root: Path) -> list[Row]:
+    bundle = write_conversation(root / "p1", Shape(turns=1000, deltas_per_turn=1000))
+    result = reducer_bench.measure_throughput(bundle, runs=5)
+    return [
+        Row(
+            "P1",
+            f"reducer throughput, {result.records:,} records ({result.megabytes:.0f} MB)",
+            f"{result.records_per_second:,.0f} records/s, "
+            f"{result.megabytes / result.reduce_seconds:.1f} MB/s, "
+            f"{result.ratio_to_floor:.2f}x read+parse",
+            ">= 250,000 records/s, <= 3x read+parse",
+            result.records_per_second >= 250_000 and result.ratio_to_floor <= 3,
+        )
+    ]
+
+
+def p2(root: Path) -> list[Row]:
+    results = reducer_bench.measure_memory(root, 10, [1_000, 10_000, 100_000])
+    smallest = results[0][1]
+    largest = max(kib for _, kib in results)
+    measured = ", ".join(f"{records:,}: +{kib / 1024:.1f} MiB" for records, kib in results)
+    return [
+        Row(
+            "P2",
+            "reducer peak RSS, same state, more and more deltas",
+            measured,
+            "flat as deltas grow (<= 1.25x)",
+            largest <= 1.25 * smallest,
+        )
+    ]
+
+
+def p3(root: Path) -> list[Row]:
+    result = agent_bench.measure_streaming(root)
+    on, off = result[True], result[False]
+    ratio = on.deltas_per_second / off.deltas_per_second
+    return [
+        Row(
+            "P3",
+            "deltas/s through gRPC, local model at word delay 0, 8 threads, recording on vs off",
+            f"on {on.deltas_per_second:,.0f} / off {off.deltas_per_second:,.0f} = {ratio:.2f} "
+            f"(server CPU per delta: on {on.server_cpu_seconds / on.deltas * 1e6:.0f} us, "
+            f"off {off.server_cpu_seconds / off.deltas * 1e6:.0f} us)",
+            ">= 0.9",
+            ratio >= 0.9,
+        )
+    ]
+
+
+def p4(root: Path) -> list[Row]:
+    small = agent_bench.measure_bundle_size(root, 20, word_delay=0.001)
+    large = agent_bench.measure_bundle_size(root, 200, word_delay=0.001)
+    growth = large.bytes_per_turn / small.bytes_per_turn
+    rows = [
+        Row(
+            "P4",
+            "bundle bytes/turn, 200 turns vs 20 (one record per word)",
+            f"{large.bytes_per_turn:,.0f} / {small.bytes_per_turn:,.0f} = {growth:.2f}",
+            "<= 1.1",
+            growth <= 1.1,
+        )
+    ]
+    # At full speed the model's words arrive together and are recorded as a few records.
+    merged = agent_bench.measure_bundle_size(root, 200, word_delay=0.0)
+    for size, how in ((small, "a record per word"), (large, "a record per word"), (merged, "")):
+        ratio = size.bundle_bytes / size.unique_text_bytes
+        how = how or f"{size.delta_records / size.turns:.0f} delta records per turn"
+        rows.append(
+            Row(
+                "P4",
+                f"{size.turns} turns, {how}: bundle vs unique text (history re-recorded per call)",
+                f"{size.bundle_bytes:,} B / {size.unique_text_bytes:,} B = {ratio:.1f}x "
+                f"({size.history_layout_bytes:,} B = "
+                f"{size.history_layout_bytes / size.unique_text_bytes:.1f}x)",
+                "<= 4x",
+                ratio <= 4,
+            )
+        )
+    rows.append(
+        Row(
+            "P4",
+            f"text-delta record bytes beyond its text ({large.delta_records:,} records)",
+            f"max {large.delta_overhead_max}, mean {large.delta_overhead_mean:.1f}",
+            "<= 24",
+            large.delta_overhead_max <= 24,
+        )
+    )
+    return rows
+
+
+def p5(root: Path) -> list[Row]:
+    rows = []
+    for threads in (200, 50):
+        result = agent_bench.measure_concurrency(root, threads=threads)
+        cpu = ", ".join(f"{name} {sec:.0f}" for name, sec in result.cpu_seconds.items())
+        rows.append(
+            Row(
+                "P5",
+                f"{threads} threads streaming at 50 deltas/s each, recording on",
+                f"{result.completed}/{threads} completed, p50 {result.p50_ms:.0f} ms, "
+                f"p99 {result.p99_ms:.0f} ms ({result.deltas:,} deltas in "
+                f"{result.delta_events:,} events, "
+                f"{result.seconds:.1f} s; CPU s: {cpu})",
+                "all complete, p99 <= 50 ms" if threads == 200 else "(reference)",
+                result.completed == threads and result.p99_ms <= 50,
+            )
+        )
+    return rows
+
+
+BENCHES: dict[str, Callable[[Path], list[Row]]] = {
+    "p1": p1,
+    "p2": p2,
+    "p3": p3,
+    "p4": p4,
+    "p5": p5,
+}
+
+
+def table(rows: list[Row]) -> str:
+    lines = ["| id | what | measured | target | met |", "|---|---|---|---|---|"]
+    for row in rows:
+        met = "yes" if row.met else "**no**"
+        lines.append(f"| {row.id} | {row.what} | {row.measured} | {row.target} | {met} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("only", nargs="*", choices=[*BENCHES, []], help="default: all")
+    names = parser.parse_args().only or list(BENCHES)
+    rows: list[Row] = []
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="rollout-bench-") as tmp:
+        for name in names:
+            began = time.perf_counter()
+            found = BENCHES[name](Path(tmp))
+            print(f"{name}: {time.perf_counter() - began:.0f} s", flush=True)
+            rows.extend(found)
+    print()
+    print(
+        f"{platform.python_implementation()} {platform.python_version()}, "
+        f"{os.cpu_count()} cores, {time.perf_counter() - started:.0f} s"
+    )
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
