@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 from typing import NoReturn
 
 from google.protobuf import timestamp_pb2
@@ -109,6 +109,26 @@ def _timestamp(micros: int) -> timestamp_pb2.Timestamp:
 
 def _fail(record: _Record, message: str) -> NoReturn:
     raise ReductionError(f"seq {record.seq}: {message}")
+
+
+def _check_new(
+    record: _Record,
+    what: str,
+    ordinal: int,
+    ordinals: Container[int],
+    context_id: str,
+    context_ids: Container[str],
+) -> None:
+    """A record that opens a context must bring an ordinal and an id not seen before."""
+    body = record.WhichOneof("body")
+    if not ordinal:
+        _fail(record, f"{body} without a {what} ordinal")
+    if ordinal in ordinals:
+        _fail(record, f"duplicate {what} ordinal {ordinal}")
+    if not context_id:
+        _fail(record, f"{body} without a {what} id")
+    if context_id in context_ids:
+        _fail(record, f"duplicate {what} id {context_id}")
 
 
 class Reducer:
@@ -368,14 +388,7 @@ class Reducer:
 
     def _on_thread_started(self, record: _Record) -> None:
         body = record.thread_started
-        if not body.thread:
-            _fail(record, "thread_started without a thread ordinal")
-        if body.thread in self._threads:
-            _fail(record, f"duplicate thread ordinal {body.thread}")
-        if not body.thread_id:
-            _fail(record, "thread_started without a thread id")
-        if body.thread_id in self._thread_ids:
-            _fail(record, f"duplicate thread id {body.thread_id}")
+        _check_new(record, "thread", body.thread, self._threads, body.thread_id, self._thread_ids)
         msg = state_pb2.Thread(
             thread_id=body.thread_id,
             model=body.model,
@@ -388,18 +401,11 @@ class Reducer:
 
     def _on_turn_started(self, record: _Record) -> None:
         body = record.turn_started
-        if not body.turn:
-            _fail(record, "turn_started without a turn ordinal")
-        if body.turn in self._turns:
-            _fail(record, f"duplicate turn ordinal {body.turn}")
+        turn_id = body.turn_id
+        _check_new(record, "turn", body.turn, self._turns, turn_id, self._turn_ids)
         thread = self._thread(body.thread, record)
         if thread.ended:
             _fail(record, f"turn started on thread {thread.msg.thread_id}, which has ended")
-        turn_id = body.turn_id
-        if not turn_id:
-            _fail(record, "turn_started without a turn id")
-        if turn_id in self._turn_ids:
-            _fail(record, f"duplicate turn id {turn_id}")
         # Looked up before anything changes, so a missing payload leaves the state as it was.
         inputs = [(pid, self._item_info(pid, record)) for pid in body.input_payload_ids]
         msg = state_pb2.Turn(turn_id=turn_id, thread_id=thread.msg.thread_id)
@@ -423,18 +429,11 @@ class Reducer:
 
     def _on_inference_started(self, record: _Record) -> None:
         body = record.inference_started
-        if not body.call:
-            _fail(record, "inference_started without a call ordinal")
-        if body.call in self._calls:
-            _fail(record, f"duplicate inference call ordinal {body.call}")
+        call_id = body.inference_call_id
+        _check_new(record, "inference call", body.call, self._calls, call_id, self._call_ids)
         turn = self._turn(body.turn, record)
         if turn.ended:
             _fail(record, f"inference started in turn {turn.msg.turn_id}, which has ended")
-        call_id = body.inference_call_id
-        if not call_id:
-            _fail(record, "inference_started without an inference call id")
-        if call_id in self._call_ids:
-            _fail(record, f"duplicate inference call id {call_id}")
         thread = turn.thread
         turn_id = turn.msg.turn_id
         msg = state_pb2.InferenceCall(
