@@ -187,6 +187,27 @@ class RolloutTrace(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class ToolCallsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        @_builtins.property
+        def value(self) -> Global___ToolCall: ...
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: Global___ToolCall | None = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _typing.Literal["value", b"value"]  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     TRACE_ID_FIELD_NUMBER: _builtins.int
     ROOT_THREAD_ID_FIELD_NUMBER: _builtins.int
     STARTED_AT_FIELD_NUMBER: _builtins.int
@@ -199,6 +220,7 @@ class RolloutTrace(_message.Message):
     CONVERSATION_ITEMS_FIELD_NUMBER: _builtins.int
     PRODUCER_NAME_FIELD_NUMBER: _builtins.int
     PRODUCER_VERSION_FIELD_NUMBER: _builtins.int
+    TOOL_CALLS_FIELD_NUMBER: _builtins.int
     trace_id: _builtins.str
     root_thread_id: _builtins.str
     recording_complete: _builtins.bool
@@ -218,6 +240,10 @@ class RolloutTrace(_message.Message):
     def inference_calls(self) -> _containers.MessageMap[_builtins.str, Global___InferenceCall]: ...
     @_builtins.property
     def conversation_items(self) -> _containers.MessageMap[_builtins.str, Global___ConversationItem]: ...
+    @_builtins.property
+    def tool_calls(self) -> _containers.MessageMap[_builtins.str, Global___ToolCall]:
+        """Function tool calls the model requested, by tool_call_id."""
+
     def __init__(
         self,
         *,
@@ -233,10 +259,11 @@ class RolloutTrace(_message.Message):
         conversation_items: _abc.Mapping[_builtins.str, Global___ConversationItem] | None = ...,
         producer_name: _builtins.str = ...,
         producer_version: _builtins.str = ...,
+        tool_calls: _abc.Mapping[_builtins.str, Global___ToolCall] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["ended_at", b"ended_at", "integrity", b"integrity", "started_at", b"started_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_items", b"conversation_items", "ended_at", b"ended_at", "inference_calls", b"inference_calls", "integrity", b"integrity", "producer_name", b"producer_name", "producer_version", b"producer_version", "recording_complete", b"recording_complete", "root_thread_id", b"root_thread_id", "started_at", b"started_at", "threads", b"threads", "trace_id", b"trace_id", "turns", b"turns"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_items", b"conversation_items", "ended_at", b"ended_at", "inference_calls", b"inference_calls", "integrity", b"integrity", "producer_name", b"producer_name", "producer_version", b"producer_version", "recording_complete", b"recording_complete", "root_thread_id", b"root_thread_id", "started_at", b"started_at", "threads", b"threads", "tool_calls", b"tool_calls", "trace_id", b"trace_id", "turns", b"turns"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -418,6 +445,7 @@ class Turn(_message.Message):
     INPUT_ITEM_IDS_FIELD_NUMBER: _builtins.int
     INTERRUPT_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    TOOL_CALL_IDS_FIELD_NUMBER: _builtins.int
     turn_id: _builtins.str
     thread_id: _builtins.str
     @_builtins.property
@@ -430,6 +458,10 @@ class Turn(_message.Message):
     def interrupt(self) -> Global___Interrupt: ...
     @_builtins.property
     def error(self) -> _common_pb2.TraceError: ...
+    @_builtins.property
+    def tool_call_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The tool calls the model requested in this turn, in the order they were accepted."""
+
     def __init__(
         self,
         *,
@@ -440,10 +472,11 @@ class Turn(_message.Message):
         input_item_ids: _abc.Iterable[_builtins.str] | None = ...,
         interrupt: Global___Interrupt | None = ...,
         error: _common_pb2.TraceError | None = ...,
+        tool_call_ids: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "execution", b"execution", "interrupt", b"interrupt"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "execution", b"execution", "inference_call_ids", b"inference_call_ids", "input_item_ids", b"input_item_ids", "interrupt", b"interrupt", "thread_id", b"thread_id", "turn_id", b"turn_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "execution", b"execution", "inference_call_ids", b"inference_call_ids", "input_item_ids", b"input_item_ids", "interrupt", b"interrupt", "thread_id", b"thread_id", "tool_call_ids", b"tool_call_ids", "turn_id", b"turn_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -683,6 +716,9 @@ class ConversationItem(_message.Message):
     FIRST_SEEN_AT_FIELD_NUMBER: _builtins.int
     FIRST_SEEN_SEQ_FIELD_NUMBER: _builtins.int
     PAYLOAD_ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    ARGUMENTS_FIELD_NUMBER: _builtins.int
+    OUTPUT_FIELD_NUMBER: _builtins.int
     item_id: _builtins.str
     thread_id: _builtins.str
     turn_id: _builtins.str
@@ -695,6 +731,12 @@ class ConversationItem(_message.Message):
     """The Responses API item id: the provider's, or the one the agent assigned."""
     first_seen_seq: _builtins.int
     payload_id: _builtins.str
+    name: _builtins.str
+    """The function name of a function call."""
+    arguments: _builtins.str
+    """The JSON arguments text of a function call."""
+    output: _builtins.str
+    """The output text of a function call output."""
     @_builtins.property
     def content(self) -> _containers.RepeatedCompositeFieldContainer[Global___ContentPart]: ...
     @_builtins.property
@@ -716,11 +758,80 @@ class ConversationItem(_message.Message):
         first_seen_at: _timestamp_pb2.Timestamp | None = ...,
         first_seen_seq: _builtins.int = ...,
         payload_id: _builtins.str = ...,
+        name: _builtins.str = ...,
+        arguments: _builtins.str = ...,
+        output: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["first_seen_at", b"first_seen_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "content", b"content", "first_seen_at", b"first_seen_at", "first_seen_seq", b"first_seen_seq", "item_id", b"item_id", "kind", b"kind", "payload_id", b"payload_id", "produced_by", b"produced_by", "responses_item_id", b"responses_item_id", "role", b"role", "thread_id", b"thread_id", "turn_id", b"turn_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments", b"arguments", "call_id", b"call_id", "content", b"content", "first_seen_at", b"first_seen_at", "first_seen_seq", b"first_seen_seq", "item_id", b"item_id", "kind", b"kind", "name", b"name", "output", b"output", "payload_id", b"payload_id", "produced_by", b"produced_by", "responses_item_id", b"responses_item_id", "role", b"role", "thread_id", b"thread_id", "turn_id", b"turn_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ConversationItem: _TypeAlias = ConversationItem  # noqa: Y015
+
+@_typing.final
+class ToolCall(_message.Message):
+    """One function tool call: requested by an inference call, answered by a client."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
+    CALL_ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    THREAD_ID_FIELD_NUMBER: _builtins.int
+    TURN_ID_FIELD_NUMBER: _builtins.int
+    REQUESTED_BY_INFERENCE_CALL_ID_FIELD_NUMBER: _builtins.int
+    CALL_ITEM_ID_FIELD_NUMBER: _builtins.int
+    OUTPUT_ITEM_ID_FIELD_NUMBER: _builtins.int
+    EXECUTION_FIELD_NUMBER: _builtins.int
+    IS_ERROR_FIELD_NUMBER: _builtins.int
+    ARGUMENTS_PAYLOAD_ID_FIELD_NUMBER: _builtins.int
+    OUTPUT_PAYLOAD_ID_FIELD_NUMBER: _builtins.int
+    SUBMITTED_BY_FIELD_NUMBER: _builtins.int
+    tool_call_id: _builtins.str
+    call_id: _builtins.str
+    """The Responses API call_id that ties the call to its output."""
+    name: _builtins.str
+    thread_id: _builtins.str
+    turn_id: _builtins.str
+    requested_by_inference_call_id: _builtins.str
+    call_item_id: _builtins.str
+    """The conversation item of the function_call."""
+    output_item_id: _builtins.str
+    """The conversation item of its function_call_output, once submitted."""
+    is_error: _builtins.bool
+    arguments_payload_id: _builtins.str
+    output_payload_id: _builtins.str
+    submitted_by: _builtins.str
+    """The gRPC peer that submitted the output."""
+    @_builtins.property
+    def execution(self) -> Global___Execution:
+        """RUNNING while awaited, COMPLETED with an output, FAILED when is_error or timed out,
+        CANCELLED on interrupt, close or shutdown.
+        """
+
+    def __init__(
+        self,
+        *,
+        tool_call_id: _builtins.str = ...,
+        call_id: _builtins.str = ...,
+        name: _builtins.str = ...,
+        thread_id: _builtins.str = ...,
+        turn_id: _builtins.str = ...,
+        requested_by_inference_call_id: _builtins.str = ...,
+        call_item_id: _builtins.str = ...,
+        output_item_id: _builtins.str = ...,
+        execution: Global___Execution | None = ...,
+        is_error: _builtins.bool = ...,
+        arguments_payload_id: _builtins.str = ...,
+        output_payload_id: _builtins.str = ...,
+        submitted_by: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["execution", b"execution"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments_payload_id", b"arguments_payload_id", "call_id", b"call_id", "call_item_id", b"call_item_id", "execution", b"execution", "is_error", b"is_error", "name", b"name", "output_item_id", b"output_item_id", "output_payload_id", b"output_payload_id", "requested_by_inference_call_id", b"requested_by_inference_call_id", "submitted_by", b"submitted_by", "thread_id", b"thread_id", "tool_call_id", b"tool_call_id", "turn_id", b"turn_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolCall: _TypeAlias = ToolCall  # noqa: Y015
