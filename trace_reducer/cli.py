@@ -14,6 +14,7 @@ from google.protobuf import json_format, text_format
 
 from rollout.trace.v1 import record_pb2, state_pb2
 
+from ._batch_cli import add_parser as add_reduce_all_parser
 from ._reader import BundleError, Integrity, read_bundle, resolve_trace_file
 from ._reducer import ReductionError, replay_bundle
 from ._requests import request_body
@@ -217,6 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--salvage", action="store_true", help="reduce a corrupt bundle up to the damage"
     )
     reduce.set_defaults(run=_reduce)
+
+    add_reduce_all_parser(commands)
 
     dump = commands.add_parser("dump", help="print the records of a bundle, one per line")
     dump.add_argument("bundle", help="bundle directory or its trace.binpb")
