@@ -248,6 +248,27 @@ class PoolEngine:
         self._pool.shutdown(wait=True, cancel_futures=cancel)
 
 
+class InlineEngine:
+    """Reduces in the driver's own process, for stores no other process can see (memory://)."""
+
+    name = "in-process"
+    slots = 1
+
+    def __init__(self) -> None:
+        self._done: dict[Handle, Done] = {}
+
+    def submit(self, chunk: Chunk, options: BatchOptions) -> Handle:
+        handle = object()
+        self._done[handle] = reduce_chunk(chunk, options)
+        return handle
+
+    def wait(self, handles: list[Handle], timeout: float) -> list[tuple[Handle, Done]]:
+        return [(handle, self._done.pop(handle)) for handle in handles if handle in self._done]
+
+    def close(self, *, cancel: bool) -> None:
+        self._done.clear()
+
+
 # -- the driver -------------------------------------------------------------------------------
 
 

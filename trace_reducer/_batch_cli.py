@@ -12,13 +12,14 @@ from ._batch import (
     BatchOptions,
     BundleResult,
     Engine,
+    InlineEngine,
     PoolEngine,
     drive,
     plan,
 )
 from ._batch_report import Tally, progress_for, summary
 from ._reader import BundleError
-from ._storage import is_url, open_store, parse_storage_options
+from ._storage import Store, is_url, open_store, parse_storage_options
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -95,7 +96,11 @@ def _missing_extra(error: ImportError) -> BundleError:
     )
 
 
-def _engine(args: argparse.Namespace) -> Engine:
+def _engine(args: argparse.Namespace, store: Store) -> Engine:
+    if store.process_local:
+        if args.ray is not None:
+            raise BundleError(f"--ray cannot reach {args.root}: it exists in this process only")
+        return InlineEngine()
     if args.ray is None:
         return PoolEngine(args.jobs or os.cpu_count() or 1)
     from ._ray import RayEngine, RayUnavailableError  # an optional extra
@@ -137,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
             raise _missing_extra(error) from error
         sink = TableSink(args.tables, dict(storage_options))
 
-    engine = _engine(args) if tasks else None
+    engine = _engine(args, store) if tasks else None
     tally = Tally()
 
     def emit(result: BundleResult) -> None:

@@ -46,6 +46,8 @@ class Store(Protocol):
     """The operations reduce-all needs, whatever holds the bundles."""
 
     root: str
+    # Only this process sees the bundles (memory://): no worker process can reduce them.
+    process_local: bool
 
     def discover(self, warn: Callable[[str], None]) -> list[BundleEntry]: ...
 
@@ -66,6 +68,8 @@ def is_url(root: str) -> bool:
 
 class LocalStore:
     """Bundles in a local directory tree; state.json through write_state_json (atomic)."""
+
+    process_local = False
 
     def __init__(self, root: str) -> None:
         self.root = os.path.abspath(root)
@@ -125,6 +129,7 @@ class FsspecStore:
         self.root = url
         self.fs, self.path = fsspec.core.url_to_fs(url, **dict(options))
         self.path = self.path.rstrip("/")
+        self.process_local = "memory" in _protocols(self.fs)
 
     def discover(self, warn: Callable[[str], None]) -> list[BundleEntry]:
         found: dict[str, dict[str, Any]] = self.fs.find(self.path, withdirs=False, detail=True)
@@ -189,6 +194,11 @@ def parse_storage_options(pairs: list[str]) -> StorageOptions:
             raise ValueError(f"--storage-option expects KEY=VALUE, got {pair!r}")
         options.append((key, value))
     return tuple(options)
+
+
+def _protocols(fs: Any) -> tuple[str, ...]:
+    protocol = fs.protocol
+    return (protocol,) if isinstance(protocol, str) else tuple(protocol)
 
 
 def _stat_mtime(path: str) -> float | None:
