@@ -98,8 +98,6 @@ def _missing_extra(error: ImportError) -> BundleError:
 
 def _engine(args: argparse.Namespace, store: Store) -> Engine:
     if store.process_local:
-        if args.ray is not None:
-            raise BundleError(f"--ray cannot reach {args.root}: it exists in this process only")
         return InlineEngine()
     if args.ray is None:
         return PoolEngine(args.jobs or os.cpu_count() or 1)
@@ -126,9 +124,20 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         store = open_store(options.root, storage_options)
-        entries = store.discover(_warn)
     except ImportError as error:
+        if error.name is None:  # fsspec's own "install gcsfs to access ..." message
+            raise BundleError(f"cannot open {args.root}: {error}") from error
         raise _missing_extra(error) from error
+    except ValueError as error:
+        raise BundleError(f"cannot open {args.root}: {error}") from error
+    if store.process_local and args.ray is not None:
+        raise BundleError(f"--ray cannot reach {args.root}: it exists in this process only")
+    try:
+        entries = store.discover(_warn)
+    except BundleError:
+        raise
+    except Exception as error:
+        raise BundleError(f"cannot list {args.root}: {error}") from error
     root = store.display(store.root) if is_url(options.root) else store.root
     if not entries:
         raise BundleError(f"no trace bundles (directories holding trace.binpb) under {root}")
@@ -153,12 +162,16 @@ def run(args: argparse.Namespace) -> int:
 
     interrupted = False
     table_rows = None
+    table_error = ""
     started = time.perf_counter()
     try:
         if engine is not None:
             drive(engine, tasks, options, progress_for(sys.stderr), emit)
         if sink is not None:
-            table_rows = sink.commit()
+            try:
+                table_rows = sink.commit()
+            except OSError as error:
+                table_error = str(error.strerror or error)
     except KeyboardInterrupt:
         interrupted = True
     finally:
@@ -183,4 +196,7 @@ def run(args: argparse.Namespace) -> int:
     print("\n".join(lines), flush=True)
     if interrupted:
         return EXIT_INTERRUPTED
+    if table_error:
+        _warn(f"cannot write the tables to {args.tables}: {table_error}")
+        return EXIT_FAILED
     return EXIT_FAILED if tally.failing else EXIT_OK

@@ -525,8 +525,11 @@ class TableSink:
             if self.fs.exists(final):
                 self.fs.rm(final, recursive=True)
             staged = posixpath.join(self.staging, table)
-            if self.fs.exists(staged):
-                self.fs.mv(staged, final, recursive=True)
+            # File by file: object stores have no directories to rename.
+            for name in sorted(self.fs.find(staged)):
+                target = posixpath.join(final, posixpath.relpath(name, staged))
+                self.fs.makedirs(posixpath.dirname(target), exist_ok=True)
+                self.fs.mv(name, target)
         self._remove_staging()
         return dict(self.rows_written)
 
