@@ -46,7 +46,8 @@ class RayEngine:
                 "logging_level": logging.WARNING,
             }
             if address == LOCAL:
-                ray.init(num_cpus=jobs or os.cpu_count() or 1, **settings)
+                # "local" makes Ray start its own, never join one it finds on this machine.
+                ray.init(address="local", num_cpus=jobs or os.cpu_count() or 1, **settings)
             else:
                 ray.init(address=address, **settings)
         cpus = int(self._ray.cluster_resources().get("CPU", 1)) or 1
