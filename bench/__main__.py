@@ -1,4 +1,4 @@
-"""`make bench`: measure SPEC §8's budgets P1-P5 and print them in one table with their targets."""
+"""`make bench`: SPEC §8's budgets P1-P5 and reduce-all's B1-B3, in one table with targets."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench import agent_bench, reducer_bench
+from bench import agent_bench, batch_bench, reducer_bench
 from bench.synthetic import Shape, write_conversation
 
 
@@ -134,12 +134,57 @@ def p5(root: Path) -> list[Row]:
     return rows
 
 
+def batch(root: Path) -> list[Row]:
+    count = int(os.environ.get("BENCH_BATCH_BUNDLES", "2000"))
+    result = batch_bench.measure_batch(root, bundles=count)
+    modes, n = result.modes, result.bundles
+    one, two = modes["jobs1"].rate(n), modes["jobs2"].rate(n)
+    ray, bare = modes["ray"].rate(n), modes["ray-bare"].rate(n)
+    bare_tables = modes["jobs2-no-tables"].rate(n)
+    per_bundle = result.parquet_bytes / n
+    return [
+        Row(
+            "B1",
+            f"reduce-all --tables, {n:,} bundles made by the server, pool --jobs 1 vs --jobs 2 "
+            f"(median of {result.rounds} rounds, min-max)",
+            f"--jobs 1: {modes['jobs1'].rates(n)}; --jobs 2: {modes['jobs2'].rates(n)}; "
+            f"scaling {two / one:.2f}x",
+            ">= 1.5x on 2 cores",
+            two / one >= 1.5,
+        ),
+        Row(
+            "B1",
+            "what --tables costs (--jobs 2)",
+            f"without: {modes['jobs2-no-tables'].rates(n)} = {bare_tables / two:.2f}x with",
+            "(reference)",
+            True,
+        ),
+        Row(
+            "B2",
+            "reduce-all --ray on a local Ray (2 CPUs) vs the pool --jobs 2",
+            f"joined by address: {modes['ray'].rates(n)} = {ray / two:.2f}x the pool; "
+            f"started by the command: {modes['ray-bare'].rates(n)} = {bare / two:.2f}x",
+            "joined >= 0.8x the pool",
+            ray / two >= 0.8,
+        ),
+        Row(
+            "B3",
+            "Parquet bytes per bundle (7 tables, zstd)",
+            f"{per_bundle:,.0f} B (trace.binpb {result.trace_bytes / n:,.0f} B, "
+            f"state.json {result.state_bytes / n:,.0f} B)",
+            "<= trace.binpb",
+            result.parquet_bytes <= result.trace_bytes,
+        ),
+    ]
+
+
 BENCHES: dict[str, Callable[[Path], list[Row]]] = {
     "p1": p1,
     "p2": p2,
     "p3": p3,
     "p4": p4,
     "p5": p5,
+    "batch": batch,
 }
 
 
