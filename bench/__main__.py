@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -142,13 +143,18 @@ def batch(root: Path) -> list[Row]:
     ray, bare = modes["ray"].rate(n), modes["ray-bare"].rate(n)
     bare_tables = modes["jobs2-no-tables"].rate(n)
     per_bundle = result.parquet_bytes / n
+
+    def cpu_ms(name: str) -> float:
+        return statistics.median(modes[name].cpu_seconds) / n * 1000
+
     return [
         Row(
             "B1",
             f"reduce-all --tables, {n:,} bundles made by the server, pool --jobs 1 vs --jobs 2 "
             f"(median of {result.rounds} rounds, min-max)",
             f"--jobs 1: {modes['jobs1'].rates(n)}; --jobs 2: {modes['jobs2'].rates(n)}; "
-            f"scaling {two / one:.2f}x",
+            f"scaling {two / one:.2f}x (CPU per bundle, all processes: "
+            f"{cpu_ms('jobs1'):.2f} / {cpu_ms('jobs2'):.2f} ms)",
             ">= 1.5x on 2 cores",
             two / one >= 1.5,
         ),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -61,6 +62,8 @@ class Mode:
     name: str
     args: list[str]
     seconds: list[float] = field(default_factory=list)
+    # CPU of the command and the processes it waited for (its pool; not Ray's workers).
+    cpu_seconds: list[float] = field(default_factory=list)
 
     def rate(self, bundles: int, pick: str = "median") -> float:
         chosen = {
@@ -88,7 +91,13 @@ class BatchResult:
     rounds: int
 
 
-def _run(root: Path, args: list[str], env: dict[str, str]) -> float:
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _run(root: Path, args: list[str], env: dict[str, str]) -> tuple[float, float]:
+    cpu = _children_cpu()
     started = time.perf_counter()
     done = subprocess.run(
         [TRACE_REDUCER, "reduce-all", str(root), "--force", *args],
@@ -100,7 +109,7 @@ def _run(root: Path, args: list[str], env: dict[str, str]) -> float:
     seconds = time.perf_counter() - started
     if done.returncode != 0:
         raise RuntimeError(f"reduce-all {args} failed: {done.stdout}{done.stderr}")
-    return seconds
+    return seconds, _children_cpu() - cpu
 
 
 @contextmanager
@@ -143,7 +152,9 @@ def measure_batch(root: Path, bundles: int = 2000, rounds: int = 3) -> BatchResu
         order = list(modes)
         for round_ in range(rounds):
             for name in order if round_ % 2 == 0 else reversed(order):
-                modes[name].seconds.append(_run(traces, modes[name].args, RAY_ENV))
+                seconds, cpu = _run(traces, modes[name].args, RAY_ENV)
+                modes[name].seconds.append(seconds)
+                modes[name].cpu_seconds.append(cpu)
     return BatchResult(
         bundles=bundles,
         record_seconds=record_seconds,
