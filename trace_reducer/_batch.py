@@ -22,7 +22,7 @@ from ._storage import BundleEntry, StorageOptions, Store, open_store, recently_m
 from ._writer import TRACE_FILE_NAME
 
 if TYPE_CHECKING:
-    from ._tables import Rows
+    from ._tables import Packed
 
 _CORRUPT = state_pb2.INTEGRITY_STATUS_CORRUPT
 # A bundle the writer may still be appending to: no footer (yet), or a frame half written.
@@ -76,7 +76,7 @@ class BundleResult:
     bad_frame_offset: int | None = None
     bad_frame_seq: int | None = None
     day: str = ""
-    rows: Rows | None = None
+    rows: Packed | None = None
 
 
 def _replay(store: Store, location: str) -> state_pb2.RolloutTrace:
@@ -161,16 +161,17 @@ def _decide(
 def _add_rows(
     result: BundleResult, store: Store, location: str, trace: state_pb2.RolloutTrace | None
 ) -> None:
-    from ._tables import bundle_day, bundle_row, entity_rows  # pyarrow: only for --tables
+    from ._tables import bundle_day, bundle_rows  # pyarrow: only for --tables
 
     known = trace if result.outcome != Outcome.FAILED else None
-    error = result.detail if result.outcome == Outcome.FAILED else None
     result.day = bundle_day(known, store.trace_mtime(location) if known is None else None)
-    rows: Rows = {"bundles": [bundle_row(result.bundle, known, error)]}
-    # A corrupt bundle's entities are in the tables only when salvaged (its state.json too).
-    if known is not None and result.outcome != Outcome.CORRUPT:
-        rows.update(entity_rows(result.bundle, known))
-    result.rows = rows
+    result.rows = bundle_rows(
+        result.bundle,
+        known,
+        # A corrupt bundle's entities are in the tables only when salvaged (its state.json too).
+        entities=result.outcome != Outcome.CORRUPT,
+        error=result.detail if known is None else None,
+    )
 
 
 def reduce_chunk(tasks: Sequence[BundleTask], options: BatchOptions) -> list[BundleResult]:

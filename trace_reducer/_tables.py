@@ -16,7 +16,9 @@ from google.protobuf import timestamp_pb2
 from rollout.trace.v1 import common_pb2, state_pb2
 
 Row = dict[str, Any]
-Rows = dict[str, list[Row]]
+# Rows as they travel from a worker to the driver: values in schema order (no repeated keys
+# to pickle), by table.
+Packed = dict[str, list[tuple[Any, ...]]]
 
 # A file per (table, day) holds at most this many rows; the driver flushes then.
 ROWS_PER_FILE = 50_000
@@ -281,7 +283,29 @@ def bundle_row(
     }
 
 
-def entity_rows(bundle_path: str, trace: state_pb2.RolloutTrace) -> Rows:
+def bundle_rows(
+    bundle_path: str,
+    trace: state_pb2.RolloutTrace | None,
+    *,
+    entities: bool,
+    error: str | None = None,
+) -> Packed:
+    """Every row one bundle contributes: its bundles row, and (entities) one per entity."""
+    rows = {"bundles": [bundle_row(bundle_path, trace, error)]}
+    if entities and trace is not None:
+        rows.update(entity_rows(bundle_path, trace))
+    packed: Packed = {}
+    for table, table_rows in rows.items():
+        names = SCHEMAS[table].names
+        for row in table_rows:
+            # A row must hold exactly its table's columns: a drift fails here, not silently.
+            if len(row) != len(names):
+                raise ValueError(f"{table} row has columns {sorted(row)}, expected {names}")
+        packed[table] = [tuple(row[name] for name in names) for row in table_rows]
+    return packed
+
+
+def entity_rows(bundle_path: str, trace: state_pb2.RolloutTrace) -> dict[str, list[Row]]:
     """Rows of every entity table for one reduced bundle, in a canonical order (maps have none:
     a state parsed from state.json must give the same rows as one fresh from the reducer)."""
     key = {
@@ -289,7 +313,7 @@ def entity_rows(bundle_path: str, trace: state_pb2.RolloutTrace) -> Rows:
         "trace_id": trace.trace_id or None,
         "integrity": _INTEGRITY.get(trace.integrity.status, str(trace.integrity.status)),
     }
-    rows: Rows = {name: [] for name in TABLES if name != "bundles"}
+    rows: dict[str, list[Row]] = {name: [] for name in TABLES if name != "bundles"}
     calls = trace.inference_calls
 
     def usages(call_ids: Iterable[str]) -> list[common_pb2.TokenUsage]:
@@ -475,13 +499,13 @@ class TableSink:
         self.fs, self.base = fsspec.core.url_to_fs(target, **(storage_options or {}))
         self.base = self.base.rstrip("/")
         self.staging = posixpath.join(self.base, f".staging-{uuid.uuid4().hex}")
-        self._buffers: dict[tuple[str, str], list[Row]] = {}
+        self._buffers: dict[tuple[str, str], list[tuple[Any, ...]]] = {}
         self._parts: dict[tuple[str, str], int] = {}
         self._buffered = 0
         self.rows_written: dict[str, int] = dict.fromkeys(TABLES, 0)
         self._days: set[str] = set()
 
-    def add(self, day: str, rows: Rows) -> None:
+    def add(self, day: str, rows: Packed) -> None:
         self._days.add(day)
         for table, table_rows in rows.items():
             if not table_rows:
@@ -500,12 +524,20 @@ class TableSink:
         self._buffered -= len(rows)
         self._write(table, day, rows)
 
-    def _write(self, table: str, day: str, rows: list[Row]) -> None:
+    def _write(self, table: str, day: str, rows: list[tuple[Any, ...]]) -> None:
         part = self._parts.get((table, day), 0)
         self._parts[(table, day)] = part + 1
         directory = posixpath.join(self.staging, table, f"day={day}")
         self.fs.makedirs(directory, exist_ok=True)
-        arrow = pa.Table.from_pylist(rows, schema=SCHEMAS[table])
+        schema = SCHEMAS[table]
+        columns = list(zip(*rows, strict=True)) if rows else [() for _ in schema.names]
+        arrow = pa.Table.from_arrays(
+            [
+                pa.array(column, type=field.type)
+                for column, field in zip(columns, schema, strict=True)
+            ],
+            schema=schema,
+        )
         with self.fs.open(posixpath.join(directory, f"part-{part:05d}.parquet"), "wb") as file:
             pq.write_table(arrow, file, compression="zstd")
         self.rows_written[table] += len(rows)
