@@ -127,3 +127,22 @@ def _processes_using(path: str) -> list[int]:
             except OSError:
                 continue
     return found
+
+
+def test_a_driver_that_already_joined_ray_keeps_it(
+    ray_address: str, traces: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Python driver calls ray.init(address=...) itself, then reduce-all (ray job submit
+    runs such drivers): the Ray it joined is used, and left running."""
+    import ray
+
+    from trace_reducer import cli
+
+    assert ray.is_initialized()
+    code = cli.main(["reduce-all", str(traces), "--ray", "auto", "--tables", str(tmp_path / "t")])
+    assert code == 0, capsys.readouterr()
+    assert "(ray, 2 workers)" in capsys.readouterr().out
+    assert ray.is_initialized()
+    assert ray.get_runtime_context().gcs_address == ray_address
+    for bundle in bundles_under(traces):
+        assert (bundle / "state.json").read_text() == expected_state(bundle)
