@@ -22,7 +22,7 @@ from ._storage import BundleEntry, StorageOptions, Store, open_store, recently_m
 from ._writer import TRACE_FILE_NAME
 
 if TYPE_CHECKING:
-    from ._tables import Packed
+    from ._rows import Packed
 
 _CORRUPT = state_pb2.INTEGRITY_STATUS_CORRUPT
 # A bundle the writer may still be appending to: no footer (yet), or a frame half written.
@@ -161,7 +161,7 @@ def _decide(
 def _add_rows(
     result: BundleResult, store: Store, location: str, trace: state_pb2.RolloutTrace | None
 ) -> None:
-    from ._tables import bundle_day, bundle_rows  # pyarrow: only for --tables
+    from ._rows import bundle_day, bundle_rows
 
     known = trace if result.outcome != Outcome.FAILED else None
     result.day = bundle_day(known, store.trace_mtime(location) if known is None else None)

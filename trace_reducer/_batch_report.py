@@ -92,7 +92,9 @@ def summary(
     for seconds_taken, _, bundle, records in sorted(tally.slowest, reverse=True):
         lines.append(f"  slowest: {seconds_taken:.3f} s {bundle} ({records:,} records)")
     for result in sorted(tally.corrupt, key=lambda r: r.index):
-        salvaged = " (salvaged)" if result.outcome == Outcome.SALVAGED else ""
+        salvaged = {Outcome.SALVAGED: " (salvaged)", Outcome.UP_TO_DATE: " (salvaged before)"}.get(
+            result.outcome, ""
+        )
         lines.append(
             f"  CORRUPT at byte {result.bad_frame_offset} (seq {result.bad_frame_seq}): "
             f"{result.bundle}: {result.detail}{salvaged}"
