@@ -102,15 +102,16 @@ def reduce_one(task: BundleTask, options: BatchOptions) -> BundleResult:
     try:
         if task.state_is_fresh:
             trace = _read_fresh_state(store, task.location)
-            if trace is not None:
-                result.outcome = Outcome.UP_TO_DATE
-        if trace is None:
+        if trace is not None:
+            outcome = Outcome.UP_TO_DATE
+        else:
             trace = _replay(store, task.location)
-            result.outcome = _decide(store, task.location, trace, options)
-            if result.outcome in (Outcome.REDUCED, Outcome.SALVAGED):
+            outcome = _decide(store, task.location, trace, options)
+            if outcome in (Outcome.REDUCED, Outcome.SALVAGED):
                 store.write_state(task.location, trace)
-        if result.outcome == Outcome.FAILED:
+        if outcome == Outcome.FAILED:
             result.detail = f"not a trace bundle (no header record): {trace.integrity.detail}"
+        result.outcome = outcome
     except ReductionError as error:
         result.detail = f"records contradict each other: {error}"
     except BundleError as error:
@@ -131,7 +132,11 @@ def reduce_one(task: BundleTask, options: BatchOptions) -> BundleResult:
             result.bad_frame_offset = integrity.bad_frame_offset
             result.bad_frame_seq = integrity.bad_frame_seq
     if options.tables and result.outcome != Outcome.LIVE:
-        _add_rows(result, store, task.location, trace)
+        try:
+            _add_rows(result, store, task.location, trace)
+        except Exception as error:  # noqa: BLE001 - as above
+            result.outcome = Outcome.FAILED
+            result.detail = f"internal error building its table rows: {error}"
     result.seconds = time.perf_counter() - started
     return result
 

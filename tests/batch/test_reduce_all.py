@@ -143,7 +143,10 @@ def test_damaged_bundles_are_reported_and_never_stop_the_batch(traces: Path) -> 
     empty = _damaged_copy(source, traces, "empty")
     (empty / "trace.binpb").write_bytes(b"")
     contradicting = _contradicting_bundle(traces)
-    for bundle in (unclosed, truncated, corrupt, empty, contradicting):
+    # Its state.json cannot be written (a directory is in the way).
+    unwritable = _damaged_copy(source, traces, "unwritable")
+    (unwritable / "state.json").mkdir()
+    for bundle in (unclosed, truncated, corrupt, empty, contradicting, unwritable):
         age(bundle / "trace.binpb", 3600)
     # Still being written: no footer yet, and touched just now.
     live = _damaged_copy(source, traces, "live")
@@ -154,7 +157,7 @@ def test_damaged_bundles_are_reported_and_never_stop_the_batch(traces: Path) -> 
     assert "Traceback" not in result.stderr + result.stdout
     counts = _counts(result.stdout)
     assert counts["reduced"] == len(good) + 2
-    assert (counts["corrupt"], counts["live"], counts["failed"]) == (1, 1, 2)
+    assert (counts["corrupt"], counts["live"], counts["failed"]) == (1, 1, 3)
     assert (counts["CLEAN"], counts["UNCLOSED"], counts["TRUNCATED"], counts["CORRUPT"]) == (
         len(good),
         1,
@@ -178,11 +181,14 @@ def test_damaged_bundles_are_reported_and_never_stop_the_batch(traces: Path) -> 
     assert f"live (still being written, not reduced): {live}" in result.stdout
     assert f"FAILED: {empty}: not a trace bundle" in result.stdout
     assert f"FAILED: {contradicting}: records contradict each other: seq 2" in result.stdout
+    assert f"FAILED: {unwritable}: Is a directory: " in result.stdout
+    assert not list(unwritable.glob(".state.json.*"))
     assert "--salvage reduces them" in result.stdout
 
     # Salvaged, the corrupt bundle reduces up to the damage; only the unreadable fail now.
     shutil.rmtree(empty)
     shutil.rmtree(contradicting)
+    shutil.rmtree(unwritable)
     salvaged = reduce_all(str(traces), "--salvage")
     assert salvaged.returncode == 0, salvaged.stdout
     assert _counts(salvaged.stdout)["salvaged"] == 1
