@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import subprocess
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from tests.batch.conftest import Corpus, age, bundles_under, reduce_all
+from tests.batch.conftest import TRACE_REDUCER, Corpus, age, bundles_under, reduce_all
 from trace_reducer import replay_bundle
 
 duckdb = pytest.importorskip("duckdb", reason="the tables tests need duckdb (dev extra)")
@@ -193,3 +195,33 @@ def test_every_column_is_documented() -> None:
     for name, schema in SCHEMAS.items():
         documented = re.findall(r"^\| `(\w+)` \|", sections[name], re.M)
         assert documented == schema.names, name
+
+
+def test_the_demo_s_trace_root(tmp_path: Path) -> None:
+    """`agent-server demo` (its built-in local model), then reduce-all on its trace root."""
+    agent_server = str(Path(TRACE_REDUCER).parent / "agent-server")
+    demo = subprocess.run(
+        [agent_server, "demo", "--trace-root", str(tmp_path / "traces")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={k: v for k, v in os.environ.items() if not k.startswith("ROLLOUT_")},
+    )
+    assert demo.returncode == 0, demo.stderr
+    # The demo wrote its own state.json already: reduce-all finds it up to date.
+    result = reduce_all(str(tmp_path / "traces"), "--tables", str(tmp_path / "tables"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "reduce-all: 1 bundle under" in result.stdout
+    assert "up to date 1" in result.stdout
+    tables = Tables(tmp_path / "tables")
+    assert tables.rows("SELECT status, interrupted FROM turns ORDER BY turn_index") == [
+        ("COMPLETED", False),
+        ("CANCELLED", True),
+    ]
+    text = tables.value(
+        "SELECT d.partial_text FROM discarded_outputs d JOIN turns t USING (trace_id, turn_id) "
+        "WHERE t.interrupted"
+    )
+    assert isinstance(text, str)
+    assert text.startswith("You said:")
