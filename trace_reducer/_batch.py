@@ -12,17 +12,15 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from rollout.trace.v1 import state_pb2
 
 from ._reader import BundleError, BundleReader
 from ._reducer import Reducer, ReductionError
+from ._rows import Packed, bundle_day, bundle_rows
 from ._storage import BundleEntry, StorageOptions, Store, open_store, recently_modified
 from ._writer import TRACE_FILE_NAME
-
-if TYPE_CHECKING:
-    from ._rows import Packed
 
 _CORRUPT = state_pb2.INTEGRITY_STATUS_CORRUPT
 # A bundle the writer may still be appending to: no footer (yet), or a frame half written.
@@ -166,8 +164,6 @@ def _decide(
 def _add_rows(
     result: BundleResult, store: Store, location: str, trace: state_pb2.RolloutTrace | None
 ) -> None:
-    from ._rows import bundle_day, bundle_rows
-
     known = trace if result.outcome != Outcome.FAILED else None
     result.day = bundle_day(known, store.trace_mtime(location) if known is None else None)
     result.rows = bundle_rows(
