@@ -54,6 +54,10 @@ class MetadataTooLargeError(InvalidArgumentError):
     reason = "METADATA_TOO_LARGE"
 
 
+class InvalidPageTokenError(InvalidArgumentError):
+    reason = "INVALID_PAGE_TOKEN"
+
+
 class ThreadNotFoundError(AgentError):
     code = grpc.StatusCode.NOT_FOUND
     reason = "THREAD_NOT_FOUND"

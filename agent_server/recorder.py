@@ -174,12 +174,12 @@ class Recorder:
         )
         return ordinal or 0
 
-    def output_text_delta(self, call: int, item: int, delta: str) -> None:
+    def output_text_delta(self, call: int, item: int, delta: str, *, refusal: bool = False) -> None:
         # The hot path, called once per provider read: no generic dispatch.
         builder = self._live()
         if builder is not None:
             try:
-                builder.output_text_delta(call, item, delta)
+                builder.output_text_delta(call, item, delta, refusal=refusal)
             except _WRITE_ERRORS as error:
                 self._fail(error)
 
@@ -253,3 +253,5 @@ class Recorder:
                 await asyncio.to_thread(writer.close if ok else writer.abandon)
             except _WRITE_ERRORS as error:
                 self._fail(error)
+        # It holds the thread's last request input: nothing will be built from it again.
+        self._builder = None

@@ -96,6 +96,19 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             )
         raise AssertionError("unreachable")
 
+    async def ListThreads(  # noqa: N802
+        self, request: agent_pb2.ListThreadsRequest, context: Context
+    ) -> agent_pb2.ListThreadsResponse:
+        async with _translated(context, "ListThreads"):
+            threads, next_token = self._agent.list_threads(
+                request.page_size, request.page_token, request.status
+            )
+            return agent_pb2.ListThreadsResponse(
+                threads=[thread.to_proto(with_turns=False) for thread in threads],
+                next_page_token=next_token,
+            )
+        raise AssertionError("unreachable")
+
     async def CloseThread(  # noqa: N802
         self, request: agent_pb2.CloseThreadRequest, context: Context
     ) -> agent_pb2.CloseThreadResponse:

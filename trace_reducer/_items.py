@@ -68,8 +68,9 @@ def _parts(value: object, default_type: str) -> tuple[tuple[str, str], ...]:
         return ((default_type, value),)
     if not isinstance(value, list):
         return ()
+    # A refusal part carries its text under `refusal`, not `text`.
     return tuple(
-        (_text(part.get("type")), _text(part.get("text")))
+        (_text(part.get("type")), _text(part.get("text", part.get("refusal"))))
         for part in value
         if isinstance(part, dict)
     )

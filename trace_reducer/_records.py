@@ -7,16 +7,17 @@ from typing import Any, Protocol, TypeAlias
 
 from rollout.trace.v1 import common_pb2, record_pb2
 
-from ._framing import RecordTooLargeError
 from ._payloads import canonical_json
 
 Status: TypeAlias = common_pb2.ExecutionStatus.ValueType
 PayloadKind: TypeAlias = record_pb2.PayloadKind.ValueType
 
-INSTRUCTIONS_MEDIA_TYPE = "text/plain; charset=utf-8"
-# A provider event this large is almost all duplicated output text; keeping its head keeps
-# the recording going instead of failing it.
-PROVIDER_EVENT_KEEP_CHARS = 1024 * 1024
+TEXT_MEDIA_TYPE = "text/plain; charset=utf-8"
+# Text longer than this goes into several delta records: at most 4 bytes a character keeps
+# each far below the record limit.
+MAX_DELTA_CHARS = 256 * 1024
+# Provider event data longer than this is written as a (chunked) payload the record refers to.
+MAX_INLINE_EVENT_CHARS = 256 * 1024
 
 
 class RecordSink(Protocol):
@@ -68,7 +69,7 @@ class RecordBuilder:
         )
         if instructions:
             started.instructions_payload_id = self._sink.put_payload(
-                instructions.encode(), record_pb2.PAYLOAD_KIND_INSTRUCTIONS, INSTRUCTIONS_MEDIA_TYPE
+                instructions.encode(), record_pb2.PAYLOAD_KIND_INSTRUCTIONS, TEXT_MEDIA_TYPE
             )
         self._sink.append(record_pb2.TraceRecord(thread_started=started))
         return self._threads
@@ -186,9 +187,15 @@ class RecordBuilder:
         )
         return self._items
 
-    def output_text_delta(self, call: int, item: int, delta: str) -> None:
+    def output_text_delta(self, call: int, item: int, delta: str, *, refusal: bool = False) -> None:
         """Text for output item `item` of `call` (0: the call's latest item, or an unannounced
-        one). The latest item is referred to as 0: the common case, and the cheapest."""
+        one). The latest item is referred to as 0: the common case, and the cheapest. Text
+        too long for one record is split over several."""
+        if len(delta) > MAX_DELTA_CHARS:
+            for start in range(0, len(delta), MAX_DELTA_CHARS):
+                piece = delta[start : start + MAX_DELTA_CHARS]
+                self.output_text_delta(call, item, piece, refusal=refusal)
+            return
         # Filled in place: a body passed to the constructor would be built, then copied.
         record = record_pb2.TraceRecord()
         body = record.output_text_delta
@@ -196,6 +203,8 @@ class RecordBuilder:
         if item != self._latest_item.get(call):
             body.item = item
         body.delta = delta
+        if refusal:
+            body.refusal = True
         self._sink.append(record)
 
     def output_item_done(
@@ -216,13 +225,15 @@ class RecordBuilder:
         )
 
     def provider_event(self, call: int, event_type: str, data: str) -> None:
-        """Any other event, verbatim; one too large for a record keeps its head, marked."""
-        event = record_pb2.ProviderEvent(call=call, event_type=event_type, data=data)
-        try:
-            self._sink.append(record_pb2.TraceRecord(provider_event=event))
-        except RecordTooLargeError:
-            event.data = data[:PROVIDER_EVENT_KEEP_CHARS] + f"...[truncated from {len(data)} chars]"
-            self._sink.append(record_pb2.TraceRecord(provider_event=event))
+        """Any other event, verbatim: its data in the record, or in a payload when large."""
+        event = record_pb2.ProviderEvent(call=call, event_type=event_type)
+        if len(data) > MAX_INLINE_EVENT_CHARS:
+            event.data_payload_id = self._sink.put_payload(
+                data.encode(), record_pb2.PAYLOAD_KIND_PROVIDER_EVENT, TEXT_MEDIA_TYPE
+            )
+        else:
+            event.data = data
+        self._sink.append(record_pb2.TraceRecord(provider_event=event))
 
     # -- endings -------------------------------------------------------------------------------
 
