@@ -35,10 +35,13 @@ pytest: $(STAMP)
 
 test: check pytest
 
-# The long fuzz run: tens of thousands of mutated bundles through the reader, reducer and CLI.
+# The long fuzz run: tens of thousands of mutated bundles through the reader, reducer and CLI,
+# and thousands of hostile provider streams through the agent.
 fuzz: $(STAMP)
 	FUZZ_ITERATIONS=$${FUZZ_ITERATIONS:-20000} FUZZ_CLI_SAMPLES=$${FUZZ_CLI_SAMPLES:-200} \
-		$(BIN)/pytest -q --timeout 3600 tests/trace_reducer/test_fuzz.py
+	FUZZ_PROVIDER_ITERATIONS=$${FUZZ_PROVIDER_ITERATIONS:-3000} \
+		$(BIN)/pytest -q --timeout 3600 tests/trace_reducer/test_fuzz.py \
+		tests/agent_server/test_provider_fuzz.py
 
 bench: $(STAMP)
 	$(PY) -m bench

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import itertools
+import time
 import uuid
+from collections import deque
 from collections.abc import Mapping, Sequence
 
 from agent_server.config import Settings
@@ -12,6 +16,7 @@ from agent_server.errors import (
     InputTooLargeError,
     InstructionsTooLargeError,
     InvalidModelError,
+    InvalidPageTokenError,
     MetadataTooLargeError,
     MissingThreadIdError,
     MissingTurnIdError,
@@ -37,6 +42,8 @@ MAX_MODEL_CHARS = 256
 MAX_METADATA_ENTRIES = 64
 MAX_METADATA_KEY_CHARS = 128
 MAX_METADATA_VALUE_CHARS = 4096
+DEFAULT_PAGE_SIZE = 100
+MAX_PAGE_SIZE = 1000
 CLOSE_REQUESTER = "close_thread"
 SHUTDOWN_REQUESTER = "shutdown"
 CLOSE_REASON = "closed"
@@ -58,8 +65,12 @@ class Agent:
     def __init__(self, settings: Settings, provider: ProviderClient) -> None:
         self._settings = settings
         self._provider = provider
+        # Every thread the server knows, in the order they were created.
         self._threads: dict[str, Thread] = {}
-        self._runners: dict[str, TurnRunner] = {}
+        self._thread_seq = itertools.count(1)
+        # Closed threads in the order they closed, with when: they are forgotten after the
+        # retention period, or sooner when too many are kept.
+        self._closed: deque[tuple[float, str]] = deque()
         self._stopping = False
         # Threads whose bundle is being created: shutdown waits for them.
         self._starting: set[asyncio.Task[Thread]] = set()
@@ -113,14 +124,48 @@ class Agent:
             metadata=dict(metadata),
             recorder=recorder,
             events=EventBuffer(self._settings.event_buffer),
+            seq=next(self._thread_seq),
         )
         self._threads[thread_id] = thread
+        self._forget_closed()
         return thread
+
+    def _forget_closed(self) -> None:
+        """Drop closed threads past their retention, and the oldest beyond the count kept."""
+        retention = self._settings.closed_thread_retention
+        keep = self._settings.max_closed_threads
+        deadline = time.monotonic() - retention
+        closed = self._closed
+        while closed and (len(closed) > keep or closed[0][0] <= deadline):
+            _, thread_id = closed.popleft()
+            self._threads.pop(thread_id, None)
+
+    def list_threads(
+        self, page_size: int, page_token: str, status: agent_pb2.ThreadStatus.ValueType
+    ) -> tuple[list[Thread], str]:
+        """One page of threads, oldest first, and the token of the next page ('' at the end)."""
+        self.check_serving()
+        self._forget_closed()
+        after = _decode_page_token(page_token)
+        size = min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+        page: list[Thread] = []
+        more = False
+        for thread in self._threads.values():
+            if thread.seq <= after:
+                continue
+            if status and thread.status != status:
+                continue
+            if len(page) == size:
+                more = True
+                break
+            page.append(thread)
+        return page, _encode_page_token(page[-1].seq) if more else ""
 
     def thread(self, thread_id: str) -> Thread:
         self.check_serving()
         if not thread_id:
             raise MissingThreadIdError("thread_id is required")
+        self._forget_closed()
         thread = self._threads.get(thread_id)
         if thread is None:
             raise ThreadNotFoundError(f"no thread {thread_id!r}", thread_id=thread_id)
@@ -140,21 +185,19 @@ class Agent:
         if thread.closed or thread.closing is not None:
             raise ThreadClosedError(f"thread {thread_id!r} is closed", thread_id=thread_id)
         if thread.running is not None:
+            running_id = thread.running.turn.id
             raise TurnAlreadyRunningError(
-                f"turn {thread.running.id!r} of thread {thread_id!r} is still running",
-                turn_id=thread.running.id,
+                f"turn {running_id!r} of thread {thread_id!r} is still running",
+                turn_id=running_id,
             )
         turn_id = f"turn_{uuid.uuid4().hex}"
         items = [user_message(texts)]
         ordinal = thread.recorder.turn_started(turn_id, items)
         thread.history.extend(items)
         turn = Turn(id=turn_id, thread_id=thread_id, ordinal=ordinal)
-        thread.turns[turn_id] = turn
-        thread.running = turn
-        thread.emit(turn_id, turn_started=agent_pb2.TurnStartedEvent(turn=turn.to_proto()))
         runner = TurnRunner(thread, turn, self._provider, self._settings)
-        self._runners[turn_id] = runner
-        runner.start().add_done_callback(lambda _: self._runners.pop(turn_id, None))
+        runner.start()
+        thread.emit(turn_id, turn_started=agent_pb2.TurnStartedEvent(turn=turn.to_proto()))
         return turn
 
     async def interrupt(self, thread_id: str, turn_id: str, requested_by: str) -> Turn:
@@ -168,8 +211,8 @@ class Agent:
             raise TurnNotRunningError(
                 f"turn {turn_id!r} {state} thread {thread_id!r}", turn_id=turn_id
             )
-        runner = self._runners.get(turn_id)
-        if runner is not None:
+        runner = thread.running
+        if runner is not None and runner.turn is turn:
             await runner.interrupt(requested_by)
         return turn
 
@@ -221,16 +264,29 @@ class Agent:
         reason: str,
         requested_by: str,
     ) -> None:
-        running = thread.running
-        if running is not None:
-            runner = self._runners.get(running.id)
-            if runner is not None:
-                await runner.interrupt(requested_by)
-            elif running.task is not None:
-                await asyncio.wait([running.task])
+        if thread.running is not None:
+            await thread.running.interrupt(requested_by)
         await thread.recorder.finish(status, reason)
-        thread.closed = True
-        thread.events.close()
+        thread.mark_closed()
+        self._closed.append((time.monotonic(), thread.id))
+        self._forget_closed()
+
+
+def _encode_page_token(seq: int) -> str:
+    return base64.urlsafe_b64encode(f"after:{seq}".encode()).decode().rstrip("=")
+
+
+def _decode_page_token(token: str) -> int:
+    if not token:
+        return 0
+    try:
+        text = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
+        prefix, _, value = text.partition(":")
+        if prefix == "after" and value.isdigit():
+            return int(value)
+    except (ValueError, UnicodeDecodeError):
+        pass
+    raise InvalidPageTokenError("page_token is not one this server handed out")
 
 
 def _check_thread_arguments(model: str, instructions: str, metadata: Mapping[str, str]) -> None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from trace_reducer.grpc_server import AccessControl, add_access_arguments, split_listen
+from grpc_common import AccessControl, split_listen
 
 _T = TypeVar("_T")
 
@@ -21,6 +21,9 @@ DEFAULT_STREAM_IDLE_TIMEOUT = 300.0
 DEFAULT_EVENT_BUFFER = 10_000
 DEFAULT_WORD_DELAY = 0.02
 DEFAULT_RETRY_BASE_DELAY = 0.5
+DEFAULT_CLOSED_THREAD_RETENTION = 600.0
+DEFAULT_MAX_CLOSED_THREADS = 1000
+DEFAULT_PROVIDER_MAX_CONNECTIONS = 1024
 
 
 class ConfigError(ValueError):
@@ -67,6 +70,11 @@ class Settings:
     stream_idle_timeout: float = DEFAULT_STREAM_IDLE_TIMEOUT
     event_buffer: int = DEFAULT_EVENT_BUFFER
     local_word_delay: float = DEFAULT_WORD_DELAY
+    # How long a closed thread stays readable (GetThread, StreamEvents replay, ListThreads),
+    # and how many closed threads are kept at most; then it is forgotten (NOT_FOUND).
+    closed_thread_retention: float = DEFAULT_CLOSED_THREAD_RETENTION
+    max_closed_threads: int = DEFAULT_MAX_CLOSED_THREADS
+    provider_max_connections: int = DEFAULT_PROVIDER_MAX_CONNECTIONS
     # Bearer token and TLS of the gRPC server (off by default); its secrets never show.
     access: AccessControl = field(default_factory=AccessControl)
 
@@ -81,6 +89,12 @@ class Settings:
             raise ConfigError("--event-buffer must be at least 1")
         if self.local_word_delay < 0:
             raise ConfigError("--local-word-delay must be 0 or more")
+        if self.closed_thread_retention < 0:
+            raise ConfigError("--closed-thread-retention must be 0 or more")
+        if self.max_closed_threads < 0:
+            raise ConfigError("--max-closed-threads must be 0 or more")
+        if self.provider_max_connections < 1:
+            raise ConfigError("--provider-max-connections must be at least 1")
         if not self.model:
             raise ConfigError("--model must not be empty")
         if self.provider_url is not None and not self.provider_url.startswith(
@@ -104,7 +118,14 @@ class Settings:
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of `serve`: the shared ones plus the server's access control."""
     add_arguments(parser)
-    add_access_arguments(parser)
+    parser.add_argument(
+        "--auth-token-env",
+        metavar="NAME",
+        help="require `authorization: Bearer <token>` on every RPC but health checks; "
+        "the token is read from the environment variable NAME",
+    )
+    parser.add_argument("--tls-cert", type=Path, metavar="PATH", help="PEM certificate chain")
+    parser.add_argument("--tls-key", type=Path, metavar="PATH", help="PEM private key")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -143,6 +164,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         help=f"seconds between words of the local model (default {DEFAULT_WORD_DELAY})",
     )
+    parser.add_argument(
+        "--closed-thread-retention",
+        type=float,
+        help="seconds a closed thread stays readable before it is forgotten "
+        f"(default {DEFAULT_CLOSED_THREAD_RETENTION:g})",
+    )
+    parser.add_argument(
+        "--max-closed-threads",
+        type=int,
+        help=f"closed threads kept at most (default {DEFAULT_MAX_CLOSED_THREADS})",
+    )
+    parser.add_argument(
+        "--provider-max-connections",
+        type=int,
+        help="provider connections open at once; turns beyond wait, then fail the attempt "
+        f"(default {DEFAULT_PROVIDER_MAX_CONNECTIONS})",
+    )
 
 
 def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Settings:
@@ -158,12 +196,17 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
     provider_url = pick(args.provider_url, "ROLLOUT_PROVIDER_URL")
     model = pick(args.model, "ROLLOUT_MODEL") or DEFAULT_LOCAL_MODEL
     api_key_env = args.api_key_env or DEFAULT_API_KEY_ENV
-    key = env.get(api_key_env, "")
+    key = _api_key(env.get(api_key_env, ""), api_key_env)
     trace_root = pick(args.trace_root, "ROLLOUT_TRACE_ROOT")
     access = AccessControl()
     if hasattr(args, "auth_token_env"):
         try:
-            access = AccessControl.from_args(args, env)
+            access = AccessControl.load(
+                token_env=args.auth_token_env,
+                tls_cert=args.tls_cert,
+                tls_key=args.tls_key,
+                environ=env,
+            )
         except ValueError as error:
             raise ConfigError(str(error)) from error
     return Settings(
@@ -178,8 +221,40 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
         stream_idle_timeout=_default(args.stream_idle_timeout, DEFAULT_STREAM_IDLE_TIMEOUT),
         event_buffer=_default(args.event_buffer, DEFAULT_EVENT_BUFFER),
         local_word_delay=_default(args.local_word_delay, DEFAULT_WORD_DELAY),
+        closed_thread_retention=_default(
+            args.closed_thread_retention, DEFAULT_CLOSED_THREAD_RETENTION
+        ),
+        max_closed_threads=_default(args.max_closed_threads, DEFAULT_MAX_CLOSED_THREADS),
+        provider_max_connections=_default(
+            args.provider_max_connections, DEFAULT_PROVIDER_MAX_CONNECTIONS
+        ),
         access=access,
     )
+
+
+def _api_key(value: str, variable: str) -> str:
+    """The key as it can go into an `Authorization` header.
+
+    Surrounding white space (a newline from `$(cat keyfile)`) is dropped; any other character
+    an HTTP header cannot carry is refused here, at start-up, because the HTTP library's error
+    for it would quote the header, key included.
+    """
+    key = value.strip()
+    for position, char in enumerate(key, start=1):
+        if not ("!" <= char <= "~"):
+            raise ConfigError(
+                f"the API key in {variable} has a character an HTTP header cannot carry "
+                f"(character {position} of {len(key)}: {_char_name(char)})"
+            )
+    return key
+
+
+def _char_name(char: str) -> str:
+    if char == " ":
+        return "a space"
+    if char.isprintable():
+        return f"U+{ord(char):04X}, not ASCII"
+    return f"control character U+{ord(char):04X}"
 
 
 def _default(value: _T | None, default: _T) -> _T:

@@ -14,8 +14,8 @@ from agent_server.config import Settings
 from agent_server.local_model import LocalModel
 from agent_server.provider import ProviderClient
 from agent_server.service import SERVICE_NAME, AgentService
+from grpc_common import GrpcServer
 from rollout.agent.v1 import agent_pb2_grpc
-from trace_reducer.grpc_server import GrpcServer
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,12 @@ class AgentServer:
             base_url = local_model.url
         else:
             base_url = settings.provider_url
-        provider = ProviderClient(base_url, settings.api_key, settings.stream_idle_timeout)
+        provider = ProviderClient(
+            base_url,
+            settings.api_key,
+            settings.stream_idle_timeout,
+            max_connections=settings.provider_max_connections,
+        )
         agent = Agent(settings, provider)
         service = AgentService(agent)
 

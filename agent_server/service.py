@@ -9,10 +9,10 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+import grpc_common
 from agent_server.agent import Agent
 from agent_server.errors import AgentError, EmptyInputError, abort_with
 from rollout.agent.v1 import agent_pb2, agent_pb2_grpc
-from trace_reducer import grpc_server
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ async def _translated(context: Context, rpc: str) -> AsyncIterator[None]:
         raise
     except Exception:
         log.exception("%s failed unexpectedly", rpc)
-        await grpc_server.abort(
+        await grpc_common.abort(
             context,
             grpc.StatusCode.INTERNAL,
             "INTERNAL",
@@ -93,6 +93,19 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         async with _translated(context, "GetThread"):
             return agent_pb2.GetThreadResponse(
                 thread=self._agent.thread(request.thread_id).to_proto()
+            )
+        raise AssertionError("unreachable")
+
+    async def ListThreads(  # noqa: N802
+        self, request: agent_pb2.ListThreadsRequest, context: Context
+    ) -> agent_pb2.ListThreadsResponse:
+        async with _translated(context, "ListThreads"):
+            threads, next_token = self._agent.list_threads(
+                request.page_size, request.page_token, request.status
+            )
+            return agent_pb2.ListThreadsResponse(
+                threads=[thread.to_proto(with_turns=False) for thread in threads],
+                next_page_token=next_token,
             )
         raise AssertionError("unreachable")
 

@@ -6,11 +6,11 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, TypeAlias
+from typing import Any, Protocol, TypeAlias
 
 from google.protobuf import timestamp_pb2
 
-from agent_server.events import EventBuffer
+from agent_server.events import MAX_DELTA_CHARS, EventBuffer
 from agent_server.recorder import Recorder
 from rollout.agent.v1 import agent_pb2
 
@@ -39,9 +39,6 @@ class Turn:
     status: TurnStatus = agent_pb2.TURN_STATUS_IN_PROGRESS
     error: agent_pb2.TurnError | None = None
     completed_at: datetime | None = None
-    task: asyncio.Task[None] | None = None
-    # Who asked to interrupt it; set once, before its task is cancelled.
-    interrupted_by: str | None = None
 
     @property
     def in_progress(self) -> bool:
@@ -66,6 +63,16 @@ class Turn:
         return turn
 
 
+class Runner(Protocol):
+    """What runs a thread's turn (agent_server.turn.TurnRunner), as the thread sees it."""
+
+    @property
+    def turn(self) -> Turn: ...
+
+    async def interrupt(self, requested_by: str) -> None:
+        """Stop the turn; return once it has ended (at once when it already had)."""
+
+
 @dataclass
 class Thread:
     """A conversation: its history, its turns (at most one running), its events, its bundle."""
@@ -77,36 +84,76 @@ class Thread:
     recorder: Recorder
     events: EventBuffer
     created_at: datetime = field(default_factory=now)
-    closed: bool = False
+    # Order of creation among the server's threads: what ListThreads pages by.
+    seq: int = 0
+    closed_at: datetime | None = None
     turns: dict[str, Turn] = field(default_factory=dict)
     # Every item the model has been shown or has produced, in order: the next request's input.
     history: list[dict[str, Any]] = field(default_factory=list)
-    # The turn that has not yet emitted turn_completed.
-    running: Turn | None = None
+    # The runner of the turn that has not yet emitted turn_completed; changed only by
+    # begin_turn and end_turn.
+    running: Runner | None = None
     closing: asyncio.Task[None] | None = None
 
-    def to_proto(self) -> agent_pb2.Thread:
-        return agent_pb2.Thread(
+    def begin_turn(self, runner: Runner) -> None:
+        """Make runner the thread's running turn; the caller has checked that none runs."""
+        assert self.running is None, "a turn is already running"
+        self.turns[runner.turn.id] = runner.turn
+        self.running = runner
+
+    def end_turn(self, runner: Runner) -> None:
+        """The runner's turn has ended: the thread may start the next one."""
+        if self.running is runner:
+            self.running = None
+
+    @property
+    def closed(self) -> bool:
+        return self.closed_at is not None
+
+    @property
+    def status(self) -> agent_pb2.ThreadStatus.ValueType:
+        return agent_pb2.THREAD_STATUS_CLOSED if self.closed else agent_pb2.THREAD_STATUS_ACTIVE
+
+    def mark_closed(self) -> None:
+        """The thread is over: its history is no longer needed, its events stay for replay."""
+        self.closed_at = now()
+        self.history = []
+        self.events.close()
+
+    def to_proto(self, *, with_turns: bool = True) -> agent_pb2.Thread:
+        thread = agent_pb2.Thread(
             id=self.id,
             model=self.model,
-            status=agent_pb2.THREAD_STATUS_CLOSED
-            if self.closed
-            else agent_pb2.THREAD_STATUS_ACTIVE,
+            status=self.status,
             created_at=timestamp(self.created_at),
             bundle_path=self.recorder.bundle_path,
-            turns=[turn.to_proto() for turn in self.turns.values()],
             recording_status=self.recorder.status,
             recording_error=self.recorder.error,
             metadata=self.metadata,
+            turn_count=len(self.turns),
         )
+        if with_turns:
+            thread.turns.extend(turn.to_proto() for turn in self.turns.values())
+        if self.closed_at is not None:
+            thread.closed_at.CopyFrom(timestamp(self.closed_at))
+        return thread
 
-    def emit_delta(self, turn_id: str, item_id: str, delta: str) -> None:
-        """Publish a text delta, merged into the previous one while no subscriber has it."""
-        if not self.events.merge_delta(turn_id, item_id, delta):
-            self.emit(
-                turn_id,
-                agent_message_delta=agent_pb2.AgentMessageDeltaEvent(item_id=item_id, delta=delta),
-            )
+    def emit_delta(self, turn_id: str, item_id: str, delta: str, *, refusal: bool = False) -> None:
+        """Publish a text delta, merged into the item's latest one while no subscriber has it;
+        one too large for a client's message limit goes out in pieces."""
+        pieces = (
+            [delta]
+            if len(delta) <= MAX_DELTA_CHARS
+            else [delta[i : i + MAX_DELTA_CHARS] for i in range(0, len(delta), MAX_DELTA_CHARS)]
+        )
+        for piece in pieces:
+            if refusal or not self.events.merge_delta(turn_id, item_id, piece):
+                self.emit(
+                    turn_id,
+                    agent_message_delta=agent_pb2.AgentMessageDeltaEvent(
+                        item_id=item_id, delta=piece, refusal=refusal
+                    ),
+                )
 
     def emit(self, turn_id: str, **kind: Any) -> None:
         """Publish one event (exactly one `kind=message` keyword) to the thread's subscribers."""

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent_server.config import Settings
+from agent_server.events import MAX_DELTA_CHARS
 from agent_server.provider import ProviderClient, ProviderError, ProviderEvent
 from agent_server.threads import Thread, Turn
 from rollout.agent.v1 import agent_pb2
@@ -19,6 +20,13 @@ log = logging.getLogger(__name__)
 
 _MAX_BACKOFF = 60.0
 INTERRUPTED_REASON = "interrupted"
+# Provider-supplied ids and words are clipped before the trace or a client sees them (the
+# same value to both): a hostile 5 MiB id must not stop the recording or a client's stream.
+MAX_ID_CHARS = 1024
+MAX_MESSAGE_CHARS = 16 * 1024
+_TEXT_DELTA = "response.output_text.delta"
+_REFUSAL_DELTA = "response.refusal.delta"
+_DELTA_EVENTS = {_TEXT_DELTA: False, _REFUSAL_DELTA: True}
 
 
 @dataclass
@@ -32,6 +40,8 @@ class _Output:
     role: str
     output_index: int
     done: bool = False
+    # Everything clients were sent as deltas of this item, and how much of it is refusal.
+    streamed: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -45,13 +55,16 @@ class _Call:
     outputs: list[_Output] = field(default_factory=list)
 
     def find(self, provider_id: str, output_index: Any = None) -> _Output | None:
-        """The open output an event is about: by id, else by output index, else the latest
-        open one (without an id of its own when the event names an id nobody announced)."""
+        """The open output an event is about: by id (by output index among several with that
+        id, else the latest of them), else by output index, else the latest open one (without
+        an id of its own when the event names an id nobody announced)."""
         open_outputs = [output for output in self.outputs if not output.done]
         if provider_id:
-            for output in open_outputs:
-                if provider_id in (output.provider_id, output.client_id):
-                    return output
+            named = [o for o in open_outputs if provider_id in (o.provider_id, o.client_id)]
+            if len(named) > 1 and isinstance(output_index, int):
+                named = [o for o in named if o.output_index == output_index] or named
+            if named:
+                return named[-1]
         if isinstance(output_index, int):
             for output in open_outputs:
                 if output.output_index == output_index:
@@ -59,6 +72,13 @@ class _Call:
         if provider_id:
             open_outputs = [output for output in open_outputs if not output.provider_id]
         return open_outputs[-1] if open_outputs else None
+
+    def client_id_for(self, provider_id: str, item_type: str) -> str:
+        """The provider's id, unless an output of this call already has it: two items of a
+        response must never share the id clients and the trace know them by."""
+        if provider_id and all(o.client_id != provider_id for o in self.outputs):
+            return provider_id
+        return _assign_item_id(item_type)
 
 
 @dataclass(frozen=True)
@@ -79,17 +99,23 @@ def _assign_item_id(item_type: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-def _text_of(item: dict[str, Any]) -> str:
+def _texts_of(item: dict[str, Any]) -> tuple[str, str]:
+    """The item's output text and its refusal text, each concatenated over its parts."""
     content = item.get("content")
     if isinstance(content, str):
-        return content
+        return content, ""
     if not isinstance(content, list):
-        return ""
-    return "".join(
-        part["text"]
-        for part in content
-        if isinstance(part, dict) and isinstance(part.get("text"), str)
-    )
+        return "", ""
+    text: list[str] = []
+    refusal: list[str] = []
+    for part in content:
+        if not isinstance(part, dict):
+            continue
+        if isinstance(part.get("text"), str):
+            text.append(part["text"])
+        elif part.get("type") == "refusal" and isinstance(part.get("refusal"), str):
+            refusal.append(part["refusal"])
+    return "".join(text), "".join(refusal)
 
 
 def _usage(response: Any) -> common_pb2.TokenUsage | None:
@@ -110,8 +136,19 @@ def _usage(response: Any) -> common_pb2.TokenUsage | None:
     )
 
 
-def _str(mapping: Any, key: str) -> str:
+def _str(mapping: Any, key: str, limit: int = MAX_ID_CHARS) -> str:
+    """A provider string field ('' when absent or not a string), clipped to limit."""
     value = mapping.get(key) if isinstance(mapping, dict) else None
+    if not isinstance(value, str):
+        return ""
+    if len(value) <= limit:
+        return value
+    return f"{value[: limit - 40]}...[clipped from {len(value)} chars]"
+
+
+def _delta(mapping: dict[str, Any]) -> str:
+    """The text of a delta event, never clipped (it is split instead where it must be)."""
+    value = mapping.get("delta")
     return value if isinstance(value, str) else ""
 
 
@@ -131,22 +168,29 @@ class TurnRunner:
         self._settings = settings
         self._recorder = thread.recorder
         self._call: _Call | None = None
+        self._task: asyncio.Task[None] | None = None
+        # Who asked to interrupt the turn; set once, before its task is cancelled.
+        self._interrupted_by: str | None = None
 
-    def start(self) -> asyncio.Task[None]:
-        task = asyncio.create_task(self._run(), name=f"turn {self._turn.id}")
-        self._turn.task = task
-        return task
+    @property
+    def turn(self) -> Turn:
+        return self._turn
+
+    def start(self) -> None:
+        """Become the thread's running turn and run it in a task of its own."""
+        self._thread.begin_turn(self)
+        self._task = asyncio.create_task(self._run(), name=f"turn {self._turn.id}")
 
     async def interrupt(self, requested_by: str) -> None:
         """Stop the turn and return once it has ended INTERRUPTED (or had already ended)."""
         turn = self._turn
-        if turn.in_progress and turn.interrupted_by is None:
-            turn.interrupted_by = requested_by
-            assert turn.task is not None
-            turn.task.cancel()
-        if turn.task is not None:
-            # wait() neither raises the task's error nor cancels the task when we are cancelled.
-            await asyncio.wait([turn.task])
+        task = self._task
+        assert task is not None, "interrupt before start"
+        if turn.in_progress and self._interrupted_by is None:
+            self._interrupted_by = requested_by
+            task.cancel()
+        # wait() neither raises the task's error nor cancels the task when we are cancelled.
+        await asyncio.wait([task])
         if turn.in_progress:
             # Cancelled before its first step, the task never ran its own clean-up.
             await self._end_interrupted()
@@ -169,8 +213,8 @@ class TurnRunner:
                 outcome = _Failure(internal)
             await self._end(outcome)
         finally:
-            if self._thread.running is self._turn and not self._turn.in_progress:
-                self._thread.running = None
+            if not self._turn.in_progress:
+                self._thread.end_turn(self)
 
     async def _infer(self) -> _Completed | _Failure:
         attempt = 0
@@ -216,7 +260,7 @@ class TurnRunner:
             call_id=call_id,
             attempt=attempt,
             model=thread.model,
-            provider_base_url=self._provider.base_url,
+            provider_base_url=self._provider.display_url,
             envelope=envelope,
             input_items=input_items,
         )
@@ -258,35 +302,51 @@ class TurnRunner:
         """Handle events that arrived together; True once the response completed.
 
         A run of text deltas for one item becomes one record and one client event: they were
-        all waiting already, so nothing is delayed, and the bundle stays small."""
+        all waiting already, so nothing is delayed, and the bundle stays small. When an event
+        fails the attempt, the rest of the batch is still recorded (and what it completes is
+        accepted) before the first failure ends the attempt."""
+        failure: ProviderError | None = None
         position = 0
         while position < len(batch):
             event = batch[position]
             output = self._delta_target(call, event)
             if output is None:
-                if self._on_event(call, event):
-                    return True
+                try:
+                    if self._on_event(call, event) and failure is None:
+                        return True
+                except ProviderError as error:
+                    failure = failure or error
                 position += 1
                 continue
-            texts = [_str(event.data, "delta")]
+            refusal = _DELTA_EVENTS[event.type]
+            texts = [_delta(event.data or {})]
             position += 1
-            while position < len(batch) and self._delta_target(call, batch[position]) is output:
-                texts.append(_str(batch[position].data, "delta"))
+            while position < len(batch):
+                following = batch[position]
+                if (
+                    following.type != event.type
+                    or self._delta_target(call, following) is not output
+                ):
+                    break
+                texts.append(_delta(following.data or {}))
                 position += 1
-            self._text_delta(call, output, "".join(texts))
+            self._text_delta(call, output, "".join(texts), refusal=refusal)
+        if failure is not None:
+            raise failure
         return False
 
     @staticmethod
     def _delta_target(call: _Call, event: ProviderEvent) -> _Output | None:
-        """The output a text delta is for; None for any other event (or an unplaceable delta)."""
-        if event.type != "response.output_text.delta" or event.data is None:
+        """The output a text or refusal delta is for; None for any other event (or a delta
+        nobody announced an item for)."""
+        if event.type not in _DELTA_EVENTS or event.data is None:
             return None
         return call.find(_str(event.data, "item_id"), event.data.get("output_index"))
 
-    def _text_delta(self, call: _Call, output: _Output, delta: str) -> None:
-        latest = call.outputs[-1] is output
-        self._recorder.output_text_delta(call.ordinal, 0 if latest else output.ordinal, delta)
-        self._thread.emit_delta(self._turn.id, output.client_id, delta)
+    def _text_delta(self, call: _Call, output: _Output, delta: str, *, refusal: bool) -> None:
+        self._recorder.output_text_delta(call.ordinal, output.ordinal, delta, refusal=refusal)
+        output.streamed.append(delta)
+        self._thread.emit_delta(self._turn.id, output.client_id, delta, refusal=refusal)
 
     def _on_event(self, call: _Call, event: ProviderEvent) -> bool:
         """Handle one event; True once the response completed. Raises ProviderError on failure."""
@@ -316,6 +376,7 @@ class TurnRunner:
         provider_id = _str(item, "id")
         item_type = _str(item, "type") or "message"
         role = _str(item, "role")
+        client_id = call.client_id_for(provider_id, item_type)
         index = data.get("output_index")
         output_index = index if isinstance(index, int) and index >= 0 else len(call.outputs)
         ordinal = self._recorder.output_item_added(
@@ -328,7 +389,7 @@ class TurnRunner:
         output = _Output(
             ordinal=ordinal,
             provider_id=provider_id,
-            client_id=provider_id or _assign_item_id(item_type),
+            client_id=client_id,
             type=item_type,
             role=role,
             output_index=output_index,
@@ -344,7 +405,7 @@ class TurnRunner:
 
     def _on_unplaced_delta(self, call: _Call, data: dict[str, Any], raw: str) -> bool:
         # Text for an item that was never announced: kept verbatim, nobody to show it to.
-        self._recorder.provider_event(call.ordinal, "response.output_text.delta", raw)
+        self._recorder.provider_event(call.ordinal, _str(data, "type"), raw)
         return False
 
     def _on_item_done(self, call: _Call, data: dict[str, Any], raw: str) -> bool:
@@ -355,28 +416,65 @@ class TurnRunner:
         provider_id = _str(item, "id")
         item_type = _str(item, "type") or "message"
         output = call.find(provider_id, data.get("output_index"))
-        if output is not None:
-            output.done = True
-            item_id = provider_id or output.client_id
-            ordinal = output.ordinal
-        else:
-            item_id = provider_id or _assign_item_id(item_type)
-            ordinal = 0
+        if output is None:
+            # Never announced: it still takes an id no other item of the call has.
+            output = _Output(
+                ordinal=0,
+                provider_id=provider_id,
+                client_id=call.client_id_for(provider_id, item_type),
+                type=item_type,
+                role=_str(item, "role"),
+                output_index=-1,
+            )
+            call.outputs.append(output)
+        output.done = True
+        item_id = output.client_id
         self._recorder.output_item_done(
-            call.ordinal, ordinal, item_id=item_id, assigned=not provider_id, payload=item
+            call.ordinal,
+            output.ordinal,
+            item_id=item_id,
+            assigned=item_id != provider_id,
+            payload=item,
         )
         # Accepted: the item is part of the conversation whatever ends the call.
         self._thread.history.append(item)
         call.accepted += 1
+        completed = agent_pb2.Item(id=item_id, type=item_type, role=_str(item, "role"))
+        text, refusal = _texts_of(item)
+        if len(text) + len(refusal) <= MAX_DELTA_CHARS:
+            completed.text = text
+            completed.refusal = refusal
+        else:
+            self._complete_in_deltas(output, text, refusal)
+            completed.text_in_deltas = True
+        output.streamed.clear()
         self._thread.emit(
-            self._turn.id,
-            item_completed=agent_pb2.ItemCompletedEvent(
-                item=agent_pb2.Item(
-                    id=item_id, type=item_type, role=_str(item, "role"), text=_text_of(item)
-                )
-            ),
+            self._turn.id, item_completed=agent_pb2.ItemCompletedEvent(item=completed)
         )
         return False
+
+    def _complete_in_deltas(self, output: _Output, text: str, refusal: str) -> None:
+        """Stream what the deltas have not carried yet of an item too large for one event, so
+        that its deltas hold all of it (they were recorded whole, in the item's payload)."""
+        streamed = "".join(output.streamed)
+        final = text + refusal
+        if not final.startswith(streamed):
+            self._thread.emit(
+                self._turn.id,
+                error=agent_pb2.ErrorEvent(
+                    code="item_text_mismatch",
+                    message=f"item {output.client_id}: the provider's final text does not "
+                    "extend what it streamed and is too large for one event; the trace has both",
+                ),
+            )
+            return
+        rest = final[len(streamed) :]
+        text_left = max(0, len(text) - len(streamed))
+        rest_text, rest_refusal = rest[:text_left], rest[text_left:]
+        if rest_text:
+            self._thread.emit_delta(self._turn.id, output.client_id, rest_text)
+        if rest_refusal:
+            self._thread.emit_delta(self._turn.id, output.client_id, rest_refusal, refusal=True)
 
     def _on_completed(self, call: _Call, data: dict[str, Any], raw: str) -> bool:
         self._recorder.provider_event(call.ordinal, "response.completed", raw)
@@ -389,7 +487,8 @@ class TurnRunner:
         error = response.get("error") if isinstance(response, dict) else None
         raise ProviderError(
             _str(error, "code") or "response_failed",
-            _str(error, "message") or "the provider reported that the response failed",
+            _str(error, "message", MAX_MESSAGE_CHARS)
+            or "the provider reported that the response failed",
             reason="response.failed",
         )
 
@@ -410,7 +509,7 @@ class TurnRunner:
         source = nested if isinstance(nested, dict) else data
         raise ProviderError(
             _str(source, "code") or _str(source, "type") or "provider_error",
-            _str(source, "message") or "the provider sent an error event",
+            _str(source, "message", MAX_MESSAGE_CHARS) or "the provider sent an error event",
             reason="error",
         )
 
@@ -462,7 +561,7 @@ class TurnRunner:
         if not turn.in_progress:
             return
         self._end_call(common_pb2.EXECUTION_STATUS_CANCELLED, INTERRUPTED_REASON)
-        self._recorder.interrupt_requested(turn.ordinal, turn.interrupted_by or "unknown")
+        self._recorder.interrupt_requested(turn.ordinal, self._interrupted_by or "unknown")
         self._recorder.turn_ended(turn.ordinal, common_pb2.EXECUTION_STATUS_CANCELLED)
         turn.end(agent_pb2.TURN_STATUS_INTERRUPTED)
         await self._recorder.sync()
@@ -472,14 +571,14 @@ class TurnRunner:
         self._thread.emit(
             self._turn.id, turn_completed=agent_pb2.TurnCompletedEvent(turn=self._turn.to_proto())
         )
-        if self._thread.running is self._turn:
-            self._thread.running = None
+        self._thread.end_turn(self)
 
 
 _HANDLERS = {
     "response.created": TurnRunner._on_created,
     "response.output_item.added": TurnRunner._on_item_added,
-    "response.output_text.delta": TurnRunner._on_unplaced_delta,
+    _TEXT_DELTA: TurnRunner._on_unplaced_delta,
+    _REFUSAL_DELTA: TurnRunner._on_unplaced_delta,
     "response.output_item.done": TurnRunner._on_item_done,
     "response.completed": TurnRunner._on_completed,
     "response.failed": TurnRunner._on_failed,

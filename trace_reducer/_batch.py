@@ -16,11 +16,13 @@ from typing import Any, Protocol
 
 from rollout.trace.v1 import state_pb2
 
-from ._reader import BundleError, BundleReader
-from ._reducer import Reducer, ReductionError
+from ._errors import BundleError, CorruptBundleError, ReductionError, describe_os_error
+from ._integrity import integrity_name, require_reducible
+from ._layout import TRACE_FILE_NAME
+from ._reader import BundleReader
+from ._reducer import Reducer
 from ._rows import Packed, bundle_day, bundle_rows
 from ._storage import BundleEntry, StorageOptions, Store, open_store, recently_modified
-from ._writer import TRACE_FILE_NAME
 
 _CORRUPT = state_pb2.INTEGRITY_STATUS_CORRUPT
 # A bundle the writer may still be appending to: no footer (yet), or a frame half written.
@@ -107,22 +109,18 @@ def reduce_one(task: BundleTask, options: BatchOptions) -> BundleResult:
             outcome = _decide(store, task.location, trace, options)
             if outcome in (Outcome.REDUCED, Outcome.SALVAGED):
                 store.write_state(task.location, trace)
-        if outcome == Outcome.FAILED:
-            result.detail = f"not a trace bundle (no header record): {trace.integrity.detail}"
         result.outcome = outcome
     except ReductionError as error:
         result.detail = f"records contradict each other: {error}"
     except BundleError as error:
         result.detail = str(error)
     except OSError as error:
-        result.detail = f"{error.strerror or error}: {error.filename or bundle}"
+        result.detail = describe_os_error(error)
     except Exception as error:  # noqa: BLE001 - one bad bundle never stops the batch
         result.detail = f"internal error: {type(error).__name__}: {error}"
     if trace is not None and result.outcome != Outcome.FAILED:
         integrity = trace.integrity
-        result.integrity = state_pb2.IntegrityStatus.Name(integrity.status).removeprefix(
-            "INTEGRITY_STATUS_"
-        )
+        result.integrity = integrity_name(integrity.status)
         result.records = integrity.records_read
         result.bytes = integrity.bytes_read
         result.detail = integrity.detail
@@ -154,11 +152,12 @@ def _decide(
         store, location, options.live_window
     ):
         return Outcome.LIVE
-    if integrity.records_read == 0:
-        return Outcome.FAILED
-    if integrity.status == _CORRUPT:
-        return Outcome.SALVAGED if options.salvage else Outcome.CORRUPT
-    return Outcome.REDUCED
+    try:
+        # The policy `reduce` follows; no header at all raises NotABundleError, a failure.
+        require_reducible(integrity, salvage=options.salvage, source=store.display(location))
+    except CorruptBundleError:
+        return Outcome.CORRUPT
+    return Outcome.SALVAGED if integrity.status == _CORRUPT else Outcome.REDUCED
 
 
 def _add_rows(

@@ -18,7 +18,7 @@ from ._batch import (
     plan,
 )
 from ._batch_report import Tally, progress_for, summary
-from ._reader import BundleError
+from ._errors import BundleError
 from ._storage import Store, is_url, open_store, parse_storage_options
 
 EXIT_OK = 0

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 from rollout.trace.v1 import state_pb2
 
+from ._payloads import canonical_json
+
 _ROLES: dict[str, state_pb2.ConversationRole.ValueType] = {
     "user": state_pb2.CONVERSATION_ROLE_USER,
     "assistant": state_pb2.CONVERSATION_ROLE_ASSISTANT,
@@ -66,8 +68,9 @@ def _parts(value: object, default_type: str) -> tuple[tuple[str, str], ...]:
         return ((default_type, value),)
     if not isinstance(value, list):
         return ()
+    # A refusal part carries its text under `refusal`, not `text`.
     return tuple(
-        (_text(part.get("type")), _text(part.get("text")))
+        (_text(part.get("type")), _text(part.get("text", part.get("refusal"))))
         for part in value
         if isinstance(part, dict)
     )
@@ -121,7 +124,7 @@ def parse_item(data: bytes) -> ItemInfo:
 
 
 def _canonical(value: object) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return canonical_json(value).decode("ascii")
 
 
 class ThreadItems:

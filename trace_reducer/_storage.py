@@ -15,9 +15,9 @@ from google.protobuf import json_format
 
 from rollout.trace.v1 import state_pb2
 
-from ._reader import BundleNotFoundError, NotABundleError
+from ._errors import BundleNotFoundError, NotABundleError
+from ._layout import STATE_FILE_NAME, TRACE_FILE_NAME
 from ._state_json import state_to_json, write_state_json
-from ._writer import STATE_FILE_NAME, TRACE_FILE_NAME
 
 StorageOptions = tuple[tuple[str, str], ...]
 

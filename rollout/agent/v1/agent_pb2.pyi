@@ -139,6 +139,8 @@ class Thread(_message.Message):
     RECORDING_STATUS_FIELD_NUMBER: _builtins.int
     RECORDING_ERROR_FIELD_NUMBER: _builtins.int
     METADATA_FIELD_NUMBER: _builtins.int
+    TURN_COUNT_FIELD_NUMBER: _builtins.int
+    CLOSED_AT_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     model: _builtins.str
     status: Global___ThreadStatus.ValueType
@@ -147,12 +149,18 @@ class Thread(_message.Message):
     recording_status: Global___RecordingStatus.ValueType
     recording_error: _builtins.str
     """Why recording failed, when it did."""
+    turn_count: _builtins.int
+    """How many turns the thread has had (`turns` is left empty by ListThreads)."""
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
     def turns(self) -> _containers.RepeatedCompositeFieldContainer[Global___Turn]: ...
     @_builtins.property
     def metadata(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    @_builtins.property
+    def closed_at(self) -> _timestamp_pb2.Timestamp:
+        """When the thread was closed; unset while it is active."""
+
     def __init__(
         self,
         *,
@@ -165,10 +173,12 @@ class Thread(_message.Message):
         recording_status: Global___RecordingStatus.ValueType = ...,
         recording_error: _builtins.str = ...,
         metadata: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        turn_count: _builtins.int = ...,
+        closed_at: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["closed_at", b"closed_at", "created_at", b"created_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bundle_path", b"bundle_path", "created_at", b"created_at", "id", b"id", "metadata", b"metadata", "model", b"model", "recording_error", b"recording_error", "recording_status", b"recording_status", "status", b"status", "turns", b"turns"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bundle_path", b"bundle_path", "closed_at", b"closed_at", "created_at", b"created_at", "id", b"id", "metadata", b"metadata", "model", b"model", "recording_error", b"recording_error", "recording_status", b"recording_status", "status", b"status", "turn_count", b"turn_count", "turns", b"turns"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -248,6 +258,8 @@ class Item(_message.Message):
     TYPE_FIELD_NUMBER: _builtins.int
     ROLE_FIELD_NUMBER: _builtins.int
     TEXT_FIELD_NUMBER: _builtins.int
+    TEXT_IN_DELTAS_FIELD_NUMBER: _builtins.int
+    REFUSAL_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """The Responses API item id (the provider's, or the one the agent assigned)."""
     type: _builtins.str
@@ -255,6 +267,12 @@ class Item(_message.Message):
     role: _builtins.str
     text: _builtins.str
     """The item's text, concatenated over its text parts."""
+    text_in_deltas: _builtins.bool
+    """The text is too large for one message: it is the concatenation of this item's
+    agent_message_delta events (which then carry all of it), and `text` is empty.
+    """
+    refusal: _builtins.str
+    """What the model said when it refused, concatenated over its refusal parts."""
     def __init__(
         self,
         *,
@@ -262,10 +280,12 @@ class Item(_message.Message):
         type: _builtins.str = ...,
         role: _builtins.str = ...,
         text: _builtins.str = ...,
+        text_in_deltas: _builtins.bool = ...,
+        refusal: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "role", b"role", "text", b"text", "type", b"type"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "refusal", b"refusal", "role", b"role", "text", b"text", "text_in_deltas", b"text_in_deltas", "type", b"type"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -317,17 +337,21 @@ class AgentMessageDeltaEvent(_message.Message):
 
     ITEM_ID_FIELD_NUMBER: _builtins.int
     DELTA_FIELD_NUMBER: _builtins.int
+    REFUSAL_FIELD_NUMBER: _builtins.int
     item_id: _builtins.str
     delta: _builtins.str
+    refusal: _builtins.bool
+    """The delta is refusal text (a `refusal` content part), not output text."""
     def __init__(
         self,
         *,
         item_id: _builtins.str = ...,
         delta: _builtins.str = ...,
+        refusal: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "item_id", b"item_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "item_id", b"item_id", "refusal", b"refusal"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -717,6 +741,58 @@ class GetThreadResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetThreadResponse: _TypeAlias = GetThreadResponse  # noqa: Y015
+
+@_typing.final
+class ListThreadsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    page_size: _builtins.int
+    """At most this many threads per page; 0 means 100, and more than 1000 is taken as 1000."""
+    page_token: _builtins.str
+    """next_page_token of the previous page; empty for the first."""
+    status: Global___ThreadStatus.ValueType
+    """Only threads with this status; THREAD_STATUS_UNSPECIFIED lists every one."""
+    def __init__(
+        self,
+        *,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+        status: Global___ThreadStatus.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListThreadsRequest: _TypeAlias = ListThreadsRequest  # noqa: Y015
+
+@_typing.final
+class ListThreadsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    THREADS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Pass it to get the next page; empty on the last one."""
+    @_builtins.property
+    def threads(self) -> _containers.RepeatedCompositeFieldContainer[Global___Thread]: ...
+    def __init__(
+        self,
+        *,
+        threads: _abc.Iterable[Global___Thread] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_page_token", b"next_page_token", "threads", b"threads"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListThreadsResponse: _TypeAlias = ListThreadsResponse  # noqa: Y015
 
 @_typing.final
 class CloseThreadRequest(_message.Message):

@@ -60,6 +60,11 @@ class AgentServiceStub:
                 request_serializer=rollout_dot_agent_dot_v1_dot_agent__pb2.GetThreadRequest.SerializeToString,
                 response_deserializer=rollout_dot_agent_dot_v1_dot_agent__pb2.GetThreadResponse.FromString,
                 _registered_method=True)
+        self.ListThreads = channel.unary_unary(
+                '/rollout.agent.v1.AgentService/ListThreads',
+                request_serializer=rollout_dot_agent_dot_v1_dot_agent__pb2.ListThreadsRequest.SerializeToString,
+                response_deserializer=rollout_dot_agent_dot_v1_dot_agent__pb2.ListThreadsResponse.FromString,
+                _registered_method=True)
         self.CloseThread = channel.unary_unary(
                 '/rollout.agent.v1.AgentService/CloseThread',
                 request_serializer=rollout_dot_agent_dot_v1_dot_agent__pb2.CloseThreadRequest.SerializeToString,
@@ -105,6 +110,13 @@ class AgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListThreads(self, request, context):
+        """Lists the server's threads, oldest first, a page at a time (without their turns).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CloseThread(self, request, context):
         """Interrupts a running turn, ends the thread and finishes its recording.
         """
@@ -139,6 +151,11 @@ def add_AgentServiceServicer_to_server(servicer, server):
                     servicer.GetThread,
                     request_deserializer=rollout_dot_agent_dot_v1_dot_agent__pb2.GetThreadRequest.FromString,
                     response_serializer=rollout_dot_agent_dot_v1_dot_agent__pb2.GetThreadResponse.SerializeToString,
+            ),
+            'ListThreads': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListThreads,
+                    request_deserializer=rollout_dot_agent_dot_v1_dot_agent__pb2.ListThreadsRequest.FromString,
+                    response_serializer=rollout_dot_agent_dot_v1_dot_agent__pb2.ListThreadsResponse.SerializeToString,
             ),
             'CloseThread': grpc.unary_unary_rpc_method_handler(
                     servicer.CloseThread,
@@ -282,6 +299,33 @@ class AgentService:
             '/rollout.agent.v1.AgentService/GetThread',
             rollout_dot_agent_dot_v1_dot_agent__pb2.GetThreadRequest.SerializeToString,
             rollout_dot_agent_dot_v1_dot_agent__pb2.GetThreadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListThreads(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollout.agent.v1.AgentService/ListThreads',
+            rollout_dot_agent_dot_v1_dot_agent__pb2.ListThreadsRequest.SerializeToString,
+            rollout_dot_agent_dot_v1_dot_agent__pb2.ListThreadsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -42,6 +42,8 @@ class AgentServiceStub:
     StreamEvents: _grpc.UnaryStreamMultiCallable[_agent_pb2.StreamEventsRequest, _agent_pb2.StreamEventsResponse]
     """Replays buffered events after `after_index`, then streams live ones."""
     GetThread: _grpc.UnaryUnaryMultiCallable[_agent_pb2.GetThreadRequest, _agent_pb2.GetThreadResponse]
+    ListThreads: _grpc.UnaryUnaryMultiCallable[_agent_pb2.ListThreadsRequest, _agent_pb2.ListThreadsResponse]
+    """Lists the server's threads, oldest first, a page at a time (without their turns)."""
     CloseThread: _grpc.UnaryUnaryMultiCallable[_agent_pb2.CloseThreadRequest, _agent_pb2.CloseThreadResponse]
     """Interrupts a running turn, ends the thread and finishes its recording."""
 
@@ -59,6 +61,8 @@ class AgentServiceAsyncStub(AgentServiceStub):
     StreamEvents: _aio.UnaryStreamMultiCallable[_agent_pb2.StreamEventsRequest, _agent_pb2.StreamEventsResponse]  # type: ignore[assignment]
     """Replays buffered events after `after_index`, then streams live ones."""
     GetThread: _aio.UnaryUnaryMultiCallable[_agent_pb2.GetThreadRequest, _agent_pb2.GetThreadResponse]  # type: ignore[assignment]
+    ListThreads: _aio.UnaryUnaryMultiCallable[_agent_pb2.ListThreadsRequest, _agent_pb2.ListThreadsResponse]  # type: ignore[assignment]
+    """Lists the server's threads, oldest first, a page at a time (without their turns)."""
     CloseThread: _aio.UnaryUnaryMultiCallable[_agent_pb2.CloseThreadRequest, _agent_pb2.CloseThreadResponse]  # type: ignore[assignment]
     """Interrupts a running turn, ends the thread and finishes its recording."""
 
@@ -103,6 +107,14 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _agent_pb2.GetThreadRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_agent_pb2.GetThreadResponse, _abc.Awaitable[_agent_pb2.GetThreadResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListThreads(
+        self,
+        request: _agent_pb2.ListThreadsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_agent_pb2.ListThreadsResponse, _abc.Awaitable[_agent_pb2.ListThreadsResponse]]:
+        """Lists the server's threads, oldest first, a page at a time (without their turns)."""
 
     @_abc_1.abstractmethod
     def CloseThread(

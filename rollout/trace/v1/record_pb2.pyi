@@ -32,6 +32,8 @@ class _PayloadKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_PayloadKi
     PAYLOAD_KIND_INPUT_ITEM: _PayloadKind.ValueType  # 2
     PAYLOAD_KIND_REQUEST_ENVELOPE: _PayloadKind.ValueType  # 3
     PAYLOAD_KIND_OUTPUT_ITEM: _PayloadKind.ValueType  # 4
+    PAYLOAD_KIND_PROVIDER_EVENT: _PayloadKind.ValueType  # 5
+    """The data of a provider event too large for a provider_event record."""
 
 class PayloadKind(_PayloadKind, metaclass=_PayloadKindEnumTypeWrapper):
     """What a payload holds."""
@@ -41,6 +43,8 @@ PAYLOAD_KIND_INSTRUCTIONS: PayloadKind.ValueType  # 1
 PAYLOAD_KIND_INPUT_ITEM: PayloadKind.ValueType  # 2
 PAYLOAD_KIND_REQUEST_ENVELOPE: PayloadKind.ValueType  # 3
 PAYLOAD_KIND_OUTPUT_ITEM: PayloadKind.ValueType  # 4
+PAYLOAD_KIND_PROVIDER_EVENT: PayloadKind.ValueType  # 5
+"""The data of a provider event too large for a provider_event record."""
 Global___PayloadKind: _TypeAlias = PayloadKind  # noqa: Y015
 
 @_typing.final
@@ -453,20 +457,24 @@ class OutputTextDelta(_message.Message):
     CALL_FIELD_NUMBER: _builtins.int
     DELTA_FIELD_NUMBER: _builtins.int
     ITEM_FIELD_NUMBER: _builtins.int
+    REFUSAL_FIELD_NUMBER: _builtins.int
     call: _builtins.int
     delta: _builtins.str
     item: _builtins.int
     """The output item ordinal; 0 means the call's most recently added item."""
+    refusal: _builtins.bool
+    """The text is refusal text (`response.refusal.delta`), not output text."""
     def __init__(
         self,
         *,
         call: _builtins.int = ...,
         delta: _builtins.str = ...,
         item: _builtins.int = ...,
+        refusal: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "delta", b"delta", "item", b"item"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "delta", b"delta", "item", b"item", "refusal", b"refusal"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -517,19 +525,24 @@ class ProviderEvent(_message.Message):
     CALL_FIELD_NUMBER: _builtins.int
     EVENT_TYPE_FIELD_NUMBER: _builtins.int
     DATA_FIELD_NUMBER: _builtins.int
+    DATA_PAYLOAD_ID_FIELD_NUMBER: _builtins.int
     call: _builtins.int
     event_type: _builtins.str
     data: _builtins.str
+    """The event's data as the provider sent it, unless too large for a record."""
+    data_payload_id: _builtins.str
+    """The payload that holds data when it is too large for a record (data is then empty)."""
     def __init__(
         self,
         *,
         call: _builtins.int = ...,
         event_type: _builtins.str = ...,
         data: _builtins.str = ...,
+        data_payload_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "data", b"data", "event_type", b"event_type"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "data", b"data", "data_payload_id", b"data_payload_id", "event_type", b"event_type"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
