@@ -1,5 +1,7 @@
 """Trace bundles of rollout-trace: the format, its writer and reader, and the reducer."""
 
+from typing import TYPE_CHECKING
+
 from ._framing import MAX_RECORD_BYTES, RecordTooLargeError
 from ._payloads import canonical_json, payload_id
 from ._reader import (
@@ -24,6 +26,21 @@ from ._writer import (
     RecordingError,
 )
 
+if TYPE_CHECKING:
+    from ._otel import ExportConfigError, ExportedBundle, ExportFailedError, export_otlp
+
+# The OTLP export needs the optional `otel` extra: it is imported on first use only.
+_OTEL_NAMES = frozenset({"ExportConfigError", "ExportFailedError", "ExportedBundle", "export_otlp"})
+
+
+def __getattr__(name: str) -> object:
+    if name in _OTEL_NAMES:
+        from . import _otel
+
+        return getattr(_otel, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "FORMAT_VERSION",
     "MAX_RECORD_BYTES",
@@ -33,6 +50,9 @@ __all__ = [
     "BundleNotFoundError",
     "BundleReader",
     "BundleWriter",
+    "ExportConfigError",
+    "ExportFailedError",
+    "ExportedBundle",
     "FrameDecoder",
     "Integrity",
     "NotABundleError",
@@ -43,6 +63,7 @@ __all__ = [
     "RequestNotFoundError",
     "__version__",
     "canonical_json",
+    "export_otlp",
     "payload_id",
     "read_bundle",
     "replay_bundle",

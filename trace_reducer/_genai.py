@@ -186,6 +186,11 @@ def _ns(stamp: timestamp_pb2.Timestamp) -> int:
     return stamp.seconds * 1_000_000_000 + stamp.nanos
 
 
+def integrity_name(integrity: state_pb2.Integrity) -> str:
+    """CLEAN, UNCLOSED, TRUNCATED or CORRUPT."""
+    return state_pb2.IntegrityStatus.Name(integrity.status).removeprefix("INTEGRITY_STATUS_")
+
+
 def _status_name(status: common_pb2.ExecutionStatus.ValueType) -> str:
     return common_pb2.ExecutionStatus.Name(status).removeprefix("EXECUTION_STATUS_")
 
@@ -288,11 +293,7 @@ class _Planner:
             return start, max(start, _ns(execution.ended_at))
         end = max(start, self._trace_end_ns)
         integrity = self.trace.integrity
-        event_attributes: Attributes = {
-            "rollout.integrity.status": state_pb2.IntegrityStatus.Name(integrity.status).removeprefix(
-                "INTEGRITY_STATUS_"
-            )
-        }
+        event_attributes: Attributes = {"rollout.integrity.status": integrity_name(integrity)}
         if integrity.detail:
             event_attributes["rollout.integrity.detail"] = integrity.detail
         events.append(SpanEvent("rollout.recording_ended", end, event_attributes))
@@ -336,9 +337,7 @@ class _Planner:
         }
         if parent is None:
             attributes["rollout.recording.complete"] = trace.recording_complete
-            attributes["rollout.integrity.status"] = state_pb2.IntegrityStatus.Name(
-                trace.integrity.status
-            ).removeprefix("INTEGRITY_STATUS_")
+            attributes["rollout.integrity.status"] = integrity_name(trace.integrity)
             if trace.integrity.detail:
                 attributes["rollout.integrity.detail"] = trace.integrity.detail
         for key, value in sorted(thread.metadata.items()):
@@ -461,9 +460,7 @@ class _Planner:
                 )
             if isinstance(envelope, dict) and isinstance(envelope.get("tools"), list):
                 attributes["gen_ai.tool.definitions"] = _dumps(envelope["tools"])
-            attributes["gen_ai.input.messages"] = _input_messages(
-                self.trace, call.request_item_ids
-            )
+            attributes["gen_ai.input.messages"] = _input_messages(self.trace, call.request_item_ids)
             if call.response_item_ids:
                 attributes["gen_ai.output.messages"] = _output_messages(
                     self.trace, call.response_item_ids, finish_reason

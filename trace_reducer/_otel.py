@@ -21,7 +21,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from rollout.trace.v1 import state_pb2
 
-from ._genai import TracePlan, plan_trace, read_details, trace_id_of
+from ._genai import TracePlan, integrity_name, plan_trace, read_details, trace_id_of
 from ._reader import NotABundleError
 from ._reducer import replay_bundle
 from ._version import __version__
@@ -236,6 +236,12 @@ def _exporter_log() -> Iterator[_LastMessages]:
         logger.removeHandler(handler)
 
 
+def _cause(message: str) -> str:
+    # A retry warning names the cause; what it says about the retry is over by now.
+    message = re.sub(r",? retrying in [0-9.]+s", "", message)
+    return message.removeprefix("Transient error ")
+
+
 def _send(exporter: SpanExporter, spans: Sequence[ReadableSpan], where: str) -> None:
     with _exporter_log() as log:
         for start in range(0, len(spans), _BATCH):
@@ -243,7 +249,7 @@ def _send(exporter: SpanExporter, spans: Sequence[ReadableSpan], where: str) -> 
             if result is not SpanExportResult.SUCCESS:
                 # The first message names the cause (refused, unknown host, HTTP status); later
                 # ones only say that retrying gave up.
-                detail = log.messages[0] if log.messages else "the exporter gave no reason"
+                detail = _cause(log.messages[0]) if log.messages else "the exporter gave no reason"
                 if len(detail) > _DETAIL_CHARS:
                     detail = detail[: _DETAIL_CHARS - 1] + "…"
                 raise ExportFailedError(f"could not export spans to {where}: {detail}")
@@ -296,9 +302,7 @@ def export_otlp(
                     one.bundle,
                     trace_api.format_trace_id(trace_id_of(one.trace.trace_id)),
                     len(one.spans),
-                    state_pb2.IntegrityStatus.Name(one.trace.integrity.status).removeprefix(
-                        "INTEGRITY_STATUS_"
-                    ),
+                    integrity_name(one.trace.integrity),
                 )
             )
         return results
