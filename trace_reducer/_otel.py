@@ -8,8 +8,10 @@ import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+import requests
 from opentelemetry import trace as trace_api
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import OTELResourceDetector, Resource
@@ -36,6 +38,7 @@ _BATCH = 256
 # An HTTP field name (RFC 9110 token).
 _HEADER_KEY = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _DETAIL_CHARS = 400
+_HTTP_CAUSE_LOGGER = "opentelemetry.exporter.otlp.proto.http.cause"
 
 
 class ExportConfigError(ValueError):
@@ -210,8 +213,30 @@ def otlp_exporter(
             OTLPSpanExporter as HttpExporter,
         )
 
-        exporter = HttpExporter(endpoint=url, headers=dict(pairs) or None, timeout=timeout)
+        exporter = HttpExporter(
+            endpoint=url,
+            headers=dict(pairs) or None,
+            timeout=timeout,
+            session=_CauseKeepingSession(),
+        )
     return exporter, url
+
+
+class _CauseKeepingSession(requests.Session):
+    """Logs why a request failed: with a short timeout the HTTP exporter gives up before any
+    retry warning says so."""
+
+    def request(self, *args: Any, **kwargs: Any) -> requests.Response:
+        try:
+            return super().request(*args, **kwargs)
+        except requests.RequestException as error:
+            text = str(error)
+            # requests nests the cause; `[Errno 111] Connection refused` is what a person needs.
+            errno = re.search(r"\[Errno -?\d+\] ([^'\")]+)", text)
+            logging.getLogger(_HTTP_CAUSE_LOGGER).warning(
+                "%s", errno.group(1).strip() if errno else text
+            )
+            raise
 
 
 class _LastMessages(logging.Handler):
