@@ -137,13 +137,8 @@ def free_port() -> int:
 
 @dataclass(frozen=True)
 class Phoenix:
-    url: str
-    grpc_endpoint: str
-    working_dir: Path
-
-    def env(self) -> dict[str, str]:
-        """What a process reading or writing this server needs besides its URL."""
-        return {"PHOENIX_WORKING_DIR": str(self.working_dir)}
+    url: str  # the UI, the REST API and OTLP/HTTP (`/v1/traces`)
+    grpc_endpoint: str  # OTLP/gRPC
 
 
 @pytest.fixture(scope="session")
@@ -184,7 +179,7 @@ def phoenix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Phoenix]:
             if time.monotonic() > deadline:
                 raise AssertionError(f"phoenix not healthy in time: {log_path.read_text()[-2000:]}")
             time.sleep(0.2)
-        yield Phoenix(url, f"http://127.0.0.1:{grpc_port}", scratch / "working")
+        yield Phoenix(url, f"http://127.0.0.1:{grpc_port}")
     finally:
         process.send_signal(signal.SIGTERM)
         try:
