@@ -13,7 +13,7 @@ from agent_server.config import Settings
 from agent_server.server import AgentServer
 from rollout.agent.v1 import agent_pb2, agent_pb2_grpc
 from rollout.trace.v1 import common_pb2, state_pb2
-from trace_reducer import STATE_FILE_NAME, replay_bundle, write_state_json
+from trace_reducer import STATE_FILE_NAME, replay_bundle, require_reducible, write_state_json
 
 FIRST_PROMPT = "What does rollout-trace record?"
 SECOND_PROMPT = "Tell me the whole story again, slowly."
@@ -148,6 +148,7 @@ async def run(settings: Settings) -> int:
     finally:
         await server.stop()
     trace = await asyncio.to_thread(replay_bundle, bundle)
+    require_reducible(trace.integrity, salvage=False, source=str(bundle))
     state_path = bundle / STATE_FILE_NAME
     await asyncio.to_thread(write_state_json, trace, state_path)
     print()

@@ -59,7 +59,6 @@ class Agent:
         self._settings = settings
         self._provider = provider
         self._threads: dict[str, Thread] = {}
-        self._runners: dict[str, TurnRunner] = {}
         self._stopping = False
         # Threads whose bundle is being created: shutdown waits for them.
         self._starting: set[asyncio.Task[Thread]] = set()
@@ -140,21 +139,19 @@ class Agent:
         if thread.closed or thread.closing is not None:
             raise ThreadClosedError(f"thread {thread_id!r} is closed", thread_id=thread_id)
         if thread.running is not None:
+            running_id = thread.running.turn.id
             raise TurnAlreadyRunningError(
-                f"turn {thread.running.id!r} of thread {thread_id!r} is still running",
-                turn_id=thread.running.id,
+                f"turn {running_id!r} of thread {thread_id!r} is still running",
+                turn_id=running_id,
             )
         turn_id = f"turn_{uuid.uuid4().hex}"
         items = [user_message(texts)]
         ordinal = thread.recorder.turn_started(turn_id, items)
         thread.history.extend(items)
         turn = Turn(id=turn_id, thread_id=thread_id, ordinal=ordinal)
-        thread.turns[turn_id] = turn
-        thread.running = turn
-        thread.emit(turn_id, turn_started=agent_pb2.TurnStartedEvent(turn=turn.to_proto()))
         runner = TurnRunner(thread, turn, self._provider, self._settings)
-        self._runners[turn_id] = runner
-        runner.start().add_done_callback(lambda _: self._runners.pop(turn_id, None))
+        runner.start()
+        thread.emit(turn_id, turn_started=agent_pb2.TurnStartedEvent(turn=turn.to_proto()))
         return turn
 
     async def interrupt(self, thread_id: str, turn_id: str, requested_by: str) -> Turn:
@@ -168,8 +165,8 @@ class Agent:
             raise TurnNotRunningError(
                 f"turn {turn_id!r} {state} thread {thread_id!r}", turn_id=turn_id
             )
-        runner = self._runners.get(turn_id)
-        if runner is not None:
+        runner = thread.running
+        if runner is not None and runner.turn is turn:
             await runner.interrupt(requested_by)
         return turn
 
@@ -221,13 +218,8 @@ class Agent:
         reason: str,
         requested_by: str,
     ) -> None:
-        running = thread.running
-        if running is not None:
-            runner = self._runners.get(running.id)
-            if runner is not None:
-                await runner.interrupt(requested_by)
-            elif running.task is not None:
-                await asyncio.wait([running.task])
+        if thread.running is not None:
+            await thread.running.interrupt(requested_by)
         await thread.recorder.finish(status, reason)
         thread.closed = True
         thread.events.close()

@@ -14,9 +14,14 @@ from pathlib import Path
 from agent_server import _demo, config
 from agent_server.config import ConfigError, Settings
 from agent_server.server import AgentServer
-from trace_reducer.grpc_server import install_signal_handlers
+from grpc_common import install_signal_handlers
 
 PROG = "agent-server"
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
 
 
 class _OneLineFormatter(logging.Formatter):
@@ -42,11 +47,13 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve = commands.add_parser("serve", help="run the AgentService gRPC server")
     config.add_serve_arguments(serve)
+    serve.set_defaults(run=_serve)
     demo = commands.add_parser(
         "demo",
         help="run one recorded thread on the built-in local model and reduce its bundle",
     )
     config.add_arguments(demo)
+    demo.set_defaults(run=_demo_command)
     return parser
 
 
@@ -55,17 +62,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     _configure_logging()
     try:
         settings = config.from_args(args)
-        if args.command == "serve":
-            return asyncio.run(_serve(settings))
-        return asyncio.run(_demo_command(settings))
+        code: int = asyncio.run(args.run(settings))
     except ConfigError as error:
         print(f"{PROG}: {error}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
     except Exception as error:  # noqa: BLE001 - the last line of defence: no traceback for users
         print(f"{PROG}: {error or type(error).__name__}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
+    return code
 
 
 async def _serve(settings: Settings) -> int:
@@ -74,7 +80,7 @@ async def _serve(settings: Settings) -> int:
     except OSError as error:
         # The message names the address already.
         print(f"{PROG}: {error}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
     if server.local_model_url is not None:
         print(
             f"{PROG}: no --provider-url given: using the built-in local model "
@@ -88,7 +94,7 @@ async def _serve(settings: Settings) -> int:
     await stop.wait()
     print(f"{PROG}: shutting down", file=sys.stderr, flush=True)
     await server.stop()
-    return 0
+    return EXIT_OK
 
 
 async def _demo_command(settings: Settings) -> int:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from trace_reducer.grpc_server import AccessControl, add_access_arguments, split_listen
+from grpc_common import AccessControl, split_listen
 
 _T = TypeVar("_T")
 
@@ -104,7 +104,14 @@ class Settings:
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of `serve`: the shared ones plus the server's access control."""
     add_arguments(parser)
-    add_access_arguments(parser)
+    parser.add_argument(
+        "--auth-token-env",
+        metavar="NAME",
+        help="require `authorization: Bearer <token>` on every RPC but health checks; "
+        "the token is read from the environment variable NAME",
+    )
+    parser.add_argument("--tls-cert", type=Path, metavar="PATH", help="PEM certificate chain")
+    parser.add_argument("--tls-key", type=Path, metavar="PATH", help="PEM private key")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -163,7 +170,12 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
     access = AccessControl()
     if hasattr(args, "auth_token_env"):
         try:
-            access = AccessControl.from_args(args, env)
+            access = AccessControl.load(
+                token_env=args.auth_token_env,
+                tls_cert=args.tls_cert,
+                tls_key=args.tls_key,
+                environ=env,
+            )
         except ValueError as error:
             raise ConfigError(str(error)) from error
     return Settings(

@@ -6,7 +6,7 @@ from typing import ClassVar, NoReturn
 
 import grpc
 
-from trace_reducer import grpc_server
+import grpc_common
 
 
 class AgentError(Exception):
@@ -95,4 +95,4 @@ async def abort_with(
     context: grpc.aio.ServicerContext[object, object], error: AgentError
 ) -> NoReturn:
     """The one translation of a domain error into a gRPC status with ErrorInfo."""
-    await grpc_server.abort(context, error.code, error.reason, error.message, **error.metadata)
+    await grpc_common.abort(context, error.code, error.reason, error.message, **error.metadata)

@@ -58,7 +58,7 @@ class LocalModel:
     @classmethod
     async def start(cls, word_delay: float, port: int = 0) -> LocalModel:
         model = cls(word_delay)
-        model._http = await LoopbackHttpServer.start(model._handle, port=port, keep_requests=False)
+        model._http = await LoopbackHttpServer.start(model._handle, port=port)
         return model
 
     @property

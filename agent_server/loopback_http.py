@@ -123,10 +123,10 @@ Handler = Callable[[HttpRequest, HttpResponse], Awaitable[None]]
 
 
 class LoopbackHttpServer:
-    """One request per connection; the handler writes the response; requests are kept unless
-    keep_requests is off (a long-running server would keep every conversation forever)."""
+    """One request per connection; the handler writes the response. Requests are kept in
+    `requests` only with keep_requests (a long-running server would keep every conversation)."""
 
-    def __init__(self, handler: Handler, *, keep_requests: bool = True) -> None:
+    def __init__(self, handler: Handler, *, keep_requests: bool = False) -> None:
         self._handler = handler
         self._keep_requests = keep_requests
         self._server: asyncio.Server | None = None
@@ -137,7 +137,12 @@ class LoopbackHttpServer:
 
     @classmethod
     async def start(
-        cls, handler: Handler, host: str = "127.0.0.1", port: int = 0, *, keep_requests: bool = True
+        cls,
+        handler: Handler,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        keep_requests: bool = False,
     ) -> LoopbackHttpServer:
         server = cls(handler, keep_requests=keep_requests)
         server._server = await asyncio.start_server(server._on_connection, host, port, backlog=1024)

@@ -1,55 +1,55 @@
-"""Agent observations -> trace records, through the one BundleWriter of trace_reducer."""
+"""Agent observations -> trace records, through trace_reducer's RecordBuilder and BundleWriter."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import Any, Concatenate, ParamSpec, TypeAlias, TypeVar
 
 from rollout.agent.v1 import agent_pb2
-from rollout.trace.v1 import common_pb2, record_pb2
+from rollout.trace.v1 import common_pb2
 from trace_reducer import (
     BundleWriter,
+    RecordBuilder,
     RecordingError,
     RecordTooLargeError,
     __version__,
-    canonical_json,
-    payload_id,
 )
 
 log = logging.getLogger(__name__)
 
 PRODUCER_NAME = "rollout-trace agent-server"
-_THREAD = 1
-# A provider event this large is almost all duplicated output text; keeping its head keeps
-# the recording going instead of failing it.
-_PROVIDER_EVENT_KEEP = 1024 * 1024
-_INSTRUCTIONS_MEDIA_TYPE = "text/plain; charset=utf-8"
 
 Status: TypeAlias = common_pb2.ExecutionStatus.ValueType
+_WRITE_ERRORS = (RecordingError, RecordTooLargeError, OSError)
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 
 class Recorder:
-    """Writes one thread's bundle. After start it never raises: a failed write marks the
-    recording FAILED (logged once) and later calls do nothing, so the thread keeps serving."""
+    """Writes one thread's bundle through trace_reducer's RecordBuilder.
 
-    def __init__(self, thread_id: str, writer: BundleWriter | None) -> None:
+    After start it never raises: a failed write marks the recording FAILED (logged once) and
+    later calls do nothing, so the thread keeps serving. The ordinals it returns are what the
+    records use; while nothing is recorded they are 0.
+    """
+
+    def __init__(
+        self, thread_id: str, writer: BundleWriter | None, builder: RecordBuilder | None
+    ) -> None:
         self.thread_id = thread_id
         self._writer = writer
+        self._builder = builder
+        self._thread = 1
         self._error = ""
         self._closing = False
         self._io_lock = asyncio.Lock()
-        self._turns = 0
-        self._calls = 0
-        self._items = 0
-        self._last_input: list[Mapping[str, Any]] = []
 
     @classmethod
     def off(cls, thread_id: str) -> Recorder:
-        return cls(thread_id, None)
+        return cls(thread_id, None, None)
 
     @classmethod
     async def start(
@@ -63,27 +63,21 @@ class Recorder:
     ) -> Recorder:
         """Create the bundle and record thread_started; raise RecordingError when it cannot."""
 
-        def create() -> BundleWriter:
+        def create() -> Recorder:
             writer = BundleWriter.create(
                 trace_root, thread_id, producer_name=PRODUCER_NAME, producer_version=__version__
             )
+            builder = RecordBuilder(writer)
             try:
-                started = record_pb2.ThreadStarted(
-                    thread=_THREAD, thread_id=thread_id, model=model, metadata=dict(metadata)
+                builder.thread_started(
+                    thread_id, model=model, instructions=instructions, metadata=metadata
                 )
-                if instructions:
-                    started.instructions_payload_id = writer.put_payload(
-                        instructions.encode(),
-                        record_pb2.PAYLOAD_KIND_INSTRUCTIONS,
-                        _INSTRUCTIONS_MEDIA_TYPE,
-                    )
-                writer.append(record_pb2.TraceRecord(thread_started=started))
             except (RecordingError, RecordTooLargeError) as error:
                 writer.abandon()
                 raise RecordingError(str(error)) from error
-            return writer
+            return cls(thread_id, writer, builder)
 
-        return cls(thread_id, await asyncio.to_thread(create))
+        return await asyncio.to_thread(create)
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -105,54 +99,41 @@ class Recorder:
     def error(self) -> str:
         return self._error
 
-    @property
-    def _active(self) -> bool:
-        return self._writer is not None and not self._error and not self._closing
+    def _live(self) -> RecordBuilder | None:
+        """The builder while records may still be written."""
+        if self._error or self._closing:
+            return None
+        return self._builder
 
-    @contextmanager
-    def _guard(self) -> Iterator[None]:
-        try:
-            yield
-        except (RecordingError, RecordTooLargeError, OSError) as error:
-            self._fail(str(error) or type(error).__name__)
-
-    def _fail(self, error: str) -> None:
+    def _fail(self, error: BaseException) -> None:
         if not self._error:
-            self._error = error
+            self._error = str(error) or type(error).__name__
             log.warning(
                 "recording of thread %s failed, the thread keeps running unrecorded: %s",
                 self.thread_id,
-                error,
+                self._error,
             )
 
-    def _append(self, record: record_pb2.TraceRecord) -> None:
-        if self._active:
-            assert self._writer is not None
-            with self._guard():
-                self._writer.append(record)
-
-    def _payload(self, obj: Any, kind: record_pb2.PayloadKind.ValueType) -> str:
-        data = canonical_json(obj)
-        if not self._active:
-            return payload_id(data)
-        assert self._writer is not None
-        with self._guard():
-            return self._writer.put_payload(data, kind)
-        return payload_id(data)
+    def _call(
+        self,
+        method: Callable[Concatenate[RecordBuilder, _P], _R],
+        *args: _P.args,
+        **kwargs: _P.kwargs,
+    ) -> _R | None:
+        """Build and write a record unless recording is off or over; a failure ends it."""
+        builder = self._live()
+        if builder is None:
+            return None
+        try:
+            return method(builder, *args, **kwargs)
+        except _WRITE_ERRORS as error:
+            self._fail(error)
+            return None
 
     # -- records -------------------------------------------------------------------------------
 
     def turn_started(self, turn_id: str, input_items: Sequence[Mapping[str, Any]]) -> int:
-        self._turns += 1
-        ids = [self._payload(item, record_pb2.PAYLOAD_KIND_INPUT_ITEM) for item in input_items]
-        self._append(
-            record_pb2.TraceRecord(
-                turn_started=record_pb2.TurnStarted(
-                    turn=self._turns, thread=_THREAD, turn_id=turn_id, input_payload_ids=ids
-                )
-            )
-        )
-        return self._turns
+        return self._call(RecordBuilder.turn_started, self._thread, turn_id, input_items) or 0
 
     def inference_started(
         self,
@@ -165,94 +146,57 @@ class Recorder:
         envelope: Mapping[str, Any],
         input_items: Sequence[Mapping[str, Any]],
     ) -> int:
-        self._calls += 1
-        envelope_id = self._payload(envelope, record_pb2.PAYLOAD_KIND_REQUEST_ENVELOPE)
-        # A request re-sends the history: record only what follows the previous request's
-        # input, so the bundle grows with the conversation, not with its square.
-        prefix = _shared_prefix(self._last_input, input_items)
-        ids = [
-            self._payload(item, record_pb2.PAYLOAD_KIND_INPUT_ITEM) for item in input_items[prefix:]
-        ]
-        self._last_input = list(input_items)
-        self._append(
-            record_pb2.TraceRecord(
-                inference_started=record_pb2.InferenceStarted(
-                    call=self._calls,
-                    turn=turn,
-                    inference_call_id=call_id,
-                    attempt=attempt,
-                    model=model,
-                    provider_base_url=provider_base_url,
-                    request_envelope_payload_id=envelope_id,
-                    input_payload_ids=ids,
-                    input_prefix_count=prefix,
-                )
-            )
+        ordinal = self._call(
+            RecordBuilder.inference_started,
+            turn,
+            inference_call_id=call_id,
+            attempt=attempt,
+            model=model,
+            provider_base_url=provider_base_url,
+            envelope=envelope,
+            input_items=input_items,
         )
-        return self._calls
+        return ordinal or 0
 
     def response_created(self, call: int, response_id: str) -> None:
-        self._append(
-            record_pb2.TraceRecord(
-                response_created=record_pb2.ResponseCreated(call=call, response_id=response_id)
-            )
-        )
+        self._call(RecordBuilder.response_created, call, response_id)
 
     def output_item_added(
         self, call: int, *, provider_item_id: str, item_type: str, role: str, output_index: int
     ) -> int:
-        self._items += 1
-        self._append(
-            record_pb2.TraceRecord(
-                output_item_added=record_pb2.OutputItemAdded(
-                    call=call,
-                    item=self._items,
-                    provider_item_id=provider_item_id,
-                    item_type=item_type,
-                    role=role,
-                    output_index=output_index,
-                )
-            )
+        ordinal = self._call(
+            RecordBuilder.output_item_added,
+            call,
+            provider_item_id=provider_item_id,
+            item_type=item_type,
+            role=role,
+            output_index=output_index,
         )
-        return self._items
+        return ordinal or 0
 
     def output_text_delta(self, call: int, item: int, delta: str) -> None:
-        """item 0 = the call's most recently added item (the common case, and the cheapest)."""
-        # Filled in place: a body passed to the constructor would be built, then copied.
-        record = record_pb2.TraceRecord()
-        body = record.output_text_delta
-        body.call = call
-        body.item = item
-        body.delta = delta
-        self._append(record)
+        # The hot path, called once per provider read: no generic dispatch.
+        builder = self._live()
+        if builder is not None:
+            try:
+                builder.output_text_delta(call, item, delta)
+            except _WRITE_ERRORS as error:
+                self._fail(error)
 
     def output_item_done(
         self, call: int, item: int, *, item_id: str, assigned: bool, payload: Mapping[str, Any]
     ) -> None:
-        payload_ref = self._payload(payload, record_pb2.PAYLOAD_KIND_OUTPUT_ITEM)
-        self._append(
-            record_pb2.TraceRecord(
-                output_item_done=record_pb2.OutputItemDone(
-                    call=call,
-                    item=item,
-                    item_id=item_id,
-                    item_id_assigned=assigned,
-                    item_payload_id=payload_ref,
-                )
-            )
+        self._call(
+            RecordBuilder.output_item_done,
+            call,
+            item,
+            item_id=item_id,
+            assigned=assigned,
+            payload=payload,
         )
 
     def provider_event(self, call: int, event_type: str, data: str) -> None:
-        if not self._active:
-            return
-        assert self._writer is not None
-        event = record_pb2.ProviderEvent(call=call, event_type=event_type, data=data)
-        with self._guard():
-            try:
-                self._writer.append(record_pb2.TraceRecord(provider_event=event))
-            except RecordTooLargeError:
-                event.data = data[:_PROVIDER_EVENT_KEEP] + f"...[truncated from {len(data)} chars]"
-                self._writer.append(record_pb2.TraceRecord(provider_event=event))
+        self._call(RecordBuilder.provider_event, call, event_type, data)
 
     def inference_ended(
         self,
@@ -264,69 +208,48 @@ class Recorder:
         usage: common_pb2.TokenUsage | None = None,
         error: common_pb2.TraceError | None = None,
     ) -> None:
-        ended = record_pb2.InferenceEnded(
-            call=call, status=status, response_id=response_id, reason=reason
+        self._call(
+            RecordBuilder.inference_ended,
+            call,
+            status,
+            reason=reason,
+            response_id=response_id,
+            usage=usage,
+            error=error,
         )
-        if usage is not None:
-            ended.usage.CopyFrom(usage)
-        if error is not None:
-            ended.error.CopyFrom(error)
-        self._append(record_pb2.TraceRecord(inference_ended=ended))
 
     def interrupt_requested(self, turn: int, requested_by: str) -> None:
-        self._append(
-            record_pb2.TraceRecord(
-                interrupt_requested=record_pb2.InterruptRequested(
-                    turn=turn, requested_by=requested_by
-                )
-            )
-        )
+        self._call(RecordBuilder.interrupt_requested, turn, requested_by)
 
     def turn_ended(
         self, turn: int, status: Status, error: common_pb2.TraceError | None = None
     ) -> None:
-        ended = record_pb2.TurnEnded(turn=turn, status=status)
-        if error is not None:
-            ended.error.CopyFrom(error)
-        self._append(record_pb2.TraceRecord(turn_ended=ended))
+        self._call(RecordBuilder.turn_ended, turn, status, error)
 
     # -- durability ----------------------------------------------------------------------------
 
     async def sync(self) -> None:
         """fsync in a worker thread: a slow disk must not stall every other thread's stream."""
-        if not self._active:
-            return
         writer = self._writer
-        assert writer is not None
+        if writer is None or self._live() is None:
+            return
         async with self._io_lock:
-            with self._guard():
+            try:
                 await asyncio.to_thread(writer.sync)
+            except _WRITE_ERRORS as error:
+                self._fail(error)
 
     async def finish(self, status: Status, reason: str) -> None:
         """Record thread_ended, then the footer; release the file even after a failure."""
         writer = self._writer
         if writer is None or writer.closed:
             return
-        self._append(
-            record_pb2.TraceRecord(
-                thread_ended=record_pb2.ThreadEnded(thread=_THREAD, status=status, reason=reason)
-            )
-        )
+        self._call(RecordBuilder.thread_ended, self._thread, status, reason)
         ok = not self._error
         # No append may race the close running in the worker thread.
         self._closing = True
         async with self._io_lock:
-            with self._guard():
+            try:
                 await asyncio.to_thread(writer.close if ok else writer.abandon)
-
-
-def _shared_prefix(
-    previous: Sequence[Mapping[str, Any]], current: Sequence[Mapping[str, Any]]
-) -> int:
-    """How many leading items current shares with previous (the history is the same objects)."""
-    count = 0
-    for before, now in zip(previous, current, strict=False):
-        if before is not now and before != now:
-            break
-        count += 1
-    return count
+            except _WRITE_ERRORS as error:
+                self._fail(error)

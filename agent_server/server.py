@@ -14,8 +14,8 @@ from agent_server.config import Settings
 from agent_server.local_model import LocalModel
 from agent_server.provider import ProviderClient
 from agent_server.service import SERVICE_NAME, AgentService
+from grpc_common import GrpcServer
 from rollout.agent.v1 import agent_pb2_grpc
-from trace_reducer.grpc_server import GrpcServer
 
 log = logging.getLogger(__name__)
 

@@ -9,10 +9,10 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+import grpc_common
 from agent_server.agent import Agent
 from agent_server.errors import AgentError, EmptyInputError, abort_with
 from rollout.agent.v1 import agent_pb2, agent_pb2_grpc
-from trace_reducer import grpc_server
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ async def _translated(context: Context, rpc: str) -> AsyncIterator[None]:
         raise
     except Exception:
         log.exception("%s failed unexpectedly", rpc)
-        await grpc_server.abort(
+        await grpc_common.abort(
             context,
             grpc.StatusCode.INTERNAL,
             "INTERNAL",

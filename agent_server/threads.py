@@ -6,7 +6,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, TypeAlias
+from typing import Any, Protocol, TypeAlias
 
 from google.protobuf import timestamp_pb2
 
@@ -39,9 +39,6 @@ class Turn:
     status: TurnStatus = agent_pb2.TURN_STATUS_IN_PROGRESS
     error: agent_pb2.TurnError | None = None
     completed_at: datetime | None = None
-    task: asyncio.Task[None] | None = None
-    # Who asked to interrupt it; set once, before its task is cancelled.
-    interrupted_by: str | None = None
 
     @property
     def in_progress(self) -> bool:
@@ -66,6 +63,16 @@ class Turn:
         return turn
 
 
+class Runner(Protocol):
+    """What runs a thread's turn (agent_server.turn.TurnRunner), as the thread sees it."""
+
+    @property
+    def turn(self) -> Turn: ...
+
+    async def interrupt(self, requested_by: str) -> None:
+        """Stop the turn; return once it has ended (at once when it already had)."""
+
+
 @dataclass
 class Thread:
     """A conversation: its history, its turns (at most one running), its events, its bundle."""
@@ -81,9 +88,21 @@ class Thread:
     turns: dict[str, Turn] = field(default_factory=dict)
     # Every item the model has been shown or has produced, in order: the next request's input.
     history: list[dict[str, Any]] = field(default_factory=list)
-    # The turn that has not yet emitted turn_completed.
-    running: Turn | None = None
+    # The runner of the turn that has not yet emitted turn_completed; changed only by
+    # begin_turn and end_turn.
+    running: Runner | None = None
     closing: asyncio.Task[None] | None = None
+
+    def begin_turn(self, runner: Runner) -> None:
+        """Make runner the thread's running turn; the caller has checked that none runs."""
+        assert self.running is None, "a turn is already running"
+        self.turns[runner.turn.id] = runner.turn
+        self.running = runner
+
+    def end_turn(self, runner: Runner) -> None:
+        """The runner's turn has ended: the thread may start the next one."""
+        if self.running is runner:
+            self.running = None
 
     def to_proto(self) -> agent_pb2.Thread:
         return agent_pb2.Thread(

@@ -131,22 +131,29 @@ class TurnRunner:
         self._settings = settings
         self._recorder = thread.recorder
         self._call: _Call | None = None
+        self._task: asyncio.Task[None] | None = None
+        # Who asked to interrupt the turn; set once, before its task is cancelled.
+        self._interrupted_by: str | None = None
 
-    def start(self) -> asyncio.Task[None]:
-        task = asyncio.create_task(self._run(), name=f"turn {self._turn.id}")
-        self._turn.task = task
-        return task
+    @property
+    def turn(self) -> Turn:
+        return self._turn
+
+    def start(self) -> None:
+        """Become the thread's running turn and run it in a task of its own."""
+        self._thread.begin_turn(self)
+        self._task = asyncio.create_task(self._run(), name=f"turn {self._turn.id}")
 
     async def interrupt(self, requested_by: str) -> None:
         """Stop the turn and return once it has ended INTERRUPTED (or had already ended)."""
         turn = self._turn
-        if turn.in_progress and turn.interrupted_by is None:
-            turn.interrupted_by = requested_by
-            assert turn.task is not None
-            turn.task.cancel()
-        if turn.task is not None:
-            # wait() neither raises the task's error nor cancels the task when we are cancelled.
-            await asyncio.wait([turn.task])
+        task = self._task
+        assert task is not None, "interrupt before start"
+        if turn.in_progress and self._interrupted_by is None:
+            self._interrupted_by = requested_by
+            task.cancel()
+        # wait() neither raises the task's error nor cancels the task when we are cancelled.
+        await asyncio.wait([task])
         if turn.in_progress:
             # Cancelled before its first step, the task never ran its own clean-up.
             await self._end_interrupted()
@@ -169,8 +176,8 @@ class TurnRunner:
                 outcome = _Failure(internal)
             await self._end(outcome)
         finally:
-            if self._thread.running is self._turn and not self._turn.in_progress:
-                self._thread.running = None
+            if not self._turn.in_progress:
+                self._thread.end_turn(self)
 
     async def _infer(self) -> _Completed | _Failure:
         attempt = 0
@@ -284,8 +291,7 @@ class TurnRunner:
         return call.find(_str(event.data, "item_id"), event.data.get("output_index"))
 
     def _text_delta(self, call: _Call, output: _Output, delta: str) -> None:
-        latest = call.outputs[-1] is output
-        self._recorder.output_text_delta(call.ordinal, 0 if latest else output.ordinal, delta)
+        self._recorder.output_text_delta(call.ordinal, output.ordinal, delta)
         self._thread.emit_delta(self._turn.id, output.client_id, delta)
 
     def _on_event(self, call: _Call, event: ProviderEvent) -> bool:
@@ -462,7 +468,7 @@ class TurnRunner:
         if not turn.in_progress:
             return
         self._end_call(common_pb2.EXECUTION_STATUS_CANCELLED, INTERRUPTED_REASON)
-        self._recorder.interrupt_requested(turn.ordinal, turn.interrupted_by or "unknown")
+        self._recorder.interrupt_requested(turn.ordinal, self._interrupted_by or "unknown")
         self._recorder.turn_ended(turn.ordinal, common_pb2.EXECUTION_STATUS_CANCELLED)
         turn.end(agent_pb2.TURN_STATUS_INTERRUPTED)
         await self._recorder.sync()
@@ -472,8 +478,7 @@ class TurnRunner:
         self._thread.emit(
             self._turn.id, turn_completed=agent_pb2.TurnCompletedEvent(turn=self._turn.to_proto())
         )
-        if self._thread.running is self._turn:
-            self._thread.running = None
+        self._thread.end_turn(self)
 
 
 _HANDLERS = {

@@ -15,7 +15,7 @@ from typing import Any
 
 from agent_server.local_model import last_user_text, reply_words
 from agent_server.loopback_http import HttpRequest, HttpResponse, LoopbackHttpServer
-from trace_reducer.grpc_server import install_signal_handlers
+from grpc_common import install_signal_handlers
 
 
 class StampedModel:
@@ -70,7 +70,7 @@ class StampedModel:
 
 async def _main(word_delay: float) -> None:
     model = StampedModel(word_delay)
-    server = await LoopbackHttpServer.start(model.handle, keep_requests=False)
+    server = await LoopbackHttpServer.start(model.handle)
     stop = asyncio.Event()
     install_signal_handlers(stop.set)
     print(f"listening on {server.url}", flush=True)

@@ -13,8 +13,7 @@ from pathlib import Path
 from agent_server.local_model import reply_words
 from bench._harness import ThreadRun, agent_server_argv, run_thread, spawn, stubs
 from rollout.trace.v1 import record_pb2
-from trace_reducer import request_body
-from trace_reducer._framing import decode_varint
+from trace_reducer import decode_varint, request_body
 
 
 def cpu_seconds(pid: int) -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import sys
 import tempfile
@@ -23,28 +24,37 @@ def generate(out_dir: Path) -> None:
     if target.exists():
         shutil.rmtree(target)
     protos = sorted(str(p.relative_to(PROTO_DIR)) for p in PROTO_DIR.rglob("*.proto"))
+    with_services = [proto for proto in protos if _declares_service(PROTO_DIR / proto)]
     well_known = Path(grpc_tools.__file__).parent / "_proto"
     # protoc finds protoc-gen-mypy on PATH; the venv's bin holds it next to this interpreter.
     bin_dir = Path(sys.executable).parent
-    args = [
+    common = [
         "grpc_tools.protoc",
         f"--proto_path={PROTO_DIR}",
         f"--proto_path={well_known}",
-        f"--python_out={out_dir}",
-        f"--grpc_python_out={out_dir}",
-        f"--mypy_out={out_dir}",
-        f"--mypy_grpc_out={out_dir}",
         f"--plugin=protoc-gen-mypy={bin_dir / 'protoc-gen-mypy'}",
         f"--plugin=protoc-gen-mypy_grpc={bin_dir / 'protoc-gen-mypy_grpc'}",
-        *protos,
     ]
-    if protoc.main(args) != 0:
-        raise SystemExit("protoc failed")
+    messages = [*common, f"--python_out={out_dir}", f"--mypy_out={out_dir}", *protos]
+    # Service stubs only for the files that declare services: no empty *_pb2_grpc modules.
+    services = [
+        *common,
+        f"--grpc_python_out={out_dir}",
+        f"--mypy_grpc_out={out_dir}",
+        *with_services,
+    ]
+    for args in (messages, services):
+        if protoc.main(args) != 0:
+            raise SystemExit("protoc failed")
     for directory in [target, *(p for p in target.rglob("*") if p.is_dir())]:
         init = directory / "__init__.py"
         if not init.exists():
             init.write_text(HEADER)
     (target / "py.typed").write_text("")
+
+
+def _declares_service(proto: Path) -> bool:
+    return re.search(r"^service\s", proto.read_text(), re.MULTILINE) is not None
 
 
 def check() -> int:

@@ -2,29 +2,33 @@
 
 from typing import TYPE_CHECKING
 
-from ._framing import MAX_RECORD_BYTES, RecordTooLargeError
-from ._payloads import canonical_json, payload_id
-from ._reader import (
+from ._errors import (
     BundleError,
     BundleNotFoundError,
-    BundleReader,
-    FrameDecoder,
-    Integrity,
+    CorruptBundleError,
     NotABundleError,
-    read_bundle,
-    resolve_trace_file,
+    RecordingError,
+    ReductionError,
+    describe_os_error,
 )
-from ._reducer import Reducer, ReductionError, replay_bundle
+from ._framing import (
+    MAX_RECORD_BYTES,
+    RecordTooLargeError,
+    decode_varint,
+    encode_record,
+    encode_varint,
+)
+from ._integrity import describe_integrity, integrity_name, require_reducible
+from ._layout import STATE_FILE_NAME, TRACE_FILE_NAME
+from ._payloads import canonical_json, payload_id
+from ._reader import BundleReader, FrameDecoder, read_bundle, resolve_trace_file
+from ._records import RecordBuilder, RecordSink
+from ._reducer import Reducer
+from ._replay import replay_bundle
 from ._requests import RequestNotFoundError, request_body
 from ._state_json import state_to_json, write_state_json
 from ._version import __version__
-from ._writer import (
-    FORMAT_VERSION,
-    STATE_FILE_NAME,
-    TRACE_FILE_NAME,
-    BundleWriter,
-    RecordingError,
-)
+from ._writer import FORMAT_VERSION, BundleWriter
 
 if TYPE_CHECKING:
     from ._otel import ExportConfigError, ExportedBundle, ExportFailedError, export_otlp
@@ -50,12 +54,14 @@ __all__ = [
     "BundleNotFoundError",
     "BundleReader",
     "BundleWriter",
+    "CorruptBundleError",
     "ExportConfigError",
     "ExportFailedError",
     "ExportedBundle",
     "FrameDecoder",
-    "Integrity",
     "NotABundleError",
+    "RecordBuilder",
+    "RecordSink",
     "RecordTooLargeError",
     "RecordingError",
     "Reducer",
@@ -63,11 +69,18 @@ __all__ = [
     "RequestNotFoundError",
     "__version__",
     "canonical_json",
+    "decode_varint",
+    "describe_integrity",
+    "describe_os_error",
+    "encode_record",
+    "encode_varint",
     "export_otlp",
+    "integrity_name",
     "payload_id",
     "read_bundle",
     "replay_bundle",
     "request_body",
+    "require_reducible",
     "resolve_trace_file",
     "state_to_json",
     "write_state_json",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import struct
+
 import google_crc32c
 
 from rollout.trace.v1 import record_pb2
@@ -13,6 +15,8 @@ MAX_RECORD_BYTES = 4 * 1024 * 1024
 # Field 15, wire type 5 (fixed32): (15 << 3) | 5.
 CRC_TAG = 0x7D
 CRC_TRAILER_BYTES = 5
+# The trailer as it sits at the end of a frame: the field tag byte, then the little-endian CRC.
+CRC_FIELD = struct.Struct("<BI")
 
 _MAX_VARINT_BYTES = 10
 
@@ -60,12 +64,12 @@ def encode_record(record: record_pb2.TraceRecord) -> bytes:
         raise RecordTooLargeError(
             f"record of {size} bytes exceeds the {MAX_RECORD_BYTES}-byte limit"
         )
-    return b"".join((encode_varint(size), body, bytes((CRC_TAG,)), checksum.to_bytes(4, "little")))
+    return b"".join((encode_varint(size), body, CRC_FIELD.pack(CRC_TAG, checksum)))
 
 
 def verify_crc(frame: bytes) -> bool:
     """Whether frame (one record, without its length prefix) ends with a matching CRC field."""
-    if len(frame) < CRC_TRAILER_BYTES or frame[-CRC_TRAILER_BYTES] != CRC_TAG:
+    if len(frame) < CRC_TRAILER_BYTES:
         return False
-    expected = int.from_bytes(frame[-4:], "little")
-    return int(google_crc32c.value(frame[:-CRC_TRAILER_BYTES])) == expected
+    tag, expected = CRC_FIELD.unpack_from(frame, len(frame) - CRC_TRAILER_BYTES)
+    return bool(tag == CRC_TAG and int(google_crc32c.value(frame[:-CRC_TRAILER_BYTES])) == expected)

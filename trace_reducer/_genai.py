@@ -15,6 +15,7 @@ from google.protobuf import timestamp_pb2
 
 from rollout.trace.v1 import common_pb2, state_pb2
 
+from ._integrity import integrity_name
 from ._payloads import PayloadError, PayloadStore
 from ._reader import read_bundle
 
@@ -186,11 +187,6 @@ def _ns(stamp: timestamp_pb2.Timestamp) -> int:
     return stamp.seconds * 1_000_000_000 + stamp.nanos
 
 
-def integrity_name(integrity: state_pb2.Integrity) -> str:
-    """CLEAN, UNCLOSED, TRUNCATED or CORRUPT."""
-    return state_pb2.IntegrityStatus.Name(integrity.status).removeprefix("INTEGRITY_STATUS_")
-
-
 def _status_name(status: common_pb2.ExecutionStatus.ValueType) -> str:
     return common_pb2.ExecutionStatus.Name(status).removeprefix("EXECUTION_STATUS_")
 
@@ -293,7 +289,9 @@ class _Planner:
             return start, max(start, _ns(execution.ended_at))
         end = max(start, self._trace_end_ns)
         integrity = self.trace.integrity
-        event_attributes: Attributes = {"rollout.integrity.status": integrity_name(integrity)}
+        event_attributes: Attributes = {
+            "rollout.integrity.status": integrity_name(integrity.status)
+        }
         if integrity.detail:
             event_attributes["rollout.integrity.detail"] = integrity.detail
         events.append(SpanEvent("rollout.recording_ended", end, event_attributes))
@@ -337,7 +335,7 @@ class _Planner:
         }
         if parent is None:
             attributes["rollout.recording.complete"] = trace.recording_complete
-            attributes["rollout.integrity.status"] = integrity_name(trace.integrity)
+            attributes["rollout.integrity.status"] = integrity_name(trace.integrity.status)
             if trace.integrity.detail:
                 attributes["rollout.integrity.detail"] = trace.integrity.detail
         for key, value in sorted(thread.metadata.items()):

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 from rollout.trace.v1 import state_pb2
 
+from ._payloads import canonical_json
+
 _ROLES: dict[str, state_pb2.ConversationRole.ValueType] = {
     "user": state_pb2.CONVERSATION_ROLE_USER,
     "assistant": state_pb2.CONVERSATION_ROLE_ASSISTANT,
@@ -121,7 +123,7 @@ def parse_item(data: bytes) -> ItemInfo:
 
 
 def _canonical(value: object) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return canonical_json(value).decode("ascii")
 
 
 class ThreadItems:

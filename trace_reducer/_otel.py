@@ -23,9 +23,9 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from rollout.trace.v1 import state_pb2
 
-from ._genai import TracePlan, integrity_name, plan_trace, read_details, trace_id_of
-from ._reader import NotABundleError
-from ._reducer import replay_bundle
+from ._genai import TracePlan, plan_trace, read_details, trace_id_of
+from ._integrity import integrity_name, require_reducible
+from ._replay import replay_bundle
 from ._version import __version__
 
 PROTOCOLS = ("grpc", "http/protobuf")
@@ -129,18 +129,15 @@ def plan_spans(plan: TracePlan) -> list[ReadableSpan]:
 
 
 def bundle_spans(
-    bundle: str | os.PathLike[str], *, include_content: bool = False
+    bundle: str | os.PathLike[str], *, include_content: bool = False, salvage: bool = False
 ) -> tuple[state_pb2.RolloutTrace, list[ReadableSpan]]:
     """Reduce a bundle and make its spans (none are sent).
 
-    Raises BundleError for a missing path or something that is not a bundle, ReductionError
-    when its records contradict each other.
+    Raises BundleError for a missing path or something that is not a bundle, CorruptBundleError
+    for a CORRUPT bundle unless salvaging, ReductionError when its records contradict each other.
     """
     trace = replay_bundle(bundle)
-    if trace.integrity.records_read == 0:
-        raise NotABundleError(
-            f"not a trace bundle (no header record): {bundle}: {trace.integrity.detail}"
-        )
+    require_reducible(trace.integrity, salvage=salvage, source=os.fspath(bundle))
     details = read_details(bundle, trace)
     return trace, plan_spans(plan_trace(trace, details, include_content=include_content))
 
@@ -298,6 +295,7 @@ def export_otlp(
     protocol: str = "grpc",
     headers: Sequence[str] = (),
     include_content: bool = False,
+    salvage: bool = False,
     timeout: float = DEFAULT_TIMEOUT,
     exporter: SpanExporter | None = None,
 ) -> list[ExportedBundle]:
@@ -305,12 +303,16 @@ def export_otlp(
 
     Every bundle is reduced before anything is sent, so bad input sends nothing. `exporter`
     replaces the OTLP exporter (endpoint, protocol, headers and timeout then do not apply).
-    Raises BundleError (bad bundle), ReductionError (records contradict), ExportConfigError
-    (bad endpoint, protocol, header or timeout) and ExportFailedError (the receiver did not
-    take the spans).
+    A CORRUPT bundle is refused unless `salvage` (then what precedes the damage is sent).
+    Raises BundleError (bad bundle; CorruptBundleError), ReductionError (records contradict),
+    ExportConfigError (bad endpoint, protocol, header or timeout) and ExportFailedError (the
+    receiver did not take the spans).
     """
     made = [
-        _BundleSpans(str(bundle), *bundle_spans(bundle, include_content=include_content))
+        _BundleSpans(
+            os.fspath(bundle),
+            *bundle_spans(bundle, include_content=include_content, salvage=salvage),
+        )
         for bundle in bundles
     ]
     where = "the exporter"
@@ -327,7 +329,7 @@ def export_otlp(
                     one.bundle,
                     trace_api.format_trace_id(trace_id_of(one.trace.trace_id)),
                     len(one.spans),
-                    integrity_name(one.trace.integrity),
+                    integrity_name(one.trace.integrity.status),
                 )
             )
         return results

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import os
-import struct
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import BinaryIO
@@ -15,57 +13,17 @@ from google.protobuf.message import DecodeError
 
 from rollout.trace.v1 import record_pb2, state_pb2
 
-from ._framing import CRC_TAG, MAX_RECORD_BYTES, decode_varint
-from ._writer import TRACE_FILE_NAME
+from ._errors import BundleError, BundleNotFoundError, NotABundleError, describe_os_error
+from ._framing import CRC_FIELD, CRC_TAG, CRC_TRAILER_BYTES, MAX_RECORD_BYTES, decode_varint
+from ._layout import TRACE_FILE_NAME
 
-Status = state_pb2.IntegrityStatus
+Integrity = state_pb2.Integrity
 CLEAN = state_pb2.INTEGRITY_STATUS_CLEAN
 UNCLOSED = state_pb2.INTEGRITY_STATUS_UNCLOSED
 TRUNCATED = state_pb2.INTEGRITY_STATUS_TRUNCATED
 CORRUPT = state_pb2.INTEGRITY_STATUS_CORRUPT
 
 _READ_BYTES = 1 << 16
-_CRC_TRAILER_BYTES = 5
-# The trailer as it sits at the end of a frame: field tag byte, then the little-endian CRC.
-_CRC_FIELD = struct.Struct("<BI")
-
-
-class BundleError(Exception):
-    """The path given is not a readable trace bundle."""
-
-
-class BundleNotFoundError(BundleError):
-    """Nothing exists at the path given."""
-
-
-class NotABundleError(BundleError):
-    """The path exists but holds no trace.binpb."""
-
-
-@dataclass(frozen=True)
-class Integrity:
-    """How a bundle ends, as far as it was read."""
-
-    status: Status.ValueType
-    records_read: int
-    bytes_read: int
-    detail: str
-    bad_frame_offset: int | None = None
-    bad_frame_seq: int | None = None
-
-    @property
-    def status_name(self) -> str:
-        return Status.Name(self.status).removeprefix("INTEGRITY_STATUS_")
-
-    def to_proto(self) -> state_pb2.Integrity:
-        return state_pb2.Integrity(
-            status=self.status,
-            records_read=self.records_read,
-            bytes_read=self.bytes_read,
-            detail=self.detail,
-            bad_frame_offset=self.bad_frame_offset or 0,
-            bad_frame_seq=self.bad_frame_seq or 0,
-        )
 
 
 class FrameDecoder:
@@ -80,7 +38,7 @@ class FrameDecoder:
         self._offset = 0  # absolute file offset of _buffer[0]
         self._next_seq = 1
         self._footer_seen = False
-        self._damage: Integrity | None = None
+        self._damage: state_pb2.Integrity | None = None
 
     @property
     def records_read(self) -> int:
@@ -99,7 +57,7 @@ class FrameDecoder:
         append = records.append
         parse = record_pb2.TraceRecord.FromString
         checksum = google_crc32c.value
-        unpack_crc = _CRC_FIELD.unpack_from
+        unpack_crc = CRC_FIELD.unpack_from
         next_seq = self._next_seq
         pos = 0
         end = len(buffer)
@@ -123,8 +81,8 @@ class FrameDecoder:
             body_end = body_start + size
             if body_end > end:
                 break
-            crc_at = body_end - _CRC_TRAILER_BYTES
-            tag, expected = unpack_crc(buffer, crc_at) if size >= _CRC_TRAILER_BYTES else (0, 0)
+            crc_at = body_end - CRC_TRAILER_BYTES
+            tag, expected = unpack_crc(buffer, crc_at) if size >= CRC_TRAILER_BYTES else (0, 0)
             if tag != CRC_TAG or checksum(buffer[body_start:crc_at]) != expected:
                 problem = "CRC mismatch" if size else "zero-length frame"
                 break
@@ -161,35 +119,40 @@ class FrameDecoder:
         self._buffer = buffer[pos:]
         self._offset += pos
 
-    def finish(self) -> Integrity:
+    def finish(self) -> state_pb2.Integrity:
         """Classify the end of the stream once all bytes were fed."""
         if self._damage is not None:
             return self._damage
         read = self.records_read
         if self._buffer:
             return Integrity(
-                TRUNCATED,
-                read,
-                self._offset,
-                f"ends inside a frame at byte {self._offset} "
+                status=TRUNCATED,
+                records_read=read,
+                bytes_read=self._offset,
+                detail=f"ends inside a frame at byte {self._offset} "
                 f"({len(self._buffer)} bytes of seq {self._next_seq})",
-                self._offset,
-                self._next_seq,
+                bad_frame_offset=self._offset,
+                bad_frame_seq=self._next_seq,
             )
         if self._footer_seen:
-            return Integrity(CLEAN, read, self._offset, "")
+            return Integrity(status=CLEAN, records_read=read, bytes_read=self._offset)
         if read == 0:
-            return Integrity(TRUNCATED, 0, 0, "empty: no header", 0, 1)
-        return Integrity(UNCLOSED, read, self._offset, f"no footer after seq {read}")
+            return Integrity(status=TRUNCATED, detail="empty: no header", bad_frame_seq=1)
+        return Integrity(
+            status=UNCLOSED,
+            records_read=read,
+            bytes_read=self._offset,
+            detail=f"no footer after seq {read}",
+        )
 
     def _corrupt(self, offset: int, reason: str) -> None:
         self._damage = Integrity(
-            CORRUPT,
-            self.records_read,
-            offset,
-            f"bad frame at byte {offset} (seq {self._next_seq}): {reason}",
-            offset,
-            self._next_seq,
+            status=CORRUPT,
+            records_read=self.records_read,
+            bytes_read=offset,
+            detail=f"bad frame at byte {offset} (seq {self._next_seq}): {reason}",
+            bad_frame_offset=offset,
+            bad_frame_seq=self._next_seq,
         )
 
 
@@ -201,10 +164,10 @@ class BundleReader:
         self.bundle_dir = file_path.parent
         self._source = source
         self._decoder = FrameDecoder()
-        self._integrity: Integrity | None = None
+        self._integrity: state_pb2.Integrity | None = None
 
     @property
-    def integrity(self) -> Integrity:
+    def integrity(self) -> state_pb2.Integrity:
         """How the bundle ends; valid once iteration is over."""
         if self._integrity is None:
             raise RuntimeError("integrity is known only after reading every record")
@@ -255,5 +218,5 @@ def read_bundle(path: str | os.PathLike[str]) -> BundleReader:
     try:
         source = file_path.open("rb", buffering=0)
     except OSError as error:
-        raise BundleError(f"cannot read {file_path}: {error.strerror or error}") from error
+        raise BundleError(f"cannot read {describe_os_error(error, file_path)}") from error
     return BundleReader(file_path, source)

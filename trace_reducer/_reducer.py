@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Container, Iterable
 from typing import NoReturn
 
@@ -11,19 +10,15 @@ from google.protobuf import timestamp_pb2
 
 from rollout.trace.v1 import common_pb2, record_pb2, state_pb2
 
+from ._errors import ReductionError
 from ._items import ItemInfo, ThreadItems, parse_item
 from ._payloads import PayloadError, PayloadStore, resolve_inputs
-from ._reader import Integrity, read_bundle
 
 _RUNNING = common_pb2.EXECUTION_STATUS_RUNNING
 _JOIN_EVERY = 256
 _CLEAN = state_pb2.INTEGRITY_STATUS_CLEAN
 
 _Record = record_pb2.TraceRecord
-
-
-class ReductionError(Exception):
-    """Records contradict each other; the message starts with the seq of the offending one."""
 
 
 class _Thread:
@@ -145,7 +140,7 @@ class Reducer:
         self._records = 0
         self._unknown = 0
         self._first_unknown_seq = 0
-        self._integrity: Integrity | None = None
+        self._integrity: state_pb2.Integrity | None = None
         self._threads: dict[int, _Thread] = {}
         self._turns: dict[int, _Turn] = {}
         self._calls: dict[int, _Call] = {}
@@ -211,7 +206,7 @@ class Reducer:
                 self._records += inline
                 self._last_time_us = last.time_us
 
-    def set_integrity(self, integrity: Integrity) -> None:
+    def set_integrity(self, integrity: state_pb2.Integrity) -> None:
         """Record how the bundle ended, as the reader classified it."""
         self._integrity = integrity
 
@@ -257,7 +252,8 @@ class Reducer:
 
     def _integrity_proto(self) -> state_pb2.Integrity:
         if self._integrity is not None:
-            proto = self._integrity.to_proto()
+            proto = state_pb2.Integrity()
+            proto.CopyFrom(self._integrity)
         else:
             proto = state_pb2.Integrity(records_read=self._records)
         if self._unknown:
@@ -648,17 +644,3 @@ class Reducer:
             _fail(record, f"thread {thread.msg.thread_id} has already ended")
         self._end(thread.msg.execution, body.status, record)
         thread.ended = True
-
-
-def replay_bundle(path: str | os.PathLike[str]) -> state_pb2.RolloutTrace:
-    """Reduce a whole bundle (its directory or trace.binpb) up to its first damage.
-
-    Raises BundleError when path is missing or not a bundle, ReductionError when its records
-    contradict each other; damage is reported in the state's integrity, never raised.
-    """
-    reducer = Reducer()
-    with read_bundle(path) as reader:
-        for batch in reader.batches():
-            reducer.apply_many(batch)
-        reducer.set_integrity(reader.integrity)
-    return reducer.state()

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import os
 
+from ._errors import BundleError
 from ._payloads import PayloadError, PayloadStore, canonical_json, resolve_inputs
-from ._reader import BundleError, read_bundle
+from ._reader import read_bundle
 
 
 class RequestNotFoundError(BundleError):

@@ -29,7 +29,13 @@ def write_state_json(trace: state_pb2.RolloutTrace, path: str | os.PathLike[str]
     """Write the state to path (mode 0600) so readers see the old file or the new, never half."""
     target = Path(path)
     data = state_to_json(trace).encode("utf-8")
-    fd, temp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        fd, temp_name = tempfile.mkstemp(
+            prefix=f".{target.name}.", suffix=".tmp", dir=target.parent
+        )
+    except OSError as error:
+        # The temp file's name means nothing to the caller; the path they gave does.
+        raise OSError(error.errno, error.strerror, str(target)) from error
     try:
         with os.fdopen(fd, "wb") as temp:
             temp.write(data)
@@ -37,9 +43,11 @@ def write_state_json(trace: state_pb2.RolloutTrace, path: str | os.PathLike[str]
             os.fsync(temp.fileno())
         os.chmod(temp_name, 0o600)
         os.replace(temp_name, target)
-    except BaseException:
+    except BaseException as error:
         with contextlib.suppress(OSError):
             os.unlink(temp_name)
+        if isinstance(error, OSError):
+            raise OSError(error.errno, error.strerror, str(target)) from error
         raise
     _sync_directory(target.parent)
     return target

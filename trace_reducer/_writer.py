@@ -11,25 +11,16 @@ from pathlib import Path
 
 from rollout.trace.v1 import record_pb2
 
+from ._errors import RecordingError, describe_os_error
 from ._framing import MAX_RECORD_BYTES, encode_record
+from ._layout import TRACE_FILE_NAME, bundle_dir_name
 from ._payloads import payload_id
 from ._version import __version__
 
 FORMAT_VERSION = 1
-TRACE_FILE_NAME = "trace.binpb"
-STATE_FILE_NAME = "state.json"
 
 # Leaves room for the payload record's own fields and the frame around the chunk.
 _CHUNK_BYTES = MAX_RECORD_BYTES - 4096
-
-
-class RecordingError(Exception):
-    """The bundle could not be created or written; the message is the cause."""
-
-
-def _describe(error: OSError) -> str:
-    reason = error.strerror or str(error)
-    return f"{reason}: {error.filename}" if error.filename else reason
 
 
 class BundleWriter:
@@ -66,7 +57,7 @@ class BundleWriter:
             raise RecordingError(f"invalid thread id for a bundle name: {thread_id!r}")
         created_at = datetime.now(UTC)
         root = Path(trace_root)
-        bundle_dir = root / f"{created_at:%Y%m%dT%H%M%SZ}-{thread_id}"
+        bundle_dir = root / bundle_dir_name(created_at, thread_id)
         try:
             if not root.is_dir():
                 # mkdir -p would turn a typo into a silent new tree; a missing root is created,
@@ -81,7 +72,7 @@ class BundleWriter:
                 0o600,
             )
         except OSError as error:
-            raise RecordingError(_describe(error)) from error
+            raise RecordingError(describe_os_error(error)) from error
         writer = cls(bundle_dir, fd, trace_id or uuid.uuid4().hex, created_at)
         header = record_pb2.Header(
             format_version=FORMAT_VERSION,
@@ -115,7 +106,7 @@ class BundleWriter:
             written = os.write(self._fd, frame)
         except OSError as error:
             self._fail()
-            raise RecordingError(_describe(error)) from error
+            raise RecordingError(describe_os_error(error)) from error
         if written != len(frame):
             # A short write leaves a torn frame; appending after it would hide the damage.
             self._fail()
@@ -166,7 +157,7 @@ class BundleWriter:
             links = os.fstat(self._fd).st_nlink
         except OSError as error:
             self._fail()
-            raise RecordingError(_describe(error)) from error
+            raise RecordingError(describe_os_error(error)) from error
         if links == 0:
             # Writes to a removed file still succeed, into a file nobody can open: say so
             # instead of recording into the void.

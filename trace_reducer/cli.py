@@ -10,18 +10,23 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from google.protobuf import json_format, text_format
 
 from rollout.trace.v1 import record_pb2, state_pb2
 
-from ._reader import BundleError, Integrity, read_bundle, resolve_trace_file
-from ._reducer import ReductionError, replay_bundle
+from ._errors import BundleError, CorruptBundleError, ReductionError, describe_os_error
+from ._integrity import describe_integrity, integrity_name, require_reducible
+from ._layout import STATE_FILE_NAME
+from ._reader import read_bundle, resolve_trace_file
+from ._replay import replay_bundle
 from ._requests import request_body
 from ._state_json import state_to_json, write_state_json
 from ._version import __version__
-from ._writer import STATE_FILE_NAME
-from .grpc_server import AccessControl, add_access_arguments
+
+if TYPE_CHECKING:
+    from grpc_common import AccessControl
 
 PROG = "trace-reducer"
 DEFAULT_LISTEN = "127.0.0.1:50052"
@@ -45,10 +50,6 @@ def _warn(message: str) -> None:
     print(f"{PROG}: {message}", file=sys.stderr, flush=True)
 
 
-def _not_a_bundle(path: str, detail: str) -> _CommandError:
-    return _CommandError(f"not a trace bundle (no header record): {path}: {detail}", EXIT_USAGE)
-
-
 # -- reduce -----------------------------------------------------------------------------------
 
 
@@ -56,26 +57,23 @@ def _reduce(args: argparse.Namespace) -> int:
     trace_file = resolve_trace_file(args.bundle)
     trace = replay_bundle(trace_file)
     integrity = trace.integrity
-    if integrity.records_read == 0:
-        raise _not_a_bundle(args.bundle, integrity.detail)
-    status = integrity.status
-    name = state_pb2.IntegrityStatus.Name(status).removeprefix("INTEGRITY_STATUS_").lower()
-    if status == state_pb2.INTEGRITY_STATUS_CORRUPT:
+    try:
+        require_reducible(integrity, salvage=args.salvage, source=args.bundle)
+    except CorruptBundleError as error:
         # The reader's detail names the byte offset and the seq of the bad frame.
-        if not args.salvage:
-            raise _CommandError(
-                f"corrupt bundle {args.bundle}: {integrity.detail} "
-                "(--salvage reduces the records before it)",
-                EXIT_FAILED,
-            )
+        raise _CommandError(
+            f"{error} (--salvage reduces the records before it)", EXIT_FAILED
+        ) from error
+    status = integrity.status
+    if status == state_pb2.INTEGRITY_STATUS_CORRUPT:
         _warn(
             f"warning: corrupt bundle {args.bundle}: {integrity.detail}; salvaged "
             f"{integrity.records_read} records before it"
         )
     elif status != state_pb2.INTEGRITY_STATUS_CLEAN:
         _warn(
-            f"warning: {name} bundle {args.bundle}: {integrity.detail}; "
-            f"reduced {integrity.records_read} records"
+            f"warning: {integrity_name(status).lower()} bundle {args.bundle}: "
+            f"{integrity.detail}; reduced {integrity.records_read} records"
         )
     if args.stdout:
         sys.stdout.write(state_to_json(trace))
@@ -132,18 +130,9 @@ def _dump(args: argparse.Namespace) -> int:
             out.write(line + "\n")
         integrity = reader.integrity
     out.flush()
-    if integrity.records_read == 0:
-        raise _not_a_bundle(args.bundle, integrity.detail)
-    print(_integrity_line(integrity), file=sys.stderr, flush=True)
+    require_reducible(integrity, salvage=True, source=args.bundle)
+    print(f"integrity: {describe_integrity(integrity)}", file=sys.stderr, flush=True)
     return EXIT_OK
-
-
-def _integrity_line(integrity: Integrity) -> str:
-    line = (
-        f"integrity: {integrity.status_name} "
-        f"({integrity.records_read} records, {integrity.bytes_read} bytes)"
-    )
-    return f"{line}: {integrity.detail}" if integrity.detail else line
 
 
 # -- request ----------------------------------------------------------------------------------
@@ -181,8 +170,13 @@ def _export_otlp(args: argparse.Namespace) -> int:
             protocol=args.protocol,
             headers=args.header,
             include_content=args.include_content,
+            salvage=args.salvage,
             timeout=args.timeout,
         )
+    except CorruptBundleError as error:
+        raise _CommandError(
+            f"{error} (--salvage exports the records before it)", EXIT_FAILED
+        ) from error
     except ExportConfigError as error:
         raise _CommandError(str(error), EXIT_USAGE) from error
     except ExportFailedError as error:
@@ -199,7 +193,8 @@ def _export_otlp(args: argparse.Namespace) -> int:
 
 async def _serve_async(listen: str, bundle_root: str, access: AccessControl) -> int:
     # gRPC's server side takes a noticeable time to import; reduce and dump do not need it.
-    from .grpc_server import GrpcServer, install_signal_handlers
+    from grpc_common import GrpcServer, install_signal_handlers
+
     from .service import SERVICE_NAME, ReducerService, add_to_server
 
     service = ReducerService(bundle_root)
@@ -224,8 +219,12 @@ def _serve(args: argparse.Namespace) -> int:
     root = args.bundle_root or os.getcwd()
     if not os.path.isdir(root):
         raise _CommandError(f"--bundle-root is not a directory: {root}", EXIT_USAGE)
+    from grpc_common import AccessControl
+
     try:
-        access = AccessControl.from_args(args)
+        access = AccessControl.load(
+            token_env=args.auth_token_env, tls_cert=args.tls_cert, tls_key=args.tls_key
+        )
     except ValueError as error:
         raise _CommandError(str(error), EXIT_USAGE) from error
     return asyncio.run(_serve_async(args.listen, root, access))
@@ -269,8 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
     export = commands.add_parser(
         "export-otlp",
         help="send bundles as OpenTelemetry GenAI spans to an OTLP receiver",
-        description="Exit codes: 0 sent, 1 the receiver did not take the spans (or the "
-        "records contradict each other), 2 bad input (bundle, endpoint, protocol, header).",
+        description="Exit codes: 0 sent, 1 the receiver did not take the spans, a corrupt "
+        "bundle without --salvage, or records that contradict each other; 2 bad input "
+        "(bundle, endpoint, protocol, header, timeout).",
     )
     export.add_argument("bundles", nargs="+", metavar="bundle", help="bundle directory or file")
     export.add_argument(
@@ -293,6 +293,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="add instructions, messages and tool arguments and results to the spans",
     )
     export.add_argument(
+        "--salvage", action="store_true", help="export a corrupt bundle up to the damage"
+    )
+    export.add_argument(
         "--timeout", type=float, default=10.0, metavar="SECONDS", help="per send, with retries"
     )
     export.set_defaults(run=_export_otlp)
@@ -300,7 +303,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="run the ReducerService gRPC server")
     serve.add_argument("--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT")
     serve.add_argument("--bundle-root", metavar="DIR", help="bundles are read under here (cwd)")
-    add_access_arguments(serve)
+    serve.add_argument(
+        "--auth-token-env",
+        metavar="NAME",
+        help="require `authorization: Bearer <token>` on every RPC but health checks; "
+        "the token is read from the environment variable NAME",
+    )
+    serve.add_argument("--tls-cert", type=Path, metavar="PATH", help="PEM certificate chain")
+    serve.add_argument("--tls-key", type=Path, metavar="PATH", help="PEM private key")
     serve.set_defaults(run=_serve)
     return parser
 
@@ -324,8 +334,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_FAILED
     except OSError as error:
-        reason = error.strerror or str(error)
-        _warn(f"{reason}: {error.filename}" if error.filename else reason)
+        _warn(describe_os_error(error))
         return EXIT_FAILED
     except KeyboardInterrupt:
         return 130

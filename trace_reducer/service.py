@@ -27,20 +27,23 @@ from typing import TYPE_CHECKING, TypeVar
 
 import grpc
 
+from grpc_common import abort
 from rollout.reducer.v1 import reducer_pb2, reducer_pb2_grpc
-from rollout.trace.v1 import state_pb2
 
-from ._reader import (
+from ._errors import (
     BundleError,
     BundleNotFoundError,
-    FrameDecoder,
+    CorruptBundleError,
     NotABundleError,
-    resolve_trace_file,
+    ReductionError,
+    describe_os_error,
 )
-from ._reducer import Reducer, ReductionError, replay_bundle
+from ._integrity import require_reducible
+from ._layout import STATE_FILE_NAME
+from ._reader import FrameDecoder, resolve_trace_file
+from ._reducer import Reducer
+from ._replay import replay_bundle
 from ._state_json import write_state_json
-from ._writer import STATE_FILE_NAME
-from .grpc_server import abort
 
 SERVICE_NAME: str = reducer_pb2.DESCRIPTOR.services_by_name["ReducerService"].full_name
 
@@ -63,24 +66,6 @@ class _RefusalError(Exception):
         self.reason = reason
         self.message = message
         self.metadata = metadata
-
-
-def _check_reduced(trace: state_pb2.RolloutTrace, salvage: bool, source: str) -> None:
-    integrity = trace.integrity
-    if integrity.records_read == 0:
-        raise _RefusalError(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            "NOT_A_BUNDLE",
-            f"not a trace bundle (no header record): {source}: {integrity.detail}",
-        )
-    if integrity.status == state_pb2.INTEGRITY_STATUS_CORRUPT and not salvage:
-        raise _RefusalError(
-            grpc.StatusCode.DATA_LOSS,
-            "BUNDLE_CORRUPT",
-            f"corrupt bundle {source}: {integrity.detail}",
-            bad_frame_offset=str(integrity.bad_frame_offset),
-            bad_frame_seq=str(integrity.bad_frame_seq),
-        )
 
 
 class ReducerService(reducer_pb2_grpc.ReducerServiceServicer):
@@ -110,6 +95,15 @@ class ReducerService(reducer_pb2_grpc.ReducerServiceServicer):
             return await work
         except _RefusalError as refusal:
             await abort(context, refusal.code, refusal.reason, refusal.message, **refusal.metadata)
+        except CorruptBundleError as error:
+            await abort(
+                context,
+                grpc.StatusCode.DATA_LOSS,
+                "BUNDLE_CORRUPT",
+                str(error),
+                bad_frame_offset=str(error.integrity.bad_frame_offset),
+                bad_frame_seq=str(error.integrity.bad_frame_seq),
+            )
         except ReductionError as error:
             await abort(
                 context, grpc.StatusCode.FAILED_PRECONDITION, "RECORDS_CONTRADICT", str(error)
@@ -122,7 +116,7 @@ class ReducerService(reducer_pb2_grpc.ReducerServiceServicer):
             await abort(context, grpc.StatusCode.FAILED_PRECONDITION, "IO_ERROR", str(error))
         except OSError as error:
             await abort(
-                context, grpc.StatusCode.FAILED_PRECONDITION, "IO_ERROR", _describe_os_error(error)
+                context, grpc.StatusCode.FAILED_PRECONDITION, "IO_ERROR", describe_os_error(error)
             )
         except grpc.aio.AbortError:
             raise
@@ -196,7 +190,7 @@ class ReducerService(reducer_pb2_grpc.ReducerServiceServicer):
         self, trace_file: Path, request: reducer_pb2.ReduceBundleRequest
     ) -> reducer_pb2.ReduceBundleResponse:
         trace = replay_bundle(trace_file)
-        _check_reduced(trace, request.salvage, repr(request.bundle))
+        require_reducible(trace.integrity, salvage=request.salvage, source=repr(request.bundle))
         response = reducer_pb2.ReduceBundleResponse(trace=trace)
         if request.write_state:
             response.state_path = str(write_state_json(trace, trace_file.parent / STATE_FILE_NAME))
@@ -220,13 +214,8 @@ class ReducerService(reducer_pb2_grpc.ReducerServiceServicer):
                 await asyncio.to_thread(feed, request.chunk)
         reducer.set_integrity(decoder.finish())
         trace = reducer.state()
-        _check_reduced(trace, bool(salvage), "upload")
+        require_reducible(trace.integrity, salvage=bool(salvage), source="upload")
         return reducer_pb2.ReduceRecordsResponse(trace=trace)
-
-
-def _describe_os_error(error: OSError) -> str:
-    reason = error.strerror or str(error)
-    return f"{reason}: {error.filename}" if error.filename else reason
 
 
 def add_to_server(service: ReducerService, server: grpc.aio.Server) -> None:

@@ -103,7 +103,7 @@ class ScriptedProvider:
         self._http: LoopbackHttpServer | None = None
 
     async def start(self) -> ScriptedProvider:
-        self._http = await LoopbackHttpServer.start(self._handle)
+        self._http = await LoopbackHttpServer.start(self._handle, keep_requests=True)
         return self
 
     async def stop(self) -> None:

@@ -11,10 +11,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rollout.agent.v1 import agent_pb2, agent_pb2_grpc
 from tests.agent_server.conftest import AGENT_SERVER, clean_env, error_reason, serve
-from tests.trace_reducer import test_grpc_server
+from tests.grpc_common import test_server
 
 # The self-signed certificate fixture the shared plumbing is tested with.
-certificate = test_grpc_server.certificate
+certificate = test_server.certificate
 
 TOKEN = "agent-token-4711"
 

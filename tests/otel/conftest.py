@@ -32,8 +32,7 @@ from tests.agent_server.scripted_provider import (
     sse,
     text_delta,
 )
-from trace_reducer import TRACE_FILE_NAME
-from trace_reducer._framing import decode_varint
+from trace_reducer import TRACE_FILE_NAME, decode_varint
 
 PHOENIX = Path(sys.executable).parent / "phoenix"
 PHOENIX_START_SECONDS = 180.0
@@ -109,21 +108,31 @@ async def bundles(start_agent: StartAgent, provider: ScriptedProvider, tmp_path:
     return Bundles(conversation, retried)
 
 
-def truncate_inside(bundle: Path, body: str, target: Path) -> Path:
-    """A copy of bundle whose file ends inside the first frame holding a `body` record."""
+def damage_inside(bundle: Path, body: str, target: Path, *, flip: bool = False) -> Path:
+    """A copy of bundle whose first frame holding a `body` record is cut in half (TRUNCATED),
+    or has one bit flipped (CORRUPT)."""
     shutil.copytree(bundle, target)
     path = target / TRACE_FILE_NAME
-    data = path.read_bytes()
+    data = bytearray(path.read_bytes())
     offset = 0
     while offset < len(data):
         prefix = decode_varint(data, offset)
         assert prefix is not None
         size, start = prefix
-        if record_pb2.TraceRecord.FromString(data[start : start + size]).WhichOneof("body") == body:
-            path.write_bytes(data[: start + size // 2])
+        frame = bytes(data[start : start + size])
+        if record_pb2.TraceRecord.FromString(frame).WhichOneof("body") == body:
+            if flip:
+                data[start + size // 2] ^= 0x01
+            else:
+                del data[start + size // 2 :]
+            path.write_bytes(bytes(data))
             return target
         offset = start + size
     raise AssertionError(f"no {body} record in {bundle}")
+
+
+def truncate_inside(bundle: Path, body: str, target: Path) -> Path:
+    return damage_inside(bundle, body, target)
 
 
 # -- Phoenix ----------------------------------------------------------------------------------

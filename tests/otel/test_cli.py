@@ -17,7 +17,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 
 from agent_server.loopback_http import HttpRequest, HttpResponse, LoopbackHttpServer
 from tests.agent_server.conftest import TRACE_REDUCER, clean_env
-from tests.otel.conftest import Bundles, free_port, truncate_inside
+from tests.otel.conftest import Bundles, damage_inside, free_port, truncate_inside
 from trace_reducer import replay_bundle
 
 SECRET = "sk-otel-header-SECRET-never-echoed"
@@ -231,6 +231,23 @@ async def test_a_truncated_bundle_is_exported_with_a_warning(
     assert run.code == 0
     assert run.error_lines == [
         f"trace-reducer: warning: truncated bundle {bundle}: exported what it holds"
+    ]
+    assert len(received.spans()) == 4
+
+
+async def test_a_corrupt_bundle_needs_salvage(bundles: Bundles, tmp_path: Path) -> None:
+    bundle = damage_inside(bundles.retried, "turn_ended", tmp_path / "flipped", flip=True)
+    async with grpc_receiver() as (endpoint, received):
+        refused = await export_cli(str(bundle), "--endpoint", endpoint)
+        assert refused.code == 1
+        [line] = refused.error_lines
+        assert line.startswith(f"trace-reducer: corrupt bundle {bundle}: ")
+        assert line.endswith("(--salvage exports the records before it)")
+        assert received.requests == []
+        salvaged = await export_cli(str(bundle), "--endpoint", endpoint, "--salvage")
+    assert salvaged.code == 0
+    assert salvaged.error_lines == [
+        f"trace-reducer: warning: corrupt bundle {bundle}: exported what it holds"
     ]
     assert len(received.spans()) == 4
 

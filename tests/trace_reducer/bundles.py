@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from rollout.trace.v1 import common_pb2, record_pb2
-from trace_reducer import BundleWriter
+from trace_reducer import BundleWriter, RecordBuilder
 
 COMPLETED = common_pb2.EXECUTION_STATUS_COMPLETED
 FAILED = common_pb2.EXECUTION_STATUS_FAILED
@@ -15,11 +15,6 @@ CANCELLED = common_pb2.EXECUTION_STATUS_CANCELLED
 RUNNING = common_pb2.EXECUTION_STATUS_RUNNING
 
 Item = dict[str, Any]
-
-
-def compact(value: object) -> bytes:
-    """The agent's payload encoding: compact JSON with sorted keys."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
 
 
 def user_item(text: str) -> Item:
@@ -63,23 +58,11 @@ class BundleBuilder:
         instructions: str = "Answer briefly.",
     ) -> None:
         self.writer = BundleWriter.create(root, thread_id)
+        self.records = RecordBuilder(self.writer)
         self.thread_id = thread_id
         self.model = model
-        self._turns = 0
-        self._calls = 0
-        self._items = 0
-        self.thread = 1
-        pid = self.writer.put_payload(
-            instructions.encode(), record_pb2.PAYLOAD_KIND_INSTRUCTIONS, "text/plain; charset=utf-8"
-        )
-        self.append(
-            thread_started=record_pb2.ThreadStarted(
-                thread=self.thread,
-                thread_id=thread_id,
-                model=model,
-                instructions_payload_id=pid,
-                metadata={"purpose": "test"},
-            )
+        self.thread = self.records.thread_started(
+            thread_id, model=model, instructions=instructions, metadata={"purpose": "test"}
         )
 
     @property
@@ -87,83 +70,55 @@ class BundleBuilder:
         return self.writer.bundle_dir
 
     def append(self, **body: Any) -> int:
+        """A raw record, for bundles the builder would not write (contradictions, odd fields)."""
         return self.writer.append(record_pb2.TraceRecord(**body))
 
     def turn(self, turn_id: str, inputs: list[Item]) -> int:
-        self._turns += 1
-        pids = [self._item_payload(item) for item in inputs]
-        self.append(
-            turn_started=record_pb2.TurnStarted(
-                turn=self._turns, thread=self.thread, turn_id=turn_id, input_payload_ids=pids
-            )
-        )
-        return self._turns
+        return self.records.turn_started(self.thread, turn_id, inputs)
 
     def call(
         self, turn: int, call_id: str, inputs: list[Item], *, attempt: int = 1, prefix: int = 0
     ) -> int:
         """An inference call whose input is `prefix` items of the previous call's, then inputs."""
-        self._calls += 1
-        envelope = {"instructions": "Answer briefly.", "model": self.model, "store": False}
-        envelope_id = self.writer.put_payload(
-            compact(envelope), record_pb2.PAYLOAD_KIND_REQUEST_ENVELOPE
+        return self.records.inference_started_after_prefix(
+            turn,
+            inference_call_id=call_id,
+            attempt=attempt,
+            model=self.model,
+            provider_base_url="http://127.0.0.1:9/v1",
+            envelope={"instructions": "Answer briefly.", "model": self.model, "store": False},
+            prefix_count=prefix,
+            new_items=inputs,
         )
-        pids = [self._item_payload(item) for item in inputs]
-        self.append(
-            inference_started=record_pb2.InferenceStarted(
-                call=self._calls,
-                turn=turn,
-                inference_call_id=call_id,
-                attempt=attempt,
-                model=self.model,
-                provider_base_url="http://127.0.0.1:9/v1",
-                request_envelope_payload_id=envelope_id,
-                input_payload_ids=pids,
-                input_prefix_count=prefix,
-            )
-        )
-        return self._calls
 
     def created(self, call: int, response_id: str) -> None:
-        self.append(response_created=record_pb2.ResponseCreated(call=call, response_id=response_id))
+        self.records.response_created(call, response_id)
 
     def added(self, call: int, provider_item_id: str = "", *, item_type: str = "message") -> int:
-        self._items += 1
-        self.append(
-            output_item_added=record_pb2.OutputItemAdded(
-                call=call,
-                item=self._items,
-                provider_item_id=provider_item_id,
-                item_type=item_type,
-                role="assistant",
-            )
+        return self.records.output_item_added(
+            call, provider_item_id=provider_item_id, item_type=item_type, role="assistant"
         )
-        return self._items
 
     def delta(self, call: int, text: str, item: int = 0) -> None:
-        self.append(output_text_delta=record_pb2.OutputTextDelta(call=call, delta=text, item=item))
+        """Text for the call's latest item, or for `item` named by its ordinal even when it is
+        the latest (as another writer may): the reducer must take both."""
+        if item:
+            self.append(
+                output_text_delta=record_pb2.OutputTextDelta(call=call, delta=text, item=item)
+            )
+        else:
+            self.records.output_text_delta(call, item, text)
 
     def done(self, call: int, item: int, output: Item, *, assigned_id: str | None = None) -> str:
         """Accept output; the item id is the provider's, else assigned_id. Returns it."""
-        pid = self.writer.put_payload(compact(output), record_pb2.PAYLOAD_KIND_OUTPUT_ITEM)
         item_id = output.get("id") or assigned_id or ""
-        self.append(
-            output_item_done=record_pb2.OutputItemDone(
-                call=call,
-                item=item,
-                item_id=item_id,
-                item_id_assigned="id" not in output,
-                item_payload_id=pid,
-            )
+        self.records.output_item_done(
+            call, item, item_id=item_id, assigned="id" not in output, payload=output
         )
         return str(item_id)
 
     def event(self, call: int, event_type: str, data: object) -> None:
-        self.append(
-            provider_event=record_pb2.ProviderEvent(
-                call=call, event_type=event_type, data=json.dumps(data)
-            )
-        )
+        self.records.provider_event(call, event_type, json.dumps(data))
 
     def call_ended(
         self,
@@ -175,21 +130,12 @@ class BundleBuilder:
         error: common_pb2.TraceError | None = None,
         usage: common_pb2.TokenUsage | None = None,
     ) -> None:
-        self.append(
-            inference_ended=record_pb2.InferenceEnded(
-                call=call,
-                status=status,
-                response_id=response_id,
-                reason=reason,
-                error=error,
-                usage=usage,
-            )
+        self.records.inference_ended(
+            call, status, reason=reason, response_id=response_id, usage=usage, error=error
         )
 
     def interrupt(self, turn: int, requested_by: str = "ipv4:127.0.0.1:5555") -> None:
-        self.append(
-            interrupt_requested=record_pb2.InterruptRequested(turn=turn, requested_by=requested_by)
-        )
+        self.records.interrupt_requested(turn, requested_by)
 
     def turn_ended(
         self,
@@ -197,22 +143,17 @@ class BundleBuilder:
         status: common_pb2.ExecutionStatus.ValueType,
         error: common_pb2.TraceError | None = None,
     ) -> None:
-        self.append(turn_ended=record_pb2.TurnEnded(turn=turn, status=status, error=error))
+        self.records.turn_ended(turn, status, error)
         self.writer.sync()
 
     def thread_ended(
         self, status: common_pb2.ExecutionStatus.ValueType = COMPLETED, reason: str = "closed"
     ) -> None:
-        self.append(
-            thread_ended=record_pb2.ThreadEnded(thread=self.thread, status=status, reason=reason)
-        )
+        self.records.thread_ended(self.thread, status, reason)
 
     def close(self) -> Path:
         self.writer.close()
         return self.bundle_dir
-
-    def _item_payload(self, item: Item) -> str:
-        return self.writer.put_payload(compact(item), record_pb2.PAYLOAD_KIND_INPUT_ITEM)
 
 
 def one_turn_bundle(

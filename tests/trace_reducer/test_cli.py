@@ -16,8 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rollout.reducer.v1 import reducer_pb2, reducer_pb2_grpc
 from rollout.trace.v1 import record_pb2, state_pb2
-from trace_reducer import replay_bundle, request_body, state_to_json
-from trace_reducer._framing import decode_varint
+from trace_reducer import decode_varint, replay_bundle, request_body, state_to_json
 
 from .bundles import COMPLETED, BundleBuilder, one_turn_bundle
 
@@ -191,10 +190,12 @@ def test_usage_errors_exit_2_without_traceback(tmp_path: Path) -> None:
 
 def test_unwritable_output_exits_1(tmp_path: Path) -> None:
     bundle = one_turn_bundle(tmp_path)
-    result = run("reduce", bundle, "-o", tmp_path / "no-such-dir" / "state.json")
+    target = tmp_path / "no-such-dir" / "state.json"
+    result = run("reduce", bundle, "-o", target)
     assert result.returncode == 1
     assert_one_clean_line(result.stderr)
-    assert "No such file or directory" in result.stderr
+    # The path the user gave, not the temporary file the state is first written to.
+    assert f"No such file or directory: {target}" in result.stderr
 
 
 def test_dump_prints_one_line_per_record(tmp_path: Path) -> None:

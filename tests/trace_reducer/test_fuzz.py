@@ -16,8 +16,7 @@ import pytest
 
 from bench.synthetic import Shape, write_conversation
 from rollout.trace.v1 import state_pb2
-from trace_reducer import FrameDecoder, Reducer, ReductionError
-from trace_reducer._framing import decode_varint
+from trace_reducer import FrameDecoder, Reducer, ReductionError, decode_varint
 
 ITERATIONS = int(os.environ.get("FUZZ_ITERATIONS", "4000"))
 CLI_SAMPLES = int(os.environ.get("FUZZ_CLI_SAMPLES", "12"))

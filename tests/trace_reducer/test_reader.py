@@ -14,9 +14,10 @@ from trace_reducer import (
     BundleWriter,
     FrameDecoder,
     NotABundleError,
+    encode_record,
+    integrity_name,
     read_bundle,
 )
-from trace_reducer._framing import encode_record
 
 
 def _small_bundle(root: Path) -> Path:
@@ -50,7 +51,7 @@ def _classify(data: bytes) -> tuple[str, int]:
         count += len(decoder.feed(data[start : start + 7]))
     integrity = decoder.finish()
     assert integrity.records_read == count
-    return integrity.status_name, count
+    return integrity_name(integrity.status), count
 
 
 def test_clean_bundle(tmp_path: Path) -> None:
@@ -59,9 +60,9 @@ def test_clean_bundle(tmp_path: Path) -> None:
         seqs = [r.seq for r in reader]
         integrity = reader.integrity
     assert seqs == [1, 2, 3, 4, 5, 6, 7]
-    assert integrity.status_name == "CLEAN"
+    assert integrity_name(integrity.status) == "CLEAN"
     assert integrity.bytes_read == path.stat().st_size
-    assert integrity.to_proto().records_read == 7
+    assert integrity.records_read == 7
 
 
 def test_standard_delimited_reader_reads_every_record(tmp_path: Path) -> None:
@@ -105,7 +106,7 @@ def test_zero_filled_tail_is_corrupt(tmp_path: Path) -> None:
     decoder = FrameDecoder()
     assert len(decoder.feed(data + bytes(4096))) == 1
     integrity = decoder.finish()
-    assert integrity.status_name == "CORRUPT"
+    assert integrity_name(integrity.status) == "CORRUPT"
     assert integrity.bad_frame_offset == len(data)
     assert integrity.bad_frame_seq == 2
 
@@ -142,7 +143,7 @@ def test_corrupt_detail_names_offset_and_seq(tmp_path: Path) -> None:
     decoder = FrameDecoder()
     decoder.feed(bytes(data))
     integrity = decoder.finish()
-    assert integrity.status_name == "CORRUPT"
+    assert integrity_name(integrity.status) == "CORRUPT"
     assert integrity.bad_frame_offset == second_frame
     assert integrity.bad_frame_seq == 2
     assert f"byte {second_frame}" in integrity.detail
@@ -154,7 +155,7 @@ def test_garbage_and_empty_input() -> None:
     assert _classify(b"this is not a bundle at all")[0] in {"CORRUPT", "TRUNCATED"}
     decoder = FrameDecoder()
     decoder.feed(io.BytesIO(b"\xff" * 64).read())
-    assert decoder.finish().status_name == "CORRUPT"
+    assert integrity_name(decoder.finish().status) == "CORRUPT"
 
 
 def test_missing_path_and_directory_without_trace(tmp_path: Path) -> None:

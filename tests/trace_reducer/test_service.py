@@ -14,10 +14,10 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from grpc_common import ERROR_DOMAIN, GrpcServer
 from rollout.reducer.v1 import reducer_pb2, reducer_pb2_grpc
 from rollout.trace.v1 import record_pb2, state_pb2
 from trace_reducer import replay_bundle, service
-from trace_reducer.grpc_server import ERROR_DOMAIN, GrpcServer
 from trace_reducer.service import SERVICE_NAME, ReducerService, add_to_server
 
 from .bundles import BundleBuilder, one_turn_bundle

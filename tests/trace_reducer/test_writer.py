@@ -9,22 +9,22 @@ from pathlib import Path
 
 import pytest
 
-from rollout.trace.v1 import record_pb2
+from rollout.trace.v1 import record_pb2, state_pb2
 from trace_reducer import (
     MAX_RECORD_BYTES,
     TRACE_FILE_NAME,
     BundleWriter,
     RecordingError,
+    integrity_name,
     payload_id,
     read_bundle,
 )
-from trace_reducer._reader import CLEAN
 
 
 def _records(bundle: Path) -> list[record_pb2.TraceRecord]:
     with read_bundle(bundle) as reader:
         records = list(reader)
-        assert reader.integrity.status == CLEAN, reader.integrity
+        assert reader.integrity.status == state_pb2.INTEGRITY_STATUS_CLEAN, reader.integrity
     return records
 
 
@@ -121,7 +121,7 @@ def test_a_failed_write_fails_the_writer_and_keeps_earlier_records(tmp_path: Pat
     writer.closed = True  # the descriptor is gone already
     with read_bundle(writer.bundle_dir) as reader:
         assert [r.seq for r in reader] == [1, 2]
-        assert reader.integrity.status_name == "UNCLOSED"
+        assert integrity_name(reader.integrity.status) == "UNCLOSED"
 
 
 def test_close_is_idempotent_and_nothing_is_appended_after_it(tmp_path: Path) -> None:

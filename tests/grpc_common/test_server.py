@@ -1,8 +1,7 @@
-"""Shared gRPC plumbing: health, reflection, rich errors, address handling."""
+"""Shared gRPC plumbing: health, reflection, rich errors, address handling, access control."""
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import subprocess
 from collections.abc import AsyncIterator
@@ -15,7 +14,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from grpc_status import rpc_status
 
-from trace_reducer.grpc_server import (
+from grpc_common import (
     ERROR_DOMAIN,
     AccessControl,
     GrpcServer,
@@ -110,8 +109,9 @@ def _access(
     key: Path | None = None,
     environ: dict[str, str] | None = None,
 ) -> AccessControl:
-    args = argparse.Namespace(auth_token_env=token_env, tls_cert=cert, tls_key=key)
-    return AccessControl.from_args(args, environ or {})
+    return AccessControl.load(
+        token_env=token_env, tls_cert=cert, tls_key=key, environ=environ or {}
+    )
 
 
 async def _refuse_code(channel: grpc.aio.Channel, metadata: tuple[tuple[str, str], ...]) -> str:

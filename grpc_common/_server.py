@@ -1,0 +1,94 @@
+"""GrpcServer: a grpc.aio server with health, reflection and the shared interceptors."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+
+from ._access import AccessControl
+from ._handlers import MalformedRequestInterceptor
+
+
+def split_listen(listen: str) -> tuple[str, int]:
+    """Parse HOST:PORT (IPv6 hosts in brackets); raise ValueError with a clear message."""
+    host, sep, port = listen.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"expected HOST:PORT, got {listen!r}")
+    return host.strip("[]"), int(port)
+
+
+class GrpcServer:
+    """A grpc.aio server with health and reflection, bound to one loopback or host address."""
+
+    def __init__(self, server: grpc.aio.Server, host: str, port: int, health: HealthServicer):
+        self.server = server
+        self.host = host
+        self.port = port
+        self.health = health
+
+    @property
+    def address(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    @classmethod
+    async def start(
+        cls,
+        listen: str,
+        register: Callable[[grpc.aio.Server], None],
+        service_names: Sequence[str],
+        access: AccessControl | None = None,
+    ) -> GrpcServer:
+        """Register the services, add health and reflection, bind and start.
+
+        Raises ValueError for a malformed address and OSError when it cannot be bound.
+        """
+        access = access or AccessControl()
+        host, port = split_listen(listen)
+        # Without this, a second server asking for a port in use silently shares it.
+        server = grpc.aio.server(
+            interceptors=[*access.interceptors(), MalformedRequestInterceptor(service_names)],
+            options=[("grpc.so_reuseport", 0)],
+        )
+        register(server)
+        health = HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health, server)
+        reflection.enable_server_reflection(
+            [
+                *service_names,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ],
+            server,
+        )
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        credentials = access.credentials()
+        try:
+            if credentials is None:
+                bound = server.add_insecure_port(address)
+            else:
+                bound = server.add_secure_port(address, credentials)
+        except RuntimeError as error:
+            raise OSError(f"cannot listen on {listen}: {error}") from error
+        if bound == 0:
+            raise OSError(f"cannot listen on {listen}")
+        await server.start()
+        for name in service_names:
+            await health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        return cls(server, host, bound, health)
+
+    async def set_not_serving(self) -> None:
+        """Tell health checkers to go elsewhere; it stays so until the process ends."""
+        await self.health.enter_graceful_shutdown()
+
+    async def stop(self, grace: float | None) -> None:
+        """Refuse new RPCs, give running ones `grace` seconds, then cancel them."""
+        await self.set_not_serving()
+        await self.server.stop(grace)
+
+    async def wait_for_termination(self) -> None:
+        await self.server.wait_for_termination()

@@ -1,0 +1,283 @@
+"""RecordBuilder: the bundle's vocabulary, one typed method per record body, ordinals included."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, TypeAlias
+
+from rollout.trace.v1 import common_pb2, record_pb2
+
+from ._framing import RecordTooLargeError
+from ._payloads import canonical_json
+
+Status: TypeAlias = common_pb2.ExecutionStatus.ValueType
+PayloadKind: TypeAlias = record_pb2.PayloadKind.ValueType
+
+INSTRUCTIONS_MEDIA_TYPE = "text/plain; charset=utf-8"
+# A provider event this large is almost all duplicated output text; keeping its head keeps
+# the recording going instead of failing it.
+PROVIDER_EVENT_KEEP_CHARS = 1024 * 1024
+
+
+class RecordSink(Protocol):
+    """Where built records go: a BundleWriter, or anything that frames them the same way."""
+
+    def append(self, record: record_pb2.TraceRecord) -> int: ...
+
+    def put_payload(
+        self, data: bytes, kind: PayloadKind, media_type: str = "application/json"
+    ) -> str: ...
+
+
+class RecordBuilder:
+    """Builds each record the way the format expects and hands it to a sink.
+
+    It owns what a record's fields depend on beyond the moment: the ordinals it assigns to
+    threads, turns, inference calls and output items; the input each thread's latest call
+    sent (a request records only what follows the part it shares with that one); which item
+    of a call was added last (a delta for it refers to item 0); and the payloads, written as
+    canonical JSON before the first record that refers to them.
+    """
+
+    def __init__(self, sink: RecordSink) -> None:
+        self._sink = sink
+        self._threads = 0
+        self._turns = 0
+        self._calls = 0
+        self._items = 0
+        self._thread_of_turn: dict[int, int] = {}
+        # The complete input of each thread's latest inference call.
+        self._inputs: dict[int, list[Mapping[str, Any]]] = {}
+        # Each live call's most recently added output item.
+        self._latest_item: dict[int, int] = {}
+
+    # -- payloads ------------------------------------------------------------------------------
+
+    def json_payload(self, obj: Any, kind: PayloadKind) -> str:
+        """Write obj as a canonical JSON payload (once per bundle); return its id."""
+        return self._sink.put_payload(canonical_json(obj), kind)
+
+    # -- contexts ------------------------------------------------------------------------------
+
+    def thread_started(
+        self, thread_id: str, *, model: str, instructions: str, metadata: Mapping[str, str]
+    ) -> int:
+        self._threads += 1
+        started = record_pb2.ThreadStarted(
+            thread=self._threads, thread_id=thread_id, model=model, metadata=dict(metadata)
+        )
+        if instructions:
+            started.instructions_payload_id = self._sink.put_payload(
+                instructions.encode(), record_pb2.PAYLOAD_KIND_INSTRUCTIONS, INSTRUCTIONS_MEDIA_TYPE
+            )
+        self._sink.append(record_pb2.TraceRecord(thread_started=started))
+        return self._threads
+
+    def turn_started(
+        self, thread: int, turn_id: str, input_items: Sequence[Mapping[str, Any]]
+    ) -> int:
+        self._turns += 1
+        self._thread_of_turn[self._turns] = thread
+        ids = [self.json_payload(item, record_pb2.PAYLOAD_KIND_INPUT_ITEM) for item in input_items]
+        self._sink.append(
+            record_pb2.TraceRecord(
+                turn_started=record_pb2.TurnStarted(
+                    turn=self._turns, thread=thread, turn_id=turn_id, input_payload_ids=ids
+                )
+            )
+        )
+        return self._turns
+
+    def inference_started(
+        self,
+        turn: int,
+        *,
+        inference_call_id: str,
+        attempt: int,
+        model: str,
+        provider_base_url: str,
+        envelope: Mapping[str, Any],
+        input_items: Sequence[Mapping[str, Any]],
+    ) -> int:
+        """An attempt about to send `envelope` with `input` = input_items (the whole history).
+
+        Only what follows the part shared with the thread's previous request is recorded, so a
+        bundle grows with the conversation, not with its square.
+        """
+        previous = self._inputs.get(self._thread_of_turn.get(turn, 0), [])
+        prefix = _shared_prefix(previous, input_items)
+        return self.inference_started_after_prefix(
+            turn,
+            inference_call_id=inference_call_id,
+            attempt=attempt,
+            model=model,
+            provider_base_url=provider_base_url,
+            envelope=envelope,
+            prefix_count=prefix,
+            new_items=input_items[prefix:],
+        )
+
+    def inference_started_after_prefix(
+        self,
+        turn: int,
+        *,
+        inference_call_id: str,
+        attempt: int,
+        model: str,
+        provider_base_url: str,
+        envelope: Mapping[str, Any],
+        prefix_count: int,
+        new_items: Sequence[Mapping[str, Any]],
+    ) -> int:
+        """The record exactly as given: prefix_count items of the previous input, then new_items."""
+        self._calls += 1
+        thread = self._thread_of_turn.get(turn, 0)
+        envelope_id = self.json_payload(envelope, record_pb2.PAYLOAD_KIND_REQUEST_ENVELOPE)
+        ids = [self.json_payload(item, record_pb2.PAYLOAD_KIND_INPUT_ITEM) for item in new_items]
+        self._inputs[thread] = [*self._inputs.get(thread, [])[:prefix_count], *new_items]
+        self._sink.append(
+            record_pb2.TraceRecord(
+                inference_started=record_pb2.InferenceStarted(
+                    call=self._calls,
+                    turn=turn,
+                    inference_call_id=inference_call_id,
+                    attempt=attempt,
+                    model=model,
+                    provider_base_url=provider_base_url,
+                    request_envelope_payload_id=envelope_id,
+                    input_payload_ids=ids,
+                    input_prefix_count=prefix_count,
+                )
+            )
+        )
+        return self._calls
+
+    # -- provider events -----------------------------------------------------------------------
+
+    def response_created(self, call: int, response_id: str) -> None:
+        self._sink.append(
+            record_pb2.TraceRecord(
+                response_created=record_pb2.ResponseCreated(call=call, response_id=response_id)
+            )
+        )
+
+    def output_item_added(
+        self,
+        call: int,
+        *,
+        provider_item_id: str,
+        item_type: str,
+        role: str,
+        output_index: int = 0,
+    ) -> int:
+        self._items += 1
+        self._latest_item[call] = self._items
+        self._sink.append(
+            record_pb2.TraceRecord(
+                output_item_added=record_pb2.OutputItemAdded(
+                    call=call,
+                    item=self._items,
+                    provider_item_id=provider_item_id,
+                    item_type=item_type,
+                    role=role,
+                    output_index=output_index,
+                )
+            )
+        )
+        return self._items
+
+    def output_text_delta(self, call: int, item: int, delta: str) -> None:
+        """Text for output item `item` of `call` (0: the call's latest item, or an unannounced
+        one). The latest item is referred to as 0: the common case, and the cheapest."""
+        # Filled in place: a body passed to the constructor would be built, then copied.
+        record = record_pb2.TraceRecord()
+        body = record.output_text_delta
+        body.call = call
+        if item != self._latest_item.get(call):
+            body.item = item
+        body.delta = delta
+        self._sink.append(record)
+
+    def output_item_done(
+        self, call: int, item: int, *, item_id: str, assigned: bool, payload: Mapping[str, Any]
+    ) -> None:
+        """Accept an output item (`item` 0: one never announced as added) with its JSON."""
+        payload_ref = self.json_payload(payload, record_pb2.PAYLOAD_KIND_OUTPUT_ITEM)
+        self._sink.append(
+            record_pb2.TraceRecord(
+                output_item_done=record_pb2.OutputItemDone(
+                    call=call,
+                    item=item,
+                    item_id=item_id,
+                    item_id_assigned=assigned,
+                    item_payload_id=payload_ref,
+                )
+            )
+        )
+
+    def provider_event(self, call: int, event_type: str, data: str) -> None:
+        """Any other event, verbatim; one too large for a record keeps its head, marked."""
+        event = record_pb2.ProviderEvent(call=call, event_type=event_type, data=data)
+        try:
+            self._sink.append(record_pb2.TraceRecord(provider_event=event))
+        except RecordTooLargeError:
+            event.data = data[:PROVIDER_EVENT_KEEP_CHARS] + f"...[truncated from {len(data)} chars]"
+            self._sink.append(record_pb2.TraceRecord(provider_event=event))
+
+    # -- endings -------------------------------------------------------------------------------
+
+    def inference_ended(
+        self,
+        call: int,
+        status: Status,
+        *,
+        reason: str,
+        response_id: str = "",
+        usage: common_pb2.TokenUsage | None = None,
+        error: common_pb2.TraceError | None = None,
+    ) -> None:
+        self._latest_item.pop(call, None)
+        ended = record_pb2.InferenceEnded(
+            call=call, status=status, response_id=response_id, reason=reason
+        )
+        if usage is not None:
+            ended.usage.CopyFrom(usage)
+        if error is not None:
+            ended.error.CopyFrom(error)
+        self._sink.append(record_pb2.TraceRecord(inference_ended=ended))
+
+    def interrupt_requested(self, turn: int, requested_by: str) -> None:
+        self._sink.append(
+            record_pb2.TraceRecord(
+                interrupt_requested=record_pb2.InterruptRequested(
+                    turn=turn, requested_by=requested_by
+                )
+            )
+        )
+
+    def turn_ended(
+        self, turn: int, status: Status, error: common_pb2.TraceError | None = None
+    ) -> None:
+        ended = record_pb2.TurnEnded(turn=turn, status=status)
+        if error is not None:
+            ended.error.CopyFrom(error)
+        self._sink.append(record_pb2.TraceRecord(turn_ended=ended))
+
+    def thread_ended(self, thread: int, status: Status, reason: str) -> None:
+        self._sink.append(
+            record_pb2.TraceRecord(
+                thread_ended=record_pb2.ThreadEnded(thread=thread, status=status, reason=reason)
+            )
+        )
+
+
+def _shared_prefix(
+    previous: Sequence[Mapping[str, Any]], current: Sequence[Mapping[str, Any]]
+) -> int:
+    """How many leading items current shares with previous (usually the very same objects)."""
+    count = 0
+    for before, now in zip(previous, current, strict=False):
+        if before is not now and before != now:
+            break
+        count += 1
+    return count

@@ -1,0 +1,24 @@
+"""replay_bundle: a whole bundle file through the reader and the reducer."""
+
+from __future__ import annotations
+
+import os
+
+from rollout.trace.v1 import state_pb2
+
+from ._reader import read_bundle
+from ._reducer import Reducer
+
+
+def replay_bundle(path: str | os.PathLike[str]) -> state_pb2.RolloutTrace:
+    """Reduce a whole bundle (its directory or trace.binpb) up to its first damage.
+
+    Raises BundleError when path is missing or not a bundle, ReductionError when its records
+    contradict each other; damage is reported in the state's integrity, never raised.
+    """
+    reducer = Reducer()
+    with read_bundle(path) as reader:
+        for batch in reader.batches():
+            reducer.apply_many(batch)
+        reducer.set_integrity(reader.integrity)
+    return reducer.state()
