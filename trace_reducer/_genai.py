@@ -240,15 +240,6 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
-def _input_messages(trace: state_pb2.RolloutTrace, item_ids: Iterable[str]) -> str:
-    messages = []
-    for item_id in item_ids:
-        item = trace.conversation_items.get(item_id)
-        if item is not None:
-            messages.append({"role": _role(item), "parts": _parts(item)})
-    return _dumps(messages)
-
-
 def _output_messages(
     trace: state_pb2.RolloutTrace, item_ids: Sequence[str], finish_reason: str
 ) -> str:
@@ -270,11 +261,28 @@ class _Planner:
     details: BundleDetails
     include_content: bool
     spans: list[SpanPlan] = field(default_factory=list)
+    # item id → its input message as JSON
+    messages: dict[str, str] = field(default_factory=dict)
 
     @property
     def _trace_end_ns(self) -> int:
         trace = self.trace
         return _ns(trace.ended_at) if trace.HasField("ended_at") else _ns(trace.started_at)
+
+    def _input_messages(self, item_ids: Iterable[str]) -> str:
+        # Every call re-sends the history: each item is encoded once and joined per call.
+        encoded = []
+        for item_id in item_ids:
+            message = self.messages.get(item_id)
+            if message is None:
+                item = self.trace.conversation_items.get(item_id)
+                if item is None:
+                    continue
+                message = self.messages[item_id] = _dumps(
+                    {"role": _role(item), "parts": _parts(item)}
+                )
+            encoded.append(message)
+        return f"[{','.join(encoded)}]"
 
     def _span_id(self, kind: str, object_id: str) -> int:
         return span_id_of(self.trace.trace_id, kind, object_id)
@@ -458,7 +466,7 @@ class _Planner:
                 )
             if isinstance(envelope, dict) and isinstance(envelope.get("tools"), list):
                 attributes["gen_ai.tool.definitions"] = _dumps(envelope["tools"])
-            attributes["gen_ai.input.messages"] = _input_messages(self.trace, call.request_item_ids)
+            attributes["gen_ai.input.messages"] = self._input_messages(call.request_item_ids)
             if call.response_item_ids:
                 attributes["gen_ai.output.messages"] = _output_messages(
                     self.trace, call.response_item_ids, finish_reason

@@ -32,9 +32,11 @@ PROTOCOLS = ("grpc", "http/protobuf")
 DEFAULT_TIMEOUT = 10.0
 _DEFAULT_ENDPOINTS = {"grpc": "http://localhost:4317", "http/protobuf": "http://localhost:4318"}
 _HTTP_TRACES_PATH = "/v1/traces"
-# Spans per export request: well under the 4 MiB a gRPC receiver takes by default, even with
-# content.
-_BATCH = 256
+# One export request stays under the 4 MiB a gRPC receiver takes by default: content makes a
+# chat span as large as the history it was sent.
+_BATCH_SPANS = 512
+_BATCH_BYTES = 3 * 1024 * 1024
+_SPAN_OVERHEAD_BYTES = 128
 # An HTTP field name (RFC 9110 token).
 _HEADER_KEY = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _DETAIL_CHARS = 400
@@ -264,10 +266,41 @@ def _cause(message: str) -> str:
     return message.removeprefix("Transient error ")
 
 
+def _size(value: object) -> int:
+    if isinstance(value, str):
+        return len(value.encode())
+    if isinstance(value, tuple | list):
+        return sum(_size(one) + 2 for one in value)
+    return 9
+
+
+def _estimated_bytes(span: ReadableSpan) -> int:
+    """About what the span costs in an OTLP request."""
+    size = _SPAN_OVERHEAD_BYTES + len(span.name)
+    for attributes in (span.attributes, *(event.attributes for event in span.events)):
+        for key, value in (attributes or {}).items():
+            size += len(key) + _size(value) + 4
+    return size
+
+
+def _batches(spans: Sequence[ReadableSpan]) -> Iterator[Sequence[ReadableSpan]]:
+    batch: list[ReadableSpan] = []
+    size = 0
+    for span in spans:
+        cost = _estimated_bytes(span)
+        if batch and (size + cost > _BATCH_BYTES or len(batch) == _BATCH_SPANS):
+            yield batch
+            batch, size = [], 0
+        batch.append(span)
+        size += cost
+    if batch:
+        yield batch
+
+
 def _send(exporter: SpanExporter, spans: Sequence[ReadableSpan], where: str) -> None:
     with _exporter_log() as log:
-        for start in range(0, len(spans), _BATCH):
-            result = exporter.export(spans[start : start + _BATCH])
+        for batch in _batches(spans):
+            result = exporter.export(batch)
             if result is not SpanExportResult.SUCCESS:
                 # The first message names the cause (refused, unknown host, HTTP status); later
                 # ones only say that retrying gave up.

@@ -16,6 +16,7 @@ pytest.importorskip("opentelemetry.proto", reason="needs the otel extra (make te
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from agent_server.loopback_http import HttpRequest, HttpResponse, LoopbackHttpServer
+from bench.synthetic import Shape, write_conversation
 from tests.agent_server.conftest import TRACE_REDUCER, clean_env
 from tests.otel.conftest import Bundles, damage_inside, free_port, truncate_inside
 from trace_reducer import replay_bundle
@@ -233,6 +234,21 @@ async def test_a_truncated_bundle_is_exported_with_a_warning(
         f"trace-reducer: warning: truncated bundle {bundle}: exported what it holds"
     ]
     assert len(received.spans()) == 4
+
+
+async def test_long_conversations_fit_the_receivers_message_limit(tmp_path: Path) -> None:
+    # With content every chat span carries the history it was sent: 200 turns make ~25 MB of
+    # spans, far over the 4 MiB a gRPC receiver takes in one message by default.
+    bundle = write_conversation(
+        tmp_path, Shape(turns=200, deltas_per_turn=60, words_per_delta=2), thread_id="long"
+    )
+    async with grpc_receiver() as (endpoint, received):
+        run = await export_cli(str(bundle), "--endpoint", endpoint, "--include-content")
+    assert (run.code, run.stderr) == (0, "")
+    sizes = [request.ByteSize() for request in received.requests]
+    assert sum(sizes) > 5 * 4 * 1024 * 1024
+    assert max(sizes) < 4 * 1024 * 1024
+    assert len(received.spans()) == 1 + 200 * 2
 
 
 async def test_a_corrupt_bundle_needs_salvage(bundles: Bundles, tmp_path: Path) -> None:
