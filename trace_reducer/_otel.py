@@ -175,6 +175,9 @@ def resolve_endpoint(endpoint: str | None, protocol: str) -> str:
         parts.port  # noqa: B018 - raises on a port that is not a number
     except ValueError as error:
         raise ExportConfigError(f"--endpoint is not a URL: {given!r} ({error})") from error
+    if parts.username is not None or parts.password is not None:
+        # The exporters would repeat the URL in their messages; credentials go in a header.
+        raise ExportConfigError("--endpoint must not hold credentials: send them with --header")
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ExportConfigError(f"--endpoint must be an http:// or https:// URL: {given!r}")
     if protocol == "http/protobuf" and parts.path in ("", "/"):
@@ -310,17 +313,6 @@ def _send(exporter: SpanExporter, spans: Sequence[ReadableSpan], where: str) -> 
                 raise ExportFailedError(f"could not export spans to {where}: {detail}")
 
 
-def _safe_url(url: str) -> str:
-    # Credentials in a URL are secrets: never echo them.
-    parts = urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url
-    netloc = parts.hostname or ""
-    if parts.port:
-        netloc = f"{netloc}:{parts.port}"
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
 def export_otlp(
     bundles: Sequence[str | os.PathLike[str]],
     *,
@@ -352,7 +344,7 @@ def export_otlp(
     owned = exporter is None
     if exporter is None:
         exporter, url = otlp_exporter(endpoint, protocol, headers, timeout)
-        where = _safe_url(url)
+        where = url
     try:
         results = []
         for one in made:

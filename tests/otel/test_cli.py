@@ -281,6 +281,10 @@ async def test_a_corrupt_bundle_needs_salvage(bundles: Bundles, tmp_path: Path) 
         (["{bundle}", "--endpoint", "http://127.0.0.1:notaport"], "--endpoint is not a URL"),
         (["{bundle}", "--endpoint", "127.0.0.1:4317"], "--endpoint must be an http://"),
         (["{bundle}", "--timeout", "0"], "--timeout must be a positive number"),
+        (
+            ["{bundle}", "--endpoint", f"http://user:{SECRET}@127.0.0.1:1"],
+            "--endpoint must not hold credentials",
+        ),
     ],
 )
 async def test_bad_input_is_one_line_exit_2_and_sends_nothing(
@@ -301,6 +305,7 @@ async def test_bad_input_is_one_line_exit_2_and_sends_nothing(
     [line] = run.error_lines
     assert line.startswith("trace-reducer: ")
     assert message.format(**names) in line
+    assert SECRET not in run.stderr
     assert received.requests == []
 
 

@@ -434,7 +434,7 @@ def _tool_trace() -> state_pb2.RolloutTrace:
             turn_id="turn-1",
             thread_id="thread-1",
             execution=_execution(common_pb2.EXECUTION_STATUS_CANCELLED, 101, 119),
-            inference_call_ids=["call-1"],
+            inference_call_ids=["call-1", "call-2"],
             input_item_ids=["item-user"],
             interrupt=state_pb2.Interrupt(
                 requested_by="ipv4:127.0.0.1:5000", requested_at=_stamp(118)
@@ -454,6 +454,19 @@ def _tool_trace() -> state_pb2.RolloutTrace:
             response_id="resp-tools",
             request_item_ids=["item-user"],
             response_item_ids=["item-call-ok", "item-call-error", "item-call-cancelled"],
+        )
+    )
+    # The call that was sent the tool's result (its answer never came: the turn was cancelled).
+    trace.inference_calls["call-2"].CopyFrom(
+        state_pb2.InferenceCall(
+            inference_call_id="call-2",
+            thread_id="thread-1",
+            turn_id="turn-1",
+            attempt=1,
+            execution=_execution(common_pb2.EXECUTION_STATUS_CANCELLED, 110, 119),
+            model="gpt-test",
+            provider_base_url="https://api.openai.com/v1",
+            request_item_ids=["item-user", "item-call-ok", "item-output-ok"],
         )
     )
     items = {
@@ -544,14 +557,16 @@ def test_tool_calls(include_content: bool) -> None:
     trace = _tool_trace()
     spans = plan_spans(plan_trace(trace, BundleDetails(), include_content=include_content))
     [turn] = [s for s in spans if s.name == "turn"]
-    tools = {str(attributes(s)["rollout.tool_call.id"]): s for s in children(spans, turn)[1:]}
+    tools = {str(attributes(s)["rollout.tool_call.id"]): s for s in children(spans, turn)[2:]}
     assert [s.name for s in children(spans, turn)] == [
+        "chat gpt-test",
         "chat gpt-test",
         "execute_tool get_weather",
         "execute_tool get_time",
         "execute_tool book_flight",
     ]
-    [chat] = [s for s in spans if s.name == "chat gpt-test"]
+    chat = by_attribute(spans, "rollout.inference_call.id", "call-1")
+    answered = by_attribute(spans, "rollout.inference_call.id", "call-2")
     assert attributes(chat)["gen_ai.response.finish_reasons"] == ("tool_call",)
     assert attributes(chat)["gen_ai.provider.name"] == "openai"
     assert (attributes(chat)["server.address"], attributes(chat)["server.port"]) == (
@@ -626,3 +641,24 @@ def test_tool_calls(include_content: bool) -> None:
             ],
             "finish_reason": "tool_call",
         }
+        assert messages(answered, "gen_ai.input.messages") == [
+            {"role": "user", "parts": [{"type": "text", "content": "Weather in Paris?"}]},
+            {
+                "role": "assistant",
+                "parts": [
+                    {
+                        "type": "tool_call",
+                        "id": "call_ok",
+                        "name": "get_weather",
+                        "arguments": {"city": "Paris"},
+                    }
+                ],
+            },
+            {
+                "role": "tool",
+                "parts": [
+                    {"type": "tool_call_response", "id": "call_ok", "response": "rainy, 14 C"}
+                ],
+            },
+        ]
+    assert attributes(answered)["gen_ai.response.finish_reasons"] == ("error",)
