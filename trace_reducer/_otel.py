@@ -117,7 +117,9 @@ def plan_spans(plan: TracePlan) -> list[ReadableSpan]:
             start_time=planned.start_ns,
         )
         if not isinstance(span, Span):
-            raise TypeError(f"the SDK made a {type(span).__name__}, not a recording span")
+            raise ExportConfigError(
+                "the OpenTelemetry SDK makes no spans here: is OTEL_SDK_DISABLED set?"
+            )
         for event in planned.events:
             span.add_event(event.name, event.attributes, timestamp=event.time_ns)
         if planned.error is not None:
