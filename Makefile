@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,batch,ray]'
+	$(PY) -m pip install --quiet -e '.[dev,otel,batch,ray]'
 	touch $@
 
 demo: $(STAMP)

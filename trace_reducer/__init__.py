@@ -1,5 +1,7 @@
 """Trace bundles of rollout-trace: the format, its writer and reader, and the reducer."""
 
+from typing import TYPE_CHECKING
+
 from ._errors import (
     BundleError,
     BundleNotFoundError,
@@ -28,6 +30,21 @@ from ._state_json import state_to_json, write_state_json
 from ._version import __version__
 from ._writer import FORMAT_VERSION, BundleWriter
 
+if TYPE_CHECKING:
+    from ._otel import ExportConfigError, ExportedBundle, ExportFailedError, export_otlp
+
+# The OTLP export needs the optional `otel` extra: it is imported on first use only.
+_OTEL_NAMES = frozenset({"ExportConfigError", "ExportFailedError", "ExportedBundle", "export_otlp"})
+
+
+def __getattr__(name: str) -> object:
+    if name in _OTEL_NAMES:
+        from . import _otel
+
+        return getattr(_otel, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "FORMAT_VERSION",
     "MAX_RECORD_BYTES",
@@ -38,6 +55,9 @@ __all__ = [
     "BundleReader",
     "BundleWriter",
     "CorruptBundleError",
+    "ExportConfigError",
+    "ExportFailedError",
+    "ExportedBundle",
     "FrameDecoder",
     "NotABundleError",
     "RecordBuilder",
@@ -54,6 +74,7 @@ __all__ = [
     "describe_os_error",
     "encode_record",
     "encode_varint",
+    "export_otlp",
     "integrity_name",
     "payload_id",
     "read_bundle",

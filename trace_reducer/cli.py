@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -149,6 +150,45 @@ def _request(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -- export-otlp ------------------------------------------------------------------------------
+
+
+def _export_otlp(args: argparse.Namespace) -> int:
+    try:
+        # The OpenTelemetry SDK is an optional extra; the other commands never import it.
+        from ._otel import ExportConfigError, ExportFailedError, export_otlp
+    except ImportError as error:
+        raise _CommandError(
+            f"export-otlp needs the otel extra (pip install 'rollout-trace[otel]'): {error}",
+            EXIT_FAILED,
+        ) from error
+    # The exporters log each retry and failure; the one line below says what matters.
+    logging.getLogger("opentelemetry").addHandler(logging.NullHandler())
+    try:
+        exported = export_otlp(
+            args.bundles,
+            endpoint=args.endpoint,
+            protocol=args.protocol,
+            headers=args.header,
+            include_content=args.include_content,
+            salvage=args.salvage,
+            timeout=args.timeout,
+        )
+    except CorruptBundleError as error:
+        raise _CommandError(
+            f"{error} (--salvage exports the records before it)", EXIT_FAILED
+        ) from error
+    except ExportConfigError as error:
+        raise _CommandError(str(error), EXIT_USAGE) from error
+    except ExportFailedError as error:
+        raise _CommandError(str(error), EXIT_FAILED) from error
+    for one in exported:
+        if one.integrity != "CLEAN":
+            _warn(f"warning: {one.integrity.lower()} bundle {one.bundle}: exported what it holds")
+        print(f"exported {one.spans} spans of {one.bundle} as trace {one.trace_id}", flush=True)
+    return EXIT_OK
+
+
 # -- serve ------------------------------------------------------------------------------------
 
 
@@ -227,6 +267,41 @@ def build_parser() -> argparse.ArgumentParser:
     request.add_argument("inference_call_id", help="as in the reduced state's inference_calls")
     request.add_argument("--pretty", action="store_true", help="indent the JSON")
     request.set_defaults(run=_request)
+
+    export = commands.add_parser(
+        "export-otlp",
+        help="send bundles as OpenTelemetry GenAI spans to an OTLP receiver",
+        description="Exit codes: 0 sent, 1 the receiver did not take the spans, a corrupt "
+        "bundle without --salvage, or records that contradict each other; 2 bad input "
+        "(bundle, endpoint, protocol, header, timeout).",
+    )
+    export.add_argument("bundles", nargs="+", metavar="bundle", help="bundle directory or file")
+    export.add_argument(
+        "--endpoint",
+        metavar="URL",
+        help="OTLP receiver (default: OTEL_EXPORTER_OTLP_ENDPOINT, else localhost:4317 for "
+        "grpc, localhost:4318/v1/traces for http/protobuf)",
+    )
+    export.add_argument("--protocol", choices=["grpc", "http/protobuf"], default="grpc")
+    export.add_argument(
+        "--header",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="send this header (repeatable; default: OTEL_EXPORTER_OTLP_HEADERS)",
+    )
+    export.add_argument(
+        "--include-content",
+        action="store_true",
+        help="add instructions, messages and tool arguments and results to the spans",
+    )
+    export.add_argument(
+        "--salvage", action="store_true", help="export a corrupt bundle up to the damage"
+    )
+    export.add_argument(
+        "--timeout", type=float, default=10.0, metavar="SECONDS", help="per send, with retries"
+    )
+    export.set_defaults(run=_export_otlp)
 
     serve = commands.add_parser("serve", help="run the ReducerService gRPC server")
     serve.add_argument("--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT")
