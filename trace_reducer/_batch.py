@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.forkserver
 import signal
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -205,6 +207,19 @@ def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+def _start_forkserver_deaf_to_ctrl_c() -> None:
+    """Start the forkserver with SIGINT ignored, so that every worker it forks ignores it from
+    birth. A worker that took Ctrl-C while still starting up would die, and the pool would
+    then kill its siblings in the middle of their bundles."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 class PoolEngine:
     """A local process pool; rebuilt if a worker dies (the OOM killer, a crash)."""
 
@@ -219,6 +234,7 @@ class PoolEngine:
         # forkserver: workers do not inherit the driver's threads (progress bar, fsspec's
         # event loop) the way fork would.
         context = multiprocessing.get_context("forkserver")
+        _start_forkserver_deaf_to_ctrl_c()
         return futures.ProcessPoolExecutor(
             self.slots, mp_context=context, initializer=_ignore_sigint
         )

@@ -80,7 +80,7 @@ def summary(
     )
     lines.append("  bundles: " + ", ".join(counts))
     if interrupted:
-        lines.append(f"  not reached: {found - skipped - tally.done:,}")
+        lines.append(f"  not finished or not reported: {found - skipped - tally.done:,}")
     lines.append(
         "  integrity: " + ", ".join(f"{name} {tally.integrities[name]:,}" for name in _INTEGRITIES)
     )
