@@ -16,6 +16,8 @@ from ._reducer import Reducer, ReductionError, replay_bundle
 from ._requests import RequestNotFoundError, request_body
 from ._state_json import state_to_json, write_state_json
 from ._version import __version__
+from ._view import VIEW_FILE_NAME, write_view
+from ._watch import WatchUpdate, follow_bundle
 from ._writer import (
     FORMAT_VERSION,
     STATE_FILE_NAME,
@@ -29,6 +31,7 @@ __all__ = [
     "MAX_RECORD_BYTES",
     "STATE_FILE_NAME",
     "TRACE_FILE_NAME",
+    "VIEW_FILE_NAME",
     "BundleError",
     "BundleNotFoundError",
     "BundleReader",
@@ -41,8 +44,10 @@ __all__ = [
     "Reducer",
     "ReductionError",
     "RequestNotFoundError",
+    "WatchUpdate",
     "__version__",
     "canonical_json",
+    "follow_bundle",
     "payload_id",
     "read_bundle",
     "replay_bundle",
@@ -50,4 +55,5 @@ __all__ = [
     "resolve_trace_file",
     "state_to_json",
     "write_state_json",
+    "write_view",
 ]
