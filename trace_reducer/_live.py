@@ -82,6 +82,7 @@ class LiveTranscript:
         self._streamed: dict[tuple[str, str], str] = {}
         self._open_line: tuple[str, str] | None = None
         self._stray: dict[str, list[str]] = {}
+        self._discarded: set[tuple[str, str]] = set()
 
     def _write(self, text: str) -> None:
         self.close_line()
@@ -115,7 +116,7 @@ class LiveTranscript:
                     f"thread {thread.thread_id} · model {thread.model} · "
                     f"{trace.producer_name} {trace.producer_version}"
                 )
-            self._changed(thread.thread_id, _RUNNING)
+                self._statuses[thread.thread_id] = _RUNNING
             for turn_id in thread.turn_ids:
                 self._show_turn(trace, trace.turns[turn_id])
             status = thread.execution.status
@@ -220,15 +221,21 @@ class LiveTranscript:
         self._open_line = key
 
     def _discard(self, key: tuple[str, str], text: str) -> None:
+        if key in self._discarded:
+            return
+        self._discarded.add(key)
         shown = self._streamed.pop(key, None)
         if shown is None:
             self._write(f"discarded output (never completed): {text}")
             return
-        if self._open_line != key:
-            self.close_line()
-            self._out.write("assistant (cont.): ")
-        self._out.write(f"{text[len(shown) :]} [discarded: never completed]\n")
-        self._open_line = None
+        rest = text[len(shown) :] if text.startswith(shown) else ""
+        if self._open_line == key:
+            self._out.write(f"{rest} [discarded: never completed]\n")
+            self._open_line = None
+        elif rest:
+            self._write(f"assistant (cont.): {rest} [discarded: never completed]")
+        else:
+            self._write("[output discarded: never completed]")
 
 
 async def follow_and_print(
