@@ -214,8 +214,9 @@
   function callMarker(call) {
     return el("div", { class: "call-marker", data: { callId: call.id } },
       "\u25b8 ", jump(`inference call ${call.id}`, "timeline", call.turn, "call-" + call.id),
-      ` attempt ${call.attempt}`, badge(call.status), fmtDuration(durationOf(call)),
-      call.usage ? `\u00b7 ${fmtUsage(call.usage)}` : null,
+      el("span", {}, `attempt ${call.attempt}`), badge(call.status),
+      el("span", {}, fmtDuration(durationOf(call))),
+      call.usage ? el("span", {}, fmtUsage(call.usage)) : null,
       call.error ? el("span", { class: "error" }, `${call.error.code || "error"}: ${call.error.message}`) : null);
   }
 
