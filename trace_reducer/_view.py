@@ -11,6 +11,7 @@ import os
 import re
 import uuid
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -46,12 +47,12 @@ _NEVER = 1 << 62
 _PLACEHOLDER = re.compile(r"\{\{([A-Z_]+)\}\}")
 
 
+@dataclass(frozen=True)
 class ViewData:
     """A bundle reduced, plus the payloads that rebuild each request body on demand."""
 
-    def __init__(self, trace: state_pb2.RolloutTrace, payloads: PayloadStore) -> None:
-        self.trace = trace
-        self.payloads = payloads
+    trace: state_pb2.RolloutTrace
+    payloads: PayloadStore
 
 
 def reduce_for_view(path: str | os.PathLike[str]) -> ViewData:
@@ -326,19 +327,20 @@ class _PageBuilder:
     def body(
         self, call: state_pb2.InferenceCall, base: str | None, keep: int, added: list[str]
     ) -> dict[str, Any]:
+        # Each payload is prepared once for the page, however many calls send it again.
+        for pid in added:
+            self._input(pid)
         envelope = call.request_envelope_payload_id
-        missing = [pid for pid in added if not self._input(pid)]
-        if not envelope or self._envelope(envelope) is None:
-            missing.insert(0, envelope or "(no envelope)")
-        return {"envelope": envelope, "base": base, "keep": keep, "add": added, "missing": missing}
+        if envelope:
+            self._envelope(envelope)
+        return {"envelope": envelope, "base": base, "keep": keep, "add": added}
 
-    def _input(self, pid: str) -> bool:
+    def _input(self, pid: str) -> None:
         if pid not in self.inputs:
             try:
                 self.inputs[pid] = canonical_json(json.loads(self.store.get(pid))).decode()
             except (PayloadError, ValueError):
-                self.inputs[pid] = None
-        return self.inputs[pid] is not None
+                self.inputs[pid] = None  # the page says the body cannot be rebuilt
 
     def _envelope(self, pid: str) -> list[str] | None:
         """The envelope's JSON cut where `input` goes: the body is prefix, inputs, suffix."""
