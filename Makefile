@@ -4,12 +4,12 @@ PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test check lint protos check-protos pytest fuzz bench clean
+.PHONY: demo test check lint protos check-protos pytest test-backends fuzz bench clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,otel,batch,ray]'
+	$(PY) -m pip install --quiet -e '.[dev,otel,viewer-tests,batch,ray]'
 	touch $@
 
 demo: $(STAMP)
@@ -30,7 +30,11 @@ lint: $(STAMP)
 
 check: check-protos lint
 
-pytest: $(STAMP)
+# What the tests drive beyond Python packages (Chromium from the OS packages), where missing.
+test-backends:
+	scripts/test-backends.sh
+
+pytest: $(STAMP) test-backends
 	$(BIN)/pytest -q
 
 test: check pytest

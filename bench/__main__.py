@@ -1,4 +1,4 @@
-"""`make bench`: SPEC §8's budgets P1-P5 and reduce-all's B1-B3, in one table with targets."""
+"""`make bench`: SPEC §8's budgets P1-P5, the viewer's V1 and reduce-all's B1-B3, in one table."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench import agent_bench, batch_bench, reducer_bench
+from bench import agent_bench, batch_bench, reducer_bench, view_bench
 from bench.synthetic import Shape, write_conversation
 
 
@@ -135,6 +135,32 @@ def p5(root: Path) -> list[Row]:
     return rows
 
 
+def v1(root: Path) -> list[Row]:
+    bundle = write_conversation(root / "v1", Shape(turns=1000, deltas_per_turn=1000))
+    result = view_bench.measure_view(bundle, root)
+    ratio = result.write_seconds / result.replay_seconds
+    measured = (
+        f"written in {result.write_seconds:.1f} s ({ratio:.2f}x replay_bundle), "
+        f"{result.page_bytes / 1e6:.1f} MB page for a "
+        f"{result.bundle_bytes / 1e6:.1f} MB bundle"
+    )
+    if result.open_seconds is not None:
+        measured += (
+            f"; Chromium: rendered in {result.open_seconds:.2f} s, next page "
+            f"{result.next_page_seconds:.2f} s, last call's request body "
+            f"{result.last_body_seconds:.2f} s"
+        )
+    return [
+        Row(
+            "V1",
+            "`trace-reducer view` of 1,000 turns, 1,000,000 records",
+            measured,
+            "page in seconds; opens without freezing",
+            result.write_seconds < 10 and (result.open_seconds or 0) < 5,
+        )
+    ]
+
+
 def batch(root: Path) -> list[Row]:
     count = int(os.environ.get("BENCH_BATCH_BUNDLES", "2000"))
     result = batch_bench.measure_batch(root, bundles=count)
@@ -190,6 +216,7 @@ BENCHES: dict[str, Callable[[Path], list[Row]]] = {
     "p3": p3,
     "p4": p4,
     "p5": p5,
+    "v1": v1,
     "batch": batch,
 }
 

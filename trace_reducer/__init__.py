@@ -28,6 +28,8 @@ from ._replay import replay_bundle
 from ._requests import RequestNotFoundError, request_body
 from ._state_json import state_to_json, write_state_json
 from ._version import __version__
+from ._view import VIEW_FILE_NAME, write_view
+from ._watch import WatchUpdate, follow_bundle
 from ._writer import FORMAT_VERSION, BundleWriter
 
 if TYPE_CHECKING:
@@ -50,6 +52,7 @@ __all__ = [
     "MAX_RECORD_BYTES",
     "STATE_FILE_NAME",
     "TRACE_FILE_NAME",
+    "VIEW_FILE_NAME",
     "BundleError",
     "BundleNotFoundError",
     "BundleReader",
@@ -67,6 +70,7 @@ __all__ = [
     "Reducer",
     "ReductionError",
     "RequestNotFoundError",
+    "WatchUpdate",
     "__version__",
     "canonical_json",
     "decode_varint",
@@ -75,6 +79,7 @@ __all__ = [
     "encode_record",
     "encode_varint",
     "export_otlp",
+    "follow_bundle",
     "integrity_name",
     "payload_id",
     "read_bundle",
@@ -84,4 +89,5 @@ __all__ = [
     "resolve_trace_file",
     "state_to_json",
     "write_state_json",
+    "write_view",
 ]

@@ -1,4 +1,4 @@
-"""The `trace-reducer` command: reduce a bundle to state.json, dump its records, serve gRPC."""
+"""The `trace-reducer` command: reduce, dump, view or watch a bundle; serve gRPC."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import sys
+import webbrowser
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -37,6 +38,7 @@ _FIELDS_CHARS = 240
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
 
 
 class _CommandError(Exception):
@@ -189,6 +191,56 @@ def _export_otlp(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -- view -------------------------------------------------------------------------------------
+
+
+def _view(args: argparse.Namespace) -> int:
+    from ._view import VIEW_FILE_NAME, reduce_for_view, save_view
+
+    trace_file = resolve_trace_file(args.bundle)
+    data = reduce_for_view(trace_file)
+    integrity = data.trace.integrity
+    require_reducible(integrity, salvage=True, source=args.bundle)
+    if integrity.status != state_pb2.INTEGRITY_STATUS_CLEAN:
+        _warn(
+            f"warning: {integrity_name(integrity.status).lower()} bundle {args.bundle}: "
+            f"{integrity.detail}; showing the {integrity.records_read} records before it"
+        )
+    target = Path(args.output) if args.output else trace_file.parent / VIEW_FILE_NAME
+    path = save_view(data, target, title=f"rollout {trace_file.parent.name}")
+    print(path, flush=True)
+    if args.open and not webbrowser.open(path.resolve().as_uri()):
+        _warn(f"no browser could be started; open {path} yourself")
+    return EXIT_OK
+
+
+# -- watch ------------------------------------------------------------------------------------
+
+
+def _watch(args: argparse.Namespace) -> int:
+    from ._live import LiveTranscript, follow_and_print
+
+    trace_file = resolve_trace_file(args.bundle)
+    printer = LiveTranscript(sys.stdout)
+    try:
+        trace = asyncio.run(follow_and_print(trace_file, printer))
+    except KeyboardInterrupt:
+        printer.close_line()
+        sys.stdout.flush()
+        raise _CommandError(
+            f"stopped watching {args.bundle} (interrupted) after {printer.records_read} "
+            "records; the recording had not completed",
+            EXIT_INTERRUPTED,
+        ) from None
+    try:
+        require_reducible(trace.integrity, salvage=False, source=args.bundle)
+    except CorruptBundleError as error:
+        raise _CommandError(str(error), EXIT_FAILED) from error
+    integrity = trace.integrity
+    print(f"recording complete: {integrity.records_read} records", flush=True)
+    return EXIT_OK
+
+
 # -- serve ------------------------------------------------------------------------------------
 
 
@@ -302,6 +354,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout", type=float, default=10.0, metavar="SECONDS", help="per send, with retries"
     )
     export.set_defaults(run=_export_otlp)
+
+    view = commands.add_parser(
+        "view", help="write one self-contained HTML page showing the bundle, print its path"
+    )
+    view.add_argument("bundle", help="bundle directory or its trace.binpb")
+    view.add_argument("-o", "--output", metavar="FILE", help="write here, not <bundle>/view.html")
+    view.add_argument("--open", action="store_true", help="open the page in a web browser")
+    view.set_defaults(run=_view)
+
+    watch = commands.add_parser(
+        "watch", help="print a bundle's transcript live as it is written, until it completes"
+    )
+    watch.add_argument("bundle", help="bundle directory or its trace.binpb")
+    watch.set_defaults(run=_watch)
 
     serve = commands.add_parser("serve", help="run the ReducerService gRPC server")
     serve.add_argument("--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT")
