@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import subprocess
 import sys
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import grpc
@@ -38,6 +39,13 @@ RAY_ENV = {
 }
 
 
+LOOKUP = agent_pb2.FunctionTool(
+    name="lookup",
+    description="Look something up.",
+    parameters_json=json.dumps({"type": "object", "properties": {"query": {"type": "string"}}}),
+)
+
+
 @dataclass
 class Corpus:
     """Bundles of real threads, and what the script that made them says is in them."""
@@ -49,6 +57,8 @@ class Corpus:
     failed_codes: Counter[str] = field(default_factory=Counter)
     # interrupted turn id -> the text it streamed before the interrupt.
     discarded: dict[str, str] = field(default_factory=dict)
+    # (tool name, arguments JSON, output submitted) of every tool call, as the client saw it.
+    tool_calls: list[tuple[str, str, str]] = field(default_factory=list)
     threads: int = 0
 
     @property
@@ -98,6 +108,34 @@ class _Client:
         events.cancel()
         await self.stub.CloseThread(agent_pb2.CloseThreadRequest(thread_id=thread_id))
         return str(turn.id)
+
+    async def with_tools(
+        self, text: str, tools: list[agent_pb2.FunctionTool], answer: str
+    ) -> list[tuple[str, str, str]]:
+        """A thread whose turn calls tools, each answered with `answer`; what was called."""
+        started = await self.stub.StartThread(agent_pb2.StartThreadRequest(tools=tools))
+        thread_id = started.thread.id
+        events = self.stub.StreamEvents(agent_pb2.StreamEventsRequest(thread_id=thread_id))
+        stream = aiter(events)
+        turn = (await self._start_turn(thread_id, text)).turn
+        calls = []
+        while True:
+            event = (await anext(stream)).event
+            if event.HasField("tool_call_requested"):
+                call = event.tool_call_requested
+                calls.append((call.name, call.arguments, answer))
+                await self.stub.SubmitToolOutputs(
+                    agent_pb2.SubmitToolOutputsRequest(
+                        thread_id=thread_id,
+                        turn_id=turn.id,
+                        outputs=[agent_pb2.ToolOutput(call_id=call.call_id, output=answer)],
+                    )
+                )
+            elif event.HasField("turn_completed") and event.turn_id == turn.id:
+                break
+        events.cancel()
+        await self.stub.CloseThread(agent_pb2.CloseThreadRequest(thread_id=thread_id))
+        return calls
 
     async def _start_turn(self, thread_id: str, text: str) -> agent_pb2.StartTurnResponse:
         request = agent_pb2.StartTurnRequest(
@@ -175,6 +213,19 @@ async def _record(root: Path) -> Corpus:
         await client.channel.close(None)
         await server.stop()
         await provider.stop()
+    # A tool call, on the built-in local model (it calls the tools a message names).
+    local = await AgentServer.start(
+        replace(settings, provider_url=None, model="local-echo-1", local_word_delay=0.0)
+    )
+    client = _Client(local.address)
+    try:
+        corpus.tool_calls += await client.with_tools(
+            "please lookup the tallest mountain", [LOOKUP], "Mount Everest"
+        )
+        corpus.threads += 1
+    finally:
+        await client.channel.close(None)
+        await local.stop()
     return corpus
 
 

@@ -57,17 +57,20 @@ def reduced(traces: Path, tmp_path: Path) -> Tables:
 
 
 def test_tokens_per_model(reduced: Tables, corpus: Corpus) -> None:
+    # The scripted models' usage is what the script sent (the local model's is its own).
+    scripted = "model IN ('model-a', 'model-b', 'model-c')"
     rows = reduced.rows(
         "SELECT model, sum(input_tokens), sum(output_tokens) FROM inference_calls "
-        "GROUP BY model ORDER BY model"
+        f"WHERE {scripted} GROUP BY model ORDER BY model"
     )
     assert rows == [(model, *corpus.tokens[model]) for model in sorted(corpus.tokens)]
     # The thread and turn totals agree with their calls.
-    by_thread = reduced.rows(
-        "SELECT model, sum(input_tokens), sum(output_tokens) FROM threads "
-        "GROUP BY model ORDER BY model"
-    )
-    assert by_thread == rows
+    for table in ("threads", "turns"):
+        totals = reduced.rows(
+            f"SELECT sum(input_tokens), sum(output_tokens) FROM {table} "
+            f"WHERE trace_id IN (SELECT trace_id FROM inference_calls WHERE {scripted})"
+        )
+        assert totals == [tuple(map(sum, zip(*corpus.tokens.values(), strict=True)))], table
 
 
 def test_failed_calls_per_provider_error_code(reduced: Tables, corpus: Corpus) -> None:
@@ -91,6 +94,26 @@ def test_interrupted_turns_with_their_discarded_text(reduced: Tables, corpus: Co
     )
     assert {turn: text for turn, _, text in rows} == corpus.discarded
     assert {status for _, status, _ in rows} == {"CANCELLED"}
+
+
+def test_tool_calls_with_their_arguments_and_outputs(reduced: Tables, corpus: Corpus) -> None:
+    rows = reduced.rows(
+        "SELECT name, arguments, output, status, is_error FROM tool_calls ORDER BY started_at"
+    )
+    assert [row[:3] for row in rows] == corpus.tool_calls
+    assert {row[3:] for row in rows} == {("COMPLETED", False)}
+    # call item -> tool call -> output item, and the call that asked for it.
+    assert reduced.rows(
+        "SELECT count(*) FROM tool_calls t "
+        "JOIN conversation_items c ON c.trace_id = t.trace_id AND c.item_id = t.call_item_id "
+        "JOIN conversation_items o ON o.trace_id = t.trace_id AND o.item_id = t.output_item_id "
+        "JOIN inference_calls i ON i.trace_id = t.trace_id "
+        "AND i.inference_call_id = t.requested_by_inference_call_id "
+        "JOIN turns u ON u.trace_id = t.trace_id "
+        "AND list_contains(u.tool_call_ids, t.tool_call_id) "
+        "WHERE c.kind = 'FUNCTION_CALL' AND o.kind = 'FUNCTION_CALL_OUTPUT' "
+        "AND o.producer_kind = 'tool' AND o.producer_id = t.tool_call_id"
+    ) == [(len(corpus.tool_calls),)]
 
 
 def test_foreign_keys_resolve_and_counts_match_the_states(reduced: Tables, traces: Path) -> None:
@@ -127,8 +150,7 @@ def test_foreign_keys_resolve_and_counts_match_the_states(reduced: Tables, trace
     }
     counted = {name: reduced.value(f"SELECT count(*) FROM {name}") for name in SCHEMAS}
     assert counted == expected
-    # Every table can be read, with its documented columns, even with no rows (tool_calls
-    # until the agent runs tools).
+    # Every table can be read, with its documented columns.
     for name, schema in SCHEMAS.items():
         columns = [row[0] for row in reduced.rows(f"DESCRIBE {name}")]
         assert columns == [*schema.names, "day"], name
@@ -150,7 +172,7 @@ def test_tables_from_state_json_are_identical_to_fresh_ones(traces: Path, tmp_pa
     # The second run reduces nothing: its rows come from the state.json files written above.
     second = reduce_all(str(traces), "--tables", str(tmp_path / "second"))
     assert second.returncode == 0
-    assert "up to date 10" in second.stdout
+    assert f"up to date {len(bundles_under(traces))}" in second.stdout
     assert _file_bytes(tmp_path / "first") == _file_bytes(tmp_path / "second")
 
     # Rewriting the same directory replaces its tables (nothing appended, no staging left).
