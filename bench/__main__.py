@@ -179,7 +179,7 @@ def batch(root: Path) -> list[Row]:
             f"reduce-all --tables, {n:,} bundles made by the server, pool --jobs 1 vs --jobs 2 "
             f"(median of {result.rounds} rounds, min-max)",
             f"--jobs 1: {modes['jobs1'].rates(n)}; --jobs 2: {modes['jobs2'].rates(n)}; "
-            f"scaling {two / one:.2f}x (CPU per bundle, all processes: "
+            f"scaling {two / one:.2f}x (the driver's CPU per bundle: "
             f"{cpu_ms('jobs1'):.2f} / {cpu_ms('jobs2'):.2f} ms)",
             ">= 1.5x on 2 cores",
             two / one >= 1.5,

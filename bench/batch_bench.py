@@ -62,7 +62,8 @@ class Mode:
     name: str
     args: list[str]
     seconds: list[float] = field(default_factory=list)
-    # CPU of the command and the processes it waited for (its pool; not Ray's workers).
+    # CPU of the command's own process: the driver (its pool's workers are reaped by the
+    # forkserver, so their CPU is not counted here).
     cpu_seconds: list[float] = field(default_factory=list)
 
     def rate(self, bundles: int, pick: str = "median") -> float:
