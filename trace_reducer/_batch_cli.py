@@ -107,6 +107,9 @@ def _engine(args: argparse.Namespace, store: Store) -> Engine:
         return RayEngine(args.ray, args.jobs)
     except RayUnavailableError as error:
         raise BundleError(str(error)) from error
+    except Exception as error:  # noqa: BLE001 - Ray's own errors, as one line
+        where = "a local Ray" if args.ray == "local" else f"Ray at {args.ray}"
+        raise BundleError(f"cannot start or join {where}: {error}") from error
 
 
 def run(args: argparse.Namespace) -> int:
