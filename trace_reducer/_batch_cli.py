@@ -107,7 +107,7 @@ def _engine(args: argparse.Namespace, store: Store) -> Engine:
         return RayEngine(args.ray, args.jobs)
     except RayUnavailableError as error:
         raise BundleError(str(error)) from error
-    except Exception as error:  # noqa: BLE001 - Ray's own errors, as one line
+    except Exception as error:  # Ray's own errors, as one line
         where = "a local Ray" if args.ray == "local" else f"Ray at {args.ray}"
         raise BundleError(f"cannot start or join {where}: {error}") from error
 
