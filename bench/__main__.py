@@ -173,14 +173,17 @@ def batch(root: Path) -> list[Row]:
     def cpu_ms(name: str) -> float:
         return statistics.median(modes[name].cpu_seconds) / n * 1000
 
+    def worker_ms(name: str) -> float:
+        return statistics.median(modes[name].worker_cpu_ms)
+
     return [
         Row(
             "B1",
             f"reduce-all --tables, {n:,} bundles made by the server, pool --jobs 1 vs --jobs 2 "
             f"(median of {result.rounds} rounds, min-max)",
             f"--jobs 1: {modes['jobs1'].rates(n)}; --jobs 2: {modes['jobs2'].rates(n)}; "
-            f"scaling {two / one:.2f}x (the driver's CPU per bundle: "
-            f"{cpu_ms('jobs1'):.2f} / {cpu_ms('jobs2'):.2f} ms)",
+            f"scaling {two / one:.2f}x; CPU per bundle: workers {worker_ms('jobs1'):.2f} / "
+            f"{worker_ms('jobs2'):.2f} ms, driver {cpu_ms('jobs1'):.2f} / {cpu_ms('jobs2'):.2f} ms",
             ">= 1.5x on 2 cores",
             two / one >= 1.5,
         ),
@@ -195,7 +198,8 @@ def batch(root: Path) -> list[Row]:
             "B2",
             "reduce-all --ray on a local Ray (2 CPUs) vs the pool --jobs 2",
             f"joined by address: {modes['ray'].rates(n)} = {ray / two:.2f}x the pool; "
-            f"started by the command: {modes['ray-bare'].rates(n)} = {bare / two:.2f}x",
+            f"started by the command: {modes['ray-bare'].rates(n)} = {bare / two:.2f}x; "
+            f"worker CPU per bundle {worker_ms('ray'):.2f} ms",
             "joined >= 0.8x the pool",
             ray / two >= 0.8,
         ),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import resource
 import shutil
 import statistics
@@ -65,6 +66,8 @@ class Mode:
     # CPU of the command's own process: the driver (its pool's workers are reaped by the
     # forkserver, so their CPU is not counted here).
     cpu_seconds: list[float] = field(default_factory=list)
+    # What the summary says the workers spent per bundle (process CPU time, pool or Ray).
+    worker_cpu_ms: list[float] = field(default_factory=list)
 
     def rate(self, bundles: int, pick: str = "median") -> float:
         chosen = {
@@ -97,7 +100,7 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _run(root: Path, args: list[str], env: dict[str, str]) -> tuple[float, float]:
+def _run(root: Path, args: list[str], env: dict[str, str]) -> tuple[float, float, float]:
     cpu = _children_cpu()
     started = time.perf_counter()
     done = subprocess.run(
@@ -110,7 +113,10 @@ def _run(root: Path, args: list[str], env: dict[str, str]) -> tuple[float, float
     seconds = time.perf_counter() - started
     if done.returncode != 0:
         raise RuntimeError(f"reduce-all {args} failed: {done.stdout}{done.stderr}")
-    return seconds, _children_cpu() - cpu
+    worker = re.search(r"worker CPU: ([\d.,]+) ms per bundle", done.stdout)
+    if worker is None:
+        raise RuntimeError(f"no worker CPU in the summary: {done.stdout}")
+    return seconds, _children_cpu() - cpu, float(worker.group(1).replace(",", ""))
 
 
 @contextmanager
@@ -153,9 +159,10 @@ def measure_batch(root: Path, bundles: int = 2000, rounds: int = 3) -> BatchResu
         order = list(modes)
         for round_ in range(rounds):
             for name in order if round_ % 2 == 0 else reversed(order):
-                seconds, cpu = _run(traces, modes[name].args, RAY_ENV)
+                seconds, cpu, worker_ms = _run(traces, modes[name].args, RAY_ENV)
                 modes[name].seconds.append(seconds)
                 modes[name].cpu_seconds.append(cpu)
+                modes[name].worker_cpu_ms.append(worker_ms)
     return BatchResult(
         bundles=bundles,
         record_seconds=record_seconds,

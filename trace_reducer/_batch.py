@@ -74,6 +74,8 @@ class BundleResult:
     records: int = 0
     bytes: int = 0
     seconds: float = 0.0
+    # CPU the worker spent on it: unlike wall time, not inflated by a busy machine.
+    cpu_seconds: float = 0.0
     detail: str = ""
     bad_frame_offset: int | None = None
     bad_frame_seq: int | None = None
@@ -97,6 +99,7 @@ def reduce_one(task: BundleTask, options: BatchOptions) -> BundleResult:
     Never raises for a bad bundle: whatever goes wrong is the result's outcome and detail.
     """
     started = time.perf_counter()
+    cpu_started = time.process_time()
     store = open_store(options.root, options.storage_options)
     bundle = store.display(task.location)
     result = BundleResult(task.index, bundle, Outcome.FAILED)
@@ -136,6 +139,7 @@ def reduce_one(task: BundleTask, options: BatchOptions) -> BundleResult:
             result.outcome = Outcome.FAILED
             result.detail = f"internal error building its table rows: {error}"
     result.seconds = time.perf_counter() - started
+    result.cpu_seconds = time.process_time() - cpu_started
     return result
 
 

@@ -26,6 +26,7 @@ class Tally:
     records: int = 0
     bytes: int = 0
     done: int = 0
+    cpu_seconds: float = 0.0
     slowest: list[tuple[float, int, str, int]] = field(default_factory=list)
     corrupt: list[BundleResult] = field(default_factory=list)
     failed: list[BundleResult] = field(default_factory=list)
@@ -33,6 +34,7 @@ class Tally:
 
     def add(self, result: BundleResult) -> None:
         self.done += 1
+        self.cpu_seconds += result.cpu_seconds
         self.outcomes[result.outcome] += 1
         if result.outcome == Outcome.LIVE:
             self.live.append(result.bundle)
@@ -89,6 +91,11 @@ def summary(
         f"  rate: {tally.done * rate:,.0f} bundles/s, {tally.records * rate:,.0f} records/s, "
         f"{tally.bytes * rate / 1e6:,.2f} MB/s ({tally.records:,} records, {tally.bytes:,} bytes)"
     )
+    if tally.done:
+        lines.append(
+            f"  worker CPU: {tally.cpu_seconds / tally.done * 1000:,.2f} ms per bundle "
+            f"({tally.cpu_seconds:,.1f} s in all)"
+        )
     for seconds_taken, _, bundle, records in sorted(tally.slowest, reverse=True):
         lines.append(f"  slowest: {seconds_taken:.3f} s {bundle} ({records:,} records)")
     for result in sorted(tally.corrupt, key=lambda r: r.index):
