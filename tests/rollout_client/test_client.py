@@ -1,0 +1,272 @@
+"""The async client against a real agent server: turns, interrupts, errors, dropped connections."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from agent_server import AgentServer, Settings
+from agent_server.local_model import reply_words
+from grpc_common import AccessControl
+from rollout.agent.v1 import agent_pb2
+from rollout_client import (
+    AgentClient,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+    OutOfRangeError,
+    RolloutError,
+    RpcError,
+    UnauthenticatedError,
+    UnavailableError,
+)
+from tests.agent_server.scripted_provider import (
+    ScriptedProvider,
+    completed,
+    created,
+    item_added,
+    item_done,
+    message,
+    sse,
+    text_delta,
+)
+from tests.grpc_common import test_server
+from tests.rollout_client.tcp_proxy import TcpProxy
+from trace_reducer import replay_bundle
+
+# The self-signed certificate fixture the shared plumbing is tested with.
+certificate = test_server.certificate
+
+
+def kinds(events: list[agent_pb2.ThreadEvent]) -> list[str]:
+    return [str(event.WhichOneof("kind")) for event in events]
+
+
+async def test_a_thread_of_two_turns_streams_and_closes(server: AgentServer) -> None:
+    async with AgentClient(server.address) as client:
+        thread = await client.start_thread(instructions="Be brief.", metadata={"run": "7"})
+        assert thread.model == "local-echo-1"
+        assert thread.info.metadata == {"run": "7"}
+        for prompt in ("first question", "second question"):
+            turn = thread.run_turn(prompt)
+            events = [event async for event in turn]
+            assert kinds(events)[0] == "turn_started"
+            assert kinds(events)[-1] == "turn_completed"
+            assert {event.turn_id for event in events} == {turn.id}
+            assert turn.status_name == "COMPLETED"
+            [done] = [e.item_completed.item for e in events if e.HasField("item_completed")]
+            # The deltas add up to the completed item, which is the local model's reply.
+            assert turn.text == done.text == "".join(reply_words(prompt))
+        # Events are numbered per thread; the second turn's follow the first's.
+        assert thread.last_index == len(events) * 2
+        listed = await client.list_threads()
+        assert [t.id for t in listed] == [thread.id]
+        assert listed[0].turn_count == 2
+        closed = await thread.close()
+        assert closed.status == agent_pb2.THREAD_STATUS_CLOSED
+    bundle = Path(closed.bundle_path)
+    assert bundle.parent == server.settings.trace_root
+    rollout = await asyncio.to_thread(replay_bundle, bundle)
+    assert rollout.recording_complete
+    assert len(rollout.turns) == 2
+
+
+async def test_wait_returns_the_ended_turn(server: AgentServer) -> None:
+    async with AgentClient(server.address) as client:
+        thread = await client.start_thread()
+        turn = thread.run_turn("just wait")
+        ended = await turn.wait()
+        assert ended.status == agent_pb2.TURN_STATUS_COMPLETED
+        assert ended.id == turn.id
+        with pytest.raises(RolloutError, match="read once"):
+            aiter(turn)
+
+
+async def test_interrupt_mid_stream(server: AgentServer) -> None:
+    async with AgentClient(server.address) as client:
+        thread = await client.start_thread()
+        turn = thread.run_turn("tell me everything")
+        interrupted: agent_pb2.Turn | None = None
+        seen = []
+        async for event in turn:
+            seen.append(event)
+            if event.HasField("agent_message_delta") and interrupted is None:
+                interrupted = await turn.interrupt()
+                assert interrupted.status == agent_pb2.TURN_STATUS_INTERRUPTED
+        assert kinds(seen)[-1] == "turn_completed"
+        assert turn.status_name == "INTERRUPTED"
+        assert len(turn.text) < len("".join(reply_words("tell me everything")))
+        # Interrupting a turn that has ended answers with the turn as it ended.
+        again = await turn.interrupt()
+        assert again.status == agent_pb2.TURN_STATUS_INTERRUPTED
+        # The thread takes the next turn.
+        assert (await thread.run_turn("next").wait()).status == agent_pb2.TURN_STATUS_COMPLETED
+
+
+async def test_errors_carry_code_reason_and_metadata(server: AgentServer) -> None:
+    async with AgentClient(server.address) as client:
+        with pytest.raises(NotFoundError) as not_found:
+            await client.thread("thread_nope")
+        error = not_found.value
+        assert (error.code.name, error.reason, error.domain) == (
+            "NOT_FOUND",
+            "THREAD_NOT_FOUND",
+            "rollout-trace",
+        )
+        assert error.metadata == {"thread_id": "thread_nope"}
+        assert "no thread 'thread_nope'" in error.message
+
+        thread = await client.start_thread()
+        with pytest.raises(InvalidArgumentError) as empty:
+            await thread.run_turn("").start()
+        assert empty.value.reason == "EMPTY_INPUT"
+
+        running = thread.run_turn("a long one")
+        await running.start()
+        with pytest.raises(FailedPreconditionError) as busy:
+            await thread.run_turn("too soon").start()
+        assert busy.value.reason == "TURN_ALREADY_RUNNING"
+        assert busy.value.metadata == {"turn_id": running.id}
+        await running.interrupt()
+        await running.wait()
+
+        with pytest.raises(InvalidArgumentError) as model:
+            await client.start_thread(model="x" * 300)
+        assert model.value.reason == "INVALID_MODEL"
+        # One hierarchy: every one of them is an RpcError and a RolloutError.
+        assert isinstance(model.value, RpcError)
+
+
+async def test_a_thread_started_elsewhere_is_joined_with_its_history_trimmed(
+    tmp_path: Path,
+) -> None:
+    # A buffer of 20 events, a reply of about 80 words each its own event: the first turn's
+    # events are gone by the time a new client joins, and a new turn's first events fit.
+    server = await AgentServer.start(
+        Settings(listen="127.0.0.1:0", event_buffer=20, local_word_delay=0.005)
+    )
+    try:
+        async with AgentClient(server.address) as first, AgentClient(server.address) as second:
+            started = await first.start_thread()
+            await started.run_turn("fill the buffer").wait()
+            joined = await second.thread(started.id)
+            assert joined.last_index == 0
+            with pytest.raises(OutOfRangeError) as gone:
+                async for _ in joined.events(0):
+                    pass
+            assert gone.value.reason == "EVENT_INDEX_OUT_OF_RANGE"
+            turn = joined.run_turn("from the second client")
+            events = [event async for event in turn]
+            assert kinds(events)[0] == "turn_started"
+            assert turn.status_name == "COMPLETED"
+            assert turn.text == "".join(reply_words("from the second client"))
+    finally:
+        await server.stop()
+
+
+async def test_a_dropped_connection_resumes_after_the_last_event(
+    provider: ScriptedProvider, scripted_server: AgentServer
+) -> None:
+    reply = message("before the cut, after the cut", "msg-1")
+    gate = asyncio.Event()
+    provider.queue(
+        sse(created(), item_added(reply), text_delta("before the cut,", "msg-1")),
+        gate,
+        sse(text_delta(" after the cut", "msg-1"), item_done(reply), completed()),
+    )
+    proxy = await TcpProxy("127.0.0.1", scripted_server.port).start()
+    try:
+        async with (
+            AgentClient(proxy.address, reconnect_timeout=60) as client,
+            AgentClient(scripted_server.address) as direct,
+        ):
+            thread = await client.start_thread()
+            turn = thread.run_turn("go")
+            events = []
+            async for event in turn:
+                events.append(event)
+                if event.agent_message_delta.delta == "before the cut,":
+                    # The connection dies; the rest of the turn happens while it is down.
+                    proxy.cut()
+                    gate.set()
+                    await _until_turn_ended(direct, thread.id, turn.id)
+                    proxy.resume()
+        assert proxy.connections >= 2, "the client never reconnected"
+        indexes = [event.index for event in events]
+        assert indexes == list(range(1, len(events) + 1)), "an event was missed or repeated"
+        assert turn.text == "before the cut, after the cut"
+        assert kinds(events)[-2:] == ["item_completed", "turn_completed"]
+        assert turn.status_name == "COMPLETED"
+    finally:
+        await proxy.stop()
+
+
+async def _until_turn_ended(client: AgentClient, thread_id: str, turn_id: str) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        info = (await client.thread(thread_id)).info
+        if any(
+            t.id == turn_id and t.status != agent_pb2.TURN_STATUS_IN_PROGRESS for t in info.turns
+        ):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the turn did not end")
+
+
+async def test_a_connection_that_stays_down_fails_after_the_reconnect_timeout(
+    provider: ScriptedProvider, scripted_server: AgentServer
+) -> None:
+    gate = asyncio.Event()
+    provider.queue(
+        sse(created(), item_added(message("x", "msg-1")), text_delta("x", "msg-1")), gate
+    )
+    proxy = await TcpProxy("127.0.0.1", scripted_server.port).start()
+    try:
+        async with AgentClient(proxy.address, reconnect_timeout=0.5) as client:
+            thread = await client.start_thread()
+            turn = thread.run_turn("go")
+            with pytest.raises(UnavailableError) as raised:
+                async for event in turn:
+                    if event.HasField("agent_message_delta"):
+                        proxy.cut()
+            assert raised.value.reason == ""
+    finally:
+        gate.set()
+        await proxy.stop()
+
+
+async def test_a_server_shutting_down_is_unavailable_not_retried(server: AgentServer) -> None:
+    async with AgentClient(server.address) as client:
+        thread = await client.start_thread()
+        await thread.run_turn("one").wait()
+        await server.agent.shutdown()
+        with pytest.raises(UnavailableError) as raised:
+            await client.start_thread()
+        assert raised.value.reason == "SHUTTING_DOWN"
+
+
+async def test_token_and_tls(certificate: tuple[Path, Path]) -> None:
+    cert, key = certificate
+    access = AccessControl.load(
+        token_env="T", tls_cert=cert, tls_key=key, environ={"T": "client-token"}
+    )
+    server = await AgentServer.start(
+        Settings(listen="127.0.0.1:0", local_word_delay=0.0, access=access)
+    )
+    try:
+        async with AgentClient(server.address, tls=cert) as anonymous:
+            with pytest.raises(UnauthenticatedError) as raised:
+                await anonymous.start_thread()
+            assert raised.value.reason == "MISSING_TOKEN"
+        async with AgentClient(server.address, tls=str(cert), token="client-token") as client:
+            thread = await client.start_thread()
+            assert (await thread.run_turn("secure").wait()).status == (
+                agent_pb2.TURN_STATUS_COMPLETED
+            )
+        with pytest.raises(RolloutError, match="cannot read the CA certificates"):
+            AgentClient(server.address, tls=cert.parent / "missing.pem")
+    finally:
+        await server.stop()
