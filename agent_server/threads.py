@@ -10,6 +10,7 @@ from typing import Any, Protocol, TypeAlias
 
 from google.protobuf import timestamp_pb2
 
+from agent_server import telemetry
 from agent_server.events import MAX_DELTA_CHARS, EventBuffer
 from agent_server.recorder import Recorder
 from rollout.agent.v1 import agent_pb2
@@ -141,6 +142,7 @@ class Thread:
     def emit_delta(self, turn_id: str, item_id: str, delta: str, *, refusal: bool = False) -> None:
         """Publish a text delta, merged into the item's latest one while no subscriber has it;
         one too large for a client's message limit goes out in pieces."""
+        telemetry.on_delta(turn_id)
         pieces = (
             [delta]
             if len(delta) <= MAX_DELTA_CHARS
@@ -162,3 +164,4 @@ class Thread:
         nanos = time.time_ns()
         event.time.seconds, event.time.nanos = divmod(nanos, 1_000_000_000)
         self.events.publish(event)
+        telemetry.on_event(self, event)

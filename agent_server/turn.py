@@ -9,6 +9,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent_server import telemetry
 from agent_server.config import Settings
 from agent_server.events import MAX_DELTA_CHARS
 from agent_server.provider import ProviderClient, ProviderError, ProviderEvent
@@ -265,6 +266,7 @@ class TurnRunner:
             input_items=input_items,
         )
         call = self._call = _Call(ordinal)
+        telemetry.call_started(self._turn.id)
         async with self._provider.batches(call_id, {**envelope, "input": input_items}) as reader:
             while batch := await reader.next():
                 if self._on_batch(call, batch):
@@ -287,6 +289,7 @@ class TurnRunner:
         call, self._call = self._call, None
         if call is None:
             return
+        telemetry.call_ended(self._turn.id, status, error)
         self._recorder.inference_ended(
             call.ordinal,
             status,

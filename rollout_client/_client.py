@@ -23,6 +23,8 @@ from ._errors import (
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 DEFAULT_RECONNECT_TIMEOUT = 30.0
+# How often a turn skips ahead to the oldest event the server still holds before giving up.
+_MAX_SKIPS = 10
 
 _T = TypeVar("_T")
 Metadata = tuple[tuple[str, str], ...]
@@ -248,6 +250,7 @@ class Turn:
         self._consumed = False
         self.result: agent_pb2.Turn | None = None
         self._text: list[str] = []
+        self._own_events = 0
 
     @property
     def id(self) -> str:
@@ -305,10 +308,12 @@ class Turn:
         raise StreamEndedError(f"the event stream of thread {self.thread.id} ended mid-turn")
 
     async def _follow(self, after: int) -> AsyncGenerator[agent_pb2.ThreadEvent, None]:
-        """This turn's events; a client that never saw the thread's earlier events skips any
-        the server no longer holds (they belong to earlier turns)."""
+        """This turn's events. A client that never saw the thread's earlier events may start
+        after events the server no longer holds: it skips to the oldest one held (those belong
+        to earlier turns), and fails only if this turn's own first events are gone too."""
         stream = self.thread.events(after)
-        first = True
+        received = False
+        skips = 0
         try:
             while True:
                 try:
@@ -317,14 +322,22 @@ class Turn:
                     return
                 except OutOfRangeError as error:
                     oldest = error.metadata.get("first_index", "")
-                    if not first or not oldest.isdigit():
+                    if received or not oldest.isdigit() or skips == _MAX_SKIPS:
                         raise
+                    # The window slides with every event published meanwhile: try again.
+                    skips += 1
                     stream = self.thread.events(int(oldest) - 1)
                     continue
-                finally:
-                    first = False
+                received = True
                 if event.turn_id != self.id:
                     continue
+                if not self._own_events and not event.HasField("turn_started"):
+                    raise OutOfRangeError(
+                        grpc.StatusCode.OUT_OF_RANGE,
+                        f"the first events of turn {self.id} are no longer buffered",
+                        reason="EVENT_INDEX_OUT_OF_RANGE",
+                    )
+                self._own_events += 1
                 self._observe(event)
                 yield event
         finally:

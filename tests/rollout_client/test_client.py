@@ -20,6 +20,7 @@ from rollout_client import (
     OutOfRangeError,
     RolloutError,
     RpcError,
+    Turn,
     UnauthenticatedError,
     UnavailableError,
 )
@@ -50,9 +51,11 @@ async def test_a_thread_of_two_turns_streams_and_closes(server: AgentServer) -> 
         thread = await client.start_thread(instructions="Be brief.", metadata={"run": "7"})
         assert thread.model == "local-echo-1"
         assert thread.info.metadata == {"run": "7"}
+        indexes = []
         for prompt in ("first question", "second question"):
             turn = thread.run_turn(prompt)
             events = [event async for event in turn]
+            indexes += [event.index for event in events]
             assert kinds(events)[0] == "turn_started"
             assert kinds(events)[-1] == "turn_completed"
             assert {event.turn_id for event in events} == {turn.id}
@@ -61,7 +64,8 @@ async def test_a_thread_of_two_turns_streams_and_closes(server: AgentServer) -> 
             # The deltas add up to the completed item, which is the local model's reply.
             assert turn.text == done.text == "".join(reply_words(prompt))
         # Events are numbered per thread; the second turn's follow the first's.
-        assert thread.last_index == len(events) * 2
+        assert indexes == list(range(1, len(indexes) + 1))
+        assert thread.last_index == indexes[-1]
         listed = await client.list_threads()
         assert [t.id for t in listed] == [thread.id]
         assert listed[0].turn_count == 2
@@ -141,17 +145,38 @@ async def test_errors_carry_code_reason_and_metadata(server: AgentServer) -> Non
 
 
 async def test_a_thread_started_elsewhere_is_joined_with_its_history_trimmed(
-    tmp_path: Path,
+    provider: ScriptedProvider, tmp_path: Path
 ) -> None:
-    # A buffer of 20 events, a reply of about 80 words each its own event: the first turn's
-    # events are gone by the time a new client joins, and a new turn's first events fit.
+    # The first turn's 40-odd events overflow a buffer of 20 before a second client joins;
+    # the second turn holds still after its first delta, so its own events all fit.
+    items = [message(f"item {n}", f"msg-{n}") for n in range(12)]
+    burst = asyncio.Event()
+    provider.queue(
+        sse(created()),
+        burst,
+        sse(
+            *(event for item in items for event in (item_added(item), item_done(item))),
+            completed(),
+        ),
+    )
+    reply = message("joined reply", "msg-joined")
+    gate = asyncio.Event()
+    provider.queue(
+        sse(created("resp-2"), item_added(reply), text_delta("joined", "msg-joined")),
+        gate,
+        sse(text_delta(" reply", "msg-joined"), item_done(reply), completed("resp-2")),
+    )
     server = await AgentServer.start(
-        Settings(listen="127.0.0.1:0", event_buffer=20, local_word_delay=0.005)
+        Settings(listen="127.0.0.1:0", provider_url=provider.url, model="m", event_buffer=20)
     )
     try:
         async with AgentClient(server.address) as first, AgentClient(server.address) as second:
             started = await first.start_thread()
-            await started.run_turn("fill the buffer").wait()
+            filling = started.run_turn("fill the buffer")
+            async for _ in filling:
+                burst.set()
+            assert filling.status_name == "COMPLETED"
+            assert started.last_index > 20
             joined = await second.thread(started.id)
             assert joined.last_index == 0
             with pytest.raises(OutOfRangeError) as gone:
@@ -159,10 +184,43 @@ async def test_a_thread_started_elsewhere_is_joined_with_its_history_trimmed(
                     pass
             assert gone.value.reason == "EVENT_INDEX_OUT_OF_RANGE"
             turn = joined.run_turn("from the second client")
-            events = [event async for event in turn]
+            events = []
+            async for event in turn:
+                events.append(event)
+                if event.HasField("agent_message_delta"):
+                    gate.set()
             assert kinds(events)[0] == "turn_started"
             assert turn.status_name == "COMPLETED"
-            assert turn.text == "".join(reply_words("from the second client"))
+            assert turn.text == "joined reply"
+    finally:
+        burst.set()
+        gate.set()
+        await server.stop()
+
+
+async def test_a_turn_whose_first_events_are_gone_says_so(
+    provider: ScriptedProvider, tmp_path: Path
+) -> None:
+    items = [message(f"item {n}", f"msg-{n}") for n in range(12)]
+    provider.queue(
+        sse(
+            created(),
+            *(event for item in items for event in (item_added(item), item_done(item))),
+            completed(),
+        )
+    )
+    server = await AgentServer.start(
+        Settings(listen="127.0.0.1:0", provider_url=provider.url, model="m", event_buffer=20)
+    )
+    try:
+        async with AgentClient(server.address) as client:
+            thread = await client.start_thread()
+            turn = thread.run_turn("burst")
+            await turn.start()
+            # The whole turn happens before its events are read: its first ones are dropped.
+            await _until_turn_ended(client, thread.id, turn.id)
+            with pytest.raises(OutOfRangeError, match="first events of turn"):
+                await turn.wait()
     finally:
         await server.stop()
 
@@ -229,13 +287,17 @@ async def test_a_connection_that_stays_down_fails_after_the_reconnect_timeout(
             thread = await client.start_thread()
             turn = thread.run_turn("go")
             with pytest.raises(UnavailableError) as raised:
-                async for event in turn:
-                    if event.HasField("agent_message_delta"):
-                        proxy.cut()
+                await _read_cutting_at_first_delta(turn, proxy)
             assert raised.value.reason == ""
     finally:
         gate.set()
         await proxy.stop()
+
+
+async def _read_cutting_at_first_delta(turn: Turn, proxy: TcpProxy) -> None:
+    async for event in turn:
+        if event.HasField("agent_message_delta"):
+            proxy.cut()
 
 
 async def test_a_server_shutting_down_is_unavailable_not_retried(server: AgentServer) -> None:
