@@ -21,6 +21,8 @@ KEYS: dict[str, type] = {
     "closed-thread-retention": float,
     "max-closed-threads": int,
     "provider-max-connections": int,
+    "max-tool-rounds": int,
+    "tool-output-timeout": float,
     "auth-token-env": str,
     "tls-cert": Path,
     "tls-key": Path,

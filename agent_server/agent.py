@@ -26,12 +26,15 @@ from agent_server.errors import (
     ThreadClosedError,
     ThreadNotFoundError,
     TurnAlreadyRunningError,
+    TurnNotAwaitingToolOutputsError,
+    TurnNotFoundError,
     TurnNotRunningError,
 )
 from agent_server.events import EventBuffer
 from agent_server.provider import ProviderClient
 from agent_server.recorder import Recorder
 from agent_server.threads import Thread, Turn
+from agent_server.tools import SubmittedOutput, Tool, parse_tools
 from agent_server.turn import TurnRunner
 from rollout.agent.v1 import agent_pb2
 from rollout.trace.v1 import common_pb2
@@ -84,19 +87,28 @@ class Agent:
             raise ShuttingDownError()
 
     async def start_thread(
-        self, model: str, instructions: str, metadata: Mapping[str, str]
+        self,
+        model: str,
+        instructions: str,
+        metadata: Mapping[str, str],
+        tools: Sequence[agent_pb2.FunctionTool] = (),
     ) -> Thread:
         self.check_serving()
         _check_thread_arguments(model, instructions, metadata)
+        checked = parse_tools(tools)
         # A caller that gives up must not leave a bundle without its thread behind: the thread
         # is made anyway, and shutdown finishes its bundle like any other.
-        starting = asyncio.create_task(self._start_thread(model, instructions, metadata))
+        starting = asyncio.create_task(self._start_thread(model, instructions, metadata, checked))
         self._starting.add(starting)
         starting.add_done_callback(self._starting.discard)
         return await asyncio.shield(starting)
 
     async def _start_thread(
-        self, model: str, instructions: str, metadata: Mapping[str, str]
+        self,
+        model: str,
+        instructions: str,
+        metadata: Mapping[str, str],
+        tools: tuple[Tool, ...],
     ) -> Thread:
         thread_id = f"thread_{uuid.uuid4().hex}"
         model = model or self._settings.model
@@ -124,6 +136,7 @@ class Agent:
             instructions=instructions,
             metadata=dict(metadata),
             recorder=recorder,
+            tools=tools,
             events=EventBuffer(self._settings.event_buffer),
             seq=next(self._thread_seq),
         )
@@ -208,7 +221,7 @@ class Agent:
         if not turn_id:
             raise MissingTurnIdError("turn_id is required")
         turn = thread.turns.get(turn_id)
-        if turn is None or not turn.in_progress:
+        if turn is None or not turn.running:
             state = "is not a turn of" if turn is None else "is no longer running in"
             raise TurnNotRunningError(
                 f"turn {turn_id!r} {state} thread {thread_id!r}", turn_id=turn_id
@@ -216,6 +229,30 @@ class Agent:
         runner = thread.running
         if runner is not None and runner.turn is turn:
             await runner.interrupt(requested_by)
+        return turn
+
+    def submit_tool_outputs(
+        self,
+        thread_id: str,
+        turn_id: str,
+        outputs: Sequence[SubmittedOutput],
+        submitted_by: str,
+    ) -> Turn:
+        """Answer tool calls the running turn waits for; return the turn."""
+        thread = self.thread(thread_id)
+        if not turn_id:
+            raise MissingTurnIdError("turn_id is required")
+        turn = thread.turns.get(turn_id)
+        if turn is None:
+            raise TurnNotFoundError(
+                f"thread {thread_id!r} has no turn {turn_id!r}", turn_id=turn_id
+            )
+        runner = thread.running
+        if runner is None or runner.turn is not turn:
+            raise TurnNotAwaitingToolOutputsError(
+                f"turn {turn_id!r} is not waiting for tool outputs", turn_id=turn_id
+            )
+        runner.submit_tool_outputs(outputs, submitted_by)
         return turn
 
     async def close_thread(self, thread_id: str) -> Thread:

@@ -25,6 +25,8 @@ DEFAULT_RETRY_BASE_DELAY = 0.5
 DEFAULT_CLOSED_THREAD_RETENTION = 600.0
 DEFAULT_MAX_CLOSED_THREADS = 1000
 DEFAULT_PROVIDER_MAX_CONNECTIONS = 1024
+DEFAULT_MAX_TOOL_ROUNDS = 64
+DEFAULT_TOOL_OUTPUT_TIMEOUT = 600.0
 
 
 class ConfigError(ValueError):
@@ -76,6 +78,10 @@ class Settings:
     closed_thread_retention: float = DEFAULT_CLOSED_THREAD_RETENTION
     max_closed_threads: int = DEFAULT_MAX_CLOSED_THREADS
     provider_max_connections: int = DEFAULT_PROVIDER_MAX_CONNECTIONS
+    # A turn fails when the model asks for tools in more rounds than this, or when a round's
+    # outputs do not all come within the timeout.
+    max_tool_rounds: int = DEFAULT_MAX_TOOL_ROUNDS
+    tool_output_timeout: float = DEFAULT_TOOL_OUTPUT_TIMEOUT
     # Bearer token and TLS of the gRPC server (off by default); its secrets never show.
     access: AccessControl = field(default_factory=AccessControl)
     # HOST:PORT of the Prometheus endpoint (`/metrics`); None serves no metrics.
@@ -100,6 +106,10 @@ class Settings:
             raise ConfigError("--max-closed-threads must be 0 or more")
         if self.provider_max_connections < 1:
             raise ConfigError("--provider-max-connections must be at least 1")
+        if self.max_tool_rounds < 0:
+            raise ConfigError("--max-tool-rounds must be 0 or more")
+        if self.tool_output_timeout <= 0:
+            raise ConfigError("--tool-output-timeout must be more than 0 seconds")
         if not self.model:
             raise ConfigError("--model must not be empty")
         if self.provider_url is not None and not self.provider_url.startswith(
@@ -237,6 +247,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"closed threads kept at most (default {DEFAULT_MAX_CLOSED_THREADS})",
     )
     parser.add_argument(
+        "--max-tool-rounds",
+        type=int,
+        help="rounds of tool calls a turn may have before it fails "
+        f"(default {DEFAULT_MAX_TOOL_ROUNDS})",
+    )
+    parser.add_argument(
+        "--tool-output-timeout",
+        type=float,
+        help="seconds a turn waits for its tool outputs before it fails "
+        f"(default {DEFAULT_TOOL_OUTPUT_TIMEOUT:g})",
+    )
+    parser.add_argument(
         "--provider-max-connections",
         type=int,
         help="provider connections open at once; turns beyond wait, then fail the attempt "
@@ -300,6 +322,8 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
         provider_max_connections=_default(
             pick("provider_max_connections"), DEFAULT_PROVIDER_MAX_CONNECTIONS
         ),
+        max_tool_rounds=_default(pick("max_tool_rounds"), DEFAULT_MAX_TOOL_ROUNDS),
+        tool_output_timeout=_default(pick("tool_output_timeout"), DEFAULT_TOOL_OUTPUT_TIMEOUT),
         access=access,
         metrics_listen=pick("metrics_listen", "ROLLOUT_METRICS_LISTEN"),
         log_level=pick("log_level", "ROLLOUT_LOG_LEVEL") or "info",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeAlias
@@ -13,6 +14,7 @@ from google.protobuf import timestamp_pb2
 from agent_server import telemetry
 from agent_server.events import MAX_DELTA_CHARS, EventBuffer
 from agent_server.recorder import Recorder
+from agent_server.tools import SubmittedOutput, Tool, ToolCall
 from rollout.agent.v1 import agent_pb2
 
 TurnStatus: TypeAlias = agent_pb2.TurnStatus.ValueType
@@ -40,10 +42,16 @@ class Turn:
     status: TurnStatus = agent_pb2.TURN_STATUS_IN_PROGRESS
     error: agent_pb2.TurnError | None = None
     completed_at: datetime | None = None
+    # The function calls the model made in this turn, in the order they were accepted.
+    tool_calls: list[ToolCall] = field(default_factory=list)
 
     @property
-    def in_progress(self) -> bool:
-        return self.status == agent_pb2.TURN_STATUS_IN_PROGRESS
+    def running(self) -> bool:
+        """Not ended yet: in progress, or waiting for tool outputs."""
+        return self.status in (
+            agent_pb2.TURN_STATUS_IN_PROGRESS,
+            agent_pb2.TURN_STATUS_AWAITING_TOOL_OUTPUTS,
+        )
 
     def end(self, status: TurnStatus, error: agent_pb2.TurnError | None = None) -> None:
         self.status = status
@@ -61,6 +69,7 @@ class Turn:
             turn.error.CopyFrom(self.error)
         if self.completed_at is not None:
             turn.completed_at.CopyFrom(timestamp(self.completed_at))
+        turn.tool_calls.extend(call.to_proto() for call in self.tool_calls)
         return turn
 
 
@@ -73,6 +82,9 @@ class Runner(Protocol):
     async def interrupt(self, requested_by: str) -> None:
         """Stop the turn; return once it has ended (at once when it already had)."""
 
+    def submit_tool_outputs(self, outputs: Sequence[SubmittedOutput], submitted_by: str) -> None:
+        """Answer pending tool calls (all of outputs or none: raises AgentError)."""
+
 
 @dataclass
 class Thread:
@@ -84,6 +96,7 @@ class Thread:
     metadata: dict[str, str]
     recorder: Recorder
     events: EventBuffer
+    tools: tuple[Tool, ...] = ()
     created_at: datetime = field(default_factory=now)
     # Order of creation among the server's threads: what ListThreads pages by.
     seq: int = 0
@@ -132,6 +145,7 @@ class Thread:
             recording_error=self.recorder.error,
             metadata=self.metadata,
             turn_count=len(self.turns),
+            tools=[tool.to_proto() for tool in self.tools],
         )
         if with_turns:
             thread.turns.extend(turn.to_proto() for turn in self.turns.values())

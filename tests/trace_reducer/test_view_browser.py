@@ -20,6 +20,7 @@ from rollout.trace.v1 import common_pb2, state_pb2
 from tests.agent_server.conftest import Harness
 from tests.agent_server.scripted_provider import (
     answer,
+    completed,
     created,
     item_added,
     item_done,
@@ -54,6 +55,7 @@ EVIL_USER = 'Repeat: <script>window.__pwned = 1</script><img src=x onerror="wind
 EVIL_REPLY = "Here is <b>bold</b> </script><script>window.__pwned = 3</script> as text."
 ACCEPTED = "Accepted before the interrupt."
 PARTIAL = "Half of this never"
+TOOL_OUTPUT = "sunny, 21 C"
 
 
 @pytest.fixture(scope="module")
@@ -122,6 +124,41 @@ async def _record(root: Path) -> dict[str, Path]:
         await events.turn_completed(turn.id)
         await _close(agent, thread.id)
         bundles["failed"] = Path(thread.bundle_path)
+
+        weather = agent_pb2.FunctionTool(
+            name="get_weather",
+            parameters_json='{"type": "object", "properties": {"city": {"type": "string"}}}',
+        )
+        call = {
+            "type": "function_call",
+            "id": "fc-w",
+            "call_id": "call-w",
+            "name": "get_weather",
+            "arguments": '{"city": "Paris"}',
+        }
+        provider.queue(
+            sse(
+                created("resp-t1"),
+                item_added({**call, "arguments": ""}),
+                item_done(call),
+                completed("resp-t1"),
+            )
+        )
+        provider.queue(answer("It is sunny in Paris.", "msg-w", response_id="resp-t2"))
+        thread = await agent.start_thread(tools=[weather])
+        events = agent.events(thread.id)
+        turn = await agent.start_turn(thread.id, "Weather in Paris?")
+        await events.wait_for(lambda e: e.HasField("tool_call_requested"))
+        await agent.stub.SubmitToolOutputs(
+            agent_pb2.SubmitToolOutputsRequest(
+                thread_id=thread.id,
+                turn_id=turn.id,
+                outputs=[agent_pb2.ToolOutput(call_id="call-w", output=TOOL_OUTPUT)],
+            )
+        )
+        await events.turn_completed(turn.id)
+        await _close(agent, thread.id)
+        bundles["tools"] = Path(thread.bundle_path)
 
     # A copy of the completed bundle, torn inside its third-to-last frame.
     truncated = root / "truncated"
@@ -306,8 +343,30 @@ def test_a_truncated_bundle_says_so(bundles: dict[str, Path], open_page: OpenPag
     assert_statuses_shown(page, trace)
 
 
+def test_a_tool_round_trip_made_by_the_agent(bundles: dict[str, Path], open_page: OpenPage) -> None:
+    bundle = bundles["tools"]
+    trace = replay_bundle(bundle)
+    [tool] = trace.tool_calls.values()
+    page = open_page(write_view(bundle)).page
+    assert_statuses_shown(page, trace)
+    call_item = page.locator(f'.item[data-item-id="{tool.call_item_id}"]')
+    assert call_item.locator(".tool-name code").inner_text() == "get_weather"
+    assert '"city": "Paris"' in call_item.locator("pre.arguments").inner_text()
+    assert call_item.locator(".status").get_attribute("data-status") == "COMPLETED"
+    output = page.locator(f'.item[data-item-id="{tool.output_item_id}"]')
+    assert output.locator("pre.output").inner_text() == TOOL_OUTPUT
+    assert (
+        f"output of tool call get_weather {tool.tool_call_id}"
+        in output.locator(".prov").inner_text()
+    )
+    assert "It is sunny in Paris." in page.inner_text("#transcript")
+    page.click("nav#tabs button[data-tab=timeline]")
+    row = page.locator(f'tr.tool-row[data-tool-call-id="{tool.tool_call_id}"]')
+    assert "get_weather" in row.inner_text()
+
+
 def test_tool_calls_reasoning_and_refusals(tmp_path: Path, open_page: OpenPage) -> None:
-    """The agent does not call tools yet: a reduced state as the reducer will make it."""
+    """Every kind of item at once, in a reduced state built by hand."""
     trace = state_pb2.RolloutTrace(trace_id="t-1", root_thread_id="thread-1")
     trace.integrity.status = state_pb2.INTEGRITY_STATUS_CLEAN
     trace.recording_complete = True

@@ -70,6 +70,11 @@ class AgentServiceStub:
                 request_serializer=rollout_dot_agent_dot_v1_dot_agent__pb2.CloseThreadRequest.SerializeToString,
                 response_deserializer=rollout_dot_agent_dot_v1_dot_agent__pb2.CloseThreadResponse.FromString,
                 _registered_method=True)
+        self.SubmitToolOutputs = channel.unary_unary(
+                '/rollout.agent.v1.AgentService/SubmitToolOutputs',
+                request_serializer=rollout_dot_agent_dot_v1_dot_agent__pb2.SubmitToolOutputsRequest.SerializeToString,
+                response_deserializer=rollout_dot_agent_dot_v1_dot_agent__pb2.SubmitToolOutputsResponse.FromString,
+                _registered_method=True)
 
 
 class AgentServiceServicer:
@@ -124,6 +129,13 @@ class AgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SubmitToolOutputs(self, request, context):
+        """Answers the function tool calls a turn is waiting for.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -161,6 +173,11 @@ def add_AgentServiceServicer_to_server(servicer, server):
                     servicer.CloseThread,
                     request_deserializer=rollout_dot_agent_dot_v1_dot_agent__pb2.CloseThreadRequest.FromString,
                     response_serializer=rollout_dot_agent_dot_v1_dot_agent__pb2.CloseThreadResponse.SerializeToString,
+            ),
+            'SubmitToolOutputs': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitToolOutputs,
+                    request_deserializer=rollout_dot_agent_dot_v1_dot_agent__pb2.SubmitToolOutputsRequest.FromString,
+                    response_serializer=rollout_dot_agent_dot_v1_dot_agent__pb2.SubmitToolOutputsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -353,6 +370,33 @@ class AgentService:
             '/rollout.agent.v1.AgentService/CloseThread',
             rollout_dot_agent_dot_v1_dot_agent__pb2.CloseThreadRequest.SerializeToString,
             rollout_dot_agent_dot_v1_dot_agent__pb2.CloseThreadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitToolOutputs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollout.agent.v1.AgentService/SubmitToolOutputs',
+            rollout_dot_agent_dot_v1_dot_agent__pb2.SubmitToolOutputsRequest.SerializeToString,
+            rollout_dot_agent_dot_v1_dot_agent__pb2.SubmitToolOutputsResponse.FromString,
             options,
             channel_credentials,
             insecure,

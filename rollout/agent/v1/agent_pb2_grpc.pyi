@@ -46,6 +46,8 @@ class AgentServiceStub:
     """Lists the server's threads, oldest first, a page at a time (without their turns)."""
     CloseThread: _grpc.UnaryUnaryMultiCallable[_agent_pb2.CloseThreadRequest, _agent_pb2.CloseThreadResponse]
     """Interrupts a running turn, ends the thread and finishes its recording."""
+    SubmitToolOutputs: _grpc.UnaryUnaryMultiCallable[_agent_pb2.SubmitToolOutputsRequest, _agent_pb2.SubmitToolOutputsResponse]
+    """Answers the function tool calls a turn is waiting for."""
 
 @_typing.type_check_only
 class AgentServiceAsyncStub(AgentServiceStub):
@@ -65,6 +67,8 @@ class AgentServiceAsyncStub(AgentServiceStub):
     """Lists the server's threads, oldest first, a page at a time (without their turns)."""
     CloseThread: _aio.UnaryUnaryMultiCallable[_agent_pb2.CloseThreadRequest, _agent_pb2.CloseThreadResponse]  # type: ignore[assignment]
     """Interrupts a running turn, ends the thread and finishes its recording."""
+    SubmitToolOutputs: _aio.UnaryUnaryMultiCallable[_agent_pb2.SubmitToolOutputsRequest, _agent_pb2.SubmitToolOutputsResponse]  # type: ignore[assignment]
+    """Answers the function tool calls a turn is waiting for."""
 
 class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
     """Runs conversations with an LLM as threads of turns and streams what happens."""
@@ -123,5 +127,13 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_agent_pb2.CloseThreadResponse, _abc.Awaitable[_agent_pb2.CloseThreadResponse]]:
         """Interrupts a running turn, ends the thread and finishes its recording."""
+
+    @_abc_1.abstractmethod
+    def SubmitToolOutputs(
+        self,
+        request: _agent_pb2.SubmitToolOutputsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_agent_pb2.SubmitToolOutputsResponse, _abc.Awaitable[_agent_pb2.SubmitToolOutputsResponse]]:
+        """Answers the function tool calls a turn is waiting for."""
 
 def add_AgentServiceServicer_to_server(servicer: AgentServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
