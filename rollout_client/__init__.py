@@ -19,6 +19,7 @@ from ._errors import (
     UnimplementedError,
 )
 from ._sync import SyncAgentClient, SyncThread, SyncTurn
+from ._tools import ToolHandler, function_tool
 
 __all__ = [
     "DEFAULT_ADDRESS",
@@ -39,8 +40,10 @@ __all__ = [
     "SyncThread",
     "SyncTurn",
     "Thread",
+    "ToolHandler",
     "Turn",
     "UnauthenticatedError",
     "UnavailableError",
     "UnimplementedError",
+    "function_tool",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TypeVar
@@ -20,6 +20,7 @@ from ._errors import (
     StreamEndedError,
     error_from_rpc,
 )
+from ._tools import ToolCalls, ToolHandler
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 DEFAULT_RECONNECT_TIMEOUT = 30.0
@@ -120,10 +121,12 @@ class AgentClient:
         model: str = "",
         instructions: str = "",
         metadata: Mapping[str, str] | None = None,
+        tools: Sequence[agent_pb2.FunctionTool] = (),
     ) -> Thread:
-        """Create a thread (the server's default model when model is empty)."""
+        """Create a thread (the server's default model when model is empty) offering the
+        model these function tools (see function_tool)."""
         request = agent_pb2.StartThreadRequest(
-            model=model, instructions=instructions, metadata=dict(metadata or {})
+            model=model, instructions=instructions, metadata=dict(metadata or {}), tools=tools
         )
         reply = await self.unary(self.stub.StartThread(request, metadata=self.metadata))
         return Thread(self, reply.thread)
@@ -183,10 +186,16 @@ class Thread:
         """Where the thread is recorded; empty when the server does not record."""
         return self.info.bundle_path
 
-    def run_turn(self, *texts: str) -> Turn:
+    def run_turn(self, *texts: str, tools: Mapping[str, ToolHandler] | None = None) -> Turn:
         """A turn with these texts as the user's input; it starts when first iterated or
-        awaited through start() / wait()."""
-        return Turn(self, texts)
+        awaited through start() / wait().
+
+        With `tools`, each tool call of the turn is answered by the handler of that name
+        (called with the call's arguments; what it returns, or the error it raises, is the
+        output), while the events, tool_call_requested included, still come out of the turn.
+        Without, answer them yourself with submit_tool_output().
+        """
+        return Turn(self, texts, tools)
 
     async def refresh(self) -> agent_pb2.Thread:
         self.info = await self.client._get_thread(self.id)
@@ -241,9 +250,16 @@ class Turn:
     ThreadEvent`) up to and including its turn_completed, resuming after a dropped connection.
     """
 
-    def __init__(self, thread: Thread, texts: tuple[str, ...]) -> None:
+    def __init__(
+        self,
+        thread: Thread,
+        texts: tuple[str, ...],
+        tools: Mapping[str, ToolHandler] | None = None,
+    ) -> None:
         self.thread = thread
         self._texts = texts
+        self._tools = ToolCalls(tools, self._submit) if tools is not None else None
+        self._awaiting = False
         self._started: agent_pb2.Turn | None = None
         self._after = 0
         self._start_lock = asyncio.Lock()
@@ -260,11 +276,14 @@ class Turn:
 
     @property
     def status(self) -> agent_pb2.TurnStatus.ValueType:
-        """IN_PROGRESS until the turn_completed event was read, then how it ended."""
+        """As of the last event read: IN_PROGRESS, AWAITING_TOOL_OUTPUTS while the turn waits
+        for tool outputs, then how it ended once turn_completed was read."""
         if self.result is not None:
             return self.result.status
         if self._started is None:
             return agent_pb2.TURN_STATUS_UNSPECIFIED
+        if self._awaiting:
+            return agent_pb2.TURN_STATUS_AWAITING_TOOL_OUTPUTS
         return agent_pb2.TURN_STATUS_IN_PROGRESS
 
     @property
@@ -300,11 +319,19 @@ class Turn:
 
     async def _events(self) -> AsyncGenerator[agent_pb2.ThreadEvent, None]:
         await self.start()
-        async with contextlib.aclosing(self._follow(self._after)) as events:
-            async for event in events:
-                yield event
-                if event.HasField("turn_completed"):
-                    return
+        try:
+            async with contextlib.aclosing(self._follow(self._after)) as events:
+                async for event in events:
+                    if self._tools is not None:
+                        self._tools.observe(event)
+                    yield event
+                    if self._tools is not None and self._tools.error is not None:
+                        raise self._tools.error
+                    if event.HasField("turn_completed"):
+                        return
+        finally:
+            if self._tools is not None:
+                await self._tools.aclose()
         raise StreamEndedError(f"the event stream of thread {self.thread.id} ended mid-turn")
 
     async def _follow(self, after: int) -> AsyncGenerator[agent_pb2.ThreadEvent, None]:
@@ -345,6 +372,8 @@ class Turn:
 
     def _observe(self, event: agent_pb2.ThreadEvent) -> None:
         kind = event.WhichOneof("kind")
+        if kind != "tool_call_completed":
+            self._awaiting = kind == "turn_awaiting_tool_outputs"
         if kind == "agent_message_delta" and not event.agent_message_delta.refusal:
             self._text.append(event.agent_message_delta.delta)
         elif kind == "turn_completed":
@@ -365,6 +394,23 @@ class Turn:
             info = await thread.refresh()
             return next(turn for turn in info.turns if turn.id == started.id)
         return reply.turn
+
+    async def submit_tool_output(
+        self, call_id: str, output: str, *, is_error: bool = False
+    ) -> agent_pb2.Turn:
+        """Answer one tool call of this turn (is_error: the output describes a failure)."""
+        thread = self.thread
+        client = thread.client
+        request = agent_pb2.SubmitToolOutputsRequest(
+            thread_id=thread.id,
+            turn_id=self.id,
+            outputs=[agent_pb2.ToolOutput(call_id=call_id, output=output, is_error=is_error)],
+        )
+        reply = await client.unary(client.stub.SubmitToolOutputs(request, metadata=client.metadata))
+        return reply.turn
+
+    async def _submit(self, call_id: str, output: str, is_error: bool) -> object:
+        return await self.submit_tool_output(call_id, output, is_error=is_error)
 
     async def wait(self) -> agent_pb2.Turn:
         """Read the turn's events to its end (unless already read) and return how it ended."""

@@ -5,7 +5,15 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -89,9 +97,12 @@ class SyncAgentClient:
         model: str = "",
         instructions: str = "",
         metadata: Mapping[str, str] | None = None,
+        tools: Sequence[agent_pb2.FunctionTool] = (),
     ) -> SyncThread:
         thread = self._loop.run(
-            self.client.start_thread(model=model, instructions=instructions, metadata=metadata)
+            self.client.start_thread(
+                model=model, instructions=instructions, metadata=metadata, tools=tools
+            )
         )
         return SyncThread(self._loop, thread)
 
@@ -130,8 +141,14 @@ class SyncThread:
     def bundle_path(self) -> str:
         return self.thread.bundle_path
 
-    def run_turn(self, *texts: str) -> SyncTurn:
-        return SyncTurn(self._loop, self.thread.run_turn(*texts))
+    def run_turn(
+        self, *texts: str, tools: Mapping[str, Callable[[dict[str, Any]], object]] | None = None
+    ) -> SyncTurn:
+        """Thread.run_turn; the tool handlers are plain functions, run in worker threads."""
+        handlers = None
+        if tools is not None:
+            handlers = {name: _in_worker(function) for name, function in tools.items()}
+        return SyncTurn(self._loop, self.thread.run_turn(*texts, tools=handlers))
 
     def refresh(self) -> agent_pb2.Thread:
         return self._loop.run(self.thread.refresh())
@@ -198,6 +215,11 @@ class SyncTurn:
     def interrupt(self) -> agent_pb2.Turn:
         return self._loop.run(self.turn.interrupt())
 
+    def submit_tool_output(
+        self, call_id: str, output: str, *, is_error: bool = False
+    ) -> agent_pb2.Turn:
+        return self._loop.run(self.turn.submit_tool_output(call_id, output, is_error=is_error))
+
     def wait(self) -> agent_pb2.Turn:
         for _ in self:
             pass
@@ -206,3 +228,12 @@ class SyncTurn:
 
 async def _next(events: AsyncIterator[agent_pb2.ThreadEvent]) -> agent_pb2.ThreadEvent:
     return await anext(events)
+
+
+def _in_worker(
+    function: Callable[[dict[str, Any]], object],
+) -> Callable[[dict[str, Any]], Awaitable[object]]:
+    async def handler(arguments: dict[str, Any]) -> object:
+        return await asyncio.to_thread(function, arguments)
+
+    return handler

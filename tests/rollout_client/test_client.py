@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from rollout_client import (
     Turn,
     UnauthenticatedError,
     UnavailableError,
+    function_tool,
 )
 from tests.agent_server.scripted_provider import (
     ScriptedProvider,
@@ -332,3 +334,79 @@ async def test_token_and_tls(certificate: tuple[Path, Path]) -> None:
             AgentClient(server.address, tls=cert.parent / "missing.pem")
     finally:
         await server.stop()
+
+
+WEATHER = function_tool(
+    "weather",
+    "Today's weather in a city.",
+    {"type": "object", "properties": {"city": {"type": "string"}}},
+)
+CLOCK = function_tool("clock", "The time.")
+
+
+async def test_tool_handlers_answer_the_calls(server: AgentServer) -> None:
+    asked: list[dict[str, object]] = []
+
+    async def weather(arguments: dict[str, object]) -> dict[str, object]:
+        asked.append(arguments)
+        return {"sky": "sunny", "celsius": 21}
+
+    def clock(arguments: dict[str, object]) -> str:
+        raise RuntimeError("the clock is broken")
+
+    async with AgentClient(server.address) as client:
+        thread = await client.start_thread(tools=[WEATHER, CLOCK])
+        assert [tool.name for tool in thread.info.tools] == ["weather", "clock"]
+        turn = thread.run_turn(
+            "What do weather and clock say about Paris?",
+            tools={"weather": weather, "clock": clock},
+        )
+        events = [event async for event in turn]
+    assert turn.status_name == "COMPLETED"
+    requested = [e.tool_call_requested for e in events if e.HasField("tool_call_requested")]
+    assert sorted(call.name for call in requested) == ["clock", "weather"]
+    completed = {
+        e.tool_call_completed.call_id: e.tool_call_completed
+        for e in events
+        if e.HasField("tool_call_completed")
+    }
+    by_name = {call.name: completed[call.call_id] for call in requested}
+    assert json.loads(by_name["weather"].output) == {"sky": "sunny", "celsius": 21}
+    assert not by_name["weather"].is_error
+    assert by_name["clock"].is_error
+    assert by_name["clock"].output == "RuntimeError: the clock is broken"
+    # The local model puts its user's message in the tool's first string parameter.
+    assert asked == [{"city": "What do weather and clock say about Paris?"}]
+    assert '{"sky": "sunny", "celsius": 21}' in turn.text
+
+
+async def test_a_tool_without_a_handler_gets_an_error_output(server: AgentServer) -> None:
+    async with AgentClient(server.address) as client:
+        thread = await client.start_thread(tools=[WEATHER])
+        turn = thread.run_turn("Ask weather.", tools={})
+        events = [event async for event in turn]
+    [done] = [e.tool_call_completed for e in events if e.HasField("tool_call_completed")]
+    assert done.is_error
+    assert done.output == "this client has no handler for the tool 'weather'"
+    assert turn.status_name == "COMPLETED"
+
+
+async def test_tool_calls_answered_by_hand(server: AgentServer) -> None:
+    async with AgentClient(server.address) as client:
+        thread = await client.start_thread(tools=[WEATHER])
+        turn = thread.run_turn("Ask weather about Rome.")
+        completed = []
+        async for event in turn:
+            if event.HasField("tool_call_completed"):
+                completed.append(event.tool_call_completed)
+            if event.HasField("tool_call_requested"):
+                call = event.tool_call_requested
+                assert json.loads(call.arguments) == {"city": "Ask weather about Rome."}
+                answered = await turn.submit_tool_output(call.call_id, "rainy")
+                assert answered.id == turn.id
+        assert [(c.output, c.is_error) for c in completed] == [("rainy", False)]
+        assert turn.status_name == "COMPLETED"
+        assert '"rainy"' in turn.text
+        with pytest.raises(FailedPreconditionError) as late:
+            await turn.submit_tool_output("call_nope", "too late")
+        assert late.value.reason == "TURN_NOT_AWAITING_TOOL_OUTPUTS"
