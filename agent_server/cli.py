@@ -1,4 +1,4 @@
-"""The `agent-server` command: `serve` the gRPC server, run the `demo`, `chat` with a server."""
+"""The `agent-server` command: `serve`, run the `demo`, `chat` with a server, probe its `health`."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from agent_server import _chat, _demo, config, logs
+from agent_server import _chat, _demo, _health, config, logs
 from agent_server.config import ConfigError, Settings
 from agent_server.server import AgentServer
 from grpc_common import install_signal_handlers
@@ -41,6 +41,10 @@ def _parser() -> argparse.ArgumentParser:
     demo.set_defaults(run=_demo_command)
     chat = commands.add_parser("chat", help="talk to a running agent server from the terminal")
     _chat.add_arguments(chat)
+    health = commands.add_parser(
+        "health", help="exit 0 when a server's health service says SERVING (for probes)"
+    )
+    _health.add_arguments(health)
     return parser
 
 
@@ -48,6 +52,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "chat":
         return _chat.run(args)
+    if args.command == "health":
+        return _health.run(args)
     try:
         settings = config.from_args(args)
     except ConfigError as error:

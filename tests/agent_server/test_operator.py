@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
@@ -17,6 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent_server import telemetry
+from agent_server.config import add_serve_arguments, from_args
 from rollout.agent.v1 import agent_pb2
 from rollout_client import AgentClient
 from tests.agent_server.conftest import AGENT_SERVER, Harness, StartAgent, clean_env
@@ -296,3 +298,31 @@ async def _run(*args: str, stream: str = "stderr") -> tuple[int, str]:
     text = (stdout if stream == "stdout" else stderr).decode()
     assert "Traceback" not in text
     return process.returncode, text
+
+
+async def test_the_health_probe() -> None:
+    async with operate() as served:
+        code, stdout = await _run("health", "--address", served.address, stream="stdout")
+        assert (code, stdout) == (0, "SERVING\n")
+    # Nothing listens there any more.
+    code, stderr = await _run("health", "--address", served.address, "--timeout", "1")
+    assert code == 1
+    assert stderr == f"agent-server health: {served.address}: UNAVAILABLE\n"
+
+
+def test_the_documented_config_file_loads(tmp_path: Path) -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "operating.md").read_text()
+    block = re.search(r"<!-- example: config -->\n```toml\n(.*?)```", doc, re.S)
+    assert block, "no config example in docs/operating.md"
+    config = tmp_path / "agent.toml"
+    config.write_text(block.group(1))
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    settings = from_args(parser.parse_args(["--config", str(config)]), {})
+    assert settings.provider_url == "https://provider.example/v1"
+    assert settings.trace_root == tmp_path / "traces"
+    assert (settings.log_format, settings.metrics_listen) == ("json", "127.0.0.1:9464")
+    assert settings.warnings() == [
+        "--provider-url is set but OPENAI_API_KEY (--api-key-env) is unset or empty: "
+        "requests go to the provider without an API key"
+    ]
