@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -237,3 +239,27 @@ async def test_tls(certificate: tuple[Path, Path]) -> None:
             assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
     finally:
         await server.stop(None)
+
+
+@pytest.mark.parametrize("protocol", ["grpc-v1", "grpc-v1alpha"])
+async def test_an_independent_reflection_client_lists_the_services(
+    server: GrpcServer, protocol: str
+) -> None:
+    # buf curl (Go's reflection client) asks under the one protocol it is told to use.
+    buf = Path(sys.executable).parent / "buf"
+    process = await asyncio.create_subprocess_exec(
+        str(buf),
+        "curl",
+        "--protocol",
+        "grpc",
+        "--http2-prior-knowledge",
+        "--reflect-protocol",
+        protocol,
+        "--list-services",
+        f"http://{server.address}",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    stdout, stderr = await process.communicate()
+    assert process.returncode == 0, stderr.decode()
+    assert {_SERVICE, "grpc.health.v1.Health"} <= set(stdout.decode().split())
