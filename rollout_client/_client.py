@@ -17,6 +17,7 @@ from rollout.agent.v1 import agent_pb2, agent_pb2_grpc
 from ._errors import (
     OutOfRangeError,
     RolloutError,
+    RpcError,
     StreamEndedError,
     error_from_rpc,
 )
@@ -26,6 +27,9 @@ DEFAULT_ADDRESS = "127.0.0.1:50051"
 DEFAULT_RECONNECT_TIMEOUT = 30.0
 # How often a turn skips ahead to the oldest event the server still holds before giving up.
 _MAX_SKIPS = 10
+# Pauses between attempts to resume a stream whose connection dropped: doubling, capped.
+_RESUME_FIRST_PAUSE = 0.05
+_RESUME_MAX_PAUSE = 1.0
 
 _T = TypeVar("_T")
 Metadata = tuple[tuple[str, str], ...]
@@ -218,12 +222,14 @@ class Thread:
         client = self.client
         position = after_index
         dropped_at: float | None = None
+        pause = _RESUME_FIRST_PAUSE
         while True:
             request = agent_pb2.StreamEventsRequest(thread_id=self.id, after_index=position)
             call = client.stub.StreamEvents(request, metadata=client.metadata)
             try:
                 async for response in call:
                     dropped_at = None
+                    pause = _RESUME_FIRST_PAUSE
                     event = response.event
                     if event.index <= position:
                         continue
@@ -239,6 +245,9 @@ class Thread:
                 remaining = client.reconnect_timeout - (now - dropped_at)
                 if remaining <= 0 or not await client.wait_until_reachable(remaining):
                     raise error_from_rpc(error) from None
+                # A connection that comes back only to drop again must not be hammered.
+                await asyncio.sleep(min(pause, remaining))
+                pause = min(pause * 2, _RESUME_MAX_PAUSE)
             finally:
                 call.cancel()
 
@@ -263,7 +272,7 @@ class Turn:
         self._started: agent_pb2.Turn | None = None
         self._after = 0
         self._start_lock = asyncio.Lock()
-        self._consumed = False
+        self._events_read: AsyncGenerator[agent_pb2.ThreadEvent, None] | None = None
         self.result: agent_pb2.Turn | None = None
         self._text: list[str] = []
         self._own_events = 0
@@ -312,10 +321,10 @@ class Turn:
             return self._started
 
     def __aiter__(self) -> AsyncIterator[agent_pb2.ThreadEvent]:
-        if self._consumed:
-            raise RolloutError("a turn's events can be read once")
-        self._consumed = True
-        return self._events()
+        if self._events_read is not None:
+            raise RolloutError("a turn's events can be read once (wait() reads what is left)")
+        self._events_read = self._events()
+        return self._events_read
 
     async def _events(self) -> AsyncGenerator[agent_pb2.ThreadEvent, None]:
         await self.start()
@@ -388,8 +397,8 @@ class Turn:
         request = agent_pb2.InterruptRequest(thread_id=thread.id, turn_id=started.id)
         try:
             reply = await client.unary(client.stub.Interrupt(request, metadata=client.metadata))
-        except RolloutError as error:
-            if getattr(error, "reason", "") != "TURN_NOT_RUNNING":
+        except RpcError as error:
+            if error.reason != "TURN_NOT_RUNNING":
                 raise
             info = await thread.refresh()
             return next(turn for turn in info.turns if turn.id == started.id)
@@ -413,10 +422,12 @@ class Turn:
         return await self.submit_tool_output(call_id, output, is_error=is_error)
 
     async def wait(self) -> agent_pb2.Turn:
-        """Read the turn's events to its end (unless already read) and return how it ended."""
-        if not self._consumed:
-            async for _ in self:
+        """Read what is left of the turn's events (all of them, when none were read yet) and
+        return how it ended."""
+        events = self._events_read if self._events_read is not None else aiter(self)
+        if self.result is None:
+            async for _ in events:
                 pass
         if self.result is None:
-            raise RolloutError("the turn's events are being read elsewhere; wait for that")
+            raise RolloutError("the turn's events ended with an error, before turn_completed")
         return self.result

@@ -91,6 +91,18 @@ async def test_wait_returns_the_ended_turn(server: AgentServer) -> None:
             aiter(turn)
 
 
+async def test_wait_reads_what_a_loop_left(server: AgentServer) -> None:
+    async with AgentClient(server.address) as client:
+        thread = await client.start_thread()
+        turn = thread.run_turn("read half")
+        async for event in turn:
+            if event.HasField("agent_message_delta"):
+                break
+        assert turn.result is None
+        assert (await turn.wait()).status == agent_pb2.TURN_STATUS_COMPLETED
+        assert turn.text == "".join(reply_words("read half"))
+
+
 async def test_interrupt_mid_stream(server: AgentServer) -> None:
     async with AgentClient(server.address) as client:
         thread = await client.start_thread()
