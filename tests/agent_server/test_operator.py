@@ -195,22 +195,27 @@ async def test_text_logs_and_the_log_level() -> None:
     assert not any("WARNING" in line for line in chatty.log)
 
 
+def sample(name: str, **labels: str) -> float:
+    """A metric's value in this process (0 before it was first counted)."""
+    return telemetry.REGISTRY.get_sample_value(name, labels) or 0.0
+
+
 async def test_provider_failures_and_retries_are_logged_and_counted(
     provider: ScriptedProvider, start_agent: StartAgent, caplog: pytest.LogCaptureFixture
 ) -> None:
     provider.queue_error(503)
     provider.queue(answer("after one retry"))
     agent: Harness = await start_agent(max_retries=1)
-    calls = telemetry.PROVIDER_CALLS
-    failed_before = calls.labels("FAILED", "503")._value.get()
-    retries_before = telemetry.PROVIDER_RETRIES._value.get()
+    failed = {"status": "FAILED", "http_status": "503"}
+    failed_before = sample("rollout_agent_provider_calls_total", **failed)
+    retries_before = sample("rollout_agent_provider_retries_total")
     thread = await agent.start_thread()
     events = agent.events(thread.id)
     with caplog.at_level(logging.INFO, logger="agent_server"):
         turn = await agent.start_turn(thread.id, "retry me")
         assert (await events.turn_completed(turn.id)).status == agent_pb2.TURN_STATUS_COMPLETED
-    assert calls.labels("FAILED", "503")._value.get() == failed_before + 1
-    assert telemetry.PROVIDER_RETRIES._value.get() == retries_before + 1
+    assert sample("rollout_agent_provider_calls_total", **failed) == failed_before + 1
+    assert sample("rollout_agent_provider_retries_total") == retries_before + 1
     [failure] = [r for r in caplog.records if r.getMessage().startswith("provider call failed")]
     assert failure.levelno == logging.WARNING
     assert failure.getMessage() == "provider call failed; retrying"
@@ -222,13 +227,13 @@ async def test_provider_failures_and_retries_are_logged_and_counted(
 
 async def test_a_recording_failure_is_counted(provider: ScriptedProvider, agent: Harness) -> None:
     provider.queue(answer("unrecorded"))
-    before = telemetry.RECORDING_FAILURES._value.get()
+    before = sample("rollout_agent_recording_failures_total")
     thread = await agent.start_thread()
     (Path(thread.bundle_path) / "trace.binpb").unlink()
     events = agent.events(thread.id)
     turn = await agent.start_turn(thread.id, "one")
     await events.turn_completed(turn.id)
-    assert telemetry.RECORDING_FAILURES._value.get() == before + 1
+    assert sample("rollout_agent_recording_failures_total") == before + 1
 
 
 async def test_a_config_file_under_the_environment_and_the_flags(tmp_path: Path) -> None:
