@@ -116,6 +116,13 @@ class Settings:
             ("http://", "https://")
         ):
             raise ConfigError("--provider-url must be an http:// or https:// URL")
+        if self.provider_url is not None and self.api_key is not None:
+            netloc = self.provider_url.split("://", 1)[1].split("/", 1)[0]
+            if "@" in netloc:
+                raise ConfigError(
+                    "--provider-url carries credentials (user@host) and an API key is set: "
+                    "the request can authenticate one way only"
+                )
         try:
             split_listen(self.listen)
         except ValueError as error:

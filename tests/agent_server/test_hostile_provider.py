@@ -327,7 +327,7 @@ async def test_a_key_that_cannot_be_a_header_never_shows_in_errors(
     finally:
         await client.aclose()
     assert "SECRET" not in raised.value.message
-    assert raised.value.code == "connection_error"
+    assert raised.value.code == "request_not_sent"
 
 
 def _delta_of(turn_id: str) -> Callable[[agent_pb2.ThreadEvent], bool]:
@@ -360,8 +360,8 @@ def _sockets_to(port: int) -> int:
 async def test_provider_sockets_are_closed_after_every_turn(
     provider: ScriptedProvider, agent: Harness
 ) -> None:
-    # The provider closes each connection after its response (as the built-in model and many
-    # servers do): every turn's client socket must be closed too, whatever ended the turn.
+    # Whatever ended a turn, its connection to the provider is either reused or closed: the
+    # sockets do not pile up (one kept alive between turns at most).
     thread = await agent.start_thread()
     events = agent.events(thread.id)
     provider.queue(answer("warm up"))
@@ -390,7 +390,7 @@ async def test_provider_sockets_are_closed_after_every_turn(
                 agent_pb2.InterruptRequest(thread_id=thread.id, turn_id=turn.id)
             )
         await events.turn_completed(turn.id)
-    assert _sockets_to(port) == 0
+    assert _sockets_to(port) <= 1
     for gate in gates:
         gate.set()
 
