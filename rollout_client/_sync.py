@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import signal
 import threading
 from collections.abc import (
     AsyncIterator,
@@ -23,6 +24,7 @@ from rollout.agent.v1 import agent_pb2
 from ._client import DEFAULT_ADDRESS, DEFAULT_RECONNECT_TIMEOUT, AgentClient, Thread, Turn
 
 _T = TypeVar("_T")
+_PROGRAM_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT}
 
 
 class _Loop:
@@ -30,10 +32,17 @@ class _Loop:
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self.loop.run_forever, name="rollout-client", daemon=True
-        )
+        self._thread = threading.Thread(target=self._run, name="rollout-client", daemon=True)
         self._thread.start()
+
+    def _run(self) -> None:
+        # A signal the program handles (Ctrl-C's SIGINT) must go to the main thread: delivered
+        # to another one, it would not interrupt the main thread's blocking call (input(), say)
+        # until that returned by itself. Threads started from here (gRPC's, the executor's)
+        # inherit the mask.
+        if hasattr(signal, "pthread_sigmask"):
+            signal.pthread_sigmask(signal.SIG_BLOCK, _PROGRAM_SIGNALS)
+        self.loop.run_forever()
 
     def submit(self, coroutine: Coroutine[Any, Any, _T]) -> concurrent.futures.Future[_T]:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -61,3 +64,35 @@ def test_plain_function_tools_run_in_worker_threads(live: LiveServer) -> None:
     assert "sunny in Ask weather." in turn.text
     assert len(ran_in) == 1
     assert ran_in[0] != threading.main_thread().name
+
+
+MASK_PROBE = """
+import os, sys
+from rollout_client import SyncAgentClient
+
+with SyncAgentClient(sys.argv[1]) as client:
+    thread = client.start_thread()
+    thread.run_turn("spawn every thread").wait()
+    for task in os.listdir("/proc/self/task"):
+        status = open(f"/proc/self/task/{task}/status").read()
+        blocked = int(status.split("SigBlk:")[1].split()[0], 16)
+        print(task == str(os.getpid()), bool(blocked & (1 << 1)))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads Linux's /proc")
+def test_only_the_main_thread_takes_ctrl_c(live: LiveServer) -> None:
+    # Ctrl-C's SIGINT must wake the main thread, whatever it is blocked in (input(), say):
+    # every thread the client starts, and those they start, leave it to the main thread.
+    probe = subprocess.run(
+        [sys.executable, "-c", MASK_PROBE, live.address],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert probe.returncode == 0, probe.stderr
+    threads = [line.split() for line in probe.stdout.splitlines()]
+    assert ["True", "False"] in threads
+    others = [blocked for main, blocked in threads if main == "False"]
+    assert len(others) >= 2
+    assert set(others) == {"True"}
