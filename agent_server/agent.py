@@ -10,6 +10,7 @@ import uuid
 from collections import deque
 from collections.abc import Mapping, Sequence
 
+from agent_server import telemetry
 from agent_server.config import Settings
 from agent_server.errors import (
     EmptyInputError,
@@ -141,6 +142,7 @@ class Agent:
         )
         self._threads[thread_id] = thread
         self._forget_closed()
+        telemetry.thread_started(thread)
         return thread
 
     def _forget_closed(self) -> None:
@@ -305,6 +307,7 @@ class Agent:
             await thread.running.interrupt(requested_by)
         await thread.recorder.finish(status, reason)
         thread.mark_closed()
+        telemetry.thread_closed(thread, reason)
         self._closed.append((time.monotonic(), thread.id))
         self._forget_closed()
 

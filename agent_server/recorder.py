@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeAlias, TypeVar
 
+from agent_server import telemetry
 from rollout.agent.v1 import agent_pb2
 from rollout.trace.v1 import common_pb2, record_pb2
 from trace_reducer import (
@@ -110,6 +111,7 @@ class Recorder:
     def _fail(self, error: BaseException) -> None:
         if not self._error:
             self._error = str(error) or type(error).__name__
+            telemetry.recording_failed()
             log.warning(
                 "recording of thread %s failed, the thread keeps running unrecorded: %s",
                 self.thread_id,
@@ -286,6 +288,7 @@ class Recorder:
                 await asyncio.to_thread(writer.sync)
             except _WRITE_ERRORS as error:
                 self._fail(error)
+        telemetry.recorded(self.thread_id, writer.bytes_written)
 
     async def finish(self, status: Status, reason: str) -> None:
         """Record thread_ended, then the footer; release the file even after a failure."""
@@ -301,5 +304,6 @@ class Recorder:
                 await asyncio.to_thread(writer.close if ok else writer.abandon)
             except _WRITE_ERRORS as error:
                 self._fail(error)
+        telemetry.recorded(self.thread_id, writer.bytes_written, finished=True)
         # It holds the thread's last request input: nothing will be built from it again.
         self._builder = None

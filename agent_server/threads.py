@@ -11,6 +11,7 @@ from typing import Any, Protocol, TypeAlias
 
 from google.protobuf import timestamp_pb2
 
+from agent_server import telemetry
 from agent_server.events import MAX_DELTA_CHARS, EventBuffer
 from agent_server.recorder import Recorder
 from agent_server.tools import SubmittedOutput, Tool, ToolCall
@@ -155,6 +156,7 @@ class Thread:
     def emit_delta(self, turn_id: str, item_id: str, delta: str, *, refusal: bool = False) -> None:
         """Publish a text delta, merged into the item's latest one while no subscriber has it;
         one too large for a client's message limit goes out in pieces."""
+        telemetry.on_delta(turn_id)
         pieces = (
             [delta]
             if len(delta) <= MAX_DELTA_CHARS
@@ -176,3 +178,4 @@ class Thread:
         nanos = time.time_ns()
         event.time.seconds, event.time.nanos = divmod(nanos, 1_000_000_000)
         self.events.publish(event)
+        telemetry.on_event(self, event)

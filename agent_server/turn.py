@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agent_server import telemetry
 from agent_server.config import Settings
 from agent_server.errors import (
     DuplicateToolOutputError,
@@ -303,6 +304,7 @@ class TurnRunner:
             input_items=input_items,
         )
         response = self._response = Response(ordinal, thread, self._turn.id, self._on_tool_call)
+        telemetry.call_started(self._turn.id)
         async with self._provider.batches(call_id, {**envelope, "input": input_items}) as reader:
             while batch := await reader.next():
                 if response.on_batch(batch):
@@ -325,6 +327,7 @@ class TurnRunner:
         response, self._response = self._response, None
         if response is None:
             return
+        telemetry.call_ended(self._turn.id, status, error)
         self._recorder.inference_ended(
             response.ordinal,
             status,

@@ -36,6 +36,8 @@ class BundleWriter:
         self.trace_id = trace_id
         self.created_at = created_at
         self.record_count = 0
+        # Bytes of the file written so far (frames that were written whole).
+        self.bytes_written = 0
         self.failed = False
         self.closed = False
         self._fd = fd
@@ -112,6 +114,7 @@ class BundleWriter:
             self._fail()
             raise RecordingError(f"short write ({written} of {len(frame)} bytes): {self.file_path}")
         self.record_count = seq
+        self.bytes_written += written
         return seq
 
     def put_payload(

@@ -24,13 +24,14 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1drollout/trace/v1/common.proto\x12\x10rollout.trace.v1\"\x86\x01\n\nTokenUsage\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\x04\x12\x15\n\routput_tokens\x18\x02 \x01(\x04\x12\x14\n\x0ctotal_tokens\x18\x03 \x01(\x04\x12\x1b\n\x13\x63\x61\x63hed_input_tokens\x18\x04 \x01(\x04\x12\x18\n\x10reasoning_tokens\x18\x05 \x01(\x04\"@\n\nTraceError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x13\n\x0bhttp_status\x18\x03 \x01(\r*\xcc\x01\n\x0f\x45xecutionStatus\x12 \n\x1c\x45XECUTION_STATUS_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x45XECUTION_STATUS_RUNNING\x10\x01\x12\x1e\n\x1a\x45XECUTION_STATUS_COMPLETED\x10\x02\x12\x1b\n\x17\x45XECUTION_STATUS_FAILED\x10\x03\x12\x1e\n\x1a\x45XECUTION_STATUS_CANCELLED\x10\x04\x12\x1c\n\x18\x45XECUTION_STATUS_ABORTED\x10\x05\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1drollout/trace/v1/common.proto\x12\x10rollout.trace.v1\"\x86\x01\n\nTokenUsage\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\x04\x12\x15\n\routput_tokens\x18\x02 \x01(\x04\x12\x14\n\x0ctotal_tokens\x18\x03 \x01(\x04\x12\x1b\n\x13\x63\x61\x63hed_input_tokens\x18\x04 \x01(\x04\x12\x18\n\x10reasoning_tokens\x18\x05 \x01(\x04\"@\n\nTraceError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x13\n\x0bhttp_status\x18\x03 \x01(\r*\xcc\x01\n\x0f\x45xecutionStatus\x12 \n\x1c\x45XECUTION_STATUS_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x45XECUTION_STATUS_RUNNING\x10\x01\x12\x1e\n\x1a\x45XECUTION_STATUS_COMPLETED\x10\x02\x12\x1b\n\x17\x45XECUTION_STATUS_FAILED\x10\x03\x12\x1e\n\x1a\x45XECUTION_STATUS_CANCELLED\x10\x04\x12\x1c\n\x18\x45XECUTION_STATUS_ABORTED\x10\x05\x42V\n\x10rollout.trace.v1P\x01Z-rollout-trace/gen/go/rollout/trace/v1;tracev1\xaa\x02\x10Rollout.Trace.V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'rollout.trace.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
-  DESCRIPTOR._loaded_options = None
+  _globals['DESCRIPTOR']._loaded_options = None
+  _globals['DESCRIPTOR']._serialized_options = b'\n\020rollout.trace.v1P\001Z-rollout-trace/gen/go/rollout/trace/v1;tracev1\252\002\020Rollout.Trace.V1'
   _globals['_EXECUTIONSTATUS']._serialized_start=255
   _globals['_EXECUTIONSTATUS']._serialized_end=459
   _globals['_TOKENUSAGE']._serialized_start=52
