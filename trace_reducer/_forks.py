@@ -72,11 +72,16 @@ class BundleForkResolver:
     explicitly, reduces each once (and its own parent, recursively), and remembers them."""
 
     def __init__(self, bundle_dir: Path | None, explicit: Iterable[str | os.PathLike[str]] = ()):
-        self._root = bundle_dir.parent if bundle_dir is not None else None
+        self._roots: list[Path] = [bundle_dir.parent] if bundle_dir is not None else []
         self._explicit = [Path(path) for path in explicit]
         self._explicit_ids: dict[str, Path] | None = None
         self._loaded: dict[Path, ParentBundle | None] = {}
         self._loading: set[Path] = set()
+
+    def add_root(self, root: Path) -> None:
+        """Look for parents among the bundles of `root` too."""
+        if root not in self._roots:
+            self._roots.append(root)
 
     def resolve(self, forked: record_pb2.ThreadForked) -> ParentBundle | None:
         path = self._locate(forked)
@@ -89,16 +94,15 @@ class BundleForkResolver:
         explicit = self._explicit_by_thread().get(wanted)
         if explicit is not None:
             return explicit
-        if self._root is None:
-            return None
-        if _safe_name(forked.parent_bundle):
-            candidate = self._root / forked.parent_bundle
-            if (candidate / TRACE_FILE_NAME).is_file():
-                return candidate
-        if _safe_name(wanted):
-            for candidate in sorted(self._root.glob(f"*-{wanted}")):
+        for root in self._roots:
+            if _safe_name(forked.parent_bundle):
+                candidate = root / forked.parent_bundle
                 if (candidate / TRACE_FILE_NAME).is_file():
                     return candidate
+            if _safe_name(wanted) and "*" not in wanted and "?" not in wanted:
+                for candidate in sorted(root.glob(f"*-{wanted}")):
+                    if (candidate / TRACE_FILE_NAME).is_file():
+                        return candidate
         return None
 
     def _explicit_by_thread(self) -> dict[str, Path]:

@@ -24,6 +24,7 @@ from ._reader import read_bundle, resolve_trace_file
 from ._replay import replay_bundle
 from ._requests import request_body
 from ._state_json import state_to_json, write_state_json
+from ._training_cli import add_parsers as add_training_parsers
 from ._version import __version__
 
 if TYPE_CHECKING:
@@ -351,6 +352,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout", type=float, default=10.0, metavar="SECONDS", help="per send, with retries"
     )
     export.set_defaults(run=_export_otlp)
+
+    add_training_parsers(commands)
 
     view = commands.add_parser(
         "view", help="write one self-contained HTML page showing the bundle, print its path"
