@@ -281,6 +281,7 @@ class Agent:
         shared_turns = turn_ids.index(after_turn_id) + 1 if after_turn_id else 0
         bundle = Path(parent.recorder.bundle_path).name if parent.recorder.bundle_path else ""
         payloads = parent.recorder.payload_ids
+        parent_call_id, parent_tokens = parent.recorder.held_tokens()
         forks: list[Thread] = []
         try:
             for index in range(count):
@@ -300,6 +301,8 @@ class Agent:
                     shared_turns=shared_turns,
                     prefix_items=shared,
                     parent_payloads=payloads,
+                    parent_call_id=parent_call_id,
+                    parent_tokens=parent_tokens,
                 )
                 forks.append(
                     await self._shielded_start(

@@ -46,6 +46,9 @@ class ForkSeed:
     # Payloads the parent's bundle holds; empty when the parent's recording is not usable,
     # and then the prefix is copied into the fork's bundle.
     parent_payloads: frozenset[str]
+    # The parent's latest inference call and its held tokens (see RecordBuilder.held_tokens).
+    parent_call_id: str = ""
+    parent_tokens: Sequence[int] = ()
 
 
 class Recorder:
@@ -108,6 +111,9 @@ class Recorder:
                         shared_turns=fork.shared_turns,
                         prefix_items=fork.prefix_items,
                         copy_prefix=copy,
+                        parent_call_id=fork.parent_call_id,
+                        # Without the parent's bundle, its tokens cannot be referred to.
+                        parent_tokens=() if copy else fork.parent_tokens,
                     )
                 builder.thread_started(
                     thread_id, model=model, instructions=instructions, metadata=metadata
@@ -142,6 +148,12 @@ class Recorder:
     @property
     def trace_id(self) -> str:
         return self._writer.trace_id if self._writer is not None else ""
+
+    def held_tokens(self) -> tuple[str, list[int]]:
+        """The latest inference call's id and the thread's held tokens ('' and [] when off)."""
+        if self._builder is None or self.status != agent_pb2.RECORDING_STATUS_ACTIVE:
+            return "", []
+        return self._builder.held_tokens(self._thread)
 
     @property
     def payload_ids(self) -> frozenset[str]:

@@ -57,6 +57,11 @@ class RecordBuilder:
         self._latest_item: dict[int, int] = {}
         # A fork's shared history: the input prefix of its thread's first request.
         self._fork_prefix: list[Mapping[str, Any]] | None = None
+        self._fork_tokens: list[int] | None = None
+        # Each thread's held tokens: its latest prompt's ids, then every output id since.
+        self._held: dict[int, list[int]] = {}
+        self._thread_of_call: dict[int, int] = {}
+        self._latest_call_id: dict[int, str] = {}
 
     # -- payloads ------------------------------------------------------------------------------
 
@@ -81,7 +86,14 @@ class RecordBuilder:
         if self._fork_prefix is not None:
             self._inputs[self._threads] = self._fork_prefix
             self._fork_prefix = None
+        if self._fork_tokens is not None:
+            self._held[self._threads] = self._fork_tokens
+            self._fork_tokens = None
         return self._threads
+
+    def held_tokens(self, thread: int) -> tuple[str, list[int]]:
+        """(the thread's latest inference call id, its held tokens): what a fork continues."""
+        return self._latest_call_id.get(thread, ""), list(self._held.get(thread, ()))
 
     def thread_forked(
         self,
@@ -95,6 +107,8 @@ class RecordBuilder:
         shared_turns: int,
         prefix_items: Sequence[Mapping[str, Any]],
         copy_prefix: bool,
+        parent_call_id: str = "",
+        parent_tokens: Sequence[int] = (),
     ) -> None:
         """The thread about to start continues another's history `prefix_items`: recorded by
         payload id only (the parent's bundle has them) unless copy_prefix; the thread's first
@@ -119,10 +133,13 @@ class RecordBuilder:
                     prefix_payload_ids=ids,
                     prefix_copied=copy_prefix,
                     shared_turns=shared_turns,
+                    parent_call_id=parent_call_id if parent_tokens else "",
+                    parent_token_count=len(parent_tokens),
                 )
             )
         )
         self._fork_prefix = list(prefix_items)
+        self._fork_tokens = list(parent_tokens)
 
     def turn_started(
         self, thread: int, turn_id: str, input_items: Sequence[Mapping[str, Any]]
@@ -186,6 +203,8 @@ class RecordBuilder:
         """The record exactly as given: prefix_count items of the previous input, then new_items."""
         self._calls += 1
         thread = self._thread_of_turn.get(turn, 0)
+        self._thread_of_call[self._calls] = thread
+        self._latest_call_id[thread] = inference_call_id
         envelope_id = self.json_payload(envelope, record_pb2.PAYLOAD_KIND_REQUEST_ENVELOPE)
         ids = [self.json_payload(item, record_pb2.PAYLOAD_KIND_INPUT_ITEM) for item in new_items]
         self._inputs[thread] = [*self._inputs.get(thread, [])[:prefix_count], *new_items]
@@ -208,10 +227,23 @@ class RecordBuilder:
         return self._calls
 
     def prompt_tokens(self, call: int, ids: Sequence[int]) -> None:
-        """The engine's token ids of the prompt of `call`."""
+        """The engine's token ids of the prompt of `call`: only what follows the part it shares
+        with the thread's held tokens is written."""
+        thread = self._thread_of_call.get(call, 0)
+        held = self._held.get(thread, [])
+        shared = 0
+        for before, now in zip(held, ids, strict=False):
+            if before != now:
+                break
+            shared += 1
         self._sink.append(
-            record_pb2.TraceRecord(prompt_tokens=record_pb2.PromptTokens(call=call, ids=ids))
+            record_pb2.TraceRecord(
+                prompt_tokens=record_pb2.PromptTokens(
+                    call=call, ids=ids[shared:], prefix_count=shared
+                )
+            )
         )
+        self._held[thread] = list(ids)
 
     # -- provider events -----------------------------------------------------------------------
 
@@ -284,6 +316,8 @@ class RecordBuilder:
         if tokens is not None:
             body.tokens.CopyFrom(tokens)
         self._sink.append(record)
+        if tokens is not None and tokens.ids:
+            self._held.setdefault(self._thread_of_call.get(call, 0), []).extend(tokens.ids)
 
     def output_item_done(
         self, call: int, item: int, *, item_id: str, assigned: bool, payload: Mapping[str, Any]

@@ -169,6 +169,10 @@ class Reducer:
         self.parent: ParentBundle | None = None
         self._unresolved_payloads = 0
         self._sampling: dict[str, common_pb2.SamplingSettings] = {}
+        # Each thread's held tokens (its latest prompt, then every output id since), None
+        # while unknown (a fork whose parent's tokens could not be read).
+        self._held: dict[str, list[int] | None] = {}
+        self._fork_tokens: list[int] | None = None
         self._header: record_pb2.Header | None = None
         self._base_us = 0
         self._last_time_us = 0
@@ -470,6 +474,7 @@ class Reducer:
         if self._fork_prefix is not None:
             self._seed_fork(thread, self._fork_prefix, record)
             self._fork_prefix = None
+            self._held[body.thread_id] = self._fork_tokens
 
     # -- forks --------------------------------------------------------------------------------
 
@@ -494,6 +499,19 @@ class Reducer:
         )
         self._fork_prefix = list(body.prefix_payload_ids)
         self._fork_seq = record.seq
+        self._fork_tokens = []
+        if body.parent_token_count:
+            parent_call = (
+                parent.trace.inference_calls.get(body.parent_call_id)
+                if parent is not None
+                else None
+            )
+            seed = (
+                [*parent_call.prompt_token_ids, *parent_call.output_tokens.ids]
+                if parent_call is not None
+                else []
+            )
+            self._fork_tokens = seed if len(seed) == body.parent_token_count else None
 
     def _seed_fork(self, thread: _Thread, prefix: list[str], record: _Record) -> None:
         """The shared history becomes the thread's first items and its 'previous request', so
@@ -527,7 +545,21 @@ class Reducer:
     def _on_prompt_tokens(self, record: _Record) -> None:
         body = record.prompt_tokens
         call = self._live_call(body.call, record)
-        call.msg.prompt_token_ids.extend(body.ids)
+        thread_id = call.turn.thread.msg.thread_id
+        held = self._held.get(thread_id, [])
+        shared = body.prefix_count
+        if held is None or shared > len(held):
+            if held is not None and self._fork is None:
+                _fail(record, f"prefix_count {shared} exceeds the {len(held)} held tokens")
+            # A fork whose parent's tokens are missing: this prompt is unknown, and so is
+            # every later one that builds on it.
+            self._held[thread_id] = None if shared else list(body.ids)
+            if not shared:
+                call.msg.prompt_token_ids.extend(body.ids)
+            return
+        prompt = [*held[:shared], *body.ids]
+        call.msg.prompt_token_ids.extend(prompt)
+        self._held[thread_id] = prompt
 
     def _on_reward_recorded(self, record: _Record) -> None:
         _fail(record, "reward_recorded belongs in rewards.binpb, not in the trace")
@@ -696,6 +728,10 @@ class Reducer:
         if call.tokens is None:
             call.tokens = TokenAccumulator()
         call.tokens.add(output, body.tokens, body.delta)
+        if body.tokens.ids:
+            held = self._held.setdefault(call.turn.thread.msg.thread_id, [])
+            if held is not None:
+                held.extend(body.tokens.ids)
 
     def _unannounced(self, call: _Call) -> _Output:
         # Text that arrived before any item was announced still belongs somewhere visible.

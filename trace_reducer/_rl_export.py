@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rollout.trace.v1 import common_pb2, state_pb2
+from rollout.trace.v1 import common_pb2, record_pb2, state_pb2
 
 from ._errors import BundleError, NotABundleError
 from ._forks import BundleForkResolver
@@ -77,22 +77,36 @@ def find_bundles(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
 
 def reduce_all(
     bundles: Sequence[Path], *, parents: Iterable[str | os.PathLike[str]] = (), salvage: bool
-) -> list[tuple[Path, state_pb2.RolloutTrace]]:
-    """Each bundle's reduced state (rewards attached); forks resolve against the bundles
-    given, the explicit parents and their siblings, each parent reduced once."""
+) -> list[tuple[Path, state_pb2.RolloutTrace, str]]:
+    """Each bundle's reduced state (rewards attached) and its thread's instructions; forks
+    resolve against the bundles given, the explicit parents and their siblings, each parent
+    reduced once."""
     resolver = BundleForkResolver(None, [*bundles, *parents])
     traces = []
     for bundle in bundles:
         resolver.add_root(bundle.parent)
+        instructions: dict[str, bytes] = {}
         with read_bundle(bundle) as reader:
             reducer = Reducer(forks=resolver)
             for batch in reader.batches():
+                for record in batch:
+                    if (
+                        record.WhichOneof("body") == "payload"
+                        and record.payload.kind == record_pb2.PAYLOAD_KIND_INSTRUCTIONS
+                        and record.payload.chunk_count <= 1
+                    ):
+                        instructions[record.payload.payload_id] = record.payload.data
                 reducer.apply_many(batch)
             reducer.set_integrity(reader.integrity)
         trace = reducer.state()
         require_reducible(trace.integrity, salvage=salvage, source=str(bundle))
         attach_rewards(trace, bundle)
-        traces.append((bundle, trace))
+        thread = trace.threads.get(trace.root_thread_id)
+        pid = thread.instructions_payload_id if thread is not None else ""
+        data = instructions.get(pid) if pid else None
+        if pid and data is None and reducer.parent is not None:
+            data = reducer.parent.payload(pid)
+        traces.append((bundle, trace, (data or b"").decode("utf-8", "replace")))
     return traces
 
 
@@ -224,7 +238,9 @@ def _common_prefix(held: Sequence[int], prompt: Sequence[int]) -> int:
     return index
 
 
-def build_sample(bundle: Path, trace: state_pb2.RolloutTrace) -> Sample | None:
+def build_sample(
+    bundle: Path, trace: state_pb2.RolloutTrace, instructions: str = ""
+) -> Sample | None:
     """The sample of a bundle's thread; None for a thread without inference calls."""
     thread_id = trace.root_thread_id
     if thread_id not in trace.threads:
@@ -234,6 +250,22 @@ def build_sample(bundle: Path, trace: state_pb2.RolloutTrace) -> Sample | None:
         return None
     thread = trace.threads[thread_id]
     messages = [_message(trace.conversation_items[i]) for i in thread.conversation_item_ids]
+    if instructions:
+        # The thread's instructions, as the system message they are to the model.
+        messages.insert(
+            0,
+            {
+                "item_id": "",
+                "responses_item_id": "",
+                "role": "system",
+                "kind": "instructions",
+                "content": instructions,
+                "turn_id": "",
+                "produced_by": "instructions",
+                "loss_mask": 0,
+                "token_span": None,
+            },
+        )
     rewards, reward = _rewards(trace)
     versions = list(dict.fromkeys(call.policy_version for call in calls if call.policy_version))
     sample = Sample(
@@ -252,7 +284,7 @@ def build_sample(bundle: Path, trace: state_pb2.RolloutTrace) -> Sample | None:
         policy_versions=versions,
         calls=calls,
     )
-    _fill_tokens(sample, calls, {m["item_id"]: m for m in messages})
+    _fill_tokens(sample, calls, {m["item_id"]: m for m in messages if m["item_id"]})
     return sample
 
 
@@ -437,19 +469,23 @@ def _art_trajectory(sample: Sample) -> dict[str, Any]:
     inference call's accepted output of this thread, with its logprobs."""
     trace = sample.trace
     by_call: dict[str, list[dict[str, Any]]] = {}
-    for message in sample.messages:
+
+    def call_of(message: dict[str, Any]) -> str:
+        if message["produced_by"] != "model":
+            return ""
         item = trace.conversation_items[message["item_id"]]
-        refs = [ref.inference.inference_call_id for ref in item.produced_by if ref.inference]
-        if message["produced_by"] == "model" and refs:
-            by_call.setdefault(refs[0], []).append(message)
+        refs = [r.inference.inference_call_id for r in item.produced_by if r.HasField("inference")]
+        return refs[0] if refs else ""
+
+    for message in sample.messages:
+        if call_of(message):
+            by_call.setdefault(call_of(message), []).append(message)
     calls = {call.inference_call_id: call for call in sample.calls}
     out: list[dict[str, Any]] = []
     emitted: set[str] = set()
     for message in sample.messages:
-        item = trace.conversation_items[message["item_id"]]
-        refs = [ref.inference.inference_call_id for ref in item.produced_by if ref.inference]
-        if message["produced_by"] == "model" and refs:
-            call_id = refs[0]
+        call_id = call_of(message)
+        if call_id:
             if call_id in emitted:
                 continue
             emitted.add(call_id)
@@ -623,13 +659,13 @@ def export_rl(
     warnings: list[str] = []
     samples: list[Sample] = []
     skipped = 0
-    for bundle, trace in reduce_all(bundles, parents=parents, salvage=salvage):
+    for bundle, trace, instructions in reduce_all(bundles, parents=parents, salvage=salvage):
         if trace.integrity.status != state_pb2.INTEGRITY_STATUS_CLEAN or trace.integrity.detail:
             warnings.append(
                 f"{integrity_name(trace.integrity.status).lower()} bundle {bundle.name}: "
                 f"{trace.integrity.detail or 'exported what it holds'}"
             )
-        sample = build_sample(bundle, trace)
+        sample = build_sample(bundle, trace, instructions)
         if sample is None:
             skipped += 1
         else:

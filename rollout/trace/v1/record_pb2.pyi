@@ -876,6 +876,8 @@ class ThreadForked(_message.Message):
     PREFIX_PAYLOAD_IDS_FIELD_NUMBER: _builtins.int
     PREFIX_COPIED_FIELD_NUMBER: _builtins.int
     SHARED_TURNS_FIELD_NUMBER: _builtins.int
+    PARENT_CALL_ID_FIELD_NUMBER: _builtins.int
+    PARENT_TOKEN_COUNT_FIELD_NUMBER: _builtins.int
     parent_thread_id: _builtins.str
     parent_bundle: _builtins.str
     """The parent's bundle directory name, a sibling of this bundle under the same trace root;
@@ -897,6 +899,12 @@ class ThreadForked(_message.Message):
     """
     shared_turns: _builtins.int
     """How many of the parent's turns the fork shares."""
+    parent_call_id: _builtins.str
+    """The parent's latest inference call when it was forked: its prompt token ids and output
+    token ids are the held tokens the fork's first prompt_tokens record continues.
+    """
+    parent_token_count: _builtins.int
+    """How many held tokens that is (0: none)."""
     @_builtins.property
     def prefix_payload_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """The payload ids of the shared history, in order: the first request's input prefix."""
@@ -914,10 +922,12 @@ class ThreadForked(_message.Message):
         prefix_payload_ids: _abc.Iterable[_builtins.str] | None = ...,
         prefix_copied: _builtins.bool = ...,
         shared_turns: _builtins.int = ...,
+        parent_call_id: _builtins.str = ...,
+        parent_token_count: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_turn_id", b"after_turn_id", "group_id", b"group_id", "last_shared_item_id", b"last_shared_item_id", "parent_bundle", b"parent_bundle", "parent_thread_id", b"parent_thread_id", "parent_trace_id", b"parent_trace_id", "prefix_copied", b"prefix_copied", "prefix_payload_ids", b"prefix_payload_ids", "repetition_index", b"repetition_index", "shared_turns", b"shared_turns"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_turn_id", b"after_turn_id", "group_id", b"group_id", "last_shared_item_id", b"last_shared_item_id", "parent_bundle", b"parent_bundle", "parent_call_id", b"parent_call_id", "parent_thread_id", b"parent_thread_id", "parent_token_count", b"parent_token_count", "parent_trace_id", b"parent_trace_id", "prefix_copied", b"prefix_copied", "prefix_payload_ids", b"prefix_payload_ids", "repetition_index", b"repetition_index", "shared_turns", b"shared_turns"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -933,18 +943,28 @@ class PromptTokens(_message.Message):
 
     CALL_FIELD_NUMBER: _builtins.int
     IDS_FIELD_NUMBER: _builtins.int
+    PREFIX_COUNT_FIELD_NUMBER: _builtins.int
     call: _builtins.int
+    prefix_count: _builtins.int
+    """How many leading ids are the thread's held tokens: the previous call's prompt followed by
+    every output token id it streamed (for a fork's first call, those of the parent's call
+    named in thread_forked). A conversation re-sends its history; this keeps the record
+    proportional to what is new.
+    """
     @_builtins.property
-    def ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The ids after the first `prefix_count`."""
+
     def __init__(
         self,
         *,
         call: _builtins.int = ...,
         ids: _abc.Iterable[_builtins.int] | None = ...,
+        prefix_count: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "ids", b"ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "ids", b"ids", "prefix_count", b"prefix_count"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
