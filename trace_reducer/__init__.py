@@ -34,6 +34,8 @@ from ._rewards import (
     check_reward,
     read_rewards,
 )
+from ._rl_export import FORMATS as RL_FORMATS
+from ._rl_export import Exported, ExportError, build_sample, export_rl
 from ._state_json import state_to_json, write_state_json
 from ._tokens import LOGPROBS_INCLUDE, classify_stop, delta_tokens, sampling_settings
 from ._version import __version__
@@ -61,6 +63,7 @@ __all__ = [
     "LOGPROBS_INCLUDE",
     "MAX_RECORD_BYTES",
     "REWARDS_FILE_NAME",
+    "RL_FORMATS",
     "STATE_FILE_NAME",
     "TRACE_FILE_NAME",
     "VIEW_FILE_NAME",
@@ -70,7 +73,9 @@ __all__ = [
     "BundleWriter",
     "CorruptBundleError",
     "ExportConfigError",
+    "ExportError",
     "ExportFailedError",
+    "Exported",
     "ExportedBundle",
     "FrameDecoder",
     "NotABundleError",
@@ -87,6 +92,7 @@ __all__ = [
     "__version__",
     "append_reward",
     "attach_rewards",
+    "build_sample",
     "canonical_json",
     "check_reward",
     "classify_stop",
@@ -97,6 +103,7 @@ __all__ = [
     "encode_record",
     "encode_varint",
     "export_otlp",
+    "export_rl",
     "follow_bundle",
     "integrity_name",
     "payload_id",
