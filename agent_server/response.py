@@ -76,11 +76,7 @@ def _usage(response: Any) -> common_pb2.TokenUsage | None:
     )
 
 
-def _str(mapping: Any, key: str, limit: int = MAX_ID_CHARS) -> str:
-    """A provider string field ('' when absent or not a string), clipped to limit."""
-    value = mapping.get(key) if isinstance(mapping, dict) else None
-    if not isinstance(value, str):
-        return ""
+def _clip(value: str, limit: int = MAX_ID_CHARS) -> str:
     if len(value) <= limit:
         return value
     return f"{value[: limit - 40]}...[clipped from {len(value)} chars]"
@@ -88,6 +84,12 @@ def _str(mapping: Any, key: str, limit: int = MAX_ID_CHARS) -> str:
 
 def _has_tokens(data: dict[str, Any]) -> bool:
     return bool(data.get("logprobs") or data.get("token_ids"))
+
+
+def _str(mapping: Any, key: str, limit: int = MAX_ID_CHARS) -> str:
+    """A provider string field ('' when absent or not a string), clipped to limit."""
+    value = mapping.get(key) if isinstance(mapping, dict) else None
+    return _clip(value, limit) if isinstance(value, str) else ""
 
 
 def _delta(mapping: dict[str, Any]) -> str:
@@ -153,6 +155,17 @@ class Response:
         """The open output an event is about: by id (by output index among several with that
         id, else the latest of them), else by output index, else the latest open one (without
         an id of its own when the event names an id nobody announced)."""
+        latest = self._outputs[-1] if self._outputs else None
+        if (
+            latest is not None
+            and not latest.done
+            and provider_id
+            and provider_id == latest.client_id == latest.provider_id
+            and (not isinstance(output_index, int) or output_index == latest.output_index)
+        ):
+            # Nearly every event is a delta of the item added last: no search for it. Its
+            # client id equals the provider's only when no other item of the response had it.
+            return latest
         open_outputs = [output for output in self._outputs if not output.done]
         if provider_id:
             named = [o for o in open_outputs if provider_id in (o.provider_id, o.client_id)]
@@ -315,10 +328,10 @@ class Response:
         """Handle one event; True once the response completed. Raises ProviderError on failure."""
         data = event.data
         if data is None:
-            self._recorder.provider_event(self.ordinal, _str({"t": event.type}, "t"), event.raw)
+            self._recorder.provider_event(self.ordinal, _clip(event.type), event.raw)
             raise ProviderError(
                 "malformed_event",
-                f"the provider sent an event that is not a JSON object ({event.type[:100]})",
+                f"the provider sent an event that is not a JSON object ({_clip(event.type, 100)})",
             )
         handler = _HANDLERS.get(event.type)
         if handler is None:

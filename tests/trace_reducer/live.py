@@ -18,6 +18,7 @@ from rollout.agent.v1 import agent_pb2_grpc
 from rollout.reducer.v1 import reducer_pb2, reducer_pb2_grpc
 from tests.agent_server.conftest import Harness
 from tests.agent_server.scripted_provider import ScriptedProvider
+from tests.streams import StreamLog
 from trace_reducer.service import SERVICE_NAME, ReducerService, add_to_server
 
 if TYPE_CHECKING:
@@ -66,7 +67,7 @@ async def reducer_service(root: Path) -> AsyncIterator[ReducerServiceAsyncStub]:
         await server.stop(None)
 
 
-class Updates:
+class Updates(StreamLog[reducer_pb2.WatchBundleResponse]):
     """Every response of one WatchBundle call, read in the background, awaited by predicate."""
 
     def __init__(
@@ -75,48 +76,11 @@ class Updates:
             reducer_pb2.WatchBundleRequest, reducer_pb2.WatchBundleResponse
         ],
     ) -> None:
-        self.call = call
-        self.responses: list[reducer_pb2.WatchBundleResponse] = []
-        self.error: grpc.aio.AioRpcError | None = None
-        self.ended = False
-        self._changed = asyncio.Event()
-        self._task = asyncio.create_task(self._pump())
+        super().__init__(call, deadline=DEADLINE_SECONDS)
 
-    async def _pump(self) -> None:
-        try:
-            async for response in self.call:
-                self.responses.append(response)
-                self._changed.set()
-        except grpc.aio.AioRpcError as error:
-            self.error = error
-        finally:
-            self.ended = True
-            self._changed.set()
-
-    async def wait_for(
-        self, predicate: Callable[[reducer_pb2.WatchBundleResponse], bool]
-    ) -> reducer_pb2.WatchBundleResponse:
-        checked = 0
-        async with asyncio.timeout(DEADLINE_SECONDS):
-            while True:
-                for response in self.responses[checked:]:
-                    if predicate(response):
-                        return response
-                checked = len(self.responses)
-                if self.ended:
-                    raise AssertionError(f"the watch ended without it; error={self.error}")
-                self._changed.clear()
-                await self._changed.wait()
-
-    async def until_end(self) -> list[reducer_pb2.WatchBundleResponse]:
-        async with asyncio.timeout(DEADLINE_SECONDS):
-            await self._task
-        return self.responses
-
-    async def close(self) -> None:
-        self.call.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+    @property
+    def responses(self) -> list[reducer_pb2.WatchBundleResponse]:
+        return self.items
 
 
 def open_descriptors(path: Path) -> int:
