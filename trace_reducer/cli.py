@@ -58,7 +58,7 @@ def _warn(message: str) -> None:
 
 def _reduce(args: argparse.Namespace) -> int:
     trace_file = resolve_trace_file(args.bundle)
-    trace = replay_bundle(trace_file)
+    trace = replay_bundle(trace_file, parents=args.parent)
     integrity = trace.integrity
     try:
         require_reducible(integrity, salvage=args.salvage, source=args.bundle)
@@ -302,6 +302,13 @@ def build_parser() -> argparse.ArgumentParser:
     target.add_argument("--stdout", action="store_true", help="print the JSON instead")
     reduce.add_argument(
         "--salvage", action="store_true", help="reduce a corrupt bundle up to the damage"
+    )
+    reduce.add_argument(
+        "--parent",
+        action="append",
+        default=[],
+        metavar="BUNDLE",
+        help="a fork's parent bundle when it is not beside the fork (repeatable)",
     )
     reduce.set_defaults(run=_reduce)
 

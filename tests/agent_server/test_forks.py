@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import grpc
@@ -24,6 +25,7 @@ from tests.agent_server.conftest import (
 )
 from trace_reducer import read_bundle, replay_bundle, request_body
 
+TRACE_REDUCER = str(Path(sys.executable).parent / "trace-reducer")
 LONG_CONTEXT = "The shared context of every sample. " * 400
 
 
@@ -155,6 +157,13 @@ async def test_a_fork_without_its_parent_says_so_and_resolves_when_given_it(
     assert call.execution.status == common_pb2.EXECUTION_STATUS_COMPLETED
     assert len(call.request_item_ids) == 3
     resolved = replay_bundle(child.bundle_path, parents=[moved_parent])
+    process = await asyncio.create_subprocess_exec(
+        TRACE_REDUCER, "reduce", child.bundle_path, "--stdout", "--parent", str(moved_parent),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await process.communicate()
+    assert process.returncode == 0, err
+    assert json.loads(out)["fork"]["resolved"] is True
     assert resolved.fork.resolved
     assert not resolved.integrity.fork_unresolved
     first = resolved.conversation_items[resolved.threads[child.id].conversation_item_ids[0]]
