@@ -35,7 +35,11 @@ LENGTH_REASONS = frozenset({"max_output_tokens", "max_tokens", "length"})
 def _float(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return math.nan
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:
+        # JSON integers have no bound; a float32 column has.
+        return math.nan
 
 
 def _text(value: Any) -> str:

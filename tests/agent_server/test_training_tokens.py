@@ -303,3 +303,40 @@ async def test_bad_sampling_settings_are_refused(
                 )
             )
         assert error_reason(on_turn.value) == "INVALID_SAMPLING"
+
+
+async def test_hostile_token_fields_never_break_a_turn(
+    start_agent: StartAgent, provider: ScriptedProvider
+) -> None:
+    agent = await start_agent()
+    item = message("abc", "msg-1")
+    hostile = [
+        {"logprobs": "not a list", "token_ids": [1, -2]},
+        {"logprobs": [1, None, {"token": 5, "logprob": 10**400}], "token_ids": [2**40]},
+        {"logprobs": [{"token": "c", "logprob": "x", "top_logprobs": [3, {"token": None}]}]},
+    ]
+    provider.queue(
+        sse(
+            {"type": "response.created", "response": {"id": "r", "prompt_token_ids": ["x"]}},
+            item_added(item),
+            *(
+                {"type": "response.output_text.delta", "item_id": "msg-1", "delta": d, **fields}
+                for d, fields in zip("abc", hostile, strict=True)
+            ),
+            item_done(item),
+            completed(),
+        )
+    )
+    thread = await agent.start_thread(capture_logprobs=True)
+    turn = await run_turn(agent, thread.id, "go")
+    assert turn.status == agent_pb2.TURN_STATUS_COMPLETED
+    rollout = await closed(agent, thread)
+    [call] = rollout.inference_calls.values()
+    assert not call.prompt_token_ids
+    tokens = call.output_tokens
+    # What made sense was kept, the rest left out or marked unknown (NaN), never guessed.
+    assert not tokens.exact
+    assert not tokens.ids
+    assert len(tokens.logprobs) == tokens.count == 2
+    assert all(math.isnan(value) for value in tokens.logprobs)
+    assert rollout.recording_complete
