@@ -17,6 +17,7 @@ from google.protobuf import json_format, text_format
 
 from rollout.trace.v1 import record_pb2, state_pb2
 
+from ._batch_cli import add_parser as add_reduce_all_parser
 from ._errors import BundleError, CorruptBundleError, ReductionError, describe_os_error
 from ._integrity import describe_integrity, integrity_name, require_reducible
 from ._layout import STATE_FILE_NAME
@@ -311,6 +312,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="a fork's parent bundle when it is not beside the fork (repeatable)",
     )
     reduce.set_defaults(run=_reduce)
+
+    add_reduce_all_parser(commands)
 
     dump = commands.add_parser("dump", help="print the records of a bundle, one per line")
     dump.add_argument("bundle", help="bundle directory or its trace.binpb")
