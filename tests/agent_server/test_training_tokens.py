@@ -310,7 +310,7 @@ async def test_hostile_token_fields_never_break_a_turn(
 ) -> None:
     agent = await start_agent()
     item = message("abc", "msg-1")
-    hostile = [
+    hostile: list[dict[str, Any]] = [
         {"logprobs": "not a list", "token_ids": [1, -2]},
         {"logprobs": [1, None, {"token": 5, "logprob": 10**400}], "token_ids": [2**40]},
         {"logprobs": [{"token": "c", "logprob": "x", "top_logprobs": [3, {"token": None}]}]},
