@@ -14,7 +14,7 @@ NPM_CACHE ?= $(or $(TMPDIR),/tmp)/rollout-trace-npm-cache
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,otel,viewer-tests,batch,ray]'
+	$(PY) -m pip install --quiet -e '.[dev,otel,viewer-tests,batch,ray,training]'
 	touch $@
 
 demo: $(STAMP)

@@ -18,6 +18,7 @@ from bench import (
     grpc_floor,
     provider_floor,
     reducer_bench,
+    training_bench,
     view_bench,
 )
 from bench.synthetic import Shape, write_conversation
@@ -263,6 +264,33 @@ def batch(root: Path) -> list[Row]:
     ]
 
 
+def training(root: Path) -> list[Row]:
+    cost = training_bench.measure_token_cost(root)
+    fork = training_bench.measure_fork_cost(root)
+    forks = sum(fork.fork_bytes)
+    return [
+        Row(
+            "T1",
+            f"bundle bytes per output token, logprobs and engine ids on ({cost.turns} turns, "
+            f"{cost.tokens:,} tokens, built-in local model)",
+            f"{cost.per_token:.1f} B/token; recording the tokens adds "
+            f"{cost.extra_per_token:.1f} B/token ({cost.bytes_on:,} B on vs {cost.bytes_off:,} B "
+            f"off; token columns and prompt suffixes {cost.token_bytes:,} B)",
+            "(reference)",
+            True,
+        ),
+        Row(
+            "T2",
+            f"{fork.forks} forks of a {fork.parent_bytes:,} B parent, one turn each: "
+            "bundle bytes vs copying the prefix into each",
+            f"{forks:,} B ({forks / fork.forks:,.0f} B a fork) vs {fork.copied_bytes:,} B "
+            f"copied = {fork.copied_bytes / forks:.1f}x",
+            "prefix stored once",
+            max(fork.fork_bytes) < fork.prefix_bytes,
+        ),
+    ]
+
+
 BENCHES: dict[str, Callable[[Path], list[Row]]] = {
     "p1": p1,
     "p2": p2,
@@ -272,6 +300,7 @@ BENCHES: dict[str, Callable[[Path], list[Row]]] = {
     "floors": floors,
     "v1": v1,
     "batch": batch,
+    "training": training,
 }
 
 

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 from rollout.trace.v1 import state_pb2
 
+from ._forks import BundleForkResolver
 from ._reader import TRUNCATED, UNCLOSED, FrameDecoder, Integrity
 from ._reducer import Reducer
 
@@ -46,7 +47,8 @@ class _Follower:
     def __init__(self, path: Path) -> None:
         self.source = path.open("rb", buffering=0)
         self.decoder = FrameDecoder()
-        self.reducer = Reducer()
+        # A fork's parent is read from beside it, as replay_bundle does.
+        self.reducer = Reducer(forks=BundleForkResolver(path.parent))
         self.position = 0
         self.head = b""
         self.final = False

@@ -151,6 +151,18 @@ class BundleWriter:
         self._payloads.add(pid)
         return pid
 
+    def inherit_payloads(self, payload_ids: set[str] | frozenset[str]) -> None:
+        """Payloads another bundle already holds (a fork's parent): referred to, not written.
+
+        A reader resolves them from that bundle; `ThreadForked.parent_bundle` names it.
+        """
+        self._payloads.update(payload_ids)
+
+    @property
+    def payload_ids(self) -> frozenset[str]:
+        """The payloads this bundle holds or refers to its parent for."""
+        return frozenset(self._payloads)
+
     def sync(self) -> None:
         """Make everything written so far durable."""
         if self.failed or self.closed:

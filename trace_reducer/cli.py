@@ -25,6 +25,7 @@ from ._reader import read_bundle, resolve_trace_file
 from ._replay import replay_bundle
 from ._requests import request_body
 from ._state_json import state_to_json, write_state_json
+from ._training_cli import add_parsers as add_training_parsers
 from ._version import __version__
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ def _warn(message: str) -> None:
 
 def _reduce(args: argparse.Namespace) -> int:
     trace_file = resolve_trace_file(args.bundle)
-    trace = replay_bundle(trace_file)
+    trace = replay_bundle(trace_file, parents=args.parent)
     integrity = trace.integrity
     try:
         require_reducible(integrity, salvage=args.salvage, source=args.bundle)
@@ -303,6 +304,13 @@ def build_parser() -> argparse.ArgumentParser:
     reduce.add_argument(
         "--salvage", action="store_true", help="reduce a corrupt bundle up to the damage"
     )
+    reduce.add_argument(
+        "--parent",
+        action="append",
+        default=[],
+        metavar="BUNDLE",
+        help="a fork's parent bundle when it is not beside the fork (repeatable)",
+    )
     reduce.set_defaults(run=_reduce)
 
     add_reduce_all_parser(commands)
@@ -354,6 +362,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout", type=float, default=10.0, metavar="SECONDS", help="per send, with retries"
     )
     export.set_defaults(run=_export_otlp)
+
+    add_training_parsers(commands)
 
     view = commands.add_parser(
         "view", help="write one self-contained HTML page showing the bundle, print its path"

@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file rollout/agent/v1/agent.proto.
  */
 export const file_rollout_agent_v1_agent: GenFile = /*@__PURE__*/
-  fileDesc("Chxyb2xsb3V0L2FnZW50L3YxL2FnZW50LnByb3RvEhByb2xsb3V0LmFnZW50LnYxIloKDEZ1bmN0aW9uVG9vbBIMCgRuYW1lGAEgASgJEhMKC2Rlc2NyaXB0aW9uGAIgASgJEhcKD3BhcmFtZXRlcnNfanNvbhgDIAEoCRIOCgZzdHJpY3QYBCABKAgiJgoJVXNlcklucHV0Eg4KBHRleHQYASABKAlIAEIJCgdjb250ZW50IvIDCgZUaHJlYWQSCgoCaWQYASABKAkSDQoFbW9kZWwYAiABKAkSLgoGc3RhdHVzGAMgASgOMh4ucm9sbG91dC5hZ2VudC52MS5UaHJlYWRTdGF0dXMSLgoKY3JlYXRlZF9hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEwoLYnVuZGxlX3BhdGgYBSABKAkSJQoFdHVybnMYBiADKAsyFi5yb2xsb3V0LmFnZW50LnYxLlR1cm4SOwoQcmVjb3JkaW5nX3N0YXR1cxgHIAEoDjIhLnJvbGxvdXQuYWdlbnQudjEuUmVjb3JkaW5nU3RhdHVzEhcKD3JlY29yZGluZ19lcnJvchgIIAEoCRI4CghtZXRhZGF0YRgJIAMoCzImLnJvbGxvdXQuYWdlbnQudjEuVGhyZWFkLk1ldGFkYXRhRW50cnkSEgoKdHVybl9jb3VudBgLIAEoDRItCgljbG9zZWRfYXQYDCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi0KBXRvb2xzGAogAygLMh4ucm9sbG91dC5hZ2VudC52MS5GdW5jdGlvblRvb2waLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBInAKDFR1cm5Ub29sQ2FsbBIPCgdpdGVtX2lkGAEgASgJEg8KB2NhbGxfaWQYAiABKAkSDAoEbmFtZRgDIAEoCRIwCgZzdGF0dXMYBCABKA4yIC5yb2xsb3V0LmFnZW50LnYxLlRvb2xDYWxsU3RhdHVzIj8KCVR1cm5FcnJvchIPCgdtZXNzYWdlGAEgASgJEgwKBGNvZGUYAiABKAkSEwoLaHR0cF9zdGF0dXMYAyABKA0ilQIKBFR1cm4SCgoCaWQYASABKAkSEQoJdGhyZWFkX2lkGAIgASgJEiwKBnN0YXR1cxgDIAEoDjIcLnJvbGxvdXQuYWdlbnQudjEuVHVyblN0YXR1cxIqCgVlcnJvchgEIAEoCzIbLnJvbGxvdXQuYWdlbnQudjEuVHVybkVycm9yEi4KCnN0YXJ0ZWRfYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjAKDGNvbXBsZXRlZF9hdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoKdG9vbF9jYWxscxgHIAMoCzIeLnJvbGxvdXQuYWdlbnQudjEuVHVyblRvb2xDYWxsImUKBEl0ZW0SCgoCaWQYASABKAkSDAoEdHlwZRgCIAEoCRIMCgRyb2xlGAMgASgJEgwKBHRleHQYBCABKAkSFgoOdGV4dF9pbl9kZWx0YXMYBSABKAgSDwoHcmVmdXNhbBgGIAEoCSI4ChBUdXJuU3RhcnRlZEV2ZW50EiQKBHR1cm4YASABKAsyFi5yb2xsb3V0LmFnZW50LnYxLlR1cm4iOAoQSXRlbVN0YXJ0ZWRFdmVudBIkCgRpdGVtGAEgASgLMhYucm9sbG91dC5hZ2VudC52MS5JdGVtIkkKFkFnZW50TWVzc2FnZURlbHRhRXZlbnQSDwoHaXRlbV9pZBgBIAEoCRINCgVkZWx0YRgCIAEoCRIPCgdyZWZ1c2FsGAMgASgIIjoKEkl0ZW1Db21wbGV0ZWRFdmVudBIkCgRpdGVtGAEgASgLMhYucm9sbG91dC5hZ2VudC52MS5JdGVtIjoKElR1cm5Db21wbGV0ZWRFdmVudBIkCgR0dXJuGAEgASgLMhYucm9sbG91dC5hZ2VudC52MS5UdXJuIj8KCkVycm9yRXZlbnQSDwoHbWVzc2FnZRgBIAEoCRISCgp3aWxsX3JldHJ5GAIgASgIEgwKBGNvZGUYAyABKAkieAoWVG9vbENhbGxSZXF1ZXN0ZWRFdmVudBIPCgdpdGVtX2lkGAEgASgJEg8KB2NhbGxfaWQYAiABKAkSDAoEbmFtZRgDIAEoCRIRCglhcmd1bWVudHMYBCABKAkSGwoTYXJndW1lbnRzX2luX2RlbHRhcxgFIAEoCCJLChZUb29sQ2FsbENvbXBsZXRlZEV2ZW50Eg8KB2NhbGxfaWQYASABKAkSDgoGb3V0cHV0GAIgASgJEhAKCGlzX2Vycm9yGAMgASgIIk4KG1Rvb2xDYWxsQXJndW1lbnRzRGVsdGFFdmVudBIPCgdpdGVtX2lkGAEgASgJEg8KB2NhbGxfaWQYAiABKAkSDQoFZGVsdGEYAyABKAkiRAocVHVybkF3YWl0aW5nVG9vbE91dHB1dHNFdmVudBIkCgR0dXJuGAEgASgLMhYucm9sbG91dC5hZ2VudC52MS5UdXJuIjUKE1JlYXNvbmluZ0RlbHRhRXZlbnQSDwoHaXRlbV9pZBgBIAEoCRINCgVkZWx0YRgCIAEoCSJUCg9Ub2tlblVzYWdlRXZlbnQSFAoMaW5wdXRfdG9rZW5zGAEgASgEEhUKDW91dHB1dF90b2tlbnMYAiABKAQSFAoMdG90YWxfdG9rZW5zGAMgASgEIpoHCgtUaHJlYWRFdmVudBINCgVpbmRleBgBIAEoBBIoCgR0aW1lGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIRCgl0aHJlYWRfaWQYAyABKAkSDwoHdHVybl9pZBgEIAEoCRI6Cgx0dXJuX3N0YXJ0ZWQYBSABKAsyIi5yb2xsb3V0LmFnZW50LnYxLlR1cm5TdGFydGVkRXZlbnRIABI6CgxpdGVtX3N0YXJ0ZWQYBiABKAsyIi5yb2xsb3V0LmFnZW50LnYxLkl0ZW1TdGFydGVkRXZlbnRIABJHChNhZ2VudF9tZXNzYWdlX2RlbHRhGAcgASgLMigucm9sbG91dC5hZ2VudC52MS5BZ2VudE1lc3NhZ2VEZWx0YUV2ZW50SAASPgoOaXRlbV9jb21wbGV0ZWQYCCABKAsyJC5yb2xsb3V0LmFnZW50LnYxLkl0ZW1Db21wbGV0ZWRFdmVudEgAEj4KDnR1cm5fY29tcGxldGVkGAkgASgLMiQucm9sbG91dC5hZ2VudC52MS5UdXJuQ29tcGxldGVkRXZlbnRIABItCgVlcnJvchgKIAEoCzIcLnJvbGxvdXQuYWdlbnQudjEuRXJyb3JFdmVudEgAEjgKC3Rva2VuX3VzYWdlGAsgASgLMiEucm9sbG91dC5hZ2VudC52MS5Ub2tlblVzYWdlRXZlbnRIABJHChN0b29sX2NhbGxfcmVxdWVzdGVkGAwgASgLMigucm9sbG91dC5hZ2VudC52MS5Ub29sQ2FsbFJlcXVlc3RlZEV2ZW50SAASRwoTdG9vbF9jYWxsX2NvbXBsZXRlZBgNIAEoCzIoLnJvbGxvdXQuYWdlbnQudjEuVG9vbENhbGxDb21wbGV0ZWRFdmVudEgAElIKGXRvb2xfY2FsbF9hcmd1bWVudHNfZGVsdGEYDiABKAsyLS5yb2xsb3V0LmFnZW50LnYxLlRvb2xDYWxsQXJndW1lbnRzRGVsdGFFdmVudEgAEkAKD3JlYXNvbmluZ19kZWx0YRgPIAEoCzIlLnJvbGxvdXQuYWdlbnQudjEuUmVhc29uaW5nRGVsdGFFdmVudEgAElQKGnR1cm5fYXdhaXRpbmdfdG9vbF9vdXRwdXRzGBAgASgLMi4ucm9sbG91dC5hZ2VudC52MS5UdXJuQXdhaXRpbmdUb29sT3V0cHV0c0V2ZW50SABCBgoEa2luZCLfAQoSU3RhcnRUaHJlYWRSZXF1ZXN0Eg0KBW1vZGVsGAEgASgJEhQKDGluc3RydWN0aW9ucxgCIAEoCRJECghtZXRhZGF0YRgDIAMoCzIyLnJvbGxvdXQuYWdlbnQudjEuU3RhcnRUaHJlYWRSZXF1ZXN0Lk1ldGFkYXRhRW50cnkSLQoFdG9vbHMYBCADKAsyHi5yb2xsb3V0LmFnZW50LnYxLkZ1bmN0aW9uVG9vbBovCg1NZXRhZGF0YUVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiPwoTU3RhcnRUaHJlYWRSZXNwb25zZRIoCgZ0aHJlYWQYASABKAsyGC5yb2xsb3V0LmFnZW50LnYxLlRocmVhZCJRChBTdGFydFR1cm5SZXF1ZXN0EhEKCXRocmVhZF9pZBgBIAEoCRIqCgVpbnB1dBgCIAMoCzIbLnJvbGxvdXQuYWdlbnQudjEuVXNlcklucHV0IjkKEVN0YXJ0VHVyblJlc3BvbnNlEiQKBHR1cm4YASABKAsyFi5yb2xsb3V0LmFnZW50LnYxLlR1cm4iNgoQSW50ZXJydXB0UmVxdWVzdBIRCgl0aHJlYWRfaWQYASABKAkSDwoHdHVybl9pZBgCIAEoCSI5ChFJbnRlcnJ1cHRSZXNwb25zZRIkCgR0dXJuGAEgASgLMhYucm9sbG91dC5hZ2VudC52MS5UdXJuIj0KE1N0cmVhbUV2ZW50c1JlcXVlc3QSEQoJdGhyZWFkX2lkGAEgASgJEhMKC2FmdGVyX2luZGV4GAIgASgEIkQKFFN0cmVhbUV2ZW50c1Jlc3BvbnNlEiwKBWV2ZW50GAEgASgLMh0ucm9sbG91dC5hZ2VudC52MS5UaHJlYWRFdmVudCIlChBHZXRUaHJlYWRSZXF1ZXN0EhEKCXRocmVhZF9pZBgBIAEoCSI9ChFHZXRUaHJlYWRSZXNwb25zZRIoCgZ0aHJlYWQYASABKAsyGC5yb2xsb3V0LmFnZW50LnYxLlRocmVhZCJrChJMaXN0VGhyZWFkc1JlcXVlc3QSEQoJcGFnZV9zaXplGAEgASgNEhIKCnBhZ2VfdG9rZW4YAiABKAkSLgoGc3RhdHVzGAMgASgOMh4ucm9sbG91dC5hZ2VudC52MS5UaHJlYWRTdGF0dXMiWQoTTGlzdFRocmVhZHNSZXNwb25zZRIpCgd0aHJlYWRzGAEgAygLMhgucm9sbG91dC5hZ2VudC52MS5UaHJlYWQSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIicKEkNsb3NlVGhyZWFkUmVxdWVzdBIRCgl0aHJlYWRfaWQYASABKAkiPwoTQ2xvc2VUaHJlYWRSZXNwb25zZRIoCgZ0aHJlYWQYASABKAsyGC5yb2xsb3V0LmFnZW50LnYxLlRocmVhZCI/CgpUb29sT3V0cHV0Eg8KB2NhbGxfaWQYASABKAkSDgoGb3V0cHV0GAIgASgJEhAKCGlzX2Vycm9yGAMgASgIIm0KGFN1Ym1pdFRvb2xPdXRwdXRzUmVxdWVzdBIRCgl0aHJlYWRfaWQYASABKAkSDwoHdHVybl9pZBgCIAEoCRItCgdvdXRwdXRzGAMgAygLMhwucm9sbG91dC5hZ2VudC52MS5Ub29sT3V0cHV0IkEKGVN1Ym1pdFRvb2xPdXRwdXRzUmVzcG9uc2USJAoEdHVybhgBIAEoCzIWLnJvbGxvdXQuYWdlbnQudjEuVHVybiphCgxUaHJlYWRTdGF0dXMSHQoZVEhSRUFEX1NUQVRVU19VTlNQRUNJRklFRBAAEhgKFFRIUkVBRF9TVEFUVVNfQUNUSVZFEAESGAoUVEhSRUFEX1NUQVRVU19DTE9TRUQQAiqkAQoPUmVjb3JkaW5nU3RhdHVzEiAKHFJFQ09SRElOR19TVEFUVVNfVU5TUEVDSUZJRUQQABIYChRSRUNPUkRJTkdfU1RBVFVTX09GRhABEhsKF1JFQ09SRElOR19TVEFUVVNfQUNUSVZFEAISGwoXUkVDT1JESU5HX1NUQVRVU19GQUlMRUQQAxIbChdSRUNPUkRJTkdfU1RBVFVTX0NMT1NFRBAEKr0BCgpUdXJuU3RhdHVzEhsKF1RVUk5fU1RBVFVTX1VOU1BFQ0lGSUVEEAASGwoXVFVSTl9TVEFUVVNfSU5fUFJPR1JFU1MQARIZChVUVVJOX1NUQVRVU19DT01QTEVURUQQAhIbChdUVVJOX1NUQVRVU19JTlRFUlJVUFRFRBADEhYKElRVUk5fU1RBVFVTX0ZBSUxFRBAEEiUKIVRVUk5fU1RBVFVTX0FXQUlUSU5HX1RPT0xfT1VUUFVUUxAFKq0BCg5Ub29sQ2FsbFN0YXR1cxIgChxUT09MX0NBTExfU1RBVFVTX1VOU1BFQ0lGSUVEEAASHAoYVE9PTF9DQUxMX1NUQVRVU19QRU5ESU5HEAESHgoaVE9PTF9DQUxMX1NUQVRVU19DT01QTEVURUQQAhIbChdUT09MX0NBTExfU1RBVFVTX0ZBSUxFRBADEh4KGlRPT0xfQ0FMTF9TVEFUVVNfQ0FOQ0VMTEVEEAQy8wUKDEFnZW50U2VydmljZRJaCgtTdGFydFRocmVhZBIkLnJvbGxvdXQuYWdlbnQudjEuU3RhcnRUaHJlYWRSZXF1ZXN0GiUucm9sbG91dC5hZ2VudC52MS5TdGFydFRocmVhZFJlc3BvbnNlElQKCVN0YXJ0VHVybhIiLnJvbGxvdXQuYWdlbnQudjEuU3RhcnRUdXJuUmVxdWVzdBojLnJvbGxvdXQuYWdlbnQudjEuU3RhcnRUdXJuUmVzcG9uc2USVAoJSW50ZXJydXB0EiIucm9sbG91dC5hZ2VudC52MS5JbnRlcnJ1cHRSZXF1ZXN0GiMucm9sbG91dC5hZ2VudC52MS5JbnRlcnJ1cHRSZXNwb25zZRJfCgxTdHJlYW1FdmVudHMSJS5yb2xsb3V0LmFnZW50LnYxLlN0cmVhbUV2ZW50c1JlcXVlc3QaJi5yb2xsb3V0LmFnZW50LnYxLlN0cmVhbUV2ZW50c1Jlc3BvbnNlMAESVAoJR2V0VGhyZWFkEiIucm9sbG91dC5hZ2VudC52MS5HZXRUaHJlYWRSZXF1ZXN0GiMucm9sbG91dC5hZ2VudC52MS5HZXRUaHJlYWRSZXNwb25zZRJaCgtMaXN0VGhyZWFkcxIkLnJvbGxvdXQuYWdlbnQudjEuTGlzdFRocmVhZHNSZXF1ZXN0GiUucm9sbG91dC5hZ2VudC52MS5MaXN0VGhyZWFkc1Jlc3BvbnNlEloKC0Nsb3NlVGhyZWFkEiQucm9sbG91dC5hZ2VudC52MS5DbG9zZVRocmVhZFJlcXVlc3QaJS5yb2xsb3V0LmFnZW50LnYxLkNsb3NlVGhyZWFkUmVzcG9uc2USbAoRU3VibWl0VG9vbE91dHB1dHMSKi5yb2xsb3V0LmFnZW50LnYxLlN1Ym1pdFRvb2xPdXRwdXRzUmVxdWVzdBorLnJvbGxvdXQuYWdlbnQudjEuU3VibWl0VG9vbE91dHB1dHNSZXNwb25zZUJWChByb2xsb3V0LmFnZW50LnYxUAFaLXJvbGxvdXQtdHJhY2UvZ2VuL2dvL3JvbGxvdXQvYWdlbnQvdjE7YWdlbnR2MaoCEFJvbGxvdXQuQWdlbnQuVjFiBnByb3RvMw", [file_google_protobuf_timestamp]);
+  fileDesc("Chxyb2xsb3V0L2FnZW50L3YxL2FnZW50LnByb3RvEhByb2xsb3V0LmFnZW50LnYxIloKDEZ1bmN0aW9uVG9vbBIMCgRuYW1lGAEgASgJEhMKC2Rlc2NyaXB0aW9uGAIgASgJEhcKD3BhcmFtZXRlcnNfanNvbhgDIAEoCRIOCgZzdHJpY3QYBCABKAgiJgoJVXNlcklucHV0Eg4KBHRleHQYASABKAlIAEIJCgdjb250ZW50Iv8FCgZUaHJlYWQSCgoCaWQYASABKAkSDQoFbW9kZWwYAiABKAkSLgoGc3RhdHVzGAMgASgOMh4ucm9sbG91dC5hZ2VudC52MS5UaHJlYWRTdGF0dXMSLgoKY3JlYXRlZF9hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEwoLYnVuZGxlX3BhdGgYBSABKAkSJQoFdHVybnMYBiADKAsyFi5yb2xsb3V0LmFnZW50LnYxLlR1cm4SOwoQcmVjb3JkaW5nX3N0YXR1cxgHIAEoDjIhLnJvbGxvdXQuYWdlbnQudjEuUmVjb3JkaW5nU3RhdHVzEhcKD3JlY29yZGluZ19lcnJvchgIIAEoCRI4CghtZXRhZGF0YRgJIAMoCzImLnJvbGxvdXQuYWdlbnQudjEuVGhyZWFkLk1ldGFkYXRhRW50cnkSEgoKdHVybl9jb3VudBgLIAEoDRItCgljbG9zZWRfYXQYDCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi0KBXRvb2xzGAogAygLMh4ucm9sbG91dC5hZ2VudC52MS5GdW5jdGlvblRvb2wSGAoQY2FwdHVyZV9sb2dwcm9icxgUIAEoCBIUCgx0b3BfbG9ncHJvYnMYFSABKA0SGQoRcmVxdWVzdF90b2tlbl9pZHMYFiABKAgSGAoLdGVtcGVyYXR1cmUYFyABKAFIAIgBARISCgV0b3BfcBgYIAEoAUgBiAEBEh4KEW1heF9vdXRwdXRfdG9rZW5zGBkgASgNSAKIAQESFgoOcG9saWN5X3ZlcnNpb24YGiABKAkSKgoEZm9yaxgbIAEoCzIcLnJvbGxvdXQuYWdlbnQudjEuRm9ya09yaWdpbhovCg1NZXRhZGF0YUVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAFCDgoMX3RlbXBlcmF0dXJlQggKBl90b3BfcEIUChJfbWF4X291dHB1dF90b2tlbnMiaQoKRm9ya09yaWdpbhIYChBwYXJlbnRfdGhyZWFkX2lkGAEgASgJEhUKDWFmdGVyX3R1cm5faWQYAiABKAkSEAoIZ3JvdXBfaWQYAyABKAkSGAoQcmVwZXRpdGlvbl9pbmRleBgEIAEoDSJwCgxUdXJuVG9vbENhbGwSDwoHaXRlbV9pZBgBIAEoCRIPCgdjYWxsX2lkGAIgASgJEgwKBG5hbWUYAyABKAkSMAoGc3RhdHVzGAQgASgOMiAucm9sbG91dC5hZ2VudC52MS5Ub29sQ2FsbFN0YXR1cyI/CglUdXJuRXJyb3ISDwoHbWVzc2FnZRgBIAEoCRIMCgRjb2RlGAIgASgJEhMKC2h0dHBfc3RhdHVzGAMgASgNIpUCCgRUdXJuEgoKAmlkGAEgASgJEhEKCXRocmVhZF9pZBgCIAEoCRIsCgZzdGF0dXMYAyABKA4yHC5yb2xsb3V0LmFnZW50LnYxLlR1cm5TdGF0dXMSKgoFZXJyb3IYBCABKAsyGy5yb2xsb3V0LmFnZW50LnYxLlR1cm5FcnJvchIuCgpzdGFydGVkX2F0GAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIwCgxjb21wbGV0ZWRfYXQYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjIKCnRvb2xfY2FsbHMYByADKAsyHi5yb2xsb3V0LmFnZW50LnYxLlR1cm5Ub29sQ2FsbCJlCgRJdGVtEgoKAmlkGAEgASgJEgwKBHR5cGUYAiABKAkSDAoEcm9sZRgDIAEoCRIMCgR0ZXh0GAQgASgJEhYKDnRleHRfaW5fZGVsdGFzGAUgASgIEg8KB3JlZnVzYWwYBiABKAkiOAoQVHVyblN0YXJ0ZWRFdmVudBIkCgR0dXJuGAEgASgLMhYucm9sbG91dC5hZ2VudC52MS5UdXJuIjgKEEl0ZW1TdGFydGVkRXZlbnQSJAoEaXRlbRgBIAEoCzIWLnJvbGxvdXQuYWdlbnQudjEuSXRlbSJJChZBZ2VudE1lc3NhZ2VEZWx0YUV2ZW50Eg8KB2l0ZW1faWQYASABKAkSDQoFZGVsdGEYAiABKAkSDwoHcmVmdXNhbBgDIAEoCCI6ChJJdGVtQ29tcGxldGVkRXZlbnQSJAoEaXRlbRgBIAEoCzIWLnJvbGxvdXQuYWdlbnQudjEuSXRlbSI6ChJUdXJuQ29tcGxldGVkRXZlbnQSJAoEdHVybhgBIAEoCzIWLnJvbGxvdXQuYWdlbnQudjEuVHVybiI/CgpFcnJvckV2ZW50Eg8KB21lc3NhZ2UYASABKAkSEgoKd2lsbF9yZXRyeRgCIAEoCBIMCgRjb2RlGAMgASgJIngKFlRvb2xDYWxsUmVxdWVzdGVkRXZlbnQSDwoHaXRlbV9pZBgBIAEoCRIPCgdjYWxsX2lkGAIgASgJEgwKBG5hbWUYAyABKAkSEQoJYXJndW1lbnRzGAQgASgJEhsKE2FyZ3VtZW50c19pbl9kZWx0YXMYBSABKAgiSwoWVG9vbENhbGxDb21wbGV0ZWRFdmVudBIPCgdjYWxsX2lkGAEgASgJEg4KBm91dHB1dBgCIAEoCRIQCghpc19lcnJvchgDIAEoCCJOChtUb29sQ2FsbEFyZ3VtZW50c0RlbHRhRXZlbnQSDwoHaXRlbV9pZBgBIAEoCRIPCgdjYWxsX2lkGAIgASgJEg0KBWRlbHRhGAMgASgJIkQKHFR1cm5Bd2FpdGluZ1Rvb2xPdXRwdXRzRXZlbnQSJAoEdHVybhgBIAEoCzIWLnJvbGxvdXQuYWdlbnQudjEuVHVybiI1ChNSZWFzb25pbmdEZWx0YUV2ZW50Eg8KB2l0ZW1faWQYASABKAkSDQoFZGVsdGEYAiABKAkiVAoPVG9rZW5Vc2FnZUV2ZW50EhQKDGlucHV0X3Rva2VucxgBIAEoBBIVCg1vdXRwdXRfdG9rZW5zGAIgASgEEhQKDHRvdGFsX3Rva2VucxgDIAEoBCKaBwoLVGhyZWFkRXZlbnQSDQoFaW5kZXgYASABKAQSKAoEdGltZRgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEQoJdGhyZWFkX2lkGAMgASgJEg8KB3R1cm5faWQYBCABKAkSOgoMdHVybl9zdGFydGVkGAUgASgLMiIucm9sbG91dC5hZ2VudC52MS5UdXJuU3RhcnRlZEV2ZW50SAASOgoMaXRlbV9zdGFydGVkGAYgASgLMiIucm9sbG91dC5hZ2VudC52MS5JdGVtU3RhcnRlZEV2ZW50SAASRwoTYWdlbnRfbWVzc2FnZV9kZWx0YRgHIAEoCzIoLnJvbGxvdXQuYWdlbnQudjEuQWdlbnRNZXNzYWdlRGVsdGFFdmVudEgAEj4KDml0ZW1fY29tcGxldGVkGAggASgLMiQucm9sbG91dC5hZ2VudC52MS5JdGVtQ29tcGxldGVkRXZlbnRIABI+Cg50dXJuX2NvbXBsZXRlZBgJIAEoCzIkLnJvbGxvdXQuYWdlbnQudjEuVHVybkNvbXBsZXRlZEV2ZW50SAASLQoFZXJyb3IYCiABKAsyHC5yb2xsb3V0LmFnZW50LnYxLkVycm9yRXZlbnRIABI4Cgt0b2tlbl91c2FnZRgLIAEoCzIhLnJvbGxvdXQuYWdlbnQudjEuVG9rZW5Vc2FnZUV2ZW50SAASRwoTdG9vbF9jYWxsX3JlcXVlc3RlZBgMIAEoCzIoLnJvbGxvdXQuYWdlbnQudjEuVG9vbENhbGxSZXF1ZXN0ZWRFdmVudEgAEkcKE3Rvb2xfY2FsbF9jb21wbGV0ZWQYDSABKAsyKC5yb2xsb3V0LmFnZW50LnYxLlRvb2xDYWxsQ29tcGxldGVkRXZlbnRIABJSChl0b29sX2NhbGxfYXJndW1lbnRzX2RlbHRhGA4gASgLMi0ucm9sbG91dC5hZ2VudC52MS5Ub29sQ2FsbEFyZ3VtZW50c0RlbHRhRXZlbnRIABJACg9yZWFzb25pbmdfZGVsdGEYDyABKAsyJS5yb2xsb3V0LmFnZW50LnYxLlJlYXNvbmluZ0RlbHRhRXZlbnRIABJUChp0dXJuX2F3YWl0aW5nX3Rvb2xfb3V0cHV0cxgQIAEoCzIuLnJvbGxvdXQuYWdlbnQudjEuVHVybkF3YWl0aW5nVG9vbE91dHB1dHNFdmVudEgAQgYKBGtpbmQiwAMKElN0YXJ0VGhyZWFkUmVxdWVzdBINCgVtb2RlbBgBIAEoCRIUCgxpbnN0cnVjdGlvbnMYAiABKAkSRAoIbWV0YWRhdGEYAyADKAsyMi5yb2xsb3V0LmFnZW50LnYxLlN0YXJ0VGhyZWFkUmVxdWVzdC5NZXRhZGF0YUVudHJ5Ei0KBXRvb2xzGAQgAygLMh4ucm9sbG91dC5hZ2VudC52MS5GdW5jdGlvblRvb2wSGAoQY2FwdHVyZV9sb2dwcm9icxgFIAEoCBIUCgx0b3BfbG9ncHJvYnMYBiABKA0SGQoRcmVxdWVzdF90b2tlbl9pZHMYByABKAgSGAoLdGVtcGVyYXR1cmUYCCABKAFIAIgBARISCgV0b3BfcBgJIAEoAUgBiAEBEh4KEW1heF9vdXRwdXRfdG9rZW5zGAogASgNSAKIAQESFgoOcG9saWN5X3ZlcnNpb24YCyABKAkaLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBQg4KDF90ZW1wZXJhdHVyZUIICgZfdG9wX3BCFAoSX21heF9vdXRwdXRfdG9rZW5zIj8KE1N0YXJ0VGhyZWFkUmVzcG9uc2USKAoGdGhyZWFkGAEgASgLMhgucm9sbG91dC5hZ2VudC52MS5UaHJlYWQi5wEKEFN0YXJ0VHVyblJlcXVlc3QSEQoJdGhyZWFkX2lkGAEgASgJEioKBWlucHV0GAIgAygLMhsucm9sbG91dC5hZ2VudC52MS5Vc2VySW5wdXQSGAoLdGVtcGVyYXR1cmUYFCABKAFIAIgBARISCgV0b3BfcBgVIAEoAUgBiAEBEh4KEW1heF9vdXRwdXRfdG9rZW5zGBYgASgNSAKIAQESFgoOcG9saWN5X3ZlcnNpb24YFyABKAlCDgoMX3RlbXBlcmF0dXJlQggKBl90b3BfcEIUChJfbWF4X291dHB1dF90b2tlbnMiOQoRU3RhcnRUdXJuUmVzcG9uc2USJAoEdHVybhgBIAEoCzIWLnJvbGxvdXQuYWdlbnQudjEuVHVybiI2ChBJbnRlcnJ1cHRSZXF1ZXN0EhEKCXRocmVhZF9pZBgBIAEoCRIPCgd0dXJuX2lkGAIgASgJIjkKEUludGVycnVwdFJlc3BvbnNlEiQKBHR1cm4YASABKAsyFi5yb2xsb3V0LmFnZW50LnYxLlR1cm4iPQoTU3RyZWFtRXZlbnRzUmVxdWVzdBIRCgl0aHJlYWRfaWQYASABKAkSEwoLYWZ0ZXJfaW5kZXgYAiABKAQiRAoUU3RyZWFtRXZlbnRzUmVzcG9uc2USLAoFZXZlbnQYASABKAsyHS5yb2xsb3V0LmFnZW50LnYxLlRocmVhZEV2ZW50IiUKEEdldFRocmVhZFJlcXVlc3QSEQoJdGhyZWFkX2lkGAEgASgJIj0KEUdldFRocmVhZFJlc3BvbnNlEigKBnRocmVhZBgBIAEoCzIYLnJvbGxvdXQuYWdlbnQudjEuVGhyZWFkImsKEkxpc3RUaHJlYWRzUmVxdWVzdBIRCglwYWdlX3NpemUYASABKA0SEgoKcGFnZV90b2tlbhgCIAEoCRIuCgZzdGF0dXMYAyABKA4yHi5yb2xsb3V0LmFnZW50LnYxLlRocmVhZFN0YXR1cyJZChNMaXN0VGhyZWFkc1Jlc3BvbnNlEikKB3RocmVhZHMYASADKAsyGC5yb2xsb3V0LmFnZW50LnYxLlRocmVhZBIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiJwoSQ2xvc2VUaHJlYWRSZXF1ZXN0EhEKCXRocmVhZF9pZBgBIAEoCSI/ChNDbG9zZVRocmVhZFJlc3BvbnNlEigKBnRocmVhZBgBIAEoCzIYLnJvbGxvdXQuYWdlbnQudjEuVGhyZWFkIj8KClRvb2xPdXRwdXQSDwoHY2FsbF9pZBgBIAEoCRIOCgZvdXRwdXQYAiABKAkSEAoIaXNfZXJyb3IYAyABKAgibQoYU3VibWl0VG9vbE91dHB1dHNSZXF1ZXN0EhEKCXRocmVhZF9pZBgBIAEoCRIPCgd0dXJuX2lkGAIgASgJEi0KB291dHB1dHMYAyADKAsyHC5yb2xsb3V0LmFnZW50LnYxLlRvb2xPdXRwdXQiQQoZU3VibWl0VG9vbE91dHB1dHNSZXNwb25zZRIkCgR0dXJuGAEgASgLMhYucm9sbG91dC5hZ2VudC52MS5UdXJuIl4KEUZvcmtUaHJlYWRSZXF1ZXN0EhEKCXRocmVhZF9pZBgBIAEoCRIVCg1hZnRlcl90dXJuX2lkGAIgASgJEg0KBWNvdW50GAMgASgNEhAKCGdyb3VwX2lkGAQgASgJIj8KEkZvcmtUaHJlYWRSZXNwb25zZRIpCgd0aHJlYWRzGAEgAygLMhgucm9sbG91dC5hZ2VudC52MS5UaHJlYWQi/wEKE1JlY29yZFJld2FyZFJlcXVlc3QSEQoJdGhyZWFkX2lkGAEgASgJEg8KB3R1cm5faWQYAiABKAkSDwoHaXRlbV9pZBgDIAEoCRIMCgRuYW1lGAQgASgJEg0KBXZhbHVlGAUgASgBEg4KBndlaWdodBgGIAEoARIOCgZzb3VyY2UYByABKAkSRQoIbWV0YWRhdGEYCCADKAsyMy5yb2xsb3V0LmFnZW50LnYxLlJlY29yZFJld2FyZFJlcXVlc3QuTWV0YWRhdGFFbnRyeRovCg1NZXRhZGF0YUVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiOAoUUmVjb3JkUmV3YXJkUmVzcG9uc2USEwoLYnVuZGxlX3BhdGgYASABKAkSCwoDc2VxGAIgASgEKmEKDFRocmVhZFN0YXR1cxIdChlUSFJFQURfU1RBVFVTX1VOU1BFQ0lGSUVEEAASGAoUVEhSRUFEX1NUQVRVU19BQ1RJVkUQARIYChRUSFJFQURfU1RBVFVTX0NMT1NFRBACKqQBCg9SZWNvcmRpbmdTdGF0dXMSIAocUkVDT1JESU5HX1NUQVRVU19VTlNQRUNJRklFRBAAEhgKFFJFQ09SRElOR19TVEFUVVNfT0ZGEAESGwoXUkVDT1JESU5HX1NUQVRVU19BQ1RJVkUQAhIbChdSRUNPUkRJTkdfU1RBVFVTX0ZBSUxFRBADEhsKF1JFQ09SRElOR19TVEFUVVNfQ0xPU0VEEAQqvQEKClR1cm5TdGF0dXMSGwoXVFVSTl9TVEFUVVNfVU5TUEVDSUZJRUQQABIbChdUVVJOX1NUQVRVU19JTl9QUk9HUkVTUxABEhkKFVRVUk5fU1RBVFVTX0NPTVBMRVRFRBACEhsKF1RVUk5fU1RBVFVTX0lOVEVSUlVQVEVEEAMSFgoSVFVSTl9TVEFUVVNfRkFJTEVEEAQSJQohVFVSTl9TVEFUVVNfQVdBSVRJTkdfVE9PTF9PVVRQVVRTEAUqrQEKDlRvb2xDYWxsU3RhdHVzEiAKHFRPT0xfQ0FMTF9TVEFUVVNfVU5TUEVDSUZJRUQQABIcChhUT09MX0NBTExfU1RBVFVTX1BFTkRJTkcQARIeChpUT09MX0NBTExfU1RBVFVTX0NPTVBMRVRFRBACEhsKF1RPT0xfQ0FMTF9TVEFUVVNfRkFJTEVEEAMSHgoaVE9PTF9DQUxMX1NUQVRVU19DQU5DRUxMRUQQBDKrBwoMQWdlbnRTZXJ2aWNlEloKC1N0YXJ0VGhyZWFkEiQucm9sbG91dC5hZ2VudC52MS5TdGFydFRocmVhZFJlcXVlc3QaJS5yb2xsb3V0LmFnZW50LnYxLlN0YXJ0VGhyZWFkUmVzcG9uc2USVAoJU3RhcnRUdXJuEiIucm9sbG91dC5hZ2VudC52MS5TdGFydFR1cm5SZXF1ZXN0GiMucm9sbG91dC5hZ2VudC52MS5TdGFydFR1cm5SZXNwb25zZRJUCglJbnRlcnJ1cHQSIi5yb2xsb3V0LmFnZW50LnYxLkludGVycnVwdFJlcXVlc3QaIy5yb2xsb3V0LmFnZW50LnYxLkludGVycnVwdFJlc3BvbnNlEl8KDFN0cmVhbUV2ZW50cxIlLnJvbGxvdXQuYWdlbnQudjEuU3RyZWFtRXZlbnRzUmVxdWVzdBomLnJvbGxvdXQuYWdlbnQudjEuU3RyZWFtRXZlbnRzUmVzcG9uc2UwARJUCglHZXRUaHJlYWQSIi5yb2xsb3V0LmFnZW50LnYxLkdldFRocmVhZFJlcXVlc3QaIy5yb2xsb3V0LmFnZW50LnYxLkdldFRocmVhZFJlc3BvbnNlEloKC0xpc3RUaHJlYWRzEiQucm9sbG91dC5hZ2VudC52MS5MaXN0VGhyZWFkc1JlcXVlc3QaJS5yb2xsb3V0LmFnZW50LnYxLkxpc3RUaHJlYWRzUmVzcG9uc2USWgoLQ2xvc2VUaHJlYWQSJC5yb2xsb3V0LmFnZW50LnYxLkNsb3NlVGhyZWFkUmVxdWVzdBolLnJvbGxvdXQuYWdlbnQudjEuQ2xvc2VUaHJlYWRSZXNwb25zZRJsChFTdWJtaXRUb29sT3V0cHV0cxIqLnJvbGxvdXQuYWdlbnQudjEuU3VibWl0VG9vbE91dHB1dHNSZXF1ZXN0Gisucm9sbG91dC5hZ2VudC52MS5TdWJtaXRUb29sT3V0cHV0c1Jlc3BvbnNlElcKCkZvcmtUaHJlYWQSIy5yb2xsb3V0LmFnZW50LnYxLkZvcmtUaHJlYWRSZXF1ZXN0GiQucm9sbG91dC5hZ2VudC52MS5Gb3JrVGhyZWFkUmVzcG9uc2USXQoMUmVjb3JkUmV3YXJkEiUucm9sbG91dC5hZ2VudC52MS5SZWNvcmRSZXdhcmRSZXF1ZXN0GiYucm9sbG91dC5hZ2VudC52MS5SZWNvcmRSZXdhcmRSZXNwb25zZUJWChByb2xsb3V0LmFnZW50LnYxUAFaLXJvbGxvdXQtdHJhY2UvZ2VuL2dvL3JvbGxvdXQvYWdlbnQvdjE7YWdlbnR2MaoCEFJvbGxvdXQuQWdlbnQuVjFiBnByb3RvMw", [file_google_protobuf_timestamp]);
 
 /**
  * A function the model may call; the client runs it and submits its output.
@@ -146,6 +146,51 @@ export type Thread = Message<"rollout.agent.v1.Thread"> & {
    * @generated from field: repeated rollout.agent.v1.FunctionTool tools = 10;
    */
   tools: FunctionTool[];
+
+  /**
+   * What every request of the thread asks for (StartThreadRequest); a turn may override the
+   * sampling settings and policy_version for its own requests.
+   *
+   * @generated from field: bool capture_logprobs = 20;
+   */
+  captureLogprobs: boolean;
+
+  /**
+   * @generated from field: uint32 top_logprobs = 21;
+   */
+  topLogprobs: number;
+
+  /**
+   * @generated from field: bool request_token_ids = 22;
+   */
+  requestTokenIds: boolean;
+
+  /**
+   * @generated from field: optional double temperature = 23;
+   */
+  temperature?: number | undefined;
+
+  /**
+   * @generated from field: optional double top_p = 24;
+   */
+  topP?: number | undefined;
+
+  /**
+   * @generated from field: optional uint32 max_output_tokens = 25;
+   */
+  maxOutputTokens?: number | undefined;
+
+  /**
+   * @generated from field: string policy_version = 26;
+   */
+  policyVersion: string;
+
+  /**
+   * Set on a thread made by ForkThread.
+   *
+   * @generated from field: rollout.agent.v1.ForkOrigin fork = 27;
+   */
+  fork?: ForkOrigin | undefined;
 };
 
 /**
@@ -154,6 +199,44 @@ export type Thread = Message<"rollout.agent.v1.Thread"> & {
  */
 export const ThreadSchema: GenMessage<Thread> = /*@__PURE__*/
   messageDesc(file_rollout_agent_v1_agent, 2);
+
+/**
+ * Where a forked thread came from.
+ *
+ * @generated from message rollout.agent.v1.ForkOrigin
+ */
+export type ForkOrigin = Message<"rollout.agent.v1.ForkOrigin"> & {
+  /**
+   * @generated from field: string parent_thread_id = 1;
+   */
+  parentThreadId: string;
+
+  /**
+   * The parent's turn it continues after; empty when the parent had no turn.
+   *
+   * @generated from field: string after_turn_id = 2;
+   */
+  afterTurnId: string;
+
+  /**
+   * @generated from field: string group_id = 3;
+   */
+  groupId: string;
+
+  /**
+   * 0, 1, ... among the threads of one ForkThread.
+   *
+   * @generated from field: uint32 repetition_index = 4;
+   */
+  repetitionIndex: number;
+};
+
+/**
+ * Describes the message rollout.agent.v1.ForkOrigin.
+ * Use `create(ForkOriginSchema)` to create a new message.
+ */
+export const ForkOriginSchema: GenMessage<ForkOrigin> = /*@__PURE__*/
+  messageDesc(file_rollout_agent_v1_agent, 3);
 
 /**
  * One function call of a turn, as GetThread shows it.
@@ -187,7 +270,7 @@ export type TurnToolCall = Message<"rollout.agent.v1.TurnToolCall"> & {
  * Use `create(TurnToolCallSchema)` to create a new message.
  */
 export const TurnToolCallSchema: GenMessage<TurnToolCall> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 3);
+  messageDesc(file_rollout_agent_v1_agent, 4);
 
 /**
  * @generated from message rollout.agent.v1.TurnError
@@ -218,7 +301,7 @@ export type TurnError = Message<"rollout.agent.v1.TurnError"> & {
  * Use `create(TurnErrorSchema)` to create a new message.
  */
 export const TurnErrorSchema: GenMessage<TurnError> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 4);
+  messageDesc(file_rollout_agent_v1_agent, 5);
 
 /**
  * @generated from message rollout.agent.v1.Turn
@@ -267,7 +350,7 @@ export type Turn = Message<"rollout.agent.v1.Turn"> & {
  * Use `create(TurnSchema)` to create a new message.
  */
 export const TurnSchema: GenMessage<Turn> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 5);
+  messageDesc(file_rollout_agent_v1_agent, 6);
 
 /**
  * An output item of the model, as clients see it.
@@ -322,7 +405,7 @@ export type Item = Message<"rollout.agent.v1.Item"> & {
  * Use `create(ItemSchema)` to create a new message.
  */
 export const ItemSchema: GenMessage<Item> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 6);
+  messageDesc(file_rollout_agent_v1_agent, 7);
 
 /**
  * @generated from message rollout.agent.v1.TurnStartedEvent
@@ -339,7 +422,7 @@ export type TurnStartedEvent = Message<"rollout.agent.v1.TurnStartedEvent"> & {
  * Use `create(TurnStartedEventSchema)` to create a new message.
  */
 export const TurnStartedEventSchema: GenMessage<TurnStartedEvent> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 7);
+  messageDesc(file_rollout_agent_v1_agent, 8);
 
 /**
  * @generated from message rollout.agent.v1.ItemStartedEvent
@@ -356,7 +439,7 @@ export type ItemStartedEvent = Message<"rollout.agent.v1.ItemStartedEvent"> & {
  * Use `create(ItemStartedEventSchema)` to create a new message.
  */
 export const ItemStartedEventSchema: GenMessage<ItemStartedEvent> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 8);
+  messageDesc(file_rollout_agent_v1_agent, 9);
 
 /**
  * @generated from message rollout.agent.v1.AgentMessageDeltaEvent
@@ -385,7 +468,7 @@ export type AgentMessageDeltaEvent = Message<"rollout.agent.v1.AgentMessageDelta
  * Use `create(AgentMessageDeltaEventSchema)` to create a new message.
  */
 export const AgentMessageDeltaEventSchema: GenMessage<AgentMessageDeltaEvent> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 9);
+  messageDesc(file_rollout_agent_v1_agent, 10);
 
 /**
  * @generated from message rollout.agent.v1.ItemCompletedEvent
@@ -402,7 +485,7 @@ export type ItemCompletedEvent = Message<"rollout.agent.v1.ItemCompletedEvent"> 
  * Use `create(ItemCompletedEventSchema)` to create a new message.
  */
 export const ItemCompletedEventSchema: GenMessage<ItemCompletedEvent> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 10);
+  messageDesc(file_rollout_agent_v1_agent, 11);
 
 /**
  * @generated from message rollout.agent.v1.TurnCompletedEvent
@@ -419,7 +502,7 @@ export type TurnCompletedEvent = Message<"rollout.agent.v1.TurnCompletedEvent"> 
  * Use `create(TurnCompletedEventSchema)` to create a new message.
  */
 export const TurnCompletedEventSchema: GenMessage<TurnCompletedEvent> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 11);
+  messageDesc(file_rollout_agent_v1_agent, 12);
 
 /**
  * @generated from message rollout.agent.v1.ErrorEvent
@@ -448,7 +531,7 @@ export type ErrorEvent = Message<"rollout.agent.v1.ErrorEvent"> & {
  * Use `create(ErrorEventSchema)` to create a new message.
  */
 export const ErrorEventSchema: GenMessage<ErrorEvent> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 12);
+  messageDesc(file_rollout_agent_v1_agent, 13);
 
 /**
  * The model called a tool: answer it with SubmitToolOutputs.
@@ -494,7 +577,7 @@ export type ToolCallRequestedEvent = Message<"rollout.agent.v1.ToolCallRequested
  * Use `create(ToolCallRequestedEventSchema)` to create a new message.
  */
 export const ToolCallRequestedEventSchema: GenMessage<ToolCallRequestedEvent> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 13);
+  messageDesc(file_rollout_agent_v1_agent, 14);
 
 /**
  * An output was accepted for a tool call.
@@ -523,7 +606,7 @@ export type ToolCallCompletedEvent = Message<"rollout.agent.v1.ToolCallCompleted
  * Use `create(ToolCallCompletedEventSchema)` to create a new message.
  */
 export const ToolCallCompletedEventSchema: GenMessage<ToolCallCompletedEvent> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 14);
+  messageDesc(file_rollout_agent_v1_agent, 15);
 
 /**
  * A function call's arguments as they stream in.
@@ -552,7 +635,7 @@ export type ToolCallArgumentsDeltaEvent = Message<"rollout.agent.v1.ToolCallArgu
  * Use `create(ToolCallArgumentsDeltaEventSchema)` to create a new message.
  */
 export const ToolCallArgumentsDeltaEventSchema: GenMessage<ToolCallArgumentsDeltaEvent> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 15);
+  messageDesc(file_rollout_agent_v1_agent, 16);
 
 /**
  * The model's response is over and the turn waits for the outputs of the calls it asked for.
@@ -573,7 +656,7 @@ export type TurnAwaitingToolOutputsEvent = Message<"rollout.agent.v1.TurnAwaitin
  * Use `create(TurnAwaitingToolOutputsEventSchema)` to create a new message.
  */
 export const TurnAwaitingToolOutputsEventSchema: GenMessage<TurnAwaitingToolOutputsEvent> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 16);
+  messageDesc(file_rollout_agent_v1_agent, 17);
 
 /**
  * Reasoning summary text as it streams in.
@@ -597,7 +680,7 @@ export type ReasoningDeltaEvent = Message<"rollout.agent.v1.ReasoningDeltaEvent"
  * Use `create(ReasoningDeltaEventSchema)` to create a new message.
  */
 export const ReasoningDeltaEventSchema: GenMessage<ReasoningDeltaEvent> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 17);
+  messageDesc(file_rollout_agent_v1_agent, 18);
 
 /**
  * @generated from message rollout.agent.v1.TokenUsageEvent
@@ -624,7 +707,7 @@ export type TokenUsageEvent = Message<"rollout.agent.v1.TokenUsageEvent"> & {
  * Use `create(TokenUsageEventSchema)` to create a new message.
  */
 export const TokenUsageEventSchema: GenMessage<TokenUsageEvent> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 18);
+  messageDesc(file_rollout_agent_v1_agent, 19);
 
 /**
  * @generated from message rollout.agent.v1.ThreadEvent
@@ -735,7 +818,7 @@ export type ThreadEvent = Message<"rollout.agent.v1.ThreadEvent"> & {
  * Use `create(ThreadEventSchema)` to create a new message.
  */
 export const ThreadEventSchema: GenMessage<ThreadEvent> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 19);
+  messageDesc(file_rollout_agent_v1_agent, 20);
 
 /**
  * @generated from message rollout.agent.v1.StartThreadRequest
@@ -764,6 +847,53 @@ export type StartThreadRequest = Message<"rollout.agent.v1.StartThreadRequest"> 
    * @generated from field: repeated rollout.agent.v1.FunctionTool tools = 4;
    */
   tools: FunctionTool[];
+
+  /**
+   * Ask the provider for the logprobs of the output tokens
+   * (`include: ["message.output_text.logprobs"]`) and record them with the deltas.
+   *
+   * @generated from field: bool capture_logprobs = 5;
+   */
+  captureLogprobs: boolean;
+
+  /**
+   * Alternatives per token to ask logprobs for (`top_logprobs`, 0-20); implies capture_logprobs.
+   *
+   * @generated from field: uint32 top_logprobs = 6;
+   */
+  topLogprobs: number;
+
+  /**
+   * Ask an OpenAI-compatible engine (vLLM) for token ids: `return_token_ids: true`, answered
+   * with `prompt_token_ids` and per-delta `token_ids`. Providers that do not know it refuse it.
+   *
+   * @generated from field: bool request_token_ids = 7;
+   */
+  requestTokenIds: boolean;
+
+  /**
+   * Sampling settings sent with every request of the thread (unset: the provider's default).
+   *
+   * @generated from field: optional double temperature = 8;
+   */
+  temperature?: number | undefined;
+
+  /**
+   * @generated from field: optional double top_p = 9;
+   */
+  topP?: number | undefined;
+
+  /**
+   * @generated from field: optional uint32 max_output_tokens = 10;
+   */
+  maxOutputTokens?: number | undefined;
+
+  /**
+   * The policy (weights) version the client samples with; recorded with every request.
+   *
+   * @generated from field: string policy_version = 11;
+   */
+  policyVersion: string;
 };
 
 /**
@@ -771,7 +901,7 @@ export type StartThreadRequest = Message<"rollout.agent.v1.StartThreadRequest"> 
  * Use `create(StartThreadRequestSchema)` to create a new message.
  */
 export const StartThreadRequestSchema: GenMessage<StartThreadRequest> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 20);
+  messageDesc(file_rollout_agent_v1_agent, 21);
 
 /**
  * @generated from message rollout.agent.v1.StartThreadResponse
@@ -788,7 +918,7 @@ export type StartThreadResponse = Message<"rollout.agent.v1.StartThreadResponse"
  * Use `create(StartThreadResponseSchema)` to create a new message.
  */
 export const StartThreadResponseSchema: GenMessage<StartThreadResponse> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 21);
+  messageDesc(file_rollout_agent_v1_agent, 22);
 
 /**
  * @generated from message rollout.agent.v1.StartTurnRequest
@@ -803,6 +933,28 @@ export type StartTurnRequest = Message<"rollout.agent.v1.StartTurnRequest"> & {
    * @generated from field: repeated rollout.agent.v1.UserInput input = 2;
    */
   input: UserInput[];
+
+  /**
+   * Override the thread's sampling settings and policy_version for this turn's requests.
+   *
+   * @generated from field: optional double temperature = 20;
+   */
+  temperature?: number | undefined;
+
+  /**
+   * @generated from field: optional double top_p = 21;
+   */
+  topP?: number | undefined;
+
+  /**
+   * @generated from field: optional uint32 max_output_tokens = 22;
+   */
+  maxOutputTokens?: number | undefined;
+
+  /**
+   * @generated from field: string policy_version = 23;
+   */
+  policyVersion: string;
 };
 
 /**
@@ -810,7 +962,7 @@ export type StartTurnRequest = Message<"rollout.agent.v1.StartTurnRequest"> & {
  * Use `create(StartTurnRequestSchema)` to create a new message.
  */
 export const StartTurnRequestSchema: GenMessage<StartTurnRequest> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 22);
+  messageDesc(file_rollout_agent_v1_agent, 23);
 
 /**
  * @generated from message rollout.agent.v1.StartTurnResponse
@@ -827,7 +979,7 @@ export type StartTurnResponse = Message<"rollout.agent.v1.StartTurnResponse"> & 
  * Use `create(StartTurnResponseSchema)` to create a new message.
  */
 export const StartTurnResponseSchema: GenMessage<StartTurnResponse> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 23);
+  messageDesc(file_rollout_agent_v1_agent, 24);
 
 /**
  * @generated from message rollout.agent.v1.InterruptRequest
@@ -849,7 +1001,7 @@ export type InterruptRequest = Message<"rollout.agent.v1.InterruptRequest"> & {
  * Use `create(InterruptRequestSchema)` to create a new message.
  */
 export const InterruptRequestSchema: GenMessage<InterruptRequest> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 24);
+  messageDesc(file_rollout_agent_v1_agent, 25);
 
 /**
  * @generated from message rollout.agent.v1.InterruptResponse
@@ -866,7 +1018,7 @@ export type InterruptResponse = Message<"rollout.agent.v1.InterruptResponse"> & 
  * Use `create(InterruptResponseSchema)` to create a new message.
  */
 export const InterruptResponseSchema: GenMessage<InterruptResponse> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 25);
+  messageDesc(file_rollout_agent_v1_agent, 26);
 
 /**
  * @generated from message rollout.agent.v1.StreamEventsRequest
@@ -890,7 +1042,7 @@ export type StreamEventsRequest = Message<"rollout.agent.v1.StreamEventsRequest"
  * Use `create(StreamEventsRequestSchema)` to create a new message.
  */
 export const StreamEventsRequestSchema: GenMessage<StreamEventsRequest> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 26);
+  messageDesc(file_rollout_agent_v1_agent, 27);
 
 /**
  * @generated from message rollout.agent.v1.StreamEventsResponse
@@ -907,7 +1059,7 @@ export type StreamEventsResponse = Message<"rollout.agent.v1.StreamEventsRespons
  * Use `create(StreamEventsResponseSchema)` to create a new message.
  */
 export const StreamEventsResponseSchema: GenMessage<StreamEventsResponse> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 27);
+  messageDesc(file_rollout_agent_v1_agent, 28);
 
 /**
  * @generated from message rollout.agent.v1.GetThreadRequest
@@ -924,7 +1076,7 @@ export type GetThreadRequest = Message<"rollout.agent.v1.GetThreadRequest"> & {
  * Use `create(GetThreadRequestSchema)` to create a new message.
  */
 export const GetThreadRequestSchema: GenMessage<GetThreadRequest> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 28);
+  messageDesc(file_rollout_agent_v1_agent, 29);
 
 /**
  * @generated from message rollout.agent.v1.GetThreadResponse
@@ -941,7 +1093,7 @@ export type GetThreadResponse = Message<"rollout.agent.v1.GetThreadResponse"> & 
  * Use `create(GetThreadResponseSchema)` to create a new message.
  */
 export const GetThreadResponseSchema: GenMessage<GetThreadResponse> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 29);
+  messageDesc(file_rollout_agent_v1_agent, 30);
 
 /**
  * @generated from message rollout.agent.v1.ListThreadsRequest
@@ -974,7 +1126,7 @@ export type ListThreadsRequest = Message<"rollout.agent.v1.ListThreadsRequest"> 
  * Use `create(ListThreadsRequestSchema)` to create a new message.
  */
 export const ListThreadsRequestSchema: GenMessage<ListThreadsRequest> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 30);
+  messageDesc(file_rollout_agent_v1_agent, 31);
 
 /**
  * @generated from message rollout.agent.v1.ListThreadsResponse
@@ -998,7 +1150,7 @@ export type ListThreadsResponse = Message<"rollout.agent.v1.ListThreadsResponse"
  * Use `create(ListThreadsResponseSchema)` to create a new message.
  */
 export const ListThreadsResponseSchema: GenMessage<ListThreadsResponse> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 31);
+  messageDesc(file_rollout_agent_v1_agent, 32);
 
 /**
  * @generated from message rollout.agent.v1.CloseThreadRequest
@@ -1015,7 +1167,7 @@ export type CloseThreadRequest = Message<"rollout.agent.v1.CloseThreadRequest"> 
  * Use `create(CloseThreadRequestSchema)` to create a new message.
  */
 export const CloseThreadRequestSchema: GenMessage<CloseThreadRequest> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 32);
+  messageDesc(file_rollout_agent_v1_agent, 33);
 
 /**
  * @generated from message rollout.agent.v1.CloseThreadResponse
@@ -1032,7 +1184,7 @@ export type CloseThreadResponse = Message<"rollout.agent.v1.CloseThreadResponse"
  * Use `create(CloseThreadResponseSchema)` to create a new message.
  */
 export const CloseThreadResponseSchema: GenMessage<CloseThreadResponse> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 33);
+  messageDesc(file_rollout_agent_v1_agent, 34);
 
 /**
  * The output of one tool call.
@@ -1065,7 +1217,7 @@ export type ToolOutput = Message<"rollout.agent.v1.ToolOutput"> & {
  * Use `create(ToolOutputSchema)` to create a new message.
  */
 export const ToolOutputSchema: GenMessage<ToolOutput> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 34);
+  messageDesc(file_rollout_agent_v1_agent, 35);
 
 /**
  * @generated from message rollout.agent.v1.SubmitToolOutputsRequest
@@ -1094,7 +1246,7 @@ export type SubmitToolOutputsRequest = Message<"rollout.agent.v1.SubmitToolOutpu
  * Use `create(SubmitToolOutputsRequestSchema)` to create a new message.
  */
 export const SubmitToolOutputsRequestSchema: GenMessage<SubmitToolOutputsRequest> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 35);
+  messageDesc(file_rollout_agent_v1_agent, 36);
 
 /**
  * @generated from message rollout.agent.v1.SubmitToolOutputsResponse
@@ -1111,7 +1263,146 @@ export type SubmitToolOutputsResponse = Message<"rollout.agent.v1.SubmitToolOutp
  * Use `create(SubmitToolOutputsResponseSchema)` to create a new message.
  */
 export const SubmitToolOutputsResponseSchema: GenMessage<SubmitToolOutputsResponse> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 36);
+  messageDesc(file_rollout_agent_v1_agent, 37);
+
+/**
+ * @generated from message rollout.agent.v1.ForkThreadRequest
+ */
+export type ForkThreadRequest = Message<"rollout.agent.v1.ForkThreadRequest"> & {
+  /**
+   * @generated from field: string thread_id = 1;
+   */
+  threadId: string;
+
+  /**
+   * The turn the new threads continue after; empty: the thread's current end.
+   *
+   * @generated from field: string after_turn_id = 2;
+   */
+  afterTurnId: string;
+
+  /**
+   * How many threads to make, 1-64.
+   *
+   * @generated from field: uint32 count = 3;
+   */
+  count: number;
+
+  /**
+   * Shared by the new threads (GRPO's group); empty: one is made up.
+   *
+   * @generated from field: string group_id = 4;
+   */
+  groupId: string;
+};
+
+/**
+ * Describes the message rollout.agent.v1.ForkThreadRequest.
+ * Use `create(ForkThreadRequestSchema)` to create a new message.
+ */
+export const ForkThreadRequestSchema: GenMessage<ForkThreadRequest> = /*@__PURE__*/
+  messageDesc(file_rollout_agent_v1_agent, 38);
+
+/**
+ * @generated from message rollout.agent.v1.ForkThreadResponse
+ */
+export type ForkThreadResponse = Message<"rollout.agent.v1.ForkThreadResponse"> & {
+  /**
+   * The new threads, in repetition order.
+   *
+   * @generated from field: repeated rollout.agent.v1.Thread threads = 1;
+   */
+  threads: Thread[];
+};
+
+/**
+ * Describes the message rollout.agent.v1.ForkThreadResponse.
+ * Use `create(ForkThreadResponseSchema)` to create a new message.
+ */
+export const ForkThreadResponseSchema: GenMessage<ForkThreadResponse> = /*@__PURE__*/
+  messageDesc(file_rollout_agent_v1_agent, 39);
+
+/**
+ * @generated from message rollout.agent.v1.RecordRewardRequest
+ */
+export type RecordRewardRequest = Message<"rollout.agent.v1.RecordRewardRequest"> & {
+  /**
+   * @generated from field: string thread_id = 1;
+   */
+  threadId: string;
+
+  /**
+   * Empty turn and item: the whole thread.
+   *
+   * @generated from field: string turn_id = 2;
+   */
+  turnId: string;
+
+  /**
+   * The item's id as events show it.
+   *
+   * @generated from field: string item_id = 3;
+   */
+  itemId: string;
+
+  /**
+   * @generated from field: string name = 4;
+   */
+  name: string;
+
+  /**
+   * @generated from field: double value = 5;
+   */
+  value: number;
+
+  /**
+   * @generated from field: double weight = 6;
+   */
+  weight: number;
+
+  /**
+   * @generated from field: string source = 7;
+   */
+  source: string;
+
+  /**
+   * @generated from field: map<string, string> metadata = 8;
+   */
+  metadata: { [key: string]: string };
+};
+
+/**
+ * Describes the message rollout.agent.v1.RecordRewardRequest.
+ * Use `create(RecordRewardRequestSchema)` to create a new message.
+ */
+export const RecordRewardRequestSchema: GenMessage<RecordRewardRequest> = /*@__PURE__*/
+  messageDesc(file_rollout_agent_v1_agent, 40);
+
+/**
+ * @generated from message rollout.agent.v1.RecordRewardResponse
+ */
+export type RecordRewardResponse = Message<"rollout.agent.v1.RecordRewardResponse"> & {
+  /**
+   * The bundle whose rewards.binpb holds the reward.
+   *
+   * @generated from field: string bundle_path = 1;
+   */
+  bundlePath: string;
+
+  /**
+   * Its seq in rewards.binpb.
+   *
+   * @generated from field: uint64 seq = 2;
+   */
+  seq: bigint;
+};
+
+/**
+ * Describes the message rollout.agent.v1.RecordRewardResponse.
+ * Use `create(RecordRewardResponseSchema)` to create a new message.
+ */
+export const RecordRewardResponseSchema: GenMessage<RecordRewardResponse> = /*@__PURE__*/
+  messageDesc(file_rollout_agent_v1_agent, 41);
 
 /**
  * @generated from enum rollout.agent.v1.ThreadStatus
@@ -1349,6 +1640,28 @@ export const AgentService: GenService<{
     methodKind: "unary";
     input: typeof SubmitToolOutputsRequestSchema;
     output: typeof SubmitToolOutputsResponseSchema;
+  },
+  /**
+   * Makes `count` new threads that continue a thread's conversation as of one of its turns;
+   * each records only what follows (its bundle refers to the parent's for the prefix).
+   *
+   * @generated from rpc rollout.agent.v1.AgentService.ForkThread
+   */
+  forkThread: {
+    methodKind: "unary";
+    input: typeof ForkThreadRequestSchema;
+    output: typeof ForkThreadResponseSchema;
+  },
+  /**
+   * Records a reward for a thread, a turn or an item, in the bundle's rewards.binpb sidecar;
+   * works on closed threads too (found by thread id under the trace root).
+   *
+   * @generated from rpc rollout.agent.v1.AgentService.RecordReward
+   */
+  recordReward: {
+    methodKind: "unary";
+    input: typeof RecordRewardRequestSchema;
+    output: typeof RecordRewardResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_rollout_agent_v1_agent, 0);

@@ -10,7 +10,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file rollout/trace/v1/common.proto.
  */
 export const file_rollout_trace_v1_common: GenFile = /*@__PURE__*/
-  fileDesc("Ch1yb2xsb3V0L3RyYWNlL3YxL2NvbW1vbi5wcm90bxIQcm9sbG91dC50cmFjZS52MSKGAQoKVG9rZW5Vc2FnZRIUCgxpbnB1dF90b2tlbnMYASABKAQSFQoNb3V0cHV0X3Rva2VucxgCIAEoBBIUCgx0b3RhbF90b2tlbnMYAyABKAQSGwoTY2FjaGVkX2lucHV0X3Rva2VucxgEIAEoBBIYChByZWFzb25pbmdfdG9rZW5zGAUgASgEIkAKClRyYWNlRXJyb3ISDAoEY29kZRgBIAEoCRIPCgdtZXNzYWdlGAIgASgJEhMKC2h0dHBfc3RhdHVzGAMgASgNKswBCg9FeGVjdXRpb25TdGF0dXMSIAocRVhFQ1VUSU9OX1NUQVRVU19VTlNQRUNJRklFRBAAEhwKGEVYRUNVVElPTl9TVEFUVVNfUlVOTklORxABEh4KGkVYRUNVVElPTl9TVEFUVVNfQ09NUExFVEVEEAISGwoXRVhFQ1VUSU9OX1NUQVRVU19GQUlMRUQQAxIeChpFWEVDVVRJT05fU1RBVFVTX0NBTkNFTExFRBAEEhwKGEVYRUNVVElPTl9TVEFUVVNfQUJPUlRFRBAFQlYKEHJvbGxvdXQudHJhY2UudjFQAVotcm9sbG91dC10cmFjZS9nZW4vZ28vcm9sbG91dC90cmFjZS92MTt0cmFjZXYxqgIQUm9sbG91dC5UcmFjZS5WMWIGcHJvdG8z");
+  fileDesc("Ch1yb2xsb3V0L3RyYWNlL3YxL2NvbW1vbi5wcm90bxIQcm9sbG91dC50cmFjZS52MSKGAQoKVG9rZW5Vc2FnZRIUCgxpbnB1dF90b2tlbnMYASABKAQSFQoNb3V0cHV0X3Rva2VucxgCIAEoBBIUCgx0b3RhbF90b2tlbnMYAyABKAQSGwoTY2FjaGVkX2lucHV0X3Rva2VucxgEIAEoBBIYChByZWFzb25pbmdfdG9rZW5zGAUgASgEIkAKClRyYWNlRXJyb3ISDAoEY29kZRgBIAEoCRIPCgdtZXNzYWdlGAIgASgJEhMKC2h0dHBfc3RhdHVzGAMgASgNIp8BCgtEZWx0YVRva2VucxILCgNpZHMYASADKA0SEAoIbG9ncHJvYnMYAiADKAISFAoMdGV4dF9sZW5ndGhzGAMgAygNEg0KBXRleHRzGAQgAygJEhIKCnRvcF9jb3VudHMYBSADKA0SEQoJdG9wX3RleHRzGAYgAygJEhQKDHRvcF9sb2dwcm9icxgHIAMoAhIPCgd0b3BfaWRzGAggAygNIssBChBTYW1wbGluZ1NldHRpbmdzEhgKC3RlbXBlcmF0dXJlGAEgASgBSACIAQESEgoFdG9wX3AYAiABKAFIAYgBARIeChFtYXhfb3V0cHV0X3Rva2VucxgDIAEoDUgCiAEBEhQKDHRvcF9sb2dwcm9icxgEIAEoDRIQCghsb2dwcm9icxgFIAEoCBIRCgl0b2tlbl9pZHMYBiABKAhCDgoMX3RlbXBlcmF0dXJlQggKBl90b3BfcEIUChJfbWF4X291dHB1dF90b2tlbnMqzAEKD0V4ZWN1dGlvblN0YXR1cxIgChxFWEVDVVRJT05fU1RBVFVTX1VOU1BFQ0lGSUVEEAASHAoYRVhFQ1VUSU9OX1NUQVRVU19SVU5OSU5HEAESHgoaRVhFQ1VUSU9OX1NUQVRVU19DT01QTEVURUQQAhIbChdFWEVDVVRJT05fU1RBVFVTX0ZBSUxFRBADEh4KGkVYRUNVVElPTl9TVEFUVVNfQ0FOQ0VMTEVEEAQSHAoYRVhFQ1VUSU9OX1NUQVRVU19BQk9SVEVEEAUqtgEKClN0b3BSZWFzb24SGwoXU1RPUF9SRUFTT05fVU5TUEVDSUZJRUQQABIZChVTVE9QX1JFQVNPTl9DT01QTEVURUQQARIWChJTVE9QX1JFQVNPTl9MRU5HVEgQAhIbChdTVE9QX1JFQVNPTl9JTlRFUlJVUFRFRBADEh4KGlNUT1BfUkVBU09OX1BST1ZJREVSX0VSUk9SEAQSGwoXU1RPUF9SRUFTT05fSU5GUkFfRVJST1IQBSpfCgtUb2tlblNvdXJjZRIcChhUT0tFTl9TT1VSQ0VfVU5TUEVDSUZJRUQQABIXChNUT0tFTl9TT1VSQ0VfRU5HSU5FEAESGQoVVE9LRU5fU09VUkNFX0xPR1BST0JTEAJCVgoQcm9sbG91dC50cmFjZS52MVABWi1yb2xsb3V0LXRyYWNlL2dlbi9nby9yb2xsb3V0L3RyYWNlL3YxO3RyYWNldjGqAhBSb2xsb3V0LlRyYWNlLlYxYgZwcm90bzM");
 
 /**
  * Token counts reported by the provider for one response.
@@ -85,6 +85,124 @@ export const TraceErrorSchema: GenMessage<TraceError> = /*@__PURE__*/
   messageDesc(file_rollout_trace_v1_common, 1);
 
 /**
+ * Tokens that came with one delta (or one `.done`), as packed columns: one entry per token in
+ * each column that is present.
+ *
+ * @generated from message rollout.trace.v1.DeltaTokens
+ */
+export type DeltaTokens = Message<"rollout.trace.v1.DeltaTokens"> & {
+  /**
+   * Engine token ids (exact), when the provider sent them.
+   *
+   * @generated from field: repeated uint32 ids = 1;
+   */
+  ids: number[];
+
+  /**
+   * Log probabilities of the sampled tokens, when the provider sent them.
+   *
+   * @generated from field: repeated float logprobs = 2;
+   */
+  logprobs: number[];
+
+  /**
+   * Each token's text as a length in characters of the delta it came with, when the token
+   * strings concatenate to exactly that delta (the common case, one byte a token) ...
+   *
+   * @generated from field: repeated uint32 text_lengths = 3;
+   */
+  textLengths: number[];
+
+  /**
+   * ... otherwise the token strings themselves.
+   *
+   * @generated from field: repeated string texts = 4;
+   */
+  texts: string[];
+
+  /**
+   * Top-k alternatives: how many each token has (top_counts), then all of them in order.
+   *
+   * @generated from field: repeated uint32 top_counts = 5;
+   */
+  topCounts: number[];
+
+  /**
+   * @generated from field: repeated string top_texts = 6;
+   */
+  topTexts: string[];
+
+  /**
+   * @generated from field: repeated float top_logprobs = 7;
+   */
+  topLogprobs: number[];
+
+  /**
+   * Engine ids of the alternatives, when known (one per top_texts entry).
+   *
+   * @generated from field: repeated uint32 top_ids = 8;
+   */
+  topIds: number[];
+};
+
+/**
+ * Describes the message rollout.trace.v1.DeltaTokens.
+ * Use `create(DeltaTokensSchema)` to create a new message.
+ */
+export const DeltaTokensSchema: GenMessage<DeltaTokens> = /*@__PURE__*/
+  messageDesc(file_rollout_trace_v1_common, 2);
+
+/**
+ * Sampling settings a request asked for; unset fields were left to the provider's defaults.
+ *
+ * @generated from message rollout.trace.v1.SamplingSettings
+ */
+export type SamplingSettings = Message<"rollout.trace.v1.SamplingSettings"> & {
+  /**
+   * @generated from field: optional double temperature = 1;
+   */
+  temperature?: number | undefined;
+
+  /**
+   * @generated from field: optional double top_p = 2;
+   */
+  topP?: number | undefined;
+
+  /**
+   * @generated from field: optional uint32 max_output_tokens = 3;
+   */
+  maxOutputTokens?: number | undefined;
+
+  /**
+   * How many alternatives per token the request asked logprobs for (0: none).
+   *
+   * @generated from field: uint32 top_logprobs = 4;
+   */
+  topLogprobs: number;
+
+  /**
+   * Whether the request asked for logprobs (`include: ["message.output_text.logprobs"]`).
+   *
+   * @generated from field: bool logprobs = 5;
+   */
+  logprobs: boolean;
+
+  /**
+   * Whether the request asked an OpenAI-compatible engine for token ids (`return_token_ids`).
+   *
+   * @generated from field: bool token_ids = 6;
+   */
+  tokenIds: boolean;
+};
+
+/**
+ * Describes the message rollout.trace.v1.SamplingSettings.
+ * Use `create(SamplingSettingsSchema)` to create a new message.
+ */
+export const SamplingSettingsSchema: GenMessage<SamplingSettings> = /*@__PURE__*/
+  messageDesc(file_rollout_trace_v1_common, 3);
+
+/**
  * How far an object of the trace (thread, turn, inference call) got.
  *
  * @generated from enum rollout.trace.v1.ExecutionStatus
@@ -126,4 +244,93 @@ export enum ExecutionStatus {
  */
 export const ExecutionStatusSchema: GenEnum<ExecutionStatus> = /*@__PURE__*/
   enumDesc(file_rollout_trace_v1_common, 0);
+
+/**
+ * Why an inference call stopped, keeping failures of the infrastructure apart from what the
+ * model did: a trainer keeps COMPLETED and LENGTH samples, and may drop or retry the rest.
+ *
+ * @generated from enum rollout.trace.v1.StopReason
+ */
+export enum StopReason {
+  /**
+   * @generated from enum value: STOP_REASON_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * The response completed (a message, or function calls to answer).
+   *
+   * @generated from enum value: STOP_REASON_COMPLETED = 1;
+   */
+  COMPLETED = 1,
+
+  /**
+   * The response hit max_output_tokens (`response.incomplete`, reason `max_output_tokens`).
+   *
+   * @generated from enum value: STOP_REASON_LENGTH = 2;
+   */
+  LENGTH = 2,
+
+  /**
+   * A client, CloseThread or the shutdown interrupted it.
+   *
+   * @generated from enum value: STOP_REASON_INTERRUPTED = 3;
+   */
+  INTERRUPTED = 3,
+
+  /**
+   * The provider refused or failed the request: `response.failed`, an `error` event, an HTTP
+   * 4xx other than 429, `response.incomplete` for another reason.
+   *
+   * @generated from enum value: STOP_REASON_PROVIDER_ERROR = 4;
+   */
+  PROVIDER_ERROR = 4,
+
+  /**
+   * Transport and capacity: connection failures, idle streams, streams that end without a
+   * terminal event, HTTP 429 and 5xx, unreadable responses, the agent's own failures.
+   *
+   * @generated from enum value: STOP_REASON_INFRA_ERROR = 5;
+   */
+  INFRA_ERROR = 5,
+}
+
+/**
+ * Describes the enum rollout.trace.v1.StopReason.
+ */
+export const StopReasonSchema: GenEnum<StopReason> = /*@__PURE__*/
+  enumDesc(file_rollout_trace_v1_common, 1);
+
+/**
+ * Where the token ids of a sequence come from.
+ *
+ * @generated from enum rollout.trace.v1.TokenSource
+ */
+export enum TokenSource {
+  /**
+   * @generated from enum value: TOKEN_SOURCE_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Exact: the ids the engine sampled or read, sent with the events (vLLM-style `token_ids`,
+   * `prompt_token_ids`).
+   *
+   * @generated from enum value: TOKEN_SOURCE_ENGINE = 1;
+   */
+  ENGINE = 1,
+
+  /**
+   * Derived: the provider gave token strings and logprobs but no ids; the ids are absent.
+   *
+   * @generated from enum value: TOKEN_SOURCE_LOGPROBS = 2;
+   */
+  LOGPROBS = 2,
+}
+
+/**
+ * Describes the enum rollout.trace.v1.TokenSource.
+ */
+export const TokenSourceSchema: GenEnum<TokenSource> = /*@__PURE__*/
+  enumDesc(file_rollout_trace_v1_common, 2);
 

@@ -6,7 +6,7 @@ import type { GenEnum, GenFile, GenMessage } from "@bufbuild/protobuf/codegenv2"
 import { enumDesc, fileDesc, messageDesc } from "@bufbuild/protobuf/codegenv2";
 import type { Timestamp } from "@bufbuild/protobuf/wkt";
 import { file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
-import type { ExecutionStatus, TokenUsage, TraceError } from "./common_pb.js";
+import type { DeltaTokens, ExecutionStatus, StopReason, TokenUsage, TraceError } from "./common_pb.js";
 import { file_rollout_trace_v1_common } from "./common_pb.js";
 import type { Message } from "@bufbuild/protobuf";
 
@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file rollout/trace/v1/record.proto.
  */
 export const file_rollout_trace_v1_record: GenFile = /*@__PURE__*/
-  fileDesc("Ch1yb2xsb3V0L3RyYWNlL3YxL3JlY29yZC5wcm90bxIQcm9sbG91dC50cmFjZS52MSLkCAoLVHJhY2VSZWNvcmQSCwoDc2VxGAEgASgEEg8KB3RpbWVfdXMYAiABKAQSKgoGaGVhZGVyGAMgASgLMhgucm9sbG91dC50cmFjZS52MS5IZWFkZXJIABIqCgZmb290ZXIYBCABKAsyGC5yb2xsb3V0LnRyYWNlLnYxLkZvb3RlckgAEiwKB3BheWxvYWQYBSABKAsyGS5yb2xsb3V0LnRyYWNlLnYxLlBheWxvYWRIABI5Cg50aHJlYWRfc3RhcnRlZBgGIAEoCzIfLnJvbGxvdXQudHJhY2UudjEuVGhyZWFkU3RhcnRlZEgAEjUKDHR1cm5fc3RhcnRlZBgHIAEoCzIdLnJvbGxvdXQudHJhY2UudjEuVHVyblN0YXJ0ZWRIABI/ChFpbmZlcmVuY2Vfc3RhcnRlZBgIIAEoCzIiLnJvbGxvdXQudHJhY2UudjEuSW5mZXJlbmNlU3RhcnRlZEgAEj0KEHJlc3BvbnNlX2NyZWF0ZWQYCSABKAsyIS5yb2xsb3V0LnRyYWNlLnYxLlJlc3BvbnNlQ3JlYXRlZEgAEj4KEW91dHB1dF9pdGVtX2FkZGVkGAogASgLMiEucm9sbG91dC50cmFjZS52MS5PdXRwdXRJdGVtQWRkZWRIABI+ChFvdXRwdXRfdGV4dF9kZWx0YRgLIAEoCzIhLnJvbGxvdXQudHJhY2UudjEuT3V0cHV0VGV4dERlbHRhSAASPAoQb3V0cHV0X2l0ZW1fZG9uZRgMIAEoCzIgLnJvbGxvdXQudHJhY2UudjEuT3V0cHV0SXRlbURvbmVIABI5Cg5wcm92aWRlcl9ldmVudBgNIAEoCzIfLnJvbGxvdXQudHJhY2UudjEuUHJvdmlkZXJFdmVudEgAEjsKD2luZmVyZW5jZV9lbmRlZBgOIAEoCzIgLnJvbGxvdXQudHJhY2UudjEuSW5mZXJlbmNlRW5kZWRIABJDChNpbnRlcnJ1cHRfcmVxdWVzdGVkGBAgASgLMiQucm9sbG91dC50cmFjZS52MS5JbnRlcnJ1cHRSZXF1ZXN0ZWRIABIxCgp0dXJuX2VuZGVkGBEgASgLMhsucm9sbG91dC50cmFjZS52MS5UdXJuRW5kZWRIABI1Cgx0aHJlYWRfZW5kZWQYEiABKAsyHS5yb2xsb3V0LnRyYWNlLnYxLlRocmVhZEVuZGVkSAASPgoRdG9vbF9jYWxsX3N0YXJ0ZWQYEyABKAsyIS5yb2xsb3V0LnRyYWNlLnYxLlRvb2xDYWxsU3RhcnRlZEgAEkYKFXRvb2xfb3V0cHV0X3N1Ym1pdHRlZBgUIAEoCzIlLnJvbGxvdXQudHJhY2UudjEuVG9vbE91dHB1dFN1Ym1pdHRlZEgAEjoKD3Rvb2xfY2FsbF9lbmRlZBgVIAEoCzIfLnJvbGxvdXQudHJhY2UudjEuVG9vbENhbGxFbmRlZEgAEg4KBmNyYzMyYxgPIAEoB0IGCgRib2R5IqYBCgZIZWFkZXISFgoOZm9ybWF0X3ZlcnNpb24YASABKA0SEAoIdHJhY2VfaWQYAiABKAkSEQoJdGhyZWFkX2lkGAMgASgJEhUKDXByb2R1Y2VyX25hbWUYBCABKAkSGAoQcHJvZHVjZXJfdmVyc2lvbhgFIAEoCRIuCgpjcmVhdGVkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCIeCgZGb290ZXISFAoMcmVjb3JkX2NvdW50GAEgASgEIpYBCgdQYXlsb2FkEhIKCnBheWxvYWRfaWQYASABKAkSKwoEa2luZBgCIAEoDjIdLnJvbGxvdXQudHJhY2UudjEuUGF5bG9hZEtpbmQSEgoKbWVkaWFfdHlwZRgDIAEoCRIMCgRkYXRhGAQgASgMEhMKC2NodW5rX2luZGV4GAUgASgNEhMKC2NodW5rX2NvdW50GAYgASgNItQBCg1UaHJlYWRTdGFydGVkEg4KBnRocmVhZBgBIAEoDRIRCgl0aHJlYWRfaWQYAiABKAkSDQoFbW9kZWwYAyABKAkSHwoXaW5zdHJ1Y3Rpb25zX3BheWxvYWRfaWQYBCABKAkSPwoIbWV0YWRhdGEYBSADKAsyLS5yb2xsb3V0LnRyYWNlLnYxLlRocmVhZFN0YXJ0ZWQuTWV0YWRhdGFFbnRyeRovCg1NZXRhZGF0YUVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiVwoLVHVyblN0YXJ0ZWQSDAoEdHVybhgBIAEoDRIOCgZ0aHJlYWQYAiABKA0SDwoHdHVybl9pZBgDIAEoCRIZChFpbnB1dF9wYXlsb2FkX2lkcxgEIAMoCSLgAQoQSW5mZXJlbmNlU3RhcnRlZBIMCgRjYWxsGAEgASgNEgwKBHR1cm4YAiABKA0SGQoRaW5mZXJlbmNlX2NhbGxfaWQYAyABKAkSDwoHYXR0ZW1wdBgEIAEoDRINCgVtb2RlbBgFIAEoCRIZChFwcm92aWRlcl9iYXNlX3VybBgGIAEoCRIjChtyZXF1ZXN0X2VudmVsb3BlX3BheWxvYWRfaWQYByABKAkSGQoRaW5wdXRfcGF5bG9hZF9pZHMYCCADKAkSGgoSaW5wdXRfcHJlZml4X2NvdW50GAkgASgNIjQKD1Jlc3BvbnNlQ3JlYXRlZBIMCgRjYWxsGAEgASgNEhMKC3Jlc3BvbnNlX2lkGAIgASgJIn4KD091dHB1dEl0ZW1BZGRlZBIMCgRjYWxsGAEgASgNEgwKBGl0ZW0YAiABKA0SGAoQcHJvdmlkZXJfaXRlbV9pZBgDIAEoCRIRCglpdGVtX3R5cGUYBCABKAkSDAoEcm9sZRgFIAEoCRIUCgxvdXRwdXRfaW5kZXgYBiABKA0iZwoPT3V0cHV0VGV4dERlbHRhEgwKBGNhbGwYASABKA0SDQoFZGVsdGEYAiABKAkSDAoEaXRlbRgDIAEoDRIpCgRraW5kGAQgASgOMhsucm9sbG91dC50cmFjZS52MS5EZWx0YUtpbmQicAoOT3V0cHV0SXRlbURvbmUSDAoEY2FsbBgBIAEoDRIMCgRpdGVtGAIgASgNEg8KB2l0ZW1faWQYAyABKAkSGAoQaXRlbV9pZF9hc3NpZ25lZBgEIAEoCBIXCg9pdGVtX3BheWxvYWRfaWQYBSABKAkiWAoNUHJvdmlkZXJFdmVudBIMCgRjYWxsGAEgASgNEhIKCmV2ZW50X3R5cGUYAiABKAkSDAoEZGF0YRgDIAEoCRIXCg9kYXRhX3BheWxvYWRfaWQYBCABKAki0AEKDkluZmVyZW5jZUVuZGVkEgwKBGNhbGwYASABKA0SMQoGc3RhdHVzGAIgASgOMiEucm9sbG91dC50cmFjZS52MS5FeGVjdXRpb25TdGF0dXMSEwoLcmVzcG9uc2VfaWQYAyABKAkSKwoFdXNhZ2UYBCABKAsyHC5yb2xsb3V0LnRyYWNlLnYxLlRva2VuVXNhZ2USKwoFZXJyb3IYBSABKAsyHC5yb2xsb3V0LnRyYWNlLnYxLlRyYWNlRXJyb3ISDgoGcmVhc29uGAYgASgJIjgKEkludGVycnVwdFJlcXVlc3RlZBIMCgR0dXJuGAEgASgNEhQKDHJlcXVlc3RlZF9ieRgCIAEoCSJ5CglUdXJuRW5kZWQSDAoEdHVybhgBIAEoDRIxCgZzdGF0dXMYAiABKA4yIS5yb2xsb3V0LnRyYWNlLnYxLkV4ZWN1dGlvblN0YXR1cxIrCgVlcnJvchgDIAEoCzIcLnJvbGxvdXQudHJhY2UudjEuVHJhY2VFcnJvciJgCgtUaHJlYWRFbmRlZBIOCgZ0aHJlYWQYASABKA0SMQoGc3RhdHVzGAIgASgOMiEucm9sbG91dC50cmFjZS52MS5FeGVjdXRpb25TdGF0dXMSDgoGcmVhc29uGAMgASgJIpYBCg9Ub29sQ2FsbFN0YXJ0ZWQSEQoJdG9vbF9jYWxsGAEgASgNEgwKBGNhbGwYAiABKA0SFAoMdG9vbF9jYWxsX2lkGAMgASgJEg8KB2NhbGxfaWQYBCABKAkSDAoEbmFtZRgFIAEoCRIPCgdpdGVtX2lkGAYgASgJEhwKFGFyZ3VtZW50c19wYXlsb2FkX2lkGAcgASgJInAKE1Rvb2xPdXRwdXRTdWJtaXR0ZWQSEQoJdG9vbF9jYWxsGAEgASgNEh4KFm91dHB1dF9pdGVtX3BheWxvYWRfaWQYAiABKAkSEAoIaXNfZXJyb3IYAyABKAgSFAoMc3VibWl0dGVkX2J5GAQgASgJIqIBCg1Ub29sQ2FsbEVuZGVkEhEKCXRvb2xfY2FsbBgBIAEoDRIxCgZzdGF0dXMYAiABKA4yIS5yb2xsb3V0LnRyYWNlLnYxLkV4ZWN1dGlvblN0YXR1cxIrCgVlcnJvchgDIAEoCzIcLnJvbGxvdXQudHJhY2UudjEuVHJhY2VFcnJvchIeChZvdXRwdXRfaXRlbV9wYXlsb2FkX2lkGAQgASgJKogCCgtQYXlsb2FkS2luZBIcChhQQVlMT0FEX0tJTkRfVU5TUEVDSUZJRUQQABIdChlQQVlMT0FEX0tJTkRfSU5TVFJVQ1RJT05TEAESGwoXUEFZTE9BRF9LSU5EX0lOUFVUX0lURU0QAhIhCh1QQVlMT0FEX0tJTkRfUkVRVUVTVF9FTlZFTE9QRRADEhwKGFBBWUxPQURfS0lORF9PVVRQVVRfSVRFTRAEEh8KG1BBWUxPQURfS0lORF9QUk9WSURFUl9FVkVOVBAFEh8KG1BBWUxPQURfS0lORF9UT09MX0FSR1VNRU5UUxAGEhwKGFBBWUxPQURfS0lORF9UT09MX09VVFBVVBAHKoQBCglEZWx0YUtpbmQSGgoWREVMVEFfS0lORF9VTlNQRUNJRklFRBAAEhYKEkRFTFRBX0tJTkRfUkVGVVNBTBABEiAKHERFTFRBX0tJTkRfUkVBU09OSU5HX1NVTU1BUlkQAhIhCh1ERUxUQV9LSU5EX0ZVTkNUSU9OX0FSR1VNRU5UUxADQlYKEHJvbGxvdXQudHJhY2UudjFQAVotcm9sbG91dC10cmFjZS9nZW4vZ28vcm9sbG91dC90cmFjZS92MTt0cmFjZXYxqgIQUm9sbG91dC5UcmFjZS5WMWIGcHJvdG8z", [file_google_protobuf_timestamp, file_rollout_trace_v1_common]);
+  fileDesc("Ch1yb2xsb3V0L3RyYWNlL3YxL3JlY29yZC5wcm90bxIQcm9sbG91dC50cmFjZS52MSKTCgoLVHJhY2VSZWNvcmQSCwoDc2VxGAEgASgEEg8KB3RpbWVfdXMYAiABKAQSKgoGaGVhZGVyGAMgASgLMhgucm9sbG91dC50cmFjZS52MS5IZWFkZXJIABIqCgZmb290ZXIYBCABKAsyGC5yb2xsb3V0LnRyYWNlLnYxLkZvb3RlckgAEiwKB3BheWxvYWQYBSABKAsyGS5yb2xsb3V0LnRyYWNlLnYxLlBheWxvYWRIABI5Cg50aHJlYWRfc3RhcnRlZBgGIAEoCzIfLnJvbGxvdXQudHJhY2UudjEuVGhyZWFkU3RhcnRlZEgAEjUKDHR1cm5fc3RhcnRlZBgHIAEoCzIdLnJvbGxvdXQudHJhY2UudjEuVHVyblN0YXJ0ZWRIABI/ChFpbmZlcmVuY2Vfc3RhcnRlZBgIIAEoCzIiLnJvbGxvdXQudHJhY2UudjEuSW5mZXJlbmNlU3RhcnRlZEgAEj0KEHJlc3BvbnNlX2NyZWF0ZWQYCSABKAsyIS5yb2xsb3V0LnRyYWNlLnYxLlJlc3BvbnNlQ3JlYXRlZEgAEj4KEW91dHB1dF9pdGVtX2FkZGVkGAogASgLMiEucm9sbG91dC50cmFjZS52MS5PdXRwdXRJdGVtQWRkZWRIABI+ChFvdXRwdXRfdGV4dF9kZWx0YRgLIAEoCzIhLnJvbGxvdXQudHJhY2UudjEuT3V0cHV0VGV4dERlbHRhSAASPAoQb3V0cHV0X2l0ZW1fZG9uZRgMIAEoCzIgLnJvbGxvdXQudHJhY2UudjEuT3V0cHV0SXRlbURvbmVIABI5Cg5wcm92aWRlcl9ldmVudBgNIAEoCzIfLnJvbGxvdXQudHJhY2UudjEuUHJvdmlkZXJFdmVudEgAEjsKD2luZmVyZW5jZV9lbmRlZBgOIAEoCzIgLnJvbGxvdXQudHJhY2UudjEuSW5mZXJlbmNlRW5kZWRIABJDChNpbnRlcnJ1cHRfcmVxdWVzdGVkGBAgASgLMiQucm9sbG91dC50cmFjZS52MS5JbnRlcnJ1cHRSZXF1ZXN0ZWRIABIxCgp0dXJuX2VuZGVkGBEgASgLMhsucm9sbG91dC50cmFjZS52MS5UdXJuRW5kZWRIABI1Cgx0aHJlYWRfZW5kZWQYEiABKAsyHS5yb2xsb3V0LnRyYWNlLnYxLlRocmVhZEVuZGVkSAASPgoRdG9vbF9jYWxsX3N0YXJ0ZWQYEyABKAsyIS5yb2xsb3V0LnRyYWNlLnYxLlRvb2xDYWxsU3RhcnRlZEgAEkYKFXRvb2xfb3V0cHV0X3N1Ym1pdHRlZBgUIAEoCzIlLnJvbGxvdXQudHJhY2UudjEuVG9vbE91dHB1dFN1Ym1pdHRlZEgAEjoKD3Rvb2xfY2FsbF9lbmRlZBgVIAEoCzIfLnJvbGxvdXQudHJhY2UudjEuVG9vbENhbGxFbmRlZEgAEjcKDXRocmVhZF9mb3JrZWQYHiABKAsyHi5yb2xsb3V0LnRyYWNlLnYxLlRocmVhZEZvcmtlZEgAEjcKDXByb21wdF90b2tlbnMYHyABKAsyHi5yb2xsb3V0LnRyYWNlLnYxLlByb21wdFRva2Vuc0gAEjsKD3Jld2FyZF9yZWNvcmRlZBggIAEoCzIgLnJvbGxvdXQudHJhY2UudjEuUmV3YXJkUmVjb3JkZWRIABIOCgZjcmMzMmMYDyABKAdCBgoEYm9keSKmAQoGSGVhZGVyEhYKDmZvcm1hdF92ZXJzaW9uGAEgASgNEhAKCHRyYWNlX2lkGAIgASgJEhEKCXRocmVhZF9pZBgDIAEoCRIVCg1wcm9kdWNlcl9uYW1lGAQgASgJEhgKEHByb2R1Y2VyX3ZlcnNpb24YBSABKAkSLgoKY3JlYXRlZF9hdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiHgoGRm9vdGVyEhQKDHJlY29yZF9jb3VudBgBIAEoBCKWAQoHUGF5bG9hZBISCgpwYXlsb2FkX2lkGAEgASgJEisKBGtpbmQYAiABKA4yHS5yb2xsb3V0LnRyYWNlLnYxLlBheWxvYWRLaW5kEhIKCm1lZGlhX3R5cGUYAyABKAkSDAoEZGF0YRgEIAEoDBITCgtjaHVua19pbmRleBgFIAEoDRITCgtjaHVua19jb3VudBgGIAEoDSLUAQoNVGhyZWFkU3RhcnRlZBIOCgZ0aHJlYWQYASABKA0SEQoJdGhyZWFkX2lkGAIgASgJEg0KBW1vZGVsGAMgASgJEh8KF2luc3RydWN0aW9uc19wYXlsb2FkX2lkGAQgASgJEj8KCG1ldGFkYXRhGAUgAygLMi0ucm9sbG91dC50cmFjZS52MS5UaHJlYWRTdGFydGVkLk1ldGFkYXRhRW50cnkaLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIlcKC1R1cm5TdGFydGVkEgwKBHR1cm4YASABKA0SDgoGdGhyZWFkGAIgASgNEg8KB3R1cm5faWQYAyABKAkSGQoRaW5wdXRfcGF5bG9hZF9pZHMYBCADKAki+AEKEEluZmVyZW5jZVN0YXJ0ZWQSDAoEY2FsbBgBIAEoDRIMCgR0dXJuGAIgASgNEhkKEWluZmVyZW5jZV9jYWxsX2lkGAMgASgJEg8KB2F0dGVtcHQYBCABKA0SDQoFbW9kZWwYBSABKAkSGQoRcHJvdmlkZXJfYmFzZV91cmwYBiABKAkSIwobcmVxdWVzdF9lbnZlbG9wZV9wYXlsb2FkX2lkGAcgASgJEhkKEWlucHV0X3BheWxvYWRfaWRzGAggAygJEhoKEmlucHV0X3ByZWZpeF9jb3VudBgJIAEoDRIWCg5wb2xpY3lfdmVyc2lvbhgeIAEoCSI0Cg9SZXNwb25zZUNyZWF0ZWQSDAoEY2FsbBgBIAEoDRITCgtyZXNwb25zZV9pZBgCIAEoCSJ+Cg9PdXRwdXRJdGVtQWRkZWQSDAoEY2FsbBgBIAEoDRIMCgRpdGVtGAIgASgNEhgKEHByb3ZpZGVyX2l0ZW1faWQYAyABKAkSEQoJaXRlbV90eXBlGAQgASgJEgwKBHJvbGUYBSABKAkSFAoMb3V0cHV0X2luZGV4GAYgASgNIpYBCg9PdXRwdXRUZXh0RGVsdGESDAoEY2FsbBgBIAEoDRINCgVkZWx0YRgCIAEoCRIMCgRpdGVtGAMgASgNEikKBGtpbmQYBCABKA4yGy5yb2xsb3V0LnRyYWNlLnYxLkRlbHRhS2luZBItCgZ0b2tlbnMYBSABKAsyHS5yb2xsb3V0LnRyYWNlLnYxLkRlbHRhVG9rZW5zInAKDk91dHB1dEl0ZW1Eb25lEgwKBGNhbGwYASABKA0SDAoEaXRlbRgCIAEoDRIPCgdpdGVtX2lkGAMgASgJEhgKEGl0ZW1faWRfYXNzaWduZWQYBCABKAgSFwoPaXRlbV9wYXlsb2FkX2lkGAUgASgJIlgKDVByb3ZpZGVyRXZlbnQSDAoEY2FsbBgBIAEoDRISCgpldmVudF90eXBlGAIgASgJEgwKBGRhdGEYAyABKAkSFwoPZGF0YV9wYXlsb2FkX2lkGAQgASgJIoMCCg5JbmZlcmVuY2VFbmRlZBIMCgRjYWxsGAEgASgNEjEKBnN0YXR1cxgCIAEoDjIhLnJvbGxvdXQudHJhY2UudjEuRXhlY3V0aW9uU3RhdHVzEhMKC3Jlc3BvbnNlX2lkGAMgASgJEisKBXVzYWdlGAQgASgLMhwucm9sbG91dC50cmFjZS52MS5Ub2tlblVzYWdlEisKBWVycm9yGAUgASgLMhwucm9sbG91dC50cmFjZS52MS5UcmFjZUVycm9yEg4KBnJlYXNvbhgGIAEoCRIxCgtzdG9wX3JlYXNvbhgeIAEoDjIcLnJvbGxvdXQudHJhY2UudjEuU3RvcFJlYXNvbiI4ChJJbnRlcnJ1cHRSZXF1ZXN0ZWQSDAoEdHVybhgBIAEoDRIUCgxyZXF1ZXN0ZWRfYnkYAiABKAkieQoJVHVybkVuZGVkEgwKBHR1cm4YASABKA0SMQoGc3RhdHVzGAIgASgOMiEucm9sbG91dC50cmFjZS52MS5FeGVjdXRpb25TdGF0dXMSKwoFZXJyb3IYAyABKAsyHC5yb2xsb3V0LnRyYWNlLnYxLlRyYWNlRXJyb3IiYAoLVGhyZWFkRW5kZWQSDgoGdGhyZWFkGAEgASgNEjEKBnN0YXR1cxgCIAEoDjIhLnJvbGxvdXQudHJhY2UudjEuRXhlY3V0aW9uU3RhdHVzEg4KBnJlYXNvbhgDIAEoCSKWAQoPVG9vbENhbGxTdGFydGVkEhEKCXRvb2xfY2FsbBgBIAEoDRIMCgRjYWxsGAIgASgNEhQKDHRvb2xfY2FsbF9pZBgDIAEoCRIPCgdjYWxsX2lkGAQgASgJEgwKBG5hbWUYBSABKAkSDwoHaXRlbV9pZBgGIAEoCRIcChRhcmd1bWVudHNfcGF5bG9hZF9pZBgHIAEoCSJwChNUb29sT3V0cHV0U3VibWl0dGVkEhEKCXRvb2xfY2FsbBgBIAEoDRIeChZvdXRwdXRfaXRlbV9wYXlsb2FkX2lkGAIgASgJEhAKCGlzX2Vycm9yGAMgASgIEhQKDHN1Ym1pdHRlZF9ieRgEIAEoCSKiAQoNVG9vbENhbGxFbmRlZBIRCgl0b29sX2NhbGwYASABKA0SMQoGc3RhdHVzGAIgASgOMiEucm9sbG91dC50cmFjZS52MS5FeGVjdXRpb25TdGF0dXMSKwoFZXJyb3IYAyABKAsyHC5yb2xsb3V0LnRyYWNlLnYxLlRyYWNlRXJyb3ISHgoWb3V0cHV0X2l0ZW1fcGF5bG9hZF9pZBgEIAEoCSK1AgoMVGhyZWFkRm9ya2VkEhgKEHBhcmVudF90aHJlYWRfaWQYASABKAkSFQoNcGFyZW50X2J1bmRsZRgCIAEoCRIXCg9wYXJlbnRfdHJhY2VfaWQYAyABKAkSFQoNYWZ0ZXJfdHVybl9pZBgEIAEoCRIbChNsYXN0X3NoYXJlZF9pdGVtX2lkGAUgASgJEhAKCGdyb3VwX2lkGAYgASgJEhgKEHJlcGV0aXRpb25faW5kZXgYByABKA0SGgoScHJlZml4X3BheWxvYWRfaWRzGAggAygJEhUKDXByZWZpeF9jb3BpZWQYCSABKAgSFAoMc2hhcmVkX3R1cm5zGAogASgNEhYKDnBhcmVudF9jYWxsX2lkGAsgASgJEhoKEnBhcmVudF90b2tlbl9jb3VudBgMIAEoDSI/CgxQcm9tcHRUb2tlbnMSDAoEY2FsbBgBIAEoDRILCgNpZHMYAiADKA0SFAoMcHJlZml4X2NvdW50GAMgASgNIrsCCg5SZXdhcmRSZWNvcmRlZBIRCgl0aHJlYWRfaWQYASABKAkSDwoHdHVybl9pZBgCIAEoCRIPCgdpdGVtX2lkGAMgASgJEgwKBG5hbWUYBCABKAkSDQoFdmFsdWUYBSABKAESDgoGd2VpZ2h0GAYgASgBEg4KBnNvdXJjZRgHIAEoCRJACghtZXRhZGF0YRgIIAMoCzIuLnJvbGxvdXQudHJhY2UudjEuUmV3YXJkUmVjb3JkZWQuTWV0YWRhdGFFbnRyeRIvCgtyZWNvcmRlZF9hdBgJIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEwoLcmVjb3JkZWRfYnkYCiABKAkaLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBKogCCgtQYXlsb2FkS2luZBIcChhQQVlMT0FEX0tJTkRfVU5TUEVDSUZJRUQQABIdChlQQVlMT0FEX0tJTkRfSU5TVFJVQ1RJT05TEAESGwoXUEFZTE9BRF9LSU5EX0lOUFVUX0lURU0QAhIhCh1QQVlMT0FEX0tJTkRfUkVRVUVTVF9FTlZFTE9QRRADEhwKGFBBWUxPQURfS0lORF9PVVRQVVRfSVRFTRAEEh8KG1BBWUxPQURfS0lORF9QUk9WSURFUl9FVkVOVBAFEh8KG1BBWUxPQURfS0lORF9UT09MX0FSR1VNRU5UUxAGEhwKGFBBWUxPQURfS0lORF9UT09MX09VVFBVVBAHKoQBCglEZWx0YUtpbmQSGgoWREVMVEFfS0lORF9VTlNQRUNJRklFRBAAEhYKEkRFTFRBX0tJTkRfUkVGVVNBTBABEiAKHERFTFRBX0tJTkRfUkVBU09OSU5HX1NVTU1BUlkQAhIhCh1ERUxUQV9LSU5EX0ZVTkNUSU9OX0FSR1VNRU5UUxADQlYKEHJvbGxvdXQudHJhY2UudjFQAVotcm9sbG91dC10cmFjZS9nZW4vZ28vcm9sbG91dC90cmFjZS92MTt0cmFjZXYxqgIQUm9sbG91dC5UcmFjZS5WMWIGcHJvdG8z", [file_google_protobuf_timestamp, file_rollout_trace_v1_common]);
 
 /**
  * One record of a trace bundle (`trace.binpb`), framed as varint(length) || bytes.
@@ -151,6 +151,24 @@ export type TraceRecord = Message<"rollout.trace.v1.TraceRecord"> & {
      */
     value: ToolCallEnded;
     case: "toolCallEnded";
+  } | {
+    /**
+     * @generated from field: rollout.trace.v1.ThreadForked thread_forked = 30;
+     */
+    value: ThreadForked;
+    case: "threadForked";
+  } | {
+    /**
+     * @generated from field: rollout.trace.v1.PromptTokens prompt_tokens = 31;
+     */
+    value: PromptTokens;
+    case: "promptTokens";
+  } | {
+    /**
+     * @generated from field: rollout.trace.v1.RewardRecorded reward_recorded = 32;
+     */
+    value: RewardRecorded;
+    case: "rewardRecorded";
   } | { case: undefined; value?: undefined };
 
   /**
@@ -419,6 +437,13 @@ export type InferenceStarted = Message<"rollout.trace.v1.InferenceStarted"> & {
    * @generated from field: uint32 input_prefix_count = 9;
    */
   inputPrefixCount: number;
+
+  /**
+   * The policy (model weights) version the client said it sampled with.
+   *
+   * @generated from field: string policy_version = 30;
+   */
+  policyVersion: string;
 };
 
 /**
@@ -529,6 +554,14 @@ export type OutputTextDelta = Message<"rollout.trace.v1.OutputTextDelta"> & {
    * @generated from field: rollout.trace.v1.DeltaKind kind = 4;
    */
   kind: DeltaKind;
+
+  /**
+   * The tokens of this text, when the provider sent ids or logprobs with it. A delta record
+   * may carry tokens and no text (the tokens of an item's `.done`, or of special tokens).
+   *
+   * @generated from field: rollout.trace.v1.DeltaTokens tokens = 5;
+   */
+  tokens?: DeltaTokens | undefined;
 };
 
 /**
@@ -658,6 +691,13 @@ export type InferenceEnded = Message<"rollout.trace.v1.InferenceEnded"> & {
    * @generated from field: string reason = 6;
    */
   reason: string;
+
+  /**
+   * The same, classified: model outcomes apart from infrastructure failures.
+   *
+   * @generated from field: rollout.trace.v1.StopReason stop_reason = 30;
+   */
+  stopReason: StopReason;
 };
 
 /**
@@ -886,6 +926,213 @@ export type ToolCallEnded = Message<"rollout.trace.v1.ToolCallEnded"> & {
  */
 export const ToolCallEndedSchema: GenMessage<ToolCallEnded> = /*@__PURE__*/
   messageDesc(file_rollout_trace_v1_record, 18);
+
+/**
+ * The thread continues another thread's conversation (ForkThread): the first record after the
+ * header. The prefix is not copied: its items are payloads of the parent's bundle, named here,
+ * and the first request of this thread records them as its input prefix.
+ *
+ * @generated from message rollout.trace.v1.ThreadForked
+ */
+export type ThreadForked = Message<"rollout.trace.v1.ThreadForked"> & {
+  /**
+   * @generated from field: string parent_thread_id = 1;
+   */
+  parentThreadId: string;
+
+  /**
+   * The parent's bundle directory name, a sibling of this bundle under the same trace root;
+   * empty when the parent was not recorded.
+   *
+   * @generated from field: string parent_bundle = 2;
+   */
+  parentBundle: string;
+
+  /**
+   * @generated from field: string parent_trace_id = 3;
+   */
+  parentTraceId: string;
+
+  /**
+   * The parent's turn the fork continues after (its last turn at the time when none was named).
+   *
+   * @generated from field: string after_turn_id = 4;
+   */
+  afterTurnId: string;
+
+  /**
+   * The Responses item id of the last item the fork shares with its parent (empty when the
+   * last shared item has none, e.g. a user message or a tool output).
+   *
+   * @generated from field: string last_shared_item_id = 5;
+   */
+  lastSharedItemId: string;
+
+  /**
+   * @generated from field: string group_id = 6;
+   */
+  groupId: string;
+
+  /**
+   * 0, 1, ... among the forks made by one ForkThread.
+   *
+   * @generated from field: uint32 repetition_index = 7;
+   */
+  repetitionIndex: number;
+
+  /**
+   * The payload ids of the shared history, in order: the first request's input prefix.
+   *
+   * @generated from field: repeated string prefix_payload_ids = 8;
+   */
+  prefixPayloadIds: string[];
+
+  /**
+   * True when the prefix payloads were written into this bundle after all (the parent's
+   * recording was not usable); then the bundle stands alone.
+   *
+   * @generated from field: bool prefix_copied = 9;
+   */
+  prefixCopied: boolean;
+
+  /**
+   * How many of the parent's turns the fork shares.
+   *
+   * @generated from field: uint32 shared_turns = 10;
+   */
+  sharedTurns: number;
+
+  /**
+   * The parent's latest inference call when it was forked: its prompt token ids and output
+   * token ids are the held tokens the fork's first prompt_tokens record continues.
+   *
+   * @generated from field: string parent_call_id = 11;
+   */
+  parentCallId: string;
+
+  /**
+   * How many held tokens that is (0: none).
+   *
+   * @generated from field: uint32 parent_token_count = 12;
+   */
+  parentTokenCount: number;
+};
+
+/**
+ * Describes the message rollout.trace.v1.ThreadForked.
+ * Use `create(ThreadForkedSchema)` to create a new message.
+ */
+export const ThreadForkedSchema: GenMessage<ThreadForked> = /*@__PURE__*/
+  messageDesc(file_rollout_trace_v1_record, 19);
+
+/**
+ * Token ids of an inference call's prompt, as the engine rendered it (vLLM-style
+ * `prompt_token_ids`), when the provider sent them.
+ *
+ * @generated from message rollout.trace.v1.PromptTokens
+ */
+export type PromptTokens = Message<"rollout.trace.v1.PromptTokens"> & {
+  /**
+   * @generated from field: uint32 call = 1;
+   */
+  call: number;
+
+  /**
+   * The ids after the first `prefix_count`.
+   *
+   * @generated from field: repeated uint32 ids = 2;
+   */
+  ids: number[];
+
+  /**
+   * How many leading ids are the thread's held tokens: the previous call's prompt followed by
+   * every output token id it streamed (for a fork's first call, those of the parent's call
+   * named in thread_forked). A conversation re-sends its history; this keeps the record
+   * proportional to what is new.
+   *
+   * @generated from field: uint32 prefix_count = 3;
+   */
+  prefixCount: number;
+};
+
+/**
+ * Describes the message rollout.trace.v1.PromptTokens.
+ * Use `create(PromptTokensSchema)` to create a new message.
+ */
+export const PromptTokensSchema: GenMessage<PromptTokens> = /*@__PURE__*/
+  messageDesc(file_rollout_trace_v1_record, 20);
+
+/**
+ * A reward for a thread, a turn or an item, recorded after the fact. It lives in the
+ * bundle's `rewards.binpb` sidecar (same framing and CRC rule, its own header and seq), never
+ * in trace.binpb.
+ *
+ * @generated from message rollout.trace.v1.RewardRecorded
+ */
+export type RewardRecorded = Message<"rollout.trace.v1.RewardRecorded"> & {
+  /**
+   * @generated from field: string thread_id = 1;
+   */
+  threadId: string;
+
+  /**
+   * Empty: the whole thread.
+   *
+   * @generated from field: string turn_id = 2;
+   */
+  turnId: string;
+
+  /**
+   * The Responses item id (as clients see it); empty: the whole turn or thread.
+   *
+   * @generated from field: string item_id = 3;
+   */
+  itemId: string;
+
+  /**
+   * @generated from field: string name = 4;
+   */
+  name: string;
+
+  /**
+   * @generated from field: double value = 5;
+   */
+  value: number;
+
+  /**
+   * @generated from field: double weight = 6;
+   */
+  weight: number;
+
+  /**
+   * @generated from field: string source = 7;
+   */
+  source: string;
+
+  /**
+   * @generated from field: map<string, string> metadata = 8;
+   */
+  metadata: { [key: string]: string };
+
+  /**
+   * @generated from field: google.protobuf.Timestamp recorded_at = 9;
+   */
+  recordedAt?: Timestamp | undefined;
+
+  /**
+   * The gRPC peer, or `trace-reducer reward` when recorded offline.
+   *
+   * @generated from field: string recorded_by = 10;
+   */
+  recordedBy: string;
+};
+
+/**
+ * Describes the message rollout.trace.v1.RewardRecorded.
+ * Use `create(RewardRecordedSchema)` to create a new message.
+ */
+export const RewardRecordedSchema: GenMessage<RewardRecorded> = /*@__PURE__*/
+  messageDesc(file_rollout_trace_v1_record, 21);
 
 /**
  * What a payload holds.

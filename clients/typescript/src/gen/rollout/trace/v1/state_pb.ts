@@ -6,7 +6,7 @@ import type { GenEnum, GenFile, GenMessage } from "@bufbuild/protobuf/codegenv2"
 import { enumDesc, fileDesc, messageDesc } from "@bufbuild/protobuf/codegenv2";
 import type { Timestamp } from "@bufbuild/protobuf/wkt";
 import { file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
-import type { ExecutionStatus, TokenUsage, TraceError } from "./common_pb.js";
+import type { ExecutionStatus, SamplingSettings, StopReason, TokenSource, TokenUsage, TraceError } from "./common_pb.js";
 import { file_rollout_trace_v1_common } from "./common_pb.js";
 import type { Message } from "@bufbuild/protobuf";
 
@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file rollout/trace/v1/state.proto.
  */
 export const file_rollout_trace_v1_state: GenFile = /*@__PURE__*/
-  fileDesc("Chxyb2xsb3V0L3RyYWNlL3YxL3N0YXRlLnByb3RvEhByb2xsb3V0LnRyYWNlLnYxIoIICgxSb2xsb3V0VHJhY2USEAoIdHJhY2VfaWQYASABKAkSFgoOcm9vdF90aHJlYWRfaWQYAiABKAkSLgoKc3RhcnRlZF9hdBgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoIZW5kZWRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhoKEnJlY29yZGluZ19jb21wbGV0ZRgFIAEoCBIuCglpbnRlZ3JpdHkYBiABKAsyGy5yb2xsb3V0LnRyYWNlLnYxLkludGVncml0eRI8Cgd0aHJlYWRzGAcgAygLMisucm9sbG91dC50cmFjZS52MS5Sb2xsb3V0VHJhY2UuVGhyZWFkc0VudHJ5EjgKBXR1cm5zGAggAygLMikucm9sbG91dC50cmFjZS52MS5Sb2xsb3V0VHJhY2UuVHVybnNFbnRyeRJLCg9pbmZlcmVuY2VfY2FsbHMYCSADKAsyMi5yb2xsb3V0LnRyYWNlLnYxLlJvbGxvdXRUcmFjZS5JbmZlcmVuY2VDYWxsc0VudHJ5ElEKEmNvbnZlcnNhdGlvbl9pdGVtcxgKIAMoCzI1LnJvbGxvdXQudHJhY2UudjEuUm9sbG91dFRyYWNlLkNvbnZlcnNhdGlvbkl0ZW1zRW50cnkSFQoNcHJvZHVjZXJfbmFtZRgLIAEoCRIYChBwcm9kdWNlcl92ZXJzaW9uGAwgASgJEkEKCnRvb2xfY2FsbHMYDSADKAsyLS5yb2xsb3V0LnRyYWNlLnYxLlJvbGxvdXRUcmFjZS5Ub29sQ2FsbHNFbnRyeRpICgxUaHJlYWRzRW50cnkSCwoDa2V5GAEgASgJEicKBXZhbHVlGAIgASgLMhgucm9sbG91dC50cmFjZS52MS5UaHJlYWQ6AjgBGkQKClR1cm5zRW50cnkSCwoDa2V5GAEgASgJEiUKBXZhbHVlGAIgASgLMhYucm9sbG91dC50cmFjZS52MS5UdXJuOgI4ARpWChNJbmZlcmVuY2VDYWxsc0VudHJ5EgsKA2tleRgBIAEoCRIuCgV2YWx1ZRgCIAEoCzIfLnJvbGxvdXQudHJhY2UudjEuSW5mZXJlbmNlQ2FsbDoCOAEaXAoWQ29udmVyc2F0aW9uSXRlbXNFbnRyeRILCgNrZXkYASABKAkSMQoFdmFsdWUYAiABKAsyIi5yb2xsb3V0LnRyYWNlLnYxLkNvbnZlcnNhdGlvbkl0ZW06AjgBGkwKDlRvb2xDYWxsc0VudHJ5EgsKA2tleRgBIAEoCRIpCgV2YWx1ZRgCIAEoCzIaLnJvbGxvdXQudHJhY2UudjEuVG9vbENhbGw6AjgBIsIBCglJbnRlZ3JpdHkSMQoGc3RhdHVzGAEgASgOMiEucm9sbG91dC50cmFjZS52MS5JbnRlZ3JpdHlTdGF0dXMSFAoMcmVjb3Jkc19yZWFkGAIgASgEEhIKCmJ5dGVzX3JlYWQYAyABKAQSDgoGZGV0YWlsGAQgASgJEhgKEGJhZF9mcmFtZV9vZmZzZXQYBSABKAQSFQoNYmFkX2ZyYW1lX3NlcRgGIAEoBBIXCg91bmtub3duX3JlY29yZHMYByABKAQixAEKCUV4ZWN1dGlvbhIxCgZzdGF0dXMYASABKA4yIS5yb2xsb3V0LnRyYWNlLnYxLkV4ZWN1dGlvblN0YXR1cxIuCgpzdGFydGVkX2F0GAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIsCghlbmRlZF9hdBgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEwoLc3RhcnRlZF9zZXEYBCABKAQSEQoJZW5kZWRfc2VxGAUgASgEIpcCCgZUaHJlYWQSEQoJdGhyZWFkX2lkGAEgASgJEg0KBW1vZGVsGAIgASgJEi4KCWV4ZWN1dGlvbhgDIAEoCzIbLnJvbGxvdXQudHJhY2UudjEuRXhlY3V0aW9uEhAKCHR1cm5faWRzGAQgAygJEh0KFWNvbnZlcnNhdGlvbl9pdGVtX2lkcxgFIAMoCRI4CghtZXRhZGF0YRgGIAMoCzImLnJvbGxvdXQudHJhY2UudjEuVGhyZWFkLk1ldGFkYXRhRW50cnkSHwoXaW5zdHJ1Y3Rpb25zX3BheWxvYWRfaWQYByABKAkaLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBImAKCUludGVycnVwdBIUCgxyZXF1ZXN0ZWRfYnkYASABKAkSMAoMcmVxdWVzdGVkX2F0GAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBILCgNzZXEYAyABKAQiggIKBFR1cm4SDwoHdHVybl9pZBgBIAEoCRIRCgl0aHJlYWRfaWQYAiABKAkSLgoJZXhlY3V0aW9uGAMgASgLMhsucm9sbG91dC50cmFjZS52MS5FeGVjdXRpb24SGgoSaW5mZXJlbmNlX2NhbGxfaWRzGAQgAygJEhYKDmlucHV0X2l0ZW1faWRzGAUgAygJEi4KCWludGVycnVwdBgGIAEoCzIbLnJvbGxvdXQudHJhY2UudjEuSW50ZXJydXB0EisKBWVycm9yGAcgASgLMhwucm9sbG91dC50cmFjZS52MS5UcmFjZUVycm9yEhUKDXRvb2xfY2FsbF9pZHMYCCADKAkiVAoPRGlzY2FyZGVkT3V0cHV0EhgKEHByb3ZpZGVyX2l0ZW1faWQYASABKAkSEQoJaXRlbV90eXBlGAIgASgJEhQKDHBhcnRpYWxfdGV4dBgDIAEoCSKLBAoNSW5mZXJlbmNlQ2FsbBIZChFpbmZlcmVuY2VfY2FsbF9pZBgBIAEoCRIRCgl0aHJlYWRfaWQYAiABKAkSDwoHdHVybl9pZBgDIAEoCRIPCgdhdHRlbXB0GAQgASgNEi4KCWV4ZWN1dGlvbhgFIAEoCzIbLnJvbGxvdXQudHJhY2UudjEuRXhlY3V0aW9uEg0KBW1vZGVsGAYgASgJEhkKEXByb3ZpZGVyX2Jhc2VfdXJsGAcgASgJEhMKC3Jlc3BvbnNlX2lkGAggASgJEhgKEHJlcXVlc3RfaXRlbV9pZHMYCSADKAkSGQoRcmVzcG9uc2VfaXRlbV9pZHMYCiADKAkSPAoRZGlzY2FyZGVkX291dHB1dHMYCyADKAsyIS5yb2xsb3V0LnRyYWNlLnYxLkRpc2NhcmRlZE91dHB1dBIrCgV1c2FnZRgMIAEoCzIcLnJvbGxvdXQudHJhY2UudjEuVG9rZW5Vc2FnZRIrCgVlcnJvchgNIAEoCzIcLnJvbGxvdXQudHJhY2UudjEuVHJhY2VFcnJvchISCgplbmRfcmVhc29uGA4gASgJEiMKG3JlcXVlc3RfZW52ZWxvcGVfcGF5bG9hZF9pZBgPIAEoCRIZChFpbnB1dF9wYXlsb2FkX2lkcxgQIAMoCRIaChJvdXRwdXRfcGF5bG9hZF9pZHMYESADKAkiKQoLQ29udGVudFBhcnQSDAoEdHlwZRgBIAEoCRIMCgR0ZXh0GAIgASgJIi4KEUluZmVyZW5jZVByb2R1Y2VyEhkKEWluZmVyZW5jZV9jYWxsX2lkGAEgASgJIiQKEVVzZXJJbnB1dFByb2R1Y2VyEg8KB3R1cm5faWQYASABKAkiJAoMVG9vbFByb2R1Y2VyEhQKDHRvb2xfY2FsbF9pZBgBIAEoCSK+AQoLUHJvZHVjZXJSZWYSOAoJaW5mZXJlbmNlGAEgASgLMiMucm9sbG91dC50cmFjZS52MS5JbmZlcmVuY2VQcm9kdWNlckgAEjkKCnVzZXJfaW5wdXQYAiABKAsyIy5yb2xsb3V0LnRyYWNlLnYxLlVzZXJJbnB1dFByb2R1Y2VySAASLgoEdG9vbBgDIAEoCzIeLnJvbGxvdXQudHJhY2UudjEuVG9vbFByb2R1Y2VySABCCgoIcHJvZHVjZXIiwwMKEENvbnZlcnNhdGlvbkl0ZW0SDwoHaXRlbV9pZBgBIAEoCRIRCgl0aHJlYWRfaWQYAiABKAkSDwoHdHVybl9pZBgDIAEoCRIwCgRyb2xlGAQgASgOMiIucm9sbG91dC50cmFjZS52MS5Db252ZXJzYXRpb25Sb2xlEigKBGtpbmQYBSABKA4yGi5yb2xsb3V0LnRyYWNlLnYxLkl0ZW1LaW5kEi4KB2NvbnRlbnQYBiADKAsyHS5yb2xsb3V0LnRyYWNlLnYxLkNvbnRlbnRQYXJ0Eg8KB2NhbGxfaWQYByABKAkSGQoRcmVzcG9uc2VzX2l0ZW1faWQYCCABKAkSMgoLcHJvZHVjZWRfYnkYCSADKAsyHS5yb2xsb3V0LnRyYWNlLnYxLlByb2R1Y2VyUmVmEjEKDWZpcnN0X3NlZW5fYXQYCiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhYKDmZpcnN0X3NlZW5fc2VxGAsgASgEEhIKCnBheWxvYWRfaWQYDCABKAkSDAoEbmFtZRgNIAEoCRIRCglhcmd1bWVudHMYDiABKAkSDgoGb3V0cHV0GA8gASgJIvcCCghUb29sQ2FsbBIUCgx0b29sX2NhbGxfaWQYASABKAkSDwoHY2FsbF9pZBgCIAEoCRIMCgRuYW1lGAMgASgJEhEKCXRocmVhZF9pZBgEIAEoCRIPCgd0dXJuX2lkGAUgASgJEiYKHnJlcXVlc3RlZF9ieV9pbmZlcmVuY2VfY2FsbF9pZBgGIAEoCRIUCgxjYWxsX2l0ZW1faWQYByABKAkSFgoOb3V0cHV0X2l0ZW1faWQYCCABKAkSLgoJZXhlY3V0aW9uGAkgASgLMhsucm9sbG91dC50cmFjZS52MS5FeGVjdXRpb24SEAoIaXNfZXJyb3IYCiABKAgSHAoUYXJndW1lbnRzX3BheWxvYWRfaWQYCyABKAkSGQoRb3V0cHV0X3BheWxvYWRfaWQYDCABKAkSFAoMc3VibWl0dGVkX2J5GA0gASgJEisKBWVycm9yGA4gASgLMhwucm9sbG91dC50cmFjZS52MS5UcmFjZUVycm9yKqwBCg9JbnRlZ3JpdHlTdGF0dXMSIAocSU5URUdSSVRZX1NUQVRVU19VTlNQRUNJRklFRBAAEhoKFklOVEVHUklUWV9TVEFUVVNfQ0xFQU4QARIdChlJTlRFR1JJVFlfU1RBVFVTX1VOQ0xPU0VEEAISHgoaSU5URUdSSVRZX1NUQVRVU19UUlVOQ0FURUQQAxIcChhJTlRFR1JJVFlfU1RBVFVTX0NPUlJVUFQQBCrNAQoQQ29udmVyc2F0aW9uUm9sZRIhCh1DT05WRVJTQVRJT05fUk9MRV9VTlNQRUNJRklFRBAAEhoKFkNPTlZFUlNBVElPTl9ST0xFX1VTRVIQARIfChtDT05WRVJTQVRJT05fUk9MRV9BU1NJU1RBTlQQAhIcChhDT05WRVJTQVRJT05fUk9MRV9TWVNURU0QAxIfChtDT05WRVJTQVRJT05fUk9MRV9ERVZFTE9QRVIQBBIaChZDT05WRVJTQVRJT05fUk9MRV9UT09MEAUqqwEKCEl0ZW1LaW5kEhkKFUlURU1fS0lORF9VTlNQRUNJRklFRBAAEhUKEUlURU1fS0lORF9NRVNTQUdFEAESGwoXSVRFTV9LSU5EX0ZVTkNUSU9OX0NBTEwQAhIiCh5JVEVNX0tJTkRfRlVOQ1RJT05fQ0FMTF9PVVRQVVQQAxIXChNJVEVNX0tJTkRfUkVBU09OSU5HEAQSEwoPSVRFTV9LSU5EX09USEVSEAVCVgoQcm9sbG91dC50cmFjZS52MVABWi1yb2xsb3V0LXRyYWNlL2dlbi9nby9yb2xsb3V0L3RyYWNlL3YxO3RyYWNldjGqAhBSb2xsb3V0LlRyYWNlLlYxYgZwcm90bzM", [file_google_protobuf_timestamp, file_rollout_trace_v1_common]);
+  fileDesc("Chxyb2xsb3V0L3RyYWNlL3YxL3N0YXRlLnByb3RvEhByb2xsb3V0LnRyYWNlLnYxItMICgxSb2xsb3V0VHJhY2USEAoIdHJhY2VfaWQYASABKAkSFgoOcm9vdF90aHJlYWRfaWQYAiABKAkSLgoKc3RhcnRlZF9hdBgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoIZW5kZWRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhoKEnJlY29yZGluZ19jb21wbGV0ZRgFIAEoCBIuCglpbnRlZ3JpdHkYBiABKAsyGy5yb2xsb3V0LnRyYWNlLnYxLkludGVncml0eRI8Cgd0aHJlYWRzGAcgAygLMisucm9sbG91dC50cmFjZS52MS5Sb2xsb3V0VHJhY2UuVGhyZWFkc0VudHJ5EjgKBXR1cm5zGAggAygLMikucm9sbG91dC50cmFjZS52MS5Sb2xsb3V0VHJhY2UuVHVybnNFbnRyeRJLCg9pbmZlcmVuY2VfY2FsbHMYCSADKAsyMi5yb2xsb3V0LnRyYWNlLnYxLlJvbGxvdXRUcmFjZS5JbmZlcmVuY2VDYWxsc0VudHJ5ElEKEmNvbnZlcnNhdGlvbl9pdGVtcxgKIAMoCzI1LnJvbGxvdXQudHJhY2UudjEuUm9sbG91dFRyYWNlLkNvbnZlcnNhdGlvbkl0ZW1zRW50cnkSFQoNcHJvZHVjZXJfbmFtZRgLIAEoCRIYChBwcm9kdWNlcl92ZXJzaW9uGAwgASgJEkEKCnRvb2xfY2FsbHMYDSADKAsyLS5yb2xsb3V0LnRyYWNlLnYxLlJvbGxvdXRUcmFjZS5Ub29sQ2FsbHNFbnRyeRIkCgRmb3JrGBQgASgLMhYucm9sbG91dC50cmFjZS52MS5Gb3JrEikKB3Jld2FyZHMYFSADKAsyGC5yb2xsb3V0LnRyYWNlLnYxLlJld2FyZBpICgxUaHJlYWRzRW50cnkSCwoDa2V5GAEgASgJEicKBXZhbHVlGAIgASgLMhgucm9sbG91dC50cmFjZS52MS5UaHJlYWQ6AjgBGkQKClR1cm5zRW50cnkSCwoDa2V5GAEgASgJEiUKBXZhbHVlGAIgASgLMhYucm9sbG91dC50cmFjZS52MS5UdXJuOgI4ARpWChNJbmZlcmVuY2VDYWxsc0VudHJ5EgsKA2tleRgBIAEoCRIuCgV2YWx1ZRgCIAEoCzIfLnJvbGxvdXQudHJhY2UudjEuSW5mZXJlbmNlQ2FsbDoCOAEaXAoWQ29udmVyc2F0aW9uSXRlbXNFbnRyeRILCgNrZXkYASABKAkSMQoFdmFsdWUYAiABKAsyIi5yb2xsb3V0LnRyYWNlLnYxLkNvbnZlcnNhdGlvbkl0ZW06AjgBGkwKDlRvb2xDYWxsc0VudHJ5EgsKA2tleRgBIAEoCRIpCgV2YWx1ZRgCIAEoCzIaLnJvbGxvdXQudHJhY2UudjEuVG9vbENhbGw6AjgBIu8BCgRGb3JrEhgKEHBhcmVudF90aHJlYWRfaWQYASABKAkSFQoNcGFyZW50X2J1bmRsZRgCIAEoCRIXCg9wYXJlbnRfdHJhY2VfaWQYAyABKAkSFQoNYWZ0ZXJfdHVybl9pZBgEIAEoCRIbChNsYXN0X3NoYXJlZF9pdGVtX2lkGAUgASgJEhAKCGdyb3VwX2lkGAYgASgJEhgKEHJlcGV0aXRpb25faW5kZXgYByABKA0SFAoMc2hhcmVkX2l0ZW1zGAggASgNEhAKCHJlc29sdmVkGAkgASgIEhUKDXJlc29sdmVkX2Zyb20YCiABKAkicAoMUmV3YXJkVGFyZ2V0EhEKCXRocmVhZF9pZBgBIAEoCRIPCgd0dXJuX2lkGAIgASgJEg8KB2l0ZW1faWQYAyABKAkSHAoUY29udmVyc2F0aW9uX2l0ZW1faWQYBCABKAkSDQoFZm91bmQYBSABKAgiswIKBlJld2FyZBIuCgZ0YXJnZXQYASABKAsyHi5yb2xsb3V0LnRyYWNlLnYxLlJld2FyZFRhcmdldBIMCgRuYW1lGAIgASgJEg0KBXZhbHVlGAMgASgBEg4KBndlaWdodBgEIAEoARIOCgZzb3VyY2UYBSABKAkSOAoIbWV0YWRhdGEYBiADKAsyJi5yb2xsb3V0LnRyYWNlLnYxLlJld2FyZC5NZXRhZGF0YUVudHJ5Ei8KC3JlY29yZGVkX2F0GAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBITCgtyZWNvcmRlZF9ieRgIIAEoCRILCgNzZXEYCSABKAQaLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIoMCCgxPdXRwdXRUb2tlbnMSCwoDaWRzGAEgAygNEhAKCGxvZ3Byb2JzGAIgAygCEg0KBXRleHRzGAMgAygJEhIKCnRvcF9jb3VudHMYBCADKA0SEQoJdG9wX3RleHRzGAUgAygJEhQKDHRvcF9sb2dwcm9icxgGIAMoAhIPCgd0b3BfaWRzGAcgAygNEi0KBnNvdXJjZRgIIAEoDjIdLnJvbGxvdXQudHJhY2UudjEuVG9rZW5Tb3VyY2USDQoFZXhhY3QYCSABKAgSKgoFc3BhbnMYCiADKAsyGy5yb2xsb3V0LnRyYWNlLnYxLlRva2VuU3BhbhINCgVjb3VudBgLIAEoDSI6CglUb2tlblNwYW4SDwoHaXRlbV9pZBgBIAEoCRINCgVzdGFydBgCIAEoDRINCgVjb3VudBgDIAEoDSLbAQoJSW50ZWdyaXR5EjEKBnN0YXR1cxgBIAEoDjIhLnJvbGxvdXQudHJhY2UudjEuSW50ZWdyaXR5U3RhdHVzEhQKDHJlY29yZHNfcmVhZBgCIAEoBBISCgpieXRlc19yZWFkGAMgASgEEg4KBmRldGFpbBgEIAEoCRIYChBiYWRfZnJhbWVfb2Zmc2V0GAUgASgEEhUKDWJhZF9mcmFtZV9zZXEYBiABKAQSFwoPdW5rbm93bl9yZWNvcmRzGAcgASgEEhcKD2ZvcmtfdW5yZXNvbHZlZBgeIAEoCCLEAQoJRXhlY3V0aW9uEjEKBnN0YXR1cxgBIAEoDjIhLnJvbGxvdXQudHJhY2UudjEuRXhlY3V0aW9uU3RhdHVzEi4KCnN0YXJ0ZWRfYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiwKCGVuZGVkX2F0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBITCgtzdGFydGVkX3NlcRgEIAEoBBIRCgllbmRlZF9zZXEYBSABKAQilwIKBlRocmVhZBIRCgl0aHJlYWRfaWQYASABKAkSDQoFbW9kZWwYAiABKAkSLgoJZXhlY3V0aW9uGAMgASgLMhsucm9sbG91dC50cmFjZS52MS5FeGVjdXRpb24SEAoIdHVybl9pZHMYBCADKAkSHQoVY29udmVyc2F0aW9uX2l0ZW1faWRzGAUgAygJEjgKCG1ldGFkYXRhGAYgAygLMiYucm9sbG91dC50cmFjZS52MS5UaHJlYWQuTWV0YWRhdGFFbnRyeRIfChdpbnN0cnVjdGlvbnNfcGF5bG9hZF9pZBgHIAEoCRovCg1NZXRhZGF0YUVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiYAoJSW50ZXJydXB0EhQKDHJlcXVlc3RlZF9ieRgBIAEoCRIwCgxyZXF1ZXN0ZWRfYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEgsKA3NlcRgDIAEoBCKCAgoEVHVybhIPCgd0dXJuX2lkGAEgASgJEhEKCXRocmVhZF9pZBgCIAEoCRIuCglleGVjdXRpb24YAyABKAsyGy5yb2xsb3V0LnRyYWNlLnYxLkV4ZWN1dGlvbhIaChJpbmZlcmVuY2VfY2FsbF9pZHMYBCADKAkSFgoOaW5wdXRfaXRlbV9pZHMYBSADKAkSLgoJaW50ZXJydXB0GAYgASgLMhsucm9sbG91dC50cmFjZS52MS5JbnRlcnJ1cHQSKwoFZXJyb3IYByABKAsyHC5yb2xsb3V0LnRyYWNlLnYxLlRyYWNlRXJyb3ISFQoNdG9vbF9jYWxsX2lkcxgIIAMoCSJUCg9EaXNjYXJkZWRPdXRwdXQSGAoQcHJvdmlkZXJfaXRlbV9pZBgBIAEoCRIRCglpdGVtX3R5cGUYAiABKAkSFAoMcGFydGlhbF90ZXh0GAMgASgJIt0FCg1JbmZlcmVuY2VDYWxsEhkKEWluZmVyZW5jZV9jYWxsX2lkGAEgASgJEhEKCXRocmVhZF9pZBgCIAEoCRIPCgd0dXJuX2lkGAMgASgJEg8KB2F0dGVtcHQYBCABKA0SLgoJZXhlY3V0aW9uGAUgASgLMhsucm9sbG91dC50cmFjZS52MS5FeGVjdXRpb24SDQoFbW9kZWwYBiABKAkSGQoRcHJvdmlkZXJfYmFzZV91cmwYByABKAkSEwoLcmVzcG9uc2VfaWQYCCABKAkSGAoQcmVxdWVzdF9pdGVtX2lkcxgJIAMoCRIZChFyZXNwb25zZV9pdGVtX2lkcxgKIAMoCRI8ChFkaXNjYXJkZWRfb3V0cHV0cxgLIAMoCzIhLnJvbGxvdXQudHJhY2UudjEuRGlzY2FyZGVkT3V0cHV0EisKBXVzYWdlGAwgASgLMhwucm9sbG91dC50cmFjZS52MS5Ub2tlblVzYWdlEisKBWVycm9yGA0gASgLMhwucm9sbG91dC50cmFjZS52MS5UcmFjZUVycm9yEhIKCmVuZF9yZWFzb24YDiABKAkSIwobcmVxdWVzdF9lbnZlbG9wZV9wYXlsb2FkX2lkGA8gASgJEhkKEWlucHV0X3BheWxvYWRfaWRzGBAgAygJEhoKEm91dHB1dF9wYXlsb2FkX2lkcxgRIAMoCRI1Cg1vdXRwdXRfdG9rZW5zGB4gASgLMh4ucm9sbG91dC50cmFjZS52MS5PdXRwdXRUb2tlbnMSGAoQcHJvbXB0X3Rva2VuX2lkcxgfIAMoDRI0CghzYW1wbGluZxggIAEoCzIiLnJvbGxvdXQudHJhY2UudjEuU2FtcGxpbmdTZXR0aW5ncxIWCg5wb2xpY3lfdmVyc2lvbhghIAEoCRIxCgtzdG9wX3JlYXNvbhgiIAEoDjIcLnJvbGxvdXQudHJhY2UudjEuU3RvcFJlYXNvbiIpCgtDb250ZW50UGFydBIMCgR0eXBlGAEgASgJEgwKBHRleHQYAiABKAkiLgoRSW5mZXJlbmNlUHJvZHVjZXISGQoRaW5mZXJlbmNlX2NhbGxfaWQYASABKAkiJAoRVXNlcklucHV0UHJvZHVjZXISDwoHdHVybl9pZBgBIAEoCSIkCgxUb29sUHJvZHVjZXISFAoMdG9vbF9jYWxsX2lkGAEgASgJIr4BCgtQcm9kdWNlclJlZhI4CglpbmZlcmVuY2UYASABKAsyIy5yb2xsb3V0LnRyYWNlLnYxLkluZmVyZW5jZVByb2R1Y2VySAASOQoKdXNlcl9pbnB1dBgCIAEoCzIjLnJvbGxvdXQudHJhY2UudjEuVXNlcklucHV0UHJvZHVjZXJIABIuCgR0b29sGAMgASgLMh4ucm9sbG91dC50cmFjZS52MS5Ub29sUHJvZHVjZXJIAEIKCghwcm9kdWNlciL3AwoQQ29udmVyc2F0aW9uSXRlbRIPCgdpdGVtX2lkGAEgASgJEhEKCXRocmVhZF9pZBgCIAEoCRIPCgd0dXJuX2lkGAMgASgJEjAKBHJvbGUYBCABKA4yIi5yb2xsb3V0LnRyYWNlLnYxLkNvbnZlcnNhdGlvblJvbGUSKAoEa2luZBgFIAEoDjIaLnJvbGxvdXQudHJhY2UudjEuSXRlbUtpbmQSLgoHY29udGVudBgGIAMoCzIdLnJvbGxvdXQudHJhY2UudjEuQ29udGVudFBhcnQSDwoHY2FsbF9pZBgHIAEoCRIZChFyZXNwb25zZXNfaXRlbV9pZBgIIAEoCRIyCgtwcm9kdWNlZF9ieRgJIAMoCzIdLnJvbGxvdXQudHJhY2UudjEuUHJvZHVjZXJSZWYSMQoNZmlyc3Rfc2Vlbl9hdBgKIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASFgoOZmlyc3Rfc2Vlbl9zZXEYCyABKAQSEgoKcGF5bG9hZF9pZBgMIAEoCRIMCgRuYW1lGA0gASgJEhEKCWFyZ3VtZW50cxgOIAEoCRIOCgZvdXRwdXQYDyABKAkSMgoJaW5oZXJpdGVkGB4gASgLMh8ucm9sbG91dC50cmFjZS52MS5Jbmhlcml0ZWRJdGVtIkEKDUluaGVyaXRlZEl0ZW0SGAoQcGFyZW50X3RocmVhZF9pZBgBIAEoCRIWCg5wYXJlbnRfaXRlbV9pZBgCIAEoCSL3AgoIVG9vbENhbGwSFAoMdG9vbF9jYWxsX2lkGAEgASgJEg8KB2NhbGxfaWQYAiABKAkSDAoEbmFtZRgDIAEoCRIRCgl0aHJlYWRfaWQYBCABKAkSDwoHdHVybl9pZBgFIAEoCRImCh5yZXF1ZXN0ZWRfYnlfaW5mZXJlbmNlX2NhbGxfaWQYBiABKAkSFAoMY2FsbF9pdGVtX2lkGAcgASgJEhYKDm91dHB1dF9pdGVtX2lkGAggASgJEi4KCWV4ZWN1dGlvbhgJIAEoCzIbLnJvbGxvdXQudHJhY2UudjEuRXhlY3V0aW9uEhAKCGlzX2Vycm9yGAogASgIEhwKFGFyZ3VtZW50c19wYXlsb2FkX2lkGAsgASgJEhkKEW91dHB1dF9wYXlsb2FkX2lkGAwgASgJEhQKDHN1Ym1pdHRlZF9ieRgNIAEoCRIrCgVlcnJvchgOIAEoCzIcLnJvbGxvdXQudHJhY2UudjEuVHJhY2VFcnJvciqsAQoPSW50ZWdyaXR5U3RhdHVzEiAKHElOVEVHUklUWV9TVEFUVVNfVU5TUEVDSUZJRUQQABIaChZJTlRFR1JJVFlfU1RBVFVTX0NMRUFOEAESHQoZSU5URUdSSVRZX1NUQVRVU19VTkNMT1NFRBACEh4KGklOVEVHUklUWV9TVEFUVVNfVFJVTkNBVEVEEAMSHAoYSU5URUdSSVRZX1NUQVRVU19DT1JSVVBUEAQqzQEKEENvbnZlcnNhdGlvblJvbGUSIQodQ09OVkVSU0FUSU9OX1JPTEVfVU5TUEVDSUZJRUQQABIaChZDT05WRVJTQVRJT05fUk9MRV9VU0VSEAESHwobQ09OVkVSU0FUSU9OX1JPTEVfQVNTSVNUQU5UEAISHAoYQ09OVkVSU0FUSU9OX1JPTEVfU1lTVEVNEAMSHwobQ09OVkVSU0FUSU9OX1JPTEVfREVWRUxPUEVSEAQSGgoWQ09OVkVSU0FUSU9OX1JPTEVfVE9PTBAFKqsBCghJdGVtS2luZBIZChVJVEVNX0tJTkRfVU5TUEVDSUZJRUQQABIVChFJVEVNX0tJTkRfTUVTU0FHRRABEhsKF0lURU1fS0lORF9GVU5DVElPTl9DQUxMEAISIgoeSVRFTV9LSU5EX0ZVTkNUSU9OX0NBTExfT1VUUFVUEAMSFwoTSVRFTV9LSU5EX1JFQVNPTklORxAEEhMKD0lURU1fS0lORF9PVEhFUhAFQlYKEHJvbGxvdXQudHJhY2UudjFQAVotcm9sbG91dC10cmFjZS9nZW4vZ28vcm9sbG91dC90cmFjZS92MTt0cmFjZXYxqgIQUm9sbG91dC5UcmFjZS5WMWIGcHJvdG8z", [file_google_protobuf_timestamp, file_rollout_trace_v1_common]);
 
 /**
  * The reduced state of one bundle: what happened, with provenance and status.
@@ -88,6 +88,20 @@ export type RolloutTrace = Message<"rollout.trace.v1.RolloutTrace"> & {
    * @generated from field: map<string, rollout.trace.v1.ToolCall> tool_calls = 13;
    */
   toolCalls: { [key: string]: ToolCall };
+
+  /**
+   * Set when the bundle's thread is a fork of another thread (ForkThread).
+   *
+   * @generated from field: rollout.trace.v1.Fork fork = 20;
+   */
+  fork?: Fork | undefined;
+
+  /**
+   * Rewards recorded for the thread (the bundle's rewards.binpb), in the order recorded.
+   *
+   * @generated from field: repeated rollout.trace.v1.Reward rewards = 21;
+   */
+  rewards: Reward[];
 };
 
 /**
@@ -96,6 +110,291 @@ export type RolloutTrace = Message<"rollout.trace.v1.RolloutTrace"> & {
  */
 export const RolloutTraceSchema: GenMessage<RolloutTrace> = /*@__PURE__*/
   messageDesc(file_rollout_trace_v1_state, 0);
+
+/**
+ * Where a forked thread came from, and whether its shared prefix could be read.
+ *
+ * @generated from message rollout.trace.v1.Fork
+ */
+export type Fork = Message<"rollout.trace.v1.Fork"> & {
+  /**
+   * @generated from field: string parent_thread_id = 1;
+   */
+  parentThreadId: string;
+
+  /**
+   * @generated from field: string parent_bundle = 2;
+   */
+  parentBundle: string;
+
+  /**
+   * @generated from field: string parent_trace_id = 3;
+   */
+  parentTraceId: string;
+
+  /**
+   * @generated from field: string after_turn_id = 4;
+   */
+  afterTurnId: string;
+
+  /**
+   * @generated from field: string last_shared_item_id = 5;
+   */
+  lastSharedItemId: string;
+
+  /**
+   * @generated from field: string group_id = 6;
+   */
+  groupId: string;
+
+  /**
+   * @generated from field: uint32 repetition_index = 7;
+   */
+  repetitionIndex: number;
+
+  /**
+   * How many items the fork shares with its parent (the first request's prefix).
+   *
+   * @generated from field: uint32 shared_items = 8;
+   */
+  sharedItems: number;
+
+  /**
+   * The parent bundle was found and its prefix items are in this state (marked `inherited`);
+   * false: they are placeholders, and integrity says why.
+   *
+   * @generated from field: bool resolved = 9;
+   */
+  resolved: boolean;
+
+  /**
+   * The parent bundle that was read, as a path, when resolved.
+   *
+   * @generated from field: string resolved_from = 10;
+   */
+  resolvedFrom: string;
+};
+
+/**
+ * Describes the message rollout.trace.v1.Fork.
+ * Use `create(ForkSchema)` to create a new message.
+ */
+export const ForkSchema: GenMessage<Fork> = /*@__PURE__*/
+  messageDesc(file_rollout_trace_v1_state, 1);
+
+/**
+ * What a reward is for.
+ *
+ * @generated from message rollout.trace.v1.RewardTarget
+ */
+export type RewardTarget = Message<"rollout.trace.v1.RewardTarget"> & {
+  /**
+   * @generated from field: string thread_id = 1;
+   */
+  threadId: string;
+
+  /**
+   * @generated from field: string turn_id = 2;
+   */
+  turnId: string;
+
+  /**
+   * The Responses item id the reward named.
+   *
+   * @generated from field: string item_id = 3;
+   */
+  itemId: string;
+
+  /**
+   * The conversation item it resolved to, when the trace has it.
+   *
+   * @generated from field: string conversation_item_id = 4;
+   */
+  conversationItemId: string;
+
+  /**
+   * The thread, turn and item named are in this trace.
+   *
+   * @generated from field: bool found = 5;
+   */
+  found: boolean;
+};
+
+/**
+ * Describes the message rollout.trace.v1.RewardTarget.
+ * Use `create(RewardTargetSchema)` to create a new message.
+ */
+export const RewardTargetSchema: GenMessage<RewardTarget> = /*@__PURE__*/
+  messageDesc(file_rollout_trace_v1_state, 2);
+
+/**
+ * @generated from message rollout.trace.v1.Reward
+ */
+export type Reward = Message<"rollout.trace.v1.Reward"> & {
+  /**
+   * @generated from field: rollout.trace.v1.RewardTarget target = 1;
+   */
+  target?: RewardTarget | undefined;
+
+  /**
+   * @generated from field: string name = 2;
+   */
+  name: string;
+
+  /**
+   * @generated from field: double value = 3;
+   */
+  value: number;
+
+  /**
+   * @generated from field: double weight = 4;
+   */
+  weight: number;
+
+  /**
+   * @generated from field: string source = 5;
+   */
+  source: string;
+
+  /**
+   * @generated from field: map<string, string> metadata = 6;
+   */
+  metadata: { [key: string]: string };
+
+  /**
+   * @generated from field: google.protobuf.Timestamp recorded_at = 7;
+   */
+  recordedAt?: Timestamp | undefined;
+
+  /**
+   * @generated from field: string recorded_by = 8;
+   */
+  recordedBy: string;
+
+  /**
+   * Its seq in rewards.binpb.
+   *
+   * @generated from field: uint64 seq = 9;
+   */
+  seq: bigint;
+};
+
+/**
+ * Describes the message rollout.trace.v1.Reward.
+ * Use `create(RewardSchema)` to create a new message.
+ */
+export const RewardSchema: GenMessage<Reward> = /*@__PURE__*/
+  messageDesc(file_rollout_trace_v1_state, 3);
+
+/**
+ * The tokens of one inference call's output, as packed columns, in the order they arrived.
+ *
+ * @generated from message rollout.trace.v1.OutputTokens
+ */
+export type OutputTokens = Message<"rollout.trace.v1.OutputTokens"> & {
+  /**
+   * Engine ids (exact) when the provider sent them; empty otherwise.
+   *
+   * @generated from field: repeated uint32 ids = 1;
+   */
+  ids: number[];
+
+  /**
+   * @generated from field: repeated float logprobs = 2;
+   */
+  logprobs: number[];
+
+  /**
+   * Token strings, when the provider gave them (logprobs) or the ids came with text.
+   *
+   * @generated from field: repeated string texts = 3;
+   */
+  texts: string[];
+
+  /**
+   * Top-k alternatives: top_counts[i] entries per token, flattened.
+   *
+   * @generated from field: repeated uint32 top_counts = 4;
+   */
+  topCounts: number[];
+
+  /**
+   * @generated from field: repeated string top_texts = 5;
+   */
+  topTexts: string[];
+
+  /**
+   * @generated from field: repeated float top_logprobs = 6;
+   */
+  topLogprobs: number[];
+
+  /**
+   * @generated from field: repeated uint32 top_ids = 7;
+   */
+  topIds: number[];
+
+  /**
+   * @generated from field: rollout.trace.v1.TokenSource source = 8;
+   */
+  source: TokenSource;
+
+  /**
+   * The ids are the engine's: a trainer may use them as they are, never re-tokenizing.
+   *
+   * @generated from field: bool exact = 9;
+   */
+  exact: boolean;
+
+  /**
+   * Which item each run of tokens belongs to.
+   *
+   * @generated from field: repeated rollout.trace.v1.TokenSpan spans = 10;
+   */
+  spans: TokenSpan[];
+
+  /**
+   * @generated from field: uint32 count = 11;
+   */
+  count: number;
+};
+
+/**
+ * Describes the message rollout.trace.v1.OutputTokens.
+ * Use `create(OutputTokensSchema)` to create a new message.
+ */
+export const OutputTokensSchema: GenMessage<OutputTokens> = /*@__PURE__*/
+  messageDesc(file_rollout_trace_v1_state, 4);
+
+/**
+ * A run of an inference call's output tokens that belongs to one output item.
+ *
+ * @generated from message rollout.trace.v1.TokenSpan
+ */
+export type TokenSpan = Message<"rollout.trace.v1.TokenSpan"> & {
+  /**
+   * The accepted conversation item; empty for an item that was never completed (discarded).
+   *
+   * @generated from field: string item_id = 1;
+   */
+  itemId: string;
+
+  /**
+   * @generated from field: uint32 start = 2;
+   */
+  start: number;
+
+  /**
+   * @generated from field: uint32 count = 3;
+   */
+  count: number;
+};
+
+/**
+ * Describes the message rollout.trace.v1.TokenSpan.
+ * Use `create(TokenSpanSchema)` to create a new message.
+ */
+export const TokenSpanSchema: GenMessage<TokenSpan> = /*@__PURE__*/
+  messageDesc(file_rollout_trace_v1_state, 5);
 
 /**
  * @generated from message rollout.trace.v1.Integrity
@@ -139,6 +438,13 @@ export type Integrity = Message<"rollout.trace.v1.Integrity"> & {
    * @generated from field: uint64 unknown_records = 7;
    */
   unknownRecords: bigint;
+
+  /**
+   * A forked thread whose parent bundle could not be read: its shared prefix is missing.
+   *
+   * @generated from field: bool fork_unresolved = 30;
+   */
+  forkUnresolved: boolean;
 };
 
 /**
@@ -146,7 +452,7 @@ export type Integrity = Message<"rollout.trace.v1.Integrity"> & {
  * Use `create(IntegritySchema)` to create a new message.
  */
 export const IntegritySchema: GenMessage<Integrity> = /*@__PURE__*/
-  messageDesc(file_rollout_trace_v1_state, 1);
+  messageDesc(file_rollout_trace_v1_state, 6);
 
 /**
  * One execution window.
@@ -185,7 +491,7 @@ export type Execution = Message<"rollout.trace.v1.Execution"> & {
  * Use `create(ExecutionSchema)` to create a new message.
  */
 export const ExecutionSchema: GenMessage<Execution> = /*@__PURE__*/
-  messageDesc(file_rollout_trace_v1_state, 2);
+  messageDesc(file_rollout_trace_v1_state, 7);
 
 /**
  * @generated from message rollout.trace.v1.Thread
@@ -234,7 +540,7 @@ export type Thread = Message<"rollout.trace.v1.Thread"> & {
  * Use `create(ThreadSchema)` to create a new message.
  */
 export const ThreadSchema: GenMessage<Thread> = /*@__PURE__*/
-  messageDesc(file_rollout_trace_v1_state, 3);
+  messageDesc(file_rollout_trace_v1_state, 8);
 
 /**
  * Who asked to interrupt a turn, and when.
@@ -263,7 +569,7 @@ export type Interrupt = Message<"rollout.trace.v1.Interrupt"> & {
  * Use `create(InterruptSchema)` to create a new message.
  */
 export const InterruptSchema: GenMessage<Interrupt> = /*@__PURE__*/
-  messageDesc(file_rollout_trace_v1_state, 4);
+  messageDesc(file_rollout_trace_v1_state, 9);
 
 /**
  * @generated from message rollout.trace.v1.Turn
@@ -317,7 +623,7 @@ export type Turn = Message<"rollout.trace.v1.Turn"> & {
  * Use `create(TurnSchema)` to create a new message.
  */
 export const TurnSchema: GenMessage<Turn> = /*@__PURE__*/
-  messageDesc(file_rollout_trace_v1_state, 5);
+  messageDesc(file_rollout_trace_v1_state, 10);
 
 /**
  * An output item that started streaming but was never completed.
@@ -346,7 +652,7 @@ export type DiscardedOutput = Message<"rollout.trace.v1.DiscardedOutput"> & {
  * Use `create(DiscardedOutputSchema)` to create a new message.
  */
 export const DiscardedOutputSchema: GenMessage<DiscardedOutput> = /*@__PURE__*/
-  messageDesc(file_rollout_trace_v1_state, 6);
+  messageDesc(file_rollout_trace_v1_state, 11);
 
 /**
  * @generated from message rollout.trace.v1.InferenceCall
@@ -440,6 +746,37 @@ export type InferenceCall = Message<"rollout.trace.v1.InferenceCall"> & {
    * @generated from field: repeated string output_payload_ids = 17;
    */
   outputPayloadIds: string[];
+
+  /**
+   * The output tokens, when the provider sent ids or logprobs (capture_logprobs).
+   *
+   * @generated from field: rollout.trace.v1.OutputTokens output_tokens = 30;
+   */
+  outputTokens?: OutputTokens | undefined;
+
+  /**
+   * The prompt as engine token ids (vLLM-style `prompt_token_ids`), when sent.
+   *
+   * @generated from field: repeated uint32 prompt_token_ids = 31;
+   */
+  promptTokenIds: number[];
+
+  /**
+   * What the request asked for (from its envelope).
+   *
+   * @generated from field: rollout.trace.v1.SamplingSettings sampling = 32;
+   */
+  sampling?: SamplingSettings | undefined;
+
+  /**
+   * @generated from field: string policy_version = 33;
+   */
+  policyVersion: string;
+
+  /**
+   * @generated from field: rollout.trace.v1.StopReason stop_reason = 34;
+   */
+  stopReason: StopReason;
 };
 
 /**
@@ -447,7 +784,7 @@ export type InferenceCall = Message<"rollout.trace.v1.InferenceCall"> & {
  * Use `create(InferenceCallSchema)` to create a new message.
  */
 export const InferenceCallSchema: GenMessage<InferenceCall> = /*@__PURE__*/
-  messageDesc(file_rollout_trace_v1_state, 7);
+  messageDesc(file_rollout_trace_v1_state, 12);
 
 /**
  * @generated from message rollout.trace.v1.ContentPart
@@ -471,7 +808,7 @@ export type ContentPart = Message<"rollout.trace.v1.ContentPart"> & {
  * Use `create(ContentPartSchema)` to create a new message.
  */
 export const ContentPartSchema: GenMessage<ContentPart> = /*@__PURE__*/
-  messageDesc(file_rollout_trace_v1_state, 8);
+  messageDesc(file_rollout_trace_v1_state, 13);
 
 /**
  * @generated from message rollout.trace.v1.InferenceProducer
@@ -488,7 +825,7 @@ export type InferenceProducer = Message<"rollout.trace.v1.InferenceProducer"> & 
  * Use `create(InferenceProducerSchema)` to create a new message.
  */
 export const InferenceProducerSchema: GenMessage<InferenceProducer> = /*@__PURE__*/
-  messageDesc(file_rollout_trace_v1_state, 9);
+  messageDesc(file_rollout_trace_v1_state, 14);
 
 /**
  * @generated from message rollout.trace.v1.UserInputProducer
@@ -505,7 +842,7 @@ export type UserInputProducer = Message<"rollout.trace.v1.UserInputProducer"> & 
  * Use `create(UserInputProducerSchema)` to create a new message.
  */
 export const UserInputProducerSchema: GenMessage<UserInputProducer> = /*@__PURE__*/
-  messageDesc(file_rollout_trace_v1_state, 10);
+  messageDesc(file_rollout_trace_v1_state, 15);
 
 /**
  * @generated from message rollout.trace.v1.ToolProducer
@@ -522,7 +859,7 @@ export type ToolProducer = Message<"rollout.trace.v1.ToolProducer"> & {
  * Use `create(ToolProducerSchema)` to create a new message.
  */
 export const ToolProducerSchema: GenMessage<ToolProducer> = /*@__PURE__*/
-  messageDesc(file_rollout_trace_v1_state, 11);
+  messageDesc(file_rollout_trace_v1_state, 16);
 
 /**
  * What brought an item into the conversation.
@@ -559,7 +896,7 @@ export type ProducerRef = Message<"rollout.trace.v1.ProducerRef"> & {
  * Use `create(ProducerRefSchema)` to create a new message.
  */
 export const ProducerRefSchema: GenMessage<ProducerRef> = /*@__PURE__*/
-  messageDesc(file_rollout_trace_v1_state, 12);
+  messageDesc(file_rollout_trace_v1_state, 17);
 
 /**
  * @generated from message rollout.trace.v1.ConversationItem
@@ -651,6 +988,13 @@ export type ConversationItem = Message<"rollout.trace.v1.ConversationItem"> & {
    * @generated from field: string output = 15;
    */
   output: string;
+
+  /**
+   * The item is part of a fork's shared prefix, read from the parent's bundle.
+   *
+   * @generated from field: rollout.trace.v1.InheritedItem inherited = 30;
+   */
+  inherited?: InheritedItem | undefined;
 };
 
 /**
@@ -658,7 +1002,31 @@ export type ConversationItem = Message<"rollout.trace.v1.ConversationItem"> & {
  * Use `create(ConversationItemSchema)` to create a new message.
  */
 export const ConversationItemSchema: GenMessage<ConversationItem> = /*@__PURE__*/
-  messageDesc(file_rollout_trace_v1_state, 13);
+  messageDesc(file_rollout_trace_v1_state, 18);
+
+/**
+ * @generated from message rollout.trace.v1.InheritedItem
+ */
+export type InheritedItem = Message<"rollout.trace.v1.InheritedItem"> & {
+  /**
+   * @generated from field: string parent_thread_id = 1;
+   */
+  parentThreadId: string;
+
+  /**
+   * Its item_id in the parent's reduced state; empty when the parent could not be read.
+   *
+   * @generated from field: string parent_item_id = 2;
+   */
+  parentItemId: string;
+};
+
+/**
+ * Describes the message rollout.trace.v1.InheritedItem.
+ * Use `create(InheritedItemSchema)` to create a new message.
+ */
+export const InheritedItemSchema: GenMessage<InheritedItem> = /*@__PURE__*/
+  messageDesc(file_rollout_trace_v1_state, 19);
 
 /**
  * One function tool call: requested by an inference call, answered by a client.
@@ -755,7 +1123,7 @@ export type ToolCall = Message<"rollout.trace.v1.ToolCall"> & {
  * Use `create(ToolCallSchema)` to create a new message.
  */
 export const ToolCallSchema: GenMessage<ToolCall> = /*@__PURE__*/
-  messageDesc(file_rollout_trace_v1_state, 14);
+  messageDesc(file_rollout_trace_v1_state, 20);
 
 /**
  * How a bundle ends.
