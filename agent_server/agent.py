@@ -9,6 +9,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -85,6 +86,19 @@ def user_message(texts: Sequence[str]) -> dict[str, object]:
     }
 
 
+@dataclass(frozen=True)
+class _ThreadSpec:
+    """What a new thread is made of; a fork also brings its seed, origin and shared history."""
+
+    model: str
+    instructions: str
+    metadata: Mapping[str, str]
+    tools: tuple[Tool, ...]
+    sampling: Sampling
+    capture: TokenCapture
+    fork: tuple[ForkSeed, agent_pb2.ForkOrigin, list[dict[str, object]]] | None = None
+
+
 class Agent:
     """Owns every thread of the server; each method is one client operation."""
 
@@ -122,45 +136,28 @@ class Agent:
         _check_thread_arguments(model, instructions, metadata)
         checked = parse_tools(tools)
         return await self._shielded_start(
-            model,
-            instructions,
-            metadata,
-            checked,
-            sampling or Sampling(),
-            capture or TokenCapture(),
+            _ThreadSpec(
+                model,
+                instructions,
+                metadata,
+                checked,
+                sampling or Sampling(),
+                capture or TokenCapture(),
+            )
         )
 
-    async def _shielded_start(
-        self,
-        model: str,
-        instructions: str,
-        metadata: Mapping[str, str],
-        tools: tuple[Tool, ...],
-        sampling: Sampling,
-        capture: TokenCapture,
-        fork: tuple[ForkSeed, agent_pb2.ForkOrigin, list[dict[str, object]]] | None = None,
-    ) -> Thread:
+    async def _shielded_start(self, spec: _ThreadSpec) -> Thread:
         # A caller that gives up must not leave a bundle without its thread behind: the thread
         # is made anyway, and shutdown finishes its bundle like any other.
-        starting = asyncio.create_task(
-            self._start_thread(model, instructions, metadata, tools, sampling, capture, fork)
-        )
+        starting = asyncio.create_task(self._start_thread(spec))
         self._starting.add(starting)
         starting.add_done_callback(self._starting.discard)
         return await asyncio.shield(starting)
 
-    async def _start_thread(
-        self,
-        model: str,
-        instructions: str,
-        metadata: Mapping[str, str],
-        tools: tuple[Tool, ...],
-        sampling: Sampling,
-        capture: TokenCapture,
-        fork: tuple[ForkSeed, agent_pb2.ForkOrigin, list[dict[str, object]]] | None,
-    ) -> Thread:
+    async def _start_thread(self, spec: _ThreadSpec) -> Thread:
         thread_id = f"thread_{uuid.uuid4().hex}"
-        model = model or self._settings.model
+        model = spec.model or self._settings.model
+        instructions, metadata, fork = spec.instructions, spec.metadata, spec.fork
         trace_root = self._settings.trace_root
         if trace_root is None:
             recorder = Recorder.off(thread_id)
@@ -186,11 +183,11 @@ class Agent:
             instructions=instructions,
             metadata=dict(metadata),
             recorder=recorder,
-            tools=tools,
+            tools=spec.tools,
             events=EventBuffer(self._settings.event_buffer),
             seq=next(self._thread_seq),
-            sampling=sampling,
-            capture=capture,
+            sampling=spec.sampling,
+            capture=spec.capture,
         )
         if fork is not None:
             thread.fork = fork[1]
@@ -308,13 +305,15 @@ class Agent:
                 )
                 forks.append(
                     await self._shielded_start(
-                        parent.model,
-                        parent.instructions,
-                        parent.metadata,
-                        parent.tools,
-                        parent.sampling,
-                        parent.capture,
-                        (seed, origin, shared),
+                        _ThreadSpec(
+                            parent.model,
+                            parent.instructions,
+                            parent.metadata,
+                            parent.tools,
+                            parent.sampling,
+                            parent.capture,
+                            (seed, origin, shared),
+                        )
                     )
                 )
         except BaseException:

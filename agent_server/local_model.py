@@ -35,15 +35,7 @@ def last_user_text(input_items: Any) -> str:
     for item in reversed(input_items):
         if not isinstance(item, dict) or item.get("role") != "user":
             continue
-        content = item.get("content")
-        if isinstance(content, str):
-            return content
-        if isinstance(content, list):
-            return " ".join(
-                part["text"]
-                for part in content
-                if isinstance(part, dict) and isinstance(part.get("text"), str)
-            )
+        return toy_tokens.content_text(item.get("content"))
     return ""
 
 

@@ -57,7 +57,8 @@ def header_texts(role: str) -> list[str]:
     return [START_TEXT, *pieces(f"{role}:")]
 
 
-def _text_of(content: Any) -> str:
+def content_text(content: Any) -> str:
+    """A message's text: a plain string, or its text parts joined by spaces."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
@@ -87,7 +88,7 @@ def item_ids(item: Any) -> list[int]:
     if kind == "function_call_output":
         return [*header("tool"), *encode(str(item.get("output", ""))), END]
     role = str(item.get("role", "user"))
-    return [*header(role), *encode(_text_of(item.get("content"))), END]
+    return [*header(role), *encode(content_text(item.get("content"))), END]
 
 
 def render_prompt(instructions: Any, input_items: Any) -> list[int]:
