@@ -34,8 +34,12 @@ class FrameDecoder:
     """
 
     def __init__(self) -> None:
-        self._buffer = b""
-        self._offset = 0  # absolute file offset of _buffer[0]
+        # The start of a frame not complete yet. Bytes are appended to it and decoding waits
+        # until `_need` of them are there, so a frame fed in many small pieces costs its size,
+        # not its size times the number of pieces.
+        self._pending = bytearray()
+        self._need = 0
+        self._offset = 0  # absolute offset of _pending[0]
         self._next_seq = 1
         self._footer_seen = False
         self._damage: state_pb2.Integrity | None = None
@@ -44,6 +48,11 @@ class FrameDecoder:
     def records_read(self) -> int:
         return self._next_seq - 1
 
+    @property
+    def stopped(self) -> bool:
+        """Damage was found: nothing fed from now on is looked at."""
+        return self._damage is not None
+
     def feed(self, data: bytes) -> list[record_pb2.TraceRecord]:
         """Decode every complete frame now buffered; keep a partial one for later."""
         if self._damage is not None or not data:
@@ -51,8 +60,15 @@ class FrameDecoder:
         if self._footer_seen:
             self._corrupt(self._offset, "data after the footer")
             return []
+        if self._pending:
+            self._pending += data
+            if len(self._pending) < self._need:
+                return []
+            buffer = bytes(self._pending)
+            self._pending.clear()
+        else:
+            buffer = data
         # This loop runs once per record of every bundle read: it is kept flat on purpose.
-        buffer = self._buffer + data if self._buffer else data
         records: list[record_pb2.TraceRecord] = []
         append = records.append
         parse = record_pb2.TraceRecord.FromString
@@ -116,21 +132,30 @@ class FrameDecoder:
         return records
 
     def _advance(self, buffer: bytes, pos: int) -> None:
-        self._buffer = buffer[pos:]
         self._offset += pos
+        rest = len(buffer) - pos
+        if not rest:
+            return
+        self._pending += memoryview(buffer)[pos:]
+        # Decoding can go on once the whole frame is in, or at least its length prefix.
+        try:
+            prefix = decode_varint(buffer, pos)
+        except ValueError:
+            prefix = None
+        self._need = rest + 1 if prefix is None else prefix[1] - pos + prefix[0]
 
     def finish(self) -> state_pb2.Integrity:
         """Classify the end of the stream once all bytes were fed."""
         if self._damage is not None:
             return self._damage
         read = self.records_read
-        if self._buffer:
+        if self._pending:
             return Integrity(
                 status=TRUNCATED,
                 records_read=read,
                 bytes_read=self._offset,
                 detail=f"ends inside a frame at byte {self._offset} "
-                f"({len(self._buffer)} bytes of seq {self._next_seq})",
+                f"({len(self._pending)} bytes of seq {self._next_seq})",
                 bad_frame_offset=self._offset,
                 bad_frame_seq=self._next_seq,
             )
@@ -182,7 +207,8 @@ class BundleReader:
         over a million records saves a generator step per record."""
         decoder = self._decoder
         read = self._source.read
-        while chunk := read(_READ_BYTES):
+        # Past the first bad frame nothing counts: the rest of the file is not even read.
+        while not decoder.stopped and (chunk := read(_READ_BYTES)):
             yield decoder.feed(chunk)
         self._integrity = decoder.finish()
 

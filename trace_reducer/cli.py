@@ -16,6 +16,7 @@ from google.protobuf import json_format, text_format
 from rollout.trace.v1 import record_pb2, state_pb2
 
 from ._errors import BundleError, CorruptBundleError, ReductionError, describe_os_error
+from ._framing import DEFAULT_MAX_UPLOAD_BYTES
 from ._integrity import describe_integrity, integrity_name, require_reducible
 from ._layout import STATE_FILE_NAME
 from ._reader import read_bundle, resolve_trace_file
@@ -151,13 +152,15 @@ def _request(args: argparse.Namespace) -> int:
 # -- serve ------------------------------------------------------------------------------------
 
 
-async def _serve_async(listen: str, bundle_root: str, access: AccessControl) -> int:
+async def _serve_async(
+    listen: str, bundle_root: str, access: AccessControl, max_upload_bytes: int
+) -> int:
     # gRPC's server side takes a noticeable time to import; reduce and dump do not need it.
     from grpc_common import GrpcServer, install_signal_handlers
 
     from .service import SERVICE_NAME, ReducerService, add_to_server
 
-    service = ReducerService(bundle_root)
+    service = ReducerService(bundle_root, max_upload_bytes=max_upload_bytes)
     try:
         server = await GrpcServer.start(
             listen,
@@ -187,7 +190,9 @@ def _serve(args: argparse.Namespace) -> int:
         )
     except ValueError as error:
         raise _CommandError(str(error), EXIT_USAGE) from error
-    return asyncio.run(_serve_async(args.listen, root, access))
+    if args.max_upload_bytes < 1:
+        raise _CommandError("--max-upload-bytes must be a positive number of bytes", EXIT_USAGE)
+    return asyncio.run(_serve_async(args.listen, root, access, args.max_upload_bytes))
 
 
 # -- entry point ------------------------------------------------------------------------------
@@ -236,6 +241,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--tls-cert", type=Path, metavar="PATH", help="PEM certificate chain")
     serve.add_argument("--tls-key", type=Path, metavar="PATH", help="PEM private key")
+    serve.add_argument(
+        "--max-upload-bytes",
+        type=int,
+        default=DEFAULT_MAX_UPLOAD_BYTES,
+        metavar="N",
+        help="ReduceRecords refuses larger uploads with RESOURCE_EXHAUSTED "
+        f"(default {DEFAULT_MAX_UPLOAD_BYTES})",
+    )
     serve.set_defaults(run=_serve)
     return parser
 

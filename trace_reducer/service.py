@@ -12,6 +12,8 @@ Status codes, each with a google.rpc.ErrorInfo (domain `rollout-trace`) whose re
   `bad_frame_offset` and `bad_frame_seq`. UNCLOSED and TRUNCATED bundles reduce normally.
 * FAILED_PRECONDITION / RECORDS_CONTRADICT: the records contradict each other.
 * FAILED_PRECONDITION / IO_ERROR: the bundle could not be read or state.json written.
+* RESOURCE_EXHAUSTED / UPLOAD_TOO_LARGE: a ReduceRecords upload passed the service's limit
+  (`max_upload_bytes`, `trace-reducer serve --max-upload-bytes`); metadata `limit_bytes`.
 * INTERNAL / INTERNAL: a bug; logged on the server, the client gets no traceback.
 """
 
@@ -38,6 +40,7 @@ from ._errors import (
     ReductionError,
     describe_os_error,
 )
+from ._framing import DEFAULT_MAX_UPLOAD_BYTES
 from ._integrity import require_reducible
 from ._layout import STATE_FILE_NAME
 from ._reader import FrameDecoder, resolve_trace_file
@@ -71,8 +74,14 @@ class _RefusalError(Exception):
 class ReducerService(reducer_pb2_grpc.ReducerServiceServicer):
     """Replays bundles found under bundle_root, never reading outside it."""
 
-    def __init__(self, bundle_root: str | os.PathLike[str]) -> None:
+    def __init__(
+        self,
+        bundle_root: str | os.PathLike[str],
+        *,
+        max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
+    ) -> None:
         self._root = os.path.realpath(bundle_root)
+        self._max_upload_bytes = max_upload_bytes
 
     @property
     def bundle_root(self) -> str:
@@ -206,12 +215,25 @@ class ReducerService(reducer_pb2_grpc.ReducerServiceServicer):
         def feed(chunk: bytes) -> None:
             reducer.apply_many(decoder.feed(chunk))
 
+        received = 0
         async for request in requests:
             if salvage is None:
                 salvage = request.salvage
+            received += len(request.chunk)
+            if received > self._max_upload_bytes:
+                raise _RefusalError(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    "UPLOAD_TOO_LARGE",
+                    f"the upload exceeds the {self._max_upload_bytes}-byte limit "
+                    "(trace-reducer serve --max-upload-bytes)",
+                    limit_bytes=str(self._max_upload_bytes),
+                )
             if request.chunk:
                 # Off the event loop: a large chunk holds many records.
                 await asyncio.to_thread(feed, request.chunk)
+            if decoder.stopped:
+                # Nothing after the first bad frame counts: answer now, read no further.
+                break
         reducer.set_integrity(decoder.finish())
         trace = reducer.state()
         require_reducible(trace.integrity, salvage=bool(salvage), source="upload")

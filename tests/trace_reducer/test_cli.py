@@ -186,6 +186,11 @@ def test_usage_errors_exit_2_without_traceback(tmp_path: Path) -> None:
     result = run("serve", "--bundle-root", tmp_path / "nope")
     assert result.returncode == 2
     assert_one_clean_line(result.stderr)
+    for limit in ("0", "-5", "lots"):
+        result = run("serve", "--bundle-root", tmp_path, "--max-upload-bytes", limit)
+        assert result.returncode == 2, limit
+        assert "Traceback" not in result.stderr
+        assert "--max-upload-bytes" in result.stderr, limit
 
 
 def test_unwritable_output_exits_1(tmp_path: Path) -> None:
@@ -249,6 +254,33 @@ def test_serve_answers_and_stops_on_sigterm(tmp_path: Path) -> None:
         assert process.wait(timeout=20) == 0
         assert process.stderr is not None
         assert "Traceback" not in process.stderr.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def test_serve_caps_uploads_as_configured(tmp_path: Path) -> None:
+    data = (one_turn_bundle(tmp_path) / "trace.binpb").read_bytes()
+    limit = ["--max-upload-bytes", str(len(data) - 1)]
+    process = subprocess.Popen(
+        [*COMMAND, "serve", "--listen", "127.0.0.1:0", "--bundle-root", str(tmp_path), *limit],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        address = process.stdout.readline().split()[-1]
+        with grpc.insecure_channel(address) as channel:
+            stub = reducer_pb2_grpc.ReducerServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as caught:
+                stub.ReduceRecords(iter([reducer_pb2.ReduceRecordsRequest(chunk=data)]))
+            assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            answer = stub.ReduceRecords(iter([reducer_pb2.ReduceRecordsRequest(chunk=data[:-1])]))
+            assert answer.trace.integrity.status == state_pb2.INTEGRITY_STATUS_TRUNCATED
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=20) == 0
     finally:
         if process.poll() is None:
             process.kill()

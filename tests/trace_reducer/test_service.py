@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from trace_reducer import replay_bundle, service
 from trace_reducer.service import SERVICE_NAME, ReducerService, add_to_server
 
 from .bundles import BundleBuilder, one_turn_bundle
+from .process import read_bytes_of_process
 
 if TYPE_CHECKING:
     from rollout.reducer.v1.reducer_pb2_grpc import ReducerServiceAsyncStub
@@ -273,3 +275,56 @@ async def test_health_and_reflection(served: Served) -> None:
     async for reply in reflection.ServerReflectionInfo(ask()):
         names.extend(s.name for s in reply.list_services_response.service)
     assert SERVICE_NAME in names
+
+
+async def test_a_2_gib_non_bundle_is_refused_without_reading_it(served: Served) -> None:
+    zeros = served.root / "zeros"
+    zeros.mkdir()
+    with (zeros / "trace.binpb").open("wb") as sparse:
+        sparse.truncate(2 * 1024 * 1024 * 1024)
+    before = read_bytes_of_process()
+    code, info, _ = await refused(served.stub.ReduceBundle(reduce_request("zeros")))
+    assert (code, info.reason) == (grpc.StatusCode.INVALID_ARGUMENT, "NOT_A_BUNDLE")
+    assert read_bytes_of_process() - before < 8 * 1024 * 1024
+
+
+async def test_an_upload_is_answered_at_its_first_bad_frame(served: Served) -> None:
+    data = corrupt(one_turn_bundle(served.root))
+    sent_everything = asyncio.Event()
+
+    def stream(salvage: bool) -> AsyncIterator[reducer_pb2.ReduceRecordsRequest]:
+        async def requests() -> AsyncIterator[reducer_pb2.ReduceRecordsRequest]:
+            yield reducer_pb2.ReduceRecordsRequest(chunk=data, salvage=salvage)
+            # The client keeps the stream open: nothing after the damage may be waited for.
+            await sent_everything.wait()
+
+        return requests()
+
+    call = served.stub.ReduceRecords(stream(salvage=False), timeout=30)
+    code, info, _ = await refused(call)
+    assert (code, info.reason) == (grpc.StatusCode.DATA_LOSS, "BUNDLE_CORRUPT")
+    answer = await served.stub.ReduceRecords(stream(salvage=True), timeout=30)
+    assert answer.trace.integrity.status == state_pb2.INTEGRITY_STATUS_CORRUPT
+    assert answer.trace.trace_id
+
+
+async def test_an_upload_over_the_limit_is_resource_exhausted(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    small = (one_turn_bundle(root / "small", text="x") / "trace.binpb").read_bytes()
+    large = (one_turn_bundle(root / "large", text="word " * 100) / "trace.binpb").read_bytes()
+    limit = len(small)
+    limited = ReducerService(root, max_upload_bytes=limit)
+    server = await GrpcServer.start(
+        "127.0.0.1:0", lambda s: add_to_server(limited, s), [SERVICE_NAME]
+    )
+    try:
+        async with grpc.aio.insecure_channel(server.address) as channel:
+            stub = reducer_pb2_grpc.ReducerServiceStub(channel)
+            code, info, message = await refused(upload(stub, chunks(large, 300)))
+            assert (code, info.reason) == (grpc.StatusCode.RESOURCE_EXHAUSTED, "UPLOAD_TOO_LARGE")
+            assert info.metadata["limit_bytes"] == str(limit)
+            assert f"{limit}-byte limit" in message
+            answer = await upload(stub, chunks(small, 300))
+            assert answer.trace.recording_complete
+    finally:
+        await server.stop(None)
