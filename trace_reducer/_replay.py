@@ -6,7 +6,7 @@ import os
 
 from rollout.trace.v1 import state_pb2
 
-from ._reader import read_bundle
+from ._reader import BundleReader, read_bundle
 from ._reducer import Reducer
 
 
@@ -16,9 +16,14 @@ def replay_bundle(path: str | os.PathLike[str]) -> state_pb2.RolloutTrace:
     Raises BundleError when path is missing or not a bundle, ReductionError when its records
     contradict each other; damage is reported in the state's integrity, never raised.
     """
-    reducer = Reducer()
     with read_bundle(path) as reader:
-        for batch in reader.batches():
-            reducer.apply_many(batch)
-        reducer.set_integrity(reader.integrity)
+        return replay_reader(reader)
+
+
+def replay_reader(reader: BundleReader) -> state_pb2.RolloutTrace:
+    """replay_bundle on a bundle already open for reading."""
+    reducer = Reducer()
+    for batch in reader.batches():
+        reducer.apply_many(batch)
+    reducer.set_integrity(reader.integrity)
     return reducer.state()

@@ -18,7 +18,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from grpc_common import ERROR_DOMAIN, GrpcServer
 from rollout.reducer.v1 import reducer_pb2, reducer_pb2_grpc
 from rollout.trace.v1 import record_pb2, state_pb2
-from trace_reducer import replay_bundle, service
+from trace_reducer import Reducer, replay_bundle, service
 from trace_reducer.service import SERVICE_NAME, ReducerService, add_to_server
 
 from .bundles import BundleBuilder, one_turn_bundle
@@ -111,6 +111,46 @@ async def test_paths_outside_the_root_are_refused(served: Served, tmp_path: Path
         assert str(tmp_path) not in message.replace(bundle, "")
 
 
+async def test_write_state_lands_in_the_directory_opened_even_if_swapped_for_a_symlink(
+    served: Served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bundle = one_turn_bundle(served.root)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    moved = served.root / "moved"
+    state = Reducer.state
+
+    def state_then_swap(reducer: Reducer) -> state_pb2.RolloutTrace:
+        # Between reading the bundle and writing state.json, its directory becomes a symlink
+        # to a directory outside the root.
+        trace = state(reducer)
+        bundle.rename(moved)
+        bundle.symlink_to(outside)
+        return trace
+
+    monkeypatch.setattr(Reducer, "state", state_then_swap)
+    response = await served.stub.ReduceBundle(reduce_request(bundle.name, write_state=True))
+    assert list(outside.iterdir()) == []
+    assert (moved / "state.json").is_file()
+    assert response.state_path == str(served.root.resolve() / bundle.name / "state.json")
+
+
+async def test_symlinks_and_special_files_under_the_root_are_not_followed(served: Served) -> None:
+    bundle = one_turn_bundle(served.root)
+    (served.root / "alias").symlink_to(bundle.name)
+    fifo_dir = served.root / "fifo"
+    fifo_dir.mkdir()
+    os.mkfifo(fifo_dir / "trace.binpb")
+    code, info, message = await refused(served.stub.ReduceBundle(reduce_request("alias")))
+    assert (code, info.reason) == (grpc.StatusCode.PERMISSION_DENIED, "PATH_OUTSIDE_ROOT")
+    assert "symbolic link" in message
+    # Opening a FIFO for reading would wait for a writer: it must be refused at once.
+    code, info, _ = await refused(served.stub.ReduceBundle(reduce_request("fifo"), timeout=30))
+    assert (code, info.reason) == (grpc.StatusCode.INVALID_ARGUMENT, "NOT_A_BUNDLE")
+    # The root itself may be reached through a symlink; below it, nothing is followed.
+    assert (await served.stub.ReduceBundle(reduce_request(str(bundle)))).trace.trace_id
+
+
 @pytest.mark.parametrize(
     ("bundle", "code", "reason"),
     [
@@ -187,7 +227,7 @@ async def test_unexpected_errors_are_internal_without_details(
     def explode(path: object) -> state_pb2.RolloutTrace:
         raise RuntimeError("secret internals")
 
-    monkeypatch.setattr(service, "replay_bundle", explode)
+    monkeypatch.setattr(service, "replay_reader", explode)
     bundle = one_turn_bundle(served.root)
     code, info, message = await refused(served.stub.ReduceBundle(reduce_request(bundle.name)))
     assert (code, info.reason) == (grpc.StatusCode.INTERNAL, "INTERNAL")
