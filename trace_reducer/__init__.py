@@ -6,6 +6,7 @@ from ._errors import (
     CorruptBundleError,
     NotABundleError,
     RecordingError,
+    RecordOutOfRangeError,
     ReductionError,
     describe_os_error,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "FrameDecoder",
     "NotABundleError",
     "RecordBuilder",
+    "RecordOutOfRangeError",
     "RecordSink",
     "RecordTooLargeError",
     "RecordingError",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -24,6 +25,11 @@ _KINDS: dict[str, state_pb2.ItemKind.ValueType] = {
     "function_call_output": state_pb2.ITEM_KIND_FUNCTION_CALL_OUTPUT,
     "reasoning": state_pb2.ITEM_KIND_REASONING,
 }
+
+# Deeper items are opaque: real ones nest a few levels, and walking (or re-encoding) a
+# crafted one thousands of levels deep would exhaust the interpreter's stack.
+MAX_ITEM_DEPTH = 200
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 # Fields that change between the provider's copy of an item and the copy sent back as input
 # without changing what the model sees.
@@ -75,20 +81,61 @@ def _parts(value: object, default_type: str) -> tuple[tuple[str, str], ...]:
     )
 
 
+def _opaque(key: str) -> ItemInfo:
+    return ItemInfo(
+        key, "", state_pb2.CONVERSATION_ROLE_UNSPECIFIED, state_pb2.ITEM_KIND_OTHER, (), ""
+    )
+
+
+def _depth_exceeds(value: object, limit: int) -> bool:
+    """Whether containers nest more than limit deep (without recursing)."""
+    level: list[object] = [value]
+    for _ in range(limit):
+        level = [
+            child
+            for container in level
+            if isinstance(container, dict | list)
+            for child in (container.values() if isinstance(container, dict) else container)
+        ]
+        if not level:
+            return False
+    return any(isinstance(child, dict | list) for child in level)
+
+
+def _without_lone_surrogates(value: object) -> object:
+    """value with every lone surrogate (a JSON `\\udc00` escape) in its strings as U+FFFD."""
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [_without_lone_surrogates(child) for child in value]
+    if isinstance(value, dict):
+        return {
+            _LONE_SURROGATE.sub("\ufffd", key): _without_lone_surrogates(child)
+            for key, child in value.items()
+        }
+    return value
+
+
 def parse_item(data: bytes) -> ItemInfo:
-    """Describe one item from its JSON bytes; never raises (bad JSON is an opaque item)."""
+    """Describe one item from its JSON bytes; never raises.
+
+    Text is valid Unicode: bytes that are not UTF-8 and lone surrogates become U+FFFD. What is
+    not a JSON object, or nests deeper than MAX_ITEM_DEPTH, is an opaque item: no role, kind
+    OTHER, no content, matched by its bytes.
+    """
+    text = data.decode("utf-8", "replace")
     try:
-        parsed: object = json.loads(data)
-    except ValueError:
-        return ItemInfo(
-            data.decode("utf-8", "replace"), "", state_pb2.CONVERSATION_ROLE_UNSPECIFIED,
-            state_pb2.ITEM_KIND_OTHER, (), "",
-        )  # fmt: skip
+        parsed: object = json.loads(text)
+    except (ValueError, RecursionError):
+        return _opaque(text)
+    if data.count(b"[") + data.count(b"{") > MAX_ITEM_DEPTH and _depth_exceeds(
+        parsed, MAX_ITEM_DEPTH
+    ):
+        return _opaque(text)
+    if "\\ud" in text or "\\uD" in text:
+        parsed = _without_lone_surrogates(parsed)
     if not isinstance(parsed, dict):
-        return ItemInfo(
-            _canonical(parsed), "", state_pb2.CONVERSATION_ROLE_UNSPECIFIED,
-            state_pb2.ITEM_KIND_OTHER, (), "",
-        )  # fmt: skip
+        return _opaque(_canonical(parsed))
     normalised = {k: v for k, v in parsed.items() if k not in _VOLATILE_FIELDS}
     item_type = parsed.get("type")
     if item_type is None and "role" in parsed:

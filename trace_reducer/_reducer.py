@@ -10,7 +10,7 @@ from google.protobuf import timestamp_pb2
 
 from rollout.trace.v1 import common_pb2, record_pb2, state_pb2
 
-from ._errors import ReductionError
+from ._errors import RecordOutOfRangeError, ReductionError
 from ._items import ItemInfo, ThreadItems, parse_item
 from ._payloads import PayloadError, PayloadStore, resolve_inputs
 
@@ -97,6 +97,11 @@ class _Call:
         self.ended = False
 
 
+# What a Timestamp may hold (0001-01-01 to 9999-12-31), and so what proto3 JSON can show.
+_MIN_MICROS = -62_135_596_800 * 1_000_000
+_MAX_MICROS = 253_402_300_800 * 1_000_000 - 1
+
+
 def _timestamp(micros: int) -> timestamp_pb2.Timestamp:
     seconds, rest = divmod(micros, 1_000_000)
     return timestamp_pb2.Timestamp(seconds=seconds, nanos=rest * 1000)
@@ -104,6 +109,14 @@ def _timestamp(micros: int) -> timestamp_pb2.Timestamp:
 
 def _fail(record: _Record, message: str) -> NoReturn:
     raise ReductionError(f"seq {record.seq}: {message}")
+
+
+def _check_time(seq: int, micros: int, what: str) -> None:
+    if not _MIN_MICROS <= micros <= _MAX_MICROS:
+        raise RecordOutOfRangeError(
+            f"seq {seq}: {what} is {micros // 1_000_000} s from 1970, outside the years "
+            "1-9999 a timestamp can hold"
+        )
 
 
 def _check_new(
@@ -220,7 +233,10 @@ class Reducer:
             trace.producer_name = header.producer_name
             trace.producer_version = header.producer_version
             trace.started_at.CopyFrom(_timestamp(self._base_us))
-            trace.ended_at.CopyFrom(_timestamp(self._base_us + self._last_time_us))
+            ended = self._base_us + self._last_time_us
+            # Records are counted as applied, so the last one's seq is the count.
+            _check_time(self._records, ended, "its time")
+            trace.ended_at.CopyFrom(_timestamp(ended))
         trace.integrity.CopyFrom(self._integrity_proto())
         trace.recording_complete = trace.integrity.status == _CLEAN
         for thread in self._threads.values():
@@ -266,7 +282,9 @@ class Reducer:
         return proto
 
     def _time(self, record: _Record) -> timestamp_pb2.Timestamp:
-        return _timestamp(self._base_us + record.time_us)
+        micros = self._base_us + record.time_us
+        _check_time(record.seq, micros, "its time")
+        return _timestamp(micros)
 
     def _start(self, execution: state_pb2.Execution, record: _Record) -> None:
         execution.status = _RUNNING
@@ -353,6 +371,7 @@ class Reducer:
         self._header = header
         created = header.created_at
         self._base_us = created.seconds * 1_000_000 + created.nanos // 1000
+        _check_time(record.seq, self._base_us, "the header's created_at")
         self._handlers = {
             "footer": self._on_footer,
             "payload": self._on_payload,

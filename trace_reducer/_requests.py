@@ -42,4 +42,8 @@ def request_body(path: str | os.PathLike[str], inference_call_id: str) -> bytes:
                         return canonical_json(request)
             except (PayloadError, ValueError) as error:
                 raise BundleError(f"seq {record.seq}: {error}") from error
+            except RecursionError as error:
+                raise BundleError(
+                    f"seq {record.seq}: a payload of the request nests too deep to rebuild"
+                ) from error
     raise RequestNotFoundError(f"no inference call {inference_call_id!r} in {path}")

@@ -15,7 +15,13 @@ from google.protobuf import json_format, text_format
 
 from rollout.trace.v1 import record_pb2, state_pb2
 
-from ._errors import BundleError, CorruptBundleError, ReductionError, describe_os_error
+from ._errors import (
+    BundleError,
+    CorruptBundleError,
+    RecordOutOfRangeError,
+    ReductionError,
+    describe_os_error,
+)
 from ._framing import DEFAULT_MAX_UPLOAD_BYTES
 from ._integrity import describe_integrity, integrity_name, require_reducible
 from ._layout import STATE_FILE_NAME
@@ -142,7 +148,8 @@ def _request(args: argparse.Namespace) -> int:
     body = request_body(args.bundle, args.inference_call_id)
     if args.pretty:
         text = json.dumps(json.loads(body), indent=2, ensure_ascii=False) + "\n"
-        sys.stdout.write(text)
+        # A lone surrogate cannot be UTF-8; its backslash form is the JSON escape it came as.
+        sys.stdout.buffer.write(text.encode("utf-8", "backslashreplace"))
     else:
         sys.stdout.buffer.write(body + b"\n")
     sys.stdout.flush()
@@ -264,6 +271,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BundleError as error:
         _warn(str(error))
         return EXIT_USAGE
+    except RecordOutOfRangeError as error:
+        _warn(f"record out of range: {error}")
+        return EXIT_FAILED
     except ReductionError as error:
         _warn(f"records contradict each other: {error}")
         return EXIT_FAILED

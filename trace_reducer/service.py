@@ -11,6 +11,7 @@ Status codes, each with a google.rpc.ErrorInfo (domain `rollout-trace`) whose re
 * DATA_LOSS / BUNDLE_CORRUPT: the bundle is CORRUPT and `salvage` was not set; metadata carries
   `bad_frame_offset` and `bad_frame_seq`. UNCLOSED and TRUNCATED bundles reduce normally.
 * FAILED_PRECONDITION / RECORDS_CONTRADICT: the records contradict each other.
+* FAILED_PRECONDITION / RECORD_OUT_OF_RANGE: a record's time is outside the years 1-9999.
 * FAILED_PRECONDITION / IO_ERROR: the bundle could not be read or state.json written.
 * RESOURCE_EXHAUSTED / UPLOAD_TOO_LARGE: a ReduceRecords upload passed the service's limit
   (`max_upload_bytes`, `trace-reducer serve --max-upload-bytes`); metadata `limit_bytes`.
@@ -37,6 +38,7 @@ from ._errors import (
     BundleNotFoundError,
     CorruptBundleError,
     NotABundleError,
+    RecordOutOfRangeError,
     ReductionError,
     describe_os_error,
 )
@@ -110,6 +112,10 @@ class ReducerService(reducer_pb2_grpc.ReducerServiceServicer):
                 str(error),
                 bad_frame_offset=str(error.integrity.bad_frame_offset),
                 bad_frame_seq=str(error.integrity.bad_frame_seq),
+            )
+        except RecordOutOfRangeError as error:
+            await abort(
+                context, grpc.StatusCode.FAILED_PRECONDITION, "RECORD_OUT_OF_RANGE", str(error)
             )
         except ReductionError as error:
             await abort(

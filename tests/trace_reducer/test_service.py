@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from trace_reducer.service import SERVICE_NAME, ReducerService, add_to_server
 
 from .bundles import BundleBuilder, one_turn_bundle
 from .process import read_bytes_of_process
+from .test_hostile import crafted_bundles
 
 if TYPE_CHECKING:
     from rollout.reducer.v1.reducer_pb2_grpc import ReducerServiceAsyncStub
@@ -368,3 +370,23 @@ async def test_an_upload_over_the_limit_is_resource_exhausted(tmp_path: Path) ->
             assert answer.trace.recording_complete
     finally:
         await server.stop(None)
+
+
+async def test_crafted_bundles_are_handled_never_internal(
+    served: Served, caplog: pytest.LogCaptureFixture
+) -> None:
+    bundles = crafted_bundles(served.root)
+    with caplog.at_level(logging.WARNING):
+        for name in ("deep", "surrogate"):
+            request = reduce_request(str(bundles[name]), write_state=True)
+            answer = await served.stub.ReduceBundle(request)
+            assert answer.trace.recording_complete, name
+            assert answer.state_path == str(bundles[name] / "state.json")
+        request = reduce_request(str(bundles["year-33658"]), write_state=True)
+        code, info, message = await refused(served.stub.ReduceBundle(request))
+        assert (code, info.reason) == (grpc.StatusCode.FAILED_PRECONDITION, "RECORD_OUT_OF_RANGE")
+        assert message.startswith("seq 1: ")
+        data = (bundles["year-33658"] / "trace.binpb").read_bytes()
+        code, info, _ = await refused(upload(served.stub, chunks(data, 10)))
+        assert info.reason == "RECORD_OUT_OF_RANGE"
+    assert caplog.records == []
