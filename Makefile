@@ -35,9 +35,11 @@ pytest: $(STAMP)
 
 test: check pytest
 
-# The long fuzz run: tens of thousands of mutated bundles through the reader, reducer and CLI.
+# The long fuzz run: tens of thousands of mutated and crafted bundles through the reader,
+# reducer and CLI.
 fuzz: $(STAMP)
 	FUZZ_ITERATIONS=$${FUZZ_ITERATIONS:-20000} FUZZ_CLI_SAMPLES=$${FUZZ_CLI_SAMPLES:-200} \
+		FUZZ_HOSTILE_ITERATIONS=$${FUZZ_HOSTILE_ITERATIONS:-20000} \
 		$(BIN)/pytest -q --timeout 3600 tests/trace_reducer/test_fuzz.py
 
 bench: $(STAMP)

@@ -108,7 +108,10 @@ def _describe(record: record_pb2.TraceRecord, body: str | None) -> str:
             if payload.chunk_count > 1
             else ""
         )
-        kind = record_pb2.PayloadKind.Name(payload.kind).removeprefix("PAYLOAD_KIND_")
+        names = record_pb2.PayloadKind.DESCRIPTOR.values_by_number
+        # A kind from a newer writer has no name here: its number says what there is.
+        known = names.get(payload.kind)
+        kind = known.name.removeprefix("PAYLOAD_KIND_") if known else str(payload.kind)
         return (
             f"{payload.payload_id} {kind} {payload.media_type!r} {len(payload.data)} bytes"
             f"{chunk} {json.dumps(preview, ensure_ascii=False)}"
