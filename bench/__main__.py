@@ -1,4 +1,4 @@
-"""`make bench`: measure SPEC §8's budgets P1-P5 and print them in one table with their targets."""
+"""`make bench`: measure SPEC §8's budgets P1-P6 and print them in one table with their targets."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench import agent_bench, reducer_bench
-from bench.synthetic import Shape
 
 
 @dataclass(frozen=True)
@@ -34,7 +33,7 @@ def _rate(records: int, seconds: float) -> str:
 
 def p1(root: Path) -> list[Row]:
     rounds = 7
-    result = reducer_bench.measure_p1(root, Shape(turns=1000, deltas_per_turn=1000), rounds)
+    result = reducer_bench.measure_p1(root, rounds)
     n = result.records
     times = result.times
     floor = times[reducer_bench.FLOOR]
@@ -184,12 +183,51 @@ def p5(root: Path) -> list[Row]:
     return rows
 
 
+def p6(root: Path) -> list[Row]:
+    growth = reducer_bench.measure_state_growth(root)
+    small, large = growth.turns
+    compact = growth.per_turn_growth(growth.compact_bytes)
+    complete = growth.per_turn_growth(growth.complete_bytes)
+    lean = reducer_bench.measure_reduce_command(root, compact=True)
+    whole = reducer_bench.measure_reduce_command(root, compact=False)
+    mib = 1024
+    return [
+        Row(
+            "P6",
+            f"compact `state.json` bytes per turn, {large:,} turns vs {small:,}",
+            f"{growth.compact_bytes[1] / large:,.0f} / {growth.compact_bytes[0] / small:,.0f}"
+            f" = {compact:.2f}",
+            "<= 1.1",
+            compact <= 1.1,
+            beside=f"complete form: {growth.complete_bytes[1] / large:,.0f} / "
+            f"{growth.complete_bytes[0] / small:,.0f} = {complete:.2f}",
+        ),
+        Row(
+            "P6",
+            "`trace-reducer reduce --compact` of the P1 bundle: peak RSS (start-up included)",
+            f"{lean.peak_kib / mib:.0f} MiB",
+            "< 200 MiB",
+            lean.peak_kib < 200 * mib,
+            beside=f"state.json {lean.output_bytes / 1e6:.0f} MB",
+        ),
+        Row(
+            "P6",
+            "`trace-reducer reduce` (complete form) of the P1 bundle: peak RSS vs its output",
+            f"{whole.peak_kib / mib:.0f} MiB for {whole.output_bytes / 2**20:.0f} MiB "
+            f"= {whole.peak_kib * 1024 / whole.output_bytes:.2f}x",
+            "< 2x the output",
+            whole.peak_kib * 1024 < 2 * whole.output_bytes,
+        ),
+    ]
+
+
 BENCHES: dict[str, Callable[[Path], list[Row]]] = {
     "p1": p1,
     "p2": p2,
     "p3": p3,
     "p4": p4,
     "p5": p5,
+    "p6": p6,
 }
 
 

@@ -19,7 +19,14 @@ from pathlib import Path
 from bench.jsonl_peer import reduce_codex_jsonl, write_codex_jsonl
 from bench.synthetic import Shape, write_conversation
 from rollout.trace.v1 import record_pb2
-from trace_reducer import TRACE_FILE_NAME, decode_varint, read_bundle, replay_bundle
+from trace_reducer import (
+    TRACE_FILE_NAME,
+    decode_varint,
+    iter_state_json,
+    read_bundle,
+    replay_bundle,
+    state_to_json,
+)
 
 TRACE_REDUCER = str(Path(sys.executable).parent / "trace-reducer")
 
@@ -87,9 +94,19 @@ REPLAY = "replay_bundle"
 PEER = "JSONL + orjson"
 
 
-def measure_p1(root: Path, shape: Shape, rounds: int) -> P1:
+LARGE = Shape(turns=1000, deltas_per_turn=1000)
+
+
+def large_bundle(root: Path) -> Path:
+    """The >= 1,000,000-record bundle of P1 and P6, written once per run of the bench."""
+    home = root / "large"
+    existing = sorted(home.glob("*")) if home.is_dir() else []
+    return existing[0] if existing else write_conversation(home, LARGE)
+
+
+def measure_p1(root: Path, rounds: int) -> P1:
     """Alternate the floor, the validating read, replay_bundle and the JSONL peer."""
-    bundle = write_conversation(root / "p1", shape)
+    bundle = large_bundle(root)
     trace_file = bundle / TRACE_FILE_NAME
     jsonl = root / "p1.jsonl"
     lines = write_codex_jsonl(bundle, jsonl)
@@ -170,3 +187,41 @@ def peak_rss_of_command(argv: list[str]) -> int:
         [sys.executable, "-c", code, *argv], check=True, capture_output=True, text=True
     ).stdout
     return int(out)
+
+
+@dataclass(frozen=True)
+class StateGrowth:
+    turns: tuple[int, int]
+    compact_bytes: tuple[int, int]
+    complete_bytes: tuple[int, int]
+
+    def per_turn_growth(self, sizes: tuple[int, int]) -> float:
+        small, large = self.turns
+        return (sizes[1] / large) / (sizes[0] / small)
+
+
+def measure_state_growth(root: Path, turns: tuple[int, int] = (100, 1000)) -> StateGrowth:
+    """state.json bytes of the same conversation at two lengths, compact and complete."""
+    compact: list[int] = []
+    complete: list[int] = []
+    for count in turns:
+        bundle = write_conversation(root / f"growth-{count}", Shape(count, deltas_per_turn=10))
+        state = replay_bundle(bundle, compact=True)
+        compact.append(len(state_to_json(state).encode()))
+        complete.append(sum(len(piece.encode()) for piece in iter_state_json(state, expand=True)))
+    return StateGrowth(turns, (compact[0], compact[1]), (complete[0], complete[1]))
+
+
+@dataclass(frozen=True)
+class ReduceCost:
+    peak_kib: int
+    output_bytes: int
+
+
+def measure_reduce_command(root: Path, *, compact: bool) -> ReduceCost:
+    """`trace-reducer reduce` of the large bundle: its peak RSS and the size of what it wrote."""
+    bundle = large_bundle(root)
+    out = root / ("compact.json" if compact else "complete.json")
+    argv = [TRACE_REDUCER, "reduce", str(bundle), "-o", str(out)]
+    peak = peak_rss_of_command([*argv, "--compact"] if compact else argv)
+    return ReduceCost(peak, out.stat().st_size)

@@ -1,5 +1,6 @@
 """Trace bundles of rollout-trace: the format, its writer and reader, and the reducer."""
 
+from ._compact import expand_request_items
 from ._errors import (
     BundleError,
     BundleNotFoundError,
@@ -25,7 +26,7 @@ from ._records import RecordBuilder, RecordSink
 from ._reducer import Reducer
 from ._replay import replay_bundle
 from ._requests import RequestNotFoundError, request_body
-from ._state_json import state_to_json, write_state_json
+from ._state_json import iter_state_json, state_to_json, write_state_json
 from ._version import __version__
 from ._writer import FORMAT_VERSION, BundleWriter
 
@@ -56,7 +57,9 @@ __all__ = [
     "describe_os_error",
     "encode_record",
     "encode_varint",
+    "expand_request_items",
     "integrity_name",
+    "iter_state_json",
     "payload_id",
     "read_bundle",
     "replay_bundle",

@@ -176,14 +176,17 @@ def _canonical(value: object) -> str:
 class ThreadItems:
     """The conversation items of one thread, indexed for matching the next request's input."""
 
-    __slots__ = ("_by_key", "_by_responses_id", "_previous_ids", "_previous_keys")
+    __slots__ = ("_by_key", "_by_responses_id", "_in_request", "_previous_ids", "_previous_keys")
 
     def __init__(self) -> None:
         self._by_key: dict[str, list[str]] = {}
         self._by_responses_id: dict[str, list[str]] = {}
-        # The previous request: the key and the matched item id of each of its inputs.
+        # The previous request: the key and the matched item id of each of its inputs, and the
+        # same ids as a set. Each request changes them in place from where it departs from the
+        # previous one, so a long conversation costs what its new inputs cost.
         self._previous_keys: list[str] = []
         self._previous_ids: list[str] = []
+        self._in_request: set[str] = set()
 
     def register(self, item_id: str, key: str, responses_item_id: str) -> None:
         """Make an item of the thread findable by its content and its Responses id."""
@@ -194,41 +197,48 @@ class ThreadItems:
     def match_request(
         self, inputs: Sequence[ItemInfo], new_item: Callable[[int], str], *, known: int = 0
     ) -> list[str]:
-        """The item id of each input, in order; new_item(index) creates (and registers) the rest.
+        """The item ids of `inputs`, in order; new_item(index) creates (and registers) the rest.
 
-        Tried in order: the same content at the same position of the previous request; an
-        unused item whose Responses id is the input's `id`; the first-seen unused item with the
-        same content; otherwise a new item.
+        The request is the first `known` inputs of the previous request, which `inputs` leaves
+        out (indexes count from there), then `inputs`; those known ones are the previous
+        request's items, and only the ids of `inputs` are returned.
 
-        The request starts with the first `known` inputs of the previous request, which
-        `inputs` leaves out (indexes count from there): they are its items by the first rule,
-        so a long conversation costs what its new inputs cost, not its whole history.
+        Tried in order for each input: the same content at the same position of the previous
+        request; an item not yet in this request whose Responses id is the input's `id`; the
+        first-seen such item with the same content; otherwise a new item.
         """
-        if known > len(self._previous_ids):
-            raise ValueError(f"{known} known inputs, the previous request had fewer")
-        previous_keys = self._previous_keys
         previous_ids = self._previous_ids
-        count = len(previous_ids)
-        matched = previous_ids[:known]
-        used = set(matched)
+        previous_keys = self._previous_keys
+        if known > len(previous_ids):
+            raise ValueError(f"{known} known inputs, the previous request had fewer")
+        in_request = self._in_request
+        # Where this request departs from the previous one, the rest of that one is no longer
+        # in it; those positions still count for the first rule.
+        tail_ids = previous_ids[known:]
+        tail_keys = previous_keys[known:]
+        del previous_ids[known:]
+        del previous_keys[known:]
+        in_request.difference_update(tail_ids)
+        matched: list[str] = []
         for index, info in enumerate(inputs):
             item_id = None
-            position = known + index
-            if position < count:
-                candidate = previous_ids[position]
-                if previous_keys[position] == info.key and candidate not in used:
+            if index < len(tail_ids):
+                candidate = tail_ids[index]
+                if tail_keys[index] == info.key and candidate not in in_request:
                     item_id = candidate
             if item_id is None and info.responses_item_id:
-                item_id = _first_unused(self._by_responses_id.get(info.responses_item_id), used)
+                item_id = _first_unused(
+                    self._by_responses_id.get(info.responses_item_id), in_request
+                )
             if item_id is None:
-                item_id = _first_unused(self._by_key.get(info.key), used)
+                item_id = _first_unused(self._by_key.get(info.key), in_request)
             if item_id is None:
                 item_id = new_item(index)
-            used.add(item_id)
+            in_request.add(item_id)
             matched.append(item_id)
-        self._previous_keys = previous_keys[:known] + [info.key for info in inputs]
-        self._previous_ids = matched
-        return list(matched)
+            previous_keys.append(info.key)
+        previous_ids.extend(matched)
+        return matched
 
 
 def _first_unused(candidates: list[str] | None, used: set[str]) -> str | None:

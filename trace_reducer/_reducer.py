@@ -10,9 +10,10 @@ from google.protobuf import timestamp_pb2
 
 from rollout.trace.v1 import common_pb2, record_pb2, state_pb2
 
+from ._compact import expand_request_items
 from ._errors import RecordOutOfRangeError, ReductionError
 from ._items import ItemInfo, ThreadItems, parse_item
-from ._payloads import PayloadError, PayloadStore, resolve_inputs
+from ._payloads import PayloadError, PayloadStore
 
 _RUNNING = common_pb2.EXECUTION_STATUS_RUNNING
 _JOIN_EVERY = 256
@@ -22,14 +23,16 @@ _Record = record_pb2.TraceRecord
 
 
 class _Thread:
-    __slots__ = ("ended", "inputs", "items", "msg")
+    __slots__ = ("ended", "inputs", "items", "last_call", "msg")
 
     def __init__(self, msg: state_pb2.Thread) -> None:
         self.msg = msg
         self.items = ThreadItems()
         self.ended = False
-        # The complete input payload ids of the thread's latest inference call.
+        # The complete input payload ids of the thread's latest inference call (changed in
+        # place by each call from where it departs), and that call's id.
         self.inputs: list[str] = []
+        self.last_call = ""
 
 
 class _Turn:
@@ -223,8 +226,13 @@ class Reducer:
         """Record how the bundle ended, as the reader classified it."""
         self._integrity = integrity
 
-    def state(self) -> state_pb2.RolloutTrace:
-        """The reduced state of every record applied so far (a fresh message on each call)."""
+    def state(self, *, compact: bool = False) -> state_pb2.RolloutTrace:
+        """The reduced state of every record applied so far (a fresh message on each call).
+
+        compact: each inference call's request as "a prefix of the previous call's, then these
+        items" (InferenceCall.request_prefix_call_id, request_prefix_count); by default every
+        request_item_ids and input_payload_ids is whole.
+        """
         trace = state_pb2.RolloutTrace()
         header = self._header
         if header is not None:
@@ -251,6 +259,8 @@ class Reducer:
                 target.discarded_outputs.append(output.discarded())
         for item_id, item in self._items.items():
             trace.conversation_items[item_id].CopyFrom(item)
+        if not compact:
+            expand_request_items(trace)
         return trace
 
     # -- dispatch -------------------------------------------------------------------------
@@ -460,15 +470,16 @@ class Reducer:
             provider_base_url=body.provider_base_url,
             request_envelope_payload_id=body.request_envelope_payload_id,
         )
-        try:
-            pids = resolve_inputs(thread.inputs, body)
-        except PayloadError as error:
-            _fail(record, str(error))
-        msg.input_payload_ids.extend(pids)
-        self._start(msg.execution, record)
-        # The prefix is the previous call's input, matched already: only what is new is looked at.
         known = body.input_prefix_count
-        new_pids = pids[known:]
+        if known > len(thread.inputs):
+            _fail(
+                record,
+                f"input_prefix_count {known} exceeds the {len(thread.inputs)} inputs of the "
+                "previous call",
+            )
+        new_pids = list(body.input_payload_ids)
+        self._start(msg.execution, record)
+        # Looked up before anything changes, so a missing payload leaves the state as it was.
         infos = [self._item_info(pid, record) for pid in new_pids]
 
         def new_item(index: int) -> str:
@@ -483,13 +494,22 @@ class Reducer:
                 producer=None,
             )
 
+        # Held as the compact form: the previous call's first `known` inputs, then these. A
+        # conversation re-sends its history every time; holding it whole would make the state
+        # grow with the square of its length.
         msg.request_item_ids.extend(thread.items.match_request(infos, new_item, known=known))
+        msg.input_payload_ids.extend(new_pids)
+        if known:
+            msg.request_prefix_call_id = thread.last_call
+            msg.request_prefix_count = known
+        del thread.inputs[known:]
+        thread.inputs.extend(new_pids)
+        thread.last_call = call_id
         call = _Call(body.call, msg, turn)
         turn.msg.inference_call_ids.append(call_id)
         turn.calls.append(call)
         self._calls[body.call] = call
         self._call_ids.add(call_id)
-        thread.inputs = pids
 
     def _on_response_created(self, record: _Record) -> None:
         body = record.response_created

@@ -28,7 +28,7 @@ from ._layout import STATE_FILE_NAME
 from ._reader import read_bundle, resolve_trace_file
 from ._replay import replay_bundle
 from ._requests import request_body
-from ._state_json import state_to_json, write_state_json
+from ._state_json import iter_state_json, write_state_json
 from ._version import __version__
 
 if TYPE_CHECKING:
@@ -61,7 +61,9 @@ def _warn(message: str) -> None:
 
 def _reduce(args: argparse.Namespace) -> int:
     trace_file = resolve_trace_file(args.bundle)
-    trace = replay_bundle(trace_file)
+    # Held compact either way: the complete form is written a call at a time from it.
+    trace = replay_bundle(trace_file, compact=True)
+    expand = not args.compact
     integrity = trace.integrity
     try:
         require_reducible(integrity, salvage=args.salvage, source=args.bundle)
@@ -82,11 +84,12 @@ def _reduce(args: argparse.Namespace) -> int:
             f"{integrity.detail}; reduced {integrity.records_read} records"
         )
     if args.stdout:
-        sys.stdout.write(state_to_json(trace))
+        for piece in iter_state_json(trace, expand=expand):
+            sys.stdout.write(piece)
         sys.stdout.flush()
         return EXIT_OK
     target = Path(args.output) if args.output else trace_file.parent / STATE_FILE_NAME
-    print(write_state_json(trace, target), flush=True)
+    print(write_state_json(trace, target, expand=expand), flush=True)
     return EXIT_OK
 
 
@@ -224,6 +227,12 @@ def build_parser() -> argparse.ArgumentParser:
     target.add_argument("--stdout", action="store_true", help="print the JSON instead")
     reduce.add_argument(
         "--salvage", action="store_true", help="reduce a corrupt bundle up to the damage"
+    )
+    reduce.add_argument(
+        "--compact",
+        action="store_true",
+        help="each request as a prefix of the previous one plus its new items "
+        "(InferenceCall.request_prefix_call_id/_count): linear in the conversation",
     )
     reduce.set_defaults(run=_reduce)
 

@@ -14,9 +14,16 @@ import pytest
 from google.protobuf import json_format
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bench.synthetic import Shape, write_conversation
 from rollout.reducer.v1 import reducer_pb2, reducer_pb2_grpc
 from rollout.trace.v1 import record_pb2, state_pb2
-from trace_reducer import decode_varint, replay_bundle, request_body, state_to_json
+from trace_reducer import (
+    decode_varint,
+    expand_request_items,
+    replay_bundle,
+    request_body,
+    state_to_json,
+)
 
 from .bundles import COMPLETED, BundleBuilder, one_turn_bundle
 
@@ -326,3 +333,17 @@ def test_serve_requires_the_token_when_configured(tmp_path: Path) -> None:
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_reduce_compact_writes_the_compact_form(tmp_path: Path) -> None:
+    bundle = write_conversation(tmp_path, Shape(turns=5, deltas_per_turn=2))
+    result = run("reduce", bundle, "--compact", "--stdout")
+    assert result.returncode == 0, result.stderr
+    compact = json_format.Parse(result.stdout, state_pb2.RolloutTrace())
+    assert compact == replay_bundle(bundle, compact=True)
+    assert compact.inference_calls["call-2"].request_prefix_call_id == "call-1"
+    expand_request_items(compact)
+    assert compact == replay_bundle(bundle)
+    result = run("reduce", bundle, "--compact")
+    assert result.returncode == 0, result.stderr
+    assert (bundle / "state.json").read_text() == state_to_json(replay_bundle(bundle, compact=True))

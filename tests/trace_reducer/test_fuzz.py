@@ -324,7 +324,7 @@ def _hostile_record(rng: random.Random, pids: list[str]) -> record_pb2.TraceReco
     return record
 
 
-def _hostile_bundle(rng: random.Random) -> bytes:
+def hostile_bundle(rng: random.Random) -> bytes:
     """Frames with a right CRC and seq, from a header whose clock may be anywhere."""
     header = record_pb2.Header(format_version=rng.choice([1, 2, 2**32 - 1]), trace_id="t")
     header.created_at.seconds = rng.choice([0, 1_700_000_000, -62_135_596_800, 10**12, -(10**12)])
@@ -351,7 +351,7 @@ def test_crafted_bundles_reduce_or_fail_cleanly() -> None:
     rng = random.Random(9)
     outcomes: dict[str, int] = {}
     for _ in range(HOSTILE_ITERATIONS):
-        data = _hostile_bundle(rng)
+        data = hostile_bundle(rng)
         try:
             state = _reduce_bytes(data, rng)
             # What reduces can be written: JSON, every string valid UTF-8.
@@ -372,7 +372,7 @@ def test_cli_never_prints_a_traceback_for_crafted_bundles(tmp_path: Path) -> Non
     for sample in range(CLI_SAMPLES):
         bundle = tmp_path / f"crafted-{sample}"
         bundle.mkdir()
-        (bundle / "trace.binpb").write_bytes(_hostile_bundle(rng))
+        (bundle / "trace.binpb").write_bytes(hostile_bundle(rng))
         for args in (["reduce", str(bundle)], ["dump", str(bundle)], ["request", str(bundle), "x"]):
             done = subprocess.run(
                 [sys.executable, "-m", "trace_reducer.cli", *args],

@@ -122,10 +122,10 @@ async def test_write_state_lands_in_the_directory_opened_even_if_swapped_for_a_s
     moved = served.root / "moved"
     state = Reducer.state
 
-    def state_then_swap(reducer: Reducer) -> state_pb2.RolloutTrace:
+    def state_then_swap(reducer: Reducer, *, compact: bool = False) -> state_pb2.RolloutTrace:
         # Between reading the bundle and writing state.json, its directory becomes a symlink
         # to a directory outside the root.
-        trace = state(reducer)
+        trace = state(reducer, compact=compact)
         bundle.rename(moved)
         bundle.symlink_to(outside)
         return trace

@@ -530,6 +530,8 @@ class InferenceCall(_message.Message):
     REQUEST_ENVELOPE_PAYLOAD_ID_FIELD_NUMBER: _builtins.int
     INPUT_PAYLOAD_IDS_FIELD_NUMBER: _builtins.int
     OUTPUT_PAYLOAD_IDS_FIELD_NUMBER: _builtins.int
+    REQUEST_PREFIX_CALL_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_PREFIX_COUNT_FIELD_NUMBER: _builtins.int
     inference_call_id: _builtins.str
     thread_id: _builtins.str
     turn_id: _builtins.str
@@ -539,6 +541,16 @@ class InferenceCall(_message.Message):
     response_id: _builtins.str
     end_reason: _builtins.str
     request_envelope_payload_id: _builtins.str
+    request_prefix_call_id: _builtins.str
+    """The compact form of a state (`trace-reducer reduce --compact`) holds each request as "the
+    first request_prefix_count items of the request of request_prefix_call_id (the thread's
+    previous inference call), then these": request_item_ids and input_payload_ids list only what
+    follows that prefix. A conversation re-sends its history with every request, so the complete
+    form grows with the square of its length and the compact form linearly.
+    In the complete form (the default) both are empty and the two lists are whole;
+    trace_reducer.expand_request_items turns a compact state into the complete one.
+    """
+    request_prefix_count: _builtins.int
     @_builtins.property
     def execution(self) -> Global___Execution: ...
     @_builtins.property
@@ -579,10 +591,12 @@ class InferenceCall(_message.Message):
         request_envelope_payload_id: _builtins.str = ...,
         input_payload_ids: _abc.Iterable[_builtins.str] | None = ...,
         output_payload_ids: _abc.Iterable[_builtins.str] | None = ...,
+        request_prefix_call_id: _builtins.str = ...,
+        request_prefix_count: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "execution", b"execution", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "discarded_outputs", b"discarded_outputs", "end_reason", b"end_reason", "error", b"error", "execution", b"execution", "inference_call_id", b"inference_call_id", "input_payload_ids", b"input_payload_ids", "model", b"model", "output_payload_ids", b"output_payload_ids", "provider_base_url", b"provider_base_url", "request_envelope_payload_id", b"request_envelope_payload_id", "request_item_ids", b"request_item_ids", "response_id", b"response_id", "response_item_ids", b"response_item_ids", "thread_id", b"thread_id", "turn_id", b"turn_id", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "discarded_outputs", b"discarded_outputs", "end_reason", b"end_reason", "error", b"error", "execution", b"execution", "inference_call_id", b"inference_call_id", "input_payload_ids", b"input_payload_ids", "model", b"model", "output_payload_ids", b"output_payload_ids", "provider_base_url", b"provider_base_url", "request_envelope_payload_id", b"request_envelope_payload_id", "request_item_ids", b"request_item_ids", "request_prefix_call_id", b"request_prefix_call_id", "request_prefix_count", b"request_prefix_count", "response_id", b"response_id", "response_item_ids", b"response_item_ids", "thread_id", b"thread_id", "turn_id", b"turn_id", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
