@@ -40,7 +40,8 @@ test: check pytest
 fuzz: $(STAMP)
 	FUZZ_ITERATIONS=$${FUZZ_ITERATIONS:-20000} FUZZ_CLI_SAMPLES=$${FUZZ_CLI_SAMPLES:-200} \
 		FUZZ_HOSTILE_ITERATIONS=$${FUZZ_HOSTILE_ITERATIONS:-20000} \
-		$(BIN)/pytest -q --timeout 3600 tests/trace_reducer/test_fuzz.py
+		FUZZ_BULK_ITERATIONS=$${FUZZ_BULK_ITERATIONS:-20000} \
+		$(BIN)/pytest -q --timeout 3600 tests/trace_reducer/test_fuzz.py tests/trace_reducer/test_bulk.py
 
 bench: $(STAMP)
 	$(PY) -m bench

@@ -10,6 +10,7 @@ from google.protobuf import timestamp_pb2
 
 from rollout.trace.v1 import common_pb2, record_pb2, state_pb2
 
+from ._bulk import DeltaRun
 from ._compact import expand_request_items
 from ._errors import RecordOutOfRangeError, ReductionError
 from ._items import ItemInfo, ThreadItems, parse_item
@@ -17,6 +18,7 @@ from ._payloads import PayloadError, PayloadStore
 
 _RUNNING = common_pb2.EXECUTION_STATUS_RUNNING
 _JOIN_EVERY = 256
+_RUN_BYTES = 1 << 20
 _CLEAN = state_pb2.INTEGRITY_STATUS_CLEAN
 
 _Record = record_pb2.TraceRecord
@@ -48,7 +50,16 @@ class _Turn:
 class _Output:
     """An output item between output_item.added and output_item.done."""
 
-    __slots__ = ("announced", "call", "chunks", "item_type", "parts", "provider_item_id", "role")
+    __slots__ = (
+        "announced",
+        "call",
+        "chunks",
+        "item_type",
+        "parts",
+        "provider_item_id",
+        "role",
+        "run_bytes",
+    )
 
     def __init__(
         self, call: _Call, provider_item_id: str, item_type: str, role: str, *, announced: bool
@@ -58,8 +69,10 @@ class _Output:
         self.provider_item_id = provider_item_id
         self.item_type = item_type
         self.role = role
-        # The latest deltas until the item is done; None from then on.
-        self.parts: list[str] | None = []
+        # The latest deltas until the item is done; None from then on. Runs of deltas stay
+        # undecoded: an item that completes brings its whole text, so theirs is rarely needed.
+        self.parts: list[str | DeltaRun] | None = []
+        self.run_bytes = 0
         # Earlier deltas, joined _JOIN_EVERY at a time: an item streamed in a million tiny
         # deltas must not cost a million string objects.
         self.chunks: list[str] = []
@@ -71,13 +84,24 @@ class _Output:
             if len(parts) >= _JOIN_EVERY:
                 self.join()
 
+    def add_run(self, run: DeltaRun) -> None:
+        parts = self.parts
+        assert parts is not None
+        parts.append(run)
+        self.run_bytes += run.size
+        # Undecoded runs cost more than their text; past a bound they are decoded, so what a
+        # streaming item holds stays in proportion to its text.
+        if self.run_bytes > _RUN_BYTES or len(parts) >= _JOIN_EVERY:
+            self.join()
+
     def join(self) -> None:
         assert self.parts is not None
-        self.chunks.append("".join(self.parts))
+        self.chunks.append(_joined(self.parts))
         self.parts.clear()
+        self.run_bytes = 0
 
     def text(self) -> str:
-        return "".join(self.chunks) + "".join(self.parts or ())
+        return "".join(self.chunks) + _joined(self.parts or ())
 
     def discarded(self) -> state_pb2.DiscardedOutput:
         return state_pb2.DiscardedOutput(
@@ -85,6 +109,10 @@ class _Output:
             item_type=self.item_type,
             partial_text=self.text(),
         )
+
+
+def _joined(parts: Iterable[str | DeltaRun]) -> str:
+    return "".join(part if isinstance(part, str) else part.text() for part in parts)
 
 
 class _Call:
@@ -190,15 +218,25 @@ class Reducer:
         self._last_time_us = record.time_us
         self._records += 1
 
-    def apply_many(self, records: Iterable[record_pb2.TraceRecord]) -> None:
+    def apply_many(self, records: Iterable[record_pb2.TraceRecord | DeltaRun]) -> None:
         """apply() each record in order; the loop replay runs, with text deltas for a call's
-        latest item (most of any bundle) handled inline."""
+        latest item (most of any bundle) handled inline, and runs of them (what
+        FrameDecoder.feed_batch makes) whole."""
         streaming = self._streaming
         apply = self.apply
         last: _Record | None = None
         inline = 0
         try:
             for record in records:
+                if type(record) is DeltaRun:
+                    if last is not None:
+                        self._records += inline
+                        self._last_time_us = last.time_us
+                        inline = 0
+                        last = None
+                    self._apply_run(record)
+                    continue
+                assert isinstance(record, _Record)
                 if record.WhichOneof("body") == "output_text_delta":
                     body = record.output_text_delta
                     latest = None if body.item else streaming.get(body.call)
@@ -221,6 +259,17 @@ class Reducer:
             if last is not None:
                 self._records += inline
                 self._last_time_us = last.time_us
+
+    def _apply_run(self, run: DeltaRun) -> None:
+        latest = self._streaming.get(run.call)
+        if latest is None:
+            # Not the common case the run is for: every record means what it says alone.
+            for record in run.records():
+                self.apply(record)
+            return
+        latest.add_run(run)
+        self._records += run.count
+        self._last_time_us = run.last_time_us
 
     def set_integrity(self, integrity: state_pb2.Integrity) -> None:
         """Record how the bundle ended, as the reader classified it."""

@@ -102,14 +102,19 @@ MUTATIONS: list[Mutation] = [
 ]
 
 
-def _reduce_bytes(data: bytes, rng: random.Random) -> state_pb2.RolloutTrace:
-    decoder = FrameDecoder()
+def _reduce_bytes(data: bytes, rng: random.Random, *, bulk: bool = True) -> state_pb2.RolloutTrace:
+    """The state of data fed in random chunks: as replay reads it (delta runs in bulk), or
+    frame by frame and one record at a time (the reference)."""
+    decoder = FrameDecoder(bulk=bulk)
     reducer = Reducer()
     pos = 0
     while pos < len(data):
         step = rng.randint(1, 4096)
-        for record in decoder.feed(data[pos : pos + step]):
-            reducer.apply(record)
+        if bulk:
+            reducer.apply_many(decoder.feed_batch(data[pos : pos + step]))
+        else:
+            for record in decoder.feed(data[pos : pos + step]):
+                reducer.apply(record)
         pos += step
     reducer.set_integrity(decoder.finish())
     return reducer.state()
@@ -118,7 +123,8 @@ def _reduce_bytes(data: bytes, rng: random.Random) -> state_pb2.RolloutTrace:
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory: pytest.TempPathFactory) -> bytes:
     root = tmp_path_factory.mktemp("fuzz")
-    bundle = write_conversation(root, Shape(turns=3, deltas_per_turn=6))
+    # Replies long enough that their deltas are read as runs (trace_reducer._bulk).
+    bundle = write_conversation(root, Shape(turns=3, deltas_per_turn=30))
     return (bundle / "trace.binpb").read_bytes()
 
 
@@ -138,7 +144,7 @@ def test_mutations_never_crash_and_are_never_clean(pristine: bytes) -> None:
         if data == pristine:
             continue
         try:
-            state = _reduce_bytes(data, rng)
+            state = _reduce_bytes(data, rng, bulk=False)
         except ReductionError as error:
             # A contradiction is reported, by design, as a clear failure naming the seq.
             outcomes["contradiction"] = outcomes.get("contradiction", 0) + 1
@@ -146,7 +152,8 @@ def test_mutations_never_crash_and_are_never_clean(pristine: bytes) -> None:
             with pytest.raises(ReductionError, match=re.escape(message)):
                 _reduce_bytes(data, rng)
             continue
-        # However the bytes arrive, the answer is the same.
+        # However the bytes arrive, and whether runs of deltas are read in bulk or not, the
+        # answer is the same.
         assert _reduce_bytes(data, rng) == state, (mutation.__name__, iteration)
         status = state_pb2.IntegrityStatus.Name(state.integrity.status)
         assert status != "INTEGRITY_STATUS_CLEAN", (mutation.__name__, iteration)
