@@ -32,7 +32,6 @@ import operator
 import re
 import sys
 from array import array
-from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -168,8 +167,9 @@ def _frame_crc_linear(stored: int) -> int:
 
 
 @functools.cache
-def _crc_tables() -> tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]:
-    """H as four byte tables, and K(L) for every one-byte length L."""
+def _crc_tables() -> tuple[tuple[tuple[int, ...], ...], tuple[bytes, ...]]:
+    """H as four byte tables, and K(L) for every one-byte length L as four translate tables
+    (byte j of K(L) at index L of the j-th)."""
     h = tuple(
         tuple(_frame_crc_linear(byte << (8 * shift)) for byte in range(256)) for shift in range(4)
     )
@@ -179,15 +179,19 @@ def _crc_tables() -> tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]:
         prefix = _ALL_ONES ^ _register(_ALL_ONES, bytes([length]))
         g = _ALL_ONES ^ _zeros(length - _CRC_TRAILER, prefix)
         k[length] = trailer ^ _zeros(5, g)
-    return h, tuple(k)
+    k_bytes = tuple(
+        bytes((k[length] >> (8 * shift)) & 0xFF if length < 128 else 0 for length in range(256))
+        for shift in range(4)
+    )
+    return h, k_bytes
 
 
-def _fold(words: bytes) -> int:
-    """XOR of the little-endian 32-bit words of `words`, by halving one big integer."""
-    value = int.from_bytes(words, "little")
-    bits = len(words) * 8
-    while bits > 32:
-        half = ((bits // 32 + 1) // 2) * 32
+def _fold(data: bytes, width: int = 32) -> int:
+    """XOR of the little-endian `width`-bit words of data, by halving one big integer."""
+    value = int.from_bytes(data, "little")
+    bits = len(data) * 8
+    while bits > width:
+        half = ((bits // width + 1) // 2) * width
         value = (value & ((1 << half) - 1)) ^ (value >> half)
         bits = half
     return value
@@ -199,11 +203,12 @@ def frames_crc_ok(frames: list[bytes], lengths: bytes, stored: bytes) -> bool:
     lengths: each frame's length byte; stored: each one's CRC field value, as little-endian
     32-bit words.
     """
-    h, k = _crc_tables()
+    h, k_bytes = _crc_tables()
     total = _fold(array("I", map(google_crc32c.value, frames)).tobytes())
-    for length, count in Counter(lengths).items():
-        if count & 1:
-            total ^= k[length]
+    # XOR of K(L) over the frames, a byte of it at a time: each frame's length byte looked up
+    # in a table of that byte of K.
+    for shift, table in enumerate(k_bytes):
+        total ^= _fold(lengths.translate(table), 8) << (8 * shift)
     crc = _fold(stored)
     expected = (
         h[0][crc & 0xFF] ^ h[1][(crc >> 8) & 0xFF] ^ h[2][(crc >> 16) & 0xFF] ^ h[3][crc >> 24]
@@ -260,7 +265,7 @@ class RunFinder:
         before it (deltas that follow mostly have a time of the same encoded size).
         """
         self._base = base
-        self._frames = frames = frames[base:]
+        self._frames = frames = frames[base:] if base else frames
         count = len(frames)
         self._k = k = varint_size(first_seq)
         self._vt = vt = varint_size(last_time_us)

@@ -10,6 +10,7 @@ if need be, so that a writer never holds more than one complete request.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from itertools import chain
 
 from rollout.trace.v1 import state_pb2
 
@@ -78,8 +79,8 @@ class RequestIndex:
         item_pieces.reverse()
         payload_pieces.reverse()
         request = (
-            [item for piece in item_pieces for item in piece],
-            [pid for piece in payload_pieces for pid in piece],
+            list(chain.from_iterable(item_pieces)),
+            list(chain.from_iterable(payload_pieces)),
         )
         if known is not None:
             known[call_id] = request
@@ -112,7 +113,33 @@ def expand_request_items(trace: state_pb2.RolloutTrace) -> None:
     if not is_compact(trace):
         return
     calls = trace.inference_calls
-    index = RequestIndex(calls, remember=True)
-    # Earliest first, so that each chain stops at the request just before it.
-    for call in sorted(calls.values(), key=lambda call: call.execution.started_seq):
-        expand_call(call, index)
+    index: RequestIndex | None = None
+    # The whole request of each call seen so far, while a later one may start with it: a
+    # thread's next call starts with its previous one's.
+    whole: dict[str, _Request] = {}
+    # Earliest first: a request's prefix is then whole already.
+    for call_id in sorted(calls, key=lambda call_id: calls[call_id].execution.started_seq):
+        call = calls[call_id]
+        prefix = call.request_prefix_call_id
+        before = whole.pop(prefix, None) if prefix else None
+        if before is not None:
+            count = call.request_prefix_count
+            items = before[0][:count]
+            items += call.request_item_ids
+            payloads = before[1][:count]
+            payloads += call.input_payload_ids
+            del call.request_item_ids[:]
+            call.request_item_ids.extend(items)
+            del call.input_payload_ids[:]
+            call.input_payload_ids.extend(payloads)
+            call.ClearField("request_prefix_call_id")
+            call.ClearField("request_prefix_count")
+        elif prefix:
+            # A prefix from a call not seen yet, or not the latest of its thread (a state
+            # written by hand): walk its chain.
+            index = index or RequestIndex(calls)
+            items, payloads = index.complete(call_id)
+            expand_call(call, index)
+        else:
+            items, payloads = list(call.request_item_ids), list(call.input_payload_ids)
+        whole[call_id] = (items, payloads)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 from rollout.trace.v1 import state_pb2
@@ -30,6 +30,7 @@ _KINDS: dict[str, state_pb2.ItemKind.ValueType] = {
 # crafted one thousands of levels deep would exhaust the interpreter's stack.
 MAX_ITEM_DEPTH = 200
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 # Fields that change between the provider's copy of an item and the copy sent back as input
 # without changing what the model sees.
@@ -40,7 +41,7 @@ _VOLATILE_FIELDS = frozenset({"id", "status"})
 class ItemInfo:
     """What the reducer needs to know about one Responses API item."""
 
-    key: str
+    key: Hashable
     """Normalised content: equal keys mean the model saw the same thing."""
     responses_item_id: str
     role: state_pb2.ConversationRole.ValueType
@@ -88,18 +89,18 @@ def _opaque(key: str) -> ItemInfo:
 
 
 def _depth_exceeds(value: object, limit: int) -> bool:
-    """Whether containers nest more than limit deep (without recursing)."""
-    level: list[object] = [value]
-    for _ in range(limit):
-        level = [
-            child
-            for container in level
-            if isinstance(container, dict | list)
-            for child in (container.values() if isinstance(container, dict) else container)
-        ]
-        if not level:
-            return False
-    return any(isinstance(child, dict | list) for child in level)
+    """Whether containers nest more than limit deep below value."""
+    if isinstance(value, dict):
+        children: Iterable[object] = value.values()
+    elif isinstance(value, list):
+        children = value
+    else:
+        return False
+    if limit == 0:
+        return True
+    return any(
+        isinstance(child, dict | list) and _depth_exceeds(child, limit - 1) for child in children
+    )
 
 
 def _without_lone_surrogates(value: object) -> object:
@@ -128,11 +129,11 @@ def parse_item(data: bytes) -> ItemInfo:
         parsed: object = json.loads(text)
     except (ValueError, RecursionError):
         return _opaque(text)
-    if data.count(b"[") + data.count(b"{") > MAX_ITEM_DEPTH and _depth_exceeds(
-        parsed, MAX_ITEM_DEPTH
-    ):
+    if _depth_exceeds(parsed, MAX_ITEM_DEPTH):
         return _opaque(text)
-    if "\\ud" in text or "\\uD" in text:
+    # Only an escape can spell a lone surrogate (bytes that would were replaced above); a
+    # payload without a backslash, most of them, is not even searched.
+    if b"\\" in data and _SURROGATE_ESCAPE.search(data):
         parsed = _without_lone_surrogates(parsed)
     if not isinstance(parsed, dict):
         return _opaque(_canonical(parsed))
@@ -160,13 +161,30 @@ def parse_item(data: bytes) -> ItemInfo:
     else:
         parts = _parts(content, "input_text")
     return ItemInfo(
-        key=_canonical(normalised),
+        key=_frozen(normalised),
         responses_item_id=_text(parsed.get("id")),
         role=role,
         kind=kind,
         content=parts,
         call_id=_text(parsed.get("call_id")),
     )
+
+
+def _frozen(value: object) -> Hashable:
+    """A JSON value as nested tuples: equal exactly when their canonical JSON is.
+
+    Cheaper than encoding it (text is kept, not copied); numbers and booleans carry their type,
+    as JSON tells 1, 1.0 and true apart where Python does not.
+    """
+    if isinstance(value, str) or value is None:
+        return value
+    if isinstance(value, dict):
+        return ("{", tuple(sorted((key, _frozen(child)) for key, child in value.items())))
+    if isinstance(value, list):
+        return ("[", tuple(_frozen(child) for child in value))
+    if isinstance(value, float):
+        return ("f", repr(value))
+    return ("b" if isinstance(value, bool) else "i", value)
 
 
 def _canonical(value: object) -> str:
@@ -179,16 +197,16 @@ class ThreadItems:
     __slots__ = ("_by_key", "_by_responses_id", "_in_request", "_previous_ids", "_previous_keys")
 
     def __init__(self) -> None:
-        self._by_key: dict[str, list[str]] = {}
+        self._by_key: dict[Hashable, list[str]] = {}
         self._by_responses_id: dict[str, list[str]] = {}
         # The previous request: the key and the matched item id of each of its inputs, and the
         # same ids as a set. Each request changes them in place from where it departs from the
         # previous one, so a long conversation costs what its new inputs cost.
-        self._previous_keys: list[str] = []
+        self._previous_keys: list[Hashable] = []
         self._previous_ids: list[str] = []
         self._in_request: set[str] = set()
 
-    def register(self, item_id: str, key: str, responses_item_id: str) -> None:
+    def register(self, item_id: str, key: Hashable, responses_item_id: str) -> None:
         """Make an item of the thread findable by its content and its Responses id."""
         self._by_key.setdefault(key, []).append(item_id)
         if responses_item_id:

@@ -93,14 +93,14 @@ class FrameDecoder:
         else:
             buffer = data
         items: list[Item] = []
-        starts, frames, problem = _split_frames(buffer)
+        frames, split_end, problem = _split_frames(buffer)
         count = len(frames)
         done = 0
         if self._bulk:
-            done = self._runs_and_records(frames, starts, items)
+            done = self._runs_and_records(frames, items)
         if done < count and not self._halted:
-            done = self._one_by_one(frames, starts, done, count, items)
-        consumed = starts[done]
+            done = self._one_by_one(frames, done, count, items)
+        consumed = split_end if done == count else _offset_of(frames, done)
         if self._damage is None:
             if self._footer_seen:
                 if consumed < len(buffer):
@@ -110,7 +110,7 @@ class FrameDecoder:
         self._advance(buffer, consumed)
         return items
 
-    def _runs_and_records(self, frames: list[bytes], starts: list[int], items: list[Item]) -> int:
+    def _runs_and_records(self, frames: list[bytes], items: list[Item]) -> int:
         """Frames as delta runs where they prove to be, one by one between; return where it
         stopped (before a bad frame, after the footer, or at the end)."""
         count = len(frames)
@@ -127,7 +127,7 @@ class FrameDecoder:
             look_again = False
             for first, end in finder.runs():
                 if first > done:
-                    done = self._until_sizes_change(frames, starts, done, first, items, finder)
+                    done = self._until_sizes_change(frames, done, first, items, finder)
                     if self._halted:
                         return done
                     look_again = done < first
@@ -147,14 +147,14 @@ class FrameDecoder:
                         continue
                     # No run starts here: a few frames, this one at least, are read alone.
                     step = min(end, done + MIN_RUN)
-                    done = self._until_sizes_change(frames, starts, done, step, items, finder)
+                    done = self._until_sizes_change(frames, done, step, items, finder)
                     if self._halted:
                         return done
                     look_again = done < step
                 if look_again:
                     break
             else:
-                done = self._until_sizes_change(frames, starts, done, count, items, finder)
+                done = self._until_sizes_change(frames, done, count, items, finder)
             if self._halted:
                 break
         return done
@@ -167,7 +167,6 @@ class FrameDecoder:
     def _until_sizes_change(
         self,
         frames: list[bytes],
-        starts: list[int],
         first: int,
         end: int,
         items: list[Item],
@@ -178,14 +177,12 @@ class FrameDecoder:
         done = first
         while done < end:
             step = min(end, done + _SIZE_CHECK_EVERY)
-            done = self._one_by_one(frames, starts, done, step, items)
+            done = self._one_by_one(frames, done, step, items)
             if self._halted or not finder.sizes_hold(self._next_seq, self._last_time_us):
                 break
         return done
 
-    def _one_by_one(
-        self, frames: list[bytes], starts: list[int], first: int, end: int, items: list[Item]
-    ) -> int:
+    def _one_by_one(self, frames: list[bytes], first: int, end: int, items: list[Item]) -> int:
         """Check and parse frames [first, end) one at a time; return where it stopped.
 
         It stops early at a bad frame (recording the damage) or after the footer.
@@ -230,7 +227,7 @@ class FrameDecoder:
                 break
         self._next_seq = next_seq
         if problem:
-            self._corrupt(self._offset + starts[index], problem)
+            self._corrupt(self._offset + _offset_of(frames, index), problem)
         return index
 
     def _advance(self, buffer: bytes, pos: int) -> None:
@@ -290,19 +287,25 @@ def _frame_size(frame: bytes) -> int:
     return int(prefix[0])
 
 
-def _split_frames(buffer: bytes) -> tuple[list[int], list[bytes], str]:
-    """buffer's complete frames (length prefix included), where each starts (then where the
-    last one ends), and why the frames stop before the buffer ends when that is damage rather
-    than a frame still coming.
-    """
-    starts = [0]
+def _split_frames(buffer: bytes) -> tuple[list[bytes], int, str]:
+    """buffer's complete frames (length prefix included), where the last one ends, and why
+    they stop before the buffer ends when that is damage rather than a frame still coming."""
     frames: list[bytes] = []
-    add_start = starts.append
     add_frame = frames.append
     pos = 0
     end = len(buffer)
     problem = ""
-    # This loop runs once per record of every bundle read: it is kept flat on purpose.
+    # This loop runs once per record of every bundle read: it is kept flat on purpose. Up to
+    # `roomy`, any frame with a one-byte length fits in the buffer, so only its length is
+    # looked at.
+    roomy = end - 0x80
+    while pos < roomy:
+        size = buffer[pos]
+        if size & 0x80:
+            break
+        following = pos + size + 1
+        add_frame(buffer[pos:following])
+        pos = following
     while pos < end:
         size = buffer[pos]
         if size < 0x80:
@@ -323,9 +326,13 @@ def _split_frames(buffer: bytes) -> tuple[list[int], list[bytes], str]:
         if following > end:
             break
         add_frame(buffer[pos:following])
-        add_start(following)
         pos = following
-    return starts, frames, problem
+    return frames, pos, problem
+
+
+def _offset_of(frames: list[bytes], index: int) -> int:
+    """Where frame `index` starts in the buffer frames were split from."""
+    return sum(map(len, frames[:index]))
 
 
 class BundleReader:

@@ -22,7 +22,7 @@ from trace_reducer import (
     encode_record,
     encode_varint,
 )
-from trace_reducer._bulk import DeltaRun
+from trace_reducer._bulk import DeltaRun, frames_crc_ok
 
 FUZZ_RUNS = int(os.environ.get("FUZZ_BULK_ITERATIONS", "300"))
 
@@ -337,3 +337,22 @@ def test_random_odd_runs() -> None:
         if rng.random() < 0.3:
             data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
         reduce_both(bytes(data), rng)
+
+
+def test_a_whole_frames_crc_is_affine_in_its_stored_crc() -> None:
+    # What the bulk CRC check rests on: crc32c(frame) = H(C) ^ K(L), C the body's CRC and L the
+    # one-byte length; and the XOR over frames of their CRCs follows from the XOR of the Cs.
+    rng = random.Random(32)
+    frames = []
+    for _ in range(500):
+        body = rng.randbytes(rng.randrange(0, 123))
+        frames.append(frame(body))
+    lengths = bytes(f[0] for f in frames)
+    stored = b"".join(f[-4:] for f in frames)
+    assert frames_crc_ok(frames, lengths, stored)
+    for index in (0, 250, 499):
+        damaged = bytearray(frames[index])
+        damaged[rng.randrange(1, len(damaged))] ^= 1 << rng.randrange(8)
+        changed = [*frames[:index], bytes(damaged), *frames[index + 1 :]]
+        changed_stored = b"".join(f[-4:] for f in changed)
+        assert not frames_crc_ok(changed, lengths, changed_stored), index
