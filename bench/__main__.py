@@ -39,6 +39,7 @@ def p1(root: Path) -> list[Row]:
     floor = times[reducer_bench.FLOOR]
     validating = times[reducer_bench.VALIDATING]
     replay = times[reducer_bench.REPLAY]
+    compact = times[reducer_bench.COMPACT]
     peer = times[reducer_bench.PEER]
 
     def spread(work: reducer_bench.Spread, records: int = n) -> str:
@@ -58,6 +59,17 @@ def p1(root: Path) -> list[Row]:
             f"{replay.median / floor.median:.2f}x the floor's time, "
             f"{replay.median / validating.median:.2f}x the validating read's, "
             f"{replay.median / peer.median:.2f}x the peer's",
+        ),
+        Row(
+            "P1",
+            "`replay_bundle(compact=True)`: the same, each request held as a prefix of the "
+            "previous one (no 1,000,000 request ids to write out)",
+            f"{_rate(n, compact.median)} records/s",
+            "(reference)",
+            True,
+            spread(compact),
+            f"{compact.median / floor.median:.2f}x the floor's time, "
+            f"{compact.median / peer.median:.2f}x the peer's",
         ),
         Row(
             "P1",

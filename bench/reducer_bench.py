@@ -91,6 +91,7 @@ class P1:
 FLOOR = "read frames + ParseFromString"
 VALIDATING = "validating read (CRC, seq)"
 REPLAY = "replay_bundle"
+COMPACT = "replay_bundle(compact=True)"
 PEER = "JSONL + orjson"
 
 
@@ -114,6 +115,7 @@ def measure_p1(root: Path, rounds: int) -> P1:
         (FLOOR, lambda: read_and_parse(trace_file)),
         (VALIDATING, lambda: validating_read(bundle)),
         (REPLAY, lambda: replay_bundle(bundle)),
+        (COMPACT, lambda: replay_bundle(bundle, compact=True)),
         (PEER, lambda: reduce_codex_jsonl(jsonl)),
     ]
     times: dict[str, list[float]] = {name: [] for name, _ in contenders}

@@ -24,7 +24,7 @@ UNCLOSED = state_pb2.INTEGRITY_STATUS_UNCLOSED
 TRUNCATED = state_pb2.INTEGRITY_STATUS_TRUNCATED
 CORRUPT = state_pb2.INTEGRITY_STATUS_CORRUPT
 
-_READ_BYTES = 1 << 18
+_READ_BYTES = 1 << 16
 # Frames read one by one between checks of whether delta runs would now be found.
 _SIZE_CHECK_EVERY = 32
 _LOOKS_PER_BUFFER = 4

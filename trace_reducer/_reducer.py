@@ -18,7 +18,7 @@ from ._payloads import PayloadError, PayloadStore
 
 _RUNNING = common_pb2.EXECUTION_STATUS_RUNNING
 _JOIN_EVERY = 256
-_RUN_BYTES = 1 << 20
+_RUN_BYTES = 1 << 18
 _CLEAN = state_pb2.INTEGRITY_STATUS_CLEAN
 
 _Record = record_pb2.TraceRecord

@@ -193,7 +193,7 @@ class ReducerService(reducer_pb2_grpc.ReducerServiceServicer):
         salvage: bool | None = None
 
         def feed(chunk: bytes) -> None:
-            reducer.apply_many(decoder.feed(chunk))
+            reducer.apply_many(decoder.feed_batch(chunk))
 
         received = 0
         async for request in requests:
