@@ -13,7 +13,13 @@ from agent_server.config import Settings
 from agent_server.server import AgentServer
 from rollout.agent.v1 import agent_pb2, agent_pb2_grpc
 from rollout.trace.v1 import common_pb2, state_pb2
-from trace_reducer import STATE_FILE_NAME, replay_bundle, require_reducible, write_state_json
+from trace_reducer import (
+    STATE_FILE_NAME,
+    replay_bundle,
+    require_reducible,
+    write_state_json,
+    write_view,
+)
 
 FIRST_PROMPT = "What does rollout-trace record?"
 SECOND_PROMPT = "Tell me the whole story again, slowly."
@@ -155,4 +161,6 @@ async def run(settings: Settings) -> int:
     for line in _summary(trace):
         print(line)
     print(f"state.json: {state_path}")
+    view_path = await asyncio.to_thread(write_view, bundle)
+    print(f"view.html: {view_path}")
     return 0

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import itertools
+import time
 import uuid
+from collections import deque
 from collections.abc import Mapping, Sequence
 
 from agent_server.config import Settings
@@ -12,6 +16,7 @@ from agent_server.errors import (
     InputTooLargeError,
     InstructionsTooLargeError,
     InvalidModelError,
+    InvalidPageTokenError,
     MetadataTooLargeError,
     MissingThreadIdError,
     MissingTurnIdError,
@@ -20,12 +25,15 @@ from agent_server.errors import (
     ThreadClosedError,
     ThreadNotFoundError,
     TurnAlreadyRunningError,
+    TurnNotAwaitingToolOutputsError,
+    TurnNotFoundError,
     TurnNotRunningError,
 )
 from agent_server.events import EventBuffer
 from agent_server.provider import ProviderClient
 from agent_server.recorder import Recorder
 from agent_server.threads import Thread, Turn
+from agent_server.tools import SubmittedOutput, Tool, parse_tools
 from agent_server.turn import TurnRunner
 from rollout.agent.v1 import agent_pb2
 from rollout.trace.v1 import common_pb2
@@ -37,6 +45,8 @@ MAX_MODEL_CHARS = 256
 MAX_METADATA_ENTRIES = 64
 MAX_METADATA_KEY_CHARS = 128
 MAX_METADATA_VALUE_CHARS = 4096
+DEFAULT_PAGE_SIZE = 100
+MAX_PAGE_SIZE = 1000
 CLOSE_REQUESTER = "close_thread"
 SHUTDOWN_REQUESTER = "shutdown"
 CLOSE_REASON = "closed"
@@ -58,7 +68,12 @@ class Agent:
     def __init__(self, settings: Settings, provider: ProviderClient) -> None:
         self._settings = settings
         self._provider = provider
+        # Every thread the server knows, in the order they were created.
         self._threads: dict[str, Thread] = {}
+        self._thread_seq = itertools.count(1)
+        # Closed threads in the order they closed, with when: they are forgotten after the
+        # retention period, or sooner when too many are kept.
+        self._closed: deque[tuple[float, str]] = deque()
         self._stopping = False
         # Threads whose bundle is being created: shutdown waits for them.
         self._starting: set[asyncio.Task[Thread]] = set()
@@ -71,19 +86,28 @@ class Agent:
             raise ShuttingDownError()
 
     async def start_thread(
-        self, model: str, instructions: str, metadata: Mapping[str, str]
+        self,
+        model: str,
+        instructions: str,
+        metadata: Mapping[str, str],
+        tools: Sequence[agent_pb2.FunctionTool] = (),
     ) -> Thread:
         self.check_serving()
         _check_thread_arguments(model, instructions, metadata)
+        checked = parse_tools(tools)
         # A caller that gives up must not leave a bundle without its thread behind: the thread
         # is made anyway, and shutdown finishes its bundle like any other.
-        starting = asyncio.create_task(self._start_thread(model, instructions, metadata))
+        starting = asyncio.create_task(self._start_thread(model, instructions, metadata, checked))
         self._starting.add(starting)
         starting.add_done_callback(self._starting.discard)
         return await asyncio.shield(starting)
 
     async def _start_thread(
-        self, model: str, instructions: str, metadata: Mapping[str, str]
+        self,
+        model: str,
+        instructions: str,
+        metadata: Mapping[str, str],
+        tools: tuple[Tool, ...],
     ) -> Thread:
         thread_id = f"thread_{uuid.uuid4().hex}"
         model = model or self._settings.model
@@ -111,15 +135,50 @@ class Agent:
             instructions=instructions,
             metadata=dict(metadata),
             recorder=recorder,
+            tools=tools,
             events=EventBuffer(self._settings.event_buffer),
+            seq=next(self._thread_seq),
         )
         self._threads[thread_id] = thread
+        self._forget_closed()
         return thread
+
+    def _forget_closed(self) -> None:
+        """Drop closed threads past their retention, and the oldest beyond the count kept."""
+        retention = self._settings.closed_thread_retention
+        keep = self._settings.max_closed_threads
+        deadline = time.monotonic() - retention
+        closed = self._closed
+        while closed and (len(closed) > keep or closed[0][0] <= deadline):
+            _, thread_id = closed.popleft()
+            self._threads.pop(thread_id, None)
+
+    def list_threads(
+        self, page_size: int, page_token: str, status: agent_pb2.ThreadStatus.ValueType
+    ) -> tuple[list[Thread], str]:
+        """One page of threads, oldest first, and the token of the next page ('' at the end)."""
+        self.check_serving()
+        self._forget_closed()
+        after = _decode_page_token(page_token)
+        size = min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+        page: list[Thread] = []
+        more = False
+        for thread in self._threads.values():
+            if thread.seq <= after:
+                continue
+            if status and thread.status != status:
+                continue
+            if len(page) == size:
+                more = True
+                break
+            page.append(thread)
+        return page, _encode_page_token(page[-1].seq) if more else ""
 
     def thread(self, thread_id: str) -> Thread:
         self.check_serving()
         if not thread_id:
             raise MissingThreadIdError("thread_id is required")
+        self._forget_closed()
         thread = self._threads.get(thread_id)
         if thread is None:
             raise ThreadNotFoundError(f"no thread {thread_id!r}", thread_id=thread_id)
@@ -160,7 +219,7 @@ class Agent:
         if not turn_id:
             raise MissingTurnIdError("turn_id is required")
         turn = thread.turns.get(turn_id)
-        if turn is None or not turn.in_progress:
+        if turn is None or not turn.running:
             state = "is not a turn of" if turn is None else "is no longer running in"
             raise TurnNotRunningError(
                 f"turn {turn_id!r} {state} thread {thread_id!r}", turn_id=turn_id
@@ -168,6 +227,30 @@ class Agent:
         runner = thread.running
         if runner is not None and runner.turn is turn:
             await runner.interrupt(requested_by)
+        return turn
+
+    def submit_tool_outputs(
+        self,
+        thread_id: str,
+        turn_id: str,
+        outputs: Sequence[SubmittedOutput],
+        submitted_by: str,
+    ) -> Turn:
+        """Answer tool calls the running turn waits for; return the turn."""
+        thread = self.thread(thread_id)
+        if not turn_id:
+            raise MissingTurnIdError("turn_id is required")
+        turn = thread.turns.get(turn_id)
+        if turn is None:
+            raise TurnNotFoundError(
+                f"thread {thread_id!r} has no turn {turn_id!r}", turn_id=turn_id
+            )
+        runner = thread.running
+        if runner is None or runner.turn is not turn:
+            raise TurnNotAwaitingToolOutputsError(
+                f"turn {turn_id!r} is not waiting for tool outputs", turn_id=turn_id
+            )
+        runner.submit_tool_outputs(outputs, submitted_by)
         return turn
 
     async def close_thread(self, thread_id: str) -> Thread:
@@ -221,8 +304,26 @@ class Agent:
         if thread.running is not None:
             await thread.running.interrupt(requested_by)
         await thread.recorder.finish(status, reason)
-        thread.closed = True
-        thread.events.close()
+        thread.mark_closed()
+        self._closed.append((time.monotonic(), thread.id))
+        self._forget_closed()
+
+
+def _encode_page_token(seq: int) -> str:
+    return base64.urlsafe_b64encode(f"after:{seq}".encode()).decode().rstrip("=")
+
+
+def _decode_page_token(token: str) -> int:
+    if not token:
+        return 0
+    try:
+        text = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
+        prefix, _, value = text.partition(":")
+        if prefix == "after" and value.isdigit():
+            return int(value)
+    except (ValueError, UnicodeDecodeError):
+        pass
+    raise InvalidPageTokenError("page_token is not one this server handed out")
 
 
 def _check_thread_arguments(model: str, instructions: str, metadata: Mapping[str, str]) -> None:

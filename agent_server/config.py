@@ -21,6 +21,11 @@ DEFAULT_STREAM_IDLE_TIMEOUT = 300.0
 DEFAULT_EVENT_BUFFER = 10_000
 DEFAULT_WORD_DELAY = 0.02
 DEFAULT_RETRY_BASE_DELAY = 0.5
+DEFAULT_CLOSED_THREAD_RETENTION = 600.0
+DEFAULT_MAX_CLOSED_THREADS = 1000
+DEFAULT_PROVIDER_MAX_CONNECTIONS = 1024
+DEFAULT_MAX_TOOL_ROUNDS = 64
+DEFAULT_TOOL_OUTPUT_TIMEOUT = 600.0
 
 
 class ConfigError(ValueError):
@@ -67,6 +72,15 @@ class Settings:
     stream_idle_timeout: float = DEFAULT_STREAM_IDLE_TIMEOUT
     event_buffer: int = DEFAULT_EVENT_BUFFER
     local_word_delay: float = DEFAULT_WORD_DELAY
+    # How long a closed thread stays readable (GetThread, StreamEvents replay, ListThreads),
+    # and how many closed threads are kept at most; then it is forgotten (NOT_FOUND).
+    closed_thread_retention: float = DEFAULT_CLOSED_THREAD_RETENTION
+    max_closed_threads: int = DEFAULT_MAX_CLOSED_THREADS
+    provider_max_connections: int = DEFAULT_PROVIDER_MAX_CONNECTIONS
+    # A turn fails when the model asks for tools in more rounds than this, or when a round's
+    # outputs do not all come within the timeout.
+    max_tool_rounds: int = DEFAULT_MAX_TOOL_ROUNDS
+    tool_output_timeout: float = DEFAULT_TOOL_OUTPUT_TIMEOUT
     # Bearer token and TLS of the gRPC server (off by default); its secrets never show.
     access: AccessControl = field(default_factory=AccessControl)
 
@@ -81,12 +95,29 @@ class Settings:
             raise ConfigError("--event-buffer must be at least 1")
         if self.local_word_delay < 0:
             raise ConfigError("--local-word-delay must be 0 or more")
+        if self.closed_thread_retention < 0:
+            raise ConfigError("--closed-thread-retention must be 0 or more")
+        if self.max_closed_threads < 0:
+            raise ConfigError("--max-closed-threads must be 0 or more")
+        if self.provider_max_connections < 1:
+            raise ConfigError("--provider-max-connections must be at least 1")
+        if self.max_tool_rounds < 0:
+            raise ConfigError("--max-tool-rounds must be 0 or more")
+        if self.tool_output_timeout <= 0:
+            raise ConfigError("--tool-output-timeout must be more than 0 seconds")
         if not self.model:
             raise ConfigError("--model must not be empty")
         if self.provider_url is not None and not self.provider_url.startswith(
             ("http://", "https://")
         ):
             raise ConfigError("--provider-url must be an http:// or https:// URL")
+        if self.provider_url is not None and self.api_key is not None:
+            netloc = self.provider_url.split("://", 1)[1].split("/", 1)[0]
+            if "@" in netloc:
+                raise ConfigError(
+                    "--provider-url carries credentials (user@host) and an API key is set: "
+                    "the request can authenticate one way only"
+                )
         try:
             split_listen(self.listen)
         except ValueError as error:
@@ -150,6 +181,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         help=f"seconds between words of the local model (default {DEFAULT_WORD_DELAY})",
     )
+    parser.add_argument(
+        "--closed-thread-retention",
+        type=float,
+        help="seconds a closed thread stays readable before it is forgotten "
+        f"(default {DEFAULT_CLOSED_THREAD_RETENTION:g})",
+    )
+    parser.add_argument(
+        "--max-closed-threads",
+        type=int,
+        help=f"closed threads kept at most (default {DEFAULT_MAX_CLOSED_THREADS})",
+    )
+    parser.add_argument(
+        "--max-tool-rounds",
+        type=int,
+        help="rounds of tool calls a turn may have before it fails "
+        f"(default {DEFAULT_MAX_TOOL_ROUNDS})",
+    )
+    parser.add_argument(
+        "--tool-output-timeout",
+        type=float,
+        help="seconds a turn waits for its tool outputs before it fails "
+        f"(default {DEFAULT_TOOL_OUTPUT_TIMEOUT:g})",
+    )
+    parser.add_argument(
+        "--provider-max-connections",
+        type=int,
+        help="provider connections open at once; turns beyond wait, then fail the attempt "
+        f"(default {DEFAULT_PROVIDER_MAX_CONNECTIONS})",
+    )
 
 
 def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Settings:
@@ -165,7 +225,7 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
     provider_url = pick(args.provider_url, "ROLLOUT_PROVIDER_URL")
     model = pick(args.model, "ROLLOUT_MODEL") or DEFAULT_LOCAL_MODEL
     api_key_env = args.api_key_env or DEFAULT_API_KEY_ENV
-    key = env.get(api_key_env, "")
+    key = _api_key(env.get(api_key_env, ""), api_key_env)
     trace_root = pick(args.trace_root, "ROLLOUT_TRACE_ROOT")
     access = AccessControl()
     if hasattr(args, "auth_token_env"):
@@ -190,8 +250,42 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
         stream_idle_timeout=_default(args.stream_idle_timeout, DEFAULT_STREAM_IDLE_TIMEOUT),
         event_buffer=_default(args.event_buffer, DEFAULT_EVENT_BUFFER),
         local_word_delay=_default(args.local_word_delay, DEFAULT_WORD_DELAY),
+        closed_thread_retention=_default(
+            args.closed_thread_retention, DEFAULT_CLOSED_THREAD_RETENTION
+        ),
+        max_closed_threads=_default(args.max_closed_threads, DEFAULT_MAX_CLOSED_THREADS),
+        provider_max_connections=_default(
+            args.provider_max_connections, DEFAULT_PROVIDER_MAX_CONNECTIONS
+        ),
+        max_tool_rounds=_default(args.max_tool_rounds, DEFAULT_MAX_TOOL_ROUNDS),
+        tool_output_timeout=_default(args.tool_output_timeout, DEFAULT_TOOL_OUTPUT_TIMEOUT),
         access=access,
     )
+
+
+def _api_key(value: str, variable: str) -> str:
+    """The key as it can go into an `Authorization` header.
+
+    Surrounding white space (a newline from `$(cat keyfile)`) is dropped; any other character
+    an HTTP header cannot carry is refused here, at start-up, because the HTTP library's error
+    for it would quote the header, key included.
+    """
+    key = value.strip()
+    for position, char in enumerate(key, start=1):
+        if not ("!" <= char <= "~"):
+            raise ConfigError(
+                f"the API key in {variable} has a character an HTTP header cannot carry "
+                f"(character {position} of {len(key)}: {_char_name(char)})"
+            )
+    return key
+
+
+def _char_name(char: str) -> str:
+    if char == " ":
+        return "a space"
+    if char.isprintable():
+        return f"U+{ord(char):04X}, not ASCII"
+    return f"control character U+{ord(char):04X}"
 
 
 def _default(value: _T | None, default: _T) -> _T:

@@ -54,6 +54,39 @@ class MetadataTooLargeError(InvalidArgumentError):
     reason = "METADATA_TOO_LARGE"
 
 
+class InvalidPageTokenError(InvalidArgumentError):
+    reason = "INVALID_PAGE_TOKEN"
+
+
+class InvalidToolError(InvalidArgumentError):
+    reason = "INVALID_TOOL"
+
+
+class EmptyToolOutputsError(InvalidArgumentError):
+    reason = "EMPTY_TOOL_OUTPUTS"
+
+
+class UnknownCallIdError(InvalidArgumentError):
+    reason = "UNKNOWN_CALL_ID"
+
+
+class DuplicateToolOutputError(InvalidArgumentError):
+    reason = "DUPLICATE_TOOL_OUTPUT"
+
+
+class ToolOutputTooLargeError(InvalidArgumentError):
+    reason = "TOOL_OUTPUT_TOO_LARGE"
+
+
+class TurnNotFoundError(AgentError):
+    code = grpc.StatusCode.NOT_FOUND
+    reason = "TURN_NOT_FOUND"
+
+
+class TurnNotAwaitingToolOutputsError(AgentError):
+    reason = "TURN_NOT_AWAITING_TOOL_OUTPUTS"
+
+
 class ThreadNotFoundError(AgentError):
     code = grpc.StatusCode.NOT_FOUND
     reason = "THREAD_NOT_FOUND"

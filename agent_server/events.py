@@ -3,33 +3,57 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections import deque
 from collections.abc import AsyncIterator
 
 from agent_server.errors import EventsOutOfRangeError
 from rollout.agent.v1 import agent_pb2
 
+# A client receives at most 4 MiB per message by default; a delta event stays far below it
+# (4 bytes per character at most).
+MAX_DELTA_CHARS = 256 * 1024
+# How far beyond its capacity the buffer grows to keep events an attached subscriber has not
+# had yet (a burst published faster than any subscriber can take it).
+HOLD_FACTOR = 4
+
 
 class EventBuffer:
     """Keeps the last `capacity` events of a thread; subscribers never slow the publisher.
 
-    Publishing is synchronous and O(1); every subscriber walks the shared buffer at its own
-    pace and waits on a one-shot Event that the next publish (or close) sets, so a slow
-    subscriber costs no memory beyond its position and is told when it fell out of the buffer.
+    Publishing is synchronous; every subscriber walks the shared buffer at its own pace and
+    waits on a one-shot Event that the next publish (or close) sets.
 
-    Text deltas may be merged (merge_delta) into the delta event before them while that event
-    is still waiting for every live subscriber: nothing is delayed, and a subscriber that
-    cannot keep up with one message per delta gets fewer, larger ones instead of lagging.
+    `capacity` is the replay window: a subscription may start after any of the last
+    `capacity` events. Events that an attached subscriber has not been handed yet are kept
+    beyond it, up to `HOLD_FACTOR * capacity`, so that a burst published in one go reaches
+    every subscriber that keeps reading; a subscriber that does not read is told it fell
+    behind once the buffer passes that bound.
+
+    Text deltas are merged (merge_delta) into the latest delta event of the same item while no
+    subscriber has been handed that event and only other deltas followed it: nothing is
+    delayed, and a subscriber that cannot keep up with one message per delta gets fewer,
+    larger ones instead of lagging.
     """
 
     def __init__(self, capacity: int) -> None:
-        self._events: deque[agent_pb2.ThreadEvent] = deque(maxlen=capacity)
+        self._capacity = capacity
+        self._hold_limit = capacity * HOLD_FACTOR
+        self._events: deque[agent_pb2.ThreadEvent] = deque()
+        self._first = 1  # index of _events[0]
         self._next_index = 1
         self._closed = False
         self._changed = asyncio.Event()
         # The highest index handed to any subscriber: events up to it are frozen.
         self._taken = 0
-        self._subscribers = 0
+        # Attached subscribers and the index of the last event each was handed.
+        self._positions: dict[int, int] = {}
+        self._subscriber_ids = itertools.count()
+        # The delta event each item's next delta may join, while only deltas follow it.
+        self._joinable: dict[tuple[str, str], agent_pb2.ThreadEvent] = {}
+        # Text merged into an event not yet handed out, joined when it first is.
+        self._parts: dict[int, list[str]] = {}
+        self._part_chars: dict[int, int] = {}
 
     @property
     def last_index(self) -> int:
@@ -39,8 +63,9 @@ class EventBuffer:
     def closed(self) -> bool:
         return self._closed
 
-    def _first_index(self) -> int:
-        return self._next_index - len(self._events)
+    @property
+    def subscribers(self) -> int:
+        return len(self._positions)
 
     def publish(self, event: agent_pb2.ThreadEvent) -> agent_pb2.ThreadEvent:
         """Number the event, keep it, wake the subscribers; events after close are dropped."""
@@ -49,21 +74,47 @@ class EventBuffer:
         event.index = self._next_index
         self._next_index += 1
         self._events.append(event)
+        if event.WhichOneof("kind") == "agent_message_delta":
+            body = event.agent_message_delta
+            if not body.refusal:
+                self._joinable[(event.turn_id, body.item_id)] = event
+        elif self._joinable:
+            self._joinable.clear()
+        if len(self._events) > self._capacity:
+            self._trim()
         self._wake()
         return event
 
+    def _trim(self) -> None:
+        held = min(self._positions.values(), default=self.last_index)
+        events = self._events
+        while len(events) > self._capacity and (
+            held >= self._first or len(events) > self._hold_limit
+        ):
+            dropped = events.popleft()
+            self._parts.pop(dropped.index, None)
+            self._part_chars.pop(dropped.index, None)
+            self._first += 1
+
     def merge_delta(self, turn_id: str, item_id: str, delta: str) -> bool:
-        """Append delta to the latest event when it is a delta of the same turn and item that
-        no subscriber has been handed yet while at least one is live; False when it is not."""
-        if self._closed or not self._subscribers or self._taken >= self.last_index:
+        """Join delta to the item's latest delta event when no subscriber has that event yet
+        while at least one is attached; False when it cannot be joined."""
+        if self._closed or not self._positions:
             return False
-        last = self._events[-1]
-        if last.turn_id != turn_id or last.WhichOneof("kind") != "agent_message_delta":
+        event = self._joinable.get((turn_id, item_id))
+        if event is None or event.index <= self._taken:
             return False
-        body = last.agent_message_delta
-        if body.item_id != item_id:
+        index = event.index
+        chars = self._part_chars.get(index)
+        if chars is None:
+            chars = len(event.agent_message_delta.delta)
+        if chars + len(delta) > MAX_DELTA_CHARS:
             return False
-        body.delta += delta
+        parts = self._parts.get(index)
+        if parts is None:
+            parts = self._parts[index] = [event.agent_message_delta.delta]
+        parts.append(delta)
+        self._part_chars[index] = chars + len(delta)
         return True
 
     def close(self) -> None:
@@ -83,34 +134,45 @@ class EventBuffer:
                 f"after_index {after_index} is beyond the last event {self.last_index}",
                 last_index=str(self.last_index),
             )
-        if after_index + 1 < self._first_index():
+        # Only the replay window is promised to a new subscriber.
+        first = max(self._first, self._next_index - self._capacity)
+        if after_index + 1 < first:
             raise EventsOutOfRangeError(
                 f"events after index {after_index} are no longer buffered; "
-                f"the oldest buffered event is {self._first_index()}",
-                first_index=str(self._first_index()),
+                f"the oldest buffered event is {first}",
+                first_index=str(first),
             )
+
+    def _take(self, index: int) -> agent_pb2.ThreadEvent:
+        event = self._events[index - self._first]
+        parts = self._parts.pop(index, None)
+        if parts is not None:
+            self._part_chars.pop(index, None)
+            event.agent_message_delta.delta = "".join(parts)
+        self._taken = max(self._taken, index)
+        return event
 
     async def subscribe(self, after_index: int) -> AsyncIterator[agent_pb2.ThreadEvent]:
         """Yield the events after `after_index`, then live ones until the buffer closes."""
         self.check(after_index)
+        subscriber = next(self._subscriber_ids)
         position = after_index
-        self._subscribers += 1
+        self._positions[subscriber] = position
         try:
             while True:
-                first = self._first_index()
-                if position + 1 < first:
+                if position + 1 < self._first:
                     raise EventsOutOfRangeError(
                         f"the subscriber fell behind: event {position + 1} was dropped from the "
-                        f"buffer; resume from index {first - 1} or later",
-                        first_index=str(first),
+                        f"buffer; resume from index {self._first - 1} or later",
+                        first_index=str(self._first),
                     )
                 if position < self.last_index:
                     position += 1
-                    self._taken = max(self._taken, position)
-                    yield self._events[position - first]
+                    self._positions[subscriber] = position
+                    yield self._take(position)
                     continue
                 if self._closed:
                     return
                 await self._changed.wait()
         finally:
-            self._subscribers -= 1
+            del self._positions[subscriber]

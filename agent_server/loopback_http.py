@@ -51,8 +51,9 @@ class HttpRequest:
 class HttpResponse:
     """Writes one response: whole (send) or streamed in chunks (start, write/event, finish)."""
 
-    def __init__(self, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, writer: asyncio.StreamWriter, *, keep_alive: bool = False) -> None:
         self._writer = writer
+        self.keep_alive = keep_alive
         self.started = False
         self.finished = False
 
@@ -109,13 +110,14 @@ class HttpResponse:
     def reset(self) -> None:
         """Drop the connection without finishing the response (a broken stream)."""
         self.finished = True
+        self.keep_alive = False
         self._writer.transport.abort()
 
-    @staticmethod
-    def _head(status: int, headers: Mapping[str, str]) -> bytes:
+    def _head(self, status: int, headers: Mapping[str, str]) -> bytes:
         lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}"]
         lines.extend(f"{name}: {value}" for name, value in headers.items())
-        lines.append("Connection: close")
+        if not self.keep_alive:
+            lines.append("Connection: close")
         return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
@@ -123,7 +125,7 @@ Handler = Callable[[HttpRequest, HttpResponse], Awaitable[None]]
 
 
 class LoopbackHttpServer:
-    """One request per connection; the handler writes the response. Requests are kept in
+    """HTTP/1.1 with keep-alive; the handler writes each response. Requests are kept in
     `requests` only with keep_requests (a long-running server would keep every conversation)."""
 
     def __init__(self, handler: Handler, *, keep_requests: bool = False) -> None:
@@ -168,35 +170,47 @@ class LoopbackHttpServer:
     async def _on_connection(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
+        """Serve requests on one connection, one after the other, while both sides keep it."""
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
-        response = HttpResponse(writer)
         try:
-            request = await _read_request(reader)
-            if self._keep_requests:
-                self.requests.append(request)
-            await self._handler(request, response)
-            await response.finish()
-        except HttpProtocolError as exc:
-            if not response.started:
-                await response.send(exc.status, str(exc).encode(), content_type="text/plain")
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
+            while await self._serve_one(reader, writer):
+                pass
         except asyncio.CancelledError:
             # stop() ends open streams this way; asyncio's stream callback would log a
             # cancelled connection task as an error.
             pass
-        except Exception:
-            log.exception("loopback HTTP handler failed")
-            if not response.started:
-                with contextlib.suppress(ConnectionError):
-                    await response.send(500, b"internal error", content_type="text/plain")
         finally:
             self._connections.discard(task)
             writer.close()
             with contextlib.suppress(ConnectionError, asyncio.CancelledError):
                 await writer.wait_closed()
+
+    async def _serve_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        """One request and its response; True when the connection may carry another."""
+        response = HttpResponse(writer)
+        try:
+            request = await _read_request(reader)
+            response.keep_alive = request.headers.get("connection", "").lower() != "close"
+            if self._keep_requests:
+                self.requests.append(request)
+            await self._handler(request, response)
+            await response.finish()
+            return response.keep_alive and response.finished
+        except HttpProtocolError as exc:
+            if not response.started:
+                response.keep_alive = False
+                await response.send(exc.status, str(exc).encode(), content_type="text/plain")
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        except Exception:
+            log.exception("loopback HTTP handler failed")
+            if not response.started:
+                response.keep_alive = False
+                with contextlib.suppress(ConnectionError):
+                    await response.send(500, b"internal error", content_type="text/plain")
+        return False
 
 
 async def _read_request(reader: asyncio.StreamReader) -> HttpRequest:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeAlias, TypeVar
 
 from rollout.agent.v1 import agent_pb2
-from rollout.trace.v1 import common_pb2
+from rollout.trace.v1 import common_pb2, record_pb2
 from trace_reducer import (
     BundleWriter,
     RecordBuilder,
@@ -23,6 +23,8 @@ log = logging.getLogger(__name__)
 PRODUCER_NAME = "rollout-trace agent-server"
 
 Status: TypeAlias = common_pb2.ExecutionStatus.ValueType
+DeltaKind: TypeAlias = record_pb2.DeltaKind.ValueType
+_OUTPUT_TEXT = record_pb2.DELTA_KIND_UNSPECIFIED
 _WRITE_ERRORS = (RecordingError, RecordTooLargeError, OSError)
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -175,12 +177,14 @@ class Recorder:
         )
         return ordinal or 0
 
-    def output_text_delta(self, call: int, item: int, delta: str) -> None:
+    def output_text_delta(
+        self, call: int, item: int, delta: str, *, kind: DeltaKind = _OUTPUT_TEXT
+    ) -> None:
         # The hot path, called once per provider read: no generic dispatch.
         builder = self._live()
         if builder is not None:
             try:
-                builder.output_text_delta(call, item, delta)
+                builder.output_text_delta(call, item, delta, kind=kind)
             except _WRITE_ERRORS as error:
                 self._fail(error)
 
@@ -219,6 +223,50 @@ class Recorder:
             error=error,
         )
 
+    def tool_call_started(
+        self,
+        call: int,
+        *,
+        tool_call_id: str,
+        call_id: str,
+        name: str,
+        item_id: str,
+        arguments: str,
+    ) -> int:
+        ordinal = self._call(
+            RecordBuilder.tool_call_started,
+            call,
+            tool_call_id=tool_call_id,
+            call_id=call_id,
+            name=name,
+            item_id=item_id,
+            arguments=arguments,
+        )
+        return ordinal or 0
+
+    def tool_output_submitted(
+        self, tool_call: int, *, output_item: Mapping[str, Any], is_error: bool, submitted_by: str
+    ) -> None:
+        self._call(
+            RecordBuilder.tool_output_submitted,
+            tool_call,
+            output_item=output_item,
+            is_error=is_error,
+            submitted_by=submitted_by,
+        )
+
+    def tool_call_ended(
+        self,
+        tool_call: int,
+        status: Status,
+        *,
+        error: common_pb2.TraceError | None = None,
+        output_item: Mapping[str, Any] | None = None,
+    ) -> None:
+        self._call(
+            RecordBuilder.tool_call_ended, tool_call, status, error=error, output_item=output_item
+        )
+
     def interrupt_requested(self, turn: int, requested_by: str) -> None:
         self._call(RecordBuilder.interrupt_requested, turn, requested_by)
 
@@ -254,3 +302,5 @@ class Recorder:
                 await asyncio.to_thread(writer.close if ok else writer.abandon)
             except _WRITE_ERRORS as error:
                 self._fail(error)
+        # It holds the thread's last request input: nothing will be built from it again.
+        self._builder = None

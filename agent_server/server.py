@@ -73,7 +73,12 @@ class AgentServer:
             base_url = local_model.url
         else:
             base_url = settings.provider_url
-        provider = ProviderClient(base_url, settings.api_key, settings.stream_idle_timeout)
+        provider = ProviderClient(
+            base_url,
+            settings.api_key,
+            settings.stream_idle_timeout,
+            max_connections=settings.provider_max_connections,
+        )
         agent = Agent(settings, provider)
         service = AgentService(agent)
 

@@ -12,6 +12,7 @@ import grpc
 import grpc_common
 from agent_server.agent import Agent
 from agent_server.errors import AgentError, EmptyInputError, abort_with
+from agent_server.tools import SubmittedOutput
 from rollout.agent.v1 import agent_pb2, agent_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
     ) -> agent_pb2.StartThreadResponse:
         async with _translated(context, "StartThread"):
             thread = await self._agent.start_thread(
-                request.model, request.instructions, dict(request.metadata)
+                request.model, request.instructions, dict(request.metadata), list(request.tools)
             )
             return agent_pb2.StartThreadResponse(thread=thread.to_proto())
         raise AssertionError("unreachable")
@@ -94,6 +95,33 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             return agent_pb2.GetThreadResponse(
                 thread=self._agent.thread(request.thread_id).to_proto()
             )
+        raise AssertionError("unreachable")
+
+    async def ListThreads(  # noqa: N802
+        self, request: agent_pb2.ListThreadsRequest, context: Context
+    ) -> agent_pb2.ListThreadsResponse:
+        async with _translated(context, "ListThreads"):
+            threads, next_token = self._agent.list_threads(
+                request.page_size, request.page_token, request.status
+            )
+            return agent_pb2.ListThreadsResponse(
+                threads=[thread.to_proto(with_turns=False) for thread in threads],
+                next_page_token=next_token,
+            )
+        raise AssertionError("unreachable")
+
+    async def SubmitToolOutputs(  # noqa: N802
+        self, request: agent_pb2.SubmitToolOutputsRequest, context: Context
+    ) -> agent_pb2.SubmitToolOutputsResponse:
+        async with _translated(context, "SubmitToolOutputs"):
+            outputs = [
+                SubmittedOutput(output.call_id, output.output, output.is_error)
+                for output in request.outputs
+            ]
+            turn = self._agent.submit_tool_outputs(
+                request.thread_id, request.turn_id, outputs, context.peer()
+            )
+            return agent_pb2.SubmitToolOutputsResponse(turn=turn.to_proto())
         raise AssertionError("unreachable")
 
     async def CloseThread(  # noqa: N802

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeAlias
 
 from google.protobuf import timestamp_pb2
 
-from agent_server.events import EventBuffer
+from agent_server.events import MAX_DELTA_CHARS, EventBuffer
 from agent_server.recorder import Recorder
+from agent_server.tools import SubmittedOutput, Tool, ToolCall
 from rollout.agent.v1 import agent_pb2
 
 TurnStatus: TypeAlias = agent_pb2.TurnStatus.ValueType
@@ -39,10 +41,16 @@ class Turn:
     status: TurnStatus = agent_pb2.TURN_STATUS_IN_PROGRESS
     error: agent_pb2.TurnError | None = None
     completed_at: datetime | None = None
+    # The function calls the model made in this turn, in the order they were accepted.
+    tool_calls: list[ToolCall] = field(default_factory=list)
 
     @property
-    def in_progress(self) -> bool:
-        return self.status == agent_pb2.TURN_STATUS_IN_PROGRESS
+    def running(self) -> bool:
+        """Not ended yet: in progress, or waiting for tool outputs."""
+        return self.status in (
+            agent_pb2.TURN_STATUS_IN_PROGRESS,
+            agent_pb2.TURN_STATUS_AWAITING_TOOL_OUTPUTS,
+        )
 
     def end(self, status: TurnStatus, error: agent_pb2.TurnError | None = None) -> None:
         self.status = status
@@ -60,6 +68,7 @@ class Turn:
             turn.error.CopyFrom(self.error)
         if self.completed_at is not None:
             turn.completed_at.CopyFrom(timestamp(self.completed_at))
+        turn.tool_calls.extend(call.to_proto() for call in self.tool_calls)
         return turn
 
 
@@ -72,6 +81,9 @@ class Runner(Protocol):
     async def interrupt(self, requested_by: str) -> None:
         """Stop the turn; return once it has ended (at once when it already had)."""
 
+    def submit_tool_outputs(self, outputs: Sequence[SubmittedOutput], submitted_by: str) -> None:
+        """Answer pending tool calls (all of outputs or none: raises AgentError)."""
+
 
 @dataclass
 class Thread:
@@ -83,8 +95,11 @@ class Thread:
     metadata: dict[str, str]
     recorder: Recorder
     events: EventBuffer
+    tools: tuple[Tool, ...] = ()
     created_at: datetime = field(default_factory=now)
-    closed: bool = False
+    # Order of creation among the server's threads: what ListThreads pages by.
+    seq: int = 0
+    closed_at: datetime | None = None
     turns: dict[str, Turn] = field(default_factory=dict)
     # Every item the model has been shown or has produced, in order: the next request's input.
     history: list[dict[str, Any]] = field(default_factory=list)
@@ -104,28 +119,55 @@ class Thread:
         if self.running is runner:
             self.running = None
 
-    def to_proto(self) -> agent_pb2.Thread:
-        return agent_pb2.Thread(
+    @property
+    def closed(self) -> bool:
+        return self.closed_at is not None
+
+    @property
+    def status(self) -> agent_pb2.ThreadStatus.ValueType:
+        return agent_pb2.THREAD_STATUS_CLOSED if self.closed else agent_pb2.THREAD_STATUS_ACTIVE
+
+    def mark_closed(self) -> None:
+        """The thread is over: its history is no longer needed, its events stay for replay."""
+        self.closed_at = now()
+        self.history = []
+        self.events.close()
+
+    def to_proto(self, *, with_turns: bool = True) -> agent_pb2.Thread:
+        thread = agent_pb2.Thread(
             id=self.id,
             model=self.model,
-            status=agent_pb2.THREAD_STATUS_CLOSED
-            if self.closed
-            else agent_pb2.THREAD_STATUS_ACTIVE,
+            status=self.status,
             created_at=timestamp(self.created_at),
             bundle_path=self.recorder.bundle_path,
-            turns=[turn.to_proto() for turn in self.turns.values()],
             recording_status=self.recorder.status,
             recording_error=self.recorder.error,
             metadata=self.metadata,
+            turn_count=len(self.turns),
+            tools=[tool.to_proto() for tool in self.tools],
         )
+        if with_turns:
+            thread.turns.extend(turn.to_proto() for turn in self.turns.values())
+        if self.closed_at is not None:
+            thread.closed_at.CopyFrom(timestamp(self.closed_at))
+        return thread
 
-    def emit_delta(self, turn_id: str, item_id: str, delta: str) -> None:
-        """Publish a text delta, merged into the previous one while no subscriber has it."""
-        if not self.events.merge_delta(turn_id, item_id, delta):
-            self.emit(
-                turn_id,
-                agent_message_delta=agent_pb2.AgentMessageDeltaEvent(item_id=item_id, delta=delta),
-            )
+    def emit_delta(self, turn_id: str, item_id: str, delta: str, *, refusal: bool = False) -> None:
+        """Publish a text delta, merged into the item's latest one while no subscriber has it;
+        one too large for a client's message limit goes out in pieces."""
+        pieces = (
+            [delta]
+            if len(delta) <= MAX_DELTA_CHARS
+            else [delta[i : i + MAX_DELTA_CHARS] for i in range(0, len(delta), MAX_DELTA_CHARS)]
+        )
+        for piece in pieces:
+            if refusal or not self.events.merge_delta(turn_id, item_id, piece):
+                self.emit(
+                    turn_id,
+                    agent_message_delta=agent_pb2.AgentMessageDeltaEvent(
+                        item_id=item_id, delta=piece, refusal=refusal
+                    ),
+                )
 
     def emit(self, turn_id: str, **kind: Any) -> None:
         """Publish one event (exactly one `kind=message` keyword) to the thread's subscribers."""

@@ -1,4 +1,4 @@
-"""The inference loop of one turn, run as one background asyncio task."""
+"""The inference loop of one turn, run as one background asyncio task: requests, tool rounds."""
 
 from __future__ import annotations
 
@@ -6,12 +6,28 @@ import asyncio
 import logging
 import random
 import uuid
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from agent_server.config import Settings
-from agent_server.provider import ProviderClient, ProviderError, ProviderEvent
+from agent_server.errors import (
+    DuplicateToolOutputError,
+    EmptyToolOutputsError,
+    ToolOutputTooLargeError,
+    TurnNotAwaitingToolOutputsError,
+    UnknownCallIdError,
+)
+from agent_server.provider import ProviderClient, ProviderError
+from agent_server.response import Response
 from agent_server.threads import Thread, Turn
+from agent_server.tools import (
+    MAX_TOOL_OUTPUT_BYTES,
+    TRACE_STATUS,
+    SubmittedOutput,
+    ToolCall,
+    output_item,
+)
 from rollout.agent.v1 import agent_pb2
 from rollout.trace.v1 import common_pb2
 
@@ -19,46 +35,6 @@ log = logging.getLogger(__name__)
 
 _MAX_BACKOFF = 60.0
 INTERRUPTED_REASON = "interrupted"
-
-
-@dataclass
-class _Output:
-    """An output item of the current call, from output_item.added until output_item.done."""
-
-    ordinal: int
-    provider_id: str
-    client_id: str
-    type: str
-    role: str
-    output_index: int
-    done: bool = False
-
-
-@dataclass
-class _Call:
-    """The attempt in flight: what its inference_ended record will need."""
-
-    ordinal: int
-    response_id: str = ""
-    usage: common_pb2.TokenUsage | None = None
-    accepted: int = 0
-    outputs: list[_Output] = field(default_factory=list)
-
-    def find(self, provider_id: str, output_index: Any = None) -> _Output | None:
-        """The open output an event is about: by id, else by output index, else the latest
-        open one (without an id of its own when the event names an id nobody announced)."""
-        open_outputs = [output for output in self.outputs if not output.done]
-        if provider_id:
-            for output in open_outputs:
-                if provider_id in (output.provider_id, output.client_id):
-                    return output
-        if isinstance(output_index, int):
-            for output in open_outputs:
-                if output.output_index == output_index:
-                    return output
-        if provider_id:
-            open_outputs = [output for output in open_outputs if not output.provider_id]
-        return open_outputs[-1] if open_outputs else None
 
 
 @dataclass(frozen=True)
@@ -74,52 +50,12 @@ def new_call_id() -> str:
     return f"inf_{uuid.uuid4().hex}"
 
 
-def _assign_item_id(item_type: str) -> str:
-    prefix = "msg" if item_type == "message" else "item"
-    return f"{prefix}_{uuid.uuid4().hex}"
-
-
-def _text_of(item: dict[str, Any]) -> str:
-    content = item.get("content")
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        return ""
-    return "".join(
-        part["text"]
-        for part in content
-        if isinstance(part, dict) and isinstance(part.get("text"), str)
-    )
-
-
-def _usage(response: Any) -> common_pb2.TokenUsage | None:
-    usage = response.get("usage") if isinstance(response, dict) else None
-    if not isinstance(usage, dict):
-        return None
-
-    def count(source: Any, key: str) -> int:
-        value = source.get(key) if isinstance(source, dict) else None
-        return value if isinstance(value, int) and value >= 0 else 0
-
-    return common_pb2.TokenUsage(
-        input_tokens=count(usage, "input_tokens"),
-        output_tokens=count(usage, "output_tokens"),
-        total_tokens=count(usage, "total_tokens"),
-        cached_input_tokens=count(usage.get("input_tokens_details"), "cached_tokens"),
-        reasoning_tokens=count(usage.get("output_tokens_details"), "reasoning_tokens"),
-    )
-
-
-def _str(mapping: Any, key: str) -> str:
-    value = mapping.get(key) if isinstance(mapping, dict) else None
-    return value if isinstance(value, str) else ""
-
-
 class TurnRunner:
-    """Runs one turn: attempts with retries, recording before notifying, then its ending.
+    """Runs one turn: requests with retries, tool rounds, recording before notifying, endings.
 
-    Every trace record of the turn is written from its own task, so an interrupt is a plain
-    task cancellation: the task records the cancelled call and turn on its way out.
+    Every trace record of the turn is written from its own task (submitted tool outputs aside,
+    which are recorded by the RPC that brings them, before it answers), so an interrupt is a
+    plain task cancellation: the task records the cancelled call and turn on its way out.
     """
 
     def __init__(
@@ -130,10 +66,13 @@ class TurnRunner:
         self._provider = provider
         self._settings = settings
         self._recorder = thread.recorder
-        self._call: _Call | None = None
+        self._response: Response | None = None
         self._task: asyncio.Task[None] | None = None
         # Who asked to interrupt the turn; set once, before its task is cancelled.
         self._interrupted_by: str | None = None
+        # The tool calls of the current round, and what wakes the task once all are answered.
+        self._round: list[ToolCall] = []
+        self._answered = asyncio.Event()
 
     @property
     def turn(self) -> Turn:
@@ -149,21 +88,82 @@ class TurnRunner:
         turn = self._turn
         task = self._task
         assert task is not None, "interrupt before start"
-        if turn.in_progress and self._interrupted_by is None:
+        if turn.running and self._interrupted_by is None:
             self._interrupted_by = requested_by
             task.cancel()
         # wait() neither raises the task's error nor cancels the task when we are cancelled.
         await asyncio.wait([task])
-        if turn.in_progress:
+        if turn.running:
             # Cancelled before its first step, the task never ran its own clean-up.
             await self._end_interrupted()
+
+    # -- tool outputs --------------------------------------------------------------------------
+
+    def submit_tool_outputs(self, outputs: Sequence[SubmittedOutput], submitted_by: str) -> None:
+        """Answer pending tool calls of the current round: all of `outputs` or none.
+
+        Each is recorded, then announced; the last one of the round wakes the turn."""
+        if not outputs:
+            raise EmptyToolOutputsError("outputs must hold at least one tool output")
+        pending = {call.call_id: call for call in self._round if call.pending}
+        if not self._turn.running or not pending:
+            raise TurnNotAwaitingToolOutputsError(
+                f"turn {self._turn.id!r} is not waiting for tool outputs",
+                turn_id=self._turn.id,
+            )
+        answered = {call.call_id for call in self._round if not call.pending}
+        seen: set[str] = set()
+        for position, submitted in enumerate(outputs):
+            size = len(submitted.output.encode())
+            if size > MAX_TOOL_OUTPUT_BYTES:
+                raise ToolOutputTooLargeError(
+                    f"outputs[{position}] holds {size} bytes; the limit is {MAX_TOOL_OUTPUT_BYTES}",
+                    call_id=submitted.call_id,
+                    limit=str(MAX_TOOL_OUTPUT_BYTES),
+                )
+            if submitted.call_id in seen or submitted.call_id in answered:
+                raise DuplicateToolOutputError(
+                    f"outputs[{position}]: call {submitted.call_id!r} already has an output",
+                    call_id=submitted.call_id,
+                )
+            if submitted.call_id not in pending:
+                raise UnknownCallIdError(
+                    f"outputs[{position}]: turn {self._turn.id!r} has no pending call "
+                    f"{submitted.call_id!r}",
+                    call_id=submitted.call_id,
+                )
+            seen.add(submitted.call_id)
+        for submitted in outputs:
+            call = pending[submitted.call_id]
+            call.output = output_item(call.call_id, submitted.output)
+            call.is_error = submitted.is_error
+            call.status = (
+                agent_pb2.TOOL_CALL_STATUS_FAILED
+                if submitted.is_error
+                else agent_pb2.TOOL_CALL_STATUS_COMPLETED
+            )
+            self._recorder.tool_output_submitted(
+                call.ordinal,
+                output_item=call.output,
+                is_error=submitted.is_error,
+                submitted_by=submitted_by,
+            )
+            self._recorder.tool_call_ended(call.ordinal, TRACE_STATUS[call.status])
+            self._thread.emit(
+                self._turn.id,
+                tool_call_completed=agent_pb2.ToolCallCompletedEvent(
+                    call_id=call.call_id, output=submitted.output, is_error=submitted.is_error
+                ),
+            )
+        if not any(call.pending for call in self._round):
+            self._answered.set()
 
     # -- the task ------------------------------------------------------------------------------
 
     async def _run(self) -> None:
         try:
             try:
-                outcome = await self._infer()
+                outcome = await self._rounds()
             except asyncio.CancelledError:
                 await self._end_interrupted()
                 return
@@ -176,8 +176,75 @@ class TurnRunner:
                 outcome = _Failure(internal)
             await self._end(outcome)
         finally:
-            if not self._turn.in_progress:
+            if not self._turn.running:
                 self._thread.end_turn(self)
+
+    async def _rounds(self) -> _Completed | _Failure:
+        """Requests until a response calls no tool; between them, the tools' outputs."""
+        rounds = 0
+        while True:
+            outcome = await self._infer()
+            if isinstance(outcome, _Failure) or not self._round:
+                return outcome
+            rounds += 1
+            if rounds > self._settings.max_tool_rounds:
+                return _Failure(
+                    ProviderError(
+                        "max_tool_rounds",
+                        f"the model asked for tools in more than {self._settings.max_tool_rounds} "
+                        "rounds of this turn",
+                    )
+                )
+            if any(call.pending for call in self._round):
+                timeout = self._settings.tool_output_timeout
+                self._turn.status = agent_pb2.TURN_STATUS_AWAITING_TOOL_OUTPUTS
+                self._thread.emit(
+                    self._turn.id,
+                    turn_awaiting_tool_outputs=agent_pb2.TurnAwaitingToolOutputsEvent(
+                        turn=self._turn.to_proto()
+                    ),
+                )
+                try:
+                    await asyncio.wait_for(self._answered.wait(), timeout)
+                except TimeoutError:
+                    return _Failure(
+                        ProviderError(
+                            "tool_output_timeout",
+                            f"no output for every tool call came within {timeout:g} s",
+                        )
+                    )
+                self._turn.status = agent_pb2.TURN_STATUS_IN_PROGRESS
+            self._close_round()
+
+    def _on_tool_call(self, call: ToolCall) -> None:
+        self._round.append(call)
+        self._turn.tool_calls.append(call)
+        self._answered.clear()
+
+    def _close_round(self) -> None:
+        """The round's outputs join the history, in the order of the calls."""
+        for call in self._round:
+            assert call.output is not None
+            self._thread.history.append(call.output)
+        self._round = []
+
+    def _end_round(
+        self, status: agent_pb2.ToolCallStatus.ValueType, code: str, message: str
+    ) -> None:
+        """End the round's unanswered calls with status; each gets an output saying why, which
+        the next request sends back (the provider wants an output for every call)."""
+        for call in self._round:
+            if not call.pending:
+                continue
+            call.status = status
+            call.output = output_item(call.call_id, message)
+            self._recorder.tool_call_ended(
+                call.ordinal,
+                TRACE_STATUS[status],
+                error=common_pb2.TraceError(code=code, message=message),
+                output_item=call.output,
+            )
+        self._close_round()
 
     async def _infer(self) -> _Completed | _Failure:
         attempt = 0
@@ -187,8 +254,8 @@ class TurnRunner:
                 await self._attempt(attempt)
                 return _Completed()
             except ProviderError as error:
-                call = self._call
-                accepted = call.accepted if call is not None else 0
+                response = self._response
+                accepted = response.accepted if response is not None else 0
                 will_retry = (
                     error.retryable and accepted == 0 and attempt <= self._settings.max_retries
                 )
@@ -211,11 +278,19 @@ class TurnRunner:
         ceiling = min(_MAX_BACKOFF, self._settings.retry_base_delay * 2.0 ** (attempt - 1))
         return ceiling / 2 + random.uniform(0, ceiling / 2)
 
-    async def _attempt(self, attempt: int) -> None:
+    def _envelope(self) -> dict[str, Any]:
+        """The request body without its `input`: the same for every request of the thread."""
         thread = self._thread
         envelope: dict[str, Any] = {"model": thread.model, "store": False, "stream": True}
         if thread.instructions:
             envelope["instructions"] = thread.instructions
+        if thread.tools:
+            envelope["tools"] = [tool.request_entry() for tool in thread.tools]
+        return envelope
+
+    async def _attempt(self, attempt: int) -> None:
+        thread = self._thread
+        envelope = self._envelope()
         input_items = list(thread.history)
         call_id = new_call_id()
         ordinal = self._recorder.inference_started(
@@ -223,14 +298,14 @@ class TurnRunner:
             call_id=call_id,
             attempt=attempt,
             model=thread.model,
-            provider_base_url=self._provider.base_url,
+            provider_base_url=self._provider.display_url,
             envelope=envelope,
             input_items=input_items,
         )
-        call = self._call = _Call(ordinal)
+        response = self._response = Response(ordinal, thread, self._turn.id, self._on_tool_call)
         async with self._provider.batches(call_id, {**envelope, "input": input_items}) as reader:
             while batch := await reader.next():
-                if self._on_batch(call, batch):
+                if response.on_batch(batch):
                     break
             else:
                 raise ProviderError(
@@ -247,194 +322,17 @@ class TurnRunner:
         reason: str,
         error: common_pb2.TraceError | None = None,
     ) -> None:
-        call, self._call = self._call, None
-        if call is None:
+        response, self._response = self._response, None
+        if response is None:
             return
         self._recorder.inference_ended(
-            call.ordinal,
+            response.ordinal,
             status,
             reason=reason,
-            response_id=call.response_id,
-            usage=call.usage,
+            response_id=response.response_id,
+            usage=response.usage,
             error=error,
         )
-
-    # -- provider events: record first, then tell the clients --------------------------------
-
-    def _on_batch(self, call: _Call, batch: list[ProviderEvent]) -> bool:
-        """Handle events that arrived together; True once the response completed.
-
-        A run of text deltas for one item becomes one record and one client event: they were
-        all waiting already, so nothing is delayed, and the bundle stays small."""
-        position = 0
-        while position < len(batch):
-            event = batch[position]
-            output = self._delta_target(call, event)
-            if output is None:
-                if self._on_event(call, event):
-                    return True
-                position += 1
-                continue
-            texts = [_str(event.data, "delta")]
-            position += 1
-            while position < len(batch) and self._delta_target(call, batch[position]) is output:
-                texts.append(_str(batch[position].data, "delta"))
-                position += 1
-            self._text_delta(call, output, "".join(texts))
-        return False
-
-    @staticmethod
-    def _delta_target(call: _Call, event: ProviderEvent) -> _Output | None:
-        """The output a text delta is for; None for any other event (or an unplaceable delta)."""
-        if event.type != "response.output_text.delta" or event.data is None:
-            return None
-        return call.find(_str(event.data, "item_id"), event.data.get("output_index"))
-
-    def _text_delta(self, call: _Call, output: _Output, delta: str) -> None:
-        self._recorder.output_text_delta(call.ordinal, output.ordinal, delta)
-        self._thread.emit_delta(self._turn.id, output.client_id, delta)
-
-    def _on_event(self, call: _Call, event: ProviderEvent) -> bool:
-        """Handle one event; True once the response completed. Raises ProviderError on failure."""
-        data = event.data
-        if data is None:
-            self._recorder.provider_event(call.ordinal, event.type, event.raw)
-            raise ProviderError(
-                "malformed_event",
-                f"the provider sent an event that is not a JSON object ({event.type})",
-            )
-        handler = _HANDLERS.get(event.type)
-        if handler is None:
-            self._recorder.provider_event(call.ordinal, event.type, event.raw)
-            return False
-        return handler(self, call, data, event.raw)
-
-    def _on_created(self, call: _Call, data: dict[str, Any], raw: str) -> bool:
-        call.response_id = _str(data.get("response"), "id") or call.response_id
-        self._recorder.response_created(call.ordinal, call.response_id)
-        return False
-
-    def _on_item_added(self, call: _Call, data: dict[str, Any], raw: str) -> bool:
-        item = data.get("item")
-        if not isinstance(item, dict):
-            self._recorder.provider_event(call.ordinal, "response.output_item.added", raw)
-            return False
-        provider_id = _str(item, "id")
-        item_type = _str(item, "type") or "message"
-        role = _str(item, "role")
-        index = data.get("output_index")
-        output_index = index if isinstance(index, int) and index >= 0 else len(call.outputs)
-        ordinal = self._recorder.output_item_added(
-            call.ordinal,
-            provider_item_id=provider_id,
-            item_type=item_type,
-            role=role,
-            output_index=output_index,
-        )
-        output = _Output(
-            ordinal=ordinal,
-            provider_id=provider_id,
-            client_id=provider_id or _assign_item_id(item_type),
-            type=item_type,
-            role=role,
-            output_index=output_index,
-        )
-        call.outputs.append(output)
-        self._thread.emit(
-            self._turn.id,
-            item_started=agent_pb2.ItemStartedEvent(
-                item=agent_pb2.Item(id=output.client_id, type=item_type, role=role)
-            ),
-        )
-        return False
-
-    def _on_unplaced_delta(self, call: _Call, data: dict[str, Any], raw: str) -> bool:
-        # Text for an item that was never announced: kept verbatim, nobody to show it to.
-        self._recorder.provider_event(call.ordinal, "response.output_text.delta", raw)
-        return False
-
-    def _on_item_done(self, call: _Call, data: dict[str, Any], raw: str) -> bool:
-        item = data.get("item")
-        if not isinstance(item, dict):
-            self._recorder.provider_event(call.ordinal, "response.output_item.done", raw)
-            return False
-        provider_id = _str(item, "id")
-        item_type = _str(item, "type") or "message"
-        output = call.find(provider_id, data.get("output_index"))
-        if output is not None:
-            output.done = True
-            item_id = provider_id or output.client_id
-            ordinal = output.ordinal
-        else:
-            item_id = provider_id or _assign_item_id(item_type)
-            ordinal = 0
-        self._recorder.output_item_done(
-            call.ordinal, ordinal, item_id=item_id, assigned=not provider_id, payload=item
-        )
-        # Accepted: the item is part of the conversation whatever ends the call.
-        self._thread.history.append(item)
-        call.accepted += 1
-        self._thread.emit(
-            self._turn.id,
-            item_completed=agent_pb2.ItemCompletedEvent(
-                item=agent_pb2.Item(
-                    id=item_id, type=item_type, role=_str(item, "role"), text=_text_of(item)
-                )
-            ),
-        )
-        return False
-
-    def _on_completed(self, call: _Call, data: dict[str, Any], raw: str) -> bool:
-        self._recorder.provider_event(call.ordinal, "response.completed", raw)
-        self._take_response(call, data)
-        return True
-
-    def _on_failed(self, call: _Call, data: dict[str, Any], raw: str) -> bool:
-        self._recorder.provider_event(call.ordinal, "response.failed", raw)
-        response = self._take_response(call, data)
-        error = response.get("error") if isinstance(response, dict) else None
-        raise ProviderError(
-            _str(error, "code") or "response_failed",
-            _str(error, "message") or "the provider reported that the response failed",
-            reason="response.failed",
-        )
-
-    def _on_incomplete(self, call: _Call, data: dict[str, Any], raw: str) -> bool:
-        self._recorder.provider_event(call.ordinal, "response.incomplete", raw)
-        response = self._take_response(call, data)
-        details = response.get("incomplete_details") if isinstance(response, dict) else None
-        why = _str(details, "reason") or "unknown reason"
-        raise ProviderError(
-            "response_incomplete",
-            f"the provider ended the response incomplete: {why}",
-            reason="response.incomplete",
-        )
-
-    def _on_error(self, call: _Call, data: dict[str, Any], raw: str) -> bool:
-        self._recorder.provider_event(call.ordinal, "error", raw)
-        nested = data.get("error")
-        source = nested if isinstance(nested, dict) else data
-        raise ProviderError(
-            _str(source, "code") or _str(source, "type") or "provider_error",
-            _str(source, "message") or "the provider sent an error event",
-            reason="error",
-        )
-
-    def _take_response(self, call: _Call, data: dict[str, Any]) -> Any:
-        response = data.get("response")
-        call.response_id = _str(response, "id") or call.response_id
-        usage = _usage(response)
-        if usage is not None:
-            call.usage = usage
-            self._thread.emit(
-                self._turn.id,
-                token_usage=agent_pb2.TokenUsageEvent(
-                    input_tokens=usage.input_tokens,
-                    output_tokens=usage.output_tokens,
-                    total_tokens=usage.total_tokens,
-                ),
-            )
-        return response
 
     # -- endings -------------------------------------------------------------------------------
 
@@ -447,7 +345,18 @@ class TurnRunner:
     async def _end(self, outcome: _Completed | _Failure) -> None:
         turn = self._turn
         if isinstance(outcome, _Failure):
-            trace_error = self._trace_error(outcome.error)
+            error = outcome.error
+            timed_out = error.code == "tool_output_timeout"
+            self._end_round(
+                agent_pb2.TOOL_CALL_STATUS_FAILED
+                if timed_out
+                else agent_pb2.TOOL_CALL_STATUS_CANCELLED,
+                error.code,
+                f"no output was submitted: {error.message}"
+                if timed_out
+                else f"the tool call was cancelled: the turn failed ({error.code})",
+            )
+            trace_error = self._trace_error(error)
             self._recorder.turn_ended(turn.ordinal, common_pb2.EXECUTION_STATUS_FAILED, trace_error)
             turn.end(
                 agent_pb2.TURN_STATUS_FAILED,
@@ -465,9 +374,14 @@ class TurnRunner:
 
     async def _end_interrupted(self) -> None:
         turn = self._turn
-        if not turn.in_progress:
+        if not turn.running:
             return
         self._end_call(common_pb2.EXECUTION_STATUS_CANCELLED, INTERRUPTED_REASON)
+        self._end_round(
+            agent_pb2.TOOL_CALL_STATUS_CANCELLED,
+            INTERRUPTED_REASON,
+            "the tool call was cancelled: the turn was interrupted",
+        )
         self._recorder.interrupt_requested(turn.ordinal, self._interrupted_by or "unknown")
         self._recorder.turn_ended(turn.ordinal, common_pb2.EXECUTION_STATUS_CANCELLED)
         turn.end(agent_pb2.TURN_STATUS_INTERRUPTED)
@@ -479,15 +393,3 @@ class TurnRunner:
             self._turn.id, turn_completed=agent_pb2.TurnCompletedEvent(turn=self._turn.to_proto())
         )
         self._thread.end_turn(self)
-
-
-_HANDLERS = {
-    "response.created": TurnRunner._on_created,
-    "response.output_item.added": TurnRunner._on_item_added,
-    "response.output_text.delta": TurnRunner._on_unplaced_delta,
-    "response.output_item.done": TurnRunner._on_item_done,
-    "response.completed": TurnRunner._on_completed,
-    "response.failed": TurnRunner._on_failed,
-    "response.incomplete": TurnRunner._on_incomplete,
-    "error": TurnRunner._on_error,
-}

@@ -21,12 +21,16 @@ from grpc_common import install_signal_handlers
 class StampedModel:
     """Streams reply_words(user text) like the built-in model, one stamped delta at a time."""
 
-    def __init__(self, word_delay: float) -> None:
+    def __init__(self, word_delay: float, reply_length: int) -> None:
         self._word_delay = word_delay
+        self._reply_length = reply_length
 
     async def handle(self, request: HttpRequest, response: HttpResponse) -> None:
         body = request.json()
         words = reply_words(last_user_text(body.get("input")))
+        if self._reply_length:
+            # As many words as asked for: the built-in reply, again and again.
+            words = (words * (self._reply_length // len(words) + 1))[: self._reply_length]
         response_id = f"resp_{uuid.uuid4().hex}"
         item_id = f"msg_{uuid.uuid4().hex}"
         sequence = 0
@@ -68,8 +72,8 @@ class StampedModel:
         )
 
 
-async def _main(word_delay: float) -> None:
-    model = StampedModel(word_delay)
+async def _main(word_delay: float, reply_length: int) -> None:
+    model = StampedModel(word_delay, reply_length)
     server = await LoopbackHttpServer.start(model.handle)
     stop = asyncio.Event()
     install_signal_handlers(stop.set)
@@ -81,7 +85,11 @@ async def _main(word_delay: float) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--word-delay", type=float, default=0.02)
-    asyncio.run(_main(parser.parse_args().word_delay))
+    parser.add_argument(
+        "--reply-length", type=int, default=0, help="words per reply (default: the built-in's)"
+    )
+    args = parser.parse_args()
+    asyncio.run(_main(args.word_delay, args.reply_length))
 
 
 if __name__ == "__main__":

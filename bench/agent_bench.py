@@ -10,7 +10,6 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from agent_server.local_model import reply_words
 from bench._harness import ThreadRun, agent_server_argv, run_thread, spawn, stubs
 from rollout.trace.v1 import record_pb2
 from trace_reducer import decode_varint, request_body
@@ -30,62 +29,69 @@ def prompt(index: int) -> str:
 
 
 @dataclass(frozen=True)
-class Streaming:
-    deltas: int
-    events: int
-    seconds: float
-    server_cpu_seconds: float = 0.0
+class Recording:
+    """Server CPU per delta with recording on and off, one figure per round."""
 
-    @property
-    def deltas_per_second(self) -> float:
-        return self.deltas / self.seconds
+    on_us: list[float]
+    off_us: list[float]
+    deltas_per_round: int
 
 
-async def _stream_threads(address: str, threads: int, turns: int) -> Streaming:
+async def _paced_threads(address: str, threads: int, turns: int) -> int:
+    """Run `threads` threads of `turns` turns; the deltas the provider sent, all received."""
     prompts = [prompt(i) for i in range(turns)]
-    expected = "".join("".join(reply_words(p)) for p in prompts)
-    async with stubs(address, threads) as clients:
-        started = time.perf_counter()
-        runs = await asyncio.gather(*(run_thread(clients[i], prompts) for i in range(threads)))
-        seconds = time.perf_counter() - started
+    stamps = 0
+
+    def on_delta(text: str, received_ns: int) -> None:
+        nonlocal stamps
+        stamps += len(_STAMP.findall(text))
+
+    async with stubs(address, 4) as clients:
+        runs = await asyncio.gather(
+            *(
+                run_thread(clients[i % len(clients)], prompts, on_delta=on_delta, keep_text=False)
+                for i in range(threads)
+            )
+        )
     for run in runs:
-        if run.failures or "".join(run.text) != expected:
+        if run.failures:
             raise RuntimeError(f"a streaming thread went wrong: {run.failures}")
-    deltas = threads * sum(len(reply_words(p)) for p in prompts)
-    return Streaming(deltas, sum(run.delta_events for run in runs), seconds)
+    return stamps
 
 
-def measure_streaming(
-    root: Path, rounds: int = 12, threads: int = 8, turns: int = 5
-) -> dict[bool, Streaming]:
-    """Provider deltas delivered per second with recording off and on, local model at full
-    speed (word delay 0).
+def measure_recording(
+    root: Path,
+    rounds: int = 6,
+    threads: int = 20,
+    turns: int = 2,
+    word_delay: float = 0.005,
+    reply_length: int = 0,
+) -> Recording:
+    """Server CPU per delta, recording on vs off, at a real pace.
 
-    Both servers run side by side and take turns in short bursts, so the two figures share
-    whatever else the machine is doing; each sums its bursts.
+    The model runs in its own process and sends every delta as its own write, `word_delay`
+    apart; two agent servers (one recording) take turns, alternating which goes first, so both
+    share whatever else the machine is doing.
     """
+    model_argv = [sys.executable, "-m", "bench._stamped_model", "--word-delay", str(word_delay)]
+    model_argv += ["--reply-length", str(reply_length)]
     with (
-        spawn(agent_server_argv(trace_root=None, word_delay=0.0)) as off,
-        spawn(agent_server_argv(trace_root=root / "p3", word_delay=0.0)) as on,
+        spawn(model_argv) as model,
+        spawn(agent_server_argv(trace_root=None, provider_url=model.address)) as off,
+        spawn(agent_server_argv(trace_root=root / "p3", provider_url=model.address)) as on,
     ):
-        servers = {False: off, True: on}
-        totals = {rec: Streaming(0, 0, 0.0) for rec in servers}
+        servers = {True: on, False: off}
         for server in servers.values():
-            asyncio.run(_stream_threads(server.address, threads, 2))  # warm-up
+            asyncio.run(_paced_threads(server.address, 2, 1))  # warm-up
+        per_delta: dict[bool, list[float]] = {True: [], False: []}
+        deltas = 0
         for round_ in range(rounds):
-            for rec in (False, True) if round_ % 2 else (True, False):
-                pid = servers[rec].popen.pid
+            for recording in (True, False) if round_ % 2 else (False, True):
+                pid = servers[recording].popen.pid
                 before = cpu_seconds(pid)
-                burst = asyncio.run(_stream_threads(servers[rec].address, threads, turns))
-                spent = cpu_seconds(pid) - before
-                total = totals[rec]
-                totals[rec] = Streaming(
-                    total.deltas + burst.deltas,
-                    total.events + burst.events,
-                    total.seconds + burst.seconds,
-                    total.server_cpu_seconds + spent,
-                )
-        return totals
+                deltas = asyncio.run(_paced_threads(servers[recording].address, threads, turns))
+                per_delta[recording].append((cpu_seconds(pid) - before) / deltas * 1e6)
+        return Recording(per_delta[True], per_delta[False], deltas)
 
 
 # -- P4 ---------------------------------------------------------------------------------------

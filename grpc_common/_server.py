@@ -12,6 +12,9 @@ from grpc_reflection.v1alpha import reflection
 from ._access import AccessControl
 from ._handlers import MalformedRequestInterceptor
 
+# gRPC's own default is 4 MiB; requests a little over a service's limits must reach it.
+DEFAULT_MAX_RECEIVE_BYTES = 16 * 1024 * 1024
+
 
 def split_listen(listen: str) -> tuple[str, int]:
     """Parse HOST:PORT (IPv6 hosts in brackets); raise ValueError with a clear message."""
@@ -42,9 +45,13 @@ class GrpcServer:
         register: Callable[[grpc.aio.Server], None],
         service_names: Sequence[str],
         access: AccessControl | None = None,
+        *,
+        max_receive_bytes: int = DEFAULT_MAX_RECEIVE_BYTES,
     ) -> GrpcServer:
         """Register the services, add health and reflection, bind and start.
 
+        max_receive_bytes must exceed the largest valid request, so that the services refuse
+        an oversized one with their own code and reason rather than gRPC with a bare one.
         Raises ValueError for a malformed address and OSError when it cannot be bound.
         """
         access = access or AccessControl()
@@ -52,7 +59,10 @@ class GrpcServer:
         # Without this, a second server asking for a port in use silently shares it.
         server = grpc.aio.server(
             interceptors=[*access.interceptors(), MalformedRequestInterceptor(service_names)],
-            options=[("grpc.so_reuseport", 0)],
+            options=[
+                ("grpc.so_reuseport", 0),
+                ("grpc.max_receive_message_length", max_receive_bytes),
+            ],
         )
         register(server)
         health = HealthServicer()

@@ -1,5 +1,7 @@
 """Trace bundles of rollout-trace: the format, its writer and reader, and the reducer."""
 
+from typing import TYPE_CHECKING
+
 from ._compact import expand_request_items
 from ._errors import (
     BundleError,
@@ -28,18 +30,39 @@ from ._replay import replay_bundle
 from ._requests import RequestNotFoundError, request_body
 from ._state_json import iter_state_json, state_to_json, write_state_json
 from ._version import __version__
+from ._view import VIEW_FILE_NAME, write_view
+from ._watch import WatchUpdate, follow_bundle
 from ._writer import FORMAT_VERSION, BundleWriter
+
+if TYPE_CHECKING:
+    from ._otel import ExportConfigError, ExportedBundle, ExportFailedError, export_otlp
+
+# The OTLP export needs the optional `otel` extra: it is imported on first use only.
+_OTEL_NAMES = frozenset({"ExportConfigError", "ExportFailedError", "ExportedBundle", "export_otlp"})
+
+
+def __getattr__(name: str) -> object:
+    if name in _OTEL_NAMES:
+        from . import _otel
+
+        return getattr(_otel, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "FORMAT_VERSION",
     "MAX_RECORD_BYTES",
     "STATE_FILE_NAME",
     "TRACE_FILE_NAME",
+    "VIEW_FILE_NAME",
     "BundleError",
     "BundleNotFoundError",
     "BundleReader",
     "BundleWriter",
     "CorruptBundleError",
+    "ExportConfigError",
+    "ExportFailedError",
+    "ExportedBundle",
     "FrameDecoder",
     "NotABundleError",
     "RecordBuilder",
@@ -50,6 +73,7 @@ __all__ = [
     "Reducer",
     "ReductionError",
     "RequestNotFoundError",
+    "WatchUpdate",
     "__version__",
     "canonical_json",
     "decode_varint",
@@ -58,6 +82,8 @@ __all__ = [
     "encode_record",
     "encode_varint",
     "expand_request_items",
+    "export_otlp",
+    "follow_bundle",
     "integrity_name",
     "iter_state_json",
     "payload_id",
@@ -68,4 +94,5 @@ __all__ = [
     "resolve_trace_file",
     "state_to_json",
     "write_state_json",
+    "write_view",
 ]

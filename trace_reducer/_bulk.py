@@ -53,6 +53,7 @@ _TAG_TEXT = 0x12
 _CRC_TRAILER = 5
 # The fields a record of a run may have; anything else sends the run back.
 _RUN_FIELDS = frozenset({"seq", "time_us", "output_text_delta", "crc32c"})
+_DELTA_FIELDS = frozenset({"call", "delta"})
 
 
 def varint_size(value: int) -> int:
@@ -340,14 +341,18 @@ class RunFinder:
         if {field.name for field, _ in merged.ListFields()} - _RUN_FIELDS:
             return None
         delta = merged.output_text_delta
-        if not (
-            len(merged.seq)
-            == len(merged.time_us)
-            == len(merged.crc32c)
-            == len(delta.call)
-            == len(delta.delta)
-            == count
-        ) or len(delta.item):
+        if (
+            not (
+                len(merged.seq)
+                == len(merged.time_us)
+                == len(merged.crc32c)
+                == len(delta.call)
+                == len(delta.delta)
+                == count
+            )
+            or {field.name for field, _ in delta.ListFields()} - _DELTA_FIELDS
+        ):
+            # A delta naming its item, or of another kind of text, is read on its own.
             return None
         call = delta.call[0]
         last_time_us = merged.time_us[-1]

@@ -44,7 +44,13 @@ class ConfinedBundle:
         try:
             self.trace.close()
         finally:
+            self.release_directory()
+
+    def release_directory(self) -> None:
+        """Close the directory's descriptor (the trace file stays open)."""
+        if self.dir_fd >= 0:
             os.close(self.dir_fd)
+            self.dir_fd = -1
 
     def __enter__(self) -> ConfinedBundle:
         return self

@@ -48,12 +48,19 @@ class ItemInfo:
     kind: state_pb2.ItemKind.ValueType
     content: tuple[tuple[str, str], ...]
     call_id: str
+    # A function call's name and arguments; a function call output's text.
+    name: str = ""
+    arguments: str = ""
+    output: str = ""
 
     def fill(self, item: state_pb2.ConversationItem) -> None:
-        """Copy role, kind, content and call id into a conversation item."""
+        """Copy role, kind, content and the function-call fields into a conversation item."""
         item.role = self.role
         item.kind = self.kind
         item.call_id = self.call_id
+        item.name = self.name
+        item.arguments = self.arguments
+        item.output = self.output
         for part_type, text in self.content:
             item.content.add(type=part_type, text=text)
 
@@ -75,8 +82,9 @@ def _parts(value: object, default_type: str) -> tuple[tuple[str, str], ...]:
         return ((default_type, value),)
     if not isinstance(value, list):
         return ()
+    # A refusal part carries its text under `refusal`, not `text`.
     return tuple(
-        (_text(part.get("type")), _text(part.get("text")))
+        (_text(part.get("type")), _text(part.get("text", part.get("refusal"))))
         for part in value
         if isinstance(part, dict)
     )
@@ -167,6 +175,9 @@ def parse_item(data: bytes) -> ItemInfo:
         kind=kind,
         content=parts,
         call_id=_text(parsed.get("call_id")),
+        name=_text(parsed.get("name")),
+        arguments=_text(parsed.get("arguments")),
+        output=_output_text(parsed.get("output")),
     )
 
 
@@ -185,6 +196,15 @@ def _frozen(value: object) -> Hashable:
     if isinstance(value, float):
         return ("f", repr(value))
     return ("b" if isinstance(value, bool) else "i", value)
+
+
+def _output_text(value: object) -> str:
+    """A function call output's text: the string, or the text of its parts."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "".join(_text(part.get("text")) for part in value if isinstance(part, dict))
+    return ""
 
 
 def _canonical(value: object) -> str:

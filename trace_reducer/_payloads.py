@@ -53,7 +53,9 @@ class PayloadStore:
 
     __slots__ = ("_budget", "_held", "_size")
 
-    def __init__(self, budget: int = UNPARSED_PAYLOAD_BUDGET) -> None:
+    def __init__(self, budget: int | None = UNPARSED_PAYLOAD_BUDGET) -> None:
+        """budget: bytes kept before the oldest go; None keeps all (for those who need every
+        payload of a bundle, such as a request body or a page that rebuilds them)."""
         self._budget = budget
         # Complete payloads (bytes) and payloads still being assembled (_Partial), oldest first.
         self._held: dict[str, bytes | _Partial] = {}
@@ -101,7 +103,8 @@ class PayloadStore:
 
     def _evict(self, keep: str) -> None:
         held = self._held
-        while self._size > self._budget and len(held) > 1:
+        budget = self._budget
+        while budget is not None and self._size > budget and len(held) > 1:
             oldest = next(iter(held))
             if oldest == keep:
                 # The newest payload stays, however large: the next record needs it.

@@ -7,16 +7,18 @@ from typing import Any, Protocol, TypeAlias
 
 from rollout.trace.v1 import common_pb2, record_pb2
 
-from ._framing import RecordTooLargeError
 from ._payloads import canonical_json
 
 Status: TypeAlias = common_pb2.ExecutionStatus.ValueType
 PayloadKind: TypeAlias = record_pb2.PayloadKind.ValueType
+DeltaKind: TypeAlias = record_pb2.DeltaKind.ValueType
 
-INSTRUCTIONS_MEDIA_TYPE = "text/plain; charset=utf-8"
-# A provider event this large is almost all duplicated output text; keeping its head keeps
-# the recording going instead of failing it.
-PROVIDER_EVENT_KEEP_CHARS = 1024 * 1024
+TEXT_MEDIA_TYPE = "text/plain; charset=utf-8"
+# Text longer than this goes into several delta records: at most 4 bytes a character keeps
+# each far below the record limit.
+MAX_DELTA_CHARS = 256 * 1024
+# Provider event data longer than this is written as a (chunked) payload the record refers to.
+MAX_INLINE_EVENT_CHARS = 256 * 1024
 
 
 class RecordSink(Protocol):
@@ -45,6 +47,7 @@ class RecordBuilder:
         self._turns = 0
         self._calls = 0
         self._items = 0
+        self._tool_calls = 0
         self._thread_of_turn: dict[int, int] = {}
         # The complete input of each thread's latest inference call.
         self._inputs: dict[int, list[Mapping[str, Any]]] = {}
@@ -68,7 +71,7 @@ class RecordBuilder:
         )
         if instructions:
             started.instructions_payload_id = self._sink.put_payload(
-                instructions.encode(), record_pb2.PAYLOAD_KIND_INSTRUCTIONS, INSTRUCTIONS_MEDIA_TYPE
+                instructions.encode(), record_pb2.PAYLOAD_KIND_INSTRUCTIONS, TEXT_MEDIA_TYPE
             )
         self._sink.append(record_pb2.TraceRecord(thread_started=started))
         return self._threads
@@ -186,9 +189,22 @@ class RecordBuilder:
         )
         return self._items
 
-    def output_text_delta(self, call: int, item: int, delta: str) -> None:
-        """Text for output item `item` of `call` (0: the call's latest item, or an unannounced
-        one). The latest item is referred to as 0: the common case, and the cheapest."""
+    def output_text_delta(
+        self,
+        call: int,
+        item: int,
+        delta: str,
+        *,
+        kind: DeltaKind = record_pb2.DELTA_KIND_UNSPECIFIED,
+    ) -> None:
+        """Text of `kind` for output item `item` of `call` (0: the call's latest item, or an
+        unannounced one). The latest item is referred to as 0: the common case, and the
+        cheapest. Text too long for one record is split over several."""
+        if len(delta) > MAX_DELTA_CHARS:
+            for start in range(0, len(delta), MAX_DELTA_CHARS):
+                piece = delta[start : start + MAX_DELTA_CHARS]
+                self.output_text_delta(call, item, piece, kind=kind)
+            return
         # Filled in place: a body passed to the constructor would be built, then copied.
         record = record_pb2.TraceRecord()
         body = record.output_text_delta
@@ -196,6 +212,8 @@ class RecordBuilder:
         if item != self._latest_item.get(call):
             body.item = item
         body.delta = delta
+        if kind:
+            body.kind = kind
         self._sink.append(record)
 
     def output_item_done(
@@ -216,13 +234,83 @@ class RecordBuilder:
         )
 
     def provider_event(self, call: int, event_type: str, data: str) -> None:
-        """Any other event, verbatim; one too large for a record keeps its head, marked."""
-        event = record_pb2.ProviderEvent(call=call, event_type=event_type, data=data)
-        try:
-            self._sink.append(record_pb2.TraceRecord(provider_event=event))
-        except RecordTooLargeError:
-            event.data = data[:PROVIDER_EVENT_KEEP_CHARS] + f"...[truncated from {len(data)} chars]"
-            self._sink.append(record_pb2.TraceRecord(provider_event=event))
+        """Any other event, verbatim: its data in the record, or in a payload when large."""
+        event = record_pb2.ProviderEvent(call=call, event_type=event_type)
+        if len(data) > MAX_INLINE_EVENT_CHARS:
+            event.data_payload_id = self._sink.put_payload(
+                data.encode(), record_pb2.PAYLOAD_KIND_PROVIDER_EVENT, TEXT_MEDIA_TYPE
+            )
+        else:
+            event.data = data
+        self._sink.append(record_pb2.TraceRecord(provider_event=event))
+
+    # -- tool calls ----------------------------------------------------------------------------
+
+    def tool_call_started(
+        self,
+        call: int,
+        *,
+        tool_call_id: str,
+        call_id: str,
+        name: str,
+        item_id: str,
+        arguments: str,
+    ) -> int:
+        """The function call item `item_id` that inference call `call` made, as a tool call."""
+        self._tool_calls += 1
+        started = record_pb2.ToolCallStarted(
+            tool_call=self._tool_calls,
+            call=call,
+            tool_call_id=tool_call_id,
+            call_id=call_id,
+            name=name,
+            item_id=item_id,
+            arguments_payload_id=self._sink.put_payload(
+                arguments.encode(), record_pb2.PAYLOAD_KIND_TOOL_ARGUMENTS, TEXT_MEDIA_TYPE
+            ),
+        )
+        self._sink.append(record_pb2.TraceRecord(tool_call_started=started))
+        return self._tool_calls
+
+    def tool_output_submitted(
+        self,
+        tool_call: int,
+        *,
+        output_item: Mapping[str, Any],
+        is_error: bool,
+        submitted_by: str,
+    ) -> None:
+        """A client's output; output_item is the function_call_output item sent back."""
+        self._sink.append(
+            record_pb2.TraceRecord(
+                tool_output_submitted=record_pb2.ToolOutputSubmitted(
+                    tool_call=tool_call,
+                    output_item_payload_id=self.json_payload(
+                        output_item, record_pb2.PAYLOAD_KIND_TOOL_OUTPUT
+                    ),
+                    is_error=is_error,
+                    submitted_by=submitted_by,
+                )
+            )
+        )
+
+    def tool_call_ended(
+        self,
+        tool_call: int,
+        status: Status,
+        *,
+        error: common_pb2.TraceError | None = None,
+        output_item: Mapping[str, Any] | None = None,
+    ) -> None:
+        """The tool call is over; output_item is what the agent sends back when no client did."""
+        ended = record_pb2.ToolCallEnded(tool_call=tool_call, status=status)
+        if error is not None:
+            ended.error.CopyFrom(error)
+        if output_item is not None:
+            ended.output_item_payload_id = self.json_payload(
+                output_item, record_pb2.PAYLOAD_KIND_TOOL_OUTPUT
+            )
+        self._sink.append(record_pb2.TraceRecord(tool_call_ended=ended))
 
     # -- endings -------------------------------------------------------------------------------
 

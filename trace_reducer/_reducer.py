@@ -38,12 +38,22 @@ class _Thread:
 
 
 class _Turn:
-    __slots__ = ("calls", "ended", "msg", "thread")
+    __slots__ = ("calls", "ended", "msg", "thread", "tool_calls")
 
     def __init__(self, msg: state_pb2.Turn, thread: _Thread) -> None:
         self.msg = msg
         self.thread = thread
         self.calls: list[_Call] = []
+        self.tool_calls: list[_ToolCall] = []
+        self.ended = False
+
+
+class _ToolCall:
+    __slots__ = ("ended", "msg", "turn")
+
+    def __init__(self, msg: state_pb2.ToolCall, turn: _Turn) -> None:
+        self.msg = msg
+        self.turn = turn
         self.ended = False
 
 
@@ -194,6 +204,8 @@ class Reducer:
         self._thread_ids: set[str] = set()
         self._turn_ids: set[str] = set()
         self._call_ids: set[str] = set()
+        self._tool_calls: dict[int, _ToolCall] = {}
+        self._tool_call_ids: set[str] = set()
         self._items: dict[str, state_pb2.ConversationItem] = {}
         self._payloads = PayloadStore()
         # Items are parsed once, however many later requests repeat them; their bytes go.
@@ -308,6 +320,8 @@ class Reducer:
                 target.discarded_outputs.append(output.discarded())
         for item_id, item in self._items.items():
             trace.conversation_items[item_id].CopyFrom(item)
+        for tool_call in self._tool_calls.values():
+            trace.tool_calls[tool_call.msg.tool_call_id].CopyFrom(tool_call.msg)
         if not compact:
             expand_request_items(trace)
         return trace
@@ -446,6 +460,9 @@ class Reducer:
             "interrupt_requested": self._on_interrupt_requested,
             "turn_ended": self._on_turn_ended,
             "thread_ended": self._on_thread_ended,
+            "tool_call_started": self._on_tool_call_started,
+            "tool_output_submitted": self._on_tool_output_submitted,
+            "tool_call_ended": self._on_tool_call_ended,
         }
 
     def _on_footer(self, record: _Record) -> None:
@@ -724,6 +741,90 @@ class Reducer:
         for call in turn.calls:
             if not call.ended:
                 self._end_call(call, body.status, record)
+        for tool_call in turn.tool_calls:
+            if not tool_call.ended:
+                self._end(tool_call.msg.execution, body.status, record)
+                tool_call.ended = True
+
+    # -- tool calls -------------------------------------------------------------------------
+
+    def _on_tool_call_started(self, record: _Record) -> None:
+        body = record.tool_call_started
+        _check_new(
+            record,
+            "tool call",
+            body.tool_call,
+            self._tool_calls,
+            body.tool_call_id,
+            self._tool_call_ids,
+        )
+        call = self._live_call(body.call, record)
+        turn = call.turn
+        msg = state_pb2.ToolCall(
+            tool_call_id=body.tool_call_id,
+            call_id=body.call_id,
+            name=body.name,
+            thread_id=turn.thread.msg.thread_id,
+            turn_id=turn.msg.turn_id,
+            requested_by_inference_call_id=call.msg.inference_call_id,
+            arguments_payload_id=body.arguments_payload_id,
+        )
+        # The function_call item the same call accepted just before.
+        for item_id in reversed(call.msg.response_item_ids):
+            if self._items[item_id].responses_item_id == body.item_id:
+                msg.call_item_id = item_id
+                break
+        self._start(msg.execution, record)
+        tool_call = _ToolCall(msg, turn)
+        self._tool_calls[body.tool_call] = tool_call
+        self._tool_call_ids.add(body.tool_call_id)
+        turn.tool_calls.append(tool_call)
+        turn.msg.tool_call_ids.append(body.tool_call_id)
+
+    def _live_tool_call(self, ordinal: int, record: _Record) -> _ToolCall:
+        tool_call = self._tool_calls.get(ordinal)
+        if tool_call is None:
+            _fail(record, f"unknown tool call ordinal {ordinal}")
+        if tool_call.ended:
+            _fail(record, f"tool call {tool_call.msg.tool_call_id} has already ended")
+        return tool_call
+
+    def _tool_output(self, tool_call: _ToolCall, payload_id: str, record: _Record) -> None:
+        """The function_call_output item that answers the call, produced by the tool call."""
+        info = self._item_info(payload_id, record)
+        turn = tool_call.turn
+        producer = state_pb2.ProducerRef(
+            tool=state_pb2.ToolProducer(tool_call_id=tool_call.msg.tool_call_id)
+        )
+        tool_call.msg.output_item_id = self._new_item(
+            turn.thread,
+            turn.msg.turn_id,
+            info,
+            payload_id,
+            record,
+            responses_item_id=info.responses_item_id,
+            producer=producer,
+        )
+        tool_call.msg.output_payload_id = payload_id
+
+    def _on_tool_output_submitted(self, record: _Record) -> None:
+        body = record.tool_output_submitted
+        tool_call = self._live_tool_call(body.tool_call, record)
+        if tool_call.msg.output_item_id:
+            _fail(record, f"tool call {tool_call.msg.tool_call_id} already has an output")
+        self._tool_output(tool_call, body.output_item_payload_id, record)
+        tool_call.msg.is_error = body.is_error
+        tool_call.msg.submitted_by = body.submitted_by
+
+    def _on_tool_call_ended(self, record: _Record) -> None:
+        body = record.tool_call_ended
+        tool_call = self._live_tool_call(body.tool_call, record)
+        if body.output_item_payload_id and not tool_call.msg.output_item_id:
+            self._tool_output(tool_call, body.output_item_payload_id, record)
+        if body.HasField("error"):
+            tool_call.msg.error.CopyFrom(body.error)
+        self._end(tool_call.msg.execution, body.status, record)
+        tool_call.ended = True
 
     def _on_thread_ended(self, record: _Record) -> None:
         body = record.thread_ended

@@ -20,7 +20,8 @@ def request_body(path: str | os.PathLike[str], inference_call_id: str) -> bytes:
     Raises RequestNotFoundError when the bundle (up to any damage) has no such call, and
     BundleError when its records do not fit together.
     """
-    payloads = PayloadStore()
+    # Every payload until the call is found: its history may go back to the first turn.
+    payloads = PayloadStore(budget=None)
     thread_of_turn: dict[int, int] = {}
     inputs_of_thread: dict[int, list[str]] = {}
     with read_bundle(path) as reader:

@@ -1,12 +1,14 @@
-"""The `trace-reducer` command: reduce a bundle to state.json, dump its records, serve gRPC."""
+"""The `trace-reducer` command: reduce, dump, view or watch a bundle; serve gRPC."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import logging
 import os
 import sys
+import webbrowser
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -42,6 +44,7 @@ _FIELDS_CHARS = 240
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
 
 
 class _CommandError(Exception):
@@ -162,6 +165,95 @@ def _request(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -- export-otlp ------------------------------------------------------------------------------
+
+
+def _export_otlp(args: argparse.Namespace) -> int:
+    try:
+        # The OpenTelemetry SDK is an optional extra; the other commands never import it.
+        from ._otel import ExportConfigError, ExportFailedError, export_otlp
+    except ImportError as error:
+        raise _CommandError(
+            f"export-otlp needs the otel extra (pip install 'rollout-trace[otel]'): {error}",
+            EXIT_FAILED,
+        ) from error
+    # The exporters log each retry and failure; the one line below says what matters.
+    logging.getLogger("opentelemetry").addHandler(logging.NullHandler())
+    try:
+        exported = export_otlp(
+            args.bundles,
+            endpoint=args.endpoint,
+            protocol=args.protocol,
+            headers=args.header,
+            include_content=args.include_content,
+            salvage=args.salvage,
+            timeout=args.timeout,
+        )
+    except CorruptBundleError as error:
+        raise _CommandError(
+            f"{error} (--salvage exports the records before it)", EXIT_FAILED
+        ) from error
+    except ExportConfigError as error:
+        raise _CommandError(str(error), EXIT_USAGE) from error
+    except ExportFailedError as error:
+        raise _CommandError(str(error), EXIT_FAILED) from error
+    for one in exported:
+        if one.integrity != "CLEAN":
+            _warn(f"warning: {one.integrity.lower()} bundle {one.bundle}: exported what it holds")
+        print(f"exported {one.spans} spans of {one.bundle} as trace {one.trace_id}", flush=True)
+    return EXIT_OK
+
+
+# -- view -------------------------------------------------------------------------------------
+
+
+def _view(args: argparse.Namespace) -> int:
+    from ._view import VIEW_FILE_NAME, reduce_for_view, save_view
+
+    trace_file = resolve_trace_file(args.bundle)
+    data = reduce_for_view(trace_file)
+    integrity = data.trace.integrity
+    require_reducible(integrity, salvage=True, source=args.bundle)
+    if integrity.status != state_pb2.INTEGRITY_STATUS_CLEAN:
+        _warn(
+            f"warning: {integrity_name(integrity.status).lower()} bundle {args.bundle}: "
+            f"{integrity.detail}; showing the {integrity.records_read} records before it"
+        )
+    target = Path(args.output) if args.output else trace_file.parent / VIEW_FILE_NAME
+    path = save_view(data, target, title=f"rollout {trace_file.parent.name}")
+    print(path, flush=True)
+    if args.open and not webbrowser.open(path.resolve().as_uri()):
+        _warn(f"no browser could be started; open {path} yourself")
+    return EXIT_OK
+
+
+# -- watch ------------------------------------------------------------------------------------
+
+
+def _watch(args: argparse.Namespace) -> int:
+    from ._live import LiveTranscript, follow_and_print
+
+    trace_file = resolve_trace_file(args.bundle)
+    printer = LiveTranscript(sys.stdout)
+    try:
+        trace = asyncio.run(follow_and_print(trace_file, printer))
+    except KeyboardInterrupt:
+        printer.close_line()
+        sys.stdout.flush()
+        raise _CommandError(
+            f"stopped watching {args.bundle} (interrupted) after {printer.records_read} "
+            "records; the recording had not completed",
+            EXIT_INTERRUPTED,
+        ) from None
+    try:
+        require_reducible(trace.integrity, salvage=False, source=args.bundle)
+    except CorruptBundleError as error:
+        raise _CommandError(str(error), EXIT_FAILED) from error
+    integrity = trace.integrity
+    print(f"recording complete: {integrity.records_read} records", flush=True)
+    return EXIT_OK
+
+
 # -- serve ------------------------------------------------------------------------------------
 
 
@@ -248,6 +340,55 @@ def build_parser() -> argparse.ArgumentParser:
     request.add_argument("inference_call_id", help="as in the reduced state's inference_calls")
     request.add_argument("--pretty", action="store_true", help="indent the JSON")
     request.set_defaults(run=_request)
+
+    export = commands.add_parser(
+        "export-otlp",
+        help="send bundles as OpenTelemetry GenAI spans to an OTLP receiver",
+        description="Exit codes: 0 sent, 1 the receiver did not take the spans, a corrupt "
+        "bundle without --salvage, or records that contradict each other; 2 bad input "
+        "(bundle, endpoint, protocol, header, timeout).",
+    )
+    export.add_argument("bundles", nargs="+", metavar="bundle", help="bundle directory or file")
+    export.add_argument(
+        "--endpoint",
+        metavar="URL",
+        help="OTLP receiver (default: OTEL_EXPORTER_OTLP_ENDPOINT, else localhost:4317 for "
+        "grpc, localhost:4318/v1/traces for http/protobuf)",
+    )
+    export.add_argument("--protocol", choices=["grpc", "http/protobuf"], default="grpc")
+    export.add_argument(
+        "--header",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="send this header (repeatable; default: OTEL_EXPORTER_OTLP_HEADERS)",
+    )
+    export.add_argument(
+        "--include-content",
+        action="store_true",
+        help="add instructions, messages and tool arguments and results to the spans",
+    )
+    export.add_argument(
+        "--salvage", action="store_true", help="export a corrupt bundle up to the damage"
+    )
+    export.add_argument(
+        "--timeout", type=float, default=10.0, metavar="SECONDS", help="per send, with retries"
+    )
+    export.set_defaults(run=_export_otlp)
+
+    view = commands.add_parser(
+        "view", help="write one self-contained HTML page showing the bundle, print its path"
+    )
+    view.add_argument("bundle", help="bundle directory or its trace.binpb")
+    view.add_argument("-o", "--output", metavar="FILE", help="write here, not <bundle>/view.html")
+    view.add_argument("--open", action="store_true", help="open the page in a web browser")
+    view.set_defaults(run=_view)
+
+    watch = commands.add_parser(
+        "watch", help="print a bundle's transcript live as it is written, until it completes"
+    )
+    watch.add_argument("bundle", help="bundle directory or its trace.binpb")
+    watch.set_defaults(run=_watch)
 
     serve = commands.add_parser("serve", help="run the ReducerService gRPC server")
     serve.add_argument("--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT")

@@ -16,16 +16,20 @@ Status codes, each with a google.rpc.ErrorInfo (domain `rollout-trace`) whose re
 * RESOURCE_EXHAUSTED / UPLOAD_TOO_LARGE: a ReduceRecords upload passed the service's limit
   (`max_upload_bytes`, `trace-reducer serve --max-upload-bytes`); metadata `limit_bytes`.
 * INTERNAL / INTERNAL: a bug; logged on the server, the client gets no traceback.
+
+WatchBundle resolves and answers as ReduceBundle (without salvage); a bundle found damaged
+while it is followed ends the stream with DATA_LOSS after the states before the damage.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 import grpc
 
@@ -49,6 +53,7 @@ from ._reader import BundleReader, FrameDecoder
 from ._reducer import Reducer
 from ._replay import replay_reader
 from ._state_json import write_state_json_at
+from ._watch import follow_bundle
 
 SERVICE_NAME: str = reducer_pb2.DESCRIPTOR.services_by_name["ReducerService"].full_name
 
@@ -99,9 +104,40 @@ class ReducerService(reducer_pb2_grpc.ReducerServiceServicer):
     ) -> reducer_pb2.ReduceRecordsResponse:
         return await self._answer(context, "ReduceRecords", self._reduce_records(request_iterator))
 
+    async def WatchBundle(  # noqa: N802 - the name is the RPC's
+        self, request: reducer_pb2.WatchBundleRequest, context: _Context
+    ) -> AsyncIterator[reducer_pb2.WatchBundleResponse]:
+        try:
+            # Opened once under the root, as for ReduceBundle; the follower reads that file.
+            bundle = self._open(request.bundle)
+            try:
+                async with contextlib.aclosing(follow_bundle(bundle.trace)) as updates:
+                    async for update in updates:
+                        if update.final:
+                            require_reducible(
+                                update.trace.integrity, salvage=False, source=repr(request.bundle)
+                            )
+                        yield reducer_pb2.WatchBundleResponse(
+                            trace=update.trace, records_read=update.records_read
+                        )
+            finally:
+                # The trace file is the follower's to close, once no worker reads it.
+                bundle.release_directory()
+        except Exception as error:  # noqa: BLE001 - mapped to a status below
+            # A client that goes away arrives as CancelledError, which is no Exception: the
+            # follower's own cleanup closes the file.
+            await self._refuse(context, "WatchBundle", error)
+
     async def _answer(self, context: _Context, rpc: str, work: Awaitable[_T]) -> _T:
         try:
             return await work
+        except Exception as error:  # noqa: BLE001 - mapped to a status below
+            await self._refuse(context, rpc, error)
+
+    async def _refuse(self, context: _Context, rpc: str, error: Exception) -> NoReturn:
+        """End the RPC with the status that fits error."""
+        try:
+            raise error
         except _RefusalError as refusal:
             await abort(context, refusal.code, refusal.reason, refusal.message, **refusal.metadata)
         except CorruptBundleError as error:

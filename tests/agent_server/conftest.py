@@ -22,68 +22,33 @@ from agent_server import AgentServer, Settings
 from rollout.agent.v1 import agent_pb2, agent_pb2_grpc
 from rollout.trace.v1 import state_pb2
 from tests.agent_server.scripted_provider import ScriptedProvider
+from tests.streams import StreamLog
 
 TRACE_REDUCER = str(Path(sys.executable).parent / "trace-reducer")
 AGENT_SERVER = str(Path(sys.executable).parent / "agent-server")
 
 
-class EventLog:
+class EventLog(StreamLog[agent_pb2.ThreadEvent]):
     """Every event of one StreamEvents call, read in the background and awaited by predicate."""
 
-    def __init__(
-        self,
-        call: grpc.aio.UnaryStreamCall[
-            agent_pb2.StreamEventsRequest, agent_pb2.StreamEventsResponse
-        ],
-    ) -> None:
-        self.call = call
-        self.events: list[agent_pb2.ThreadEvent] = []
-        self.ended = False
-        self.error: grpc.aio.AioRpcError | None = None
-        self._changed = asyncio.Event()
-        self._task = asyncio.create_task(self._pump())
+    def __init__(self, call: Any) -> None:
+        super().__init__(call, _events_of(call))
 
-    async def _pump(self) -> None:
-        try:
-            async for response in self.call:
-                self.events.append(response.event)
-                self._changed.set()
-        except grpc.aio.AioRpcError as error:
-            self.error = error
-        finally:
-            self.ended = True
-            self._changed.set()
-
-    async def wait_for(
-        self, predicate: Callable[[agent_pb2.ThreadEvent], bool]
-    ) -> agent_pb2.ThreadEvent:
-        """The first event (seen or still to come) matching predicate."""
-        checked = 0
-        while True:
-            for event in self.events[checked:]:
-                if predicate(event):
-                    return event
-            checked = len(self.events)
-            if self.ended:
-                raise AssertionError(f"stream ended without the event; error={self.error}")
-            self._changed.clear()
-            await self._changed.wait()
+    @property
+    def events(self) -> list[agent_pb2.ThreadEvent]:
+        return self.items
 
     async def turn_completed(self, turn_id: str) -> agent_pb2.Turn:
         event = await self.wait_for(lambda e: e.turn_id == turn_id and e.HasField("turn_completed"))
         return event.turn_completed.turn
 
-    async def until_end(self) -> list[agent_pb2.ThreadEvent]:
-        await self._task
-        return self.events
-
     def of_kind(self, kind: str) -> list[agent_pb2.ThreadEvent]:
         return [e for e in self.events if e.WhichOneof("kind") == kind]
 
-    async def close(self) -> None:
-        self.call.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+
+async def _events_of(call: Any) -> AsyncIterator[agent_pb2.ThreadEvent]:
+    async for response in call:
+        yield response.event
 
 
 @dataclass

@@ -134,9 +134,14 @@ async def test_demo_runs_and_reduces_its_bundle(tmp_path: Path) -> None:
     assert "recording complete: true (CLEAN" in text
     assert ": COMPLETED" in text
     assert ": CANCELLED" in text
-    state_path = Path(text.strip().splitlines()[-1].removeprefix("state.json: "))
+    lines = text.strip().splitlines()
+    state_path = Path(lines[-2].removeprefix("state.json: "))
     assert await asyncio.to_thread(state_path.is_file)
     assert state_path.parent.parent == tmp_path
+    # It ends with the page of the bundle.
+    view_path = Path(lines[-1].removeprefix("view.html: "))
+    assert view_path == state_path.parent / "view.html"
+    assert "<!DOCTYPE html>" in await asyncio.to_thread(view_path.read_text)
     assert "Traceback" not in stderr.decode()
 
 

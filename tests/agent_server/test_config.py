@@ -69,3 +69,33 @@ def test_the_key_comes_from_the_named_variable_and_never_shows() -> None:
 def test_bad_values_are_config_errors(argv: list[str]) -> None:
     with pytest.raises(ConfigError):
         parse(argv, {})
+
+
+@pytest.mark.parametrize("raw", ["sk-abc\n", "  sk-abc\t", "\r\nsk-abc\r\n"])
+def test_white_space_around_the_key_is_dropped(raw: str) -> None:
+    settings = parse([], {"OPENAI_API_KEY": raw})
+    assert settings.api_key == Secret("sk-abc")
+
+
+@pytest.mark.parametrize(
+    ("raw", "where"),
+    [("sk-a b", "5 of 6: a space"), ("sk\x00x", "3 of 4: control"), ("skü", "3 of 3: U+00FC")],
+)
+def test_a_key_no_header_can_carry_is_refused_without_showing_it(raw: str, where: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        parse([], {"OPENAI_API_KEY": raw})
+    assert where in str(raised.value)
+    assert raw not in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--closed-thread-retention", "-1"],
+        ["--max-closed-threads", "-1"],
+        ["--provider-max-connections", "0"],
+    ],
+)
+def test_bad_limits_are_config_errors(argv: list[str]) -> None:
+    with pytest.raises(ConfigError):
+        parse(argv, {})

@@ -57,12 +57,67 @@ async def test_a_slow_subscriber_never_blocks_the_publisher_and_learns_it_fell_b
     buffer.publish(event("a"))
     slow = buffer.subscribe(0)
     assert deltas([await anext(slow)]) == ["a"]
-    # The publisher goes on without waiting for the subscriber.
-    for text in "bcdef":
+    # The publisher goes on without waiting for the subscriber, which keeps its events held
+    # up to HOLD_FACTOR times the capacity, and no further.
+    for text in "bcdefghijklmn":
         buffer.publish(event(text))
-    assert buffer.last_index == 6
+    assert buffer.last_index == 14
     with pytest.raises(EventsOutOfRangeError):
         await anext(slow)
+
+
+async def test_a_burst_beyond_the_capacity_reaches_a_reading_subscriber() -> None:
+    buffer = EventBuffer(3)
+    buffer.publish(event("-"))
+    reader = buffer.subscribe(0)
+    await anext(reader)
+    burst = "abcdefghij"  # more than the capacity, within what the buffer holds for readers
+    for text in burst:
+        buffer.publish(event(text))
+    got = [await anext(reader) for _ in burst]
+    assert deltas(got) == list(burst)
+    # A new subscription is only promised the capacity's worth of replay.
+    with pytest.raises(EventsOutOfRangeError):
+        buffer.check(1)
+    buffer.check(8)
+
+
+async def test_only_the_subscriber_that_stopped_reading_falls_behind() -> None:
+    buffer = EventBuffer(3)
+    stalled = buffer.subscribe(0)
+    fast = buffer.subscribe(0)
+    buffer.publish(event("a"))
+    assert deltas([await anext(stalled), await anext(fast)]) == ["a", "a"]
+    received = 0
+    for count in range(1, 21):
+        buffer.publish(event(str(count)))
+        await anext(fast)
+        received += 1
+    assert received == 20
+    with pytest.raises(EventsOutOfRangeError):
+        await anext(stalled)
+
+
+async def test_deltas_of_interleaved_items_merge_while_nobody_has_them() -> None:
+    buffer = EventBuffer(3)
+    buffer.publish(event("-"))
+    reader = buffer.subscribe(0)
+    await anext(reader)
+    for count in range(1000):
+        item = "a" if count % 2 else "b"
+        if not buffer.merge_delta("t", item, "x"):
+            buffer.publish(
+                agent_pb2.ThreadEvent(
+                    turn_id="t",
+                    agent_message_delta=agent_pb2.AgentMessageDeltaEvent(item_id=item, delta="x"),
+                )
+            )
+    buffer.close()
+    got = [e async for e in reader]
+    assert [(e.agent_message_delta.item_id, len(e.agent_message_delta.delta)) for e in got] == [
+        ("b", 500),
+        ("a", 500),
+    ]
 
 
 async def test_events_after_close_are_dropped() -> None:

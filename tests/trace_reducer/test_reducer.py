@@ -375,8 +375,8 @@ def test_unannounced_output_and_done_without_added(tmp_path: Path) -> None:
 
 def test_unknown_record_body_is_skipped_and_counted(tmp_path: Path) -> None:
     bundle = BundleBuilder(tmp_path)
-    # Field 19 (length-delimited) is not in this reducer's TraceRecord: a newer writer's body.
-    future = record_pb2.TraceRecord.FromString(bytes([0x9A, 0x01, 0x03]) + b"new")
+    # Field 99 (length-delimited) is not in this reducer's TraceRecord: a newer writer's body.
+    future = record_pb2.TraceRecord.FromString(bytes([0x9A, 0x06, 0x03]) + b"new")
     seq = bundle.writer.append(future)
     question = user_item("q")
     turn = bundle.turn("turn-1", [question])

@@ -75,6 +75,8 @@ class _TurnStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TurnStatus
     TURN_STATUS_COMPLETED: _TurnStatus.ValueType  # 2
     TURN_STATUS_INTERRUPTED: _TurnStatus.ValueType  # 3
     TURN_STATUS_FAILED: _TurnStatus.ValueType  # 4
+    TURN_STATUS_AWAITING_TOOL_OUTPUTS: _TurnStatus.ValueType  # 5
+    """The model called tools; the turn goes on once SubmitToolOutputs has answered them all."""
 
 class TurnStatus(_TurnStatus, metaclass=_TurnStatusEnumTypeWrapper): ...
 
@@ -83,7 +85,68 @@ TURN_STATUS_IN_PROGRESS: TurnStatus.ValueType  # 1
 TURN_STATUS_COMPLETED: TurnStatus.ValueType  # 2
 TURN_STATUS_INTERRUPTED: TurnStatus.ValueType  # 3
 TURN_STATUS_FAILED: TurnStatus.ValueType  # 4
+TURN_STATUS_AWAITING_TOOL_OUTPUTS: TurnStatus.ValueType  # 5
+"""The model called tools; the turn goes on once SubmitToolOutputs has answered them all."""
 Global___TurnStatus: _TypeAlias = TurnStatus  # noqa: Y015
+
+class _ToolCallStatus:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ToolCallStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ToolCallStatus.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    TOOL_CALL_STATUS_UNSPECIFIED: _ToolCallStatus.ValueType  # 0
+    TOOL_CALL_STATUS_PENDING: _ToolCallStatus.ValueType  # 1
+    """Requested, waiting for its output."""
+    TOOL_CALL_STATUS_COMPLETED: _ToolCallStatus.ValueType  # 2
+    TOOL_CALL_STATUS_FAILED: _ToolCallStatus.ValueType  # 3
+    """Its output is an error, or none came in time."""
+    TOOL_CALL_STATUS_CANCELLED: _ToolCallStatus.ValueType  # 4
+    """The turn was interrupted or ended before its output came."""
+
+class ToolCallStatus(_ToolCallStatus, metaclass=_ToolCallStatusEnumTypeWrapper): ...
+
+TOOL_CALL_STATUS_UNSPECIFIED: ToolCallStatus.ValueType  # 0
+TOOL_CALL_STATUS_PENDING: ToolCallStatus.ValueType  # 1
+"""Requested, waiting for its output."""
+TOOL_CALL_STATUS_COMPLETED: ToolCallStatus.ValueType  # 2
+TOOL_CALL_STATUS_FAILED: ToolCallStatus.ValueType  # 3
+"""Its output is an error, or none came in time."""
+TOOL_CALL_STATUS_CANCELLED: ToolCallStatus.ValueType  # 4
+"""The turn was interrupted or ended before its output came."""
+Global___ToolCallStatus: _TypeAlias = ToolCallStatus  # noqa: Y015
+
+@_typing.final
+class FunctionTool(_message.Message):
+    """A function the model may call; the client runs it and submits its output."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    DESCRIPTION_FIELD_NUMBER: _builtins.int
+    PARAMETERS_JSON_FIELD_NUMBER: _builtins.int
+    STRICT_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """Matches ^[a-zA-Z0-9_-]{1,64}$, unique in a thread."""
+    description: _builtins.str
+    parameters_json: _builtins.str
+    """A JSON Schema object as JSON text; empty means no parameters."""
+    strict: _builtins.bool
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        description: _builtins.str = ...,
+        parameters_json: _builtins.str = ...,
+        strict: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "name", b"name", "parameters_json", b"parameters_json", "strict", b"strict"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FunctionTool: _TypeAlias = FunctionTool  # noqa: Y015
 
 @_typing.final
 class UserInput(_message.Message):
@@ -139,6 +202,9 @@ class Thread(_message.Message):
     RECORDING_STATUS_FIELD_NUMBER: _builtins.int
     RECORDING_ERROR_FIELD_NUMBER: _builtins.int
     METADATA_FIELD_NUMBER: _builtins.int
+    TURN_COUNT_FIELD_NUMBER: _builtins.int
+    CLOSED_AT_FIELD_NUMBER: _builtins.int
+    TOOLS_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     model: _builtins.str
     status: Global___ThreadStatus.ValueType
@@ -147,12 +213,20 @@ class Thread(_message.Message):
     recording_status: Global___RecordingStatus.ValueType
     recording_error: _builtins.str
     """Why recording failed, when it did."""
+    turn_count: _builtins.int
+    """How many turns the thread has had (`turns` is left empty by ListThreads)."""
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
     def turns(self) -> _containers.RepeatedCompositeFieldContainer[Global___Turn]: ...
     @_builtins.property
     def metadata(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    @_builtins.property
+    def closed_at(self) -> _timestamp_pb2.Timestamp:
+        """When the thread was closed; unset while it is active."""
+
+    @_builtins.property
+    def tools(self) -> _containers.RepeatedCompositeFieldContainer[Global___FunctionTool]: ...
     def __init__(
         self,
         *,
@@ -165,14 +239,47 @@ class Thread(_message.Message):
         recording_status: Global___RecordingStatus.ValueType = ...,
         recording_error: _builtins.str = ...,
         metadata: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        turn_count: _builtins.int = ...,
+        closed_at: _timestamp_pb2.Timestamp | None = ...,
+        tools: _abc.Iterable[Global___FunctionTool] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["closed_at", b"closed_at", "created_at", b"created_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bundle_path", b"bundle_path", "created_at", b"created_at", "id", b"id", "metadata", b"metadata", "model", b"model", "recording_error", b"recording_error", "recording_status", b"recording_status", "status", b"status", "turns", b"turns"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bundle_path", b"bundle_path", "closed_at", b"closed_at", "created_at", b"created_at", "id", b"id", "metadata", b"metadata", "model", b"model", "recording_error", b"recording_error", "recording_status", b"recording_status", "status", b"status", "tools", b"tools", "turn_count", b"turn_count", "turns", b"turns"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Thread: _TypeAlias = Thread  # noqa: Y015
+
+@_typing.final
+class TurnToolCall(_message.Message):
+    """One function call of a turn, as GetThread shows it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITEM_ID_FIELD_NUMBER: _builtins.int
+    CALL_ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    item_id: _builtins.str
+    call_id: _builtins.str
+    name: _builtins.str
+    status: Global___ToolCallStatus.ValueType
+    def __init__(
+        self,
+        *,
+        item_id: _builtins.str = ...,
+        call_id: _builtins.str = ...,
+        name: _builtins.str = ...,
+        status: Global___ToolCallStatus.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "item_id", b"item_id", "name", b"name", "status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TurnToolCall: _TypeAlias = TurnToolCall  # noqa: Y015
 
 @_typing.final
 class TurnError(_message.Message):
@@ -211,6 +318,7 @@ class Turn(_message.Message):
     ERROR_FIELD_NUMBER: _builtins.int
     STARTED_AT_FIELD_NUMBER: _builtins.int
     COMPLETED_AT_FIELD_NUMBER: _builtins.int
+    TOOL_CALLS_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     thread_id: _builtins.str
     status: Global___TurnStatus.ValueType
@@ -220,6 +328,10 @@ class Turn(_message.Message):
     def started_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
     def completed_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def tool_calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___TurnToolCall]:
+        """The function calls the model made in this turn, in the order they were accepted."""
+
     def __init__(
         self,
         *,
@@ -229,10 +341,11 @@ class Turn(_message.Message):
         error: Global___TurnError | None = ...,
         started_at: _timestamp_pb2.Timestamp | None = ...,
         completed_at: _timestamp_pb2.Timestamp | None = ...,
+        tool_calls: _abc.Iterable[Global___TurnToolCall] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["completed_at", b"completed_at", "error", b"error", "started_at", b"started_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["completed_at", b"completed_at", "error", b"error", "id", b"id", "started_at", b"started_at", "status", b"status", "thread_id", b"thread_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["completed_at", b"completed_at", "error", b"error", "id", b"id", "started_at", b"started_at", "status", b"status", "thread_id", b"thread_id", "tool_calls", b"tool_calls"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -248,6 +361,8 @@ class Item(_message.Message):
     TYPE_FIELD_NUMBER: _builtins.int
     ROLE_FIELD_NUMBER: _builtins.int
     TEXT_FIELD_NUMBER: _builtins.int
+    TEXT_IN_DELTAS_FIELD_NUMBER: _builtins.int
+    REFUSAL_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """The Responses API item id (the provider's, or the one the agent assigned)."""
     type: _builtins.str
@@ -255,6 +370,12 @@ class Item(_message.Message):
     role: _builtins.str
     text: _builtins.str
     """The item's text, concatenated over its text parts."""
+    text_in_deltas: _builtins.bool
+    """The text is too large for one message: it is the concatenation of this item's
+    agent_message_delta events (which then carry all of it), and `text` is empty.
+    """
+    refusal: _builtins.str
+    """What the model said when it refused, concatenated over its refusal parts."""
     def __init__(
         self,
         *,
@@ -262,10 +383,12 @@ class Item(_message.Message):
         type: _builtins.str = ...,
         role: _builtins.str = ...,
         text: _builtins.str = ...,
+        text_in_deltas: _builtins.bool = ...,
+        refusal: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "role", b"role", "text", b"text", "type", b"type"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "refusal", b"refusal", "role", b"role", "text", b"text", "text_in_deltas", b"text_in_deltas", "type", b"type"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -317,17 +440,21 @@ class AgentMessageDeltaEvent(_message.Message):
 
     ITEM_ID_FIELD_NUMBER: _builtins.int
     DELTA_FIELD_NUMBER: _builtins.int
+    REFUSAL_FIELD_NUMBER: _builtins.int
     item_id: _builtins.str
     delta: _builtins.str
+    refusal: _builtins.bool
+    """The delta is refusal text (a `refusal` content part), not output text."""
     def __init__(
         self,
         *,
         item_id: _builtins.str = ...,
         delta: _builtins.str = ...,
+        refusal: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "item_id", b"item_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "item_id", b"item_id", "refusal", b"refusal"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -400,6 +527,146 @@ class ErrorEvent(_message.Message):
 Global___ErrorEvent: _TypeAlias = ErrorEvent  # noqa: Y015
 
 @_typing.final
+class ToolCallRequestedEvent(_message.Message):
+    """The model called a tool: answer it with SubmitToolOutputs."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITEM_ID_FIELD_NUMBER: _builtins.int
+    CALL_ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    ARGUMENTS_FIELD_NUMBER: _builtins.int
+    ARGUMENTS_IN_DELTAS_FIELD_NUMBER: _builtins.int
+    item_id: _builtins.str
+    """The function_call item's id."""
+    call_id: _builtins.str
+    name: _builtins.str
+    arguments: _builtins.str
+    """The complete arguments, JSON text as the model wrote it."""
+    arguments_in_deltas: _builtins.bool
+    """The arguments are too large for one message: they are the concatenation of this item's
+    tool_call_arguments_delta events (which then carry all of them), and `arguments` is empty.
+    """
+    def __init__(
+        self,
+        *,
+        item_id: _builtins.str = ...,
+        call_id: _builtins.str = ...,
+        name: _builtins.str = ...,
+        arguments: _builtins.str = ...,
+        arguments_in_deltas: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments", b"arguments", "arguments_in_deltas", b"arguments_in_deltas", "call_id", b"call_id", "item_id", b"item_id", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolCallRequestedEvent: _TypeAlias = ToolCallRequestedEvent  # noqa: Y015
+
+@_typing.final
+class ToolCallCompletedEvent(_message.Message):
+    """An output was accepted for a tool call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALL_ID_FIELD_NUMBER: _builtins.int
+    OUTPUT_FIELD_NUMBER: _builtins.int
+    IS_ERROR_FIELD_NUMBER: _builtins.int
+    call_id: _builtins.str
+    output: _builtins.str
+    is_error: _builtins.bool
+    def __init__(
+        self,
+        *,
+        call_id: _builtins.str = ...,
+        output: _builtins.str = ...,
+        is_error: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "is_error", b"is_error", "output", b"output"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolCallCompletedEvent: _TypeAlias = ToolCallCompletedEvent  # noqa: Y015
+
+@_typing.final
+class ToolCallArgumentsDeltaEvent(_message.Message):
+    """A function call's arguments as they stream in."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITEM_ID_FIELD_NUMBER: _builtins.int
+    CALL_ID_FIELD_NUMBER: _builtins.int
+    DELTA_FIELD_NUMBER: _builtins.int
+    item_id: _builtins.str
+    call_id: _builtins.str
+    delta: _builtins.str
+    def __init__(
+        self,
+        *,
+        item_id: _builtins.str = ...,
+        call_id: _builtins.str = ...,
+        delta: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "delta", b"delta", "item_id", b"item_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolCallArgumentsDeltaEvent: _TypeAlias = ToolCallArgumentsDeltaEvent  # noqa: Y015
+
+@_typing.final
+class TurnAwaitingToolOutputsEvent(_message.Message):
+    """The model's response is over and the turn waits for the outputs of the calls it asked for."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TURN_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def turn(self) -> Global___Turn:
+        """The turn, with status TURN_STATUS_AWAITING_TOOL_OUTPUTS and its tool calls."""
+
+    def __init__(
+        self,
+        *,
+        turn: Global___Turn | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["turn", b"turn"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["turn", b"turn"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TurnAwaitingToolOutputsEvent: _TypeAlias = TurnAwaitingToolOutputsEvent  # noqa: Y015
+
+@_typing.final
+class ReasoningDeltaEvent(_message.Message):
+    """Reasoning summary text as it streams in."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITEM_ID_FIELD_NUMBER: _builtins.int
+    DELTA_FIELD_NUMBER: _builtins.int
+    item_id: _builtins.str
+    delta: _builtins.str
+    def __init__(
+        self,
+        *,
+        item_id: _builtins.str = ...,
+        delta: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "item_id", b"item_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReasoningDeltaEvent: _TypeAlias = ReasoningDeltaEvent  # noqa: Y015
+
+@_typing.final
 class TokenUsageEvent(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -439,6 +706,11 @@ class ThreadEvent(_message.Message):
     TURN_COMPLETED_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     TOKEN_USAGE_FIELD_NUMBER: _builtins.int
+    TOOL_CALL_REQUESTED_FIELD_NUMBER: _builtins.int
+    TOOL_CALL_COMPLETED_FIELD_NUMBER: _builtins.int
+    TOOL_CALL_ARGUMENTS_DELTA_FIELD_NUMBER: _builtins.int
+    REASONING_DELTA_FIELD_NUMBER: _builtins.int
+    TURN_AWAITING_TOOL_OUTPUTS_FIELD_NUMBER: _builtins.int
     index: _builtins.int
     """1, 2, ... per thread."""
     thread_id: _builtins.str
@@ -459,6 +731,16 @@ class ThreadEvent(_message.Message):
     def error(self) -> Global___ErrorEvent: ...
     @_builtins.property
     def token_usage(self) -> Global___TokenUsageEvent: ...
+    @_builtins.property
+    def tool_call_requested(self) -> Global___ToolCallRequestedEvent: ...
+    @_builtins.property
+    def tool_call_completed(self) -> Global___ToolCallCompletedEvent: ...
+    @_builtins.property
+    def tool_call_arguments_delta(self) -> Global___ToolCallArgumentsDeltaEvent: ...
+    @_builtins.property
+    def reasoning_delta(self) -> Global___ReasoningDeltaEvent: ...
+    @_builtins.property
+    def turn_awaiting_tool_outputs(self) -> Global___TurnAwaitingToolOutputsEvent: ...
     def __init__(
         self,
         *,
@@ -473,12 +755,17 @@ class ThreadEvent(_message.Message):
         turn_completed: Global___TurnCompletedEvent | None = ...,
         error: Global___ErrorEvent | None = ...,
         token_usage: Global___TokenUsageEvent | None = ...,
+        tool_call_requested: Global___ToolCallRequestedEvent | None = ...,
+        tool_call_completed: Global___ToolCallCompletedEvent | None = ...,
+        tool_call_arguments_delta: Global___ToolCallArgumentsDeltaEvent | None = ...,
+        reasoning_delta: Global___ReasoningDeltaEvent | None = ...,
+        turn_awaiting_tool_outputs: Global___TurnAwaitingToolOutputsEvent | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["agent_message_delta", b"agent_message_delta", "error", b"error", "item_completed", b"item_completed", "item_started", b"item_started", "kind", b"kind", "time", b"time", "token_usage", b"token_usage", "turn_completed", b"turn_completed", "turn_started", b"turn_started"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["agent_message_delta", b"agent_message_delta", "error", b"error", "item_completed", b"item_completed", "item_started", b"item_started", "kind", b"kind", "reasoning_delta", b"reasoning_delta", "time", b"time", "token_usage", b"token_usage", "tool_call_arguments_delta", b"tool_call_arguments_delta", "tool_call_completed", b"tool_call_completed", "tool_call_requested", b"tool_call_requested", "turn_awaiting_tool_outputs", b"turn_awaiting_tool_outputs", "turn_completed", b"turn_completed", "turn_started", b"turn_started"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_message_delta", b"agent_message_delta", "error", b"error", "index", b"index", "item_completed", b"item_completed", "item_started", b"item_started", "kind", b"kind", "thread_id", b"thread_id", "time", b"time", "token_usage", b"token_usage", "turn_completed", b"turn_completed", "turn_id", b"turn_id", "turn_started", b"turn_started"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_message_delta", b"agent_message_delta", "error", b"error", "index", b"index", "item_completed", b"item_completed", "item_started", b"item_started", "kind", b"kind", "reasoning_delta", b"reasoning_delta", "thread_id", b"thread_id", "time", b"time", "token_usage", b"token_usage", "tool_call_arguments_delta", b"tool_call_arguments_delta", "tool_call_completed", b"tool_call_completed", "tool_call_requested", b"tool_call_requested", "turn_awaiting_tool_outputs", b"turn_awaiting_tool_outputs", "turn_completed", b"turn_completed", "turn_id", b"turn_id", "turn_started", b"turn_started"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["turn_started", "item_started", "agent_message_delta", "item_completed", "turn_completed", "error", "token_usage"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["turn_started", "item_started", "agent_message_delta", "item_completed", "turn_completed", "error", "token_usage", "tool_call_requested", "tool_call_completed", "tool_call_arguments_delta", "reasoning_delta", "turn_awaiting_tool_outputs"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
@@ -511,21 +798,27 @@ class StartThreadRequest(_message.Message):
     MODEL_FIELD_NUMBER: _builtins.int
     INSTRUCTIONS_FIELD_NUMBER: _builtins.int
     METADATA_FIELD_NUMBER: _builtins.int
+    TOOLS_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     """The provider model; the server's default when empty."""
     instructions: _builtins.str
     @_builtins.property
     def metadata(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    @_builtins.property
+    def tools(self) -> _containers.RepeatedCompositeFieldContainer[Global___FunctionTool]:
+        """Functions every inference request of the thread offers the model (at most 128)."""
+
     def __init__(
         self,
         *,
         model: _builtins.str = ...,
         instructions: _builtins.str = ...,
         metadata: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        tools: _abc.Iterable[Global___FunctionTool] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["instructions", b"instructions", "metadata", b"metadata", "model", b"model"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["instructions", b"instructions", "metadata", b"metadata", "model", b"model", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -719,6 +1012,58 @@ class GetThreadResponse(_message.Message):
 Global___GetThreadResponse: _TypeAlias = GetThreadResponse  # noqa: Y015
 
 @_typing.final
+class ListThreadsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    page_size: _builtins.int
+    """At most this many threads per page; 0 means 100, and more than 1000 is taken as 1000."""
+    page_token: _builtins.str
+    """next_page_token of the previous page; empty for the first."""
+    status: Global___ThreadStatus.ValueType
+    """Only threads with this status; THREAD_STATUS_UNSPECIFIED lists every one."""
+    def __init__(
+        self,
+        *,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+        status: Global___ThreadStatus.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListThreadsRequest: _TypeAlias = ListThreadsRequest  # noqa: Y015
+
+@_typing.final
+class ListThreadsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    THREADS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Pass it to get the next page; empty on the last one."""
+    @_builtins.property
+    def threads(self) -> _containers.RepeatedCompositeFieldContainer[Global___Thread]: ...
+    def __init__(
+        self,
+        *,
+        threads: _abc.Iterable[Global___Thread] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_page_token", b"next_page_token", "threads", b"threads"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListThreadsResponse: _TypeAlias = ListThreadsResponse  # noqa: Y015
+
+@_typing.final
 class CloseThreadRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -756,3 +1101,80 @@ class CloseThreadResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CloseThreadResponse: _TypeAlias = CloseThreadResponse  # noqa: Y015
+
+@_typing.final
+class ToolOutput(_message.Message):
+    """The output of one tool call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALL_ID_FIELD_NUMBER: _builtins.int
+    OUTPUT_FIELD_NUMBER: _builtins.int
+    IS_ERROR_FIELD_NUMBER: _builtins.int
+    call_id: _builtins.str
+    output: _builtins.str
+    """What the model is shown; at most 1 MiB."""
+    is_error: _builtins.bool
+    """The tool failed: the output describes the failure."""
+    def __init__(
+        self,
+        *,
+        call_id: _builtins.str = ...,
+        output: _builtins.str = ...,
+        is_error: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "is_error", b"is_error", "output", b"output"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolOutput: _TypeAlias = ToolOutput  # noqa: Y015
+
+@_typing.final
+class SubmitToolOutputsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    THREAD_ID_FIELD_NUMBER: _builtins.int
+    TURN_ID_FIELD_NUMBER: _builtins.int
+    OUTPUTS_FIELD_NUMBER: _builtins.int
+    thread_id: _builtins.str
+    turn_id: _builtins.str
+    @_builtins.property
+    def outputs(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolOutput]:
+        """Outputs for some or all of the turn's pending calls."""
+
+    def __init__(
+        self,
+        *,
+        thread_id: _builtins.str = ...,
+        turn_id: _builtins.str = ...,
+        outputs: _abc.Iterable[Global___ToolOutput] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["outputs", b"outputs", "thread_id", b"thread_id", "turn_id", b"turn_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubmitToolOutputsRequest: _TypeAlias = SubmitToolOutputsRequest  # noqa: Y015
+
+@_typing.final
+class SubmitToolOutputsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TURN_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def turn(self) -> Global___Turn: ...
+    def __init__(
+        self,
+        *,
+        turn: Global___Turn | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["turn", b"turn"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["turn", b"turn"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubmitToolOutputsResponse: _TypeAlias = SubmitToolOutputsResponse  # noqa: Y015

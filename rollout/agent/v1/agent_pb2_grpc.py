@@ -60,10 +60,20 @@ class AgentServiceStub:
                 request_serializer=rollout_dot_agent_dot_v1_dot_agent__pb2.GetThreadRequest.SerializeToString,
                 response_deserializer=rollout_dot_agent_dot_v1_dot_agent__pb2.GetThreadResponse.FromString,
                 _registered_method=True)
+        self.ListThreads = channel.unary_unary(
+                '/rollout.agent.v1.AgentService/ListThreads',
+                request_serializer=rollout_dot_agent_dot_v1_dot_agent__pb2.ListThreadsRequest.SerializeToString,
+                response_deserializer=rollout_dot_agent_dot_v1_dot_agent__pb2.ListThreadsResponse.FromString,
+                _registered_method=True)
         self.CloseThread = channel.unary_unary(
                 '/rollout.agent.v1.AgentService/CloseThread',
                 request_serializer=rollout_dot_agent_dot_v1_dot_agent__pb2.CloseThreadRequest.SerializeToString,
                 response_deserializer=rollout_dot_agent_dot_v1_dot_agent__pb2.CloseThreadResponse.FromString,
+                _registered_method=True)
+        self.SubmitToolOutputs = channel.unary_unary(
+                '/rollout.agent.v1.AgentService/SubmitToolOutputs',
+                request_serializer=rollout_dot_agent_dot_v1_dot_agent__pb2.SubmitToolOutputsRequest.SerializeToString,
+                response_deserializer=rollout_dot_agent_dot_v1_dot_agent__pb2.SubmitToolOutputsResponse.FromString,
                 _registered_method=True)
 
 
@@ -105,8 +115,22 @@ class AgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListThreads(self, request, context):
+        """Lists the server's threads, oldest first, a page at a time (without their turns).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CloseThread(self, request, context):
         """Interrupts a running turn, ends the thread and finishes its recording.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SubmitToolOutputs(self, request, context):
+        """Answers the function tool calls a turn is waiting for.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -140,10 +164,20 @@ def add_AgentServiceServicer_to_server(servicer, server):
                     request_deserializer=rollout_dot_agent_dot_v1_dot_agent__pb2.GetThreadRequest.FromString,
                     response_serializer=rollout_dot_agent_dot_v1_dot_agent__pb2.GetThreadResponse.SerializeToString,
             ),
+            'ListThreads': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListThreads,
+                    request_deserializer=rollout_dot_agent_dot_v1_dot_agent__pb2.ListThreadsRequest.FromString,
+                    response_serializer=rollout_dot_agent_dot_v1_dot_agent__pb2.ListThreadsResponse.SerializeToString,
+            ),
             'CloseThread': grpc.unary_unary_rpc_method_handler(
                     servicer.CloseThread,
                     request_deserializer=rollout_dot_agent_dot_v1_dot_agent__pb2.CloseThreadRequest.FromString,
                     response_serializer=rollout_dot_agent_dot_v1_dot_agent__pb2.CloseThreadResponse.SerializeToString,
+            ),
+            'SubmitToolOutputs': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitToolOutputs,
+                    request_deserializer=rollout_dot_agent_dot_v1_dot_agent__pb2.SubmitToolOutputsRequest.FromString,
+                    response_serializer=rollout_dot_agent_dot_v1_dot_agent__pb2.SubmitToolOutputsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -293,6 +327,33 @@ class AgentService:
             _registered_method=True)
 
     @staticmethod
+    def ListThreads(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollout.agent.v1.AgentService/ListThreads',
+            rollout_dot_agent_dot_v1_dot_agent__pb2.ListThreadsRequest.SerializeToString,
+            rollout_dot_agent_dot_v1_dot_agent__pb2.ListThreadsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def CloseThread(request,
             target,
             options=(),
@@ -309,6 +370,33 @@ class AgentService:
             '/rollout.agent.v1.AgentService/CloseThread',
             rollout_dot_agent_dot_v1_dot_agent__pb2.CloseThreadRequest.SerializeToString,
             rollout_dot_agent_dot_v1_dot_agent__pb2.CloseThreadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitToolOutputs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollout.agent.v1.AgentService/SubmitToolOutputs',
+            rollout_dot_agent_dot_v1_dot_agent__pb2.SubmitToolOutputsRequest.SerializeToString,
+            rollout_dot_agent_dot_v1_dot_agent__pb2.SubmitToolOutputsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -42,8 +42,12 @@ class AgentServiceStub:
     StreamEvents: _grpc.UnaryStreamMultiCallable[_agent_pb2.StreamEventsRequest, _agent_pb2.StreamEventsResponse]
     """Replays buffered events after `after_index`, then streams live ones."""
     GetThread: _grpc.UnaryUnaryMultiCallable[_agent_pb2.GetThreadRequest, _agent_pb2.GetThreadResponse]
+    ListThreads: _grpc.UnaryUnaryMultiCallable[_agent_pb2.ListThreadsRequest, _agent_pb2.ListThreadsResponse]
+    """Lists the server's threads, oldest first, a page at a time (without their turns)."""
     CloseThread: _grpc.UnaryUnaryMultiCallable[_agent_pb2.CloseThreadRequest, _agent_pb2.CloseThreadResponse]
     """Interrupts a running turn, ends the thread and finishes its recording."""
+    SubmitToolOutputs: _grpc.UnaryUnaryMultiCallable[_agent_pb2.SubmitToolOutputsRequest, _agent_pb2.SubmitToolOutputsResponse]
+    """Answers the function tool calls a turn is waiting for."""
 
 @_typing.type_check_only
 class AgentServiceAsyncStub(AgentServiceStub):
@@ -59,8 +63,12 @@ class AgentServiceAsyncStub(AgentServiceStub):
     StreamEvents: _aio.UnaryStreamMultiCallable[_agent_pb2.StreamEventsRequest, _agent_pb2.StreamEventsResponse]  # type: ignore[assignment]
     """Replays buffered events after `after_index`, then streams live ones."""
     GetThread: _aio.UnaryUnaryMultiCallable[_agent_pb2.GetThreadRequest, _agent_pb2.GetThreadResponse]  # type: ignore[assignment]
+    ListThreads: _aio.UnaryUnaryMultiCallable[_agent_pb2.ListThreadsRequest, _agent_pb2.ListThreadsResponse]  # type: ignore[assignment]
+    """Lists the server's threads, oldest first, a page at a time (without their turns)."""
     CloseThread: _aio.UnaryUnaryMultiCallable[_agent_pb2.CloseThreadRequest, _agent_pb2.CloseThreadResponse]  # type: ignore[assignment]
     """Interrupts a running turn, ends the thread and finishes its recording."""
+    SubmitToolOutputs: _aio.UnaryUnaryMultiCallable[_agent_pb2.SubmitToolOutputsRequest, _agent_pb2.SubmitToolOutputsResponse]  # type: ignore[assignment]
+    """Answers the function tool calls a turn is waiting for."""
 
 class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
     """Runs conversations with an LLM as threads of turns and streams what happens."""
@@ -105,11 +113,27 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_agent_pb2.GetThreadResponse, _abc.Awaitable[_agent_pb2.GetThreadResponse]]: ...
 
     @_abc_1.abstractmethod
+    def ListThreads(
+        self,
+        request: _agent_pb2.ListThreadsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_agent_pb2.ListThreadsResponse, _abc.Awaitable[_agent_pb2.ListThreadsResponse]]:
+        """Lists the server's threads, oldest first, a page at a time (without their turns)."""
+
+    @_abc_1.abstractmethod
     def CloseThread(
         self,
         request: _agent_pb2.CloseThreadRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_agent_pb2.CloseThreadResponse, _abc.Awaitable[_agent_pb2.CloseThreadResponse]]:
         """Interrupts a running turn, ends the thread and finishes its recording."""
+
+    @_abc_1.abstractmethod
+    def SubmitToolOutputs(
+        self,
+        request: _agent_pb2.SubmitToolOutputsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_agent_pb2.SubmitToolOutputsResponse, _abc.Awaitable[_agent_pb2.SubmitToolOutputsResponse]]:
+        """Answers the function tool calls a turn is waiting for."""
 
 def add_AgentServiceServicer_to_server(servicer: AgentServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

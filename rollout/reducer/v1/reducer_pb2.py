@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from rollout.trace.v1 import state_pb2 as rollout_dot_trace_dot_v1_dot_state__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n rollout/reducer/v1/reducer.proto\x12\x12rollout.reducer.v1\x1a\x1crollout/trace/v1/state.proto\"K\n\x13ReduceBundleRequest\x12\x0e\n\x06\x62undle\x18\x01 \x01(\t\x12\x13\n\x0bwrite_state\x18\x02 \x01(\x08\x12\x0f\n\x07salvage\x18\x03 \x01(\x08\"Y\n\x14ReduceBundleResponse\x12-\n\x05trace\x18\x01 \x01(\x0b\x32\x1e.rollout.trace.v1.RolloutTrace\x12\x12\n\nstate_path\x18\x02 \x01(\t\"6\n\x14ReduceRecordsRequest\x12\r\n\x05\x63hunk\x18\x01 \x01(\x0c\x12\x0f\n\x07salvage\x18\x02 \x01(\x08\"F\n\x15ReduceRecordsResponse\x12-\n\x05trace\x18\x01 \x01(\x0b\x32\x1e.rollout.trace.v1.RolloutTrace2\xdb\x01\n\x0eReducerService\x12\x61\n\x0cReduceBundle\x12\'.rollout.reducer.v1.ReduceBundleRequest\x1a(.rollout.reducer.v1.ReduceBundleResponse\x12\x66\n\rReduceRecords\x12(.rollout.reducer.v1.ReduceRecordsRequest\x1a).rollout.reducer.v1.ReduceRecordsResponse(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n rollout/reducer/v1/reducer.proto\x12\x12rollout.reducer.v1\x1a\x1crollout/trace/v1/state.proto\"K\n\x13ReduceBundleRequest\x12\x0e\n\x06\x62undle\x18\x01 \x01(\t\x12\x13\n\x0bwrite_state\x18\x02 \x01(\x08\x12\x0f\n\x07salvage\x18\x03 \x01(\x08\"Y\n\x14ReduceBundleResponse\x12-\n\x05trace\x18\x01 \x01(\x0b\x32\x1e.rollout.trace.v1.RolloutTrace\x12\x12\n\nstate_path\x18\x02 \x01(\t\"6\n\x14ReduceRecordsRequest\x12\r\n\x05\x63hunk\x18\x01 \x01(\x0c\x12\x0f\n\x07salvage\x18\x02 \x01(\x08\"F\n\x15ReduceRecordsResponse\x12-\n\x05trace\x18\x01 \x01(\x0b\x32\x1e.rollout.trace.v1.RolloutTrace\"$\n\x12WatchBundleRequest\x12\x0e\n\x06\x62undle\x18\x01 \x01(\t\"Z\n\x13WatchBundleResponse\x12-\n\x05trace\x18\x01 \x01(\x0b\x32\x1e.rollout.trace.v1.RolloutTrace\x12\x14\n\x0crecords_read\x18\x02 \x01(\x04\x32\xbd\x02\n\x0eReducerService\x12\x61\n\x0cReduceBundle\x12\'.rollout.reducer.v1.ReduceBundleRequest\x1a(.rollout.reducer.v1.ReduceBundleResponse\x12\x66\n\rReduceRecords\x12(.rollout.reducer.v1.ReduceRecordsRequest\x1a).rollout.reducer.v1.ReduceRecordsResponse(\x01\x12`\n\x0bWatchBundle\x12&.rollout.reducer.v1.WatchBundleRequest\x1a\'.rollout.reducer.v1.WatchBundleResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,6 +40,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REDUCERECORDSREQUEST']._serialized_end=308
   _globals['_REDUCERECORDSRESPONSE']._serialized_start=310
   _globals['_REDUCERECORDSRESPONSE']._serialized_end=380
-  _globals['_REDUCERSERVICE']._serialized_start=383
-  _globals['_REDUCERSERVICE']._serialized_end=602
+  _globals['_WATCHBUNDLEREQUEST']._serialized_start=382
+  _globals['_WATCHBUNDLEREQUEST']._serialized_end=418
+  _globals['_WATCHBUNDLERESPONSE']._serialized_start=420
+  _globals['_WATCHBUNDLERESPONSE']._serialized_end=510
+  _globals['_REDUCERSERVICE']._serialized_start=513
+  _globals['_REDUCERSERVICE']._serialized_end=830
 # @@protoc_insertion_point(module_scope)

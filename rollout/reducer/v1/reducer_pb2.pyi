@@ -112,3 +112,49 @@ class ReduceRecordsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReduceRecordsResponse: _TypeAlias = ReduceRecordsResponse  # noqa: Y015
+
+@_typing.final
+class WatchBundleRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BUNDLE_FIELD_NUMBER: _builtins.int
+    bundle: _builtins.str
+    """Bundle directory (or its trace.binpb), relative to the bundle root."""
+    def __init__(
+        self,
+        *,
+        bundle: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bundle", b"bundle"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchBundleRequest: _TypeAlias = WatchBundleRequest  # noqa: Y015
+
+@_typing.final
+class WatchBundleResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TRACE_FIELD_NUMBER: _builtins.int
+    RECORDS_READ_FIELD_NUMBER: _builtins.int
+    records_read: _builtins.int
+    """Records read so far, the header included."""
+    @_builtins.property
+    def trace(self) -> _state_pb2.RolloutTrace:
+        """The reduced state of every record read so far."""
+
+    def __init__(
+        self,
+        *,
+        trace: _state_pb2.RolloutTrace | None = ...,
+        records_read: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["trace", b"trace"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["records_read", b"records_read", "trace", b"trace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchBundleResponse: _TypeAlias = WatchBundleResponse  # noqa: Y015

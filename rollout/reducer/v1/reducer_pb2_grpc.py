@@ -45,6 +45,11 @@ class ReducerServiceStub:
                 request_serializer=rollout_dot_reducer_dot_v1_dot_reducer__pb2.ReduceRecordsRequest.SerializeToString,
                 response_deserializer=rollout_dot_reducer_dot_v1_dot_reducer__pb2.ReduceRecordsResponse.FromString,
                 _registered_method=True)
+        self.WatchBundle = channel.unary_stream(
+                '/rollout.reducer.v1.ReducerService/WatchBundle',
+                request_serializer=rollout_dot_reducer_dot_v1_dot_reducer__pb2.WatchBundleRequest.SerializeToString,
+                response_deserializer=rollout_dot_reducer_dot_v1_dot_reducer__pb2.WatchBundleResponse.FromString,
+                _registered_method=True)
 
 
 class ReducerServiceServicer:
@@ -65,6 +70,14 @@ class ReducerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchBundle(self, request, context):
+        """Follows a bundle under the bundle root as it is written: the reduced state each time new
+        records have arrived (at most about ten a second), ending after the footer.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ReducerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -77,6 +90,11 @@ def add_ReducerServiceServicer_to_server(servicer, server):
                     servicer.ReduceRecords,
                     request_deserializer=rollout_dot_reducer_dot_v1_dot_reducer__pb2.ReduceRecordsRequest.FromString,
                     response_serializer=rollout_dot_reducer_dot_v1_dot_reducer__pb2.ReduceRecordsResponse.SerializeToString,
+            ),
+            'WatchBundle': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchBundle,
+                    request_deserializer=rollout_dot_reducer_dot_v1_dot_reducer__pb2.WatchBundleRequest.FromString,
+                    response_serializer=rollout_dot_reducer_dot_v1_dot_reducer__pb2.WatchBundleResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -134,6 +152,33 @@ class ReducerService:
             '/rollout.reducer.v1.ReducerService/ReduceRecords',
             rollout_dot_reducer_dot_v1_dot_reducer__pb2.ReduceRecordsRequest.SerializeToString,
             rollout_dot_reducer_dot_v1_dot_reducer__pb2.ReduceRecordsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchBundle(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/rollout.reducer.v1.ReducerService/WatchBundle',
+            rollout_dot_reducer_dot_v1_dot_reducer__pb2.WatchBundleRequest.SerializeToString,
+            rollout_dot_reducer_dot_v1_dot_reducer__pb2.WatchBundleResponse.FromString,
             options,
             channel_credentials,
             insecure,

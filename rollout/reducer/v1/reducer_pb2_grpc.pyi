@@ -37,6 +37,10 @@ class ReducerServiceStub:
     """Reduces a bundle stored under the service's bundle root."""
     ReduceRecords: _grpc.StreamUnaryMultiCallable[_reducer_pb2.ReduceRecordsRequest, _reducer_pb2.ReduceRecordsResponse]
     """Reduces a bundle uploaded as a stream of `trace.binpb` chunks."""
+    WatchBundle: _grpc.UnaryStreamMultiCallable[_reducer_pb2.WatchBundleRequest, _reducer_pb2.WatchBundleResponse]
+    """Follows a bundle under the bundle root as it is written: the reduced state each time new
+    records have arrived (at most about ten a second), ending after the footer.
+    """
 
 @_typing.type_check_only
 class ReducerServiceAsyncStub(ReducerServiceStub):
@@ -47,6 +51,10 @@ class ReducerServiceAsyncStub(ReducerServiceStub):
     """Reduces a bundle stored under the service's bundle root."""
     ReduceRecords: _aio.StreamUnaryMultiCallable[_reducer_pb2.ReduceRecordsRequest, _reducer_pb2.ReduceRecordsResponse]  # type: ignore[assignment]
     """Reduces a bundle uploaded as a stream of `trace.binpb` chunks."""
+    WatchBundle: _aio.UnaryStreamMultiCallable[_reducer_pb2.WatchBundleRequest, _reducer_pb2.WatchBundleResponse]  # type: ignore[assignment]
+    """Follows a bundle under the bundle root as it is written: the reduced state each time new
+    records have arrived (at most about ten a second), ending after the footer.
+    """
 
 class ReducerServiceServicer(metaclass=_abc_1.ABCMeta):
     """Replays trace bundles into their reduced state."""
@@ -66,5 +74,15 @@ class ReducerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_reducer_pb2.ReduceRecordsResponse, _abc.Awaitable[_reducer_pb2.ReduceRecordsResponse]]:
         """Reduces a bundle uploaded as a stream of `trace.binpb` chunks."""
+
+    @_abc_1.abstractmethod
+    def WatchBundle(
+        self,
+        request: _reducer_pb2.WatchBundleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_reducer_pb2.WatchBundleResponse], _abc.AsyncIterator[_reducer_pb2.WatchBundleResponse]]:
+        """Follows a bundle under the bundle root as it is written: the reduced state each time new
+        records have arrived (at most about ten a second), ending after the footer.
+        """
 
 def add_ReducerServiceServicer_to_server(servicer: ReducerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

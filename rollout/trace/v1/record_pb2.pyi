@@ -32,6 +32,12 @@ class _PayloadKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_PayloadKi
     PAYLOAD_KIND_INPUT_ITEM: _PayloadKind.ValueType  # 2
     PAYLOAD_KIND_REQUEST_ENVELOPE: _PayloadKind.ValueType  # 3
     PAYLOAD_KIND_OUTPUT_ITEM: _PayloadKind.ValueType  # 4
+    PAYLOAD_KIND_PROVIDER_EVENT: _PayloadKind.ValueType  # 5
+    """The data of a provider event too large for a provider_event record."""
+    PAYLOAD_KIND_TOOL_ARGUMENTS: _PayloadKind.ValueType  # 6
+    """A function call's arguments, as the model wrote them."""
+    PAYLOAD_KIND_TOOL_OUTPUT: _PayloadKind.ValueType  # 7
+    """A `function_call_output` item: what the next request sends back for a tool call."""
 
 class PayloadKind(_PayloadKind, metaclass=_PayloadKindEnumTypeWrapper):
     """What a payload holds."""
@@ -41,7 +47,41 @@ PAYLOAD_KIND_INSTRUCTIONS: PayloadKind.ValueType  # 1
 PAYLOAD_KIND_INPUT_ITEM: PayloadKind.ValueType  # 2
 PAYLOAD_KIND_REQUEST_ENVELOPE: PayloadKind.ValueType  # 3
 PAYLOAD_KIND_OUTPUT_ITEM: PayloadKind.ValueType  # 4
+PAYLOAD_KIND_PROVIDER_EVENT: PayloadKind.ValueType  # 5
+"""The data of a provider event too large for a provider_event record."""
+PAYLOAD_KIND_TOOL_ARGUMENTS: PayloadKind.ValueType  # 6
+"""A function call's arguments, as the model wrote them."""
+PAYLOAD_KIND_TOOL_OUTPUT: PayloadKind.ValueType  # 7
+"""A `function_call_output` item: what the next request sends back for a tool call."""
 Global___PayloadKind: _TypeAlias = PayloadKind  # noqa: Y015
+
+class _DeltaKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _DeltaKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_DeltaKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    DELTA_KIND_UNSPECIFIED: _DeltaKind.ValueType  # 0
+    """`response.output_text.delta`."""
+    DELTA_KIND_REFUSAL: _DeltaKind.ValueType  # 1
+    """`response.refusal.delta`."""
+    DELTA_KIND_REASONING_SUMMARY: _DeltaKind.ValueType  # 2
+    """`response.reasoning_summary_text.delta`."""
+    DELTA_KIND_FUNCTION_ARGUMENTS: _DeltaKind.ValueType  # 3
+    """`response.function_call_arguments.delta`."""
+
+class DeltaKind(_DeltaKind, metaclass=_DeltaKindEnumTypeWrapper):
+    """What streamed text belongs to in its output item."""
+
+DELTA_KIND_UNSPECIFIED: DeltaKind.ValueType  # 0
+"""`response.output_text.delta`."""
+DELTA_KIND_REFUSAL: DeltaKind.ValueType  # 1
+"""`response.refusal.delta`."""
+DELTA_KIND_REASONING_SUMMARY: DeltaKind.ValueType  # 2
+"""`response.reasoning_summary_text.delta`."""
+DELTA_KIND_FUNCTION_ARGUMENTS: DeltaKind.ValueType  # 3
+"""`response.function_call_arguments.delta`."""
+Global___DeltaKind: _TypeAlias = DeltaKind  # noqa: Y015
 
 @_typing.final
 class TraceRecord(_message.Message):
@@ -71,6 +111,9 @@ class TraceRecord(_message.Message):
     INTERRUPT_REQUESTED_FIELD_NUMBER: _builtins.int
     TURN_ENDED_FIELD_NUMBER: _builtins.int
     THREAD_ENDED_FIELD_NUMBER: _builtins.int
+    TOOL_CALL_STARTED_FIELD_NUMBER: _builtins.int
+    TOOL_OUTPUT_SUBMITTED_FIELD_NUMBER: _builtins.int
+    TOOL_CALL_ENDED_FIELD_NUMBER: _builtins.int
     CRC32C_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     """1, 2, 3, ... contiguous within a bundle; 0 is never valid."""
@@ -108,6 +151,12 @@ class TraceRecord(_message.Message):
     def turn_ended(self) -> Global___TurnEnded: ...
     @_builtins.property
     def thread_ended(self) -> Global___ThreadEnded: ...
+    @_builtins.property
+    def tool_call_started(self) -> Global___ToolCallStarted: ...
+    @_builtins.property
+    def tool_output_submitted(self) -> Global___ToolOutputSubmitted: ...
+    @_builtins.property
+    def tool_call_ended(self) -> Global___ToolCallEnded: ...
     def __init__(
         self,
         *,
@@ -128,13 +177,16 @@ class TraceRecord(_message.Message):
         interrupt_requested: Global___InterruptRequested | None = ...,
         turn_ended: Global___TurnEnded | None = ...,
         thread_ended: Global___ThreadEnded | None = ...,
+        tool_call_started: Global___ToolCallStarted | None = ...,
+        tool_output_submitted: Global___ToolOutputSubmitted | None = ...,
+        tool_call_ended: Global___ToolCallEnded | None = ...,
         crc32c: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "footer", b"footer", "header", b"header", "inference_ended", b"inference_ended", "inference_started", b"inference_started", "interrupt_requested", b"interrupt_requested", "output_item_added", b"output_item_added", "output_item_done", b"output_item_done", "output_text_delta", b"output_text_delta", "payload", b"payload", "provider_event", b"provider_event", "response_created", b"response_created", "thread_ended", b"thread_ended", "thread_started", b"thread_started", "turn_ended", b"turn_ended", "turn_started", b"turn_started"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "footer", b"footer", "header", b"header", "inference_ended", b"inference_ended", "inference_started", b"inference_started", "interrupt_requested", b"interrupt_requested", "output_item_added", b"output_item_added", "output_item_done", b"output_item_done", "output_text_delta", b"output_text_delta", "payload", b"payload", "provider_event", b"provider_event", "response_created", b"response_created", "thread_ended", b"thread_ended", "thread_started", b"thread_started", "tool_call_ended", b"tool_call_ended", "tool_call_started", b"tool_call_started", "tool_output_submitted", b"tool_output_submitted", "turn_ended", b"turn_ended", "turn_started", b"turn_started"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "crc32c", b"crc32c", "footer", b"footer", "header", b"header", "inference_ended", b"inference_ended", "inference_started", b"inference_started", "interrupt_requested", b"interrupt_requested", "output_item_added", b"output_item_added", "output_item_done", b"output_item_done", "output_text_delta", b"output_text_delta", "payload", b"payload", "provider_event", b"provider_event", "response_created", b"response_created", "seq", b"seq", "thread_ended", b"thread_ended", "thread_started", b"thread_started", "time_us", b"time_us", "turn_ended", b"turn_ended", "turn_started", b"turn_started"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "crc32c", b"crc32c", "footer", b"footer", "header", b"header", "inference_ended", b"inference_ended", "inference_started", b"inference_started", "interrupt_requested", b"interrupt_requested", "output_item_added", b"output_item_added", "output_item_done", b"output_item_done", "output_text_delta", b"output_text_delta", "payload", b"payload", "provider_event", b"provider_event", "response_created", b"response_created", "seq", b"seq", "thread_ended", b"thread_ended", "thread_started", b"thread_started", "time_us", b"time_us", "tool_call_ended", b"tool_call_ended", "tool_call_started", b"tool_call_started", "tool_output_submitted", b"tool_output_submitted", "turn_ended", b"turn_ended", "turn_started", b"turn_started"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["header", "footer", "payload", "thread_started", "turn_started", "inference_started", "response_created", "output_item_added", "output_text_delta", "output_item_done", "provider_event", "inference_ended", "interrupt_requested", "turn_ended", "thread_ended"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["header", "footer", "payload", "thread_started", "turn_started", "inference_started", "response_created", "output_item_added", "output_text_delta", "output_item_done", "provider_event", "inference_ended", "interrupt_requested", "turn_ended", "thread_ended", "tool_call_started", "tool_output_submitted", "tool_call_ended"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
@@ -453,20 +505,24 @@ class OutputTextDelta(_message.Message):
     CALL_FIELD_NUMBER: _builtins.int
     DELTA_FIELD_NUMBER: _builtins.int
     ITEM_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
     call: _builtins.int
     delta: _builtins.str
     item: _builtins.int
     """The output item ordinal; 0 means the call's most recently added item."""
+    kind: Global___DeltaKind.ValueType
+    """Which text of the item this is (unset: output text)."""
     def __init__(
         self,
         *,
         call: _builtins.int = ...,
         delta: _builtins.str = ...,
         item: _builtins.int = ...,
+        kind: Global___DeltaKind.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "delta", b"delta", "item", b"item"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "delta", b"delta", "item", b"item", "kind", b"kind"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -517,19 +573,24 @@ class ProviderEvent(_message.Message):
     CALL_FIELD_NUMBER: _builtins.int
     EVENT_TYPE_FIELD_NUMBER: _builtins.int
     DATA_FIELD_NUMBER: _builtins.int
+    DATA_PAYLOAD_ID_FIELD_NUMBER: _builtins.int
     call: _builtins.int
     event_type: _builtins.str
     data: _builtins.str
+    """The event's data as the provider sent it, unless too large for a record."""
+    data_payload_id: _builtins.str
+    """The payload that holds data when it is too large for a record (data is then empty)."""
     def __init__(
         self,
         *,
         call: _builtins.int = ...,
         event_type: _builtins.str = ...,
         data: _builtins.str = ...,
+        data_payload_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "data", b"data", "event_type", b"event_type"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "data", b"data", "data_payload_id", b"data_payload_id", "event_type", b"event_type"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -653,3 +714,117 @@ class ThreadEnded(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ThreadEnded: _TypeAlias = ThreadEnded  # noqa: Y015
+
+@_typing.final
+class ToolCallStarted(_message.Message):
+    """The model asked for a function tool: written right after the output_item_done that accepted
+    its `function_call` item, before any client hears of it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOOL_CALL_FIELD_NUMBER: _builtins.int
+    CALL_FIELD_NUMBER: _builtins.int
+    TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
+    CALL_ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    ITEM_ID_FIELD_NUMBER: _builtins.int
+    ARGUMENTS_PAYLOAD_ID_FIELD_NUMBER: _builtins.int
+    tool_call: _builtins.int
+    """Per-bundle ordinal of this tool call."""
+    call: _builtins.int
+    """The inference call whose response holds the function_call item."""
+    tool_call_id: _builtins.str
+    call_id: _builtins.str
+    """The Responses API call_id that ties the output to the call."""
+    name: _builtins.str
+    item_id: _builtins.str
+    """The function_call item's id, as output_item_done recorded it."""
+    arguments_payload_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        tool_call: _builtins.int = ...,
+        call: _builtins.int = ...,
+        tool_call_id: _builtins.str = ...,
+        call_id: _builtins.str = ...,
+        name: _builtins.str = ...,
+        item_id: _builtins.str = ...,
+        arguments_payload_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments_payload_id", b"arguments_payload_id", "call", b"call", "call_id", b"call_id", "item_id", b"item_id", "name", b"name", "tool_call", b"tool_call", "tool_call_id", b"tool_call_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolCallStarted: _TypeAlias = ToolCallStarted  # noqa: Y015
+
+@_typing.final
+class ToolOutputSubmitted(_message.Message):
+    """A client submitted a tool call's output."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOOL_CALL_FIELD_NUMBER: _builtins.int
+    OUTPUT_ITEM_PAYLOAD_ID_FIELD_NUMBER: _builtins.int
+    IS_ERROR_FIELD_NUMBER: _builtins.int
+    SUBMITTED_BY_FIELD_NUMBER: _builtins.int
+    tool_call: _builtins.int
+    output_item_payload_id: _builtins.str
+    """The `function_call_output` item the next request sends back (a TOOL_OUTPUT payload)."""
+    is_error: _builtins.bool
+    submitted_by: _builtins.str
+    """The gRPC peer that submitted it."""
+    def __init__(
+        self,
+        *,
+        tool_call: _builtins.int = ...,
+        output_item_payload_id: _builtins.str = ...,
+        is_error: _builtins.bool = ...,
+        submitted_by: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["is_error", b"is_error", "output_item_payload_id", b"output_item_payload_id", "submitted_by", b"submitted_by", "tool_call", b"tool_call"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolOutputSubmitted: _TypeAlias = ToolOutputSubmitted  # noqa: Y015
+
+@_typing.final
+class ToolCallEnded(_message.Message):
+    """The tool call is over."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOOL_CALL_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    OUTPUT_ITEM_PAYLOAD_ID_FIELD_NUMBER: _builtins.int
+    tool_call: _builtins.int
+    status: _common_pb2.ExecutionStatus.ValueType
+    """COMPLETED with an output, FAILED when the output is an error or none came in time,
+    CANCELLED when its turn was interrupted or ended first.
+    """
+    output_item_payload_id: _builtins.str
+    """When no output was submitted: the `function_call_output` item the agent sends back in
+    its place (a TOOL_OUTPUT payload), so the conversation stays valid for the provider.
+    """
+    @_builtins.property
+    def error(self) -> _common_pb2.TraceError: ...
+    def __init__(
+        self,
+        *,
+        tool_call: _builtins.int = ...,
+        status: _common_pb2.ExecutionStatus.ValueType = ...,
+        error: _common_pb2.TraceError | None = ...,
+        output_item_payload_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "output_item_payload_id", b"output_item_payload_id", "status", b"status", "tool_call", b"tool_call"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolCallEnded: _TypeAlias = ToolCallEnded  # noqa: Y015

@@ -803,6 +803,7 @@ class ToolCall(_message.Message):
     ARGUMENTS_PAYLOAD_ID_FIELD_NUMBER: _builtins.int
     OUTPUT_PAYLOAD_ID_FIELD_NUMBER: _builtins.int
     SUBMITTED_BY_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
     tool_call_id: _builtins.str
     call_id: _builtins.str
     """The Responses API call_id that ties the call to its output."""
@@ -825,6 +826,10 @@ class ToolCall(_message.Message):
         CANCELLED on interrupt, close or shutdown.
         """
 
+    @_builtins.property
+    def error(self) -> _common_pb2.TraceError:
+        """Why it ended without a submitted output (timeout, interrupt, the turn failing)."""
+
     def __init__(
         self,
         *,
@@ -841,10 +846,11 @@ class ToolCall(_message.Message):
         arguments_payload_id: _builtins.str = ...,
         output_payload_id: _builtins.str = ...,
         submitted_by: _builtins.str = ...,
+        error: _common_pb2.TraceError | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["execution", b"execution"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "execution", b"execution"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments_payload_id", b"arguments_payload_id", "call_id", b"call_id", "call_item_id", b"call_item_id", "execution", b"execution", "is_error", b"is_error", "name", b"name", "output_item_id", b"output_item_id", "output_payload_id", b"output_payload_id", "requested_by_inference_call_id", b"requested_by_inference_call_id", "submitted_by", b"submitted_by", "thread_id", b"thread_id", "tool_call_id", b"tool_call_id", "turn_id", b"turn_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments_payload_id", b"arguments_payload_id", "call_id", b"call_id", "call_item_id", b"call_item_id", "error", b"error", "execution", b"execution", "is_error", b"is_error", "name", b"name", "output_item_id", b"output_item_id", "output_payload_id", b"output_payload_id", "requested_by_inference_call_id", b"requested_by_inference_call_id", "submitted_by", b"submitted_by", "thread_id", b"thread_id", "tool_call_id", b"tool_call_id", "turn_id", b"turn_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

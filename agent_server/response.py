@@ -1,0 +1,479 @@
+"""One inference call's response: each provider event recorded, then told to the clients."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeAlias
+
+from agent_server.events import MAX_DELTA_CHARS
+from agent_server.provider import ProviderError, ProviderEvent
+from agent_server.recorder import Recorder
+from agent_server.threads import Thread
+from agent_server.tools import ToolCall, new_tool_call_id
+from rollout.agent.v1 import agent_pb2
+from rollout.trace.v1 import common_pb2, record_pb2
+
+# Provider-supplied ids and words are clipped before the trace or a client sees them (the
+# same value to both): a hostile 5 MiB id must not stop the recording or a client's stream.
+MAX_ID_CHARS = 1024
+MAX_MESSAGE_CHARS = 16 * 1024
+
+DeltaKind: TypeAlias = record_pb2.DeltaKind.ValueType
+_TEXT = record_pb2.DELTA_KIND_UNSPECIFIED
+_REFUSAL = record_pb2.DELTA_KIND_REFUSAL
+_REASONING = record_pb2.DELTA_KIND_REASONING_SUMMARY
+_ARGUMENTS = record_pb2.DELTA_KIND_FUNCTION_ARGUMENTS
+_ITEM_TYPE_OF: dict[DeltaKind, str] = {_REASONING: "reasoning", _ARGUMENTS: "function_call"}
+DELTA_EVENTS: dict[str, DeltaKind] = {
+    "response.output_text.delta": _TEXT,
+    "response.refusal.delta": _REFUSAL,
+    "response.reasoning_summary_text.delta": _REASONING,
+    "response.function_call_arguments.delta": _ARGUMENTS,
+}
+
+
+@dataclass
+class _Output:
+    """An output item of the response, from output_item.added until output_item.done."""
+
+    ordinal: int
+    provider_id: str
+    client_id: str
+    type: str
+    role: str
+    output_index: int
+    call_id: str = ""
+    done: bool = False
+    # What clients were sent as deltas of this item, by kind.
+    streamed: dict[DeltaKind, list[str]] = field(default_factory=dict)
+
+
+def _assign_item_id(item_type: str) -> str:
+    prefix = "msg" if item_type == "message" else "item"
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def _usage(response: Any) -> common_pb2.TokenUsage | None:
+    usage = response.get("usage") if isinstance(response, dict) else None
+    if not isinstance(usage, dict):
+        return None
+
+    def count(source: Any, key: str) -> int:
+        value = source.get(key) if isinstance(source, dict) else None
+        return value if isinstance(value, int) and value >= 0 else 0
+
+    return common_pb2.TokenUsage(
+        input_tokens=count(usage, "input_tokens"),
+        output_tokens=count(usage, "output_tokens"),
+        total_tokens=count(usage, "total_tokens"),
+        cached_input_tokens=count(usage.get("input_tokens_details"), "cached_tokens"),
+        reasoning_tokens=count(usage.get("output_tokens_details"), "reasoning_tokens"),
+    )
+
+
+def _clip(value: str, limit: int = MAX_ID_CHARS) -> str:
+    if len(value) <= limit:
+        return value
+    return f"{value[: limit - 40]}...[clipped from {len(value)} chars]"
+
+
+def _str(mapping: Any, key: str, limit: int = MAX_ID_CHARS) -> str:
+    """A provider string field ('' when absent or not a string), clipped to limit."""
+    value = mapping.get(key) if isinstance(mapping, dict) else None
+    return _clip(value, limit) if isinstance(value, str) else ""
+
+
+def _delta(mapping: dict[str, Any]) -> str:
+    """The text of a delta event, never clipped (it is split instead where it must be)."""
+    value = mapping.get("delta")
+    return value if isinstance(value, str) else ""
+
+
+def _texts_of(item: dict[str, Any]) -> dict[DeltaKind, str]:
+    """The texts of an accepted item by kind: output text, refusal, reasoning summary,
+    function arguments (each concatenated over its parts)."""
+    texts: dict[DeltaKind, list[str]] = {}
+    content = item.get("content")
+    if isinstance(content, str):
+        texts[_TEXT] = [content]
+    elif isinstance(content, list):
+        for part in content:
+            if not isinstance(part, dict):
+                continue
+            if isinstance(part.get("text"), str):
+                texts.setdefault(_TEXT, []).append(part["text"])
+            elif part.get("type") == "refusal" and isinstance(part.get("refusal"), str):
+                texts.setdefault(_REFUSAL, []).append(part["refusal"])
+    summary = item.get("summary")
+    if isinstance(summary, list):
+        for part in summary:
+            if isinstance(part, dict) and isinstance(part.get("text"), str):
+                texts.setdefault(_REASONING, []).append(part["text"])
+    if isinstance(item.get("arguments"), str):
+        texts[_ARGUMENTS] = [item["arguments"]]
+    return {kind: "".join(parts) for kind, parts in texts.items()}
+
+
+class Response:
+    """The events of one attempt, handled in order: each is recorded before any client hears
+    of it. Accepted items join the thread's history; accepted function calls become tool
+    calls (announced through `on_tool_call`)."""
+
+    def __init__(
+        self,
+        ordinal: int,
+        thread: Thread,
+        turn_id: str,
+        on_tool_call: Callable[[ToolCall], None],
+    ) -> None:
+        self.ordinal = ordinal
+        self.response_id = ""
+        self.usage: common_pb2.TokenUsage | None = None
+        self.accepted = 0
+        self.tool_calls: list[ToolCall] = []
+        self._outputs: list[_Output] = []
+        self._thread = thread
+        self._recorder: Recorder = thread.recorder
+        self._turn_id = turn_id
+        self._on_tool_call = on_tool_call
+
+    # -- finding outputs -----------------------------------------------------------------------
+
+    def _find(self, provider_id: str, output_index: Any = None) -> _Output | None:
+        """The open output an event is about: by id (by output index among several with that
+        id, else the latest of them), else by output index, else the latest open one (without
+        an id of its own when the event names an id nobody announced)."""
+        latest = self._outputs[-1] if self._outputs else None
+        if (
+            latest is not None
+            and not latest.done
+            and provider_id
+            and provider_id == latest.client_id == latest.provider_id
+            and (not isinstance(output_index, int) or output_index == latest.output_index)
+        ):
+            # Nearly every event is a delta of the item added last: no search for it. Its
+            # client id equals the provider's only when no other item of the response had it.
+            return latest
+        open_outputs = [output for output in self._outputs if not output.done]
+        if provider_id:
+            named = [o for o in open_outputs if provider_id in (o.provider_id, o.client_id)]
+            if len(named) > 1 and isinstance(output_index, int):
+                named = [o for o in named if o.output_index == output_index] or named
+            if named:
+                return named[-1]
+        if isinstance(output_index, int):
+            for output in open_outputs:
+                if output.output_index == output_index:
+                    return output
+        if provider_id:
+            open_outputs = [output for output in open_outputs if not output.provider_id]
+        return open_outputs[-1] if open_outputs else None
+
+    def _client_id_for(self, provider_id: str, item_type: str) -> str:
+        """The provider's id, unless an output of this response already has it: two items of
+        a response must never share the id clients and the trace know them by."""
+        if provider_id and all(o.client_id != provider_id for o in self._outputs):
+            return provider_id
+        return _assign_item_id(item_type)
+
+    # -- batches -------------------------------------------------------------------------------
+
+    def on_batch(self, batch: list[ProviderEvent]) -> bool:
+        """Handle events that arrived together; True once the response completed.
+
+        A run of deltas for one item becomes one record and one client event: they were all
+        waiting already, so nothing is delayed, and the bundle stays small. When an event
+        fails the attempt, the rest of the batch is still recorded (and what it completes is
+        accepted) before the first failure ends the attempt."""
+        failure: ProviderError | None = None
+        position = 0
+        while position < len(batch):
+            event = batch[position]
+            output = self._delta_target(event)
+            if output is None:
+                try:
+                    if self._on_event(event) and failure is None:
+                        return True
+                except ProviderError as error:
+                    failure = failure or error
+                position += 1
+                continue
+            texts = [_delta(event.data or {})]
+            position += 1
+            while position < len(batch):
+                following = batch[position]
+                if following.type != event.type or self._delta_target(following) is not output:
+                    break
+                texts.append(_delta(following.data or {}))
+                position += 1
+            self._delta(output, DELTA_EVENTS[event.type], "".join(texts))
+        if failure is not None:
+            raise failure
+        return False
+
+    def _delta_target(self, event: ProviderEvent) -> _Output | None:
+        """The output a delta is for; None for any other event (or a delta nobody announced
+        an item for)."""
+        kind = DELTA_EVENTS.get(event.type)
+        if kind is None or event.data is None:
+            return None
+        output = self._find(_str(event.data, "item_id"), event.data.get("output_index"))
+        # Reasoning and arguments only ever belong to an item of their own type.
+        wanted = _ITEM_TYPE_OF.get(kind)
+        if output is not None and wanted is not None and output.type != wanted:
+            return None
+        return output
+
+    def _delta(self, output: _Output, kind: DeltaKind, delta: str) -> None:
+        self._recorder.output_text_delta(self.ordinal, output.ordinal, delta, kind=kind)
+        output.streamed.setdefault(kind, []).append(delta)
+        self._emit_delta(output, kind, delta)
+
+    def _emit_delta(self, output: _Output, kind: DeltaKind, delta: str) -> None:
+        thread, turn_id, item_id = self._thread, self._turn_id, output.client_id
+        if kind in (_TEXT, _REFUSAL):
+            thread.emit_delta(turn_id, item_id, delta, refusal=kind == _REFUSAL)
+            return
+        for start in range(0, len(delta), MAX_DELTA_CHARS):
+            piece = delta[start : start + MAX_DELTA_CHARS]
+            if kind == _REASONING:
+                thread.emit(
+                    turn_id,
+                    reasoning_delta=agent_pb2.ReasoningDeltaEvent(item_id=item_id, delta=piece),
+                )
+            else:
+                thread.emit(
+                    turn_id,
+                    tool_call_arguments_delta=agent_pb2.ToolCallArgumentsDeltaEvent(
+                        item_id=item_id, call_id=output.call_id, delta=piece
+                    ),
+                )
+
+    # -- single events -------------------------------------------------------------------------
+
+    def _on_event(self, event: ProviderEvent) -> bool:
+        """Handle one event; True once the response completed. Raises ProviderError on failure."""
+        data = event.data
+        if data is None:
+            self._recorder.provider_event(self.ordinal, _clip(event.type), event.raw)
+            raise ProviderError(
+                "malformed_event",
+                f"the provider sent an event that is not a JSON object ({_clip(event.type, 100)})",
+            )
+        handler = _HANDLERS.get(event.type)
+        if handler is None:
+            self._recorder.provider_event(self.ordinal, _str(data, "type"), event.raw)
+            return False
+        return handler(self, data, event.raw)
+
+    def _on_created(self, data: dict[str, Any], raw: str) -> bool:
+        self.response_id = _str(data.get("response"), "id") or self.response_id
+        self._recorder.response_created(self.ordinal, self.response_id)
+        return False
+
+    def _on_item_added(self, data: dict[str, Any], raw: str) -> bool:
+        item = data.get("item")
+        if not isinstance(item, dict):
+            self._recorder.provider_event(self.ordinal, "response.output_item.added", raw)
+            return False
+        provider_id = _str(item, "id")
+        item_type = _str(item, "type") or "message"
+        role = _str(item, "role")
+        index = data.get("output_index")
+        output_index = index if isinstance(index, int) and index >= 0 else len(self._outputs)
+        output = _Output(
+            ordinal=self._recorder.output_item_added(
+                self.ordinal,
+                provider_item_id=provider_id,
+                item_type=item_type,
+                role=role,
+                output_index=output_index,
+            ),
+            provider_id=provider_id,
+            client_id=self._client_id_for(provider_id, item_type),
+            type=item_type,
+            role=role,
+            output_index=output_index,
+            call_id=_str(item, "call_id"),
+        )
+        self._outputs.append(output)
+        self._thread.emit(
+            self._turn_id,
+            item_started=agent_pb2.ItemStartedEvent(
+                item=agent_pb2.Item(id=output.client_id, type=item_type, role=role)
+            ),
+        )
+        return False
+
+    def _on_unplaced_delta(self, data: dict[str, Any], raw: str) -> bool:
+        # A delta for an item that was never announced: kept verbatim, nobody to show it to.
+        self._recorder.provider_event(self.ordinal, _str(data, "type"), raw)
+        return False
+
+    def _on_item_done(self, data: dict[str, Any], raw: str) -> bool:
+        item = data.get("item")
+        if not isinstance(item, dict):
+            self._recorder.provider_event(self.ordinal, "response.output_item.done", raw)
+            return False
+        provider_id = _str(item, "id")
+        item_type = _str(item, "type") or "message"
+        output = self._find(provider_id, data.get("output_index"))
+        if output is None:
+            # Never announced: it still takes an id no other item of the response has.
+            output = _Output(
+                ordinal=0,
+                provider_id=provider_id,
+                client_id=self._client_id_for(provider_id, item_type),
+                type=item_type,
+                role=_str(item, "role"),
+                output_index=-1,
+            )
+            self._outputs.append(output)
+        output.done = True
+        item_id = output.client_id
+        self._recorder.output_item_done(
+            self.ordinal,
+            output.ordinal,
+            item_id=item_id,
+            assigned=item_id != provider_id,
+            payload=item,
+        )
+        # Accepted: the item is part of the conversation whatever ends the call.
+        self._thread.history.append(item)
+        self.accepted += 1
+        texts = _texts_of(item)
+        completed = agent_pb2.Item(id=item_id, type=item_type, role=_str(item, "role"))
+        shown = {kind: text for kind, text in texts.items() if kind != _ARGUMENTS}
+        if sum(map(len, shown.values())) <= MAX_DELTA_CHARS:
+            completed.text = shown.get(_TEXT, "") or shown.get(_REASONING, "")
+            completed.refusal = shown.get(_REFUSAL, "")
+        else:
+            for kind, text in shown.items():
+                self._complete_in_deltas(output, kind, text)
+            completed.text_in_deltas = True
+        tool_call = (
+            self._tool_call(item, item_id, texts.get(_ARGUMENTS))
+            if item_type == ("function_call")
+            else None
+        )
+        requested = None
+        if tool_call is not None:
+            requested = agent_pb2.ToolCallRequestedEvent(
+                item_id=item_id, call_id=tool_call.call_id, name=tool_call.name
+            )
+            if len(tool_call.arguments) <= MAX_DELTA_CHARS:
+                requested.arguments = tool_call.arguments
+            else:
+                self._complete_in_deltas(output, _ARGUMENTS, tool_call.arguments)
+                requested.arguments_in_deltas = True
+        output.streamed.clear()
+        self._thread.emit(
+            self._turn_id, item_completed=agent_pb2.ItemCompletedEvent(item=completed)
+        )
+        if tool_call is not None and requested is not None:
+            self._thread.emit(self._turn_id, tool_call_requested=requested)
+            self._on_tool_call(tool_call)
+        return False
+
+    def _tool_call(self, item: dict[str, Any], item_id: str, arguments: str | None) -> ToolCall:
+        """Record the accepted function call as a tool call of the turn."""
+        call_id = _str(item, "call_id") or item_id
+        name = _str(item, "name")
+        arguments = arguments or ""
+        tool_call_id = new_tool_call_id()
+        ordinal = self._recorder.tool_call_started(
+            self.ordinal,
+            tool_call_id=tool_call_id,
+            call_id=call_id,
+            name=name,
+            item_id=item_id,
+            arguments=arguments,
+        )
+        call = ToolCall(ordinal, tool_call_id, call_id, name, item_id, arguments)
+        self.tool_calls.append(call)
+        return call
+
+    def _complete_in_deltas(self, output: _Output, kind: DeltaKind, final: str) -> None:
+        """Stream what the deltas have not carried yet of a text too large for one event, so
+        that its deltas hold all of it (it was recorded whole, in the item's payload)."""
+        streamed = "".join(output.streamed.get(kind, ()))
+        if not final.startswith(streamed):
+            self._thread.emit(
+                self._turn_id,
+                error=agent_pb2.ErrorEvent(
+                    code="item_text_mismatch",
+                    message=f"item {output.client_id}: the provider's final text does not "
+                    "extend what it streamed and is too large for one event; the trace has both",
+                ),
+            )
+            return
+        rest = final[len(streamed) :]
+        if rest:
+            self._emit_delta(output, kind, rest)
+
+    def _on_completed(self, data: dict[str, Any], raw: str) -> bool:
+        self._recorder.provider_event(self.ordinal, "response.completed", raw)
+        self._take_response(data)
+        return True
+
+    def _on_failed(self, data: dict[str, Any], raw: str) -> bool:
+        self._recorder.provider_event(self.ordinal, "response.failed", raw)
+        response = self._take_response(data)
+        error = response.get("error") if isinstance(response, dict) else None
+        raise ProviderError(
+            _str(error, "code") or "response_failed",
+            _str(error, "message", MAX_MESSAGE_CHARS)
+            or "the provider reported that the response failed",
+            reason="response.failed",
+        )
+
+    def _on_incomplete(self, data: dict[str, Any], raw: str) -> bool:
+        self._recorder.provider_event(self.ordinal, "response.incomplete", raw)
+        response = self._take_response(data)
+        details = response.get("incomplete_details") if isinstance(response, dict) else None
+        why = _str(details, "reason") or "unknown reason"
+        raise ProviderError(
+            "response_incomplete",
+            f"the provider ended the response incomplete: {why}",
+            reason="response.incomplete",
+        )
+
+    def _on_error(self, data: dict[str, Any], raw: str) -> bool:
+        self._recorder.provider_event(self.ordinal, "error", raw)
+        nested = data.get("error")
+        source = nested if isinstance(nested, dict) else data
+        raise ProviderError(
+            _str(source, "code") or _str(source, "type") or "provider_error",
+            _str(source, "message", MAX_MESSAGE_CHARS) or "the provider sent an error event",
+            reason="error",
+        )
+
+    def _take_response(self, data: dict[str, Any]) -> Any:
+        response = data.get("response")
+        self.response_id = _str(response, "id") or self.response_id
+        usage = _usage(response)
+        if usage is not None:
+            self.usage = usage
+            self._thread.emit(
+                self._turn_id,
+                token_usage=agent_pb2.TokenUsageEvent(
+                    input_tokens=usage.input_tokens,
+                    output_tokens=usage.output_tokens,
+                    total_tokens=usage.total_tokens,
+                ),
+            )
+        return response
+
+
+_HANDLERS: dict[str, Callable[[Response, dict[str, Any], str], bool]] = {
+    "response.created": Response._on_created,
+    "response.output_item.added": Response._on_item_added,
+    **{event_type: Response._on_unplaced_delta for event_type in DELTA_EVENTS},
+    "response.output_item.done": Response._on_item_done,
+    "response.completed": Response._on_completed,
+    "response.failed": Response._on_failed,
+    "response.incomplete": Response._on_incomplete,
+    "error": Response._on_error,
+}

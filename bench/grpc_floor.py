@@ -1,0 +1,123 @@
+"""P5's floor: a bare grpc.aio server streaming the same ThreadEvents at the same pace.
+
+`python -m bench.grpc_floor --serve` runs the server and prints `listening on HOST:PORT`; each
+StreamEvents call gets `after_index` events, one every 20 ms, each a text delta stamped with
+its CLOCK_MONOTONIC send time like P5's model stamps its deltas. Nothing else runs in it: no
+provider, no recording, no event buffer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from bench._harness import spawn, stubs
+from grpc_common import install_signal_handlers
+from rollout.agent.v1 import agent_pb2, agent_pb2_grpc
+
+_THREAD_ID = "thread_" + "0" * 32
+_TURN_ID = "turn_" + "0" * 32
+_ITEM_ID = "msg_" + "0" * 32
+
+
+def _streamer(interval: float) -> Any:
+    async def stream_events(
+        request: agent_pb2.StreamEventsRequest, context: Any
+    ) -> AsyncIterator[agent_pb2.StreamEventsResponse]:
+        for index in range(1, request.after_index + 1):
+            await asyncio.sleep(interval)
+            event = agent_pb2.ThreadEvent(
+                index=index,
+                thread_id=_THREAD_ID,
+                turn_id=_TURN_ID,
+                agent_message_delta=agent_pb2.AgentMessageDeltaEvent(
+                    item_id=_ITEM_ID, delta=f" word@{time.monotonic_ns()} "
+                ),
+            )
+            event.time.seconds, event.time.nanos = divmod(time.time_ns(), 1_000_000_000)
+            yield agent_pb2.StreamEventsResponse(event=event)
+
+    handler = grpc.unary_stream_rpc_method_handler(
+        stream_events,
+        request_deserializer=agent_pb2.StreamEventsRequest.FromString,
+        response_serializer=agent_pb2.StreamEventsResponse.SerializeToString,
+    )
+    return grpc.method_handlers_generic_handler(
+        "rollout.agent.v1.AgentService", {"StreamEvents": handler}
+    )
+
+
+async def _serve(interval: float) -> None:
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    server.add_generic_rpc_handlers((_streamer(interval),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    stop = asyncio.Event()
+    install_signal_handlers(stop.set)
+    print(f"listening on 127.0.0.1:{port}", flush=True)
+    await stop.wait()
+    await server.stop(None)
+
+
+@dataclass(frozen=True)
+class Floor:
+    messages: int
+    p50_ms: float
+    p99_ms: float
+    server_cpu_seconds: float
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a live process."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _drive(address: str, streams: int, messages: int) -> list[int]:
+    latencies: list[int] = []
+
+    async def one(stub: agent_pb2_grpc.AgentServiceAsyncStub) -> None:
+        request = agent_pb2.StreamEventsRequest(after_index=messages)
+        async for response in stub.StreamEvents(request):
+            now = time.monotonic_ns()
+            stamp = response.event.agent_message_delta.delta.rpartition("@")[2]
+            latencies.append(now - int(stamp))
+
+    async with stubs(address, 8) as clients:
+        await asyncio.gather(*(one(clients[i % len(clients)]) for i in range(streams)))
+    return latencies
+
+
+def measure_floor(streams: int, messages: int, interval: float = 0.02) -> Floor:
+    """The bare server streaming `messages` stamped events to each of `streams` clients."""
+    argv = [sys.executable, "-m", "bench.grpc_floor", "--serve", "--interval", str(interval)]
+    with spawn(argv) as server:
+        before = cpu_seconds(server.popen.pid)
+        latencies = asyncio.run(_drive(server.address, streams, messages))
+        spent = cpu_seconds(server.popen.pid) - before
+    latencies.sort()
+
+    def pct(p: float) -> float:
+        return latencies[min(len(latencies) - 1, int(p * len(latencies)))] / 1e6
+
+    return Floor(len(latencies), pct(0.50), pct(0.99), spent)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--serve", action="store_true", required=True)
+    parser.add_argument("--interval", type=float, default=0.02)
+    asyncio.run(_serve(parser.parse_args().interval))
+
+
+if __name__ == "__main__":
+    main()

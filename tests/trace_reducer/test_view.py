@@ -1,0 +1,224 @@
+"""`trace-reducer view` without a browser: the file it writes, its data, escaping, the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+from rollout.trace.v1 import record_pb2
+from trace_reducer import VIEW_FILE_NAME, replay_bundle, request_body, write_view
+from trace_reducer._view import _delta
+
+from .bundles import (
+    CANCELLED,
+    COMPLETED,
+    BundleBuilder,
+    as_input,
+    assistant_output,
+    one_turn_bundle,
+    user_item,
+)
+from .test_cli import assert_one_clean_line, bad_inputs, run
+
+EVIL = '</script><script>alert(1)</script><!-- <img src=x onerror="alert(2)">'
+
+
+def page_data(page: str, element_id: str) -> object:
+    match = re.search(
+        rf'<script type="application/json" id="{element_id}">(.*?)</script>', page, re.S
+    )
+    assert match is not None, element_id
+    return json.loads(match.group(1))
+
+
+def two_turn_bundle(root: Path, text: str = "first answer") -> Path:
+    """Two turns; the second call repeats the first one's input and output, then adds."""
+    bundle = BundleBuilder(root)
+    question = user_item(EVIL)
+    turn = bundle.turn("turn-1", [question])
+    call = bundle.call(turn, "call-1", [question])
+    item = bundle.added(call, "msg-1")
+    bundle.delta(call, text)
+    answer = assistant_output(text, "msg-1")
+    bundle.done(call, item, answer)
+    bundle.call_ended(call, COMPLETED)
+    bundle.turn_ended(turn, COMPLETED)
+    follow_up = user_item("and then?")
+    turn2 = bundle.turn("turn-2", [follow_up])
+    call2 = bundle.call(turn2, "call-2", [as_input(answer, "msg-1"), follow_up], prefix=1)
+    bundle.added(call2, "msg-2")
+    bundle.delta(call2, "half of a")
+    bundle.interrupt(turn2)
+    bundle.call_ended(call2, CANCELLED)
+    bundle.turn_ended(turn2, CANCELLED)
+    bundle.thread_ended()
+    return bundle.close()
+
+
+def test_writes_one_page_next_to_the_bundle(tmp_path: Path) -> None:
+    bundle = two_turn_bundle(tmp_path)
+    path = write_view(bundle)
+    assert path == bundle / VIEW_FILE_NAME
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    page = path.read_text(encoding="utf-8")
+    # Self-contained: nothing is fetched from anywhere.
+    assert not re.search(r"\b(src|href)\s*=", page.split('id="view-data"')[0])
+    assert "http://" not in page.split('id="view-data"')[0]
+    assert "https://" not in page
+    assert [name for name in tmp_path.rglob(".*.tmp")] == []
+
+
+def test_untrusted_text_never_leaves_the_data_block(tmp_path: Path) -> None:
+    bundle = two_turn_bundle(tmp_path)
+    page = write_view(bundle).read_text(encoding="utf-8")
+    # Exactly the page's own three scripts: the text's </script> did not end a block early.
+    assert page.count("<script") == 3
+    assert page.count("</script>") == 3
+    data = page_data(page, "view-data")
+    assert isinstance(data, dict)
+    texts = [part[1] for item in data["items"].values() for part in item["parts"]]
+    assert EVIL in texts
+    # The CSP lets only the page's own script run.
+    csp = re.search(r'Content-Security-Policy" content="([^"]*)"', page)
+    assert csp is not None
+    assert "script-src 'sha256-" in csp.group(1)
+    assert "unsafe-inline" not in csp.group(1).split("script-src")[1].split(";")[0]
+    assert "default-src 'none'" in csp.group(1)
+
+
+def test_placeholders_in_the_text_stay_text(tmp_path: Path) -> None:
+    bundle = two_turn_bundle(tmp_path, text="{{SCRIPT}} {{PAYLOADS}} {{TITLE}}")
+    page = write_view(bundle).read_text(encoding="utf-8")
+    data = page_data(page, "view-data")
+    assert isinstance(data, dict)
+    texts = [part[1] for item in data["items"].values() for part in item["parts"]]
+    assert "{{SCRIPT}} {{PAYLOADS}} {{TITLE}}" in texts
+
+
+def test_request_bodies_are_rebuilt_from_the_embedded_pieces(tmp_path: Path) -> None:
+    """What the page's script does, step by step, gives the exact body the call sent."""
+    bundle = two_turn_bundle(tmp_path)
+    page = write_view(bundle).read_text(encoding="utf-8")
+    data = page_data(page, "view-data")
+    payloads = page_data(page, "view-payloads")
+    assert isinstance(data, dict)
+    assert isinstance(payloads, dict)
+    trace = replay_bundle(bundle)
+    for call_id, call in trace.inference_calls.items():
+        chain = []
+        link: str | None = call_id
+        while link is not None:
+            chain.append(data["calls"][link]["body"])
+            link = data["calls"][link]["body"]["base"]
+        inputs: list[str] = []
+        for step in reversed(chain):
+            inputs = inputs[: step["keep"]] + step["add"]
+        assert inputs == list(call.input_payload_ids)
+        prefix, suffix = payloads["envelopes"][data["calls"][call_id]["body"]["envelope"]]
+        body = prefix + "[" + ",".join(payloads["inputs"][pid] for pid in inputs) + "]" + suffix
+        assert body.encode() == request_body(bundle, call_id)
+
+
+def test_delta_encoding_of_lists() -> None:
+    assert _delta(["a", "b", "c"], ["a", "b"]) == (2, ["c"])
+    assert _delta(["a", "x", "c"], ["a", "b"]) == (1, ["x", "c"])
+    assert _delta(["a"], ["a", "b"]) == (1, [])
+    assert _delta(["z"], []) == (0, ["z"])
+    assert _delta([], ["a"]) == (0, [])
+
+
+def test_the_flow_of_a_turn_follows_the_records(tmp_path: Path) -> None:
+    bundle = two_turn_bundle(tmp_path)
+    page = write_view(bundle).read_text(encoding="utf-8")
+    data = page_data(page, "view-data")
+    assert isinstance(data, dict)
+    trace = replay_bundle(bundle)
+    turn2 = trace.turns["turn-2"]
+    assert data["turns"]["turn-2"]["flow"] == [
+        ["i", turn2.input_item_ids[0]],
+        ["c", "call-2"],
+        ["x"],
+        ["d", "call-2", 0],
+    ]
+    assert data["turns"]["turn-2"]["interrupt"]["by"] == "ipv4:127.0.0.1:5555"
+    assert data["calls"]["call-2"]["discarded"] == [
+        {"id": "msg-2", "type": "message", "text": "half of a"}
+    ]
+
+
+def test_cli_prints_the_path_and_takes_an_output(tmp_path: Path) -> None:
+    bundle = one_turn_bundle(tmp_path)
+    result = run("view", bundle)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(bundle / VIEW_FILE_NAME)
+    assert result.stderr == ""
+    target = tmp_path / "elsewhere.html"
+    result = run("view", bundle / "trace.binpb", "-o", target)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(target)
+    assert "<!DOCTYPE html>" in target.read_text(encoding="utf-8")
+
+
+def test_cli_open_hands_the_page_to_the_browser(tmp_path: Path) -> None:
+    bundle = one_turn_bundle(tmp_path)
+    opened = tmp_path / "opened.txt"
+    fake_browser = tmp_path / "browser.py"
+    fake_browser.write_text(
+        f"import sys\nopen({str(opened)!r}, 'w').write(sys.argv[1])\n", encoding="utf-8"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "trace_reducer.cli", "view", str(bundle), "--open"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        env={**os.environ, "BROWSER": f"{sys.executable} {fake_browser} %s"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert opened.read_text(encoding="utf-8") == (bundle / VIEW_FILE_NAME).as_uri()
+
+
+def test_damaged_bundles_are_shown_with_a_warning(tmp_path: Path) -> None:
+    bundle = one_turn_bundle(tmp_path)
+    data = (bundle / "trace.binpb").read_bytes()
+    torn = tmp_path / "torn"
+    torn.mkdir()
+    (torn / "trace.binpb").write_bytes(data[:-3])
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    flipped = bytearray(data)
+    flipped[len(flipped) // 2] ^= 0x40
+    (corrupt / "trace.binpb").write_bytes(bytes(flipped))
+    for path, status in ((torn, "truncated"), (corrupt, "corrupt")):
+        result = run("view", path)
+        assert result.returncode == 0, result.stderr
+        assert_one_clean_line(result.stderr)
+        assert result.stderr.startswith(f"trace-reducer: warning: {status} bundle")
+        page = (path / VIEW_FILE_NAME).read_text(encoding="utf-8")
+        shown = page_data(page, "view-data")
+        assert isinstance(shown, dict)
+        assert shown["trace"]["integrity"]["status"] == status.upper()
+        assert shown["trace"]["recording_complete"] is False
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    for name, path in bad_inputs(tmp_path).items():
+        result = run("view", path)
+        assert result.returncode == 2, (name, result.stderr)
+        assert_one_clean_line(result.stderr)
+        assert str(path) in result.stderr, name
+        assert not path.is_dir() or not (path / VIEW_FILE_NAME).exists()
+
+
+def test_contradicting_records_exit_1(tmp_path: Path) -> None:
+    bundle = BundleBuilder(tmp_path)
+    bundle.append(inference_ended=record_pb2.InferenceEnded(call=9, status=COMPLETED))
+    result = run("view", bundle.close())
+    assert result.returncode == 1
+    assert_one_clean_line(result.stderr)
+    assert "unknown inference call ordinal 9" in result.stderr
