@@ -114,32 +114,35 @@ def expand_request_items(trace: state_pb2.RolloutTrace) -> None:
         return
     calls = trace.inference_calls
     index: RequestIndex | None = None
-    # The whole request of each call seen so far, while a later one may start with it: a
-    # thread's next call starts with its previous one's.
-    whole: dict[str, _Request] = {}
-    # Earliest first: a request's prefix is then whole already.
+    # The whole request of the call expanded last, as a message of its own: most calls start
+    # with the previous call's request, and copying one message's lists into another is done
+    # inside the message library, not a string at a time.
+    whole = state_pb2.InferenceCall()
+    previous = ""
     for call_id in sorted(calls, key=lambda call_id: calls[call_id].execution.started_seq):
         call = calls[call_id]
         prefix = call.request_prefix_call_id
-        before = whole.pop(prefix, None) if prefix else None
-        if before is not None:
+        if prefix and prefix == previous:
             count = call.request_prefix_count
-            items = before[0][:count]
-            items += call.request_item_ids
-            payloads = before[1][:count]
-            payloads += call.input_payload_ids
-            del call.request_item_ids[:]
-            call.request_item_ids.extend(items)
-            del call.input_payload_ids[:]
-            call.input_payload_ids.extend(payloads)
-            call.ClearField("request_prefix_call_id")
-            call.ClearField("request_prefix_count")
-        elif prefix:
-            # A prefix from a call not seen yet, or not the latest of its thread (a state
-            # written by hand): walk its chain.
-            index = index or RequestIndex(calls)
-            items, payloads = index.complete(call_id)
-            expand_call(call, index)
+            del whole.request_item_ids[count:]
+            del whole.input_payload_ids[count:]
+            whole.request_item_ids.extend(call.request_item_ids)
+            whole.input_payload_ids.extend(call.input_payload_ids)
+            own = state_pb2.InferenceCall()
+            own.CopyFrom(call)
+            own.ClearField("request_item_ids")
+            own.ClearField("input_payload_ids")
+            own.ClearField("request_prefix_call_id")
+            own.ClearField("request_prefix_count")
+            call.CopyFrom(whole)
+            call.MergeFrom(own)
         else:
-            items, payloads = list(call.request_item_ids), list(call.input_payload_ids)
-        whole[call_id] = (items, payloads)
+            if prefix:
+                # Not the call just before (threads interleaved, or a state written by hand):
+                # walk its chain.
+                index = index or RequestIndex(calls)
+                expand_call(call, index)
+            whole.Clear()
+            whole.request_item_ids.extend(call.request_item_ids)
+            whole.input_payload_ids.extend(call.input_payload_ids)
+        previous = call_id

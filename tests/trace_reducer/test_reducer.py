@@ -622,3 +622,36 @@ def test_compact_state_grows_with_the_conversation_not_its_square(tmp_path: Path
 
     assert sizes(40) == (2 * 40 - 1, 40 * 40)
     assert sizes(80) == (2 * 80 - 1, 80 * 80)
+
+
+def test_expanding_interleaved_threads_and_states_written_by_hand() -> None:
+    # Two threads' calls interleaved: a prefix is then not the call just before.
+    trace = state_pb2.RolloutTrace()
+
+    def call(call_id: str, seq: int, items: list[str], prefix: str = "", count: int = 0) -> None:
+        target = trace.inference_calls[call_id]
+        target.inference_call_id = call_id
+        target.execution.started_seq = seq
+        target.request_item_ids.extend(items)
+        target.input_payload_ids.extend(f"p-{item}" for item in items)
+        target.request_prefix_call_id = prefix
+        target.request_prefix_count = count
+
+    call("a1", 1, ["x", "y"])
+    call("b1", 2, ["u"])
+    call("a2", 3, ["z"], "a1", 2)
+    call("b2", 4, ["v"], "b1", 1)
+    call("a3", 5, ["w"], "a2", 1)  # departs after the first item
+    call("b3", 6, [], "b2", 2)
+    expand_request_items(trace)
+    whole = {name: list(c.request_item_ids) for name, c in trace.inference_calls.items()}
+    assert whole == {
+        "a1": ["x", "y"],
+        "b1": ["u"],
+        "a2": ["x", "y", "z"],
+        "b2": ["u", "v"],
+        "a3": ["x", "w"],
+        "b3": ["u", "v"],
+    }
+    assert list(trace.inference_calls["a3"].input_payload_ids) == ["p-x", "p-w"]
+    assert not any(c.request_prefix_call_id for c in trace.inference_calls.values())
