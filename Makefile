@@ -3,13 +3,18 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+TS := clients/typescript
+TS_STAMP := $(TS)/node_modules/.installed
+# npm's cache lives in a scratch directory, never in the user's home.
+NPM_CACHE ?= $(or $(TMPDIR),/tmp)/rollout-trace-npm-cache
 
-.PHONY: demo test check lint protos check-protos pytest test-backends fuzz bench clean
+.PHONY: demo test check lint protos check-protos ts-protos check-ts-protos check-breaking \
+	pytest test-ts test-backends fuzz bench clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,otel,viewer-tests,bench]'
+	$(PY) -m pip install --quiet -e '.[dev,otel,viewer-tests,batch,ray,training,bench]'
 	touch $@
 
 demo: $(STAMP)
@@ -21,6 +26,23 @@ protos: $(STAMP)
 check-protos: $(STAMP)
 	PATH="$(BIN):$$PATH" $(PY) scripts/gen_protos.py --check
 
+# The TypeScript client: its packages from package-lock.json, installed again only when the
+# package files change.
+$(TS_STAMP): $(TS)/package.json $(TS)/package-lock.json
+	cd $(TS) && npm ci --cache "$(NPM_CACHE)" --no-audit --no-fund
+	touch $@
+
+# Regenerate clients/typescript/src/gen after a proto change (committed, like rollout/).
+ts-protos: $(STAMP) $(TS_STAMP)
+	$(BIN)/buf generate
+
+check-ts-protos: $(STAMP) $(TS_STAMP)
+	scripts/check-ts-protos.sh
+
+# No breaking change to protos/ against main (from git, offline).
+check-breaking: $(STAMP)
+	scripts/check-breaking.sh
+
 lint: $(STAMP)
 	$(BIN)/buf lint
 	$(BIN)/buf format --diff --exit-code
@@ -28,7 +50,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-check: check-protos lint
+check: check-protos check-ts-protos check-breaking lint
 
 # What the tests drive beyond Python packages (Chromium from the OS packages), where missing.
 test-backends:
@@ -37,7 +59,12 @@ test-backends:
 pytest: $(STAMP) test-backends
 	$(BIN)/pytest -q
 
-test: check pytest
+# The TypeScript client compiled, then its end-to-end test against `agent-server serve`.
+test-ts: $(STAMP) $(TS_STAMP)
+	cd $(TS) && npm run --silent build
+	cd $(TS) && AGENT_SERVER="$(abspath $(BIN))/agent-server" npm test --silent
+
+test: check test-ts pytest
 
 # The long fuzz run: tens of thousands of mutated and crafted bundles through the reader,
 # reducer and CLI, and thousands of hostile provider streams through the agent.
@@ -53,4 +80,4 @@ bench: $(STAMP)
 	$(PY) -m bench
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache $(TS)/node_modules $(TS)/dist

@@ -1,18 +1,15 @@
-"""`agent-server demo`: one thread through a real gRPC client, then its bundle reduced."""
+"""`agent-server demo`: one thread through the Python client library, then its bundle reduced."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Callable
 from pathlib import Path
-
-import grpc
 
 from agent_server.config import Settings
 from agent_server.server import AgentServer
-from rollout.agent.v1 import agent_pb2, agent_pb2_grpc
+from rollout.agent.v1 import agent_pb2
 from rollout.trace.v1 import common_pb2, state_pb2
+from rollout_client import AgentClient, function_tool
 from trace_reducer import (
     STATE_FILE_NAME,
     replay_bundle,
@@ -22,98 +19,80 @@ from trace_reducer import (
 )
 
 FIRST_PROMPT = "What does rollout-trace record?"
+TOOL_PROMPT = "Please lookup the tallest mountain on Earth."
+WAITING_PROMPT = "Now lookup the deepest lake, but I will not wait for it."
 SECOND_PROMPT = "Tell me the whole story again, slowly."
+LOOKUP = function_tool(
+    "lookup",
+    "Look a fact up in the demo's tiny encyclopedia.",
+    {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]},
+)
 # Deltas of the second turn to see before interrupting it: mid-stream, never at its end.
 _DELTAS_BEFORE_INTERRUPT = 5
 
 
-class _Events:
-    """The thread's event stream, read in the background, awaited by predicate."""
-
-    def __init__(
-        self,
-        call: grpc.aio.UnaryStreamCall[
-            agent_pb2.StreamEventsRequest, agent_pb2.StreamEventsResponse
-        ],
-    ) -> None:
-        self._call = call
-        self._queue: asyncio.Queue[agent_pb2.ThreadEvent | None] = asyncio.Queue()
-        self._task = asyncio.create_task(self._pump())
-
-    async def _pump(self) -> None:
-        try:
-            async for response in self._call:
-                await self._queue.put(response.event)
-        finally:
-            await self._queue.put(None)
-
-    async def until(self, done: Callable[[agent_pb2.ThreadEvent], bool]) -> agent_pb2.ThreadEvent:
-        while True:
-            event = await self._queue.get()
-            if event is None:
-                raise RuntimeError("the event stream ended early")
-            if event.HasField("agent_message_delta"):
-                print(event.agent_message_delta.delta, end="", flush=True)
-            if done(event):
-                return event
-
-    async def close(self) -> None:
-        self._call.cancel()
-        with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
-            await self._task
-
-
-def _turn_completed(turn_id: str) -> Callable[[agent_pb2.ThreadEvent], bool]:
-    return lambda event: event.turn_id == turn_id and event.HasField("turn_completed")
-
-
 async def _converse(address: str) -> Path:
-    async with grpc.aio.insecure_channel(address) as channel:
-        stub = agent_pb2_grpc.AgentServiceStub(channel)
-        started = await stub.StartThread(
-            agent_pb2.StartThreadRequest(
-                instructions="Answer in a few sentences.", metadata={"source": "demo"}
-            )
+    async with AgentClient(address) as client:
+        thread = await client.start_thread(
+            instructions="Answer in a few sentences.",
+            metadata={"source": "demo"},
+            tools=[LOOKUP],
         )
-        thread = started.thread
-        print(f"thread {thread.id} on model {thread.model}")
-        events = _Events(stub.StreamEvents(agent_pb2.StreamEventsRequest(thread_id=thread.id)))
-        try:
-            print(f"\nuser: {FIRST_PROMPT}\nassistant: ", end="")
-            first = await stub.StartTurn(
-                agent_pb2.StartTurnRequest(
-                    thread_id=thread.id, input=[agent_pb2.UserInput(text=FIRST_PROMPT)]
-                )
-            )
-            done = await events.until(_turn_completed(first.turn.id))
-            status = agent_pb2.TurnStatus.Name(done.turn_completed.turn.status)
-            print(f"\n[turn 1: {status}]")
+        print(f"thread {thread.id} on model {thread.model}, with the tool `lookup`")
 
-            print(f"\nuser: {SECOND_PROMPT}\nassistant: ", end="")
-            second = await stub.StartTurn(
-                agent_pb2.StartTurnRequest(
-                    thread_id=thread.id, input=[agent_pb2.UserInput(text=SECOND_PROMPT)]
-                )
-            )
-            deltas = 0
+        print(f"\nuser: {FIRST_PROMPT}\nassistant: ", end="")
+        first = thread.run_turn(FIRST_PROMPT)
+        async for event in first:
+            _show(event)
+        print(f"\n[turn 1: {first.status_name}]")
 
-            def enough(event: agent_pb2.ThreadEvent) -> bool:
-                nonlocal deltas
-                deltas += event.HasField("agent_message_delta")
-                return deltas >= _DELTAS_BEFORE_INTERRUPT
+        # The local model calls the tool the message names; the client answers the call.
+        print(f"\nuser: {TOOL_PROMPT}\nassistant: ", end="")
+        tool_turn = thread.run_turn(TOOL_PROMPT, tools={"lookup": _lookup})
+        async for event in tool_turn:
+            _show(event)
+        print(f"\n[turn 2: a tool round trip: {tool_turn.status_name}]")
 
-            await events.until(enough)
-            interrupted = await stub.Interrupt(
-                agent_pb2.InterruptRequest(thread_id=thread.id, turn_id=second.turn.id)
-            )
-            await events.until(_turn_completed(second.turn.id))
-            status = agent_pb2.TurnStatus.Name(interrupted.turn.status)
-            print(f"\n[turn 2: interrupted by the client: {status}]")
-            closed = await stub.CloseThread(agent_pb2.CloseThreadRequest(thread_id=thread.id))
-            print(f"[thread {agent_pb2.ThreadStatus.Name(closed.thread.status)}]")
-        finally:
-            await events.close()
-        return Path(closed.thread.bundle_path)
+        # Here nobody answers the call: the turn waits for its output until interrupted.
+        print(f"\nuser: {WAITING_PROMPT}\nassistant: ", end="")
+        waiting = thread.run_turn(WAITING_PROMPT)
+        async for event in waiting:
+            _show(event)
+            if event.HasField("turn_awaiting_tool_outputs"):
+                await waiting.interrupt()
+        print(f"\n[turn 3: interrupted while awaiting a tool output: {waiting.status_name}]")
+
+        print(f"\nuser: {SECOND_PROMPT}\nassistant: ", end="")
+        second = thread.run_turn(SECOND_PROMPT)
+        deltas = 0
+        async for event in second:
+            _show(event)
+            if event.HasField("agent_message_delta"):
+                deltas += 1
+                if deltas == _DELTAS_BEFORE_INTERRUPT:
+                    await second.interrupt()
+        print(f"\n[turn 4: interrupted mid-stream by the client: {second.status_name}]")
+        closed = await thread.close()
+        print(f"[thread {agent_pb2.ThreadStatus.Name(closed.status)}]")
+        return Path(closed.bundle_path)
+
+
+_FACTS = {"mountain": "Mount Everest, 8,849 m", "lake": "Lake Baikal, 1,642 m deep"}
+
+
+async def _lookup(arguments: dict[str, object]) -> str:
+    query = str(arguments.get("query", "")).lower()
+    return next((fact for key, fact in _FACTS.items() if key in query), "not in the encyclopedia")
+
+
+def _show(event: agent_pb2.ThreadEvent) -> None:
+    if event.HasField("agent_message_delta"):
+        print(event.agent_message_delta.delta, end="", flush=True)
+    elif event.HasField("tool_call_requested"):
+        call = event.tool_call_requested
+        print(f"[calls {call.name}({call.arguments})] ", end="", flush=True)
+    elif event.HasField("tool_call_completed"):
+        print(f"[{event.tool_call_completed.output!r}] ", end="", flush=True)
 
 
 def _status(status: common_pb2.ExecutionStatus.ValueType) -> str:
@@ -140,8 +119,15 @@ def _summary(trace: state_pb2.RolloutTrace) -> list[str]:
                 )
                 for item_id in call.response_item_ids:
                     item = trace.conversation_items[item_id]
-                    text = "".join(part.text for part in item.content)
+                    text = "".join(part.text for part in item.content) or item.arguments
                     lines.append(f"    accepted {item.responses_item_id}: {text[:60]!r}...")
+            for tool_call_id in turn.tool_call_ids:
+                tool_call = trace.tool_calls[tool_call_id]
+                output = trace.conversation_items[tool_call.output_item_id].output
+                lines.append(
+                    f"  tool call {tool_call.name} {tool_call.call_id}: "
+                    f"{_status(tool_call.execution.status)}, output {output[:60]!r}"
+                )
         lines.append(f"conversation items: {len(thread.conversation_item_ids)}")
     return lines
 

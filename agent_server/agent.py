@@ -9,18 +9,28 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
+import grpc
+
+from agent_server import telemetry
 from agent_server.config import Settings
 from agent_server.errors import (
     EmptyInputError,
     InputTooLargeError,
     InstructionsTooLargeError,
+    InvalidForkCountError,
+    InvalidGroupIdError,
     InvalidModelError,
     InvalidPageTokenError,
+    InvalidRewardError,
+    ItemNotFoundError,
     MetadataTooLargeError,
     MissingThreadIdError,
     MissingTurnIdError,
+    RecordingOffError,
     RecordingStartFailedError,
+    RewardsUnavailableError,
     ShuttingDownError,
     ThreadClosedError,
     ThreadNotFoundError,
@@ -31,13 +41,23 @@ from agent_server.errors import (
 )
 from agent_server.events import EventBuffer
 from agent_server.provider import ProviderClient
-from agent_server.recorder import Recorder
+from agent_server.recorder import ForkSeed, Recorder
 from agent_server.threads import Thread, Turn
 from agent_server.tools import SubmittedOutput, Tool, parse_tools
+from agent_server.training import Sampling, TokenCapture
 from agent_server.turn import TurnRunner
 from rollout.agent.v1 import agent_pb2
 from rollout.trace.v1 import common_pb2
-from trace_reducer import RecordingError
+from trace_reducer import (
+    BundleError,
+    RecordingError,
+    ReductionError,
+    RewardError,
+    RewardInput,
+    append_reward,
+    check_reward,
+    replay_bundle,
+)
 
 MAX_INPUT_BYTES = 1024 * 1024
 MAX_INSTRUCTIONS_BYTES = 1024 * 1024
@@ -51,6 +71,9 @@ CLOSE_REQUESTER = "close_thread"
 SHUTDOWN_REQUESTER = "shutdown"
 CLOSE_REASON = "closed"
 SHUTDOWN_REASON = "shutdown"
+FORK_FAILED_REASON = "fork_failed"
+MAX_FORKS = 64
+MAX_GROUP_ID_CHARS = 256
 
 
 def user_message(texts: Sequence[str]) -> dict[str, object]:
@@ -91,13 +114,37 @@ class Agent:
         instructions: str,
         metadata: Mapping[str, str],
         tools: Sequence[agent_pb2.FunctionTool] = (),
+        *,
+        sampling: Sampling | None = None,
+        capture: TokenCapture | None = None,
     ) -> Thread:
         self.check_serving()
         _check_thread_arguments(model, instructions, metadata)
         checked = parse_tools(tools)
+        return await self._shielded_start(
+            model,
+            instructions,
+            metadata,
+            checked,
+            sampling or Sampling(),
+            capture or TokenCapture(),
+        )
+
+    async def _shielded_start(
+        self,
+        model: str,
+        instructions: str,
+        metadata: Mapping[str, str],
+        tools: tuple[Tool, ...],
+        sampling: Sampling,
+        capture: TokenCapture,
+        fork: tuple[ForkSeed, agent_pb2.ForkOrigin, list[dict[str, object]]] | None = None,
+    ) -> Thread:
         # A caller that gives up must not leave a bundle without its thread behind: the thread
         # is made anyway, and shutdown finishes its bundle like any other.
-        starting = asyncio.create_task(self._start_thread(model, instructions, metadata, checked))
+        starting = asyncio.create_task(
+            self._start_thread(model, instructions, metadata, tools, sampling, capture, fork)
+        )
         self._starting.add(starting)
         starting.add_done_callback(self._starting.discard)
         return await asyncio.shield(starting)
@@ -108,6 +155,9 @@ class Agent:
         instructions: str,
         metadata: Mapping[str, str],
         tools: tuple[Tool, ...],
+        sampling: Sampling,
+        capture: TokenCapture,
+        fork: tuple[ForkSeed, agent_pb2.ForkOrigin, list[dict[str, object]]] | None,
     ) -> Thread:
         thread_id = f"thread_{uuid.uuid4().hex}"
         model = model or self._settings.model
@@ -122,6 +172,7 @@ class Agent:
                     model=model,
                     instructions=instructions,
                     metadata=metadata,
+                    fork=fork[0] if fork is not None else None,
                 )
             except RecordingError as error:
                 raise RecordingStartFailedError(str(error)) from error
@@ -138,9 +189,15 @@ class Agent:
             tools=tools,
             events=EventBuffer(self._settings.event_buffer),
             seq=next(self._thread_seq),
+            sampling=sampling,
+            capture=capture,
         )
+        if fork is not None:
+            thread.fork = fork[1]
+            thread.history = [dict(item) for item in fork[2]]
         self._threads[thread_id] = thread
         self._forget_closed()
+        telemetry.thread_started(thread)
         return thread
 
     def _forget_closed(self) -> None:
@@ -184,7 +241,171 @@ class Agent:
             raise ThreadNotFoundError(f"no thread {thread_id!r}", thread_id=thread_id)
         return thread
 
-    def start_turn(self, thread_id: str, texts: Sequence[str]) -> Turn:
+    async def fork_thread(
+        self, thread_id: str, after_turn_id: str, count: int, group_id: str
+    ) -> list[Thread]:
+        """`count` new threads continuing thread_id's history as of after_turn_id (its end when
+        empty); each bundle refers to the parent's for what they share."""
+        parent = self.thread(thread_id)
+        if not 1 <= count <= MAX_FORKS:
+            raise InvalidForkCountError(
+                f"count must be 1 to {MAX_FORKS}, not {count}", limit=str(MAX_FORKS)
+            )
+        if len(group_id) > MAX_GROUP_ID_CHARS or not group_id.isprintable():
+            raise InvalidGroupIdError(
+                f"group_id must be at most {MAX_GROUP_ID_CHARS} printable characters"
+            )
+        if parent.closed or parent.closing is not None:
+            raise ThreadClosedError(f"thread {thread_id!r} is closed", thread_id=thread_id)
+        turn_ids = list(parent.turns)
+        if after_turn_id:
+            turn = parent.turns.get(after_turn_id)
+            if turn is None:
+                raise TurnNotFoundError(
+                    f"thread {thread_id!r} has no turn {after_turn_id!r}", turn_id=after_turn_id
+                )
+            if turn.running or after_turn_id not in parent.history_marks:
+                raise TurnAlreadyRunningError(
+                    f"turn {after_turn_id!r} has not ended yet", turn_id=after_turn_id
+                )
+            shared = parent.history[: parent.history_marks[after_turn_id]]
+        else:
+            if parent.running is not None:
+                running_id = parent.running.turn.id
+                raise TurnAlreadyRunningError(
+                    f"turn {running_id!r} of thread {thread_id!r} is still running; fork after "
+                    "an ended turn, or when it has ended",
+                    turn_id=running_id,
+                )
+            shared = list(parent.history)
+            after_turn_id = turn_ids[-1] if turn_ids else ""
+        group = group_id or f"group_{uuid.uuid4().hex}"
+        shared_turns = turn_ids.index(after_turn_id) + 1 if after_turn_id else 0
+        bundle = Path(parent.recorder.bundle_path).name if parent.recorder.bundle_path else ""
+        payloads = parent.recorder.payload_ids
+        parent_call_id, parent_tokens = parent.recorder.held_tokens()
+        forks: list[Thread] = []
+        try:
+            for index in range(count):
+                origin = agent_pb2.ForkOrigin(
+                    parent_thread_id=thread_id,
+                    after_turn_id=after_turn_id,
+                    group_id=group,
+                    repetition_index=index,
+                )
+                seed = ForkSeed(
+                    parent_thread_id=thread_id,
+                    parent_bundle=bundle,
+                    parent_trace_id=parent.recorder.trace_id,
+                    after_turn_id=after_turn_id,
+                    group_id=group,
+                    repetition_index=index,
+                    shared_turns=shared_turns,
+                    prefix_items=shared,
+                    parent_payloads=payloads,
+                    parent_call_id=parent_call_id,
+                    parent_tokens=parent_tokens,
+                )
+                forks.append(
+                    await self._shielded_start(
+                        parent.model,
+                        parent.instructions,
+                        parent.metadata,
+                        parent.tools,
+                        parent.sampling,
+                        parent.capture,
+                        (seed, origin, shared),
+                    )
+                )
+        except BaseException:
+            # All or nothing: the threads made so far are closed, their bundles finished.
+            for made in forks:
+                await self._close(
+                    made, common_pb2.EXECUTION_STATUS_CANCELLED, FORK_FAILED_REASON, "fork_thread"
+                )
+            raise
+        return forks
+
+    async def record_reward(self, reward: RewardInput) -> tuple[str, int]:
+        """Append a reward to the rewards of the thread's bundle; (bundle path, its seq).
+
+        A thread the server still knows is checked in memory; one it has forgotten (closed
+        and past its retention, or from an earlier run) is found by its id under the trace
+        root and checked against its reduced bundle."""
+        self.check_serving()
+        if not reward.thread_id:
+            raise MissingThreadIdError("thread_id is required")
+        try:
+            check_reward(reward)
+        except RewardError as error:
+            raise InvalidRewardError(str(error), error.reason) from error
+        self._forget_closed()
+        thread = self._threads.get(reward.thread_id)
+        if thread is not None:
+            if not thread.recorder.bundle_path:
+                raise RecordingOffError(
+                    f"thread {reward.thread_id!r} has no bundle (recording is off): rewards "
+                    "are recorded beside it",
+                    thread_id=reward.thread_id,
+                )
+            if reward.turn_id and reward.turn_id not in thread.turns:
+                raise TurnNotFoundError(
+                    f"thread {reward.thread_id!r} has no turn {reward.turn_id!r}",
+                    turn_id=reward.turn_id,
+                )
+            if reward.item_id and reward.item_id not in thread.accepted_items:
+                raise ItemNotFoundError(
+                    f"thread {reward.thread_id!r} has no item {reward.item_id!r}",
+                    item_id=reward.item_id,
+                )
+            bundle_dir, trace_id = Path(thread.recorder.bundle_path), thread.recorder.trace_id
+        else:
+            bundle_dir, trace_id = await asyncio.to_thread(self._find_bundle, reward)
+        try:
+            seq = await asyncio.to_thread(append_reward, bundle_dir, reward, trace_id=trace_id)
+        except RewardError as error:
+            code = (
+                grpc.StatusCode.DATA_LOSS
+                if error.reason == "REWARDS_CORRUPT"
+                else grpc.StatusCode.FAILED_PRECONDITION
+            )
+            raise RewardsUnavailableError(str(error), error.reason, code) from error
+        return str(bundle_dir), seq
+
+    def _find_bundle(self, reward: RewardInput) -> tuple[Path, str]:
+        """The bundle of a thread the server no longer holds, under the trace root, checked
+        to have the turn and item the reward names."""
+        thread_id = reward.thread_id
+        root = self._settings.trace_root
+        missing = ThreadNotFoundError(f"no thread {thread_id!r}", thread_id=thread_id)
+        if root is None or not set(thread_id) <= _ID_CHARS:
+            raise missing
+        candidates = sorted(root.glob(f"*-{thread_id}")) if root.is_dir() else []
+        if not candidates:
+            raise missing
+        try:
+            trace = replay_bundle(candidates[-1])
+        except (BundleError, ReductionError) as error:
+            raise missing from error
+        if trace.root_thread_id != thread_id:
+            raise missing
+        if reward.turn_id and reward.turn_id not in trace.turns:
+            raise TurnNotFoundError(
+                f"thread {thread_id!r} has no turn {reward.turn_id!r}", turn_id=reward.turn_id
+            )
+        if reward.item_id and not any(
+            item.responses_item_id == reward.item_id
+            and any(p.WhichOneof("producer") == "inference" for p in item.produced_by)
+            for item in trace.conversation_items.values()
+        ):
+            raise ItemNotFoundError(
+                f"thread {thread_id!r} has no item {reward.item_id!r}", item_id=reward.item_id
+            )
+        return candidates[-1], trace.trace_id
+
+    def start_turn(
+        self, thread_id: str, texts: Sequence[str], sampling: Sampling | None = None
+    ) -> Turn:
         """Record and announce the turn, start its task, and return it IN_PROGRESS."""
         thread = self.thread(thread_id)
         if not any(texts):
@@ -207,7 +428,12 @@ class Agent:
         items = [user_message(texts)]
         ordinal = thread.recorder.turn_started(turn_id, items)
         thread.history.extend(items)
-        turn = Turn(id=turn_id, thread_id=thread_id, ordinal=ordinal)
+        turn = Turn(
+            id=turn_id,
+            thread_id=thread_id,
+            ordinal=ordinal,
+            sampling=thread.sampling.overridden(sampling or Sampling()),
+        )
         runner = TurnRunner(thread, turn, self._provider, self._settings)
         runner.start()
         thread.emit(turn_id, turn_started=agent_pb2.TurnStartedEvent(turn=turn.to_proto()))
@@ -305,8 +531,12 @@ class Agent:
             await thread.running.interrupt(requested_by)
         await thread.recorder.finish(status, reason)
         thread.mark_closed()
+        telemetry.thread_closed(thread, reason)
         self._closed.append((time.monotonic(), thread.id))
         self._forget_closed()
+
+
+_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
 
 
 def _encode_page_token(seq: int) -> str:

@@ -1,4 +1,4 @@
-"""The `agent-server` command: `serve` runs the gRPC server, `demo` shows one recorded run."""
+"""The `agent-server` command: `serve`, run the `demo`, `chat` with a server, probe its `health`."""
 
 from __future__ import annotations
 
@@ -11,12 +11,14 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from agent_server import _demo, config
+from agent_server import _chat, _demo, _health, config, logs
 from agent_server.config import ConfigError, Settings
 from agent_server.server import AgentServer
 from grpc_common import install_signal_handlers
+from trace_reducer import __version__
 
 PROG = "agent-server"
+log = logging.getLogger("agent_server")
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -24,26 +26,9 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
 
-class _OneLineFormatter(logging.Formatter):
-    """Log lines for people: an exception shows as one line, never as a traceback."""
-
-    def formatException(self, ei: object) -> str:  # noqa: N802
-        error = ei[1] if isinstance(ei, tuple) else None
-        return f"  ({type(error).__name__}: {error})" if error is not None else ""
-
-
-def _configure_logging() -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_OneLineFormatter(f"{PROG}: %(levelname)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(logging.INFO)
-    # httpx logs every request at INFO; that is noise next to the server's own lines.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__)
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve = commands.add_parser("serve", help="run the AgentService gRPC server")
     config.add_serve_arguments(serve)
@@ -52,20 +37,32 @@ def _parser() -> argparse.ArgumentParser:
         "demo",
         help="run one recorded thread on the built-in local model and reduce its bundle",
     )
-    config.add_arguments(demo)
+    config.add_demo_arguments(demo)
     demo.set_defaults(run=_demo_command)
+    chat = commands.add_parser("chat", help="talk to a running agent server from the terminal")
+    _chat.add_arguments(chat)
+    health = commands.add_parser(
+        "health", help="exit 0 when a server's health service says SERVING (for probes)"
+    )
+    _health.add_arguments(health)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    _configure_logging()
+    if args.command == "chat":
+        return _chat.run(args)
+    if args.command == "health":
+        return _health.run(args)
     try:
         settings = config.from_args(args)
-        code: int = asyncio.run(args.run(settings))
     except ConfigError as error:
         print(f"{PROG}: {error}", file=sys.stderr)
         return EXIT_USAGE
+    # The demo speaks on stdout; only its server's trouble belongs on stderr.
+    logs.configure("warning" if args.command == "demo" else settings.log_level, settings.log_format)
+    try:
+        code: int = asyncio.run(args.run(settings))
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except Exception as error:  # noqa: BLE001 - the last line of defence: no traceback for users
@@ -81,19 +78,14 @@ async def _serve(settings: Settings) -> int:
         # The message names the address already.
         print(f"{PROG}: {error}", file=sys.stderr)
         return EXIT_FAILED
-    if server.local_model_url is not None:
-        print(
-            f"{PROG}: no --provider-url given: using the built-in local model "
-            f"at {server.local_model_url}",
-            file=sys.stderr,
-            flush=True,
-        )
     stop = asyncio.Event()
     install_signal_handlers(stop.set)
+    log.info("listening on %s", server.address)
     print(f"listening on {server.address}", flush=True)
     await stop.wait()
-    print(f"{PROG}: shutting down", file=sys.stderr, flush=True)
+    log.info("shutting down")
     await server.stop()
+    log.info("stopped")
     return EXIT_OK
 
 

@@ -7,8 +7,9 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
+from agent_server import _config_file, logs
 from grpc_common import AccessControl, split_listen
 
 _T = TypeVar("_T")
@@ -83,6 +84,10 @@ class Settings:
     tool_output_timeout: float = DEFAULT_TOOL_OUTPUT_TIMEOUT
     # Bearer token and TLS of the gRPC server (off by default); its secrets never show.
     access: AccessControl = field(default_factory=AccessControl)
+    # HOST:PORT of the Prometheus endpoint (`/metrics`); None serves no metrics.
+    metrics_listen: str | None = None
+    log_level: str = "info"
+    log_format: str = "text"
 
     def __post_init__(self) -> None:
         if self.max_retries < 0:
@@ -122,6 +127,15 @@ class Settings:
             split_listen(self.listen)
         except ValueError as error:
             raise ConfigError(f"--listen: {error}") from error
+        if self.metrics_listen is not None:
+            try:
+                split_listen(self.metrics_listen)
+            except ValueError as error:
+                raise ConfigError(f"--metrics-listen: {error}") from error
+        if self.log_level not in logs.LEVELS:
+            raise ConfigError(f"--log-level must be one of {', '.join(logs.LEVELS)}")
+        if self.log_format not in logs.FORMATS:
+            raise ConfigError(f"--log-format must be one of {', '.join(logs.FORMATS)}")
 
     @property
     def recording(self) -> bool:
@@ -131,10 +145,32 @@ class Settings:
     def uses_local_model(self) -> bool:
         return self.provider_url is None
 
+    def warnings(self) -> list[str]:
+        """What is legal but most likely a mistake, said once at start-up."""
+        found = []
+        if self.provider_url is not None and self.model == DEFAULT_LOCAL_MODEL:
+            found.append(
+                f"--provider-url is set but --model is not: threads that name no model will "
+                f"ask {self.provider_url} for {DEFAULT_LOCAL_MODEL!r}, the built-in model's name"
+            )
+        if self.provider_url is not None and self.api_key is None:
+            found.append(
+                f"--provider-url is set but {self.api_key_env} (--api-key-env) is unset or "
+                "empty: requests go to the provider without an API key"
+            )
+        return found
+
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags of `serve`: the shared ones plus the server's access control."""
+    """The flags of `serve`: the shared ones, the server's access control, its operation."""
     add_arguments(parser)
+    parser.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="TOML file of settings named like these flags (env ROLLOUT_CONFIG); "
+        "flags and environment variables win over it",
+    )
     parser.add_argument(
         "--auth-token-env",
         metavar="NAME",
@@ -143,6 +179,31 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--tls-cert", type=Path, metavar="PATH", help="PEM certificate chain")
     parser.add_argument("--tls-key", type=Path, metavar="PATH", help="PEM private key")
+    parser.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (env ROLLOUT_METRICS_LISTEN)",
+    )
+    parser.add_argument(
+        "--log-level", choices=logs.LEVELS, help="default info (env ROLLOUT_LOG_LEVEL)"
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=logs.FORMATS,
+        help="text lines or JSON lines on stderr (default text; env ROLLOUT_LOG_FORMAT)",
+    )
+
+
+def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
+    """The few flags `demo` uses: it always runs the local model on a port of its own."""
+    parser.add_argument(
+        "--trace-root", help="where the demo's bundle goes (default: a new temporary directory)"
+    )
+    parser.add_argument(
+        "--local-word-delay",
+        type=float,
+        help=f"seconds between words of the local model (default {DEFAULT_WORD_DELAY})",
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -213,53 +274,67 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Settings:
-    """Build Settings from parsed flags, falling back to the environment, then to defaults."""
+    """Build Settings: each from its flag, else its environment variable, else the --config
+    file, else the default."""
     env = os.environ if environ is None else environ
 
-    def pick(flag: str | None, env_name: str) -> str | None:
-        if flag is not None:
-            return flag
-        value = env.get(env_name, "")
-        return value or None
+    def flag(name: str) -> object:
+        return getattr(args, name, None)
 
-    provider_url = pick(args.provider_url, "ROLLOUT_PROVIDER_URL")
-    model = pick(args.model, "ROLLOUT_MODEL") or DEFAULT_LOCAL_MODEL
-    api_key_env = args.api_key_env or DEFAULT_API_KEY_ENV
+    config_path = flag("config") or (env.get("ROLLOUT_CONFIG") if hasattr(args, "config") else None)
+    try:
+        file = _config_file.load(Path(str(config_path))) if config_path else {}
+    except _config_file.ConfigFileError as error:
+        raise ConfigError(str(error)) from error
+
+    def pick(name: str, env_name: str | None = None) -> Any:
+        value = flag(name)
+        if value is not None:
+            return value
+        if env_name and env.get(env_name):
+            return env[env_name]
+        return file.get(name)
+
+    provider_url = pick("provider_url", "ROLLOUT_PROVIDER_URL")
+    api_key_env = pick("api_key_env") or DEFAULT_API_KEY_ENV
     key = _api_key(env.get(api_key_env, ""), api_key_env)
-    trace_root = pick(args.trace_root, "ROLLOUT_TRACE_ROOT")
+    trace_root = pick("trace_root", "ROLLOUT_TRACE_ROOT")
     access = AccessControl()
     if hasattr(args, "auth_token_env"):
         try:
             access = AccessControl.load(
-                token_env=args.auth_token_env,
-                tls_cert=args.tls_cert,
-                tls_key=args.tls_key,
+                token_env=pick("auth_token_env"),
+                tls_cert=pick("tls_cert"),
+                tls_key=pick("tls_key"),
                 environ=env,
             )
         except ValueError as error:
             raise ConfigError(str(error)) from error
     return Settings(
-        listen=args.listen or DEFAULT_LISTEN,
+        listen=pick("listen", "ROLLOUT_LISTEN") or DEFAULT_LISTEN,
         provider_url=provider_url.rstrip("/") if provider_url else None,
-        model=model,
+        model=pick("model", "ROLLOUT_MODEL") or DEFAULT_LOCAL_MODEL,
         api_key_env=api_key_env,
         api_key=Secret(key) if key else None,
         trace_root=Path(trace_root) if trace_root else None,
-        max_retries=_default(args.max_retries, DEFAULT_MAX_RETRIES),
-        retry_base_delay=_default(args.retry_base_delay, DEFAULT_RETRY_BASE_DELAY),
-        stream_idle_timeout=_default(args.stream_idle_timeout, DEFAULT_STREAM_IDLE_TIMEOUT),
-        event_buffer=_default(args.event_buffer, DEFAULT_EVENT_BUFFER),
-        local_word_delay=_default(args.local_word_delay, DEFAULT_WORD_DELAY),
+        max_retries=_default(pick("max_retries"), DEFAULT_MAX_RETRIES),
+        retry_base_delay=_default(pick("retry_base_delay"), DEFAULT_RETRY_BASE_DELAY),
+        stream_idle_timeout=_default(pick("stream_idle_timeout"), DEFAULT_STREAM_IDLE_TIMEOUT),
+        event_buffer=_default(pick("event_buffer"), DEFAULT_EVENT_BUFFER),
+        local_word_delay=_default(pick("local_word_delay"), DEFAULT_WORD_DELAY),
         closed_thread_retention=_default(
-            args.closed_thread_retention, DEFAULT_CLOSED_THREAD_RETENTION
+            pick("closed_thread_retention"), DEFAULT_CLOSED_THREAD_RETENTION
         ),
-        max_closed_threads=_default(args.max_closed_threads, DEFAULT_MAX_CLOSED_THREADS),
+        max_closed_threads=_default(pick("max_closed_threads"), DEFAULT_MAX_CLOSED_THREADS),
         provider_max_connections=_default(
-            args.provider_max_connections, DEFAULT_PROVIDER_MAX_CONNECTIONS
+            pick("provider_max_connections"), DEFAULT_PROVIDER_MAX_CONNECTIONS
         ),
-        max_tool_rounds=_default(args.max_tool_rounds, DEFAULT_MAX_TOOL_ROUNDS),
-        tool_output_timeout=_default(args.tool_output_timeout, DEFAULT_TOOL_OUTPUT_TIMEOUT),
+        max_tool_rounds=_default(pick("max_tool_rounds"), DEFAULT_MAX_TOOL_ROUNDS),
+        tool_output_timeout=_default(pick("tool_output_timeout"), DEFAULT_TOOL_OUTPUT_TIMEOUT),
         access=access,
+        metrics_listen=pick("metrics_listen", "ROLLOUT_METRICS_LISTEN"),
+        log_level=pick("log_level", "ROLLOUT_LOG_LEVEL") or "info",
+        log_format=pick("log_format", "ROLLOUT_LOG_FORMAT") or "text",
     )
 
 

@@ -78,6 +78,44 @@ class ToolOutputTooLargeError(InvalidArgumentError):
     reason = "TOOL_OUTPUT_TOO_LARGE"
 
 
+class InvalidSamplingError(InvalidArgumentError):
+    reason = "INVALID_SAMPLING"
+
+
+class InvalidForkCountError(InvalidArgumentError):
+    reason = "INVALID_FORK_COUNT"
+
+
+class InvalidGroupIdError(InvalidArgumentError):
+    reason = "INVALID_GROUP_ID"
+
+
+class InvalidRewardError(InvalidArgumentError):
+    """A reward refused by trace_reducer.check_reward; the reason is its own."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason  # type: ignore[misc]
+
+
+class ItemNotFoundError(AgentError):
+    code = grpc.StatusCode.NOT_FOUND
+    reason = "ITEM_NOT_FOUND"
+
+
+class RecordingOffError(AgentError):
+    reason = "RECORDING_OFF"
+
+
+class RewardsUnavailableError(AgentError):
+    """The rewards sidecar cannot take the reward (unwritable, or corrupt)."""
+
+    def __init__(self, message: str, reason: str, code: grpc.StatusCode) -> None:
+        super().__init__(message)
+        self.reason = reason  # type: ignore[misc]
+        self.code = code  # type: ignore[misc]
+
+
 class TurnNotFoundError(AgentError):
     code = grpc.StatusCode.NOT_FOUND
     reason = "TURN_NOT_FOUND"

@@ -7,6 +7,7 @@ import itertools
 from collections import deque
 from collections.abc import AsyncIterator
 
+from agent_server import telemetry
 from agent_server.errors import EventsOutOfRangeError
 from rollout.agent.v1 import agent_pb2
 
@@ -158,6 +159,7 @@ class EventBuffer:
         subscriber = next(self._subscriber_ids)
         position = after_index
         self._positions[subscriber] = position
+        telemetry.subscriber_attached()
         try:
             while True:
                 if position + 1 < self._first:
@@ -176,3 +178,4 @@ class EventBuffer:
                 await self._changed.wait()
         finally:
             del self._positions[subscriber]
+            telemetry.subscriber_detached()

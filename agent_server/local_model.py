@@ -6,10 +6,13 @@ import asyncio
 import json
 import re
 import uuid
+import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from agent_server import toy_tokens
 from agent_server.loopback_http import HttpRequest, HttpResponse, LoopbackHttpServer
+from trace_reducer import LOGPROBS_INCLUDE
 
 _Send = Callable[..., Awaitable[None]]
 
@@ -153,12 +156,13 @@ class LocalModel:
         if not isinstance(body, dict) or body.get("stream") is not True:
             await _error(response, 400, "invalid_request", "only `stream: true` is supported")
             return
-        # The local model's idea of tokens: the request's words, counted on its bytes because
-        # every request carries the whole history.
-        await self._stream(response, body, len(request.body.split()))
+        # The local model's idea of tokens: its toy tokenizer's, on the prompt it renders.
+        prompt = toy_tokens.render_prompt(body.get("instructions"), body.get("input"))
+        sampler = _Sampler.for_request(body, len(prompt), request.headers.get(_CALL_HEADER, ""))
+        await self._stream(response, body, prompt, sampler)
 
     async def _stream(
-        self, response: HttpResponse, body: dict[str, Any], input_tokens: int
+        self, response: HttpResponse, body: dict[str, Any], prompt: list[int], sampler: _Sampler
     ) -> None:
         model = str(body.get("model", ""))
         response_id = f"resp_{uuid.uuid4().hex}"
@@ -173,25 +177,43 @@ class LocalModel:
 
         envelope = {"id": response_id, "object": "response", "model": model}
         await response.start()
-        await send("response.created", response={**envelope, "status": "in_progress"})
+        created: dict[str, Any] = {**envelope, "status": "in_progress"}
+        if sampler.token_ids:
+            # vLLM's extension: the prompt as the engine tokenized it.
+            created["prompt_token_ids"] = prompt
+        await send("response.created", response=created)
         input_items = body.get("input")
         calls = tool_calls_for(body.get("tools"), input_items)
         if calls:
-            output_tokens = await self._send_calls(send, calls)
+            await self._send_calls(send, calls, sampler)
         else:
-            output_tokens = await self._send_message(send, reply_words_for(input_items))
+            words = reply_words_for(input_items)
+            if sampler.variant:
+                words.append(f" (Sample {sampler.variant}.)")
+            await self._send_message(send, words, sampler)
         usage = {
-            "input_tokens": input_tokens,
-            "output_tokens": output_tokens,
-            "total_tokens": input_tokens + output_tokens,
+            "input_tokens": len(prompt),
+            "output_tokens": sampler.count,
+            "total_tokens": len(prompt) + sampler.count,
         }
+        if sampler.exhausted:
+            await send(
+                "response.incomplete",
+                response={
+                    **envelope,
+                    "status": "incomplete",
+                    "incomplete_details": {"reason": "max_output_tokens"},
+                    "usage": usage,
+                },
+            )
+            return
         # Only the events the agent needs: the real API's content_part and *.done events, and
         # the output repeated in response.completed, would each record the whole text again.
         await send(
             "response.completed", response={**envelope, "status": "completed", "usage": usage}
         )
 
-    async def _send_message(self, send: _Send, deltas: list[str]) -> int:
+    async def _send_message(self, send: _Send, deltas: list[str], sampler: _Sampler) -> None:
         item_id = f"msg_{uuid.uuid4().hex}"
         item = {"id": item_id, "type": "message", "role": "assistant"}
         await send(
@@ -199,22 +221,33 @@ class LocalModel:
             output_index=0,
             item={**item, "status": "in_progress", "content": []},
         )
-        for delta in deltas:
-            await send(
-                "response.output_text.delta",
-                item_id=item_id,
-                output_index=0,
-                content_index=0,
-                delta=delta,
+        sent = []
+        for position, delta in enumerate(deltas):
+            text, fields = sampler.sample(
+                delta, first=position == 0, last=position == len(deltas) - 1
             )
+            if text or fields:
+                sent.append(text)
+                await send(
+                    "response.output_text.delta",
+                    item_id=item_id,
+                    output_index=0,
+                    content_index=0,
+                    delta=text,
+                    **fields,
+                )
+            if sampler.exhausted:
+                break
             if self._word_delay:
                 await asyncio.sleep(self._word_delay)
-        part = {"type": "output_text", "text": "".join(deltas), "annotations": []}
-        done_item = {**item, "status": "completed", "content": [part]}
+        part = {"type": "output_text", "text": "".join(sent), "annotations": []}
+        status = "incomplete" if sampler.exhausted else "completed"
+        done_item = {**item, "status": status, "content": [part]}
         await send("response.output_item.done", output_index=0, item=done_item)
-        return len(deltas)
 
-    async def _send_calls(self, send: _Send, calls: list[tuple[str, str]]) -> int:
+    async def _send_calls(
+        self, send: _Send, calls: list[tuple[str, str]], sampler: _Sampler
+    ) -> None:
         """One function_call item per (name, arguments), its arguments streamed in pieces."""
         for index, (name, arguments) in enumerate(calls):
             item = {
@@ -228,13 +261,25 @@ class LocalModel:
                 output_index=index,
                 item={**item, "arguments": "", "status": "in_progress"},
             )
-            step = max(1, len(arguments) // 3)
-            for start in range(0, len(arguments), step):
+            # Whole words a delta, so that each delta's tokens are the tokens of its text.
+            words = toy_tokens.pieces(arguments) if sampler.tokens else []
+            chunks = _chunks(arguments, words)
+            for position, chunk in enumerate(chunks):
+                # A call's tokens render `call NAME` and its arguments: the first delta carries
+                # the tokens of `call NAME` too (no text of the item has them).
+                text, fields = sampler.sample(
+                    chunk,
+                    first=position == 0,
+                    last=position == len(chunks) - 1,
+                    new_item=index > 0,
+                    opening=toy_tokens.call_opening(name) if position == 0 else None,
+                )
                 await send(
                     "response.function_call_arguments.delta",
                     item_id=item["id"],
                     output_index=index,
-                    delta=arguments[start : start + step],
+                    delta=text,
+                    **fields,
                 )
                 if self._word_delay:
                     await asyncio.sleep(self._word_delay)
@@ -246,7 +291,98 @@ class LocalModel:
             )
             done = {**item, "arguments": arguments, "status": "completed"}
             await send("response.output_item.done", output_index=index, item=done)
-        return sum(len(arguments.split()) for _, arguments in calls)
+
+
+_CALL_HEADER = "x-rollout-inference-call-id"
+
+
+def _chunks(arguments: str, words: list[str]) -> list[str]:
+    """arguments in about three deltas (at token boundaries when tokens are sent)."""
+    if not words:
+        step = max(1, len(arguments) // 3)
+        return [arguments[i : i + step] for i in range(0, len(arguments), step)] or [""]
+    per = max(1, len(words) // 3)
+    return ["".join(words[i : i + per]) for i in range(0, len(words), per)]
+
+
+class _Sampler:
+    """The local model's sampling of one response: tokens of each delta, their logprobs and
+    ids when the request asked, and the max_output_tokens budget."""
+
+    def __init__(
+        self, *, logprobs: bool, top: int, token_ids: bool, limit: int | None, position: int
+    ) -> None:
+        self.logprobs = logprobs
+        self.top = top
+        self.token_ids = token_ids
+        self.limit = limit
+        self.position = position
+        self.count = 0
+        self.exhausted = False
+        self.variant = 0
+
+    @property
+    def tokens(self) -> bool:
+        return self.logprobs or self.token_ids
+
+    @classmethod
+    def for_request(cls, body: dict[str, Any], position: int, call_id: str) -> _Sampler:
+        include = body.get("include")
+        top = body.get("top_logprobs")
+        top = top if isinstance(top, int) and not isinstance(top, bool) and 0 < top <= 20 else 0
+        limit = body.get("max_output_tokens")
+        limit = limit if isinstance(limit, int) and not isinstance(limit, bool) else None
+        sampler = cls(
+            logprobs=(isinstance(include, list) and LOGPROBS_INCLUDE in include) or top > 0,
+            top=top,
+            token_ids=body.get("return_token_ids") is True,
+            limit=limit,
+            position=position,
+        )
+        temperature = body.get("temperature")
+        if isinstance(temperature, int | float) and temperature > 0 and call_id:
+            # Samples at a temperature differ from call to call, deterministically.
+            sampler.variant = 1 + zlib.crc32(call_id.encode()) % 997
+        return sampler
+
+    def sample(
+        self,
+        text: str,
+        *,
+        first: bool,
+        last: bool,
+        new_item: bool = False,
+        opening: list[str] | None = None,
+    ) -> tuple[str, dict[str, Any]]:
+        """The text to send for this delta (cut at the budget) and its token fields.
+
+        Tokens: an item's header when it is not the response's first (the prompt ended with
+        the first one's), then `opening` (token strings with no text in the item), the
+        delta's own pieces, and <end> after an item's last delta."""
+        tokens: list[tuple[int, str, bool]] = []
+        if first and new_item:
+            role_texts = toy_tokens.header_texts("assistant")
+            ids = toy_tokens.header("assistant")
+            tokens += [(i, t, False) for i, t in zip(ids, role_texts, strict=True)]
+        for piece in opening or ():
+            tokens.append((toy_tokens.piece_id(piece), piece, False))
+        tokens += [(toy_tokens.piece_id(p), p, True) for p in toy_tokens.pieces(text)]
+        if last:
+            tokens.append((toy_tokens.END, toy_tokens.END_TEXT, False))
+        if self.limit is not None and self.count + len(tokens) > self.limit:
+            tokens = tokens[: max(0, self.limit - self.count)]
+            text = "".join(t for _, t, is_text in tokens if is_text)
+            self.exhausted = True
+        ids = [token[0] for token in tokens]
+        fields: dict[str, Any] = {}
+        if self.token_ids:
+            fields["token_ids"] = ids
+        if self.logprobs:
+            fields["logprobs"] = toy_tokens.logprob_entries(
+                ids, [token[1] for token in tokens], self.position + self.count, self.top
+            )
+        self.count += len(ids)
+        return text, fields
 
 
 async def _error(response: HttpResponse, status: int, code: str, message: str) -> None:

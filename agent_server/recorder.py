@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeAlias, TypeVar
 
+from agent_server import telemetry
 from rollout.agent.v1 import agent_pb2
 from rollout.trace.v1 import common_pb2, record_pb2
 from trace_reducer import (
@@ -28,6 +30,26 @@ _OUTPUT_TEXT = record_pb2.DELTA_KIND_UNSPECIFIED
 _WRITE_ERRORS = (RecordingError, RecordTooLargeError, OSError)
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
+
+
+@dataclass(frozen=True)
+class ForkSeed:
+    """What a forked thread's bundle starts with: where its shared history comes from."""
+
+    parent_thread_id: str
+    parent_bundle: str
+    parent_trace_id: str
+    after_turn_id: str
+    group_id: str
+    repetition_index: int
+    shared_turns: int
+    prefix_items: Sequence[Mapping[str, Any]]
+    # Payloads the parent's bundle holds; empty when the parent's recording is not usable,
+    # and then the prefix is copied into the fork's bundle.
+    parent_payloads: frozenset[str]
+    # The parent's latest inference call and its held tokens (see RecordBuilder.held_tokens).
+    parent_call_id: str = ""
+    parent_tokens: Sequence[int] = ()
 
 
 class Recorder:
@@ -62,15 +84,38 @@ class Recorder:
         model: str,
         instructions: str,
         metadata: Mapping[str, str],
+        fork: ForkSeed | None = None,
     ) -> Recorder:
-        """Create the bundle and record thread_started; raise RecordingError when it cannot."""
+        """Create the bundle and record thread_started (after thread_forked for a fork);
+        raise RecordingError when it cannot."""
 
         def create() -> Recorder:
             writer = BundleWriter.create(
-                trace_root, thread_id, producer_name=PRODUCER_NAME, producer_version=__version__
+                trace_root,
+                thread_id,
+                trace_id=fork.parent_trace_id if fork is not None else None,
+                producer_name=PRODUCER_NAME,
+                producer_version=__version__,
             )
             builder = RecordBuilder(writer)
             try:
+                if fork is not None:
+                    copy = not fork.parent_payloads
+                    writer.inherit_payloads(fork.parent_payloads)
+                    builder.thread_forked(
+                        parent_thread_id=fork.parent_thread_id,
+                        parent_bundle=fork.parent_bundle,
+                        parent_trace_id=fork.parent_trace_id,
+                        after_turn_id=fork.after_turn_id,
+                        group_id=fork.group_id,
+                        repetition_index=fork.repetition_index,
+                        shared_turns=fork.shared_turns,
+                        prefix_items=fork.prefix_items,
+                        copy_prefix=copy,
+                        parent_call_id=fork.parent_call_id,
+                        # Without the parent's bundle, its tokens cannot be referred to.
+                        parent_tokens=() if copy else fork.parent_tokens,
+                    )
                 builder.thread_started(
                     thread_id, model=model, instructions=instructions, metadata=metadata
                 )
@@ -102,6 +147,23 @@ class Recorder:
     def error(self) -> str:
         return self._error
 
+    @property
+    def trace_id(self) -> str:
+        return self._writer.trace_id if self._writer is not None else ""
+
+    def held_tokens(self) -> tuple[str, list[int]]:
+        """The latest inference call's id and the thread's held tokens ('' and [] when off)."""
+        if self._builder is None or self.status != agent_pb2.RECORDING_STATUS_ACTIVE:
+            return "", []
+        return self._builder.held_tokens(self._thread)
+
+    @property
+    def payload_ids(self) -> frozenset[str]:
+        """What a fork may refer to in this bundle: empty unless it is being written fine."""
+        if self._writer is None or self.status != agent_pb2.RECORDING_STATUS_ACTIVE:
+            return frozenset()
+        return self._writer.payload_ids
+
     def _live(self) -> RecordBuilder | None:
         """The builder while records may still be written."""
         if self._error or self._closing:
@@ -111,6 +173,7 @@ class Recorder:
     def _fail(self, error: BaseException) -> None:
         if not self._error:
             self._error = str(error) or type(error).__name__
+            telemetry.recording_failed()
             log.warning(
                 "recording of thread %s failed, the thread keeps running unrecorded: %s",
                 self.thread_id,
@@ -148,6 +211,7 @@ class Recorder:
         provider_base_url: str,
         envelope: Mapping[str, Any],
         input_items: Sequence[Mapping[str, Any]],
+        policy_version: str = "",
     ) -> int:
         ordinal = self._call(
             RecordBuilder.inference_started,
@@ -158,8 +222,12 @@ class Recorder:
             provider_base_url=provider_base_url,
             envelope=envelope,
             input_items=input_items,
+            policy_version=policy_version,
         )
         return ordinal or 0
+
+    def prompt_tokens(self, call: int, ids: Sequence[int]) -> None:
+        self._call(RecordBuilder.prompt_tokens, call, ids)
 
     def response_created(self, call: int, response_id: str) -> None:
         self._call(RecordBuilder.response_created, call, response_id)
@@ -178,13 +246,19 @@ class Recorder:
         return ordinal or 0
 
     def output_text_delta(
-        self, call: int, item: int, delta: str, *, kind: DeltaKind = _OUTPUT_TEXT
+        self,
+        call: int,
+        item: int,
+        delta: str,
+        *,
+        kind: DeltaKind = _OUTPUT_TEXT,
+        tokens: common_pb2.DeltaTokens | None = None,
     ) -> None:
         # The hot path, called once per provider read: no generic dispatch.
         builder = self._live()
         if builder is not None:
             try:
-                builder.output_text_delta(call, item, delta, kind=kind)
+                builder.output_text_delta(call, item, delta, kind=kind, tokens=tokens)
             except _WRITE_ERRORS as error:
                 self._fail(error)
 
@@ -212,6 +286,7 @@ class Recorder:
         response_id: str = "",
         usage: common_pb2.TokenUsage | None = None,
         error: common_pb2.TraceError | None = None,
+        stop_reason: common_pb2.StopReason.ValueType = common_pb2.STOP_REASON_UNSPECIFIED,
     ) -> None:
         self._call(
             RecordBuilder.inference_ended,
@@ -221,6 +296,7 @@ class Recorder:
             response_id=response_id,
             usage=usage,
             error=error,
+            stop_reason=stop_reason,
         )
 
     def tool_call_started(
@@ -287,6 +363,7 @@ class Recorder:
                 await asyncio.to_thread(writer.sync)
             except _WRITE_ERRORS as error:
                 self._fail(error)
+        telemetry.recorded(self.thread_id, writer.bytes_written)
 
     async def finish(self, status: Status, reason: str) -> None:
         """Record thread_ended, then the footer; release the file even after a failure."""
@@ -302,5 +379,6 @@ class Recorder:
                 await asyncio.to_thread(writer.close if ok else writer.abandon)
             except _WRITE_ERRORS as error:
                 self._fail(error)
+        telemetry.recorded(self.thread_id, writer.bytes_written, finished=True)
         # It holds the thread's last request input: nothing will be built from it again.
         self._builder = None

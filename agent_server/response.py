@@ -14,6 +14,7 @@ from agent_server.threads import Thread
 from agent_server.tools import ToolCall, new_tool_call_id
 from rollout.agent.v1 import agent_pb2
 from rollout.trace.v1 import common_pb2, record_pb2
+from trace_reducer import delta_tokens
 
 # Provider-supplied ids and words are clipped before the trace or a client sees them (the
 # same value to both): a hostile 5 MiB id must not stop the recording or a client's stream.
@@ -46,6 +47,8 @@ class _Output:
     output_index: int
     call_id: str = ""
     done: bool = False
+    # Some delta of the item came with tokens (a `.done` then adds none).
+    tokens: bool = False
     # What clients were sent as deltas of this item, by kind.
     streamed: dict[DeltaKind, list[str]] = field(default_factory=dict)
 
@@ -77,6 +80,10 @@ def _clip(value: str, limit: int = MAX_ID_CHARS) -> str:
     if len(value) <= limit:
         return value
     return f"{value[: limit - 40]}...[clipped from {len(value)} chars]"
+
+
+def _has_tokens(data: dict[str, Any]) -> bool:
+    return bool(data.get("logprobs") or data.get("token_ids"))
 
 
 def _str(mapping: Any, key: str, limit: int = MAX_ID_CHARS) -> str:
@@ -138,6 +145,9 @@ class Response:
         self._recorder: Recorder = thread.recorder
         self._turn_id = turn_id
         self._on_tool_call = on_tool_call
+        # `response.incomplete`'s reason, as `response.incomplete:<reason>`, once it came.
+        self.incomplete_reason = ""
+        self._prompt_tokens = False
 
     # -- finding outputs -----------------------------------------------------------------------
 
@@ -200,15 +210,20 @@ class Response:
                     failure = failure or error
                 position += 1
                 continue
-            texts = [_delta(event.data or {})]
+            data = event.data or {}
+            texts = [_delta(data)]
             position += 1
-            while position < len(batch):
+            tokens = self._tokens(data, texts[0])
+            # A delta with tokens is recorded alone: its columns describe its own text.
+            while tokens is None and position < len(batch):
                 following = batch[position]
                 if following.type != event.type or self._delta_target(following) is not output:
                     break
+                if _has_tokens(following.data or {}):
+                    break
                 texts.append(_delta(following.data or {}))
                 position += 1
-            self._delta(output, DELTA_EVENTS[event.type], "".join(texts))
+            self._delta(output, DELTA_EVENTS[event.type], "".join(texts), tokens)
         if failure is not None:
             raise failure
         return False
@@ -226,10 +241,66 @@ class Response:
             return None
         return output
 
-    def _delta(self, output: _Output, kind: DeltaKind, delta: str) -> None:
-        self._recorder.output_text_delta(self.ordinal, output.ordinal, delta, kind=kind)
+    def _tokens(self, data: dict[str, Any], text: str) -> common_pb2.DeltaTokens | None:
+        """The tokens an event carries (logprobs, engine ids), its prompt's ids recorded once."""
+        if not _has_tokens(data):
+            return None
+        self._take_prompt_tokens(data)
+        return delta_tokens(text, data.get("logprobs"), data.get("token_ids"))
+
+    def _take_prompt_tokens(self, data: Any) -> None:
+        """vLLM-style `prompt_token_ids`, on the event or its `response`: recorded once."""
+        if self._prompt_tokens or not isinstance(data, dict):
+            return
+        ids = data.get("prompt_token_ids")
+        if ids is None and isinstance(data.get("response"), dict):
+            ids = data["response"].get("prompt_token_ids")
+        if (
+            isinstance(ids, list)
+            and ids
+            and all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 2**32 for i in ids)
+        ):
+            self._prompt_tokens = True
+            self._recorder.prompt_tokens(self.ordinal, ids)
+
+    def _delta(
+        self,
+        output: _Output,
+        kind: DeltaKind,
+        delta: str,
+        tokens: common_pb2.DeltaTokens | None = None,
+    ) -> None:
+        self._recorder.output_text_delta(
+            self.ordinal, output.ordinal, delta, kind=kind, tokens=tokens
+        )
+        if tokens is not None:
+            output.tokens = True
+        if not delta:
+            return
         output.streamed.setdefault(kind, []).append(delta)
         self._emit_delta(output, kind, delta)
+
+    def _on_text_done(self, data: dict[str, Any], raw: str) -> bool:
+        """`response.output_text.done`: kept verbatim; its logprobs, when the deltas brought
+        none, are recorded as the item's tokens (a delta record without text)."""
+        self._recorder.provider_event(self.ordinal, "response.output_text.done", raw)
+        output = self._find(_str(data, "item_id"), data.get("output_index"))
+        if output is None or output.tokens or not _has_tokens(data):
+            return False
+        text = _delta({"delta": data.get("text")})
+        tokens = delta_tokens(text, data.get("logprobs"), data.get("token_ids"))
+        if tokens is not None:
+            if tokens.text_lengths:
+                # The record carries no text for the lengths to measure: spell the tokens.
+                pieces, start = [], 0
+                for length in tokens.text_lengths:
+                    pieces.append(text[start : start + length])
+                    start += length
+                tokens.ClearField("text_lengths")
+                tokens.texts.extend(pieces)
+            self._take_prompt_tokens(data)
+            self._delta(output, _TEXT, "", tokens)
+        return False
 
     def _emit_delta(self, output: _Output, kind: DeltaKind, delta: str) -> None:
         thread, turn_id, item_id = self._thread, self._turn_id, output.client_id
@@ -271,6 +342,7 @@ class Response:
     def _on_created(self, data: dict[str, Any], raw: str) -> bool:
         self.response_id = _str(data.get("response"), "id") or self.response_id
         self._recorder.response_created(self.ordinal, self.response_id)
+        self._take_prompt_tokens(data)
         return False
 
     def _on_item_added(self, data: dict[str, Any], raw: str) -> bool:
@@ -342,6 +414,7 @@ class Response:
         )
         # Accepted: the item is part of the conversation whatever ends the call.
         self._thread.history.append(item)
+        self._thread.accepted_items.add(item_id)
         self.accepted += 1
         texts = _texts_of(item)
         completed = agent_pb2.Item(id=item_id, type=item_type, role=_str(item, "role"))
@@ -415,6 +488,7 @@ class Response:
 
     def _on_completed(self, data: dict[str, Any], raw: str) -> bool:
         self._recorder.provider_event(self.ordinal, "response.completed", raw)
+        self._take_prompt_tokens(data)
         self._take_response(data)
         return True
 
@@ -434,6 +508,7 @@ class Response:
         response = self._take_response(data)
         details = response.get("incomplete_details") if isinstance(response, dict) else None
         why = _str(details, "reason") or "unknown reason"
+        self.incomplete_reason = f"response.incomplete:{why}"
         raise ProviderError(
             "response_incomplete",
             f"the provider ended the response incomplete: {why}",
@@ -472,6 +547,7 @@ _HANDLERS: dict[str, Callable[[Response, dict[str, Any], str], bool]] = {
     "response.output_item.added": Response._on_item_added,
     **{event_type: Response._on_unplaced_delta for event_type in DELTA_EVENTS},
     "response.output_item.done": Response._on_item_done,
+    "response.output_text.done": Response._on_text_done,
     "response.completed": Response._on_completed,
     "response.failed": Response._on_failed,
     "response.incomplete": Response._on_incomplete,

@@ -14,6 +14,7 @@ from agent_server.config import Settings
 from agent_server.local_model import LocalModel
 from agent_server.provider import ProviderClient
 from agent_server.service import SERVICE_NAME, AgentService
+from agent_server.telemetry import MetricsServer
 from grpc_common import GrpcServer
 from rollout.agent.v1 import agent_pb2_grpc
 
@@ -54,6 +55,8 @@ class AgentServer:
         self._grpc = grpc_server
         self._local_model = local_model
         self._stopping: asyncio.Task[None] | None = None
+        # The Prometheus endpoint, when --metrics-listen asked for one.
+        self.metrics: MetricsServer | None = None
 
     @classmethod
     async def start(cls, settings: Settings) -> AgentServer:
@@ -67,10 +70,16 @@ class AgentServer:
                 log.warning(
                     "%s; threads will fail to start until it is fixed (recording is on)", problem
                 )
+        for warning in settings.warnings():
+            log.warning("%s", warning)
+        metrics = MetricsServer.start(settings.metrics_listen) if settings.metrics_listen else None
+        if metrics is not None:
+            log.info("metrics at %s", metrics.url)
         local_model = None
         if settings.provider_url is None:
             local_model = await LocalModel.start(settings.local_word_delay)
             base_url = local_model.url
+            log.info("no --provider-url given: using the built-in local model at %s", base_url)
         else:
             base_url = settings.provider_url
         provider = ProviderClient(
@@ -93,8 +102,12 @@ class AgentServer:
             await provider.aclose()
             if local_model is not None:
                 await local_model.stop()
+            if metrics is not None:
+                metrics.stop()
             raise
-        return cls(settings, agent, provider, grpc_server, local_model)
+        server = cls(settings, agent, provider, grpc_server, local_model)
+        server.metrics = metrics
+        return server
 
     @property
     def port(self) -> int:
@@ -124,6 +137,8 @@ class AgentServer:
             await self._provider.aclose()
             if self._local_model is not None:
                 await self._local_model.stop()
+            if self.metrics is not None:
+                await asyncio.to_thread(self.metrics.stop)
 
     async def wait_for_termination(self) -> None:
         await self._grpc.wait_for_termination()

@@ -13,7 +13,9 @@ import grpc_common
 from agent_server.agent import Agent
 from agent_server.errors import AgentError, EmptyInputError, abort_with
 from agent_server.tools import SubmittedOutput
+from agent_server.training import capture_from, sampling_from
 from rollout.agent.v1 import agent_pb2, agent_pb2_grpc
+from trace_reducer import RewardInput
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +61,12 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
     ) -> agent_pb2.StartThreadResponse:
         async with _translated(context, "StartThread"):
             thread = await self._agent.start_thread(
-                request.model, request.instructions, dict(request.metadata), list(request.tools)
+                request.model,
+                request.instructions,
+                dict(request.metadata),
+                list(request.tools),
+                sampling=sampling_from(request),
+                capture=capture_from(request),
             )
             return agent_pb2.StartThreadResponse(thread=thread.to_proto())
         raise AssertionError("unreachable")
@@ -68,7 +75,9 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         self, request: agent_pb2.StartTurnRequest, context: Context
     ) -> agent_pb2.StartTurnResponse:
         async with _translated(context, "StartTurn"):
-            turn = self._agent.start_turn(request.thread_id, _texts(list(request.input)))
+            turn = self._agent.start_turn(
+                request.thread_id, _texts(list(request.input)), sampling_from(request)
+            )
             return agent_pb2.StartTurnResponse(turn=turn.to_proto())
         raise AssertionError("unreachable")
 
@@ -130,4 +139,34 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         async with _translated(context, "CloseThread"):
             thread = await self._agent.close_thread(request.thread_id)
             return agent_pb2.CloseThreadResponse(thread=thread.to_proto())
+        raise AssertionError("unreachable")
+
+    async def ForkThread(  # noqa: N802
+        self, request: agent_pb2.ForkThreadRequest, context: Context
+    ) -> agent_pb2.ForkThreadResponse:
+        async with _translated(context, "ForkThread"):
+            threads = await self._agent.fork_thread(
+                request.thread_id, request.after_turn_id, request.count, request.group_id
+            )
+            return agent_pb2.ForkThreadResponse(threads=[t.to_proto() for t in threads])
+        raise AssertionError("unreachable")
+
+    async def RecordReward(  # noqa: N802
+        self, request: agent_pb2.RecordRewardRequest, context: Context
+    ) -> agent_pb2.RecordRewardResponse:
+        async with _translated(context, "RecordReward"):
+            bundle, seq = await self._agent.record_reward(
+                RewardInput(
+                    thread_id=request.thread_id,
+                    turn_id=request.turn_id,
+                    item_id=request.item_id,
+                    name=request.name,
+                    value=request.value,
+                    weight=request.weight,
+                    source=request.source,
+                    metadata=dict(request.metadata),
+                    recorded_by=context.peer(),
+                )
+            )
+            return agent_pb2.RecordRewardResponse(bundle_path=bundle, seq=seq)
         raise AssertionError("unreachable")

@@ -11,9 +11,11 @@ from typing import Any, Protocol, TypeAlias
 
 from google.protobuf import timestamp_pb2
 
+from agent_server import telemetry
 from agent_server.events import MAX_DELTA_CHARS, EventBuffer
 from agent_server.recorder import Recorder
 from agent_server.tools import SubmittedOutput, Tool, ToolCall
+from agent_server.training import Sampling, TokenCapture, fill_thread
 from rollout.agent.v1 import agent_pb2
 
 TurnStatus: TypeAlias = agent_pb2.TurnStatus.ValueType
@@ -43,6 +45,8 @@ class Turn:
     completed_at: datetime | None = None
     # The function calls the model made in this turn, in the order they were accepted.
     tool_calls: list[ToolCall] = field(default_factory=list)
+    # The thread's sampling settings with the turn's overrides.
+    sampling: Sampling = field(default_factory=Sampling)
 
     @property
     def running(self) -> bool:
@@ -107,6 +111,14 @@ class Thread:
     # begin_turn and end_turn.
     running: Runner | None = None
     closing: asyncio.Task[None] | None = None
+    sampling: Sampling = field(default_factory=Sampling)
+    capture: TokenCapture = field(default_factory=TokenCapture)
+    # Set on a thread made by ForkThread.
+    fork: agent_pb2.ForkOrigin | None = None
+    # How long the history was when each turn ended: what a fork after that turn shares.
+    history_marks: dict[str, int] = field(default_factory=dict)
+    # The ids of the items the model produced and the thread accepted (what rewards may name).
+    accepted_items: set[str] = field(default_factory=set)
 
     def begin_turn(self, runner: Runner) -> None:
         """Make runner the thread's running turn; the caller has checked that none runs."""
@@ -118,6 +130,7 @@ class Thread:
         """The runner's turn has ended: the thread may start the next one."""
         if self.running is runner:
             self.running = None
+        self.history_marks[runner.turn.id] = len(self.history)
 
     @property
     def closed(self) -> bool:
@@ -146,6 +159,9 @@ class Thread:
             turn_count=len(self.turns),
             tools=[tool.to_proto() for tool in self.tools],
         )
+        fill_thread(thread, self.sampling, self.capture)
+        if self.fork is not None:
+            thread.fork.CopyFrom(self.fork)
         if with_turns:
             thread.turns.extend(turn.to_proto() for turn in self.turns.values())
         if self.closed_at is not None:
@@ -155,6 +171,7 @@ class Thread:
     def emit_delta(self, turn_id: str, item_id: str, delta: str, *, refusal: bool = False) -> None:
         """Publish a text delta, merged into the item's latest one while no subscriber has it;
         one too large for a client's message limit goes out in pieces."""
+        telemetry.on_delta(turn_id)
         pieces = (
             [delta]
             if len(delta) <= MAX_DELTA_CHARS
@@ -176,3 +193,4 @@ class Thread:
         nanos = time.time_ns()
         event.time.seconds, event.time.nanos = divmod(nanos, 1_000_000_000)
         self.events.publish(event)
+        telemetry.on_event(self, event)

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agent_server import telemetry
 from agent_server.config import Settings
 from agent_server.errors import (
     DuplicateToolOutputError,
@@ -28,8 +29,10 @@ from agent_server.tools import (
     ToolCall,
     output_item,
 )
+from agent_server.training import request_fields
 from rollout.agent.v1 import agent_pb2
 from rollout.trace.v1 import common_pb2
+from trace_reducer import classify_stop
 
 log = logging.getLogger(__name__)
 
@@ -286,6 +289,7 @@ class TurnRunner:
             envelope["instructions"] = thread.instructions
         if thread.tools:
             envelope["tools"] = [tool.request_entry() for tool in thread.tools]
+        envelope.update(request_fields(self._turn.sampling, thread.capture))
         return envelope
 
     async def _attempt(self, attempt: int) -> None:
@@ -301,8 +305,10 @@ class TurnRunner:
             provider_base_url=self._provider.display_url,
             envelope=envelope,
             input_items=input_items,
+            policy_version=self._turn.sampling.policy_version,
         )
         response = self._response = Response(ordinal, thread, self._turn.id, self._on_tool_call)
+        telemetry.call_started(self._turn.id)
         async with self._provider.batches(call_id, {**envelope, "input": input_items}) as reader:
             while batch := await reader.next():
                 if response.on_batch(batch):
@@ -325,6 +331,13 @@ class TurnRunner:
         response, self._response = self._response, None
         if response is None:
             return
+        telemetry.call_ended(self._turn.id, status, error)
+        stop = classify_stop(
+            status,
+            reason=response.incomplete_reason or reason,
+            error_code=error.code if error is not None else "",
+            http_status=error.http_status if error is not None else 0,
+        )
         self._recorder.inference_ended(
             response.ordinal,
             status,
@@ -332,6 +345,7 @@ class TurnRunner:
             response_id=response.response_id,
             usage=response.usage,
             error=error,
+            stop_reason=stop,
         )
 
     # -- endings -------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""`make bench`: measure SPEC §8's budgets P1-P6 and the viewer's V1, in one table with targets."""
+"""`make bench`: SPEC §8's budgets P1-P6, the viewer's V1 and reduce-all's B1-B3, in one table."""
 
 from __future__ import annotations
 
@@ -12,7 +12,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench import agent_bench, grpc_floor, provider_floor, reducer_bench, view_bench
+from bench import (
+    agent_bench,
+    batch_bench,
+    grpc_floor,
+    provider_floor,
+    reducer_bench,
+    training_bench,
+    view_bench,
+)
 from bench.synthetic import Shape, write_conversation
 
 
@@ -303,6 +311,86 @@ def v1(root: Path) -> list[Row]:
     ]
 
 
+def batch(root: Path) -> list[Row]:
+    count = int(os.environ.get("BENCH_BATCH_BUNDLES", "2000"))
+    result = batch_bench.measure_batch(root, bundles=count)
+    modes, n = result.modes, result.bundles
+    one, two = modes["jobs1"].rate(n), modes["jobs2"].rate(n)
+    ray, bare = modes["ray"].rate(n), modes["ray-bare"].rate(n)
+    bare_tables = modes["jobs2-no-tables"].rate(n)
+    per_bundle = result.parquet_bytes / n
+
+    def cpu_ms(name: str) -> float:
+        return statistics.median(modes[name].cpu_seconds) / n * 1000
+
+    def worker_ms(name: str) -> float:
+        return statistics.median(modes[name].worker_cpu_ms)
+
+    return [
+        Row(
+            "B1",
+            f"reduce-all --tables, {n:,} bundles made by the server, pool --jobs 1 vs --jobs 2 "
+            f"(median of {result.rounds} rounds, min-max)",
+            f"--jobs 1: {modes['jobs1'].rates(n)}; --jobs 2: {modes['jobs2'].rates(n)}; "
+            f"scaling {two / one:.2f}x; CPU per bundle: workers {worker_ms('jobs1'):.2f} / "
+            f"{worker_ms('jobs2'):.2f} ms, driver {cpu_ms('jobs1'):.2f} / {cpu_ms('jobs2'):.2f} ms",
+            ">= 1.5x on 2 cores",
+            two / one >= 1.5,
+        ),
+        Row(
+            "B1",
+            "what --tables costs (--jobs 2)",
+            f"without: {modes['jobs2-no-tables'].rates(n)} = {bare_tables / two:.2f}x with",
+            "(reference)",
+            True,
+        ),
+        Row(
+            "B2",
+            "reduce-all --ray on a local Ray (2 CPUs) vs the pool --jobs 2",
+            f"joined by address: {modes['ray'].rates(n)} = {ray / two:.2f}x the pool; "
+            f"started by the command: {modes['ray-bare'].rates(n)} = {bare / two:.2f}x; "
+            f"worker CPU per bundle {worker_ms('ray'):.2f} ms",
+            "joined >= 0.8x the pool",
+            ray / two >= 0.8,
+        ),
+        Row(
+            "B3",
+            "Parquet bytes per bundle (7 tables, zstd)",
+            f"{per_bundle:,.0f} B (trace.binpb {result.trace_bytes / n:,.0f} B, "
+            f"state.json {result.state_bytes / n:,.0f} B)",
+            "<= trace.binpb",
+            result.parquet_bytes <= result.trace_bytes,
+        ),
+    ]
+
+
+def training(root: Path) -> list[Row]:
+    cost = training_bench.measure_token_cost(root)
+    fork = training_bench.measure_fork_cost(root)
+    forks = sum(fork.fork_bytes)
+    return [
+        Row(
+            "T1",
+            f"bundle bytes per output token, logprobs and engine ids on ({cost.turns} turns, "
+            f"{cost.tokens:,} tokens, built-in local model)",
+            f"{cost.per_token:.1f} B/token; recording the tokens adds "
+            f"{cost.extra_per_token:.1f} B/token ({cost.bytes_on:,} B on vs {cost.bytes_off:,} B "
+            f"off; token columns and prompt suffixes {cost.token_bytes:,} B)",
+            "(reference)",
+            True,
+        ),
+        Row(
+            "T2",
+            f"{fork.forks} forks of a {fork.parent_bytes:,} B parent, one turn each: "
+            "bundle bytes vs copying the prefix into each",
+            f"{forks:,} B ({forks / fork.forks:,.0f} B a fork) vs {fork.copied_bytes:,} B "
+            f"copied = {fork.copied_bytes / forks:.1f}x",
+            "prefix stored once",
+            max(fork.fork_bytes) < fork.prefix_bytes,
+        ),
+    ]
+
+
 BENCHES: dict[str, Callable[[Path], list[Row]]] = {
     "p1": p1,
     "p2": p2,
@@ -312,6 +400,8 @@ BENCHES: dict[str, Callable[[Path], list[Row]]] = {
     "p6": p6,
     "floors": floors,
     "v1": v1,
+    "batch": batch,
+    "training": training,
 }
 
 

@@ -7,10 +7,10 @@ from collections.abc import Callable, Sequence
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
-from grpc_reflection.v1alpha import reflection
 
 from ._access import AccessControl
 from ._handlers import MalformedRequestInterceptor
+from ._reflection import enable_reflection
 
 # gRPC's own default is 4 MiB; requests a little over a service's limits must reach it.
 DEFAULT_MAX_RECEIVE_BYTES = 16 * 1024 * 1024
@@ -48,7 +48,7 @@ class GrpcServer:
         *,
         max_receive_bytes: int = DEFAULT_MAX_RECEIVE_BYTES,
     ) -> GrpcServer:
-        """Register the services, add health and reflection, bind and start.
+        """Register the services, add health and reflection (v1 and v1alpha), bind and start.
 
         max_receive_bytes must exceed the largest valid request, so that the services refuse
         an oversized one with their own code and reason rather than gRPC with a bare one.
@@ -67,13 +67,9 @@ class GrpcServer:
         register(server)
         health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
-        reflection.enable_server_reflection(
-            [
-                *service_names,
-                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-                reflection.SERVICE_NAME,
-            ],
+        enable_reflection(
             server,
+            [*service_names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name],
         )
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         credentials = access.credentials()

@@ -21,14 +21,25 @@ from ._framing import (
     encode_varint,
 )
 from ._integrity import describe_integrity, integrity_name, require_reducible
-from ._layout import STATE_FILE_NAME, TRACE_FILE_NAME
+from ._layout import REWARDS_FILE_NAME, STATE_FILE_NAME, TRACE_FILE_NAME
 from ._payloads import canonical_json, payload_id
 from ._reader import BundleReader, FrameDecoder, read_bundle, resolve_trace_file
 from ._records import RecordBuilder, RecordSink
 from ._reducer import Reducer
 from ._replay import replay_bundle
 from ._requests import RequestNotFoundError, request_body
+from ._rewards import (
+    RewardError,
+    RewardInput,
+    append_reward,
+    attach_rewards,
+    check_reward,
+    read_rewards,
+)
+from ._rl_export import FORMATS as RL_FORMATS
+from ._rl_export import Exported, ExportError, build_sample, export_rl
 from ._state_json import iter_state_json, state_to_json, write_state_json
+from ._tokens import LOGPROBS_INCLUDE, classify_stop, delta_tokens, sampling_settings
 from ._version import __version__
 from ._view import VIEW_FILE_NAME, write_view
 from ._watch import WatchUpdate, follow_bundle
@@ -51,7 +62,10 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "FORMAT_VERSION",
+    "LOGPROBS_INCLUDE",
     "MAX_RECORD_BYTES",
+    "REWARDS_FILE_NAME",
+    "RL_FORMATS",
     "STATE_FILE_NAME",
     "TRACE_FILE_NAME",
     "VIEW_FILE_NAME",
@@ -61,7 +75,9 @@ __all__ = [
     "BundleWriter",
     "CorruptBundleError",
     "ExportConfigError",
+    "ExportError",
     "ExportFailedError",
+    "Exported",
     "ExportedBundle",
     "FrameDecoder",
     "NotABundleError",
@@ -73,25 +89,36 @@ __all__ = [
     "Reducer",
     "ReductionError",
     "RequestNotFoundError",
+    "RewardError",
+    "RewardInput",
     "WatchUpdate",
     "__version__",
+    "append_reward",
+    "attach_rewards",
+    "build_sample",
     "canonical_json",
+    "check_reward",
+    "classify_stop",
     "decode_varint",
+    "delta_tokens",
     "describe_integrity",
     "describe_os_error",
     "encode_record",
     "encode_varint",
     "expand_request_items",
     "export_otlp",
+    "export_rl",
     "follow_bundle",
     "integrity_name",
     "iter_state_json",
     "payload_id",
     "read_bundle",
+    "read_rewards",
     "replay_bundle",
     "request_body",
     "require_reducible",
     "resolve_trace_file",
+    "sampling_settings",
     "state_to_json",
     "write_state_json",
     "write_view",

@@ -232,6 +232,10 @@ class ThreadItems:
         if responses_item_id:
             self._by_responses_id.setdefault(responses_item_id, []).append(item_id)
 
+    def previous_ids(self, count: int) -> list[str]:
+        """The item ids of the first `count` inputs of the previous request."""
+        return self._previous_ids[:count]
+
     def match_request(
         self, inputs: Sequence[ItemInfo], new_item: Callable[[int], str], *, known: int = 0
     ) -> list[str]:

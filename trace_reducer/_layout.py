@@ -6,6 +6,8 @@ from datetime import datetime
 
 TRACE_FILE_NAME = "trace.binpb"
 STATE_FILE_NAME = "state.json"
+# Rewards recorded after the fact, beside the trace, never in it.
+REWARDS_FILE_NAME = "rewards.binpb"
 
 
 def bundle_dir_name(created_at: datetime, thread_id: str) -> str:

@@ -7,11 +7,13 @@ from typing import Any, Protocol, TypeAlias
 
 from rollout.trace.v1 import common_pb2, record_pb2
 
-from ._payloads import canonical_json
+from ._payloads import canonical_json, payload_id
+from ._tokens import token_texts
 
 Status: TypeAlias = common_pb2.ExecutionStatus.ValueType
 PayloadKind: TypeAlias = record_pb2.PayloadKind.ValueType
 DeltaKind: TypeAlias = record_pb2.DeltaKind.ValueType
+StopReason: TypeAlias = common_pb2.StopReason.ValueType
 
 TEXT_MEDIA_TYPE = "text/plain; charset=utf-8"
 # Text longer than this goes into several delta records: at most 4 bytes a character keeps
@@ -53,6 +55,13 @@ class RecordBuilder:
         self._inputs: dict[int, list[Mapping[str, Any]]] = {}
         # Each live call's most recently added output item.
         self._latest_item: dict[int, int] = {}
+        # A fork's shared history: the input prefix of its thread's first request.
+        self._fork_prefix: list[Mapping[str, Any]] | None = None
+        self._fork_tokens: list[int] | None = None
+        # Each thread's held tokens: its latest prompt's ids, then every output id since.
+        self._held: dict[int, list[int]] = {}
+        self._thread_of_call: dict[int, int] = {}
+        self._latest_call_id: dict[int, str] = {}
 
     # -- payloads ------------------------------------------------------------------------------
 
@@ -74,7 +83,63 @@ class RecordBuilder:
                 instructions.encode(), record_pb2.PAYLOAD_KIND_INSTRUCTIONS, TEXT_MEDIA_TYPE
             )
         self._sink.append(record_pb2.TraceRecord(thread_started=started))
+        if self._fork_prefix is not None:
+            self._inputs[self._threads] = self._fork_prefix
+            self._fork_prefix = None
+        if self._fork_tokens is not None:
+            self._held[self._threads] = self._fork_tokens
+            self._fork_tokens = None
         return self._threads
+
+    def held_tokens(self, thread: int) -> tuple[str, list[int]]:
+        """(the thread's latest inference call id, its held tokens): what a fork continues."""
+        return self._latest_call_id.get(thread, ""), list(self._held.get(thread, ()))
+
+    def thread_forked(
+        self,
+        *,
+        parent_thread_id: str,
+        parent_bundle: str,
+        parent_trace_id: str,
+        after_turn_id: str,
+        group_id: str,
+        repetition_index: int,
+        shared_turns: int,
+        prefix_items: Sequence[Mapping[str, Any]],
+        copy_prefix: bool,
+        parent_call_id: str = "",
+        parent_tokens: Sequence[int] = (),
+    ) -> None:
+        """The thread about to start continues another's history `prefix_items`: recorded by
+        payload id only (the parent's bundle has them) unless copy_prefix; the thread's first
+        request then records them as its input prefix. Call it before thread_started."""
+        ids = [
+            self.json_payload(item, record_pb2.PAYLOAD_KIND_INPUT_ITEM)
+            if copy_prefix
+            else payload_id(canonical_json(item))
+            for item in prefix_items
+        ]
+        last_id = prefix_items[-1].get("id") if prefix_items else None
+        self._sink.append(
+            record_pb2.TraceRecord(
+                thread_forked=record_pb2.ThreadForked(
+                    parent_thread_id=parent_thread_id,
+                    parent_bundle=parent_bundle,
+                    parent_trace_id=parent_trace_id,
+                    after_turn_id=after_turn_id,
+                    last_shared_item_id=last_id if isinstance(last_id, str) else "",
+                    group_id=group_id,
+                    repetition_index=repetition_index,
+                    prefix_payload_ids=ids,
+                    prefix_copied=copy_prefix,
+                    shared_turns=shared_turns,
+                    parent_call_id=parent_call_id if parent_tokens else "",
+                    parent_token_count=len(parent_tokens),
+                )
+            )
+        )
+        self._fork_prefix = list(prefix_items)
+        self._fork_tokens = list(parent_tokens)
 
     def turn_started(
         self, thread: int, turn_id: str, input_items: Sequence[Mapping[str, Any]]
@@ -101,6 +166,7 @@ class RecordBuilder:
         provider_base_url: str,
         envelope: Mapping[str, Any],
         input_items: Sequence[Mapping[str, Any]],
+        policy_version: str = "",
     ) -> int:
         """An attempt about to send `envelope` with `input` = input_items (the whole history).
 
@@ -118,6 +184,7 @@ class RecordBuilder:
             envelope=envelope,
             prefix_count=prefix,
             new_items=input_items[prefix:],
+            policy_version=policy_version,
         )
 
     def inference_started_after_prefix(
@@ -131,10 +198,13 @@ class RecordBuilder:
         envelope: Mapping[str, Any],
         prefix_count: int,
         new_items: Sequence[Mapping[str, Any]],
+        policy_version: str = "",
     ) -> int:
         """The record exactly as given: prefix_count items of the previous input, then new_items."""
         self._calls += 1
         thread = self._thread_of_turn.get(turn, 0)
+        self._thread_of_call[self._calls] = thread
+        self._latest_call_id[thread] = inference_call_id
         envelope_id = self.json_payload(envelope, record_pb2.PAYLOAD_KIND_REQUEST_ENVELOPE)
         ids = [self.json_payload(item, record_pb2.PAYLOAD_KIND_INPUT_ITEM) for item in new_items]
         self._inputs[thread] = [*self._inputs.get(thread, [])[:prefix_count], *new_items]
@@ -150,10 +220,30 @@ class RecordBuilder:
                     request_envelope_payload_id=envelope_id,
                     input_payload_ids=ids,
                     input_prefix_count=prefix_count,
+                    policy_version=policy_version,
                 )
             )
         )
         return self._calls
+
+    def prompt_tokens(self, call: int, ids: Sequence[int]) -> None:
+        """The engine's token ids of the prompt of `call`: only what follows the part it shares
+        with the thread's held tokens is written."""
+        thread = self._thread_of_call.get(call, 0)
+        held = self._held.get(thread, [])
+        shared = 0
+        for before, now in zip(held, ids, strict=False):
+            if before != now:
+                break
+            shared += 1
+        self._sink.append(
+            record_pb2.TraceRecord(
+                prompt_tokens=record_pb2.PromptTokens(
+                    call=call, ids=ids[shared:], prefix_count=shared
+                )
+            )
+        )
+        self._held[thread] = list(ids)
 
     # -- provider events -----------------------------------------------------------------------
 
@@ -196,14 +286,23 @@ class RecordBuilder:
         delta: str,
         *,
         kind: DeltaKind = record_pb2.DELTA_KIND_UNSPECIFIED,
+        tokens: common_pb2.DeltaTokens | None = None,
     ) -> None:
         """Text of `kind` for output item `item` of `call` (0: the call's latest item, or an
         unannounced one). The latest item is referred to as 0: the common case, and the
-        cheapest. Text too long for one record is split over several."""
+        cheapest. Text too long for one record is split over several (its tokens, if any,
+        go with the last piece, their strings spelled out)."""
         if len(delta) > MAX_DELTA_CHARS:
-            for start in range(0, len(delta), MAX_DELTA_CHARS):
-                piece = delta[start : start + MAX_DELTA_CHARS]
+            pieces = [delta[i : i + MAX_DELTA_CHARS] for i in range(0, len(delta), MAX_DELTA_CHARS)]
+            for piece in pieces[:-1]:
                 self.output_text_delta(call, item, piece, kind=kind)
+            if tokens is not None and tokens.text_lengths:
+                spelled = common_pb2.DeltaTokens()
+                spelled.CopyFrom(tokens)
+                spelled.ClearField("text_lengths")
+                spelled.texts.extend(token_texts(tokens, delta))
+                tokens = spelled
+            self.output_text_delta(call, item, pieces[-1], kind=kind, tokens=tokens)
             return
         # Filled in place: a body passed to the constructor would be built, then copied.
         record = record_pb2.TraceRecord()
@@ -214,7 +313,11 @@ class RecordBuilder:
         body.delta = delta
         if kind:
             body.kind = kind
+        if tokens is not None:
+            body.tokens.CopyFrom(tokens)
         self._sink.append(record)
+        if tokens is not None and tokens.ids:
+            self._held.setdefault(self._thread_of_call.get(call, 0), []).extend(tokens.ids)
 
     def output_item_done(
         self, call: int, item: int, *, item_id: str, assigned: bool, payload: Mapping[str, Any]
@@ -323,10 +426,15 @@ class RecordBuilder:
         response_id: str = "",
         usage: common_pb2.TokenUsage | None = None,
         error: common_pb2.TraceError | None = None,
+        stop_reason: StopReason = common_pb2.STOP_REASON_UNSPECIFIED,
     ) -> None:
         self._latest_item.pop(call, None)
         ended = record_pb2.InferenceEnded(
-            call=call, status=status, response_id=response_id, reason=reason
+            call=call,
+            status=status,
+            response_id=response_id,
+            reason=reason,
+            stop_reason=stop_reason,
         )
         if usage is not None:
             ended.usage.CopyFrom(usage)

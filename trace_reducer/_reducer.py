@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Container, Iterable
-from typing import NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from google.protobuf import timestamp_pb2
 
@@ -15,6 +15,10 @@ from ._compact import expand_request_items
 from ._errors import RecordOutOfRangeError, ReductionError
 from ._items import ItemInfo, ThreadItems, parse_item
 from ._payloads import PayloadError, PayloadStore
+from ._tokens import TokenAccumulator, classify_stop, sampling_settings
+
+if TYPE_CHECKING:
+    from ._forks import ForkResolver, ParentBundle
 
 _RUNNING = common_pb2.EXECUTION_STATUS_RUNNING
 _JOIN_EVERY = 256
@@ -126,7 +130,7 @@ def _joined(parts: Iterable[str | DeltaRun]) -> str:
 
 
 class _Call:
-    __slots__ = ("ended", "latest", "msg", "open", "ordinal", "turn")
+    __slots__ = ("ended", "latest", "msg", "open", "ordinal", "tokens", "turn")
 
     def __init__(self, ordinal: int, msg: state_pb2.InferenceCall, turn: _Turn) -> None:
         self.ordinal = ordinal
@@ -136,6 +140,19 @@ class _Call:
         self.open: dict[_Output, None] = {}
         self.latest: _Output | None = None
         self.ended = False
+        self.tokens: TokenAccumulator | None = None
+
+
+def _unresolved(payload_id: str) -> ItemInfo:
+    """Stands for an item whose payload is in a fork's parent bundle, which was not found."""
+    return ItemInfo(
+        key=f"unresolved:{payload_id}",
+        responses_item_id="",
+        role=state_pb2.CONVERSATION_ROLE_UNSPECIFIED,
+        kind=state_pb2.ITEM_KIND_OTHER,
+        content=(),
+        call_id="",
+    )
 
 
 # What a Timestamp may hold (0001-01-01 to 9999-12-31), and so what proto3 JSON can show.
@@ -187,7 +204,19 @@ class Reducer:
     its text until it is done.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, forks: ForkResolver | None = None) -> None:
+        # Finds a fork's parent bundle; without it a fork's shared prefix stays unresolved.
+        self._forks = forks
+        self._fork: state_pb2.Fork | None = None
+        self._fork_prefix: list[str] | None = None
+        self._fork_seq = 0
+        self.parent: ParentBundle | None = None
+        self._unresolved_payloads = 0
+        self._sampling: dict[str, common_pb2.SamplingSettings] = {}
+        # Each thread's held tokens (its latest prompt, then every output id since), None
+        # while unknown (a fork whose parent's tokens could not be read).
+        self._held: dict[str, list[int] | None] = {}
+        self._fork_tokens: list[int] | None = None
         self._header: record_pb2.Header | None = None
         self._base_us = 0
         self._last_time_us = 0
@@ -252,7 +281,7 @@ class Reducer:
                 if record.WhichOneof("body") == "output_text_delta":
                     body = record.output_text_delta
                     latest = None if body.item else streaming.get(body.call)
-                    if latest is not None:
+                    if latest is not None and not body.HasField("tokens"):
                         parts = latest.parts
                         assert parts is not None
                         parts.append(body.delta)
@@ -318,10 +347,14 @@ class Reducer:
             # The records end here: whatever is still streaming would be discarded.
             for output in call.open:
                 target.discarded_outputs.append(output.discarded())
+            if call.tokens is not None:
+                target.output_tokens.CopyFrom(call.tokens.to_proto())
         for item_id, item in self._items.items():
             trace.conversation_items[item_id].CopyFrom(item)
         for tool_call in self._tool_calls.values():
             trace.tool_calls[tool_call.msg.tool_call_id].CopyFrom(tool_call.msg)
+        if self._fork is not None:
+            trace.fork.CopyFrom(self._fork)
         if not compact:
             expand_request_items(trace)
         return trace
@@ -352,6 +385,16 @@ class Reducer:
             )
             proto.detail = f"{proto.detail}; {note}" if proto.detail else note
             proto.unknown_records = self._unknown
+        fork = self._fork
+        if fork is not None and not fork.resolved:
+            where = f"bundle {fork.parent_bundle}" if fork.parent_bundle else "bundle (unrecorded)"
+            note = (
+                f"fork of thread {fork.parent_thread_id}: its parent {where} was not found, "
+                f"{fork.shared_items} shared item(s) and {self._unresolved_payloads} payload(s) "
+                "are unresolved (give the parent bundle to resolve them)"
+            )
+            proto.detail = f"{proto.detail}; {note}" if proto.detail else note
+            proto.fork_unresolved = True
         return proto
 
     def _time(self, record: _Record) -> timestamp_pb2.Timestamp:
@@ -399,13 +442,26 @@ class Reducer:
     def _item_info(self, payload_id: str, record: _Record) -> ItemInfo:
         info = self._item_infos.get(payload_id)
         if info is None:
-            try:
-                info = parse_item(self._payloads.get(payload_id))
-            except PayloadError as error:
-                _fail(record, str(error))
+            data = self._payload(payload_id, record)
+            info = _unresolved(payload_id) if data is None else parse_item(data)
             self._item_infos[payload_id] = info
             self._payloads.discard(payload_id)
         return info
+
+    def _payload(self, payload_id: str, record: _Record) -> bytes | None:
+        """A payload's bytes: this bundle's, else a fork's parent's; None when a fork's
+        parent cannot supply it (the state says so). Anything else missing is a contradiction."""
+        try:
+            return self._payloads.get(payload_id)
+        except PayloadError as error:
+            if self._fork is None:
+                _fail(record, str(error))
+            data = self.parent.payload(payload_id) if self.parent is not None else None
+            if data is None:
+                if self._fork.resolved:
+                    _fail(record, f"{error} (not in the parent bundle either)")
+                self._unresolved_payloads += 1
+            return data
 
     def _new_item(
         self,
@@ -463,6 +519,9 @@ class Reducer:
             "tool_call_started": self._on_tool_call_started,
             "tool_output_submitted": self._on_tool_output_submitted,
             "tool_call_ended": self._on_tool_call_ended,
+            "thread_forked": self._on_thread_forked,
+            "prompt_tokens": self._on_prompt_tokens,
+            "reward_recorded": self._on_reward_recorded,
         }
 
     def _on_footer(self, record: _Record) -> None:
@@ -487,8 +546,116 @@ class Reducer:
         )
         msg.metadata.update(body.metadata)
         self._start(msg.execution, record)
-        self._threads[body.thread] = _Thread(msg)
+        thread = _Thread(msg)
+        self._threads[body.thread] = thread
         self._thread_ids.add(body.thread_id)
+        if self._fork_prefix is not None:
+            self._seed_fork(thread, self._fork_prefix, record)
+            self._fork_prefix = None
+            self._held[body.thread_id] = self._fork_tokens
+
+    # -- forks --------------------------------------------------------------------------------
+
+    def _on_thread_forked(self, record: _Record) -> None:
+        body = record.thread_forked
+        if self._fork is not None or self._threads:
+            _fail(record, "thread_forked must come once, before thread_started")
+        parent = self._forks.resolve(body) if self._forks is not None else None
+        self.parent = parent
+        self._fork = state_pb2.Fork(
+            parent_thread_id=body.parent_thread_id,
+            parent_bundle=body.parent_bundle,
+            parent_trace_id=body.parent_trace_id,
+            after_turn_id=body.after_turn_id,
+            last_shared_item_id=body.last_shared_item_id,
+            group_id=body.group_id,
+            repetition_index=body.repetition_index,
+            shared_items=len(body.prefix_payload_ids),
+            # A copied prefix needs no parent.
+            resolved=parent is not None or body.prefix_copied,
+            resolved_from=str(parent.path) if parent is not None else "",
+        )
+        self._fork_prefix = list(body.prefix_payload_ids)
+        self._fork_seq = record.seq
+        self._fork_tokens = []
+        if body.parent_token_count:
+            parent_call = (
+                parent.trace.inference_calls.get(body.parent_call_id)
+                if parent is not None
+                else None
+            )
+            seed = (
+                [*parent_call.prompt_token_ids, *parent_call.output_tokens.ids]
+                if parent_call is not None
+                else []
+            )
+            self._fork_tokens = seed if len(seed) == body.parent_token_count else None
+
+    def _seed_fork(self, thread: _Thread, prefix: list[str], record: _Record) -> None:
+        """The shared history becomes the thread's first items and its 'previous request', so
+        the first request's input prefix matches it (read from the parent, or placeholders)."""
+        infos = [self._item_info(pid, record) for pid in prefix]
+        parents = self.parent.prefix_items(prefix) if self.parent is not None else []
+        parent_thread = self._fork.parent_thread_id if self._fork is not None else ""
+
+        def new_item(index: int) -> str:
+            parent_item = parents[index] if index < len(parents) else None
+            item_id = self._new_item(
+                thread,
+                parent_item.turn_id if parent_item is not None else "",
+                infos[index],
+                prefix[index],
+                record,
+                responses_item_id=infos[index].responses_item_id
+                or (parent_item.responses_item_id if parent_item is not None else ""),
+                producer=None,
+            )
+            item = self._items[item_id]
+            item.inherited.parent_thread_id = parent_thread
+            if parent_item is not None:
+                item.inherited.parent_item_id = parent_item.item_id
+                item.produced_by.extend(parent_item.produced_by)
+            return item_id
+
+        thread.items.match_request(infos, new_item)
+        thread.inputs = list(prefix)
+
+    def _on_prompt_tokens(self, record: _Record) -> None:
+        body = record.prompt_tokens
+        call = self._live_call(body.call, record)
+        thread_id = call.turn.thread.msg.thread_id
+        held = self._held.get(thread_id, [])
+        shared = body.prefix_count
+        if held is None or shared > len(held):
+            if held is not None and self._fork is None:
+                _fail(record, f"prefix_count {shared} exceeds the {len(held)} held tokens")
+            # A fork whose parent's tokens are missing: this prompt is unknown, and so is
+            # every later one that builds on it.
+            self._held[thread_id] = None if shared else list(body.ids)
+            if not shared:
+                call.msg.prompt_token_ids.extend(body.ids)
+            return
+        prompt = [*held[:shared], *body.ids]
+        call.msg.prompt_token_ids.extend(prompt)
+        self._held[thread_id] = prompt
+
+    def _on_reward_recorded(self, record: _Record) -> None:
+        _fail(record, "reward_recorded belongs in rewards.binpb, not in the trace")
+
+    def _sampling_of(self, envelope_id: str, record: _Record) -> common_pb2.SamplingSettings:
+        settings = self._sampling.get(envelope_id)
+        if settings is None:
+            settings = common_pb2.SamplingSettings()
+            data = self._payload(envelope_id, record) if envelope_id else None
+            if data is not None:
+                try:
+                    envelope: Any = json.loads(data)
+                except ValueError:
+                    envelope = None
+                if isinstance(envelope, dict):
+                    settings = sampling_settings(envelope)
+            self._sampling[envelope_id] = settings
+        return settings
 
     def _on_turn_started(self, record: _Record) -> None:
         body = record.turn_started
@@ -535,7 +702,9 @@ class Reducer:
             model=body.model,
             provider_base_url=body.provider_base_url,
             request_envelope_payload_id=body.request_envelope_payload_id,
+            policy_version=body.policy_version,
         )
+        msg.sampling.CopyFrom(self._sampling_of(body.request_envelope_payload_id, record))
         known = body.input_prefix_count
         if known > len(thread.inputs):
             _fail(
@@ -562,10 +731,15 @@ class Reducer:
 
         # Held as the compact form: the previous call's first `known` inputs, then these. A
         # conversation re-sends its history every time; holding it whole would make the state
-        # grow with the square of its length.
+        # grow with the square of its length. A fork's first call starts with the history it
+        # shares with its parent, which no call of this bundle sent: that one is held whole.
+        seeded = bool(known) and not thread.last_call
+        if seeded:
+            msg.request_item_ids.extend(thread.items.previous_ids(known))
+            msg.input_payload_ids.extend(thread.inputs[:known])
         msg.request_item_ids.extend(thread.items.match_request(infos, new_item, known=known))
         msg.input_payload_ids.extend(new_pids)
-        if known:
+        if known and not seeded:
             msg.request_prefix_call_id = thread.last_call
             msg.request_prefix_count = known
         del thread.inputs[known:]
@@ -604,6 +778,9 @@ class Reducer:
         # The hot path: most records of a bundle are deltas, nearly all for their call's latest
         # item, whose text list is kept at hand for them.
         body = record.output_text_delta
+        if body.HasField("tokens"):
+            self._on_token_delta(record)
+            return
         ordinal = body.item
         if not ordinal:
             latest = self._streaming.get(body.call)
@@ -626,6 +803,28 @@ class Reducer:
             if output is None:
                 output = self._unannounced(call)
         output.add(body.delta)
+
+    def _on_token_delta(self, record: _Record) -> None:
+        """A delta with its tokens: the text as any delta's, the tokens to its call, tagged
+        with the output they belong to."""
+        body = record.output_text_delta
+        if body.item:
+            output = self._outputs.get(body.item)
+            if output is None or output.call.ordinal != body.call:
+                _fail(record, f"unknown output item ordinal {body.item} for call {body.call}")
+            call = self._live_call(body.call, record)
+        else:
+            call = self._live_call(body.call, record)
+            output = call.latest if call.latest is not None else self._unannounced(call)
+        if body.delta:
+            output.add(body.delta)
+        if call.tokens is None:
+            call.tokens = TokenAccumulator()
+        call.tokens.add(output, body.tokens, body.delta)
+        if body.tokens.ids:
+            held = self._held.setdefault(call.turn.thread.msg.thread_id, [])
+            if held is not None:
+                held.extend(body.tokens.ids)
 
     def _unannounced(self, call: _Call) -> _Output:
         # Text that arrived before any item was announced still belongs somewhere visible.
@@ -669,6 +868,8 @@ class Reducer:
             producer=producer,
         )
         call.msg.response_item_ids.append(accepted)
+        if output is not None and call.tokens is not None:
+            call.tokens.name(output, accepted)
         if pid:
             call.msg.output_payload_ids.append(pid)
         if output is not None:
@@ -697,6 +898,14 @@ class Reducer:
         self, call: _Call, status: common_pb2.ExecutionStatus.ValueType, record: _Record
     ) -> None:
         self._end(call.msg.execution, status, record)
+        msg = call.msg
+        if not msg.stop_reason:
+            msg.stop_reason = classify_stop(
+                status,
+                reason=msg.end_reason,
+                error_code=msg.error.code,
+                http_status=msg.error.http_status,
+            )
         discarded = call.msg.discarded_outputs
         for output in call.open:
             discarded.append(output.discarded())
@@ -717,6 +926,7 @@ class Reducer:
         if body.HasField("error"):
             msg.error.CopyFrom(body.error)
         msg.end_reason = body.reason
+        msg.stop_reason = body.stop_reason
         self._end_call(call, body.status, record)
 
     def _on_interrupt_requested(self, record: _Record) -> None:

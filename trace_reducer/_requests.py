@@ -6,6 +6,7 @@ import json
 import os
 
 from ._errors import BundleError
+from ._forks import BundleForkResolver, ParentBundle
 from ._payloads import PayloadError, PayloadStore, canonical_json, resolve_inputs
 from ._reader import read_bundle
 
@@ -24,12 +25,30 @@ def request_body(path: str | os.PathLike[str], inference_call_id: str) -> bytes:
     payloads = PayloadStore(budget=None)
     thread_of_turn: dict[int, int] = {}
     inputs_of_thread: dict[int, list[str]] = {}
+    fork_prefix: list[str] = []
+    parent: ParentBundle | None = None
+
+    def payload(pid: str) -> bytes:
+        # A fork's shared payloads are its parent's.
+        try:
+            return payloads.get(pid)
+        except PayloadError:
+            data = parent.payload(pid) if parent is not None else None
+            if data is None:
+                raise
+            return data
+
     with read_bundle(path) as reader:
         for record in reader:
             body = record.WhichOneof("body")
             try:
                 if body == "payload":
                     payloads.add(record.payload)
+                elif body == "thread_forked":
+                    fork_prefix = list(record.thread_forked.prefix_payload_ids)
+                    parent = BundleForkResolver(reader.bundle_dir).resolve(record.thread_forked)
+                elif body == "thread_started":
+                    inputs_of_thread[record.thread_started.thread] = fork_prefix
                 elif body == "turn_started":
                     thread_of_turn[record.turn_started.turn] = record.turn_started.thread
                 elif body == "inference_started":
@@ -38,8 +57,8 @@ def request_body(path: str | os.PathLike[str], inference_call_id: str) -> bytes:
                     inputs = resolve_inputs(inputs_of_thread.get(thread, []), started)
                     inputs_of_thread[thread] = inputs
                     if started.inference_call_id == inference_call_id:
-                        request = json.loads(payloads.get(started.request_envelope_payload_id))
-                        request["input"] = [json.loads(payloads.get(pid)) for pid in inputs]
+                        request = json.loads(payload(started.request_envelope_payload_id))
+                        request["input"] = [json.loads(payload(pid)) for pid in inputs]
                         return canonical_json(request)
             except (PayloadError, ValueError) as error:
                 raise BundleError(f"seq {record.seq}: {error}") from error

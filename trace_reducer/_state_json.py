@@ -54,7 +54,9 @@ def iter_state_json(trace: state_pb2.RolloutTrace, *, expand: bool = False) -> I
     for field, value in trace.ListFields():
         if field.name in _MAPS:
             continue
-        if field.message_type is not None:
+        if field.is_repeated:
+            getattr(shell, field.name).extend(value)
+        elif field.message_type is not None:
             getattr(shell, field.name).CopyFrom(value)
         else:
             setattr(shell, field.name, value)

@@ -22,6 +22,7 @@ from rollout.trace.v1 import common_pb2, record_pb2, state_pb2
 
 from ._bulk import DeltaRun
 from ._errors import NotABundleError
+from ._forks import BundleForkResolver
 from ._payloads import PayloadError, PayloadStore, canonical_json
 from ._reader import read_bundle, resolve_trace_file
 from ._reducer import Reducer
@@ -59,9 +60,9 @@ class ViewData:
 
 def reduce_for_view(path: str | os.PathLike[str]) -> ViewData:
     """Reduce a bundle of any integrity (up to its damage) in one pass, keeping its payloads."""
-    reducer = Reducer()
     payloads = PayloadStore(budget=None)
     with read_bundle(path) as reader:
+        reducer = Reducer(forks=BundleForkResolver(reader.bundle_dir))
         for batch in reader.batches():
             for record in batch:
                 if not isinstance(record, DeltaRun) and record.HasField("payload"):

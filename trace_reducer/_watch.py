@@ -13,6 +13,7 @@ from typing import Any, BinaryIO, TypeVar
 
 from rollout.trace.v1 import state_pb2
 
+from ._forks import BundleForkResolver
 from ._reader import TRUNCATED, UNCLOSED, FrameDecoder, Integrity
 from ._reducer import Reducer
 
@@ -43,13 +44,16 @@ class WatchUpdate:
 class _Follower:
     """The decoding half, run in a worker thread one step at a time."""
 
-    def __init__(self, trace_file: Path | BinaryIO) -> None:
+    def __init__(self, trace_file: Path | BinaryIO, bundle_dir: Path | None) -> None:
         # A file already open (the service opens it under its root) is read as it is.
-        self.source = (
-            trace_file.open("rb", buffering=0) if isinstance(trace_file, Path) else trace_file
-        )
+        if isinstance(trace_file, Path):
+            self.source: BinaryIO = trace_file.open("rb", buffering=0)
+            bundle_dir = bundle_dir or trace_file.parent
+        else:
+            self.source = trace_file
         self.decoder = FrameDecoder()
-        self.reducer = Reducer()
+        # A fork's parent is read from beside it, as replay_bundle does.
+        self.reducer = Reducer(forks=BundleForkResolver(bundle_dir))
         self.position = 0
         self.head = b""
         self.final = False
@@ -109,6 +113,8 @@ def _could_start_header(head: bytes) -> bool:
 
 async def follow_bundle(
     trace_file: str | os.PathLike[str] | BinaryIO,
+    bundle_dir: Path | None = None,
+    /,
     *,
     poll_interval: float = POLL_INTERVAL,
     min_interval: float = MIN_UPDATE_INTERVAL,
@@ -119,10 +125,11 @@ async def follow_bundle(
     costs what its new records cost. The last update has `final` set: after the footer (CLEAN)
     or at the first bad frame (CORRUPT). A bundle without a footer is followed until the caller
     stops iterating. Raises ReductionError when records contradict each other, OSError when the
-    file cannot be read.
+    file cannot be read. trace_file may be a file already open (then bundle_dir says where a
+    fork's parent is looked for).
     """
     source = Path(trace_file) if isinstance(trace_file, str | os.PathLike) else trace_file
-    follower = await asyncio.to_thread(_Follower, source)
+    follower = await asyncio.to_thread(_Follower, source, bundle_dir)
     in_flight: asyncio.Future[Any] | None = None
 
     async def run(step: Callable[[], _T]) -> _T:

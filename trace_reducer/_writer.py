@@ -37,6 +37,8 @@ class BundleWriter:
         self.trace_id = trace_id
         self.created_at = created_at
         self.record_count = 0
+        # Bytes of the file written so far (frames that were written whole).
+        self.bytes_written = 0
         self.failed = False
         self.closed = False
         self._fd = fd
@@ -125,6 +127,7 @@ class BundleWriter:
             self._fail()
             raise RecordingError(f"short write ({written} of {len(frame)} bytes): {self.file_path}")
         self.record_count = seq
+        self.bytes_written += written
         return seq
 
     def put_payload(
@@ -160,6 +163,18 @@ class BundleWriter:
                 self.append(record_pb2.TraceRecord(payload=payload))
         self._payloads.add(pid)
         return pid
+
+    def inherit_payloads(self, payload_ids: set[str] | frozenset[str]) -> None:
+        """Payloads another bundle already holds (a fork's parent): referred to, not written.
+
+        A reader resolves them from that bundle; `ThreadForked.parent_bundle` names it.
+        """
+        self._payloads.update(payload_ids)
+
+    @property
+    def payload_ids(self) -> frozenset[str]:
+        """The payloads this bundle holds or refers to its parent for."""
+        return frozenset(self._payloads)
 
     def sync(self) -> None:
         """Make everything written so far durable."""

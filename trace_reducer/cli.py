@@ -17,6 +17,7 @@ from google.protobuf import json_format, text_format
 
 from rollout.trace.v1 import record_pb2, state_pb2
 
+from ._batch_cli import add_parser as add_reduce_all_parser
 from ._errors import (
     BundleError,
     CorruptBundleError,
@@ -31,6 +32,7 @@ from ._reader import read_bundle, resolve_trace_file
 from ._replay import replay_bundle
 from ._requests import request_body
 from ._state_json import iter_state_json, write_state_json
+from ._training_cli import add_parsers as add_training_parsers
 from ._version import __version__
 
 if TYPE_CHECKING:
@@ -65,7 +67,7 @@ def _warn(message: str) -> None:
 def _reduce(args: argparse.Namespace) -> int:
     trace_file = resolve_trace_file(args.bundle)
     # Held compact either way: the complete form is written a call at a time from it.
-    trace = replay_bundle(trace_file, compact=True)
+    trace = replay_bundle(trace_file, parents=args.parent, compact=True)
     expand = not args.compact
     integrity = trace.integrity
     try:
@@ -326,7 +328,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="each request as a prefix of the previous one plus its new items "
         "(InferenceCall.request_prefix_call_id/_count): linear in the conversation",
     )
+    reduce.add_argument(
+        "--parent",
+        action="append",
+        default=[],
+        metavar="BUNDLE",
+        help="a fork's parent bundle when it is not beside the fork (repeatable)",
+    )
     reduce.set_defaults(run=_reduce)
+
+    add_reduce_all_parser(commands)
 
     dump = commands.add_parser("dump", help="print the records of a bundle, one per line")
     dump.add_argument("bundle", help="bundle directory or its trace.binpb")
@@ -375,6 +386,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout", type=float, default=10.0, metavar="SECONDS", help="per send, with retries"
     )
     export.set_defaults(run=_export_otlp)
+
+    add_training_parsers(commands)
 
     view = commands.add_parser(
         "view", help="write one self-contained HTML page showing the bundle, print its path"

@@ -46,6 +46,7 @@ from ._errors import (
     ReductionError,
     describe_os_error,
 )
+from ._forks import BundleForkResolver
 from ._framing import DEFAULT_MAX_UPLOAD_BYTES
 from ._integrity import require_reducible
 from ._layout import STATE_FILE_NAME, TRACE_FILE_NAME
@@ -111,7 +112,8 @@ class ReducerService(reducer_pb2_grpc.ReducerServiceServicer):
             # Opened once under the root, as for ReduceBundle; the follower reads that file.
             bundle = self._open(request.bundle)
             try:
-                async with contextlib.aclosing(follow_bundle(bundle.trace)) as updates:
+                follow = follow_bundle(bundle.trace, Path(bundle.display_dir))
+                async with contextlib.aclosing(follow) as updates:
                     async for update in updates:
                         if update.final:
                             require_reducible(
@@ -212,7 +214,11 @@ class ReducerService(reducer_pb2_grpc.ReducerServiceServicer):
         # way for a symlink changes nothing about where the bytes come from or go.
         with self._open(request.bundle) as bundle:
             trace_path = Path(bundle.display_dir) / TRACE_FILE_NAME
-            trace = replay_reader(BundleReader(trace_path, bundle.trace))
+            # A fork's parent is looked for beside the bundle, by path.
+            forks = BundleForkResolver(trace_path.parent, ())
+            trace = replay_reader(
+                BundleReader(trace_path, bundle.trace), forks=forks, rewards_dir_fd=bundle.dir_fd
+            )
             require_reducible(trace.integrity, salvage=request.salvage, source=repr(request.bundle))
             response = reducer_pb2.ReduceBundleResponse(trace=trace)
             if request.write_state:

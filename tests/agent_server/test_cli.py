@@ -8,6 +8,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from google.protobuf import json_format
 
 from rollout.agent.v1 import agent_pb2, agent_pb2_grpc
 from rollout.trace.v1 import common_pb2, state_pb2
@@ -143,6 +144,16 @@ async def test_demo_runs_and_reduces_its_bundle(tmp_path: Path) -> None:
     assert view_path == state_path.parent / "view.html"
     assert "<!DOCTYPE html>" in await asyncio.to_thread(view_path.read_text)
     assert "Traceback" not in stderr.decode()
+    # One tool round trip, one call still awaited when its turn was interrupted.
+    state = json_format.Parse(
+        await asyncio.to_thread(state_path.read_text), state_pb2.RolloutTrace()
+    )
+    statuses = sorted(
+        common_pb2.ExecutionStatus.Name(t.execution.status) for t in state.tool_calls.values()
+    )
+    assert statuses == ["EXECUTION_STATUS_CANCELLED", "EXECUTION_STATUS_COMPLETED"]
+    assert "tool call lookup" in text
+    assert "[turn 3: interrupted while awaiting a tool output: INTERRUPTED]" in text
 
 
 # Where the server dies: (what it streams, then what the client has seen when the kill comes).

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
 import pytest
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from grpc_status import rpc_status
 
 from grpc_common import (
@@ -56,14 +58,43 @@ async def test_health_reports_serving_then_not_serving(server: GrpcServer) -> No
         assert reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
 
 
-async def test_reflection_lists_the_services(server: GrpcServer) -> None:
+@pytest.mark.parametrize("version", ["v1", "v1alpha"])
+async def test_reflection_answers_under_both_names(server: GrpcServer, version: str) -> None:
+    # Messages of the version asked for, from the descriptor pool: v1's are not v1alpha's.
+    pool = descriptor_pool.Default()
+    request_type = message_factory.GetMessageClass(
+        pool.FindMessageTypeByName(f"grpc.reflection.{version}.ServerReflectionRequest")
+    )
+    response_type = message_factory.GetMessageClass(
+        pool.FindMessageTypeByName(f"grpc.reflection.{version}.ServerReflectionResponse")
+    )
     async with grpc.aio.insecure_channel(server.address) as channel:
-        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
-        request = reflection_pb2.ServerReflectionRequest(list_services="")
-        names = set()
-        async for reply in stub.ServerReflectionInfo(iter([request])):
-            names = {s.name for s in reply.list_services_response.service}
-    assert {_SERVICE, "grpc.health.v1.Health"} <= names
+        info = channel.stream_stream(
+            f"/grpc.reflection.{version}.ServerReflection/ServerReflectionInfo",
+            request_serializer=request_type.SerializeToString,
+            response_deserializer=response_type.FromString,
+        )
+        requests = [
+            request_type(list_services=""),
+            request_type(file_containing_symbol="grpc.reflection.v1.ServerReflection"),
+            request_type(file_containing_symbol="no.such.Symbol"),
+        ]
+        replies = [reply async for reply in info(iter(requests))]
+    names = {s.name for s in replies[0].list_services_response.service}
+    assert {
+        _SERVICE,
+        "grpc.health.v1.Health",
+        "grpc.reflection.v1.ServerReflection",
+        "grpc.reflection.v1alpha.ServerReflection",
+    } <= names
+    [serialized] = replies[1].file_descriptor_response.file_descriptor_proto
+    file = descriptor_pb2.FileDescriptorProto.FromString(serialized)
+    assert (file.name, file.package) == (
+        "grpc/reflection/v1/reflection.proto",
+        "grpc.reflection.v1",
+    )
+    assert file.service[0].method[0].input_type == ".grpc.reflection.v1.ServerReflectionRequest"
+    assert replies[2].error_response.error_code == grpc.StatusCode.NOT_FOUND.value[0]
 
 
 async def test_abort_carries_error_info(server: GrpcServer) -> None:
@@ -208,3 +239,27 @@ async def test_tls(certificate: tuple[Path, Path]) -> None:
             assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
     finally:
         await server.stop(None)
+
+
+@pytest.mark.parametrize("protocol", ["grpc-v1", "grpc-v1alpha"])
+async def test_an_independent_reflection_client_lists_the_services(
+    server: GrpcServer, protocol: str
+) -> None:
+    # buf curl (Go's reflection client) asks under the one protocol it is told to use.
+    buf = Path(sys.executable).parent / "buf"
+    process = await asyncio.create_subprocess_exec(
+        str(buf),
+        "curl",
+        "--protocol",
+        "grpc",
+        "--http2-prior-knowledge",
+        "--reflect-protocol",
+        protocol,
+        "--list-services",
+        f"http://{server.address}",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    stdout, stderr = await process.communicate()
+    assert process.returncode == 0, stderr.decode()
+    assert {_SERVICE, "grpc.health.v1.Health"} <= set(stdout.decode().split())

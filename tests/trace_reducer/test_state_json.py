@@ -91,6 +91,10 @@ def test_state_json_is_what_json_format_writes(tmp_path: Path) -> None:
         replay_bundle(bundle),
         replay_bundle(bundle, compact=True),
     ]
+    # Every kind of top-level field, repeated messages included.
+    with_rewards = replay_bundle(bundle)
+    with_rewards.rewards.add(name="score", value=0.5, seq=2)
+    states.append(with_rewards)
     rng = random.Random(5)
     while len(states) < 60:
         decoder = FrameDecoder()

@@ -205,6 +205,14 @@ class Thread(_message.Message):
     TURN_COUNT_FIELD_NUMBER: _builtins.int
     CLOSED_AT_FIELD_NUMBER: _builtins.int
     TOOLS_FIELD_NUMBER: _builtins.int
+    CAPTURE_LOGPROBS_FIELD_NUMBER: _builtins.int
+    TOP_LOGPROBS_FIELD_NUMBER: _builtins.int
+    REQUEST_TOKEN_IDS_FIELD_NUMBER: _builtins.int
+    TEMPERATURE_FIELD_NUMBER: _builtins.int
+    TOP_P_FIELD_NUMBER: _builtins.int
+    MAX_OUTPUT_TOKENS_FIELD_NUMBER: _builtins.int
+    POLICY_VERSION_FIELD_NUMBER: _builtins.int
+    FORK_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     model: _builtins.str
     status: Global___ThreadStatus.ValueType
@@ -215,6 +223,16 @@ class Thread(_message.Message):
     """Why recording failed, when it did."""
     turn_count: _builtins.int
     """How many turns the thread has had (`turns` is left empty by ListThreads)."""
+    capture_logprobs: _builtins.bool
+    """What every request of the thread asks for (StartThreadRequest); a turn may override the
+    sampling settings and policy_version for its own requests.
+    """
+    top_logprobs: _builtins.int
+    request_token_ids: _builtins.bool
+    temperature: _builtins.float
+    top_p: _builtins.float
+    max_output_tokens: _builtins.int
+    policy_version: _builtins.str
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -227,6 +245,10 @@ class Thread(_message.Message):
 
     @_builtins.property
     def tools(self) -> _containers.RepeatedCompositeFieldContainer[Global___FunctionTool]: ...
+    @_builtins.property
+    def fork(self) -> Global___ForkOrigin:
+        """Set on a thread made by ForkThread."""
+
     def __init__(
         self,
         *,
@@ -242,14 +264,65 @@ class Thread(_message.Message):
         turn_count: _builtins.int = ...,
         closed_at: _timestamp_pb2.Timestamp | None = ...,
         tools: _abc.Iterable[Global___FunctionTool] | None = ...,
+        capture_logprobs: _builtins.bool = ...,
+        top_logprobs: _builtins.int = ...,
+        request_token_ids: _builtins.bool = ...,
+        temperature: _builtins.float | None = ...,
+        top_p: _builtins.float | None = ...,
+        max_output_tokens: _builtins.int | None = ...,
+        policy_version: _builtins.str = ...,
+        fork: Global___ForkOrigin | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["closed_at", b"closed_at", "created_at", b"created_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens", "_temperature", b"_temperature", "_top_p", b"_top_p", "closed_at", b"closed_at", "created_at", b"created_at", "fork", b"fork", "max_output_tokens", b"max_output_tokens", "temperature", b"temperature", "top_p", b"top_p"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bundle_path", b"bundle_path", "closed_at", b"closed_at", "created_at", b"created_at", "id", b"id", "metadata", b"metadata", "model", b"model", "recording_error", b"recording_error", "recording_status", b"recording_status", "status", b"status", "tools", b"tools", "turn_count", b"turn_count", "turns", b"turns"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens", "_temperature", b"_temperature", "_top_p", b"_top_p", "bundle_path", b"bundle_path", "capture_logprobs", b"capture_logprobs", "closed_at", b"closed_at", "created_at", b"created_at", "fork", b"fork", "id", b"id", "max_output_tokens", b"max_output_tokens", "metadata", b"metadata", "model", b"model", "policy_version", b"policy_version", "recording_error", b"recording_error", "recording_status", b"recording_status", "request_token_ids", b"request_token_ids", "status", b"status", "temperature", b"temperature", "tools", b"tools", "top_logprobs", b"top_logprobs", "top_p", b"top_p", "turn_count", b"turn_count", "turns", b"turns"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__max_output_tokens: _TypeAlias = _typing.Literal["max_output_tokens"]  # noqa: Y015
+    _WhichOneofArgType__max_output_tokens: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens"]  # noqa: Y015
+    _WhichOneofReturnType__temperature: _TypeAlias = _typing.Literal["temperature"]  # noqa: Y015
+    _WhichOneofArgType__temperature: _TypeAlias = _typing.Literal["_temperature", b"_temperature"]  # noqa: Y015
+    _WhichOneofReturnType__top_p: _TypeAlias = _typing.Literal["top_p"]  # noqa: Y015
+    _WhichOneofArgType__top_p: _TypeAlias = _typing.Literal["_top_p", b"_top_p"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_output_tokens) -> _WhichOneofReturnType__max_output_tokens | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__temperature) -> _WhichOneofReturnType__temperature | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__top_p) -> _WhichOneofReturnType__top_p | None: ...
+
+Global___Thread: _TypeAlias = Thread  # noqa: Y015
+
+@_typing.final
+class ForkOrigin(_message.Message):
+    """Where a forked thread came from."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARENT_THREAD_ID_FIELD_NUMBER: _builtins.int
+    AFTER_TURN_ID_FIELD_NUMBER: _builtins.int
+    GROUP_ID_FIELD_NUMBER: _builtins.int
+    REPETITION_INDEX_FIELD_NUMBER: _builtins.int
+    parent_thread_id: _builtins.str
+    after_turn_id: _builtins.str
+    """The parent's turn it continues after; empty when the parent had no turn."""
+    group_id: _builtins.str
+    repetition_index: _builtins.int
+    """0, 1, ... among the threads of one ForkThread."""
+    def __init__(
+        self,
+        *,
+        parent_thread_id: _builtins.str = ...,
+        after_turn_id: _builtins.str = ...,
+        group_id: _builtins.str = ...,
+        repetition_index: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_turn_id", b"after_turn_id", "group_id", b"group_id", "parent_thread_id", b"parent_thread_id", "repetition_index", b"repetition_index"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___Thread: _TypeAlias = Thread  # noqa: Y015
+Global___ForkOrigin: _TypeAlias = ForkOrigin  # noqa: Y015
 
 @_typing.final
 class TurnToolCall(_message.Message):
@@ -799,9 +872,32 @@ class StartThreadRequest(_message.Message):
     INSTRUCTIONS_FIELD_NUMBER: _builtins.int
     METADATA_FIELD_NUMBER: _builtins.int
     TOOLS_FIELD_NUMBER: _builtins.int
+    CAPTURE_LOGPROBS_FIELD_NUMBER: _builtins.int
+    TOP_LOGPROBS_FIELD_NUMBER: _builtins.int
+    REQUEST_TOKEN_IDS_FIELD_NUMBER: _builtins.int
+    TEMPERATURE_FIELD_NUMBER: _builtins.int
+    TOP_P_FIELD_NUMBER: _builtins.int
+    MAX_OUTPUT_TOKENS_FIELD_NUMBER: _builtins.int
+    POLICY_VERSION_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     """The provider model; the server's default when empty."""
     instructions: _builtins.str
+    capture_logprobs: _builtins.bool
+    """Ask the provider for the logprobs of the output tokens
+    (`include: ["message.output_text.logprobs"]`) and record them with the deltas.
+    """
+    top_logprobs: _builtins.int
+    """Alternatives per token to ask logprobs for (`top_logprobs`, 0-20); implies capture_logprobs."""
+    request_token_ids: _builtins.bool
+    """Ask an OpenAI-compatible engine (vLLM) for token ids: `return_token_ids: true`, answered
+    with `prompt_token_ids` and per-delta `token_ids`. Providers that do not know it refuse it.
+    """
+    temperature: _builtins.float
+    """Sampling settings sent with every request of the thread (unset: the provider's default)."""
+    top_p: _builtins.float
+    max_output_tokens: _builtins.int
+    policy_version: _builtins.str
+    """The policy (weights) version the client samples with; recorded with every request."""
     @_builtins.property
     def metadata(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     @_builtins.property
@@ -815,12 +911,30 @@ class StartThreadRequest(_message.Message):
         instructions: _builtins.str = ...,
         metadata: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         tools: _abc.Iterable[Global___FunctionTool] | None = ...,
+        capture_logprobs: _builtins.bool = ...,
+        top_logprobs: _builtins.int = ...,
+        request_token_ids: _builtins.bool = ...,
+        temperature: _builtins.float | None = ...,
+        top_p: _builtins.float | None = ...,
+        max_output_tokens: _builtins.int | None = ...,
+        policy_version: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens", "_temperature", b"_temperature", "_top_p", b"_top_p", "max_output_tokens", b"max_output_tokens", "temperature", b"temperature", "top_p", b"top_p"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["instructions", b"instructions", "metadata", b"metadata", "model", b"model", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens", "_temperature", b"_temperature", "_top_p", b"_top_p", "capture_logprobs", b"capture_logprobs", "instructions", b"instructions", "max_output_tokens", b"max_output_tokens", "metadata", b"metadata", "model", b"model", "policy_version", b"policy_version", "request_token_ids", b"request_token_ids", "temperature", b"temperature", "tools", b"tools", "top_logprobs", b"top_logprobs", "top_p", b"top_p"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__max_output_tokens: _TypeAlias = _typing.Literal["max_output_tokens"]  # noqa: Y015
+    _WhichOneofArgType__max_output_tokens: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens"]  # noqa: Y015
+    _WhichOneofReturnType__temperature: _TypeAlias = _typing.Literal["temperature"]  # noqa: Y015
+    _WhichOneofArgType__temperature: _TypeAlias = _typing.Literal["_temperature", b"_temperature"]  # noqa: Y015
+    _WhichOneofReturnType__top_p: _TypeAlias = _typing.Literal["top_p"]  # noqa: Y015
+    _WhichOneofArgType__top_p: _TypeAlias = _typing.Literal["_top_p", b"_top_p"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_output_tokens) -> _WhichOneofReturnType__max_output_tokens | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__temperature) -> _WhichOneofReturnType__temperature | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__top_p) -> _WhichOneofReturnType__top_p | None: ...
 
 Global___StartThreadRequest: _TypeAlias = StartThreadRequest  # noqa: Y015
 
@@ -850,7 +964,16 @@ class StartTurnRequest(_message.Message):
 
     THREAD_ID_FIELD_NUMBER: _builtins.int
     INPUT_FIELD_NUMBER: _builtins.int
+    TEMPERATURE_FIELD_NUMBER: _builtins.int
+    TOP_P_FIELD_NUMBER: _builtins.int
+    MAX_OUTPUT_TOKENS_FIELD_NUMBER: _builtins.int
+    POLICY_VERSION_FIELD_NUMBER: _builtins.int
     thread_id: _builtins.str
+    temperature: _builtins.float
+    """Override the thread's sampling settings and policy_version for this turn's requests."""
+    top_p: _builtins.float
+    max_output_tokens: _builtins.int
+    policy_version: _builtins.str
     @_builtins.property
     def input(self) -> _containers.RepeatedCompositeFieldContainer[Global___UserInput]: ...
     def __init__(
@@ -858,12 +981,27 @@ class StartTurnRequest(_message.Message):
         *,
         thread_id: _builtins.str = ...,
         input: _abc.Iterable[Global___UserInput] | None = ...,
+        temperature: _builtins.float | None = ...,
+        top_p: _builtins.float | None = ...,
+        max_output_tokens: _builtins.int | None = ...,
+        policy_version: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens", "_temperature", b"_temperature", "_top_p", b"_top_p", "max_output_tokens", b"max_output_tokens", "temperature", b"temperature", "top_p", b"top_p"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "thread_id", b"thread_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens", "_temperature", b"_temperature", "_top_p", b"_top_p", "input", b"input", "max_output_tokens", b"max_output_tokens", "policy_version", b"policy_version", "temperature", b"temperature", "thread_id", b"thread_id", "top_p", b"top_p"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__max_output_tokens: _TypeAlias = _typing.Literal["max_output_tokens"]  # noqa: Y015
+    _WhichOneofArgType__max_output_tokens: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens"]  # noqa: Y015
+    _WhichOneofReturnType__temperature: _TypeAlias = _typing.Literal["temperature"]  # noqa: Y015
+    _WhichOneofArgType__temperature: _TypeAlias = _typing.Literal["_temperature", b"_temperature"]  # noqa: Y015
+    _WhichOneofReturnType__top_p: _TypeAlias = _typing.Literal["top_p"]  # noqa: Y015
+    _WhichOneofArgType__top_p: _TypeAlias = _typing.Literal["_top_p", b"_top_p"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_output_tokens) -> _WhichOneofReturnType__max_output_tokens | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__temperature) -> _WhichOneofReturnType__temperature | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__top_p) -> _WhichOneofReturnType__top_p | None: ...
 
 Global___StartTurnRequest: _TypeAlias = StartTurnRequest  # noqa: Y015
 
@@ -1178,3 +1316,143 @@ class SubmitToolOutputsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SubmitToolOutputsResponse: _TypeAlias = SubmitToolOutputsResponse  # noqa: Y015
+
+@_typing.final
+class ForkThreadRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    THREAD_ID_FIELD_NUMBER: _builtins.int
+    AFTER_TURN_ID_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    GROUP_ID_FIELD_NUMBER: _builtins.int
+    thread_id: _builtins.str
+    after_turn_id: _builtins.str
+    """The turn the new threads continue after; empty: the thread's current end."""
+    count: _builtins.int
+    """How many threads to make, 1-64."""
+    group_id: _builtins.str
+    """Shared by the new threads (GRPO's group); empty: one is made up."""
+    def __init__(
+        self,
+        *,
+        thread_id: _builtins.str = ...,
+        after_turn_id: _builtins.str = ...,
+        count: _builtins.int = ...,
+        group_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_turn_id", b"after_turn_id", "count", b"count", "group_id", b"group_id", "thread_id", b"thread_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForkThreadRequest: _TypeAlias = ForkThreadRequest  # noqa: Y015
+
+@_typing.final
+class ForkThreadResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    THREADS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def threads(self) -> _containers.RepeatedCompositeFieldContainer[Global___Thread]:
+        """The new threads, in repetition order."""
+
+    def __init__(
+        self,
+        *,
+        threads: _abc.Iterable[Global___Thread] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["threads", b"threads"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForkThreadResponse: _TypeAlias = ForkThreadResponse  # noqa: Y015
+
+@_typing.final
+class RecordRewardRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class MetadataEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    THREAD_ID_FIELD_NUMBER: _builtins.int
+    TURN_ID_FIELD_NUMBER: _builtins.int
+    ITEM_ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    VALUE_FIELD_NUMBER: _builtins.int
+    WEIGHT_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    METADATA_FIELD_NUMBER: _builtins.int
+    thread_id: _builtins.str
+    turn_id: _builtins.str
+    """Empty turn and item: the whole thread."""
+    item_id: _builtins.str
+    """The item's id as events show it."""
+    name: _builtins.str
+    value: _builtins.float
+    weight: _builtins.float
+    source: _builtins.str
+    @_builtins.property
+    def metadata(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        thread_id: _builtins.str = ...,
+        turn_id: _builtins.str = ...,
+        item_id: _builtins.str = ...,
+        name: _builtins.str = ...,
+        value: _builtins.float = ...,
+        weight: _builtins.float = ...,
+        source: _builtins.str = ...,
+        metadata: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["item_id", b"item_id", "metadata", b"metadata", "name", b"name", "source", b"source", "thread_id", b"thread_id", "turn_id", b"turn_id", "value", b"value", "weight", b"weight"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecordRewardRequest: _TypeAlias = RecordRewardRequest  # noqa: Y015
+
+@_typing.final
+class RecordRewardResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BUNDLE_PATH_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
+    bundle_path: _builtins.str
+    """The bundle whose rewards.binpb holds the reward."""
+    seq: _builtins.int
+    """Its seq in rewards.binpb."""
+    def __init__(
+        self,
+        *,
+        bundle_path: _builtins.str = ...,
+        seq: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bundle_path", b"bundle_path", "seq", b"seq"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecordRewardResponse: _TypeAlias = RecordRewardResponse  # noqa: Y015

@@ -75,6 +75,16 @@ class AgentServiceStub:
                 request_serializer=rollout_dot_agent_dot_v1_dot_agent__pb2.SubmitToolOutputsRequest.SerializeToString,
                 response_deserializer=rollout_dot_agent_dot_v1_dot_agent__pb2.SubmitToolOutputsResponse.FromString,
                 _registered_method=True)
+        self.ForkThread = channel.unary_unary(
+                '/rollout.agent.v1.AgentService/ForkThread',
+                request_serializer=rollout_dot_agent_dot_v1_dot_agent__pb2.ForkThreadRequest.SerializeToString,
+                response_deserializer=rollout_dot_agent_dot_v1_dot_agent__pb2.ForkThreadResponse.FromString,
+                _registered_method=True)
+        self.RecordReward = channel.unary_unary(
+                '/rollout.agent.v1.AgentService/RecordReward',
+                request_serializer=rollout_dot_agent_dot_v1_dot_agent__pb2.RecordRewardRequest.SerializeToString,
+                response_deserializer=rollout_dot_agent_dot_v1_dot_agent__pb2.RecordRewardResponse.FromString,
+                _registered_method=True)
 
 
 class AgentServiceServicer:
@@ -136,6 +146,22 @@ class AgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ForkThread(self, request, context):
+        """Makes `count` new threads that continue a thread's conversation as of one of its turns;
+        each records only what follows (its bundle refers to the parent's for the prefix).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RecordReward(self, request, context):
+        """Records a reward for a thread, a turn or an item, in the bundle's rewards.binpb sidecar;
+        works on closed threads too (found by thread id under the trace root).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -178,6 +204,16 @@ def add_AgentServiceServicer_to_server(servicer, server):
                     servicer.SubmitToolOutputs,
                     request_deserializer=rollout_dot_agent_dot_v1_dot_agent__pb2.SubmitToolOutputsRequest.FromString,
                     response_serializer=rollout_dot_agent_dot_v1_dot_agent__pb2.SubmitToolOutputsResponse.SerializeToString,
+            ),
+            'ForkThread': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForkThread,
+                    request_deserializer=rollout_dot_agent_dot_v1_dot_agent__pb2.ForkThreadRequest.FromString,
+                    response_serializer=rollout_dot_agent_dot_v1_dot_agent__pb2.ForkThreadResponse.SerializeToString,
+            ),
+            'RecordReward': grpc.unary_unary_rpc_method_handler(
+                    servicer.RecordReward,
+                    request_deserializer=rollout_dot_agent_dot_v1_dot_agent__pb2.RecordRewardRequest.FromString,
+                    response_serializer=rollout_dot_agent_dot_v1_dot_agent__pb2.RecordRewardResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -397,6 +433,60 @@ class AgentService:
             '/rollout.agent.v1.AgentService/SubmitToolOutputs',
             rollout_dot_agent_dot_v1_dot_agent__pb2.SubmitToolOutputsRequest.SerializeToString,
             rollout_dot_agent_dot_v1_dot_agent__pb2.SubmitToolOutputsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForkThread(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollout.agent.v1.AgentService/ForkThread',
+            rollout_dot_agent_dot_v1_dot_agent__pb2.ForkThreadRequest.SerializeToString,
+            rollout_dot_agent_dot_v1_dot_agent__pb2.ForkThreadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RecordReward(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollout.agent.v1.AgentService/RecordReward',
+            rollout_dot_agent_dot_v1_dot_agent__pb2.RecordRewardRequest.SerializeToString,
+            rollout_dot_agent_dot_v1_dot_agent__pb2.RecordRewardResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -48,6 +48,14 @@ class AgentServiceStub:
     """Interrupts a running turn, ends the thread and finishes its recording."""
     SubmitToolOutputs: _grpc.UnaryUnaryMultiCallable[_agent_pb2.SubmitToolOutputsRequest, _agent_pb2.SubmitToolOutputsResponse]
     """Answers the function tool calls a turn is waiting for."""
+    ForkThread: _grpc.UnaryUnaryMultiCallable[_agent_pb2.ForkThreadRequest, _agent_pb2.ForkThreadResponse]
+    """Makes `count` new threads that continue a thread's conversation as of one of its turns;
+    each records only what follows (its bundle refers to the parent's for the prefix).
+    """
+    RecordReward: _grpc.UnaryUnaryMultiCallable[_agent_pb2.RecordRewardRequest, _agent_pb2.RecordRewardResponse]
+    """Records a reward for a thread, a turn or an item, in the bundle's rewards.binpb sidecar;
+    works on closed threads too (found by thread id under the trace root).
+    """
 
 @_typing.type_check_only
 class AgentServiceAsyncStub(AgentServiceStub):
@@ -69,6 +77,14 @@ class AgentServiceAsyncStub(AgentServiceStub):
     """Interrupts a running turn, ends the thread and finishes its recording."""
     SubmitToolOutputs: _aio.UnaryUnaryMultiCallable[_agent_pb2.SubmitToolOutputsRequest, _agent_pb2.SubmitToolOutputsResponse]  # type: ignore[assignment]
     """Answers the function tool calls a turn is waiting for."""
+    ForkThread: _aio.UnaryUnaryMultiCallable[_agent_pb2.ForkThreadRequest, _agent_pb2.ForkThreadResponse]  # type: ignore[assignment]
+    """Makes `count` new threads that continue a thread's conversation as of one of its turns;
+    each records only what follows (its bundle refers to the parent's for the prefix).
+    """
+    RecordReward: _aio.UnaryUnaryMultiCallable[_agent_pb2.RecordRewardRequest, _agent_pb2.RecordRewardResponse]  # type: ignore[assignment]
+    """Records a reward for a thread, a turn or an item, in the bundle's rewards.binpb sidecar;
+    works on closed threads too (found by thread id under the trace root).
+    """
 
 class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
     """Runs conversations with an LLM as threads of turns and streams what happens."""
@@ -135,5 +151,25 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_agent_pb2.SubmitToolOutputsResponse, _abc.Awaitable[_agent_pb2.SubmitToolOutputsResponse]]:
         """Answers the function tool calls a turn is waiting for."""
+
+    @_abc_1.abstractmethod
+    def ForkThread(
+        self,
+        request: _agent_pb2.ForkThreadRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_agent_pb2.ForkThreadResponse, _abc.Awaitable[_agent_pb2.ForkThreadResponse]]:
+        """Makes `count` new threads that continue a thread's conversation as of one of its turns;
+        each records only what follows (its bundle refers to the parent's for the prefix).
+        """
+
+    @_abc_1.abstractmethod
+    def RecordReward(
+        self,
+        request: _agent_pb2.RecordRewardRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_agent_pb2.RecordRewardResponse, _abc.Awaitable[_agent_pb2.RecordRewardResponse]]:
+        """Records a reward for a thread, a turn or an item, in the bundle's rewards.binpb sidecar;
+        works on closed threads too (found by thread id under the trace root).
+        """
 
 def add_AgentServiceServicer_to_server(servicer: AgentServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

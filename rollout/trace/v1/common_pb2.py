@@ -24,17 +24,26 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1drollout/trace/v1/common.proto\x12\x10rollout.trace.v1\"\x86\x01\n\nTokenUsage\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\x04\x12\x15\n\routput_tokens\x18\x02 \x01(\x04\x12\x14\n\x0ctotal_tokens\x18\x03 \x01(\x04\x12\x1b\n\x13\x63\x61\x63hed_input_tokens\x18\x04 \x01(\x04\x12\x18\n\x10reasoning_tokens\x18\x05 \x01(\x04\"@\n\nTraceError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x13\n\x0bhttp_status\x18\x03 \x01(\r*\xcc\x01\n\x0f\x45xecutionStatus\x12 \n\x1c\x45XECUTION_STATUS_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x45XECUTION_STATUS_RUNNING\x10\x01\x12\x1e\n\x1a\x45XECUTION_STATUS_COMPLETED\x10\x02\x12\x1b\n\x17\x45XECUTION_STATUS_FAILED\x10\x03\x12\x1e\n\x1a\x45XECUTION_STATUS_CANCELLED\x10\x04\x12\x1c\n\x18\x45XECUTION_STATUS_ABORTED\x10\x05\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1drollout/trace/v1/common.proto\x12\x10rollout.trace.v1\"\x86\x01\n\nTokenUsage\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\x04\x12\x15\n\routput_tokens\x18\x02 \x01(\x04\x12\x14\n\x0ctotal_tokens\x18\x03 \x01(\x04\x12\x1b\n\x13\x63\x61\x63hed_input_tokens\x18\x04 \x01(\x04\x12\x18\n\x10reasoning_tokens\x18\x05 \x01(\x04\"@\n\nTraceError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x13\n\x0bhttp_status\x18\x03 \x01(\r\"\x9f\x01\n\x0b\x44\x65ltaTokens\x12\x0b\n\x03ids\x18\x01 \x03(\r\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x14\n\x0ctext_lengths\x18\x03 \x03(\r\x12\r\n\x05texts\x18\x04 \x03(\t\x12\x12\n\ntop_counts\x18\x05 \x03(\r\x12\x11\n\ttop_texts\x18\x06 \x03(\t\x12\x14\n\x0ctop_logprobs\x18\x07 \x03(\x02\x12\x0f\n\x07top_ids\x18\x08 \x03(\r\"\xcb\x01\n\x10SamplingSettings\x12\x18\n\x0btemperature\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x1e\n\x11max_output_tokens\x18\x03 \x01(\rH\x02\x88\x01\x01\x12\x14\n\x0ctop_logprobs\x18\x04 \x01(\r\x12\x10\n\x08logprobs\x18\x05 \x01(\x08\x12\x11\n\ttoken_ids\x18\x06 \x01(\x08\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x14\n\x12_max_output_tokens*\xcc\x01\n\x0f\x45xecutionStatus\x12 \n\x1c\x45XECUTION_STATUS_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x45XECUTION_STATUS_RUNNING\x10\x01\x12\x1e\n\x1a\x45XECUTION_STATUS_COMPLETED\x10\x02\x12\x1b\n\x17\x45XECUTION_STATUS_FAILED\x10\x03\x12\x1e\n\x1a\x45XECUTION_STATUS_CANCELLED\x10\x04\x12\x1c\n\x18\x45XECUTION_STATUS_ABORTED\x10\x05*\xb6\x01\n\nStopReason\x12\x1b\n\x17STOP_REASON_UNSPECIFIED\x10\x00\x12\x19\n\x15STOP_REASON_COMPLETED\x10\x01\x12\x16\n\x12STOP_REASON_LENGTH\x10\x02\x12\x1b\n\x17STOP_REASON_INTERRUPTED\x10\x03\x12\x1e\n\x1aSTOP_REASON_PROVIDER_ERROR\x10\x04\x12\x1b\n\x17STOP_REASON_INFRA_ERROR\x10\x05*_\n\x0bTokenSource\x12\x1c\n\x18TOKEN_SOURCE_UNSPECIFIED\x10\x00\x12\x17\n\x13TOKEN_SOURCE_ENGINE\x10\x01\x12\x19\n\x15TOKEN_SOURCE_LOGPROBS\x10\x02\x42V\n\x10rollout.trace.v1P\x01Z-rollout-trace/gen/go/rollout/trace/v1;tracev1\xaa\x02\x10Rollout.Trace.V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'rollout.trace.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
-  DESCRIPTOR._loaded_options = None
-  _globals['_EXECUTIONSTATUS']._serialized_start=255
-  _globals['_EXECUTIONSTATUS']._serialized_end=459
+  _globals['DESCRIPTOR']._loaded_options = None
+  _globals['DESCRIPTOR']._serialized_options = b'\n\020rollout.trace.v1P\001Z-rollout-trace/gen/go/rollout/trace/v1;tracev1\252\002\020Rollout.Trace.V1'
+  _globals['_EXECUTIONSTATUS']._serialized_start=623
+  _globals['_EXECUTIONSTATUS']._serialized_end=827
+  _globals['_STOPREASON']._serialized_start=830
+  _globals['_STOPREASON']._serialized_end=1012
+  _globals['_TOKENSOURCE']._serialized_start=1014
+  _globals['_TOKENSOURCE']._serialized_end=1109
   _globals['_TOKENUSAGE']._serialized_start=52
   _globals['_TOKENUSAGE']._serialized_end=186
   _globals['_TRACEERROR']._serialized_start=188
   _globals['_TRACEERROR']._serialized_end=252
+  _globals['_DELTATOKENS']._serialized_start=255
+  _globals['_DELTATOKENS']._serialized_end=414
+  _globals['_SAMPLINGSETTINGS']._serialized_start=417
+  _globals['_SAMPLINGSETTINGS']._serialized_end=620
 # @@protoc_insertion_point(module_scope)

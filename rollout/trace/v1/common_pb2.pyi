@@ -3,8 +3,10 @@
 isort:skip_file
 """
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
@@ -40,6 +42,76 @@ EXECUTION_STATUS_FAILED: ExecutionStatus.ValueType  # 3
 EXECUTION_STATUS_CANCELLED: ExecutionStatus.ValueType  # 4
 EXECUTION_STATUS_ABORTED: ExecutionStatus.ValueType  # 5
 Global___ExecutionStatus: _TypeAlias = ExecutionStatus  # noqa: Y015
+
+class _StopReason:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _StopReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_StopReason.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    STOP_REASON_UNSPECIFIED: _StopReason.ValueType  # 0
+    STOP_REASON_COMPLETED: _StopReason.ValueType  # 1
+    """The response completed (a message, or function calls to answer)."""
+    STOP_REASON_LENGTH: _StopReason.ValueType  # 2
+    """The response hit max_output_tokens (`response.incomplete`, reason `max_output_tokens`)."""
+    STOP_REASON_INTERRUPTED: _StopReason.ValueType  # 3
+    """A client, CloseThread or the shutdown interrupted it."""
+    STOP_REASON_PROVIDER_ERROR: _StopReason.ValueType  # 4
+    """The provider refused or failed the request: `response.failed`, an `error` event, an HTTP
+    4xx other than 429, `response.incomplete` for another reason.
+    """
+    STOP_REASON_INFRA_ERROR: _StopReason.ValueType  # 5
+    """Transport and capacity: connection failures, idle streams, streams that end without a
+    terminal event, HTTP 429 and 5xx, unreadable responses, the agent's own failures.
+    """
+
+class StopReason(_StopReason, metaclass=_StopReasonEnumTypeWrapper):
+    """Why an inference call stopped, keeping failures of the infrastructure apart from what the
+    model did: a trainer keeps COMPLETED and LENGTH samples, and may drop or retry the rest.
+    """
+
+STOP_REASON_UNSPECIFIED: StopReason.ValueType  # 0
+STOP_REASON_COMPLETED: StopReason.ValueType  # 1
+"""The response completed (a message, or function calls to answer)."""
+STOP_REASON_LENGTH: StopReason.ValueType  # 2
+"""The response hit max_output_tokens (`response.incomplete`, reason `max_output_tokens`)."""
+STOP_REASON_INTERRUPTED: StopReason.ValueType  # 3
+"""A client, CloseThread or the shutdown interrupted it."""
+STOP_REASON_PROVIDER_ERROR: StopReason.ValueType  # 4
+"""The provider refused or failed the request: `response.failed`, an `error` event, an HTTP
+4xx other than 429, `response.incomplete` for another reason.
+"""
+STOP_REASON_INFRA_ERROR: StopReason.ValueType  # 5
+"""Transport and capacity: connection failures, idle streams, streams that end without a
+terminal event, HTTP 429 and 5xx, unreadable responses, the agent's own failures.
+"""
+Global___StopReason: _TypeAlias = StopReason  # noqa: Y015
+
+class _TokenSource:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _TokenSourceEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TokenSource.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    TOKEN_SOURCE_UNSPECIFIED: _TokenSource.ValueType  # 0
+    TOKEN_SOURCE_ENGINE: _TokenSource.ValueType  # 1
+    """Exact: the ids the engine sampled or read, sent with the events (vLLM-style `token_ids`,
+    `prompt_token_ids`).
+    """
+    TOKEN_SOURCE_LOGPROBS: _TokenSource.ValueType  # 2
+    """Derived: the provider gave token strings and logprobs but no ids; the ids are absent."""
+
+class TokenSource(_TokenSource, metaclass=_TokenSourceEnumTypeWrapper):
+    """Where the token ids of a sequence come from."""
+
+TOKEN_SOURCE_UNSPECIFIED: TokenSource.ValueType  # 0
+TOKEN_SOURCE_ENGINE: TokenSource.ValueType  # 1
+"""Exact: the ids the engine sampled or read, sent with the events (vLLM-style `token_ids`,
+`prompt_token_ids`).
+"""
+TOKEN_SOURCE_LOGPROBS: TokenSource.ValueType  # 2
+"""Derived: the provider gave token strings and logprobs but no ids; the ids are absent."""
+Global___TokenSource: _TypeAlias = TokenSource  # noqa: Y015
 
 @_typing.final
 class TokenUsage(_message.Message):
@@ -102,3 +174,119 @@ class TraceError(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TraceError: _TypeAlias = TraceError  # noqa: Y015
+
+@_typing.final
+class DeltaTokens(_message.Message):
+    """Tokens that came with one delta (or one `.done`), as packed columns: one entry per token in
+    each column that is present.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    IDS_FIELD_NUMBER: _builtins.int
+    LOGPROBS_FIELD_NUMBER: _builtins.int
+    TEXT_LENGTHS_FIELD_NUMBER: _builtins.int
+    TEXTS_FIELD_NUMBER: _builtins.int
+    TOP_COUNTS_FIELD_NUMBER: _builtins.int
+    TOP_TEXTS_FIELD_NUMBER: _builtins.int
+    TOP_LOGPROBS_FIELD_NUMBER: _builtins.int
+    TOP_IDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Engine token ids (exact), when the provider sent them."""
+
+    @_builtins.property
+    def logprobs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """Log probabilities of the sampled tokens, when the provider sent them."""
+
+    @_builtins.property
+    def text_lengths(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Each token's text as a length in characters of the delta it came with, when the token
+        strings concatenate to exactly that delta (the common case, one byte a token) ...
+        """
+
+    @_builtins.property
+    def texts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """... otherwise the token strings themselves."""
+
+    @_builtins.property
+    def top_counts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Top-k alternatives: how many each token has (top_counts), then all of them in order."""
+
+    @_builtins.property
+    def top_texts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def top_logprobs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]: ...
+    @_builtins.property
+    def top_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Engine ids of the alternatives, when known (one per top_texts entry)."""
+
+    def __init__(
+        self,
+        *,
+        ids: _abc.Iterable[_builtins.int] | None = ...,
+        logprobs: _abc.Iterable[_builtins.float] | None = ...,
+        text_lengths: _abc.Iterable[_builtins.int] | None = ...,
+        texts: _abc.Iterable[_builtins.str] | None = ...,
+        top_counts: _abc.Iterable[_builtins.int] | None = ...,
+        top_texts: _abc.Iterable[_builtins.str] | None = ...,
+        top_logprobs: _abc.Iterable[_builtins.float] | None = ...,
+        top_ids: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ids", b"ids", "logprobs", b"logprobs", "text_lengths", b"text_lengths", "texts", b"texts", "top_counts", b"top_counts", "top_ids", b"top_ids", "top_logprobs", b"top_logprobs", "top_texts", b"top_texts"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeltaTokens: _TypeAlias = DeltaTokens  # noqa: Y015
+
+@_typing.final
+class SamplingSettings(_message.Message):
+    """Sampling settings a request asked for; unset fields were left to the provider's defaults."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TEMPERATURE_FIELD_NUMBER: _builtins.int
+    TOP_P_FIELD_NUMBER: _builtins.int
+    MAX_OUTPUT_TOKENS_FIELD_NUMBER: _builtins.int
+    TOP_LOGPROBS_FIELD_NUMBER: _builtins.int
+    LOGPROBS_FIELD_NUMBER: _builtins.int
+    TOKEN_IDS_FIELD_NUMBER: _builtins.int
+    temperature: _builtins.float
+    top_p: _builtins.float
+    max_output_tokens: _builtins.int
+    top_logprobs: _builtins.int
+    """How many alternatives per token the request asked logprobs for (0: none)."""
+    logprobs: _builtins.bool
+    """Whether the request asked for logprobs (`include: ["message.output_text.logprobs"]`)."""
+    token_ids: _builtins.bool
+    """Whether the request asked an OpenAI-compatible engine for token ids (`return_token_ids`)."""
+    def __init__(
+        self,
+        *,
+        temperature: _builtins.float | None = ...,
+        top_p: _builtins.float | None = ...,
+        max_output_tokens: _builtins.int | None = ...,
+        top_logprobs: _builtins.int = ...,
+        logprobs: _builtins.bool = ...,
+        token_ids: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens", "_temperature", b"_temperature", "_top_p", b"_top_p", "max_output_tokens", b"max_output_tokens", "temperature", b"temperature", "top_p", b"top_p"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens", "_temperature", b"_temperature", "_top_p", b"_top_p", "logprobs", b"logprobs", "max_output_tokens", b"max_output_tokens", "temperature", b"temperature", "token_ids", b"token_ids", "top_logprobs", b"top_logprobs", "top_p", b"top_p"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__max_output_tokens: _TypeAlias = _typing.Literal["max_output_tokens"]  # noqa: Y015
+    _WhichOneofArgType__max_output_tokens: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens"]  # noqa: Y015
+    _WhichOneofReturnType__temperature: _TypeAlias = _typing.Literal["temperature"]  # noqa: Y015
+    _WhichOneofArgType__temperature: _TypeAlias = _typing.Literal["_temperature", b"_temperature"]  # noqa: Y015
+    _WhichOneofReturnType__top_p: _TypeAlias = _typing.Literal["top_p"]  # noqa: Y015
+    _WhichOneofArgType__top_p: _TypeAlias = _typing.Literal["_top_p", b"_top_p"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_output_tokens) -> _WhichOneofReturnType__max_output_tokens | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__temperature) -> _WhichOneofReturnType__temperature | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__top_p) -> _WhichOneofReturnType__top_p | None: ...
+
+Global___SamplingSettings: _TypeAlias = SamplingSettings  # noqa: Y015

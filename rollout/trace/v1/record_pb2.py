@@ -26,57 +26,68 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from rollout.trace.v1 import common_pb2 as rollout_dot_trace_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1drollout/trace/v1/record.proto\x12\x10rollout.trace.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1drollout/trace/v1/common.proto\"\xe4\x08\n\x0bTraceRecord\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0f\n\x07time_us\x18\x02 \x01(\x04\x12*\n\x06header\x18\x03 \x01(\x0b\x32\x18.rollout.trace.v1.HeaderH\x00\x12*\n\x06\x66ooter\x18\x04 \x01(\x0b\x32\x18.rollout.trace.v1.FooterH\x00\x12,\n\x07payload\x18\x05 \x01(\x0b\x32\x19.rollout.trace.v1.PayloadH\x00\x12\x39\n\x0ethread_started\x18\x06 \x01(\x0b\x32\x1f.rollout.trace.v1.ThreadStartedH\x00\x12\x35\n\x0cturn_started\x18\x07 \x01(\x0b\x32\x1d.rollout.trace.v1.TurnStartedH\x00\x12?\n\x11inference_started\x18\x08 \x01(\x0b\x32\".rollout.trace.v1.InferenceStartedH\x00\x12=\n\x10response_created\x18\t \x01(\x0b\x32!.rollout.trace.v1.ResponseCreatedH\x00\x12>\n\x11output_item_added\x18\n \x01(\x0b\x32!.rollout.trace.v1.OutputItemAddedH\x00\x12>\n\x11output_text_delta\x18\x0b \x01(\x0b\x32!.rollout.trace.v1.OutputTextDeltaH\x00\x12<\n\x10output_item_done\x18\x0c \x01(\x0b\x32 .rollout.trace.v1.OutputItemDoneH\x00\x12\x39\n\x0eprovider_event\x18\r \x01(\x0b\x32\x1f.rollout.trace.v1.ProviderEventH\x00\x12;\n\x0finference_ended\x18\x0e \x01(\x0b\x32 .rollout.trace.v1.InferenceEndedH\x00\x12\x43\n\x13interrupt_requested\x18\x10 \x01(\x0b\x32$.rollout.trace.v1.InterruptRequestedH\x00\x12\x31\n\nturn_ended\x18\x11 \x01(\x0b\x32\x1b.rollout.trace.v1.TurnEndedH\x00\x12\x35\n\x0cthread_ended\x18\x12 \x01(\x0b\x32\x1d.rollout.trace.v1.ThreadEndedH\x00\x12>\n\x11tool_call_started\x18\x13 \x01(\x0b\x32!.rollout.trace.v1.ToolCallStartedH\x00\x12\x46\n\x15tool_output_submitted\x18\x14 \x01(\x0b\x32%.rollout.trace.v1.ToolOutputSubmittedH\x00\x12:\n\x0ftool_call_ended\x18\x15 \x01(\x0b\x32\x1f.rollout.trace.v1.ToolCallEndedH\x00\x12\x0e\n\x06\x63rc32c\x18\x0f \x01(\x07\x42\x06\n\x04\x62ody\"\xa6\x01\n\x06Header\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x10\n\x08trace_id\x18\x02 \x01(\t\x12\x11\n\tthread_id\x18\x03 \x01(\t\x12\x15\n\rproducer_name\x18\x04 \x01(\t\x12\x18\n\x10producer_version\x18\x05 \x01(\t\x12.\n\ncreated_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x1e\n\x06\x46ooter\x12\x14\n\x0crecord_count\x18\x01 \x01(\x04\"\x96\x01\n\x07Payload\x12\x12\n\npayload_id\x18\x01 \x01(\t\x12+\n\x04kind\x18\x02 \x01(\x0e\x32\x1d.rollout.trace.v1.PayloadKind\x12\x12\n\nmedia_type\x18\x03 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\x13\n\x0b\x63hunk_index\x18\x05 \x01(\r\x12\x13\n\x0b\x63hunk_count\x18\x06 \x01(\r\"\xd4\x01\n\rThreadStarted\x12\x0e\n\x06thread\x18\x01 \x01(\r\x12\x11\n\tthread_id\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x1f\n\x17instructions_payload_id\x18\x04 \x01(\t\x12?\n\x08metadata\x18\x05 \x03(\x0b\x32-.rollout.trace.v1.ThreadStarted.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"W\n\x0bTurnStarted\x12\x0c\n\x04turn\x18\x01 \x01(\r\x12\x0e\n\x06thread\x18\x02 \x01(\r\x12\x0f\n\x07turn_id\x18\x03 \x01(\t\x12\x19\n\x11input_payload_ids\x18\x04 \x03(\t\"\xe0\x01\n\x10InferenceStarted\x12\x0c\n\x04\x63\x61ll\x18\x01 \x01(\r\x12\x0c\n\x04turn\x18\x02 \x01(\r\x12\x19\n\x11inference_call_id\x18\x03 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\r\x12\r\n\x05model\x18\x05 \x01(\t\x12\x19\n\x11provider_base_url\x18\x06 \x01(\t\x12#\n\x1brequest_envelope_payload_id\x18\x07 \x01(\t\x12\x19\n\x11input_payload_ids\x18\x08 \x03(\t\x12\x1a\n\x12input_prefix_count\x18\t \x01(\r\"4\n\x0fResponseCreated\x12\x0c\n\x04\x63\x61ll\x18\x01 \x01(\r\x12\x13\n\x0bresponse_id\x18\x02 \x01(\t\"~\n\x0fOutputItemAdded\x12\x0c\n\x04\x63\x61ll\x18\x01 \x01(\r\x12\x0c\n\x04item\x18\x02 \x01(\r\x12\x18\n\x10provider_item_id\x18\x03 \x01(\t\x12\x11\n\titem_type\x18\x04 \x01(\t\x12\x0c\n\x04role\x18\x05 \x01(\t\x12\x14\n\x0coutput_index\x18\x06 \x01(\r\"g\n\x0fOutputTextDelta\x12\x0c\n\x04\x63\x61ll\x18\x01 \x01(\r\x12\r\n\x05\x64\x65lta\x18\x02 \x01(\t\x12\x0c\n\x04item\x18\x03 \x01(\r\x12)\n\x04kind\x18\x04 \x01(\x0e\x32\x1b.rollout.trace.v1.DeltaKind\"p\n\x0eOutputItemDone\x12\x0c\n\x04\x63\x61ll\x18\x01 \x01(\r\x12\x0c\n\x04item\x18\x02 \x01(\r\x12\x0f\n\x07item_id\x18\x03 \x01(\t\x12\x18\n\x10item_id_assigned\x18\x04 \x01(\x08\x12\x17\n\x0fitem_payload_id\x18\x05 \x01(\t\"X\n\rProviderEvent\x12\x0c\n\x04\x63\x61ll\x18\x01 \x01(\r\x12\x12\n\nevent_type\x18\x02 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\t\x12\x17\n\x0f\x64\x61ta_payload_id\x18\x04 \x01(\t\"\xd0\x01\n\x0eInferenceEnded\x12\x0c\n\x04\x63\x61ll\x18\x01 \x01(\r\x12\x31\n\x06status\x18\x02 \x01(\x0e\x32!.rollout.trace.v1.ExecutionStatus\x12\x13\n\x0bresponse_id\x18\x03 \x01(\t\x12+\n\x05usage\x18\x04 \x01(\x0b\x32\x1c.rollout.trace.v1.TokenUsage\x12+\n\x05\x65rror\x18\x05 \x01(\x0b\x32\x1c.rollout.trace.v1.TraceError\x12\x0e\n\x06reason\x18\x06 \x01(\t\"8\n\x12InterruptRequested\x12\x0c\n\x04turn\x18\x01 \x01(\r\x12\x14\n\x0crequested_by\x18\x02 \x01(\t\"y\n\tTurnEnded\x12\x0c\n\x04turn\x18\x01 \x01(\r\x12\x31\n\x06status\x18\x02 \x01(\x0e\x32!.rollout.trace.v1.ExecutionStatus\x12+\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x1c.rollout.trace.v1.TraceError\"`\n\x0bThreadEnded\x12\x0e\n\x06thread\x18\x01 \x01(\r\x12\x31\n\x06status\x18\x02 \x01(\x0e\x32!.rollout.trace.v1.ExecutionStatus\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\x96\x01\n\x0fToolCallStarted\x12\x11\n\ttool_call\x18\x01 \x01(\r\x12\x0c\n\x04\x63\x61ll\x18\x02 \x01(\r\x12\x14\n\x0ctool_call_id\x18\x03 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x04 \x01(\t\x12\x0c\n\x04name\x18\x05 \x01(\t\x12\x0f\n\x07item_id\x18\x06 \x01(\t\x12\x1c\n\x14\x61rguments_payload_id\x18\x07 \x01(\t\"p\n\x13ToolOutputSubmitted\x12\x11\n\ttool_call\x18\x01 \x01(\r\x12\x1e\n\x16output_item_payload_id\x18\x02 \x01(\t\x12\x10\n\x08is_error\x18\x03 \x01(\x08\x12\x14\n\x0csubmitted_by\x18\x04 \x01(\t\"\xa2\x01\n\rToolCallEnded\x12\x11\n\ttool_call\x18\x01 \x01(\r\x12\x31\n\x06status\x18\x02 \x01(\x0e\x32!.rollout.trace.v1.ExecutionStatus\x12+\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x1c.rollout.trace.v1.TraceError\x12\x1e\n\x16output_item_payload_id\x18\x04 \x01(\t*\x88\x02\n\x0bPayloadKind\x12\x1c\n\x18PAYLOAD_KIND_UNSPECIFIED\x10\x00\x12\x1d\n\x19PAYLOAD_KIND_INSTRUCTIONS\x10\x01\x12\x1b\n\x17PAYLOAD_KIND_INPUT_ITEM\x10\x02\x12!\n\x1dPAYLOAD_KIND_REQUEST_ENVELOPE\x10\x03\x12\x1c\n\x18PAYLOAD_KIND_OUTPUT_ITEM\x10\x04\x12\x1f\n\x1bPAYLOAD_KIND_PROVIDER_EVENT\x10\x05\x12\x1f\n\x1bPAYLOAD_KIND_TOOL_ARGUMENTS\x10\x06\x12\x1c\n\x18PAYLOAD_KIND_TOOL_OUTPUT\x10\x07*\x84\x01\n\tDeltaKind\x12\x1a\n\x16\x44\x45LTA_KIND_UNSPECIFIED\x10\x00\x12\x16\n\x12\x44\x45LTA_KIND_REFUSAL\x10\x01\x12 \n\x1c\x44\x45LTA_KIND_REASONING_SUMMARY\x10\x02\x12!\n\x1d\x44\x45LTA_KIND_FUNCTION_ARGUMENTS\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1drollout/trace/v1/record.proto\x12\x10rollout.trace.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1drollout/trace/v1/common.proto\"\x93\n\n\x0bTraceRecord\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0f\n\x07time_us\x18\x02 \x01(\x04\x12*\n\x06header\x18\x03 \x01(\x0b\x32\x18.rollout.trace.v1.HeaderH\x00\x12*\n\x06\x66ooter\x18\x04 \x01(\x0b\x32\x18.rollout.trace.v1.FooterH\x00\x12,\n\x07payload\x18\x05 \x01(\x0b\x32\x19.rollout.trace.v1.PayloadH\x00\x12\x39\n\x0ethread_started\x18\x06 \x01(\x0b\x32\x1f.rollout.trace.v1.ThreadStartedH\x00\x12\x35\n\x0cturn_started\x18\x07 \x01(\x0b\x32\x1d.rollout.trace.v1.TurnStartedH\x00\x12?\n\x11inference_started\x18\x08 \x01(\x0b\x32\".rollout.trace.v1.InferenceStartedH\x00\x12=\n\x10response_created\x18\t \x01(\x0b\x32!.rollout.trace.v1.ResponseCreatedH\x00\x12>\n\x11output_item_added\x18\n \x01(\x0b\x32!.rollout.trace.v1.OutputItemAddedH\x00\x12>\n\x11output_text_delta\x18\x0b \x01(\x0b\x32!.rollout.trace.v1.OutputTextDeltaH\x00\x12<\n\x10output_item_done\x18\x0c \x01(\x0b\x32 .rollout.trace.v1.OutputItemDoneH\x00\x12\x39\n\x0eprovider_event\x18\r \x01(\x0b\x32\x1f.rollout.trace.v1.ProviderEventH\x00\x12;\n\x0finference_ended\x18\x0e \x01(\x0b\x32 .rollout.trace.v1.InferenceEndedH\x00\x12\x43\n\x13interrupt_requested\x18\x10 \x01(\x0b\x32$.rollout.trace.v1.InterruptRequestedH\x00\x12\x31\n\nturn_ended\x18\x11 \x01(\x0b\x32\x1b.rollout.trace.v1.TurnEndedH\x00\x12\x35\n\x0cthread_ended\x18\x12 \x01(\x0b\x32\x1d.rollout.trace.v1.ThreadEndedH\x00\x12>\n\x11tool_call_started\x18\x13 \x01(\x0b\x32!.rollout.trace.v1.ToolCallStartedH\x00\x12\x46\n\x15tool_output_submitted\x18\x14 \x01(\x0b\x32%.rollout.trace.v1.ToolOutputSubmittedH\x00\x12:\n\x0ftool_call_ended\x18\x15 \x01(\x0b\x32\x1f.rollout.trace.v1.ToolCallEndedH\x00\x12\x37\n\rthread_forked\x18\x1e \x01(\x0b\x32\x1e.rollout.trace.v1.ThreadForkedH\x00\x12\x37\n\rprompt_tokens\x18\x1f \x01(\x0b\x32\x1e.rollout.trace.v1.PromptTokensH\x00\x12;\n\x0freward_recorded\x18  \x01(\x0b\x32 .rollout.trace.v1.RewardRecordedH\x00\x12\x0e\n\x06\x63rc32c\x18\x0f \x01(\x07\x42\x06\n\x04\x62ody\"\xa6\x01\n\x06Header\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x10\n\x08trace_id\x18\x02 \x01(\t\x12\x11\n\tthread_id\x18\x03 \x01(\t\x12\x15\n\rproducer_name\x18\x04 \x01(\t\x12\x18\n\x10producer_version\x18\x05 \x01(\t\x12.\n\ncreated_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x1e\n\x06\x46ooter\x12\x14\n\x0crecord_count\x18\x01 \x01(\x04\"\x96\x01\n\x07Payload\x12\x12\n\npayload_id\x18\x01 \x01(\t\x12+\n\x04kind\x18\x02 \x01(\x0e\x32\x1d.rollout.trace.v1.PayloadKind\x12\x12\n\nmedia_type\x18\x03 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\x13\n\x0b\x63hunk_index\x18\x05 \x01(\r\x12\x13\n\x0b\x63hunk_count\x18\x06 \x01(\r\"\xd4\x01\n\rThreadStarted\x12\x0e\n\x06thread\x18\x01 \x01(\r\x12\x11\n\tthread_id\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x1f\n\x17instructions_payload_id\x18\x04 \x01(\t\x12?\n\x08metadata\x18\x05 \x03(\x0b\x32-.rollout.trace.v1.ThreadStarted.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"W\n\x0bTurnStarted\x12\x0c\n\x04turn\x18\x01 \x01(\r\x12\x0e\n\x06thread\x18\x02 \x01(\r\x12\x0f\n\x07turn_id\x18\x03 \x01(\t\x12\x19\n\x11input_payload_ids\x18\x04 \x03(\t\"\xf8\x01\n\x10InferenceStarted\x12\x0c\n\x04\x63\x61ll\x18\x01 \x01(\r\x12\x0c\n\x04turn\x18\x02 \x01(\r\x12\x19\n\x11inference_call_id\x18\x03 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\r\x12\r\n\x05model\x18\x05 \x01(\t\x12\x19\n\x11provider_base_url\x18\x06 \x01(\t\x12#\n\x1brequest_envelope_payload_id\x18\x07 \x01(\t\x12\x19\n\x11input_payload_ids\x18\x08 \x03(\t\x12\x1a\n\x12input_prefix_count\x18\t \x01(\r\x12\x16\n\x0epolicy_version\x18\x1e \x01(\t\"4\n\x0fResponseCreated\x12\x0c\n\x04\x63\x61ll\x18\x01 \x01(\r\x12\x13\n\x0bresponse_id\x18\x02 \x01(\t\"~\n\x0fOutputItemAdded\x12\x0c\n\x04\x63\x61ll\x18\x01 \x01(\r\x12\x0c\n\x04item\x18\x02 \x01(\r\x12\x18\n\x10provider_item_id\x18\x03 \x01(\t\x12\x11\n\titem_type\x18\x04 \x01(\t\x12\x0c\n\x04role\x18\x05 \x01(\t\x12\x14\n\x0coutput_index\x18\x06 \x01(\r\"\x96\x01\n\x0fOutputTextDelta\x12\x0c\n\x04\x63\x61ll\x18\x01 \x01(\r\x12\r\n\x05\x64\x65lta\x18\x02 \x01(\t\x12\x0c\n\x04item\x18\x03 \x01(\r\x12)\n\x04kind\x18\x04 \x01(\x0e\x32\x1b.rollout.trace.v1.DeltaKind\x12-\n\x06tokens\x18\x05 \x01(\x0b\x32\x1d.rollout.trace.v1.DeltaTokens\"p\n\x0eOutputItemDone\x12\x0c\n\x04\x63\x61ll\x18\x01 \x01(\r\x12\x0c\n\x04item\x18\x02 \x01(\r\x12\x0f\n\x07item_id\x18\x03 \x01(\t\x12\x18\n\x10item_id_assigned\x18\x04 \x01(\x08\x12\x17\n\x0fitem_payload_id\x18\x05 \x01(\t\"X\n\rProviderEvent\x12\x0c\n\x04\x63\x61ll\x18\x01 \x01(\r\x12\x12\n\nevent_type\x18\x02 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\t\x12\x17\n\x0f\x64\x61ta_payload_id\x18\x04 \x01(\t\"\x83\x02\n\x0eInferenceEnded\x12\x0c\n\x04\x63\x61ll\x18\x01 \x01(\r\x12\x31\n\x06status\x18\x02 \x01(\x0e\x32!.rollout.trace.v1.ExecutionStatus\x12\x13\n\x0bresponse_id\x18\x03 \x01(\t\x12+\n\x05usage\x18\x04 \x01(\x0b\x32\x1c.rollout.trace.v1.TokenUsage\x12+\n\x05\x65rror\x18\x05 \x01(\x0b\x32\x1c.rollout.trace.v1.TraceError\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x31\n\x0bstop_reason\x18\x1e \x01(\x0e\x32\x1c.rollout.trace.v1.StopReason\"8\n\x12InterruptRequested\x12\x0c\n\x04turn\x18\x01 \x01(\r\x12\x14\n\x0crequested_by\x18\x02 \x01(\t\"y\n\tTurnEnded\x12\x0c\n\x04turn\x18\x01 \x01(\r\x12\x31\n\x06status\x18\x02 \x01(\x0e\x32!.rollout.trace.v1.ExecutionStatus\x12+\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x1c.rollout.trace.v1.TraceError\"`\n\x0bThreadEnded\x12\x0e\n\x06thread\x18\x01 \x01(\r\x12\x31\n\x06status\x18\x02 \x01(\x0e\x32!.rollout.trace.v1.ExecutionStatus\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\x96\x01\n\x0fToolCallStarted\x12\x11\n\ttool_call\x18\x01 \x01(\r\x12\x0c\n\x04\x63\x61ll\x18\x02 \x01(\r\x12\x14\n\x0ctool_call_id\x18\x03 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x04 \x01(\t\x12\x0c\n\x04name\x18\x05 \x01(\t\x12\x0f\n\x07item_id\x18\x06 \x01(\t\x12\x1c\n\x14\x61rguments_payload_id\x18\x07 \x01(\t\"p\n\x13ToolOutputSubmitted\x12\x11\n\ttool_call\x18\x01 \x01(\r\x12\x1e\n\x16output_item_payload_id\x18\x02 \x01(\t\x12\x10\n\x08is_error\x18\x03 \x01(\x08\x12\x14\n\x0csubmitted_by\x18\x04 \x01(\t\"\xa2\x01\n\rToolCallEnded\x12\x11\n\ttool_call\x18\x01 \x01(\r\x12\x31\n\x06status\x18\x02 \x01(\x0e\x32!.rollout.trace.v1.ExecutionStatus\x12+\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x1c.rollout.trace.v1.TraceError\x12\x1e\n\x16output_item_payload_id\x18\x04 \x01(\t\"\xb5\x02\n\x0cThreadForked\x12\x18\n\x10parent_thread_id\x18\x01 \x01(\t\x12\x15\n\rparent_bundle\x18\x02 \x01(\t\x12\x17\n\x0fparent_trace_id\x18\x03 \x01(\t\x12\x15\n\rafter_turn_id\x18\x04 \x01(\t\x12\x1b\n\x13last_shared_item_id\x18\x05 \x01(\t\x12\x10\n\x08group_id\x18\x06 \x01(\t\x12\x18\n\x10repetition_index\x18\x07 \x01(\r\x12\x1a\n\x12prefix_payload_ids\x18\x08 \x03(\t\x12\x15\n\rprefix_copied\x18\t \x01(\x08\x12\x14\n\x0cshared_turns\x18\n \x01(\r\x12\x16\n\x0eparent_call_id\x18\x0b \x01(\t\x12\x1a\n\x12parent_token_count\x18\x0c \x01(\r\"?\n\x0cPromptTokens\x12\x0c\n\x04\x63\x61ll\x18\x01 \x01(\r\x12\x0b\n\x03ids\x18\x02 \x03(\r\x12\x14\n\x0cprefix_count\x18\x03 \x01(\r\"\xbb\x02\n\x0eRewardRecorded\x12\x11\n\tthread_id\x18\x01 \x01(\t\x12\x0f\n\x07turn_id\x18\x02 \x01(\t\x12\x0f\n\x07item_id\x18\x03 \x01(\t\x12\x0c\n\x04name\x18\x04 \x01(\t\x12\r\n\x05value\x18\x05 \x01(\x01\x12\x0e\n\x06weight\x18\x06 \x01(\x01\x12\x0e\n\x06source\x18\x07 \x01(\t\x12@\n\x08metadata\x18\x08 \x03(\x0b\x32..rollout.trace.v1.RewardRecorded.MetadataEntry\x12/\n\x0brecorded_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0brecorded_by\x18\n \x01(\t\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*\x88\x02\n\x0bPayloadKind\x12\x1c\n\x18PAYLOAD_KIND_UNSPECIFIED\x10\x00\x12\x1d\n\x19PAYLOAD_KIND_INSTRUCTIONS\x10\x01\x12\x1b\n\x17PAYLOAD_KIND_INPUT_ITEM\x10\x02\x12!\n\x1dPAYLOAD_KIND_REQUEST_ENVELOPE\x10\x03\x12\x1c\n\x18PAYLOAD_KIND_OUTPUT_ITEM\x10\x04\x12\x1f\n\x1bPAYLOAD_KIND_PROVIDER_EVENT\x10\x05\x12\x1f\n\x1bPAYLOAD_KIND_TOOL_ARGUMENTS\x10\x06\x12\x1c\n\x18PAYLOAD_KIND_TOOL_OUTPUT\x10\x07*\x84\x01\n\tDeltaKind\x12\x1a\n\x16\x44\x45LTA_KIND_UNSPECIFIED\x10\x00\x12\x16\n\x12\x44\x45LTA_KIND_REFUSAL\x10\x01\x12 \n\x1c\x44\x45LTA_KIND_REASONING_SUMMARY\x10\x02\x12!\n\x1d\x44\x45LTA_KIND_FUNCTION_ARGUMENTS\x10\x03\x42V\n\x10rollout.trace.v1P\x01Z-rollout-trace/gen/go/rollout/trace/v1;tracev1\xaa\x02\x10Rollout.Trace.V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'rollout.trace.v1.record_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
-  DESCRIPTOR._loaded_options = None
+  _globals['DESCRIPTOR']._loaded_options = None
+  _globals['DESCRIPTOR']._serialized_options = b'\n\020rollout.trace.v1P\001Z-rollout-trace/gen/go/rollout/trace/v1;tracev1\252\002\020Rollout.Trace.V1'
   _globals['_THREADSTARTED_METADATAENTRY']._loaded_options = None
   _globals['_THREADSTARTED_METADATAENTRY']._serialized_options = b'8\001'
-  _globals['_PAYLOADKIND']._serialized_start=3541
-  _globals['_PAYLOADKIND']._serialized_end=3805
-  _globals['_DELTAKIND']._serialized_start=3808
-  _globals['_DELTAKIND']._serialized_end=3940
+  _globals['_REWARDRECORDED_METADATAENTRY']._loaded_options = None
+  _globals['_REWARDRECORDED_METADATAENTRY']._serialized_options = b'8\001'
+  _globals['_PAYLOADKIND']._serialized_start=4534
+  _globals['_PAYLOADKIND']._serialized_end=4798
+  _globals['_DELTAKIND']._serialized_start=4801
+  _globals['_DELTAKIND']._serialized_end=4933
   _globals['_TRACERECORD']._serialized_start=116
-  _globals['_TRACERECORD']._serialized_end=1240
-  _globals['_HEADER']._serialized_start=1243
-  _globals['_HEADER']._serialized_end=1409
-  _globals['_FOOTER']._serialized_start=1411
-  _globals['_FOOTER']._serialized_end=1441
-  _globals['_PAYLOAD']._serialized_start=1444
-  _globals['_PAYLOAD']._serialized_end=1594
-  _globals['_THREADSTARTED']._serialized_start=1597
-  _globals['_THREADSTARTED']._serialized_end=1809
-  _globals['_THREADSTARTED_METADATAENTRY']._serialized_start=1762
-  _globals['_THREADSTARTED_METADATAENTRY']._serialized_end=1809
-  _globals['_TURNSTARTED']._serialized_start=1811
-  _globals['_TURNSTARTED']._serialized_end=1898
-  _globals['_INFERENCESTARTED']._serialized_start=1901
-  _globals['_INFERENCESTARTED']._serialized_end=2125
-  _globals['_RESPONSECREATED']._serialized_start=2127
-  _globals['_RESPONSECREATED']._serialized_end=2179
-  _globals['_OUTPUTITEMADDED']._serialized_start=2181
-  _globals['_OUTPUTITEMADDED']._serialized_end=2307
-  _globals['_OUTPUTTEXTDELTA']._serialized_start=2309
-  _globals['_OUTPUTTEXTDELTA']._serialized_end=2412
-  _globals['_OUTPUTITEMDONE']._serialized_start=2414
-  _globals['_OUTPUTITEMDONE']._serialized_end=2526
-  _globals['_PROVIDEREVENT']._serialized_start=2528
-  _globals['_PROVIDEREVENT']._serialized_end=2616
-  _globals['_INFERENCEENDED']._serialized_start=2619
-  _globals['_INFERENCEENDED']._serialized_end=2827
-  _globals['_INTERRUPTREQUESTED']._serialized_start=2829
-  _globals['_INTERRUPTREQUESTED']._serialized_end=2885
-  _globals['_TURNENDED']._serialized_start=2887
-  _globals['_TURNENDED']._serialized_end=3008
-  _globals['_THREADENDED']._serialized_start=3010
-  _globals['_THREADENDED']._serialized_end=3106
-  _globals['_TOOLCALLSTARTED']._serialized_start=3109
-  _globals['_TOOLCALLSTARTED']._serialized_end=3259
-  _globals['_TOOLOUTPUTSUBMITTED']._serialized_start=3261
-  _globals['_TOOLOUTPUTSUBMITTED']._serialized_end=3373
-  _globals['_TOOLCALLENDED']._serialized_start=3376
-  _globals['_TOOLCALLENDED']._serialized_end=3538
+  _globals['_TRACERECORD']._serialized_end=1415
+  _globals['_HEADER']._serialized_start=1418
+  _globals['_HEADER']._serialized_end=1584
+  _globals['_FOOTER']._serialized_start=1586
+  _globals['_FOOTER']._serialized_end=1616
+  _globals['_PAYLOAD']._serialized_start=1619
+  _globals['_PAYLOAD']._serialized_end=1769
+  _globals['_THREADSTARTED']._serialized_start=1772
+  _globals['_THREADSTARTED']._serialized_end=1984
+  _globals['_THREADSTARTED_METADATAENTRY']._serialized_start=1937
+  _globals['_THREADSTARTED_METADATAENTRY']._serialized_end=1984
+  _globals['_TURNSTARTED']._serialized_start=1986
+  _globals['_TURNSTARTED']._serialized_end=2073
+  _globals['_INFERENCESTARTED']._serialized_start=2076
+  _globals['_INFERENCESTARTED']._serialized_end=2324
+  _globals['_RESPONSECREATED']._serialized_start=2326
+  _globals['_RESPONSECREATED']._serialized_end=2378
+  _globals['_OUTPUTITEMADDED']._serialized_start=2380
+  _globals['_OUTPUTITEMADDED']._serialized_end=2506
+  _globals['_OUTPUTTEXTDELTA']._serialized_start=2509
+  _globals['_OUTPUTTEXTDELTA']._serialized_end=2659
+  _globals['_OUTPUTITEMDONE']._serialized_start=2661
+  _globals['_OUTPUTITEMDONE']._serialized_end=2773
+  _globals['_PROVIDEREVENT']._serialized_start=2775
+  _globals['_PROVIDEREVENT']._serialized_end=2863
+  _globals['_INFERENCEENDED']._serialized_start=2866
+  _globals['_INFERENCEENDED']._serialized_end=3125
+  _globals['_INTERRUPTREQUESTED']._serialized_start=3127
+  _globals['_INTERRUPTREQUESTED']._serialized_end=3183
+  _globals['_TURNENDED']._serialized_start=3185
+  _globals['_TURNENDED']._serialized_end=3306
+  _globals['_THREADENDED']._serialized_start=3308
+  _globals['_THREADENDED']._serialized_end=3404
+  _globals['_TOOLCALLSTARTED']._serialized_start=3407
+  _globals['_TOOLCALLSTARTED']._serialized_end=3557
+  _globals['_TOOLOUTPUTSUBMITTED']._serialized_start=3559
+  _globals['_TOOLOUTPUTSUBMITTED']._serialized_end=3671
+  _globals['_TOOLCALLENDED']._serialized_start=3674
+  _globals['_TOOLCALLENDED']._serialized_end=3836
+  _globals['_THREADFORKED']._serialized_start=3839
+  _globals['_THREADFORKED']._serialized_end=4148
+  _globals['_PROMPTTOKENS']._serialized_start=4150
+  _globals['_PROMPTTOKENS']._serialized_end=4213
+  _globals['_REWARDRECORDED']._serialized_start=4216
+  _globals['_REWARDRECORDED']._serialized_end=4531
+  _globals['_REWARDRECORDED_METADATAENTRY']._serialized_start=1937
+  _globals['_REWARDRECORDED_METADATAENTRY']._serialized_end=1984
 # @@protoc_insertion_point(module_scope)

@@ -114,6 +114,9 @@ class TraceRecord(_message.Message):
     TOOL_CALL_STARTED_FIELD_NUMBER: _builtins.int
     TOOL_OUTPUT_SUBMITTED_FIELD_NUMBER: _builtins.int
     TOOL_CALL_ENDED_FIELD_NUMBER: _builtins.int
+    THREAD_FORKED_FIELD_NUMBER: _builtins.int
+    PROMPT_TOKENS_FIELD_NUMBER: _builtins.int
+    REWARD_RECORDED_FIELD_NUMBER: _builtins.int
     CRC32C_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     """1, 2, 3, ... contiguous within a bundle; 0 is never valid."""
@@ -157,6 +160,12 @@ class TraceRecord(_message.Message):
     def tool_output_submitted(self) -> Global___ToolOutputSubmitted: ...
     @_builtins.property
     def tool_call_ended(self) -> Global___ToolCallEnded: ...
+    @_builtins.property
+    def thread_forked(self) -> Global___ThreadForked: ...
+    @_builtins.property
+    def prompt_tokens(self) -> Global___PromptTokens: ...
+    @_builtins.property
+    def reward_recorded(self) -> Global___RewardRecorded: ...
     def __init__(
         self,
         *,
@@ -180,13 +189,16 @@ class TraceRecord(_message.Message):
         tool_call_started: Global___ToolCallStarted | None = ...,
         tool_output_submitted: Global___ToolOutputSubmitted | None = ...,
         tool_call_ended: Global___ToolCallEnded | None = ...,
+        thread_forked: Global___ThreadForked | None = ...,
+        prompt_tokens: Global___PromptTokens | None = ...,
+        reward_recorded: Global___RewardRecorded | None = ...,
         crc32c: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "footer", b"footer", "header", b"header", "inference_ended", b"inference_ended", "inference_started", b"inference_started", "interrupt_requested", b"interrupt_requested", "output_item_added", b"output_item_added", "output_item_done", b"output_item_done", "output_text_delta", b"output_text_delta", "payload", b"payload", "provider_event", b"provider_event", "response_created", b"response_created", "thread_ended", b"thread_ended", "thread_started", b"thread_started", "tool_call_ended", b"tool_call_ended", "tool_call_started", b"tool_call_started", "tool_output_submitted", b"tool_output_submitted", "turn_ended", b"turn_ended", "turn_started", b"turn_started"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "footer", b"footer", "header", b"header", "inference_ended", b"inference_ended", "inference_started", b"inference_started", "interrupt_requested", b"interrupt_requested", "output_item_added", b"output_item_added", "output_item_done", b"output_item_done", "output_text_delta", b"output_text_delta", "payload", b"payload", "prompt_tokens", b"prompt_tokens", "provider_event", b"provider_event", "response_created", b"response_created", "reward_recorded", b"reward_recorded", "thread_ended", b"thread_ended", "thread_forked", b"thread_forked", "thread_started", b"thread_started", "tool_call_ended", b"tool_call_ended", "tool_call_started", b"tool_call_started", "tool_output_submitted", b"tool_output_submitted", "turn_ended", b"turn_ended", "turn_started", b"turn_started"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "crc32c", b"crc32c", "footer", b"footer", "header", b"header", "inference_ended", b"inference_ended", "inference_started", b"inference_started", "interrupt_requested", b"interrupt_requested", "output_item_added", b"output_item_added", "output_item_done", b"output_item_done", "output_text_delta", b"output_text_delta", "payload", b"payload", "provider_event", b"provider_event", "response_created", b"response_created", "seq", b"seq", "thread_ended", b"thread_ended", "thread_started", b"thread_started", "time_us", b"time_us", "tool_call_ended", b"tool_call_ended", "tool_call_started", b"tool_call_started", "tool_output_submitted", b"tool_output_submitted", "turn_ended", b"turn_ended", "turn_started", b"turn_started"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "crc32c", b"crc32c", "footer", b"footer", "header", b"header", "inference_ended", b"inference_ended", "inference_started", b"inference_started", "interrupt_requested", b"interrupt_requested", "output_item_added", b"output_item_added", "output_item_done", b"output_item_done", "output_text_delta", b"output_text_delta", "payload", b"payload", "prompt_tokens", b"prompt_tokens", "provider_event", b"provider_event", "response_created", b"response_created", "reward_recorded", b"reward_recorded", "seq", b"seq", "thread_ended", b"thread_ended", "thread_forked", b"thread_forked", "thread_started", b"thread_started", "time_us", b"time_us", "tool_call_ended", b"tool_call_ended", "tool_call_started", b"tool_call_started", "tool_output_submitted", b"tool_output_submitted", "turn_ended", b"turn_ended", "turn_started", b"turn_started"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["header", "footer", "payload", "thread_started", "turn_started", "inference_started", "response_created", "output_item_added", "output_text_delta", "output_item_done", "provider_event", "inference_ended", "interrupt_requested", "turn_ended", "thread_ended", "tool_call_started", "tool_output_submitted", "tool_call_ended"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["header", "footer", "payload", "thread_started", "turn_started", "inference_started", "response_created", "output_item_added", "output_text_delta", "output_item_done", "provider_event", "inference_ended", "interrupt_requested", "turn_ended", "thread_ended", "tool_call_started", "tool_output_submitted", "tool_call_ended", "thread_forked", "prompt_tokens", "reward_recorded"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
@@ -391,6 +403,7 @@ class InferenceStarted(_message.Message):
     REQUEST_ENVELOPE_PAYLOAD_ID_FIELD_NUMBER: _builtins.int
     INPUT_PAYLOAD_IDS_FIELD_NUMBER: _builtins.int
     INPUT_PREFIX_COUNT_FIELD_NUMBER: _builtins.int
+    POLICY_VERSION_FIELD_NUMBER: _builtins.int
     call: _builtins.int
     turn: _builtins.int
     inference_call_id: _builtins.str
@@ -407,6 +420,8 @@ class InferenceStarted(_message.Message):
     history with every request; this keeps each inference_started record proportional to what
     is new, so a bundle grows linearly with the conversation.
     """
+    policy_version: _builtins.str
+    """The policy (model weights) version the client said it sampled with."""
     @_builtins.property
     def input_payload_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """The `input` array of the request after its first `input_prefix_count` items, one payload
@@ -425,10 +440,11 @@ class InferenceStarted(_message.Message):
         request_envelope_payload_id: _builtins.str = ...,
         input_payload_ids: _abc.Iterable[_builtins.str] | None = ...,
         input_prefix_count: _builtins.int = ...,
+        policy_version: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "call", b"call", "inference_call_id", b"inference_call_id", "input_payload_ids", b"input_payload_ids", "input_prefix_count", b"input_prefix_count", "model", b"model", "provider_base_url", b"provider_base_url", "request_envelope_payload_id", b"request_envelope_payload_id", "turn", b"turn"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "call", b"call", "inference_call_id", b"inference_call_id", "input_payload_ids", b"input_payload_ids", "input_prefix_count", b"input_prefix_count", "model", b"model", "policy_version", b"policy_version", "provider_base_url", b"provider_base_url", "request_envelope_payload_id", b"request_envelope_payload_id", "turn", b"turn"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -506,12 +522,19 @@ class OutputTextDelta(_message.Message):
     DELTA_FIELD_NUMBER: _builtins.int
     ITEM_FIELD_NUMBER: _builtins.int
     KIND_FIELD_NUMBER: _builtins.int
+    TOKENS_FIELD_NUMBER: _builtins.int
     call: _builtins.int
     delta: _builtins.str
     item: _builtins.int
     """The output item ordinal; 0 means the call's most recently added item."""
     kind: Global___DeltaKind.ValueType
     """Which text of the item this is (unset: output text)."""
+    @_builtins.property
+    def tokens(self) -> _common_pb2.DeltaTokens:
+        """The tokens of this text, when the provider sent ids or logprobs with it. A delta record
+        may carry tokens and no text (the tokens of an item's `.done`, or of special tokens).
+        """
+
     def __init__(
         self,
         *,
@@ -519,10 +542,11 @@ class OutputTextDelta(_message.Message):
         delta: _builtins.str = ...,
         item: _builtins.int = ...,
         kind: Global___DeltaKind.ValueType = ...,
+        tokens: _common_pb2.DeltaTokens | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["tokens", b"tokens"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "delta", b"delta", "item", b"item", "kind", b"kind"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "delta", b"delta", "item", b"item", "kind", b"kind", "tokens", b"tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -608,11 +632,14 @@ class InferenceEnded(_message.Message):
     USAGE_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    STOP_REASON_FIELD_NUMBER: _builtins.int
     call: _builtins.int
     status: _common_pb2.ExecutionStatus.ValueType
     response_id: _builtins.str
     reason: _builtins.str
     """Why it ended this way, e.g. `response.completed`, `interrupted`, `stream_ended`."""
+    stop_reason: _common_pb2.StopReason.ValueType
+    """The same, classified: model outcomes apart from infrastructure failures."""
     @_builtins.property
     def usage(self) -> _common_pb2.TokenUsage: ...
     @_builtins.property
@@ -626,10 +653,11 @@ class InferenceEnded(_message.Message):
         usage: _common_pb2.TokenUsage | None = ...,
         error: _common_pb2.TraceError | None = ...,
         reason: _builtins.str = ...,
+        stop_reason: _common_pb2.StopReason.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "error", b"error", "reason", b"reason", "response_id", b"response_id", "status", b"status", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "error", b"error", "reason", b"reason", "response_id", b"response_id", "status", b"status", "stop_reason", b"stop_reason", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -828,3 +856,192 @@ class ToolCallEnded(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ToolCallEnded: _TypeAlias = ToolCallEnded  # noqa: Y015
+
+@_typing.final
+class ThreadForked(_message.Message):
+    """The thread continues another thread's conversation (ForkThread): the first record after the
+    header. The prefix is not copied: its items are payloads of the parent's bundle, named here,
+    and the first request of this thread records them as its input prefix.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARENT_THREAD_ID_FIELD_NUMBER: _builtins.int
+    PARENT_BUNDLE_FIELD_NUMBER: _builtins.int
+    PARENT_TRACE_ID_FIELD_NUMBER: _builtins.int
+    AFTER_TURN_ID_FIELD_NUMBER: _builtins.int
+    LAST_SHARED_ITEM_ID_FIELD_NUMBER: _builtins.int
+    GROUP_ID_FIELD_NUMBER: _builtins.int
+    REPETITION_INDEX_FIELD_NUMBER: _builtins.int
+    PREFIX_PAYLOAD_IDS_FIELD_NUMBER: _builtins.int
+    PREFIX_COPIED_FIELD_NUMBER: _builtins.int
+    SHARED_TURNS_FIELD_NUMBER: _builtins.int
+    PARENT_CALL_ID_FIELD_NUMBER: _builtins.int
+    PARENT_TOKEN_COUNT_FIELD_NUMBER: _builtins.int
+    parent_thread_id: _builtins.str
+    parent_bundle: _builtins.str
+    """The parent's bundle directory name, a sibling of this bundle under the same trace root;
+    empty when the parent was not recorded.
+    """
+    parent_trace_id: _builtins.str
+    after_turn_id: _builtins.str
+    """The parent's turn the fork continues after (its last turn at the time when none was named)."""
+    last_shared_item_id: _builtins.str
+    """The Responses item id of the last item the fork shares with its parent (empty when the
+    last shared item has none, e.g. a user message or a tool output).
+    """
+    group_id: _builtins.str
+    repetition_index: _builtins.int
+    """0, 1, ... among the forks made by one ForkThread."""
+    prefix_copied: _builtins.bool
+    """True when the prefix payloads were written into this bundle after all (the parent's
+    recording was not usable); then the bundle stands alone.
+    """
+    shared_turns: _builtins.int
+    """How many of the parent's turns the fork shares."""
+    parent_call_id: _builtins.str
+    """The parent's latest inference call when it was forked: its prompt token ids and output
+    token ids are the held tokens the fork's first prompt_tokens record continues.
+    """
+    parent_token_count: _builtins.int
+    """How many held tokens that is (0: none)."""
+    @_builtins.property
+    def prefix_payload_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The payload ids of the shared history, in order: the first request's input prefix."""
+
+    def __init__(
+        self,
+        *,
+        parent_thread_id: _builtins.str = ...,
+        parent_bundle: _builtins.str = ...,
+        parent_trace_id: _builtins.str = ...,
+        after_turn_id: _builtins.str = ...,
+        last_shared_item_id: _builtins.str = ...,
+        group_id: _builtins.str = ...,
+        repetition_index: _builtins.int = ...,
+        prefix_payload_ids: _abc.Iterable[_builtins.str] | None = ...,
+        prefix_copied: _builtins.bool = ...,
+        shared_turns: _builtins.int = ...,
+        parent_call_id: _builtins.str = ...,
+        parent_token_count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_turn_id", b"after_turn_id", "group_id", b"group_id", "last_shared_item_id", b"last_shared_item_id", "parent_bundle", b"parent_bundle", "parent_call_id", b"parent_call_id", "parent_thread_id", b"parent_thread_id", "parent_token_count", b"parent_token_count", "parent_trace_id", b"parent_trace_id", "prefix_copied", b"prefix_copied", "prefix_payload_ids", b"prefix_payload_ids", "repetition_index", b"repetition_index", "shared_turns", b"shared_turns"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ThreadForked: _TypeAlias = ThreadForked  # noqa: Y015
+
+@_typing.final
+class PromptTokens(_message.Message):
+    """Token ids of an inference call's prompt, as the engine rendered it (vLLM-style
+    `prompt_token_ids`), when the provider sent them.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALL_FIELD_NUMBER: _builtins.int
+    IDS_FIELD_NUMBER: _builtins.int
+    PREFIX_COUNT_FIELD_NUMBER: _builtins.int
+    call: _builtins.int
+    prefix_count: _builtins.int
+    """How many leading ids are the thread's held tokens: the previous call's prompt followed by
+    every output token id it streamed (for a fork's first call, those of the parent's call
+    named in thread_forked). A conversation re-sends its history; this keeps the record
+    proportional to what is new.
+    """
+    @_builtins.property
+    def ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The ids after the first `prefix_count`."""
+
+    def __init__(
+        self,
+        *,
+        call: _builtins.int = ...,
+        ids: _abc.Iterable[_builtins.int] | None = ...,
+        prefix_count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "ids", b"ids", "prefix_count", b"prefix_count"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PromptTokens: _TypeAlias = PromptTokens  # noqa: Y015
+
+@_typing.final
+class RewardRecorded(_message.Message):
+    """A reward for a thread, a turn or an item, recorded after the fact. It lives in the
+    bundle's `rewards.binpb` sidecar (same framing and CRC rule, its own header and seq), never
+    in trace.binpb.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class MetadataEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    THREAD_ID_FIELD_NUMBER: _builtins.int
+    TURN_ID_FIELD_NUMBER: _builtins.int
+    ITEM_ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    VALUE_FIELD_NUMBER: _builtins.int
+    WEIGHT_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    METADATA_FIELD_NUMBER: _builtins.int
+    RECORDED_AT_FIELD_NUMBER: _builtins.int
+    RECORDED_BY_FIELD_NUMBER: _builtins.int
+    thread_id: _builtins.str
+    turn_id: _builtins.str
+    """Empty: the whole thread."""
+    item_id: _builtins.str
+    """The Responses item id (as clients see it); empty: the whole turn or thread."""
+    name: _builtins.str
+    value: _builtins.float
+    weight: _builtins.float
+    source: _builtins.str
+    recorded_by: _builtins.str
+    """The gRPC peer, or `trace-reducer reward` when recorded offline."""
+    @_builtins.property
+    def metadata(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    @_builtins.property
+    def recorded_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        thread_id: _builtins.str = ...,
+        turn_id: _builtins.str = ...,
+        item_id: _builtins.str = ...,
+        name: _builtins.str = ...,
+        value: _builtins.float = ...,
+        weight: _builtins.float = ...,
+        source: _builtins.str = ...,
+        metadata: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        recorded_at: _timestamp_pb2.Timestamp | None = ...,
+        recorded_by: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["recorded_at", b"recorded_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["item_id", b"item_id", "metadata", b"metadata", "name", b"name", "recorded_at", b"recorded_at", "recorded_by", b"recorded_by", "source", b"source", "thread_id", b"thread_id", "turn_id", b"turn_id", "value", b"value", "weight", b"weight"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RewardRecorded: _TypeAlias = RewardRecorded  # noqa: Y015

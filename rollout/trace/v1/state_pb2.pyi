@@ -221,6 +221,8 @@ class RolloutTrace(_message.Message):
     PRODUCER_NAME_FIELD_NUMBER: _builtins.int
     PRODUCER_VERSION_FIELD_NUMBER: _builtins.int
     TOOL_CALLS_FIELD_NUMBER: _builtins.int
+    FORK_FIELD_NUMBER: _builtins.int
+    REWARDS_FIELD_NUMBER: _builtins.int
     trace_id: _builtins.str
     root_thread_id: _builtins.str
     recording_complete: _builtins.bool
@@ -244,6 +246,14 @@ class RolloutTrace(_message.Message):
     def tool_calls(self) -> _containers.MessageMap[_builtins.str, Global___ToolCall]:
         """Function tool calls the model requested, by tool_call_id."""
 
+    @_builtins.property
+    def fork(self) -> Global___Fork:
+        """Set when the bundle's thread is a fork of another thread (ForkThread)."""
+
+    @_builtins.property
+    def rewards(self) -> _containers.RepeatedCompositeFieldContainer[Global___Reward]:
+        """Rewards recorded for the thread (the bundle's rewards.binpb), in the order recorded."""
+
     def __init__(
         self,
         *,
@@ -260,14 +270,268 @@ class RolloutTrace(_message.Message):
         producer_name: _builtins.str = ...,
         producer_version: _builtins.str = ...,
         tool_calls: _abc.Mapping[_builtins.str, Global___ToolCall] | None = ...,
+        fork: Global___Fork | None = ...,
+        rewards: _abc.Iterable[Global___Reward] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["ended_at", b"ended_at", "integrity", b"integrity", "started_at", b"started_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ended_at", b"ended_at", "fork", b"fork", "integrity", b"integrity", "started_at", b"started_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_items", b"conversation_items", "ended_at", b"ended_at", "inference_calls", b"inference_calls", "integrity", b"integrity", "producer_name", b"producer_name", "producer_version", b"producer_version", "recording_complete", b"recording_complete", "root_thread_id", b"root_thread_id", "started_at", b"started_at", "threads", b"threads", "tool_calls", b"tool_calls", "trace_id", b"trace_id", "turns", b"turns"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_items", b"conversation_items", "ended_at", b"ended_at", "fork", b"fork", "inference_calls", b"inference_calls", "integrity", b"integrity", "producer_name", b"producer_name", "producer_version", b"producer_version", "recording_complete", b"recording_complete", "rewards", b"rewards", "root_thread_id", b"root_thread_id", "started_at", b"started_at", "threads", b"threads", "tool_calls", b"tool_calls", "trace_id", b"trace_id", "turns", b"turns"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RolloutTrace: _TypeAlias = RolloutTrace  # noqa: Y015
+
+@_typing.final
+class Fork(_message.Message):
+    """Where a forked thread came from, and whether its shared prefix could be read."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARENT_THREAD_ID_FIELD_NUMBER: _builtins.int
+    PARENT_BUNDLE_FIELD_NUMBER: _builtins.int
+    PARENT_TRACE_ID_FIELD_NUMBER: _builtins.int
+    AFTER_TURN_ID_FIELD_NUMBER: _builtins.int
+    LAST_SHARED_ITEM_ID_FIELD_NUMBER: _builtins.int
+    GROUP_ID_FIELD_NUMBER: _builtins.int
+    REPETITION_INDEX_FIELD_NUMBER: _builtins.int
+    SHARED_ITEMS_FIELD_NUMBER: _builtins.int
+    RESOLVED_FIELD_NUMBER: _builtins.int
+    RESOLVED_FROM_FIELD_NUMBER: _builtins.int
+    parent_thread_id: _builtins.str
+    parent_bundle: _builtins.str
+    parent_trace_id: _builtins.str
+    after_turn_id: _builtins.str
+    last_shared_item_id: _builtins.str
+    group_id: _builtins.str
+    repetition_index: _builtins.int
+    shared_items: _builtins.int
+    """How many items the fork shares with its parent (the first request's prefix)."""
+    resolved: _builtins.bool
+    """The parent bundle was found and its prefix items are in this state (marked `inherited`);
+    false: they are placeholders, and integrity says why.
+    """
+    resolved_from: _builtins.str
+    """The parent bundle that was read, as a path, when resolved."""
+    def __init__(
+        self,
+        *,
+        parent_thread_id: _builtins.str = ...,
+        parent_bundle: _builtins.str = ...,
+        parent_trace_id: _builtins.str = ...,
+        after_turn_id: _builtins.str = ...,
+        last_shared_item_id: _builtins.str = ...,
+        group_id: _builtins.str = ...,
+        repetition_index: _builtins.int = ...,
+        shared_items: _builtins.int = ...,
+        resolved: _builtins.bool = ...,
+        resolved_from: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_turn_id", b"after_turn_id", "group_id", b"group_id", "last_shared_item_id", b"last_shared_item_id", "parent_bundle", b"parent_bundle", "parent_thread_id", b"parent_thread_id", "parent_trace_id", b"parent_trace_id", "repetition_index", b"repetition_index", "resolved", b"resolved", "resolved_from", b"resolved_from", "shared_items", b"shared_items"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Fork: _TypeAlias = Fork  # noqa: Y015
+
+@_typing.final
+class RewardTarget(_message.Message):
+    """What a reward is for."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    THREAD_ID_FIELD_NUMBER: _builtins.int
+    TURN_ID_FIELD_NUMBER: _builtins.int
+    ITEM_ID_FIELD_NUMBER: _builtins.int
+    CONVERSATION_ITEM_ID_FIELD_NUMBER: _builtins.int
+    FOUND_FIELD_NUMBER: _builtins.int
+    thread_id: _builtins.str
+    turn_id: _builtins.str
+    item_id: _builtins.str
+    """The Responses item id the reward named."""
+    conversation_item_id: _builtins.str
+    """The conversation item it resolved to, when the trace has it."""
+    found: _builtins.bool
+    """The thread, turn and item named are in this trace."""
+    def __init__(
+        self,
+        *,
+        thread_id: _builtins.str = ...,
+        turn_id: _builtins.str = ...,
+        item_id: _builtins.str = ...,
+        conversation_item_id: _builtins.str = ...,
+        found: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_item_id", b"conversation_item_id", "found", b"found", "item_id", b"item_id", "thread_id", b"thread_id", "turn_id", b"turn_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RewardTarget: _TypeAlias = RewardTarget  # noqa: Y015
+
+@_typing.final
+class Reward(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class MetadataEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    TARGET_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    VALUE_FIELD_NUMBER: _builtins.int
+    WEIGHT_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    METADATA_FIELD_NUMBER: _builtins.int
+    RECORDED_AT_FIELD_NUMBER: _builtins.int
+    RECORDED_BY_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    value: _builtins.float
+    weight: _builtins.float
+    source: _builtins.str
+    recorded_by: _builtins.str
+    seq: _builtins.int
+    """Its seq in rewards.binpb."""
+    @_builtins.property
+    def target(self) -> Global___RewardTarget: ...
+    @_builtins.property
+    def metadata(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    @_builtins.property
+    def recorded_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        target: Global___RewardTarget | None = ...,
+        name: _builtins.str = ...,
+        value: _builtins.float = ...,
+        weight: _builtins.float = ...,
+        source: _builtins.str = ...,
+        metadata: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        recorded_at: _timestamp_pb2.Timestamp | None = ...,
+        recorded_by: _builtins.str = ...,
+        seq: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["recorded_at", b"recorded_at", "target", b"target"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["metadata", b"metadata", "name", b"name", "recorded_at", b"recorded_at", "recorded_by", b"recorded_by", "seq", b"seq", "source", b"source", "target", b"target", "value", b"value", "weight", b"weight"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Reward: _TypeAlias = Reward  # noqa: Y015
+
+@_typing.final
+class OutputTokens(_message.Message):
+    """The tokens of one inference call's output, as packed columns, in the order they arrived."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    IDS_FIELD_NUMBER: _builtins.int
+    LOGPROBS_FIELD_NUMBER: _builtins.int
+    TEXTS_FIELD_NUMBER: _builtins.int
+    TOP_COUNTS_FIELD_NUMBER: _builtins.int
+    TOP_TEXTS_FIELD_NUMBER: _builtins.int
+    TOP_LOGPROBS_FIELD_NUMBER: _builtins.int
+    TOP_IDS_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    EXACT_FIELD_NUMBER: _builtins.int
+    SPANS_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    source: _common_pb2.TokenSource.ValueType
+    exact: _builtins.bool
+    """The ids are the engine's: a trainer may use them as they are, never re-tokenizing."""
+    count: _builtins.int
+    @_builtins.property
+    def ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Engine ids (exact) when the provider sent them; empty otherwise."""
+
+    @_builtins.property
+    def logprobs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]: ...
+    @_builtins.property
+    def texts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Token strings, when the provider gave them (logprobs) or the ids came with text."""
+
+    @_builtins.property
+    def top_counts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Top-k alternatives: top_counts[i] entries per token, flattened."""
+
+    @_builtins.property
+    def top_texts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def top_logprobs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]: ...
+    @_builtins.property
+    def top_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def spans(self) -> _containers.RepeatedCompositeFieldContainer[Global___TokenSpan]:
+        """Which item each run of tokens belongs to."""
+
+    def __init__(
+        self,
+        *,
+        ids: _abc.Iterable[_builtins.int] | None = ...,
+        logprobs: _abc.Iterable[_builtins.float] | None = ...,
+        texts: _abc.Iterable[_builtins.str] | None = ...,
+        top_counts: _abc.Iterable[_builtins.int] | None = ...,
+        top_texts: _abc.Iterable[_builtins.str] | None = ...,
+        top_logprobs: _abc.Iterable[_builtins.float] | None = ...,
+        top_ids: _abc.Iterable[_builtins.int] | None = ...,
+        source: _common_pb2.TokenSource.ValueType = ...,
+        exact: _builtins.bool = ...,
+        spans: _abc.Iterable[Global___TokenSpan] | None = ...,
+        count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "exact", b"exact", "ids", b"ids", "logprobs", b"logprobs", "source", b"source", "spans", b"spans", "texts", b"texts", "top_counts", b"top_counts", "top_ids", b"top_ids", "top_logprobs", b"top_logprobs", "top_texts", b"top_texts"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OutputTokens: _TypeAlias = OutputTokens  # noqa: Y015
+
+@_typing.final
+class TokenSpan(_message.Message):
+    """A run of an inference call's output tokens that belongs to one output item."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITEM_ID_FIELD_NUMBER: _builtins.int
+    START_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    item_id: _builtins.str
+    """The accepted conversation item; empty for an item that was never completed (discarded)."""
+    start: _builtins.int
+    count: _builtins.int
+    def __init__(
+        self,
+        *,
+        item_id: _builtins.str = ...,
+        start: _builtins.int = ...,
+        count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "item_id", b"item_id", "start", b"start"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TokenSpan: _TypeAlias = TokenSpan  # noqa: Y015
 
 @_typing.final
 class Integrity(_message.Message):
@@ -280,6 +544,7 @@ class Integrity(_message.Message):
     BAD_FRAME_OFFSET_FIELD_NUMBER: _builtins.int
     BAD_FRAME_SEQ_FIELD_NUMBER: _builtins.int
     UNKNOWN_RECORDS_FIELD_NUMBER: _builtins.int
+    FORK_UNRESOLVED_FIELD_NUMBER: _builtins.int
     status: Global___IntegrityStatus.ValueType
     records_read: _builtins.int
     bytes_read: _builtins.int
@@ -289,6 +554,8 @@ class Integrity(_message.Message):
     bad_frame_seq: _builtins.int
     unknown_records: _builtins.int
     """Records with a body this reducer does not know (written by a newer writer)."""
+    fork_unresolved: _builtins.bool
+    """A forked thread whose parent bundle could not be read: its shared prefix is missing."""
     def __init__(
         self,
         *,
@@ -299,10 +566,11 @@ class Integrity(_message.Message):
         bad_frame_offset: _builtins.int = ...,
         bad_frame_seq: _builtins.int = ...,
         unknown_records: _builtins.int = ...,
+        fork_unresolved: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bad_frame_offset", b"bad_frame_offset", "bad_frame_seq", b"bad_frame_seq", "bytes_read", b"bytes_read", "detail", b"detail", "records_read", b"records_read", "status", b"status", "unknown_records", b"unknown_records"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bad_frame_offset", b"bad_frame_offset", "bad_frame_seq", b"bad_frame_seq", "bytes_read", b"bytes_read", "detail", b"detail", "fork_unresolved", b"fork_unresolved", "records_read", b"records_read", "status", b"status", "unknown_records", b"unknown_records"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -532,6 +800,11 @@ class InferenceCall(_message.Message):
     OUTPUT_PAYLOAD_IDS_FIELD_NUMBER: _builtins.int
     REQUEST_PREFIX_CALL_ID_FIELD_NUMBER: _builtins.int
     REQUEST_PREFIX_COUNT_FIELD_NUMBER: _builtins.int
+    OUTPUT_TOKENS_FIELD_NUMBER: _builtins.int
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _builtins.int
+    SAMPLING_FIELD_NUMBER: _builtins.int
+    POLICY_VERSION_FIELD_NUMBER: _builtins.int
+    STOP_REASON_FIELD_NUMBER: _builtins.int
     inference_call_id: _builtins.str
     thread_id: _builtins.str
     turn_id: _builtins.str
@@ -551,6 +824,8 @@ class InferenceCall(_message.Message):
     trace_reducer.expand_request_items turns a compact state into the complete one.
     """
     request_prefix_count: _builtins.int
+    policy_version: _builtins.str
+    stop_reason: _common_pb2.StopReason.ValueType
     @_builtins.property
     def execution(self) -> Global___Execution: ...
     @_builtins.property
@@ -571,6 +846,18 @@ class InferenceCall(_message.Message):
     def input_payload_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
     def output_payload_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def output_tokens(self) -> Global___OutputTokens:
+        """The output tokens, when the provider sent ids or logprobs (capture_logprobs)."""
+
+    @_builtins.property
+    def prompt_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The prompt as engine token ids (vLLM-style `prompt_token_ids`), when sent."""
+
+    @_builtins.property
+    def sampling(self) -> _common_pb2.SamplingSettings:
+        """What the request asked for (from its envelope)."""
+
     def __init__(
         self,
         *,
@@ -593,10 +880,15 @@ class InferenceCall(_message.Message):
         output_payload_ids: _abc.Iterable[_builtins.str] | None = ...,
         request_prefix_call_id: _builtins.str = ...,
         request_prefix_count: _builtins.int = ...,
+        output_tokens: Global___OutputTokens | None = ...,
+        prompt_token_ids: _abc.Iterable[_builtins.int] | None = ...,
+        sampling: _common_pb2.SamplingSettings | None = ...,
+        policy_version: _builtins.str = ...,
+        stop_reason: _common_pb2.StopReason.ValueType = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "execution", b"execution", "usage", b"usage"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "execution", b"execution", "output_tokens", b"output_tokens", "sampling", b"sampling", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "discarded_outputs", b"discarded_outputs", "end_reason", b"end_reason", "error", b"error", "execution", b"execution", "inference_call_id", b"inference_call_id", "input_payload_ids", b"input_payload_ids", "model", b"model", "output_payload_ids", b"output_payload_ids", "provider_base_url", b"provider_base_url", "request_envelope_payload_id", b"request_envelope_payload_id", "request_item_ids", b"request_item_ids", "request_prefix_call_id", b"request_prefix_call_id", "request_prefix_count", b"request_prefix_count", "response_id", b"response_id", "response_item_ids", b"response_item_ids", "thread_id", b"thread_id", "turn_id", b"turn_id", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "discarded_outputs", b"discarded_outputs", "end_reason", b"end_reason", "error", b"error", "execution", b"execution", "inference_call_id", b"inference_call_id", "input_payload_ids", b"input_payload_ids", "model", b"model", "output_payload_ids", b"output_payload_ids", "output_tokens", b"output_tokens", "policy_version", b"policy_version", "prompt_token_ids", b"prompt_token_ids", "provider_base_url", b"provider_base_url", "request_envelope_payload_id", b"request_envelope_payload_id", "request_item_ids", b"request_item_ids", "request_prefix_call_id", b"request_prefix_call_id", "request_prefix_count", b"request_prefix_count", "response_id", b"response_id", "response_item_ids", b"response_item_ids", "sampling", b"sampling", "stop_reason", b"stop_reason", "thread_id", b"thread_id", "turn_id", b"turn_id", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -733,6 +1025,7 @@ class ConversationItem(_message.Message):
     NAME_FIELD_NUMBER: _builtins.int
     ARGUMENTS_FIELD_NUMBER: _builtins.int
     OUTPUT_FIELD_NUMBER: _builtins.int
+    INHERITED_FIELD_NUMBER: _builtins.int
     item_id: _builtins.str
     thread_id: _builtins.str
     turn_id: _builtins.str
@@ -757,6 +1050,10 @@ class ConversationItem(_message.Message):
     def produced_by(self) -> _containers.RepeatedCompositeFieldContainer[Global___ProducerRef]: ...
     @_builtins.property
     def first_seen_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def inherited(self) -> Global___InheritedItem:
+        """The item is part of a fork's shared prefix, read from the parent's bundle."""
+
     def __init__(
         self,
         *,
@@ -775,14 +1072,38 @@ class ConversationItem(_message.Message):
         name: _builtins.str = ...,
         arguments: _builtins.str = ...,
         output: _builtins.str = ...,
+        inherited: Global___InheritedItem | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["first_seen_at", b"first_seen_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["first_seen_at", b"first_seen_at", "inherited", b"inherited"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments", b"arguments", "call_id", b"call_id", "content", b"content", "first_seen_at", b"first_seen_at", "first_seen_seq", b"first_seen_seq", "item_id", b"item_id", "kind", b"kind", "name", b"name", "output", b"output", "payload_id", b"payload_id", "produced_by", b"produced_by", "responses_item_id", b"responses_item_id", "role", b"role", "thread_id", b"thread_id", "turn_id", b"turn_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments", b"arguments", "call_id", b"call_id", "content", b"content", "first_seen_at", b"first_seen_at", "first_seen_seq", b"first_seen_seq", "inherited", b"inherited", "item_id", b"item_id", "kind", b"kind", "name", b"name", "output", b"output", "payload_id", b"payload_id", "produced_by", b"produced_by", "responses_item_id", b"responses_item_id", "role", b"role", "thread_id", b"thread_id", "turn_id", b"turn_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ConversationItem: _TypeAlias = ConversationItem  # noqa: Y015
+
+@_typing.final
+class InheritedItem(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARENT_THREAD_ID_FIELD_NUMBER: _builtins.int
+    PARENT_ITEM_ID_FIELD_NUMBER: _builtins.int
+    parent_thread_id: _builtins.str
+    parent_item_id: _builtins.str
+    """Its item_id in the parent's reduced state; empty when the parent could not be read."""
+    def __init__(
+        self,
+        *,
+        parent_thread_id: _builtins.str = ...,
+        parent_item_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["parent_item_id", b"parent_item_id", "parent_thread_id", b"parent_thread_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InheritedItem: _TypeAlias = InheritedItem  # noqa: Y015
 
 @_typing.final
 class ToolCall(_message.Message):

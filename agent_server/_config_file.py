@@ -1,0 +1,75 @@
+"""The TOML configuration file: the flags of `agent-server serve`, as `name = value` lines."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+# Every key a file may set: the flag's name without its dashes, and the type of its value.
+KEYS: dict[str, type] = {
+    "listen": str,
+    "provider-url": str,
+    "model": str,
+    "api-key-env": str,
+    "trace-root": Path,
+    "max-retries": int,
+    "retry-base-delay": float,
+    "stream-idle-timeout": float,
+    "event-buffer": int,
+    "local-word-delay": float,
+    "closed-thread-retention": float,
+    "max-closed-threads": int,
+    "provider-max-connections": int,
+    "max-tool-rounds": int,
+    "tool-output-timeout": float,
+    "auth-token-env": str,
+    "tls-cert": Path,
+    "tls-key": Path,
+    "metrics-listen": str,
+    "log-level": str,
+    "log-format": str,
+}
+
+
+class ConfigFileError(ValueError):
+    """The file cannot be read, is not TOML, or sets something it may not."""
+
+
+def load(path: Path) -> dict[str, Any]:
+    """The file's settings by attribute name (`provider_url`); relative paths in it are taken
+    from the file's own directory, so the file means the same from wherever it is used."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        cause = error.strerror if isinstance(error, OSError) else "not UTF-8 text"
+        raise ConfigFileError(f"--config: cannot read {path}: {cause}") from error
+    try:
+        table = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigFileError(f"--config: {path} is not valid TOML: {error}") from error
+    values: dict[str, Any] = {}
+    for key, value in table.items():
+        kind = KEYS.get(key)
+        if kind is None:
+            known = ", ".join(sorted(KEYS))
+            raise ConfigFileError(f"--config: {path}: unknown setting {key!r} (known: {known})")
+        values[key.replace("-", "_")] = _typed(path, key, value, kind)
+    return values
+
+
+def _typed(path: Path, key: str, value: Any, kind: type) -> Any:
+    # TOML's booleans are ints to Python; no setting here is a boolean.
+    ok = (
+        isinstance(value, str)
+        if kind in (str, Path)
+        else isinstance(value, int | float) and not isinstance(value, bool)
+        if kind is float
+        else isinstance(value, int) and not isinstance(value, bool)
+    )
+    if not ok:
+        expected = {str: "a string", Path: "a path string", int: "an integer", float: "a number"}
+        raise ConfigFileError(f"--config: {path}: {key} must be {expected[kind]}, not {value!r}")
+    if kind is Path:
+        return path.parent / Path(value).expanduser()
+    return kind(value)

@@ -1,0 +1,48 @@
+"""`agent-server health`: ask a server's grpc.health.v1 service whether it serves (for probes)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from rollout_client import DEFAULT_ADDRESS
+
+PROG = "agent-server health"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--address", default=DEFAULT_ADDRESS, help=f"the server (default {DEFAULT_ADDRESS})"
+    )
+    parser.add_argument("--timeout", type=float, default=3.0, help="seconds (default 3)")
+    parser.add_argument("--tls", action="store_true", help="connect with TLS, system CAs")
+    parser.add_argument("--tls-ca", type=Path, metavar="PEM", help="connect with TLS, these CAs")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the status; exit 0 when SERVING, 1 otherwise (or when the server cannot be asked)."""
+    if args.tls or args.tls_ca is not None:
+        try:
+            roots = args.tls_ca.read_bytes() if args.tls_ca is not None else None
+        except OSError as error:
+            print(f"{PROG}: cannot read {args.tls_ca}: {error.strerror}", file=sys.stderr)
+            return 2
+        channel = grpc.secure_channel(args.address, grpc.ssl_channel_credentials(roots))
+    else:
+        channel = grpc.insecure_channel(args.address)
+    with channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=args.timeout
+            )
+        except grpc.RpcError as error:
+            code = error.code().name if isinstance(error, grpc.Call) else "UNKNOWN"
+            print(f"{PROG}: {args.address}: {code}", file=sys.stderr)
+            return 1
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+    print(status)
+    return 0 if reply.status == health_pb2.HealthCheckResponse.SERVING else 1

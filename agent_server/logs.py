@@ -1,0 +1,80 @@
+"""The server's log: one line per record on stderr, as text or JSON, with time and level."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+LEVELS = ("debug", "info", "warning", "error")
+FORMATS = ("text", "json")
+# Loggers of libraries whose INFO lines are noise next to the server's own.
+_QUIET_LIBRARIES = ("httpx", "httpcore", "grpc")
+
+
+def fields_of(record: logging.LogRecord) -> dict[str, Any]:
+    """The structured fields a record was logged with (`extra={"fields": {...}}`)."""
+    fields = getattr(record, "fields", None)
+    return fields if isinstance(fields, dict) else {}
+
+
+def _time(record: logging.LogRecord) -> str:
+    moment = datetime.fromtimestamp(record.created, UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def _error(record: logging.LogRecord) -> str:
+    """An exception as one line: operators get the cause, never a traceback."""
+    error = record.exc_info[1] if record.exc_info else None
+    return f"{type(error).__name__}: {error}" if error is not None else ""
+
+
+def _text_value(value: Any) -> str:
+    text = str(value)
+    if not text or any(c.isspace() or c in '"=' for c in text):
+        return json.dumps(text, ensure_ascii=False)
+    return text
+
+
+class TextFormatter(logging.Formatter):
+    """`2026-11-30T09:15:02.120Z INFO  agent_server.telemetry: turn ended status=COMPLETED`."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = f"{_time(record)} {record.levelname:<7} {record.name}: {record.getMessage()}"
+        pairs = [f"{key}={_text_value(value)}" for key, value in fields_of(record).items()]
+        if pairs:
+            line += " " + " ".join(pairs)
+        error = _error(record)
+        return f"{line} ({error})" if error else line
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message, then the record's fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": _time(record),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for key, value in fields_of(record).items():
+            entry.setdefault(key, value)
+        error = _error(record)
+        if error:
+            entry["error"] = error
+        return json.dumps(entry, ensure_ascii=False, default=str)
+
+
+def configure(level: str = "info", fmt: str = "text", stream: TextIO | None = None) -> None:
+    """Send every log record at `level` or above to stderr in `fmt` ("text" or "json")."""
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    quiet = max(logging.WARNING, root.level)
+    for name in _QUIET_LIBRARIES:
+        logging.getLogger(name).setLevel(quiet)

@@ -1,0 +1,276 @@
+"""What the server tells its operator: a log line per thread and turn milestone, and metrics.
+
+The agent calls the hooks below at those milestones; they never raise and never block. The
+metrics live in one registry per process (`REGISTRY`), served by `MetricsServer`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from grpc_common import split_listen
+from rollout.agent.v1 import agent_pb2
+from rollout.trace.v1 import common_pb2
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+    from agent_server.threads import Thread
+
+log = logging.getLogger("agent_server")
+
+REGISTRY = CollectorRegistry()
+_LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_TURN_BUCKETS = (0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
+
+THREADS_ACTIVE = Gauge(
+    "rollout_agent_threads_active", "Threads started and not yet closed.", registry=REGISTRY
+)
+TURNS_ACTIVE = Gauge("rollout_agent_turns_active", "Turns running now.", registry=REGISTRY)
+EVENT_SUBSCRIBERS = Gauge(
+    "rollout_agent_event_subscribers",
+    "StreamEvents calls attached to a thread's events now.",
+    registry=REGISTRY,
+)
+THREADS = Counter("rollout_agent_threads", "Threads started.", registry=REGISTRY)
+TURNS = Counter(
+    "rollout_agent_turns",
+    "Turns ended, by how they ended (COMPLETED, INTERRUPTED, FAILED).",
+    ["status"],
+    registry=REGISTRY,
+)
+TURN_SECONDS = Histogram(
+    "rollout_agent_turn_duration_seconds",
+    "From StartTurn to turn_completed.",
+    buckets=_TURN_BUCKETS,
+    registry=REGISTRY,
+)
+PROVIDER_CALLS = Counter(
+    "rollout_agent_provider_calls",
+    "Inference calls (one per attempt) by how they ended, and the provider's HTTP status "
+    "('none' when it sent none: connection failures, calls cancelled before an answer).",
+    ["status", "http_status"],
+    registry=REGISTRY,
+)
+PROVIDER_RETRIES = Counter(
+    "rollout_agent_provider_retries", "Failed inference calls that are retried.", registry=REGISTRY
+)
+FIRST_DELTA_SECONDS = Histogram(
+    "rollout_agent_time_to_first_delta_seconds",
+    "From StartTurn to the turn's first text delta.",
+    buckets=_LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+DELTAS = Counter(
+    "rollout_agent_deltas",
+    "Text deltas published to event streams (rate() gives deltas per second).",
+    registry=REGISTRY,
+)
+TOKENS = Counter(
+    "rollout_agent_tokens", "Tokens the provider reported, by kind.", ["kind"], registry=REGISTRY
+)
+RECORDING_FAILURES = Counter(
+    "rollout_agent_recording_failures",
+    "Recordings that failed after their thread started (the thread kept serving).",
+    registry=REGISTRY,
+)
+RECORDED_BYTES = Counter(
+    "rollout_agent_recorded_bytes", "Bytes written to trace bundles.", registry=REGISTRY
+)
+
+
+@dataclass
+class _TurnStats:
+    thread_id: str
+    started: float
+    calls: int = 0
+    first_delta: bool = False
+    input_tokens: int = 0
+    output_tokens: int = 0
+    http_status: int = 0
+
+
+# The running turns, by turn id; each entry goes when its turn_completed is published.
+_turns: dict[str, _TurnStats] = {}
+# Bytes of each open recording already counted, by thread id.
+_recorded: dict[str, int] = {}
+
+
+def _status_name(status: int) -> str:
+    return agent_pb2.TurnStatus.Name(status).removeprefix("TURN_STATUS_")  # type: ignore[arg-type]
+
+
+def _info(message: str, **fields: Any) -> None:
+    log.info(message, extra={"fields": fields})
+
+
+def thread_started(thread: Thread) -> None:
+    THREADS.inc()
+    THREADS_ACTIVE.inc()
+    _info(
+        "thread started",
+        thread=thread.id,
+        model=thread.model,
+        bundle=thread.recorder.bundle_path or "off",
+    )
+
+
+def thread_closed(thread: Thread, reason: str) -> None:
+    THREADS_ACTIVE.dec()
+    _info(
+        "thread closed",
+        thread=thread.id,
+        reason=reason,
+        turns=len(thread.turns),
+        recording=agent_pb2.RecordingStatus.Name(thread.recorder.status).removeprefix(
+            "RECORDING_STATUS_"
+        ),
+    )
+
+
+def on_event(thread: Thread, event: agent_pb2.ThreadEvent) -> None:
+    """Every event the thread publishes (deltas come through on_delta instead)."""
+    kind = event.WhichOneof("kind")
+    if kind == "turn_started":
+        TURNS_ACTIVE.inc()
+        _turns[event.turn_id] = _TurnStats(thread.id, time.monotonic())
+        _info("turn started", thread=thread.id, turn=event.turn_id)
+    elif kind == "token_usage":
+        usage = event.token_usage
+        TOKENS.labels("input").inc(usage.input_tokens)
+        TOKENS.labels("output").inc(usage.output_tokens)
+        stats = _turns.get(event.turn_id)
+        if stats is not None:
+            stats.input_tokens += usage.input_tokens
+            stats.output_tokens += usage.output_tokens
+    elif kind == "error":
+        _provider_failed(thread, event)
+    elif kind == "turn_completed":
+        _turn_ended(thread, event)
+
+
+def _provider_failed(thread: Thread, event: agent_pb2.ThreadEvent) -> None:
+    error = event.error
+    stats = _turns.get(event.turn_id)
+    if error.will_retry:
+        PROVIDER_RETRIES.inc()
+    log.warning(
+        "provider call failed" + ("; retrying" if error.will_retry else ""),
+        extra={
+            "fields": {
+                "thread": thread.id,
+                "turn": event.turn_id,
+                "attempt": stats.calls if stats else 0,
+                "code": error.code,
+                "http_status": stats.http_status if stats else 0,
+                "error": error.message,
+            }
+        },
+    )
+
+
+def _turn_ended(thread: Thread, event: agent_pb2.ThreadEvent) -> None:
+    turn = event.turn_completed.turn
+    status = _status_name(turn.status)
+    TURNS.labels(status).inc()
+    stats = _turns.pop(event.turn_id, None)
+    fields: dict[str, Any] = {"thread": thread.id, "turn": event.turn_id, "status": status}
+    if stats is not None:
+        TURNS_ACTIVE.dec()
+        duration = time.monotonic() - stats.started
+        TURN_SECONDS.observe(duration)
+        fields.update(
+            duration_s=round(duration, 3),
+            calls=stats.calls,
+            input_tokens=stats.input_tokens,
+            output_tokens=stats.output_tokens,
+        )
+    if turn.error.code:
+        fields.update(error_code=turn.error.code, error=turn.error.message)
+    _info("turn ended", **fields)
+
+
+def on_delta(turn_id: str) -> None:
+    """A text delta of the turn was published."""
+    DELTAS.inc()
+    stats = _turns.get(turn_id)
+    if stats is not None and not stats.first_delta:
+        stats.first_delta = True
+        FIRST_DELTA_SECONDS.observe(time.monotonic() - stats.started)
+
+
+def call_started(turn_id: str) -> None:
+    stats = _turns.get(turn_id)
+    if stats is not None:
+        stats.calls += 1
+        stats.http_status = 0
+
+
+def call_ended(
+    turn_id: str,
+    status: common_pb2.ExecutionStatus.ValueType,
+    error: common_pb2.TraceError | None,
+) -> None:
+    http_status = error.http_status if error is not None else 0
+    if status == common_pb2.EXECUTION_STATUS_COMPLETED:
+        http_status = 200
+    stats = _turns.get(turn_id)
+    if stats is not None:
+        stats.http_status = http_status
+    name = common_pb2.ExecutionStatus.Name(status).removeprefix("EXECUTION_STATUS_")
+    PROVIDER_CALLS.labels(name, str(http_status) if http_status else "none").inc()
+
+
+def subscriber_attached() -> None:
+    EVENT_SUBSCRIBERS.inc()
+
+
+def subscriber_detached() -> None:
+    EVENT_SUBSCRIBERS.dec()
+
+
+def recording_failed() -> None:
+    """A recording failed after start (the recorder logs which and why)."""
+    RECORDING_FAILURES.inc()
+
+
+def recorded(thread_id: str, total_bytes: int, *, finished: bool = False) -> None:
+    """The thread's bundle holds total_bytes so far (finished: and no more will come)."""
+    counted = _recorded.pop(thread_id, 0) if finished else _recorded.get(thread_id, 0)
+    if total_bytes > counted:
+        RECORDED_BYTES.inc(total_bytes - counted)
+    if not finished:
+        _recorded[thread_id] = max(total_bytes, counted)
+
+
+class MetricsServer:
+    """The Prometheus endpoint: GET http://HOST:PORT/metrics, served from a thread of its own."""
+
+    def __init__(self, server: WSGIServer, host: str) -> None:
+        self._server = server
+        self.host = host
+        self.port = int(server.server_port)
+
+    @classmethod
+    def start(cls, listen: str) -> MetricsServer:
+        """Raises OSError when the address cannot be bound."""
+        host, port = split_listen(listen)
+        try:
+            server, _ = start_http_server(port, addr=host, registry=REGISTRY)
+        except OSError as error:
+            raise OSError(f"cannot serve metrics on {listen}: {error.strerror or error}") from error
+        return cls(server, host)
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/metrics"
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

@@ -1,0 +1,121 @@
+"""What a thread asks for when its rollouts feed a trainer: tokens, sampling, policy version."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+from agent_server.errors import InvalidSamplingError
+from rollout.agent.v1 import agent_pb2
+from trace_reducer import LOGPROBS_INCLUDE
+
+MAX_TOP_LOGPROBS = 20
+MAX_POLICY_VERSION_CHARS = 256
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling settings and the policy version of a thread's requests (None: unset)."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    max_output_tokens: int | None = None
+    policy_version: str = ""
+
+    def overridden(self, other: Sampling) -> Sampling:
+        """These settings with whatever `other` sets in their place (a turn's overrides)."""
+        return replace(
+            self,
+            temperature=self.temperature if other.temperature is None else other.temperature,
+            top_p=self.top_p if other.top_p is None else other.top_p,
+            max_output_tokens=self.max_output_tokens
+            if other.max_output_tokens is None
+            else other.max_output_tokens,
+            policy_version=other.policy_version or self.policy_version,
+        )
+
+
+@dataclass(frozen=True)
+class TokenCapture:
+    """Which token data the thread's requests ask the provider for."""
+
+    logprobs: bool = False
+    top_logprobs: int = 0
+    token_ids: bool = False
+
+    def request_fields(self) -> dict[str, Any]:
+        fields: dict[str, Any] = {}
+        if self.logprobs or self.top_logprobs:
+            fields["include"] = [LOGPROBS_INCLUDE]
+        if self.top_logprobs:
+            fields["top_logprobs"] = self.top_logprobs
+        if self.token_ids:
+            fields["return_token_ids"] = True
+        return fields
+
+
+def _optional(message: Any, name: str) -> Any:
+    return getattr(message, name) if message.HasField(name) else None
+
+
+def sampling_from(
+    request: agent_pb2.StartThreadRequest | agent_pb2.StartTurnRequest,
+) -> Sampling:
+    """The sampling settings a request sets; InvalidSamplingError names a bad one."""
+    temperature = _optional(request, "temperature")
+    top_p = _optional(request, "top_p")
+    limit = _optional(request, "max_output_tokens")
+    if temperature is not None and not (math.isfinite(temperature) and 0 <= temperature <= 2):
+        raise InvalidSamplingError("temperature must be between 0 and 2", field="temperature")
+    if top_p is not None and not (math.isfinite(top_p) and 0 < top_p <= 1):
+        raise InvalidSamplingError("top_p must be above 0 and at most 1", field="top_p")
+    if limit is not None and limit < 1:
+        raise InvalidSamplingError(
+            "max_output_tokens must be at least 1", field="max_output_tokens"
+        )
+    version = request.policy_version
+    if len(version) > MAX_POLICY_VERSION_CHARS or not version.isprintable():
+        raise InvalidSamplingError(
+            f"policy_version must be at most {MAX_POLICY_VERSION_CHARS} printable characters",
+            field="policy_version",
+        )
+    return Sampling(temperature, top_p, limit, version)
+
+
+def capture_from(request: agent_pb2.StartThreadRequest) -> TokenCapture:
+    if request.top_logprobs > MAX_TOP_LOGPROBS:
+        raise InvalidSamplingError(
+            f"top_logprobs must be at most {MAX_TOP_LOGPROBS}", field="top_logprobs"
+        )
+    return TokenCapture(
+        logprobs=request.capture_logprobs or request.top_logprobs > 0,
+        top_logprobs=request.top_logprobs,
+        token_ids=request.request_token_ids,
+    )
+
+
+def request_fields(sampling: Sampling, capture: TokenCapture) -> dict[str, Any]:
+    """What goes into a request body for these settings (nothing for what is unset)."""
+    fields = capture.request_fields()
+    if sampling.temperature is not None:
+        fields["temperature"] = sampling.temperature
+    if sampling.top_p is not None:
+        fields["top_p"] = sampling.top_p
+    if sampling.max_output_tokens is not None:
+        fields["max_output_tokens"] = sampling.max_output_tokens
+    return fields
+
+
+def fill_thread(thread: agent_pb2.Thread, sampling: Sampling, capture: TokenCapture) -> None:
+    """The settings as GetThread shows them."""
+    thread.capture_logprobs = capture.logprobs
+    thread.top_logprobs = capture.top_logprobs
+    thread.request_token_ids = capture.token_ids
+    if sampling.temperature is not None:
+        thread.temperature = sampling.temperature
+    if sampling.top_p is not None:
+        thread.top_p = sampling.top_p
+    if sampling.max_output_tokens is not None:
+        thread.max_output_tokens = sampling.max_output_tokens
+    thread.policy_version = sampling.policy_version

@@ -1,0 +1,248 @@
+"""The blocking facade for scripts and notebooks: the async client on a loop of its own."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import signal
+import threading
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Iterator,
+    Mapping,
+    Sequence,
+)
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+from rollout.agent.v1 import agent_pb2
+
+from ._client import DEFAULT_ADDRESS, DEFAULT_RECONNECT_TIMEOUT, AgentClient, Thread, Turn
+
+_T = TypeVar("_T")
+_PROGRAM_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT}
+
+
+class _Loop:
+    """An event loop running in a daemon thread; coroutines are handed to it and awaited."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="rollout-client", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        # A signal the program handles (Ctrl-C's SIGINT) must go to the main thread: delivered
+        # to another one, it would not interrupt the main thread's blocking call (input(), say)
+        # until that returned by itself. Threads started from here (gRPC's, the executor's)
+        # inherit the mask.
+        if hasattr(signal, "pthread_sigmask"):
+            signal.pthread_sigmask(signal.SIG_BLOCK, _PROGRAM_SIGNALS)
+        self.loop.run_forever()
+
+    def submit(self, coroutine: Coroutine[Any, Any, _T]) -> concurrent.futures.Future[_T]:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+
+    def run(self, coroutine: Coroutine[Any, Any, _T]) -> _T:
+        return self.submit(coroutine).result()
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join()
+        self.loop.close()
+
+
+class SyncAgentClient:
+    """AgentClient for code that does not use asyncio: `with SyncAgentClient(address) as c:`.
+
+    Same arguments and errors as AgentClient; every call blocks until it is done. Ctrl-C
+    (KeyboardInterrupt) while a turn's events are read leaves the turn readable: catch it,
+    call turn.interrupt(), and keep iterating to its turn_completed.
+    """
+
+    def __init__(
+        self,
+        address: str = DEFAULT_ADDRESS,
+        *,
+        token: str | None = None,
+        tls: bool | str | Path = False,
+        reconnect_timeout: float = DEFAULT_RECONNECT_TIMEOUT,
+    ) -> None:
+        self._loop = _Loop()
+
+        async def connect() -> AgentClient:
+            return AgentClient(address, token=token, tls=tls, reconnect_timeout=reconnect_timeout)
+
+        try:
+            self.client = self._loop.run(connect())
+        except BaseException:
+            self._loop.stop()
+            raise
+
+    def __enter__(self) -> SyncAgentClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        try:
+            self._loop.run(self.client.close())
+        finally:
+            self._loop.stop()
+
+    def start_thread(
+        self,
+        *,
+        model: str = "",
+        instructions: str = "",
+        metadata: Mapping[str, str] | None = None,
+        tools: Sequence[agent_pb2.FunctionTool] = (),
+    ) -> SyncThread:
+        thread = self._loop.run(
+            self.client.start_thread(
+                model=model, instructions=instructions, metadata=metadata, tools=tools
+            )
+        )
+        return SyncThread(self._loop, thread)
+
+    def thread(self, thread_id: str) -> SyncThread:
+        return SyncThread(self._loop, self._loop.run(self.client.thread(thread_id)))
+
+    def list_threads(
+        self,
+        *,
+        status: agent_pb2.ThreadStatus.ValueType = agent_pb2.THREAD_STATUS_UNSPECIFIED,
+        page_size: int = 0,
+    ) -> list[agent_pb2.Thread]:
+        return self._loop.run(self.client.list_threads(status=status, page_size=page_size))
+
+
+class SyncThread:
+    """Thread, blocking."""
+
+    def __init__(self, loop: _Loop, thread: Thread) -> None:
+        self._loop = loop
+        self.thread = thread
+
+    @property
+    def id(self) -> str:
+        return self.thread.id
+
+    @property
+    def model(self) -> str:
+        return self.thread.model
+
+    @property
+    def info(self) -> agent_pb2.Thread:
+        return self.thread.info
+
+    @property
+    def bundle_path(self) -> str:
+        return self.thread.bundle_path
+
+    def run_turn(
+        self, *texts: str, tools: Mapping[str, Callable[[dict[str, Any]], object]] | None = None
+    ) -> SyncTurn:
+        """Thread.run_turn; the tool handlers are plain functions, run in worker threads."""
+        handlers = None
+        if tools is not None:
+            handlers = {name: _in_worker(function) for name, function in tools.items()}
+        return SyncTurn(self._loop, self.thread.run_turn(*texts, tools=handlers))
+
+    def refresh(self) -> agent_pb2.Thread:
+        return self._loop.run(self.thread.refresh())
+
+    def close(self) -> agent_pb2.Thread:
+        return self._loop.run(self.thread.close())
+
+
+class SyncTurn:
+    """Turn, blocking: iterate it for its events; interrupt(); wait()."""
+
+    def __init__(self, loop: _Loop, turn: Turn) -> None:
+        self._loop = loop
+        self.turn = turn
+        self._events: AsyncIterator[agent_pb2.ThreadEvent] | None = None
+        # The read in flight: a KeyboardInterrupt abandons the wait, not the read, which the
+        # next __next__ picks up again (an async generator takes one read at a time).
+        self._pending: concurrent.futures.Future[agent_pb2.ThreadEvent] | None = None
+
+    @property
+    def id(self) -> str:
+        return self.turn.id
+
+    @property
+    def status(self) -> agent_pb2.TurnStatus.ValueType:
+        return self.turn.status
+
+    @property
+    def status_name(self) -> str:
+        return self.turn.status_name
+
+    @property
+    def result(self) -> agent_pb2.Turn | None:
+        return self.turn.result
+
+    @property
+    def text(self) -> str:
+        return self.turn.text
+
+    def start(self) -> agent_pb2.Turn:
+        return self._loop.run(self.turn.start())
+
+    def __iter__(self) -> Iterator[agent_pb2.ThreadEvent]:
+        return self
+
+    def __next__(self) -> agent_pb2.ThreadEvent:
+        if self._pending is None:
+            if self._events is None:
+                self._events = aiter(self.turn)
+            self._pending = self._loop.submit(_next(self._events))
+        try:
+            event = self._pending.result()
+        except StopAsyncIteration:
+            self._pending = None
+            raise StopIteration from None
+        except KeyboardInterrupt:
+            raise
+        except BaseException:
+            self._pending = None
+            raise
+        self._pending = None
+        return event
+
+    def interrupt(self) -> agent_pb2.Turn:
+        return self._loop.run(self.turn.interrupt())
+
+    def submit_tool_output(
+        self, call_id: str, output: str, *, is_error: bool = False
+    ) -> agent_pb2.Turn:
+        return self._loop.run(self.turn.submit_tool_output(call_id, output, is_error=is_error))
+
+    def wait(self) -> agent_pb2.Turn:
+        for _ in self:
+            pass
+        return self._loop.run(self.turn.wait())
+
+
+async def _next(events: AsyncIterator[agent_pb2.ThreadEvent]) -> agent_pb2.ThreadEvent:
+    return await anext(events)
+
+
+def _in_worker(
+    function: Callable[[dict[str, Any]], object],
+) -> Callable[[dict[str, Any]], Awaitable[object]]:
+    async def handler(arguments: dict[str, Any]) -> object:
+        return await asyncio.to_thread(function, arguments)
+
+    return handler

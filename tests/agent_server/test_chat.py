@@ -1,0 +1,183 @@
+"""`agent-server chat` in a pseudo-terminal, against `agent-server serve` on its local model."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pty
+import re
+import select
+import subprocess
+import termios
+import time
+from pathlib import Path
+
+from agent_server.local_model import reply_words
+from rollout.trace.v1 import common_pb2
+from tests.live_server import AGENT_SERVER, live_server, server_env
+from trace_reducer import replay_bundle
+
+PROMPT = "you> "
+
+
+def _take_terminal() -> None:
+    # The child is a session leader (start_new_session); the pty becomes its terminal, so
+    # Ctrl-C typed into it is a SIGINT to the chat, as in a real terminal.
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+class Terminal:
+    """A program on a pseudo-terminal: type into it, wait for what it prints."""
+
+    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        self._master, slave = pty.openpty()
+        self.process = subprocess.Popen(
+            argv,
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_take_terminal,
+        )
+        os.close(slave)
+        self.output = ""
+        self._seen = 0
+
+    def type(self, text: str) -> None:
+        os.write(self._master, text.encode())
+
+    def expect(self, pattern: str, timeout: float = 30) -> re.Match[str]:
+        """Wait for pattern in what was printed since the last match; return the match."""
+        compiled = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        while True:
+            found = compiled.search(self.output, self._seen)
+            if found:
+                self._seen = found.end()
+                return found
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._read(left):
+                raise AssertionError(f"never printed {pattern!r}; got:\n{self.output}")
+
+    def _read(self, timeout: float) -> bool:
+        ready, _, _ = select.select([self._master], [], [], timeout)
+        if not ready:
+            return False
+        try:
+            data = os.read(self._master, 65536)
+        except OSError:  # EIO: the program has exited and closed the terminal
+            return False
+        self.output += data.decode(errors="replace").replace("\r\n", "\n")
+        return bool(data)
+
+    def wait(self, timeout: float = 30) -> int:
+        while self._read(0.1):
+            pass
+        code = self.process.wait(timeout)
+        while self._read(0):
+            pass
+        os.close(self._master)
+        return code
+
+
+def test_chat_streams_interrupts_with_ctrl_c_and_quits(tmp_path: Path) -> None:
+    traces = tmp_path / "traces"
+    # Slow words: there is time to press Ctrl-C before the second reply ends.
+    with live_server("--trace-root", str(traces), "--local-word-delay", "0.05") as server:
+        chat = Terminal(
+            [AGENT_SERVER, "chat", "--address", server.address], server_env(TERM="dumb")
+        )
+        try:
+            chat.expect(r"connected to .*: thread (thread_\w+) on model local-echo-1")
+            chat.expect(PROMPT)
+            chat.type("hello there\r")
+            chat.expect(re.escape("".join(reply_words("hello there"))))
+            chat.expect(r"\[completed\]")
+            chat.expect(PROMPT)
+
+            chat.type("now stop me\r")
+            chat.expect('You said: "now stop me"')
+            chat.type("\x03")
+            chat.expect(r"\[interrupted\]")
+            chat.expect(PROMPT)
+            assert chat.process.poll() is None, "Ctrl-C ended the program"
+
+            # At the prompt, Ctrl-C only says how to leave.
+            chat.type("\x03")
+            chat.expect(r"/quit or Ctrl-D ends the chat")
+            chat.type("/quit\r")
+            bundle = Path(chat.expect(r"thread closed; bundle: (\S+)").group(1))
+            assert chat.wait() == 0
+        finally:
+            if chat.process.poll() is None:
+                chat.process.kill()
+    assert "Traceback" not in chat.output
+    assert bundle.parent == traces
+    rollout = replay_bundle(bundle)
+    assert rollout.recording_complete
+    statuses = [
+        rollout.turns[t].execution.status for t in rollout.threads[bundle_thread(bundle)].turn_ids
+    ]
+    assert statuses == [
+        common_pb2.EXECUTION_STATUS_COMPLETED,
+        common_pb2.EXECUTION_STATUS_CANCELLED,
+    ]
+
+
+def bundle_thread(bundle: Path) -> str:
+    return bundle.name.split("-", 1)[1]
+
+
+def test_chat_says_so_when_no_server_listens() -> None:
+    with live_server() as server:
+        address = server.address
+    # The server has stopped: nothing listens there any more.
+    result = subprocess.run(
+        [AGENT_SERVER, "chat", "--address", address],
+        env=server_env(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert result.stderr.startswith(f"agent-server chat: cannot reach {address}")
+    assert "Traceback" not in result.stderr
+
+
+def test_chat_reads_its_token_from_the_named_variable() -> None:
+    with live_server("--auth-token-env", "AGENT_TOKEN", AGENT_TOKEN="chat-token") as server:
+        anonymous = subprocess.run(
+            [AGENT_SERVER, "chat", "--address", server.address],
+            env=server_env(),
+            input="",
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert anonymous.returncode == 1
+        assert "UNAUTHENTICATED" in anonymous.stderr
+        assert "MISSING_TOKEN" in anonymous.stderr
+        # Piped input works too: the session ends at end of input.
+        allowed = subprocess.run(
+            [AGENT_SERVER, "chat", "--address", server.address, "--auth-token-env", "MY_TOKEN"],
+            env=server_env(MY_TOKEN="chat-token"),
+            input="hi\n",
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert allowed.returncode == 0, allowed.stderr
+        assert "[completed]" in allowed.stdout
+        assert "thread closed (the server does not record: no bundle)" in allowed.stdout
+        unset = subprocess.run(
+            [AGENT_SERVER, "chat", "--address", server.address, "--auth-token-env", "NOPE"],
+            env=server_env(),
+            input="",
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert unset.returncode == 2
+        assert "NOPE, which is unset or empty" in unset.stderr

@@ -1,0 +1,333 @@
+"""What an operator gets from `agent-server serve`: logs, metrics, warnings, a config file."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import re
+import signal
+import urllib.request
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent_server import telemetry
+from agent_server.config import add_serve_arguments, from_args
+from rollout.agent.v1 import agent_pb2
+from rollout_client import AgentClient
+from tests.agent_server.conftest import AGENT_SERVER, Harness, StartAgent, clean_env
+from tests.agent_server.scripted_provider import ScriptedProvider, answer
+
+METRICS_LINE = re.compile(r"metrics at (http://\S+/metrics)")
+
+
+@dataclass
+class Operated:
+    process: asyncio.subprocess.Process
+    address: str
+    # The log lines read so far; all of them once the process has ended.
+    log: list[str] = field(default_factory=list)
+
+    async def metrics_url(self) -> str:
+        """The endpoint the server logged (before `listening on`, so already in the pipe)."""
+        assert self.process.stderr is not None
+        while True:
+            for line in self.log:
+                found = METRICS_LINE.search(line)
+                if found:
+                    return found.group(1)
+            line = (await self.process.stderr.readline()).decode()
+            assert line, f"no metrics line in {self.log}"
+            self.log.append(line.rstrip("\n"))
+
+
+@contextlib.asynccontextmanager
+async def operate(*args: str, **env: str) -> AsyncIterator[Operated]:
+    """`agent-server serve` whose log can be read as it is written; SIGTERM at the end."""
+    process = await asyncio.create_subprocess_exec(
+        AGENT_SERVER,
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        *args,
+        env=clean_env(**env),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert process.stdout is not None
+    assert process.stderr is not None
+    line = (await process.stdout.readline()).decode()
+    assert line.startswith("listening on "), (line, await process.stderr.read())
+    operated = Operated(process, line.removeprefix("listening on ").strip())
+    try:
+        yield operated
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+        _, rest = await process.communicate()
+        operated.log += rest.decode().splitlines()
+        assert process.returncode == 0, operated.log
+
+
+async def until(condition: Callable[[], Awaitable[bool]], seconds: float = 30) -> None:
+    """Poll condition until it holds (the server notices a cancelled stream in its own time)."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not await condition():
+        assert asyncio.get_running_loop().time() < deadline, "the condition never held"
+        await asyncio.sleep(0.02)
+
+
+def scrape(url: str) -> dict[str, float]:
+    """Every sample of the endpoint, keyed `name{label="value",...}` (labels sorted)."""
+    with urllib.request.urlopen(url, timeout=10) as response:
+        assert response.headers["Content-Type"].startswith("text/plain")
+        text = response.read().decode()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return samples
+
+
+async def test_metrics_are_scraped_and_add_up(tmp_path: Path) -> None:
+    traces = tmp_path / "traces"
+    async with operate(
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "--trace-root",
+        str(traces),
+        "--local-word-delay",
+        "0.01",
+    ) as served:
+        url = await served.metrics_url()
+        before = await asyncio.to_thread(scrape, url)
+        assert before["rollout_agent_threads_active"] == 0
+        async with AgentClient(served.address) as client:
+            thread = await client.start_thread()
+            assert (await thread.run_turn("count me").wait()).status == (
+                agent_pb2.TURN_STATUS_COMPLETED
+            )
+            second = thread.run_turn("stop me")
+            async for event in second:
+                if event.HasField("agent_message_delta") and second.result is None:
+                    await second.interrupt()
+                    # The turn's event stream is still attached: one subscriber.
+                    during = await asyncio.to_thread(scrape, url)
+
+            async def detached() -> bool:
+                samples = await asyncio.to_thread(scrape, url)
+                return samples["rollout_agent_event_subscribers"] == 0
+
+            await until(detached)
+            running = await asyncio.to_thread(scrape, url)
+            closed = await thread.close()
+        after = await asyncio.to_thread(scrape, url)
+
+    assert during["rollout_agent_event_subscribers"] == 1
+    assert running["rollout_agent_threads_active"] == 1
+    assert running["rollout_agent_turns_active"] == 0
+    assert after["rollout_agent_threads_active"] == 0
+    assert after["rollout_agent_threads_total"] == 1
+    assert after['rollout_agent_turns_total{status="COMPLETED"}'] == 1
+    assert after['rollout_agent_turns_total{status="INTERRUPTED"}'] == 1
+    assert after['rollout_agent_provider_calls_total{http_status="200",status="COMPLETED"}'] == 1
+    assert after['rollout_agent_provider_calls_total{http_status="none",status="CANCELLED"}'] == 1
+    assert after["rollout_agent_time_to_first_delta_seconds_count"] == 2
+    assert after["rollout_agent_turn_duration_seconds_count"] == 2
+    assert after["rollout_agent_deltas_total"] >= 2
+    assert after['rollout_agent_tokens_total{kind="output"}'] > 0
+    assert after["rollout_agent_recording_failures_total"] == 0
+    # Every byte of the bundle, counted as it was synced.
+    bundle_file = Path(closed.bundle_path) / "trace.binpb"
+    assert after["rollout_agent_recorded_bytes_total"] == bundle_file.stat().st_size
+
+
+async def test_json_logs_have_a_line_per_milestone_and_nothing_else(tmp_path: Path) -> None:
+    async with (
+        operate(
+            "--log-format", "json", "--trace-root", str(tmp_path), "--local-word-delay", "0"
+        ) as served,
+        AgentClient(served.address) as client,
+    ):
+        thread = await client.start_thread()
+        await thread.run_turn("log me").wait()
+        await thread.close()
+    entries = [json.loads(line) for line in served.log if line]
+    # Every line is the application's: gRPC's own diagnostics stay out.
+    for entry in entries:
+        assert {"time", "level", "logger", "message"} <= entry.keys()
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", entry["time"])
+    by_message = {entry["message"]: entry for entry in entries}
+    started = by_message["thread started"]
+    assert (started["thread"], started["bundle"]) == (thread.id, thread.bundle_path)
+    assert by_message["turn started"]["thread"] == thread.id
+    ended = by_message["turn ended"]
+    assert ended["status"] == "COMPLETED"
+    assert ended["calls"] == 1
+    assert ended["output_tokens"] > 0
+    assert ended["duration_s"] >= 0
+    closed = by_message["thread closed"]
+    assert (closed["reason"], closed["turns"], closed["recording"]) == ("closed", 1, "CLOSED")
+    assert [e["message"] for e in entries][-2:] == ["shutting down", "stopped"]
+
+
+async def test_text_logs_and_the_log_level() -> None:
+    async with operate(
+        "--log-level", "warning", "--provider-url", "http://127.0.0.1:9", OPENAI_API_KEY=""
+    ) as quiet:
+        pass
+    # Only warnings: the two a provider URL without a model or key earns.
+    assert len(quiet.log) == 2, quiet.log
+    for line in quiet.log:
+        assert re.match(r"\d{4}-\d\d-\d\dT[\d:.]+Z WARNING ", line), line
+    assert "--provider-url is set but --model is not" in quiet.log[0]
+    assert "OPENAI_API_KEY (--api-key-env) is unset or empty" in quiet.log[1]
+    async with operate() as chatty:
+        pass
+    assert any(" INFO    agent_server: listening on " in line for line in chatty.log)
+    assert not any("WARNING" in line for line in chatty.log)
+
+
+def sample(name: str, **labels: str) -> float:
+    """A metric's value in this process (0 before it was first counted)."""
+    return telemetry.REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+async def test_provider_failures_and_retries_are_logged_and_counted(
+    provider: ScriptedProvider, start_agent: StartAgent, caplog: pytest.LogCaptureFixture
+) -> None:
+    provider.queue_error(503)
+    provider.queue(answer("after one retry"))
+    agent: Harness = await start_agent(max_retries=1)
+    failed = {"status": "FAILED", "http_status": "503"}
+    failed_before = sample("rollout_agent_provider_calls_total", **failed)
+    retries_before = sample("rollout_agent_provider_retries_total")
+    thread = await agent.start_thread()
+    events = agent.events(thread.id)
+    with caplog.at_level(logging.INFO, logger="agent_server"):
+        turn = await agent.start_turn(thread.id, "retry me")
+        assert (await events.turn_completed(turn.id)).status == agent_pb2.TURN_STATUS_COMPLETED
+    assert sample("rollout_agent_provider_calls_total", **failed) == failed_before + 1
+    assert sample("rollout_agent_provider_retries_total") == retries_before + 1
+    [failure] = [r for r in caplog.records if r.getMessage().startswith("provider call failed")]
+    assert failure.levelno == logging.WARNING
+    assert failure.getMessage() == "provider call failed; retrying"
+    fields = failure.fields  # type: ignore[attr-defined]
+    assert (fields["attempt"], fields["http_status"], fields["turn"]) == (1, 503, turn.id)
+    [ended] = [r for r in caplog.records if r.getMessage() == "turn ended"]
+    assert ended.fields["calls"] == 2  # type: ignore[attr-defined]
+
+
+async def test_a_recording_failure_is_counted(provider: ScriptedProvider, agent: Harness) -> None:
+    provider.queue(answer("unrecorded"))
+    before = sample("rollout_agent_recording_failures_total")
+    thread = await agent.start_thread()
+    (Path(thread.bundle_path) / "trace.binpb").unlink()
+    events = agent.events(thread.id)
+    turn = await agent.start_turn(thread.id, "one")
+    await events.turn_completed(turn.id)
+    assert sample("rollout_agent_recording_failures_total") == before + 1
+
+
+async def test_a_config_file_under_the_environment_and_the_flags(tmp_path: Path) -> None:
+    config = tmp_path / "agent.toml"
+    config.write_text(
+        'log-format = "json"\n'
+        'trace-root = "traces"\n'
+        'model = "from-file"\n'
+        "local-word-delay = 0\n"
+        'metrics-listen = "127.0.0.1:0"\n'
+    )
+    async with operate(
+        "--config", str(config), "--model", "from-flag", ROLLOUT_LOG_FORMAT="text"
+    ) as served:
+        async with AgentClient(served.address) as client:
+            thread = await client.start_thread()
+            await thread.close()
+        await served.metrics_url()
+    # The environment beat the file (text, not JSON); the flag beat the file (the model).
+    assert served.log[0][:4].isdigit()
+    assert thread.model == "from-flag"
+    # A relative path in the file is taken from the file's directory.
+    assert Path(thread.bundle_path).parent == tmp_path / "traces"
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('listen = "127.0.0.1:0"\nno-such-flag = 1\n', "unknown setting 'no-such-flag'"),
+        ('max-retries = "4"\n', "max-retries must be an integer"),
+        ("model = \n", "is not valid TOML"),
+        ('log-level = "loud"\n', "--log-level must be one of"),
+    ],
+)
+async def test_a_bad_config_file_is_one_line_and_exit_2(
+    tmp_path: Path, content: str, message: str
+) -> None:
+    config = tmp_path / "agent.toml"
+    config.write_text(content)
+    code, stderr = await _run("serve", "--config", str(config))
+    assert code == 2
+    assert stderr.startswith("agent-server: ")
+    assert message in stderr
+    assert len(stderr.strip().splitlines()) == 1
+
+
+async def test_version_and_demo_flags() -> None:
+    code, stdout = await _run("--version", stream="stdout")
+    assert code == 0
+    assert re.fullmatch(r"agent-server \d+\.\d+\.\d+\S*\n", stdout)
+    # demo has its own few flags; a server flag is an error, not silently ignored.
+    code, stderr = await _run("demo", "--listen", "127.0.0.1:9999")
+    assert code == 2
+    assert "unrecognized arguments: --listen" in stderr
+
+
+async def _run(*args: str, stream: str = "stderr") -> tuple[int, str]:
+    process = await asyncio.create_subprocess_exec(
+        AGENT_SERVER,
+        *args,
+        env=clean_env(),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    stdout, stderr = await process.communicate()
+    assert process.returncode is not None
+    text = (stdout if stream == "stdout" else stderr).decode()
+    assert "Traceback" not in text
+    return process.returncode, text
+
+
+async def test_the_health_probe() -> None:
+    async with operate() as served:
+        code, stdout = await _run("health", "--address", served.address, stream="stdout")
+        assert (code, stdout) == (0, "SERVING\n")
+    # Nothing listens there any more.
+    code, stderr = await _run("health", "--address", served.address, "--timeout", "1")
+    assert code == 1
+    assert stderr == f"agent-server health: {served.address}: UNAVAILABLE\n"
+
+
+def test_the_documented_config_file_loads(tmp_path: Path) -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "operating.md").read_text()
+    block = re.search(r"<!-- example: config -->\n```toml\n(.*?)```", doc, re.S)
+    assert block, "no config example in docs/operating.md"
+    config = tmp_path / "agent.toml"
+    config.write_text(block.group(1))
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    settings = from_args(parser.parse_args(["--config", str(config)]), {})
+    assert settings.provider_url == "https://provider.example/v1"
+    assert settings.trace_root == tmp_path / "traces"
+    assert (settings.log_format, settings.metrics_listen) == ("json", "127.0.0.1:9464")
+    assert settings.warnings() == [
+        "--provider-url is set but OPENAI_API_KEY (--api-key-env) is unset or empty: "
+        "requests go to the provider without an API key"
+    ]

@@ -1,0 +1,357 @@
+"""`trace-reducer reduce-all` over a local tree, in its process pool, as a user runs it."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pty
+import re
+import select
+import shutil
+import signal
+import struct
+import subprocess
+import termios
+import time
+from pathlib import Path
+
+import pytest
+from google.protobuf import json_format
+
+from rollout.trace.v1 import record_pb2, state_pb2
+from tests.batch.conftest import (
+    TRACE_REDUCER,
+    Corpus,
+    age,
+    bundles_under,
+    expected_state,
+    reduce_all,
+)
+from trace_reducer import BundleWriter, read_bundle
+
+
+def _counts(stdout: str) -> dict[str, int]:
+    """The summary's `bundles:` and `integrity:` counts by name."""
+    counts: dict[str, int] = {}
+    for line in stdout.splitlines():
+        if line.strip().startswith(("bundles:", "integrity:")):
+            for name, value in re.findall(r"([A-Za-z ]+?) ([\d,]+)(?:,|$)", line.split(":", 1)[1]):
+                counts[name.strip()] = int(value.replace(",", ""))
+    return counts
+
+
+def test_reduces_every_bundle_and_summarises(traces: Path, corpus: Corpus) -> None:
+    bundles = bundles_under(traces)
+    assert len(bundles) == corpus.threads
+    result = reduce_all(str(traces), "--jobs", "2")
+    assert result.returncode == 0, result.stderr
+    for bundle in bundles:
+        assert (bundle / "state.json").read_text() == expected_state(bundle)
+    counts = _counts(result.stdout)
+    assert counts["reduced"] == counts["CLEAN"] == len(bundles)
+    assert counts["failed"] == counts["corrupt"] == counts["live"] == 0
+    assert f"reduce-all: {len(bundles)} bundles under {traces}" in result.stdout
+    assert "(pool, 2 workers)" in result.stdout
+    records = sum(read_bundle_records(b) for b in bundles)
+    assert f"({records:,} records, " in result.stdout
+    assert len(re.findall(r"^  slowest: ", result.stdout, re.M)) == 5
+    # Not a terminal: plain progress lines, the last one complete.
+    progress = [line for line in result.stderr.splitlines() if line.startswith("reduce-all:")]
+    assert progress[-1].startswith(f"reduce-all: {len(bundles)}/{len(bundles)} bundles (100%)")
+    assert "Traceback" not in result.stderr
+
+
+def read_bundle_records(bundle: Path) -> int:
+    with read_bundle(bundle) as reader:
+        for _ in reader.batches():
+            pass
+        return reader.integrity.records_read
+
+
+def test_skips_up_to_date_bundles_unless_forced(traces: Path) -> None:
+    bundles = bundles_under(traces)
+    assert reduce_all(str(traces)).returncode == 0
+    written = {b: (b / "state.json").stat().st_mtime_ns for b in bundles}
+
+    again = reduce_all(str(traces))
+    assert again.returncode == 0, again.stderr
+    assert _counts(again.stdout)["up to date"] == len(bundles)
+    assert _counts(again.stdout)["reduced"] == 0
+    assert {b: (b / "state.json").stat().st_mtime_ns for b in bundles} == written
+
+    # A bundle whose trace changed after its state.json is reduced again, and only it.
+    changed = bundles[3]
+    future = time.time() + 60
+    os.utime(changed / "trace.binpb", (future, future))
+    third = reduce_all(str(traces))
+    assert _counts(third.stdout)["reduced"] == 1
+    assert (changed / "state.json").stat().st_mtime_ns != written[changed]
+    assert all((b / "state.json").stat().st_mtime_ns == written[b] for b in bundles if b != changed)
+
+    forced = reduce_all(str(traces), "--force")
+    assert _counts(forced.stdout)["reduced"] == len(bundles)
+
+
+def _frames(trace: Path) -> list[tuple[int, int]]:
+    """(offset, length) of every frame of a trace.binpb."""
+    data = trace.read_bytes()
+    frames, offset = [], 0
+    while offset < len(data):
+        size, shift, pos = 0, 0, offset
+        while True:
+            byte = data[pos]
+            size |= (byte & 0x7F) << shift
+            pos += 1
+            shift += 7
+            if byte < 0x80:
+                break
+        frames.append((offset, pos - offset + size))
+        offset = pos + size
+    return frames
+
+
+def _damaged_copy(source: Path, root: Path, name: str) -> Path:
+    target = root / "damaged" / name
+    shutil.copytree(source, target)
+    return target
+
+
+def _contradicting_bundle(root: Path) -> Path:
+    """A bundle whose records contradict each other: a turn of a thread never started."""
+    writer = BundleWriter.create(root / "damaged", "thread-contradicting")
+    writer.append(
+        record_pb2.TraceRecord(turn_started=record_pb2.TurnStarted(turn=1, thread=7, turn_id="t"))
+    )
+    writer.close()
+    return writer.bundle_dir
+
+
+def test_damaged_bundles_are_reported_and_never_stop_the_batch(traces: Path) -> None:
+    good = bundles_under(traces)
+    source = good[0]
+    trace_bytes = (source / "trace.binpb").read_bytes()
+    frames = _frames(source / "trace.binpb")
+
+    unclosed = _damaged_copy(source, traces, "unclosed")
+    (unclosed / "trace.binpb").write_bytes(trace_bytes[: frames[-1][0]])
+    truncated = _damaged_copy(source, traces, "truncated")
+    (truncated / "trace.binpb").write_bytes(trace_bytes[: frames[-2][0] + 3])
+    corrupt = _damaged_copy(source, traces, "corrupt")
+    flipped = bytearray(trace_bytes)
+    flipped[frames[5][0] + 4] ^= 0x10
+    (corrupt / "trace.binpb").write_bytes(bytes(flipped))
+    empty = _damaged_copy(source, traces, "empty")
+    (empty / "trace.binpb").write_bytes(b"")
+    contradicting = _contradicting_bundle(traces)
+    # Its state.json cannot be written (a directory is in the way).
+    unwritable = _damaged_copy(source, traces, "unwritable")
+    (unwritable / "state.json").mkdir()
+    for bundle in (unclosed, truncated, corrupt, empty, contradicting, unwritable):
+        age(bundle / "trace.binpb", 3600)
+    # Still being written: no footer yet, and touched just now.
+    live = _damaged_copy(source, traces, "live")
+    (live / "trace.binpb").write_bytes(trace_bytes[: frames[-1][0]])
+
+    result = reduce_all(str(traces), "--jobs", "2")
+    assert result.returncode == 1, result.stdout
+    assert "Traceback" not in result.stderr + result.stdout
+    counts = _counts(result.stdout)
+    assert counts["reduced"] == len(good) + 2
+    assert (counts["corrupt"], counts["live"], counts["failed"]) == (1, 1, 3)
+    assert (counts["CLEAN"], counts["UNCLOSED"], counts["TRUNCATED"], counts["CORRUPT"]) == (
+        len(good),
+        1,
+        1,
+        1,
+    )
+    for bundle in [*good, unclosed, truncated]:
+        assert (bundle / "state.json").read_text() == expected_state(bundle)
+    for bundle in (corrupt, live, empty, contradicting):
+        assert not (bundle / "state.json").exists()
+
+    with read_bundle(corrupt) as reader:
+        for _ in reader.batches():
+            pass
+        damage = reader.integrity
+    assert damage.bad_frame_offset == frames[5][0]
+    assert (
+        f"CORRUPT at byte {damage.bad_frame_offset} (seq {damage.bad_frame_seq}): {corrupt}: "
+        in result.stdout
+    )
+    assert f"live (still being written, not reduced): {live}" in result.stdout
+    assert f"FAILED: {empty}: not a trace bundle" in result.stdout
+    assert f"FAILED: {contradicting}: records contradict each other: seq 2" in result.stdout
+    assert f"FAILED: {unwritable}: Is a directory: " in result.stdout
+    assert not list(unwritable.glob(".state.json.*"))
+    assert "--salvage reduces them" in result.stdout
+
+    # Salvaged, the corrupt bundle reduces up to the damage; only the unreadable fail now.
+    shutil.rmtree(empty)
+    shutil.rmtree(contradicting)
+    shutil.rmtree(unwritable)
+    salvaged = reduce_all(str(traces), "--salvage")
+    assert salvaged.returncode == 0, salvaged.stdout
+    assert _counts(salvaged.stdout)["salvaged"] == 1
+    assert "(salvaged)" in salvaged.stdout
+    state = json_format.Parse((corrupt / "state.json").read_text(), state_pb2.RolloutTrace())
+    assert state.integrity.status == state_pb2.INTEGRITY_STATUS_CORRUPT
+    assert state.integrity.records_read == 5
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["{tmp}/missing"], "no such file or directory"),
+        (["{tmp}/file.txt"], "not a directory"),
+        (["{tmp}/empty-dir"], "no trace bundles"),
+        (["{tmp}/empty-dir", "--storage-option", "novalue"], "expects KEY=VALUE"),
+        (["{tmp}/empty-dir", "--jobs", "0"], "must be at least 1"),
+    ],
+)
+def test_bad_input_gets_one_line_and_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
+    (tmp_path / "file.txt").write_text("not bundles")
+    (tmp_path / "empty-dir" / "sub").mkdir(parents=True)
+    (tmp_path / "empty-dir" / "sub" / "notes.txt").write_text("nothing here")
+    result = reduce_all(*(a.format(tmp=tmp_path) for a in args))
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+    # One line of ours (argparse's errors come after its usage text, as for every command).
+    lines = [line for line in result.stderr.splitlines() if line.startswith("trace-reducer")]
+    assert len(lines) == 1, result.stderr
+
+
+def _many(traces: Path, tmp_path: Path, copies: int) -> Path:
+    """`copies` bundles: the corpus's bundles, copied over and over."""
+    root = tmp_path / "many"
+    sources = bundles_under(traces)
+    for n in range(copies):
+        source = sources[n % len(sources)]
+        target = root / f"{n:05d}"
+        target.mkdir(parents=True)
+        shutil.copy2(source / "trace.binpb", target / "trace.binpb")
+    return root
+
+
+def _wait_for(condition: object, deadline: float, what: str) -> None:
+    assert callable(condition)
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_ctrl_c_stops_cleanly_without_half_written_state(traces: Path, tmp_path: Path) -> None:
+    root = _many(traces, tmp_path, 3000)
+    tables = tmp_path / "tables"
+    # A terminal's Ctrl-C goes to the whole foreground process group: driver and workers.
+    process = subprocess.Popen(
+        [TRACE_REDUCER, "reduce-all", str(root), "--jobs", "2", "--tables", str(tables)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        _wait_for(
+            lambda: any(root.glob("*/state.json")), time.monotonic() + 120, "a first state.json"
+        )
+        os.killpg(process.pid, signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert process.returncode == 130, stdout + stderr
+    assert "Traceback" not in stderr
+    assert "interrupted after" in stdout
+    states = list(root.glob("*/state.json"))
+    assert 0 < len(states) < 3000
+    assert not list(root.rglob("*.tmp"))
+    for state in states:
+        assert state.read_text() == expected_state(state.parent)
+    # No tables from half a batch, and no staging left behind.
+    assert not tables.exists() or not list(tables.iterdir())
+    assert "tables: not written" in stdout
+
+
+def _descendants(pid: int) -> dict[int, int]:
+    """pid -> parent pid of every process below pid."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    below: dict[int, int] = {}
+    frontier = [pid]
+    while frontier:
+        parent = frontier.pop()
+        for child, ppid in parents.items():
+            if ppid == parent and child not in below:
+                below[child] = ppid
+                frontier.append(child)
+    return below
+
+
+def test_a_worker_killed_mid_batch_does_not_stop_it(traces: Path, tmp_path: Path) -> None:
+    root = _many(traces, tmp_path, 3000)
+    process = subprocess.Popen(
+        [TRACE_REDUCER, "reduce-all", str(root), "--jobs", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _wait_for(
+            lambda: any(root.glob("*/state.json")), time.monotonic() + 120, "a first state.json"
+        )
+        # The pool's workers are the forkserver's children: the driver's grandchildren.
+        below = _descendants(process.pid)
+        workers = [pid for pid, parent in below.items() if parent != process.pid]
+        assert workers, below
+        os.kill(workers[0], signal.SIGKILL)  # as the OOM killer would
+        stdout, stderr = process.communicate(timeout=300)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0, stdout + stderr
+    assert "the pool was restarted 1 time(s)" in stderr
+    assert _counts(stdout)["reduced"] == 3000
+    assert len(list(root.glob("*/state.json"))) == 3000
+
+
+def test_progress_bar_on_a_terminal(traces: Path) -> None:
+    count = len(bundles_under(traces))
+    controller, terminal = pty.openpty()
+    # A terminal 120 columns wide (a fresh pty reports 0 x 0).
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    process = subprocess.Popen(
+        [TRACE_REDUCER, "reduce-all", str(traces), "--jobs", "1"],
+        stdin=terminal,
+        stdout=terminal,
+        stderr=terminal,
+        close_fds=True,
+    )
+    os.close(terminal)
+    output = b""
+    while True:
+        ready, _, _ = select.select([controller], [], [], 60)
+        assert ready, "no output from reduce-all for 60 s"
+        try:
+            chunk = os.read(controller, 65536)
+        except OSError:  # EIO: the terminal's last writer is gone
+            break
+        if not chunk:
+            break
+        output += chunk
+    os.close(controller)
+    assert process.wait(timeout=60) == 0
+    text = output.decode("utf-8", "replace")
+    assert re.search(rf"reduce-all: 100%\|.*\| {count}/{count} \[", text), text
+    assert "bundle/s" in text
+    # The bar replaces the plain lines; the summary still follows.
+    assert f"reduce-all: {count}/{count} bundles (100%)" not in text
+    assert f"reduce-all: {count} bundles under" in text

@@ -1,0 +1,249 @@
+"""`reduce-all --tables`: Parquet tables of real bundles, asked real questions with DuckDB."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.batch.conftest import TRACE_REDUCER, Corpus, age, bundles_under, reduce_all
+from trace_reducer import replay_bundle
+
+duckdb = pytest.importorskip("duckdb", reason="the tables tests need duckdb (dev extra)")
+tables_module = pytest.importorskip(
+    "trace_reducer._tables", reason="--tables needs pyarrow (the batch extra)"
+)
+SCHEMAS = tables_module.SCHEMAS
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "tables.md"
+
+
+class Tables:
+    """A DuckDB connection with one view per table of a --tables directory."""
+
+    def __init__(self, directory: Path) -> None:
+        self.db = duckdb.connect()
+        for name in SCHEMAS:
+            self.db.execute(
+                f"CREATE VIEW {name} AS SELECT * FROM read_parquet("
+                f"'{directory}/{name}/**/*.parquet', hive_partitioning = true)"
+            )
+
+    def rows(self, sql: str) -> list[tuple[object, ...]]:
+        return list(self.db.execute(sql).fetchall())
+
+    def value(self, sql: str) -> object:
+        rows = self.rows(sql)
+        assert len(rows) == 1, rows
+        return rows[0][0]
+
+
+def _file_bytes(directory: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(directory)): p.read_bytes() for p in directory.rglob("*") if p.is_file()
+    }
+
+
+@pytest.fixture
+def reduced(traces: Path, tmp_path: Path) -> Tables:
+    result = reduce_all(str(traces), "--tables", str(tmp_path / "tables"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    return Tables(tmp_path / "tables")
+
+
+def test_tokens_per_model(reduced: Tables, corpus: Corpus) -> None:
+    # The scripted models' usage is what the script sent (the local model's is its own).
+    scripted = "model IN ('model-a', 'model-b', 'model-c')"
+    rows = reduced.rows(
+        "SELECT model, sum(input_tokens), sum(output_tokens) FROM inference_calls "
+        f"WHERE {scripted} GROUP BY model ORDER BY model"
+    )
+    assert rows == [(model, *corpus.tokens[model]) for model in sorted(corpus.tokens)]
+    # The thread and turn totals agree with their calls.
+    for table in ("threads", "turns"):
+        totals = reduced.rows(
+            f"SELECT sum(input_tokens), sum(output_tokens) FROM {table} "
+            f"WHERE trace_id IN (SELECT trace_id FROM inference_calls WHERE {scripted})"
+        )
+        assert totals == [tuple(map(sum, zip(*corpus.tokens.values(), strict=True)))], table
+
+
+def test_failed_calls_per_provider_error_code(reduced: Tables, corpus: Corpus) -> None:
+    rows = reduced.rows(
+        "SELECT error_code, count(*) FROM inference_calls WHERE status = 'FAILED' "
+        "GROUP BY error_code"
+    )
+    assert Counter({str(code): count for code, count in rows}) == corpus.failed_codes
+    # Each failed call failed its turn, with the same code.
+    assert reduced.rows(
+        "SELECT count(*) FROM inference_calls c JOIN turns t USING (trace_id, turn_id) "
+        "WHERE c.status = 'FAILED' AND (t.status <> 'FAILED' OR t.error_code <> c.error_code)"
+    ) == [(0,)]
+
+
+def test_interrupted_turns_with_their_discarded_text(reduced: Tables, corpus: Corpus) -> None:
+    rows = reduced.rows(
+        "SELECT t.turn_id, t.status, string_agg(d.partial_text, '' ORDER BY d.position) "
+        "FROM turns t JOIN discarded_outputs d USING (trace_id, turn_id) "
+        "WHERE t.interrupted GROUP BY t.turn_id, t.status"
+    )
+    assert {turn: text for turn, _, text in rows} == corpus.discarded
+    assert {status for _, status, _ in rows} == {"CANCELLED"}
+
+
+def test_tool_calls_with_their_arguments_and_outputs(reduced: Tables, corpus: Corpus) -> None:
+    rows = reduced.rows(
+        "SELECT name, arguments, output, status, is_error FROM tool_calls ORDER BY started_at"
+    )
+    assert [row[:3] for row in rows] == corpus.tool_calls
+    assert {row[3:] for row in rows} == {("COMPLETED", False)}
+    # call item -> tool call -> output item, and the call that asked for it.
+    assert reduced.rows(
+        "SELECT count(*) FROM tool_calls t "
+        "JOIN conversation_items c ON c.trace_id = t.trace_id AND c.item_id = t.call_item_id "
+        "JOIN conversation_items o ON o.trace_id = t.trace_id AND o.item_id = t.output_item_id "
+        "JOIN inference_calls i ON i.trace_id = t.trace_id "
+        "AND i.inference_call_id = t.requested_by_inference_call_id "
+        "JOIN turns u ON u.trace_id = t.trace_id "
+        "AND list_contains(u.tool_call_ids, t.tool_call_id) "
+        "WHERE c.kind = 'FUNCTION_CALL' AND o.kind = 'FUNCTION_CALL_OUTPUT' "
+        "AND o.producer_kind = 'tool' AND o.producer_id = t.tool_call_id"
+    ) == [(len(corpus.tool_calls),)]
+
+
+def test_foreign_keys_resolve_and_counts_match_the_states(reduced: Tables, traces: Path) -> None:
+    orphans = {
+        "turn without its thread": "SELECT * FROM turns ANTI JOIN threads "
+        "USING (trace_id, thread_id)",
+        "call without its turn": "SELECT * FROM inference_calls ANTI JOIN turns "
+        "USING (trace_id, turn_id)",
+        "request item not in conversation_items": "SELECT * FROM (SELECT trace_id, "
+        "unnest(request_item_ids) AS item_id FROM inference_calls) ANTI JOIN "
+        "conversation_items USING (trace_id, item_id)",
+        "item from an unknown call": "SELECT * FROM conversation_items i WHERE "
+        "producer_kind = 'inference' AND NOT EXISTS (SELECT 1 FROM inference_calls c WHERE "
+        "c.trace_id = i.trace_id AND c.inference_call_id = i.producer_id)",
+        "discarded output of an unknown call": "SELECT * FROM discarded_outputs ANTI JOIN "
+        "inference_calls USING (trace_id, inference_call_id)",
+        "entity without its bundle": "SELECT * FROM threads ANTI JOIN bundles "
+        "USING (bundle_path, trace_id)",
+    }
+    for what, sql in orphans.items():
+        assert reduced.rows(sql) == [], what
+
+    states = [replay_bundle(b) for b in bundles_under(traces)]
+    expected = {
+        "bundles": len(states),
+        "threads": sum(len(s.threads) for s in states),
+        "turns": sum(len(s.turns) for s in states),
+        "inference_calls": sum(len(s.inference_calls) for s in states),
+        "conversation_items": sum(len(s.conversation_items) for s in states),
+        "tool_calls": sum(len(s.tool_calls) for s in states),
+        "discarded_outputs": sum(
+            len(c.discarded_outputs) for s in states for c in s.inference_calls.values()
+        ),
+    }
+    counted = {name: reduced.value(f"SELECT count(*) FROM {name}") for name in SCHEMAS}
+    assert counted == expected
+    # Every table can be read, with its documented columns.
+    for name, schema in SCHEMAS.items():
+        columns = [row[0] for row in reduced.rows(f"DESCRIBE {name}")]
+        assert columns == [*schema.names, "day"], name
+
+
+def test_partitioned_by_the_day_each_bundle_started(reduced: Tables) -> None:
+    assert reduced.rows("SELECT count(*) FROM bundles WHERE day <> CAST(started_at AS DATE)") == [
+        (0,)
+    ]
+    assert reduced.rows(
+        "SELECT count(*) FROM conversation_items i JOIN bundles b USING (bundle_path) "
+        "WHERE i.day <> b.day"
+    ) == [(0,)]
+
+
+def test_tables_from_state_json_are_identical_to_fresh_ones(traces: Path, tmp_path: Path) -> None:
+    first = reduce_all(str(traces), "--tables", str(tmp_path / "first"))
+    assert first.returncode == 0
+    # The second run reduces nothing: its rows come from the state.json files written above.
+    second = reduce_all(str(traces), "--tables", str(tmp_path / "second"))
+    assert second.returncode == 0
+    assert f"up to date {len(bundles_under(traces))}" in second.stdout
+    assert _file_bytes(tmp_path / "first") == _file_bytes(tmp_path / "second")
+
+    # Rewriting the same directory replaces its tables (nothing appended, no staging left).
+    again = reduce_all(str(traces), "--tables", str(tmp_path / "first"))
+    assert again.returncode == 0
+    assert _file_bytes(tmp_path / "first") == _file_bytes(tmp_path / "second")
+
+
+def test_corrupt_bundles_are_listed_and_their_entities_kept_only_when_salvaged(
+    traces: Path, tmp_path: Path
+) -> None:
+    source = bundles_under(traces)[0]
+    corrupt = traces / "corrupt"
+    shutil.copytree(source, corrupt)
+    data = bytearray((corrupt / "trace.binpb").read_bytes())
+    data[len(data) // 2] ^= 0x01
+    (corrupt / "trace.binpb").write_bytes(bytes(data))
+    age(corrupt / "trace.binpb", 3600)
+
+    result = reduce_all(str(traces), "--tables", str(tmp_path / "tables"))
+    assert result.returncode == 1
+    tables = Tables(tmp_path / "tables")
+    offset = re.search(r"CORRUPT at byte (\d+)", result.stdout)
+    assert offset is not None
+    assert tables.rows(
+        f"SELECT integrity, bad_frame_offset FROM bundles WHERE bundle_path = '{corrupt}'"
+    ) == [("CORRUPT", int(offset.group(1)))]
+    assert tables.value(f"SELECT count(*) FROM turns WHERE bundle_path = '{corrupt}'") == 0
+
+    salvaged = reduce_all(str(traces), "--salvage", "--tables", str(tmp_path / "salvaged"))
+    assert salvaged.returncode == 0
+    tables = Tables(tmp_path / "salvaged")
+    assert tables.rows(
+        f"SELECT DISTINCT integrity FROM threads WHERE bundle_path = '{corrupt}'"
+    ) == [("CORRUPT",)]
+
+
+def test_every_column_is_documented() -> None:
+    text = DOCS.read_text()
+    sections = dict(re.findall(r"^## `(\w+)`\n(.*?)(?=^## |\Z)", text, re.M | re.S))
+    assert set(sections) == set(SCHEMAS)
+    for name, schema in SCHEMAS.items():
+        documented = re.findall(r"^\| `(\w+)` \|", sections[name], re.M)
+        assert documented == schema.names, name
+
+
+def test_the_demo_s_trace_root(tmp_path: Path) -> None:
+    """`agent-server demo` (its built-in local model), then reduce-all on its trace root."""
+    agent_server = str(Path(TRACE_REDUCER).parent / "agent-server")
+    demo = subprocess.run(
+        [agent_server, "demo", "--trace-root", str(tmp_path / "traces")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={k: v for k, v in os.environ.items() if not k.startswith("ROLLOUT_")},
+    )
+    assert demo.returncode == 0, demo.stderr
+    # The demo wrote its own state.json already: reduce-all finds it up to date.
+    result = reduce_all(str(tmp_path / "traces"), "--tables", str(tmp_path / "tables"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "reduce-all: 1 bundle under" in result.stdout
+    assert "up to date 1" in result.stdout
+    tables = Tables(tmp_path / "tables")
+    assert tables.rows("SELECT status, interrupted FROM turns ORDER BY turn_index") == [
+        ("COMPLETED", False),
+        ("CANCELLED", True),
+    ]
+    text = tables.value(
+        "SELECT d.partial_text FROM discarded_outputs d JOIN turns t USING (trace_id, turn_id) "
+        "WHERE t.interrupted"
+    )
+    assert isinstance(text, str)
+    assert text.startswith("You said:")

@@ -1,0 +1,130 @@
+"""reduce-all over fsspec URLs: S3 (moto's real S3 server on loopback, through s3fs),
+file:// and memory://."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.batch.conftest import Corpus, bundles_under, expected_state, reduce_all
+from trace_reducer import cli
+
+fsspec = pytest.importorskip("fsspec", reason="URL roots need fsspec (the batch extra)")
+s3fs = pytest.importorskip("s3fs", reason="s3:// roots need s3fs (the batch extra)")
+moto_server = pytest.importorskip("moto.server", reason="the S3 tests need moto (dev extra)")
+pq = pytest.importorskip("pyarrow.parquet", reason="--tables needs pyarrow (the batch extra)")
+
+# Credentials botocore accepts without looking anywhere else; moto checks none of them.
+AWS_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+BUCKET = "rollout-bundles"
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint() -> Iterator[str]:
+    """moto's S3 server, in this process, on a free loopback port."""
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in AWS_ENV.items():
+            patch.setenv(key, value)
+        server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        server.start()
+        try:
+            host, port = server.get_host_and_port()
+            yield f"http://{host}:{port}"
+        finally:
+            server.stop()
+
+
+def _s3(endpoint: str) -> Any:
+    fs = s3fs.S3FileSystem(endpoint_url=endpoint, **_keys())
+    fs.invalidate_cache()
+    return fs
+
+
+def _keys() -> dict[str, str]:
+    return {"key": AWS_ENV["AWS_ACCESS_KEY_ID"], "secret": AWS_ENV["AWS_SECRET_ACCESS_KEY"]}
+
+
+def _files(fs: Any, root: str) -> dict[str, bytes]:
+    names = fs.find(root)
+    return {name.removeprefix(root).lstrip("/"): fs.cat_file(name) for name in names}
+
+
+def _local_files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_bundles_in_an_s3_bucket(
+    s3_endpoint: str, traces: Path, corpus: Corpus, tmp_path: Path
+) -> None:
+    fs = _s3(s3_endpoint)
+    fs.mkdir(BUCKET)
+    fs.put(f"{traces}/", f"{BUCKET}/runs/", recursive=True)
+    url = f"s3://{BUCKET}/runs"
+    option = ["--storage-option", f"endpoint_url={s3_endpoint}"]
+
+    first = reduce_all(url, *option, "--tables", str(tmp_path / "tables"), env=AWS_ENV)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert f"reduce-all: {corpus.threads} bundles under {url} " in first.stdout
+    fs.invalidate_cache()
+    for bundle in bundles_under(traces):
+        written = fs.cat_file(f"{BUCKET}/runs/{bundle.name}/state.json")
+        assert written.decode() == expected_state(bundle)
+    paths = pq.read_table(tmp_path / "tables" / "bundles").column("bundle_path").to_pylist()
+    assert sorted(paths) == sorted(f"{url}/{b.name}" for b in bundles_under(traces))
+
+    # The endpoint as botocore's own setting works as well; nothing is stale, nothing re-done.
+    second = reduce_all(url, env={**AWS_ENV, "AWS_ENDPOINT_URL": s3_endpoint})
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert f"up to date {corpus.threads}" in second.stdout
+    assert "reduced 0" in second.stdout
+
+    # Tables can go to the bucket too: the same bytes as on local disk.
+    third = reduce_all(url, *option, "--tables", f"s3://{BUCKET}/tables", env=AWS_ENV)
+    assert third.returncode == 0, third.stdout + third.stderr
+    fs.invalidate_cache()
+    assert _files(fs, f"{BUCKET}/tables") == _local_files(tmp_path / "tables")
+
+    # A damaged object is reported by its URL and gets no state.json.
+    source = bundles_under(traces)[0]
+    data = bytearray((source / "trace.binpb").read_bytes())
+    data[len(data) // 2] ^= 0x01
+    fs.pipe_file(f"{BUCKET}/runs/zz-corrupt/trace.binpb", bytes(data))
+    damaged = reduce_all(url, *option, env=AWS_ENV)
+    assert damaged.returncode == 1
+    assert f"{url}/zz-corrupt: bad frame at byte" in damaged.stdout
+    fs.invalidate_cache()
+    assert not fs.exists(f"{BUCKET}/runs/zz-corrupt/state.json")
+
+
+def test_file_urls(traces: Path) -> None:
+    result = reduce_all(f"file://{traces}")
+    assert result.returncode == 0, result.stderr
+    for bundle in bundles_under(traces):
+        assert (bundle / "state.json").read_text() == expected_state(bundle)
+
+
+def test_memory_urls_are_reduced_in_process(
+    traces: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    memory = fsspec.filesystem("memory")
+    memory.put(f"{traces}/", "/batch-test/", recursive=True)
+    try:
+        assert cli.main(["reduce-all", "memory://batch-test", "--tables", str(tmp_path / "t")]) == 0
+        out = capsys.readouterr().out
+        assert "(in-process, 1 worker)" in out
+        for bundle in bundles_under(traces):
+            written = memory.cat_file(f"/batch-test/{bundle.name}/state.json").decode()
+            assert written == expected_state(bundle)
+        assert pq.read_table(tmp_path / "t" / "threads").num_rows == len(bundles_under(traces))
+
+        assert cli.main(["reduce-all", "memory://batch-test", "--ray"]) == 2
+        assert "exists in this process only" in capsys.readouterr().err
+    finally:
+        memory.rm("/batch-test", recursive=True)

@@ -1,0 +1,85 @@
+"""reduce-all on Ray: the pool's per-bundle function run as Ray tasks, locally or on a cluster."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from ._batch import BatchOptions, Chunk, Done, Handle, reduce_chunk
+
+LOCAL = "local"
+
+
+class RayUnavailableError(Exception):
+    """The ray extra is not installed."""
+
+
+class RayEngine:
+    """Submits chunks of bundles as Ray tasks; starts a local Ray or joins a running cluster.
+
+    address: LOCAL starts a Ray for this run (and stops it after); "auto" or HOST:PORT or
+    ray://HOST:PORT joins one. A Ray already initialised in this process is used as it is.
+    """
+
+    name = "ray"
+
+    def __init__(self, address: str, jobs: int | None) -> None:
+        if address == LOCAL:
+            # A Ray started for one command is this machine's alone: keep it on loopback
+            # (Ray otherwise binds the host's address, as a cluster head would) and do not
+            # report usage on the user's behalf.
+            os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+            os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        try:
+            import ray  # optional, and slow to import
+        except ImportError as error:
+            raise RayUnavailableError(
+                "--ray needs the ray extra: pip install 'rollout-trace[ray]'"
+            ) from error
+        self._ray: Any = ray
+        self._owns = not ray.is_initialized()
+        if self._owns:
+            settings: dict[str, Any] = {
+                "include_dashboard": False,
+                "log_to_driver": False,
+                "logging_level": logging.WARNING,
+            }
+            if address == LOCAL:
+                # "local" makes Ray start its own, never join one it finds on this machine.
+                ray.init(address="local", num_cpus=jobs or os.cpu_count() or 1, **settings)
+            else:
+                ray.init(address=address, **settings)
+        cpus = int(self._ray.cluster_resources().get("CPU", 1)) or 1
+        self.slots = min(jobs, cpus) if jobs else cpus
+        # Ray retries a task whose worker died; the driver retries bundle by bundle after that.
+        self._remote = ray.remote(num_cpus=1, max_retries=2)(reduce_chunk)
+        self._submitted: set[Handle] = set()
+
+    def submit(self, chunk: Chunk, options: BatchOptions) -> Handle:
+        ref = self._remote.remote(chunk, options)
+        self._submitted.add(ref)
+        return ref
+
+    def wait(self, handles: list[Handle], timeout: float) -> list[tuple[Handle, Done]]:
+        ray = self._ray
+        ready, _ = ray.wait(handles, num_returns=1, timeout=timeout)
+        if ready:
+            ready, _ = ray.wait(handles, num_returns=len(handles), timeout=0)
+        finished: list[tuple[Handle, Done]] = []
+        for ref in ready:
+            self._submitted.discard(ref)
+            try:
+                finished.append((ref, ray.get(ref)))
+            except Exception as error:  # noqa: BLE001 - reported per bundle by the driver
+                finished.append((ref, error))
+        return finished
+
+    def close(self, *, cancel: bool) -> None:
+        ray = self._ray
+        if cancel:
+            for ref in self._submitted:
+                ray.cancel(ref)
+        self._submitted.clear()
+        if self._owns:
+            ray.shutdown()

@@ -1,0 +1,265 @@
+"""Rewards after the fact: the bundle's rewards.binpb sidecar (the trace's framing and CRC
+rule, appended under a lock, fsynced before it is acknowledged) and the rewards in a state."""
+
+from __future__ import annotations
+
+import fcntl
+import math
+import os
+import stat
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from rollout.trace.v1 import record_pb2, state_pb2
+
+from ._errors import describe_os_error
+from ._framing import encode_record
+from ._layout import REWARDS_FILE_NAME
+from ._reader import CLEAN, CORRUPT, TRUNCATED, UNCLOSED, FrameDecoder
+from ._version import __version__
+
+MAX_NAME_CHARS = 128
+MAX_SOURCE_CHARS = 1024
+MAX_METADATA_ENTRIES = 64
+MAX_METADATA_KEY_CHARS = 128
+MAX_METADATA_VALUE_CHARS = 4096
+_READ_BYTES = 1 << 16
+
+
+class RewardError(Exception):
+    """A reward that cannot be recorded; `reason` is an UPPER_SNAKE code for services."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class RewardInput:
+    """One reward as a client gives it."""
+
+    thread_id: str
+    name: str
+    value: float
+    turn_id: str = ""
+    item_id: str = ""
+    weight: float = 0.0
+    source: str = ""
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    recorded_by: str = ""
+
+
+def check_reward(reward: RewardInput) -> None:
+    """Refuse what no trainer can use: no name, a value or weight that is not a finite number,
+    an item without its turn, oversized text. Raises RewardError."""
+    if not reward.name or len(reward.name) > MAX_NAME_CHARS or not reward.name.isprintable():
+        raise RewardError(
+            f"name must be 1 to {MAX_NAME_CHARS} printable characters", "INVALID_REWARD_NAME"
+        )
+    if not math.isfinite(reward.value) or not math.isfinite(reward.weight):
+        raise RewardError("value and weight must be finite numbers", "INVALID_REWARD_VALUE")
+    if len(reward.source) > MAX_SOURCE_CHARS:
+        raise RewardError(
+            f"source is limited to {MAX_SOURCE_CHARS} characters", "INVALID_REWARD_SOURCE"
+        )
+    if len(reward.metadata) > MAX_METADATA_ENTRIES or any(
+        len(key) > MAX_METADATA_KEY_CHARS or len(value) > MAX_METADATA_VALUE_CHARS
+        for key, value in reward.metadata.items()
+    ):
+        raise RewardError(
+            f"metadata holds at most {MAX_METADATA_ENTRIES} entries, keys of "
+            f"{MAX_METADATA_KEY_CHARS} and values of {MAX_METADATA_VALUE_CHARS} characters",
+            "METADATA_TOO_LARGE",
+        )
+
+
+def _record(reward: RewardInput) -> record_pb2.RewardRecorded:
+    recorded = record_pb2.RewardRecorded(
+        thread_id=reward.thread_id,
+        turn_id=reward.turn_id,
+        item_id=reward.item_id,
+        name=reward.name,
+        value=reward.value,
+        weight=reward.weight,
+        source=reward.source,
+        metadata=dict(reward.metadata),
+        recorded_by=reward.recorded_by,
+    )
+    recorded.recorded_at.FromDatetime(datetime.now(UTC))
+    return recorded
+
+
+def _read_all(fd: int) -> bytes:
+    os.lseek(fd, 0, os.SEEK_SET)
+    chunks = []
+    while chunk := os.read(fd, _READ_BYTES):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def append_reward(bundle_dir: Path, reward: RewardInput, *, trace_id: str) -> int:
+    """Append one reward to `<bundle_dir>/rewards.binpb` and fsync it; return its seq.
+
+    The file is created with its own header on first use. Writers (the agent, the CLI) take an
+    exclusive lock, so their records never interleave. A torn last frame (a writer died
+    mid-append, before it acknowledged anything) is cut off first; a corrupt file is refused,
+    never appended to. Raises RewardError.
+    """
+    path = bundle_dir / REWARDS_FILE_NAME
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    except OSError as error:
+        raise RewardError(describe_os_error(error), "REWARDS_UNWRITABLE") from error
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        decoder = FrameDecoder()
+        records = decoder.feed(_read_all(fd))
+        integrity = decoder.finish()
+        header: record_pb2.Header | None = records[0].header if records else None
+        if integrity.status == CORRUPT:
+            raise RewardError(
+                f"{path} is corrupt, not appending to it: {integrity.detail}", "REWARDS_CORRUPT"
+            )
+        if integrity.status == TRUNCATED:
+            os.ftruncate(fd, integrity.bytes_read)
+        if header is not None and header.thread_id != reward.thread_id:
+            raise RewardError(
+                f"{path} holds the rewards of thread {header.thread_id!r}, not "
+                f"{reward.thread_id!r}",
+                "REWARDS_CORRUPT",
+            )
+        if header is None:
+            header = record_pb2.Header(
+                format_version=1,
+                trace_id=trace_id,
+                thread_id=reward.thread_id,
+                producer_name="rollout-trace rewards",
+                producer_version=__version__,
+            )
+            header.created_at.FromDatetime(datetime.now(UTC))
+            _write(fd, record_pb2.TraceRecord(seq=1, header=header))
+            seq = 2
+        else:
+            seq = integrity.records_read + 1
+        base_us = header.created_at.seconds * 1_000_000 + header.created_at.nanos // 1000
+        record = record_pb2.TraceRecord(
+            seq=seq,
+            time_us=max(0, time.time_ns() // 1000 - base_us),
+            reward_recorded=_record(reward),
+        )
+        _write(fd, record)
+        os.fsync(fd)
+        return seq
+    except OSError as error:
+        raise RewardError(describe_os_error(error, path), "REWARDS_UNWRITABLE") from error
+    finally:
+        os.close(fd)
+
+
+def _write(fd: int, record: record_pb2.TraceRecord) -> None:
+    frame = encode_record(record)
+    written = os.write(fd, frame)
+    if written != len(frame):
+        raise OSError(f"short write ({written} of {len(frame)} bytes)")
+
+
+@dataclass(frozen=True)
+class RewardFile:
+    """What a bundle's rewards.binpb holds, up to any damage."""
+
+    rewards: list[tuple[int, record_pb2.RewardRecorded]]
+    problem: str
+
+
+def read_rewards(bundle_dir: Path, *, dir_fd: int | None = None) -> RewardFile:
+    """The rewards of a bundle (none when it has no sidecar); a damaged sidecar gives the
+    rewards before the damage and says why in `problem`. dir_fd: the bundle directory's
+    descriptor, to read the sidecar through (no symlink followed) rather than by path."""
+    path = bundle_dir / REWARDS_FILE_NAME
+    try:
+        if dir_fd is None:
+            with path.open("rb") as source:
+                data = source.read()
+        else:
+            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+            with os.fdopen(os.open(REWARDS_FILE_NAME, flags, dir_fd=dir_fd), "rb") as source:
+                if not stat.S_ISREG(os.fstat(source.fileno()).st_mode):
+                    return RewardFile([], f"{REWARDS_FILE_NAME} is not a file")
+                data = source.read()
+    except FileNotFoundError:
+        return RewardFile([], "")
+    except OSError as error:
+        return RewardFile([], f"{REWARDS_FILE_NAME}: {describe_os_error(error, path)}")
+    decoder = FrameDecoder()
+    records = decoder.feed(data)
+    integrity = decoder.finish()
+    rewards = [
+        (record.seq, record.reward_recorded)
+        for record in records
+        if record.WhichOneof("body") == "reward_recorded"
+    ]
+    problem = ""
+    if integrity.status not in (CLEAN, UNCLOSED) and data:
+        problem = f"{REWARDS_FILE_NAME}: {integrity.detail}"
+    return RewardFile(rewards, problem)
+
+
+def _find_item(trace: state_pb2.RolloutTrace, target: state_pb2.RewardTarget) -> str:
+    for item_id, item in _items_of(trace, target.thread_id):
+        if item.responses_item_id == target.item_id and (
+            not target.turn_id or item.turn_id == target.turn_id
+        ):
+            return item_id
+    return ""
+
+
+def _items_of(
+    trace: state_pb2.RolloutTrace, thread_id: str
+) -> Iterator[tuple[str, state_pb2.ConversationItem]]:
+    thread = trace.threads.get(thread_id)
+    if thread is None:
+        return
+    for item_id in thread.conversation_item_ids:
+        yield item_id, trace.conversation_items[item_id]
+
+
+def attach_rewards(
+    trace: state_pb2.RolloutTrace, bundle_dir: Path, *, dir_fd: int | None = None
+) -> None:
+    """Add the bundle's rewards to its reduced state, each with the target it resolves to."""
+    found = read_rewards(bundle_dir, dir_fd=dir_fd)
+    for seq, recorded in found.rewards:
+        reward = trace.rewards.add(
+            name=recorded.name,
+            value=recorded.value,
+            weight=recorded.weight,
+            source=recorded.source,
+            recorded_by=recorded.recorded_by,
+            seq=seq,
+        )
+        reward.metadata.update(recorded.metadata)
+        reward.recorded_at.CopyFrom(recorded.recorded_at)
+        target = reward.target
+        target.thread_id = recorded.thread_id
+        target.turn_id = recorded.turn_id
+        target.item_id = recorded.item_id
+        found_thread = recorded.thread_id in trace.threads
+        found_turn = not recorded.turn_id or (
+            recorded.turn_id in trace.turns
+            and trace.turns[recorded.turn_id].thread_id == recorded.thread_id
+        )
+        if recorded.item_id:
+            target.conversation_item_id = _find_item(trace, target)
+        target.found = (
+            found_thread
+            and found_turn
+            and (not recorded.item_id or bool(target.conversation_item_id))
+        )
+    if found.problem:
+        integrity = trace.integrity
+        integrity.detail = (
+            f"{integrity.detail}; {found.problem}" if integrity.detail else found.problem
+        )
