@@ -14,7 +14,7 @@ NPM_CACHE ?= $(or $(TMPDIR),/tmp)/rollout-trace-npm-cache
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,otel,viewer-tests,batch,ray,training]'
+	$(PY) -m pip install --quiet -e '.[dev,otel,viewer-tests,batch,ray,training,bench]'
 	touch $@
 
 demo: $(STAMP)
@@ -66,13 +66,15 @@ test-ts: $(STAMP) $(TS_STAMP)
 
 test: check test-ts pytest
 
-# The long fuzz run: tens of thousands of mutated bundles through the reader, reducer and CLI,
-# and thousands of hostile provider streams through the agent.
+# The long fuzz run: tens of thousands of mutated and crafted bundles through the reader,
+# reducer and CLI, and thousands of hostile provider streams through the agent.
 fuzz: $(STAMP)
 	FUZZ_ITERATIONS=$${FUZZ_ITERATIONS:-20000} FUZZ_CLI_SAMPLES=$${FUZZ_CLI_SAMPLES:-200} \
+	FUZZ_HOSTILE_ITERATIONS=$${FUZZ_HOSTILE_ITERATIONS:-20000} \
+	FUZZ_BULK_ITERATIONS=$${FUZZ_BULK_ITERATIONS:-20000} \
 	FUZZ_PROVIDER_ITERATIONS=$${FUZZ_PROVIDER_ITERATIONS:-3000} \
 		$(BIN)/pytest -q --timeout 3600 tests/trace_reducer/test_fuzz.py \
-		tests/agent_server/test_provider_fuzz.py
+		tests/trace_reducer/test_bulk.py tests/agent_server/test_provider_fuzz.py
 
 bench: $(STAMP)
 	$(PY) -m bench

@@ -120,7 +120,8 @@ class Recorder:
                     thread_id, model=model, instructions=instructions, metadata=metadata
                 )
             except (RecordingError, RecordTooLargeError) as error:
-                writer.abandon()
+                # No thread will exist: neither may a bundle that says it started.
+                writer.discard()
                 raise RecordingError(str(error)) from error
             return cls(thread_id, writer, builder)
 

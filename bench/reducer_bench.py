@@ -1,57 +1,138 @@
-"""P1 and P2: reducer throughput against the read+parse floor, and reducer peak memory."""
+"""P1, P2 and P6: reducer speed beside its floor and its peer, reducer memory, reduced-state size.
+
+Every contender of P1 is timed in the same process in alternating rounds (the order rotating
+each round), as CPU time of the process, so a neighbour's load shifts all of them alike.
+"""
 
 from __future__ import annotations
 
+import gc
 import json
+import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.jsonl_peer import reduce_codex_jsonl, write_codex_jsonl
 from bench.synthetic import Shape, write_conversation
-from trace_reducer import read_bundle, replay_bundle
+from rollout.trace.v1 import record_pb2
+from trace_reducer import (
+    TRACE_FILE_NAME,
+    decode_varint,
+    iter_state_json,
+    read_bundle,
+    replay_bundle,
+    state_to_json,
+)
+
+TRACE_REDUCER = str(Path(sys.executable).parent / "trace-reducer")
 
 
 @dataclass(frozen=True)
-class Throughput:
-    records: int
-    megabytes: float
-    floor_seconds: float
-    reduce_seconds: float
+class Spread:
+    """Seconds of several runs of one piece of work."""
+
+    seconds: list[float]
 
     @property
-    def records_per_second(self) -> float:
-        return self.records / self.reduce_seconds
+    def low(self) -> float:
+        return min(self.seconds)
 
     @property
-    def ratio_to_floor(self) -> float:
-        return self.reduce_seconds / self.floor_seconds
+    def median(self) -> float:
+        return statistics.median(self.seconds)
+
+    @property
+    def high(self) -> float:
+        return max(self.seconds)
 
 
-def _best_of(runs: int, work: object) -> float:
-    assert callable(work)
-    best = float("inf")
-    for _ in range(runs):
-        started = time.perf_counter()
-        work()
-        best = min(best, time.perf_counter() - started)
-    return best
-
-
-def measure_throughput(bundle: Path, runs: int = 3) -> Throughput:
-    """Best-of-runs time of replay_bundle against merely reading and parsing every record."""
+def read_and_parse(trace_file: Path) -> int:
+    """The floor: read the file, cut it into frames and ParseFromString each; nothing else."""
+    parse = record_pb2.TraceRecord.FromString
+    data = trace_file.read_bytes()
+    pos = 0
+    end = len(data)
     count = 0
+    while pos < end:
+        size = data[pos]
+        if size < 0x80:
+            start = pos + 1
+        else:
+            prefix = decode_varint(data, pos)
+            assert prefix is not None
+            size, start = prefix
+        pos = start + size
+        parse(data[start:pos])
+        count += 1
+    return count
 
-    def read_only() -> None:
-        nonlocal count
-        with read_bundle(bundle) as reader:
-            count = sum(1 for _ in reader)
 
-    floor = _best_of(runs, read_only)
-    reduce = _best_of(runs, lambda: replay_bundle(bundle))
-    size = (bundle / "trace.binpb").stat().st_size / 1e6
-    return Throughput(count, size, floor, reduce)
+def validating_read(bundle: Path) -> int:
+    """What replay_bundle reads: frames with their CRC and seq checked, nothing reduced."""
+    with read_bundle(bundle) as reader:
+        for _ in reader.batches():
+            pass
+        return int(reader.integrity.records_read)
+
+
+@dataclass(frozen=True)
+class P1:
+    records: int
+    bundle_bytes: int
+    jsonl_bytes: int
+    jsonl_lines: int
+    times: dict[str, Spread]
+
+
+FLOOR = "read frames + ParseFromString"
+VALIDATING = "validating read (CRC, seq)"
+REPLAY = "replay_bundle"
+COMPACT = "replay_bundle(compact=True)"
+PEER = "JSONL + orjson"
+
+
+LARGE = Shape(turns=1000, deltas_per_turn=1000)
+
+
+def large_bundle(root: Path) -> Path:
+    """The >= 1,000,000-record bundle of P1 and P6, written once per run of the bench."""
+    home = root / "large"
+    existing = sorted(home.glob("*")) if home.is_dir() else []
+    return existing[0] if existing else write_conversation(home, LARGE)
+
+
+def measure_p1(root: Path, rounds: int) -> P1:
+    """Alternate the floor, the validating read, replay_bundle and the JSONL peer."""
+    bundle = large_bundle(root)
+    trace_file = bundle / TRACE_FILE_NAME
+    jsonl = root / "p1.jsonl"
+    lines = write_codex_jsonl(bundle, jsonl)
+    contenders: list[tuple[str, Callable[[], object]]] = [
+        (FLOOR, lambda: read_and_parse(trace_file)),
+        (VALIDATING, lambda: validating_read(bundle)),
+        (REPLAY, lambda: replay_bundle(bundle)),
+        (COMPACT, lambda: replay_bundle(bundle, compact=True)),
+        (PEER, lambda: reduce_codex_jsonl(jsonl)),
+    ]
+    times: dict[str, list[float]] = {name: [] for name, _ in contenders}
+    for round_number in range(rounds):
+        shift = round_number % len(contenders)
+        for name, work in contenders[shift:] + contenders[:shift]:
+            gc.collect()
+            started = time.process_time()
+            work()
+            times[name].append(time.process_time() - started)
+    return P1(
+        records=read_and_parse(trace_file),
+        bundle_bytes=trace_file.stat().st_size,
+        jsonl_bytes=jsonl.stat().st_size,
+        jsonl_lines=lines,
+        times={name: Spread(seconds) for name, seconds in times.items()},
+    )
 
 
 def _peak_rss_child(bundle: Path) -> int:
@@ -95,3 +176,54 @@ def measure_memory(root: Path, turns: int, delta_counts: list[int]) -> list[tupl
             records = sum(1 for _ in reader)
         results.append((records, _peak_rss_child(bundle)))
     return results
+
+
+def peak_rss_of_command(argv: list[str]) -> int:
+    """Peak RSS (KiB) of a command run in a fresh child, start-up included."""
+    code = (
+        "import resource, subprocess, sys\n"
+        "subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL)\n"
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, *argv], check=True, capture_output=True, text=True
+    ).stdout
+    return int(out)
+
+
+@dataclass(frozen=True)
+class StateGrowth:
+    turns: tuple[int, int]
+    compact_bytes: tuple[int, int]
+    complete_bytes: tuple[int, int]
+
+    def per_turn_growth(self, sizes: tuple[int, int]) -> float:
+        small, large = self.turns
+        return (sizes[1] / large) / (sizes[0] / small)
+
+
+def measure_state_growth(root: Path, turns: tuple[int, int] = (100, 1000)) -> StateGrowth:
+    """state.json bytes of the same conversation at two lengths, compact and complete."""
+    compact: list[int] = []
+    complete: list[int] = []
+    for count in turns:
+        bundle = write_conversation(root / f"growth-{count}", Shape(count, deltas_per_turn=10))
+        state = replay_bundle(bundle, compact=True)
+        compact.append(len(state_to_json(state).encode()))
+        complete.append(sum(len(piece.encode()) for piece in iter_state_json(state, expand=True)))
+    return StateGrowth(turns, (compact[0], compact[1]), (complete[0], complete[1]))
+
+
+@dataclass(frozen=True)
+class ReduceCost:
+    peak_kib: int
+    output_bytes: int
+
+
+def measure_reduce_command(root: Path, *, compact: bool) -> ReduceCost:
+    """`trace-reducer reduce` of the large bundle: its peak RSS and the size of what it wrote."""
+    bundle = large_bundle(root)
+    out = root / ("compact.json" if compact else "complete.json")
+    argv = [TRACE_REDUCER, "reduce", str(bundle), "-o", str(out)]
+    peak = peak_rss_of_command([*argv, "--compact"] if compact else argv)
+    return ReduceCost(peak, out.stat().st_size)

@@ -2,12 +2,14 @@
 
 from typing import TYPE_CHECKING
 
+from ._compact import expand_request_items
 from ._errors import (
     BundleError,
     BundleNotFoundError,
     CorruptBundleError,
     NotABundleError,
     RecordingError,
+    RecordOutOfRangeError,
     ReductionError,
     describe_os_error,
 )
@@ -36,7 +38,7 @@ from ._rewards import (
 )
 from ._rl_export import FORMATS as RL_FORMATS
 from ._rl_export import Exported, ExportError, build_sample, export_rl
-from ._state_json import state_to_json, write_state_json
+from ._state_json import iter_state_json, state_to_json, write_state_json
 from ._tokens import LOGPROBS_INCLUDE, classify_stop, delta_tokens, sampling_settings
 from ._version import __version__
 from ._view import VIEW_FILE_NAME, write_view
@@ -80,6 +82,7 @@ __all__ = [
     "FrameDecoder",
     "NotABundleError",
     "RecordBuilder",
+    "RecordOutOfRangeError",
     "RecordSink",
     "RecordTooLargeError",
     "RecordingError",
@@ -102,10 +105,12 @@ __all__ = [
     "describe_os_error",
     "encode_record",
     "encode_varint",
+    "expand_request_items",
     "export_otlp",
     "export_rl",
     "follow_bundle",
     "integrity_name",
+    "iter_state_json",
     "payload_id",
     "read_bundle",
     "read_rewards",

@@ -35,6 +35,10 @@ class ReductionError(Exception):
     """Records contradict each other; the message starts with the seq of the offending one."""
 
 
+class RecordOutOfRangeError(ReductionError):
+    """A record holds a value the state cannot: a time outside the years 1-9999."""
+
+
 def describe_os_error(error: OSError, path: str | os.PathLike[str] | None = None) -> str:
     """`<reason>: <path>`, naming `path` (what the user gave) over the file the OS tried."""
     reason = error.strerror or str(error) or type(error).__name__

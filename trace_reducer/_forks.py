@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from rollout.trace.v1 import record_pb2, state_pb2
 
+from ._bulk import DeltaRun
 from ._errors import BundleError, ReductionError
 from ._layout import TRACE_FILE_NAME
 from ._payloads import PayloadError, PayloadStore
@@ -133,11 +134,14 @@ class BundleForkResolver:
         self._loading.add(key)
         try:
             reducer: Reducer = Reducer(forks=self)
-            payloads = PayloadStore()
+            # Every payload: a fork may share any part of its parent's history.
+            payloads = PayloadStore(budget=None)
             try:
                 with read_bundle(path) as reader:
                     for batch in reader.batches():
                         for record in batch:
+                            if isinstance(record, DeltaRun):
+                                continue
                             if record.WhichOneof("body") == "payload":
                                 try:
                                     payloads.add(record.payload)

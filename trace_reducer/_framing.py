@@ -12,6 +12,10 @@ from rollout.trace.v1 import record_pb2
 # readable everywhere.
 MAX_RECORD_BYTES = 4 * 1024 * 1024
 
+# The largest bundle ReducerService.ReduceRecords takes by default: the reducer's memory follows
+# the state, but the bytes still cost time, and a client could send without end.
+DEFAULT_MAX_UPLOAD_BYTES = 512 * 1024 * 1024
+
 # Field 15, wire type 5 (fixed32): (15 << 3) | 5.
 CRC_TAG = 0x7D
 CRC_TRAILER_BYTES = 5

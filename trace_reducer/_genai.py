@@ -15,6 +15,7 @@ from google.protobuf import timestamp_pb2
 
 from rollout.trace.v1 import common_pb2, state_pb2
 
+from ._bulk import DeltaRun
 from ._integrity import integrity_name
 from ._payloads import PayloadError, PayloadStore
 from ._reader import read_bundle
@@ -116,12 +117,14 @@ def read_details(path: str | os.PathLike[str], trace: state_pb2.RolloutTrace) ->
     wanted = {call.request_envelope_payload_id for call in trace.inference_calls.values()}
     wanted.update(thread.instructions_payload_id for thread in trace.threads.values())
     wanted.discard("")
-    store = PayloadStore()
+    store = PayloadStore(budget=None)
     call_ids: dict[int, str] = {}
     details = BundleDetails()
     with read_bundle(path) as reader:
         for batch in reader.batches():
             for record in batch:
+                if isinstance(record, DeltaRun):
+                    continue  # text deltas, read in bulk: nothing a span needs
                 body = record.WhichOneof("body")
                 if body == "payload":
                     if record.payload.payload_id in wanted:

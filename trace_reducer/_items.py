@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+import re
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 from rollout.trace.v1 import state_pb2
@@ -25,6 +26,12 @@ _KINDS: dict[str, state_pb2.ItemKind.ValueType] = {
     "reasoning": state_pb2.ITEM_KIND_REASONING,
 }
 
+# Deeper items are opaque: real ones nest a few levels, and walking (or re-encoding) a
+# crafted one thousands of levels deep would exhaust the interpreter's stack.
+MAX_ITEM_DEPTH = 200
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
 # Fields that change between the provider's copy of an item and the copy sent back as input
 # without changing what the model sees.
 _VOLATILE_FIELDS = frozenset({"id", "status"})
@@ -34,7 +41,7 @@ _VOLATILE_FIELDS = frozenset({"id", "status"})
 class ItemInfo:
     """What the reducer needs to know about one Responses API item."""
 
-    key: str
+    key: Hashable
     """Normalised content: equal keys mean the model saw the same thing."""
     responses_item_id: str
     role: state_pb2.ConversationRole.ValueType
@@ -83,20 +90,61 @@ def _parts(value: object, default_type: str) -> tuple[tuple[str, str], ...]:
     )
 
 
+def _opaque(key: str) -> ItemInfo:
+    return ItemInfo(
+        key, "", state_pb2.CONVERSATION_ROLE_UNSPECIFIED, state_pb2.ITEM_KIND_OTHER, (), ""
+    )
+
+
+def _depth_exceeds(value: object, limit: int) -> bool:
+    """Whether containers nest more than limit deep below value."""
+    if isinstance(value, dict):
+        children: Iterable[object] = value.values()
+    elif isinstance(value, list):
+        children = value
+    else:
+        return False
+    if limit == 0:
+        return True
+    return any(
+        isinstance(child, dict | list) and _depth_exceeds(child, limit - 1) for child in children
+    )
+
+
+def _without_lone_surrogates(value: object) -> object:
+    """value with every lone surrogate (a JSON `\\udc00` escape) in its strings as U+FFFD."""
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [_without_lone_surrogates(child) for child in value]
+    if isinstance(value, dict):
+        return {
+            _LONE_SURROGATE.sub("\ufffd", key): _without_lone_surrogates(child)
+            for key, child in value.items()
+        }
+    return value
+
+
 def parse_item(data: bytes) -> ItemInfo:
-    """Describe one item from its JSON bytes; never raises (bad JSON is an opaque item)."""
+    """Describe one item from its JSON bytes; never raises.
+
+    Text is valid Unicode: bytes that are not UTF-8 and lone surrogates become U+FFFD. What is
+    not a JSON object, or nests deeper than MAX_ITEM_DEPTH, is an opaque item: no role, kind
+    OTHER, no content, matched by its bytes.
+    """
+    text = data.decode("utf-8", "replace")
     try:
-        parsed: object = json.loads(data)
-    except ValueError:
-        return ItemInfo(
-            data.decode("utf-8", "replace"), "", state_pb2.CONVERSATION_ROLE_UNSPECIFIED,
-            state_pb2.ITEM_KIND_OTHER, (), "",
-        )  # fmt: skip
+        parsed: object = json.loads(text)
+    except (ValueError, RecursionError):
+        return _opaque(text)
+    if _depth_exceeds(parsed, MAX_ITEM_DEPTH):
+        return _opaque(text)
+    # Only an escape can spell a lone surrogate (bytes that would were replaced above); a
+    # payload without a backslash, most of them, is not even searched.
+    if b"\\" in data and _SURROGATE_ESCAPE.search(data):
+        parsed = _without_lone_surrogates(parsed)
     if not isinstance(parsed, dict):
-        return ItemInfo(
-            _canonical(parsed), "", state_pb2.CONVERSATION_ROLE_UNSPECIFIED,
-            state_pb2.ITEM_KIND_OTHER, (), "",
-        )  # fmt: skip
+        return _opaque(_canonical(parsed))
     normalised = {k: v for k, v in parsed.items() if k not in _VOLATILE_FIELDS}
     item_type = parsed.get("type")
     if item_type is None and "role" in parsed:
@@ -121,7 +169,7 @@ def parse_item(data: bytes) -> ItemInfo:
     else:
         parts = _parts(content, "input_text")
     return ItemInfo(
-        key=_canonical(normalised),
+        key=_frozen(normalised),
         responses_item_id=_text(parsed.get("id")),
         role=role,
         kind=kind,
@@ -131,6 +179,23 @@ def parse_item(data: bytes) -> ItemInfo:
         arguments=_text(parsed.get("arguments")),
         output=_output_text(parsed.get("output")),
     )
+
+
+def _frozen(value: object) -> Hashable:
+    """A JSON value as nested tuples: equal exactly when their canonical JSON is.
+
+    Cheaper than encoding it (text is kept, not copied); numbers and booleans carry their type,
+    as JSON tells 1, 1.0 and true apart where Python does not.
+    """
+    if isinstance(value, str) or value is None:
+        return value
+    if isinstance(value, dict):
+        return ("{", tuple(sorted((key, _frozen(child)) for key, child in value.items())))
+    if isinstance(value, list):
+        return ("[", tuple(_frozen(child) for child in value))
+    if isinstance(value, float):
+        return ("f", repr(value))
+    return ("b" if isinstance(value, bool) else "i", value)
 
 
 def _output_text(value: object) -> str:
@@ -149,59 +214,73 @@ def _canonical(value: object) -> str:
 class ThreadItems:
     """The conversation items of one thread, indexed for matching the next request's input."""
 
-    __slots__ = ("_by_key", "_by_responses_id", "_previous_ids", "_previous_keys")
+    __slots__ = ("_by_key", "_by_responses_id", "_in_request", "_previous_ids", "_previous_keys")
 
     def __init__(self) -> None:
-        self._by_key: dict[str, list[str]] = {}
+        self._by_key: dict[Hashable, list[str]] = {}
         self._by_responses_id: dict[str, list[str]] = {}
-        # The previous request: the key and the matched item id of each of its inputs.
-        self._previous_keys: list[str] = []
+        # The previous request: the key and the matched item id of each of its inputs, and the
+        # same ids as a set. Each request changes them in place from where it departs from the
+        # previous one, so a long conversation costs what its new inputs cost.
+        self._previous_keys: list[Hashable] = []
         self._previous_ids: list[str] = []
+        self._in_request: set[str] = set()
 
-    def register(self, item_id: str, key: str, responses_item_id: str) -> None:
+    def register(self, item_id: str, key: Hashable, responses_item_id: str) -> None:
         """Make an item of the thread findable by its content and its Responses id."""
         self._by_key.setdefault(key, []).append(item_id)
         if responses_item_id:
             self._by_responses_id.setdefault(responses_item_id, []).append(item_id)
 
+    def previous_ids(self, count: int) -> list[str]:
+        """The item ids of the first `count` inputs of the previous request."""
+        return self._previous_ids[:count]
+
     def match_request(
         self, inputs: Sequence[ItemInfo], new_item: Callable[[int], str], *, known: int = 0
     ) -> list[str]:
-        """The item id of each input, in order; new_item(index) creates (and registers) the rest.
+        """The item ids of `inputs`, in order; new_item(index) creates (and registers) the rest.
 
-        Tried in order: the same content at the same position of the previous request; an
-        unused item whose Responses id is the input's `id`; the first-seen unused item with the
-        same content; otherwise a new item.
+        The request is the first `known` inputs of the previous request, which `inputs` leaves
+        out (indexes count from there), then `inputs`; those known ones are the previous
+        request's items, and only the ids of `inputs` are returned.
 
-        The request starts with the first `known` inputs of the previous request, which
-        `inputs` leaves out (indexes count from there): they are its items by the first rule,
-        so a long conversation costs what its new inputs cost, not its whole history.
+        Tried in order for each input: the same content at the same position of the previous
+        request; an item not yet in this request whose Responses id is the input's `id`; the
+        first-seen such item with the same content; otherwise a new item.
         """
-        if known > len(self._previous_ids):
-            raise ValueError(f"{known} known inputs, the previous request had fewer")
-        previous_keys = self._previous_keys
         previous_ids = self._previous_ids
-        count = len(previous_ids)
-        matched = previous_ids[:known]
-        used = set(matched)
+        previous_keys = self._previous_keys
+        if known > len(previous_ids):
+            raise ValueError(f"{known} known inputs, the previous request had fewer")
+        in_request = self._in_request
+        # Where this request departs from the previous one, the rest of that one is no longer
+        # in it; those positions still count for the first rule.
+        tail_ids = previous_ids[known:]
+        tail_keys = previous_keys[known:]
+        del previous_ids[known:]
+        del previous_keys[known:]
+        in_request.difference_update(tail_ids)
+        matched: list[str] = []
         for index, info in enumerate(inputs):
             item_id = None
-            position = known + index
-            if position < count:
-                candidate = previous_ids[position]
-                if previous_keys[position] == info.key and candidate not in used:
+            if index < len(tail_ids):
+                candidate = tail_ids[index]
+                if tail_keys[index] == info.key and candidate not in in_request:
                     item_id = candidate
             if item_id is None and info.responses_item_id:
-                item_id = _first_unused(self._by_responses_id.get(info.responses_item_id), used)
+                item_id = _first_unused(
+                    self._by_responses_id.get(info.responses_item_id), in_request
+                )
             if item_id is None:
-                item_id = _first_unused(self._by_key.get(info.key), used)
+                item_id = _first_unused(self._by_key.get(info.key), in_request)
             if item_id is None:
                 item_id = new_item(index)
-            used.add(item_id)
+            in_request.add(item_id)
             matched.append(item_id)
-        self._previous_keys = previous_keys[:known] + [info.key for info in inputs]
-        self._previous_ids = matched
-        return list(matched)
+            previous_keys.append(info.key)
+        previous_ids.extend(matched)
+        return matched
 
 
 def _first_unused(candidates: list[str] | None, used: set[str]) -> str | None:

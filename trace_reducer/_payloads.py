@@ -27,50 +27,107 @@ def payload_id(data: bytes) -> str:
     return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
+# Payload bytes nobody has parsed yet are kept up to this much; the oldest go first. A real
+# bundle holds little that is never parsed (its request envelopes and instructions), so only a
+# crafted one reaches it, and what it claims then costs at most this.
+UNPARSED_PAYLOAD_BUDGET = 16 * 1024 * 1024
+
+
+class _Partial:
+    """The chunks of one payload read so far; nothing is sized by what a record claims."""
+
+    __slots__ = ("count", "parts", "size")
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.parts: dict[int, bytes] = {}
+        self.size = 0
+
+
 class PayloadStore:
-    """Payload bytes by id, a chunked payload becoming available once all its chunks are in."""
+    """Payload bytes by id, a chunked payload becoming available once all its chunks are in.
 
-    __slots__ = ("_chunks", "_complete")
+    Bytes are kept until they are parsed (discard) or, past UNPARSED_PAYLOAD_BUDGET, until
+    newer payloads push them out; a later reference to one pushed out finds it unknown.
+    """
 
-    def __init__(self) -> None:
-        self._complete: dict[str, bytes] = {}
-        self._chunks: dict[str, list[bytes | None]] = {}
+    __slots__ = ("_budget", "_held", "_size")
+
+    def __init__(self, budget: int | None = UNPARSED_PAYLOAD_BUDGET) -> None:
+        """budget: bytes kept before the oldest go; None keeps all (for those who need every
+        payload of a bundle, such as a request body or a page that rebuilds them)."""
+        self._budget = budget
+        # Complete payloads (bytes) and payloads still being assembled (_Partial), oldest first.
+        self._held: dict[str, bytes | _Partial] = {}
+        self._size = 0
 
     def add(self, payload: record_pb2.Payload) -> None:
         """Take one payload record; a repeated whole payload is ignored (ids are content)."""
         pid = payload.payload_id
         if not pid:
             raise PayloadError("payload without an id")
-        if pid in self._complete:
+        held = self._held.get(pid)
+        if isinstance(held, bytes):
             return
+        data = payload.data
         count = payload.chunk_count
         if count <= 1:
-            self._complete[pid] = payload.data
+            if held is not None:
+                # The whole payload makes chunks of it moot.
+                self._forget(pid)
+            self._hold(pid, data, len(data))
             return
-        chunks = self._chunks.get(pid)
-        if chunks is None:
-            chunks = self._chunks[pid] = [None] * count
         index = payload.chunk_index
-        if len(chunks) != count or index >= count:
+        if held is None:
+            held = _Partial(count)
+            self._held[pid] = held
+        if held.count != count or index >= count:
             raise PayloadError(f"payload {pid} chunk {index} of {count} does not fit the others")
-        if chunks[index] is not None:
+        if index in held.parts:
             raise PayloadError(f"payload {pid} chunk {index} repeated")
-        chunks[index] = payload.data
-        if all(chunk is not None for chunk in chunks):
-            del self._chunks[pid]
-            self._complete[pid] = b"".join(chunk or b"" for chunk in chunks)
+        held.parts[index] = data
+        held.size += len(data)
+        self._size += len(data)
+        if len(held.parts) == count:
+            del self._held[pid]
+            self._size -= held.size
+            parts = held.parts
+            self._hold(pid, b"".join(parts[i] for i in range(count)), held.size)
+        else:
+            self._evict(keep=pid)
+
+    def _hold(self, pid: str, data: bytes, size: int) -> None:
+        self._held[pid] = data
+        self._size += size
+        self._evict(keep=pid)
+
+    def _evict(self, keep: str) -> None:
+        held = self._held
+        budget = self._budget
+        while budget is not None and self._size > budget and len(held) > 1:
+            oldest = next(iter(held))
+            if oldest == keep:
+                # The newest payload stays, however large: the next record needs it.
+                held[oldest] = held.pop(oldest)
+                continue
+            self._forget(oldest)
+
+    def _forget(self, pid: str) -> None:
+        gone = self._held.pop(pid)
+        self._size -= len(gone) if isinstance(gone, bytes) else gone.size
 
     def get(self, pid: str) -> bytes:
         """The bytes of a complete payload; PayloadError names why it is not available."""
-        data = self._complete.get(pid)
-        if data is None:
-            state = "incomplete" if pid in self._chunks else "unknown"
+        data = self._held.get(pid)
+        if not isinstance(data, bytes):
+            state = "incomplete" if data is not None else "unknown"
             raise PayloadError(f"{state} payload {pid}")
         return data
 
     def discard(self, pid: str) -> None:
         """Forget a payload whose bytes are no longer needed (its parsed form is kept)."""
-        self._complete.pop(pid, None)
+        if pid in self._held:
+            self._forget(pid)
 
 
 def resolve_inputs(previous: list[str], body: record_pb2.InferenceStarted) -> list[str]:

@@ -13,6 +13,7 @@ from google.protobuf.message import DecodeError
 
 from rollout.trace.v1 import record_pb2, state_pb2
 
+from ._bulk import MIN_RUN, DeltaRun, RunFinder
 from ._errors import BundleError, BundleNotFoundError, NotABundleError, describe_os_error
 from ._framing import CRC_FIELD, CRC_TAG, CRC_TRAILER_BYTES, MAX_RECORD_BYTES, decode_varint
 from ._layout import TRACE_FILE_NAME
@@ -24,70 +25,186 @@ TRUNCATED = state_pb2.INTEGRITY_STATUS_TRUNCATED
 CORRUPT = state_pb2.INTEGRITY_STATUS_CORRUPT
 
 _READ_BYTES = 1 << 16
+# Frames read one by one between checks of whether delta runs would now be found.
+_SIZE_CHECK_EVERY = 32
+_LOOKS_PER_BUFFER = 4
+# Frames a buffer's proofs may look at, per frame of the buffer.
+_PROOF_WORK = 4
+
+
+Item = record_pb2.TraceRecord | DeltaRun
 
 
 class FrameDecoder:
     """Push-style decoder: feed bytes as they come, get the records that completed.
 
     It stops at the first bad frame and ignores what follows; finish() classifies the end.
-    Records before the damage are always returned.
+    Records before the damage are always returned. feed() returns records; feed_batch()
+    returns the same with runs of text deltas as DeltaRuns (see _bulk), which Reducer.apply_many
+    takes without decoding their text. bulk=False reads every frame one by one, as the reference
+    the runs are checked against.
     """
 
-    def __init__(self) -> None:
-        self._buffer = b""
-        self._offset = 0  # absolute file offset of _buffer[0]
+    def __init__(self, *, bulk: bool = True) -> None:
+        # The start of a frame not complete yet. Bytes are appended to it and decoding waits
+        # until `_need` of them are there, so a frame fed in many small pieces costs its size,
+        # not its size times the number of pieces.
+        self._pending = bytearray()
+        self._need = 0
+        self._offset = 0  # absolute offset of _pending[0]
         self._next_seq = 1
+        self._last_time_us = 0
         self._footer_seen = False
+        self._bulk = bulk
         self._damage: state_pb2.Integrity | None = None
 
     @property
     def records_read(self) -> int:
         return self._next_seq - 1
 
+    @property
+    def stopped(self) -> bool:
+        """Damage was found: nothing fed from now on is looked at."""
+        return self._damage is not None
+
     def feed(self, data: bytes) -> list[record_pb2.TraceRecord]:
         """Decode every complete frame now buffered; keep a partial one for later."""
+        records: list[record_pb2.TraceRecord] = []
+        for item in self.feed_batch(data):
+            if isinstance(item, DeltaRun):
+                records.extend(item.records())
+            else:
+                records.append(item)
+        return records
+
+    def feed_batch(self, data: bytes) -> list[Item]:
+        """feed(), with runs of text deltas left whole as DeltaRuns."""
         if self._damage is not None or not data:
             return []
         if self._footer_seen:
             self._corrupt(self._offset, "data after the footer")
             return []
-        # This loop runs once per record of every bundle read: it is kept flat on purpose.
-        buffer = self._buffer + data if self._buffer else data
-        records: list[record_pb2.TraceRecord] = []
-        append = records.append
+        if self._pending:
+            self._pending += data
+            if len(self._pending) < self._need:
+                return []
+            buffer = bytes(self._pending)
+            self._pending.clear()
+        else:
+            buffer = data
+        items: list[Item] = []
+        frames, split_end, problem = _split_frames(buffer)
+        count = len(frames)
+        done = 0
+        if self._bulk:
+            done = self._runs_and_records(frames, items)
+        if done < count and not self._halted:
+            done = self._one_by_one(frames, done, count, items)
+        consumed = split_end if done == count else _offset_of(frames, done)
+        if self._damage is None:
+            if self._footer_seen:
+                if consumed < len(buffer):
+                    self._corrupt(self._offset + consumed, "data after the footer")
+            elif problem and done == count:
+                self._corrupt(self._offset + consumed, problem)
+        self._advance(buffer, consumed)
+        return items
+
+    def _runs_and_records(self, frames: list[bytes], items: list[Item]) -> int:
+        """Frames as delta runs where they prove to be, one by one between; return where it
+        stopped (before a bad frame, after the footer, or at the end)."""
+        count = len(frames)
+        done = 0
+        # Proving costs what it looks at; a frame that is not what it seems makes a stretch be
+        # tried again in halves. This bounds what that may cost in all.
+        budget = _PROOF_WORK * count
+        # Each look costs what is left of the buffer; a few suffice for the sizes to settle
+        # (a bundle's seqs and times grow a byte a handful of times in all).
+        for _ in range(_LOOKS_PER_BUFFER):
+            if done >= count:
+                break
+            finder = RunFinder(frames, done, self._next_seq, self._last_time_us)
+            look_again = False
+            for first, end in finder.runs():
+                if first > done:
+                    done = self._until_sizes_change(frames, done, first, items, finder)
+                    if self._halted:
+                        return done
+                    look_again = done < first
+                while done < end and not look_again:
+                    # The longest run from here that proves: the stretch, or its first half, ...
+                    length = end - done
+                    run = None
+                    while length >= MIN_RUN and budget >= length and run is None:
+                        budget -= length
+                        run = finder.prove(done, done + length, self._next_seq)
+                        length //= 2
+                    if run is not None:
+                        items.append(run)
+                        self._next_seq += run.count
+                        self._last_time_us = run.last_time_us
+                        done += run.count
+                        continue
+                    # No run starts here: a few frames, this one at least, are read alone.
+                    step = min(end, done + MIN_RUN)
+                    done = self._until_sizes_change(frames, done, step, items, finder)
+                    if self._halted:
+                        return done
+                    look_again = done < step
+                if look_again:
+                    break
+            else:
+                done = self._until_sizes_change(frames, done, count, items, finder)
+            if self._halted:
+                break
+        return done
+
+    @property
+    def _halted(self) -> bool:
+        """Nothing more is read from this stream: it was damaged, or its footer came."""
+        return self._damage is not None or self._footer_seen
+
+    def _until_sizes_change(
+        self,
+        frames: list[bytes],
+        first: int,
+        end: int,
+        items: list[Item],
+        finder: RunFinder,
+    ) -> int:
+        """Frames [first, end) one by one, stopping early where the seq or the time grows a
+        byte: that moves every field after it, so the runs beyond must be looked for again."""
+        done = first
+        while done < end:
+            step = min(end, done + _SIZE_CHECK_EVERY)
+            done = self._one_by_one(frames, done, step, items)
+            if self._halted or not finder.sizes_hold(self._next_seq, self._last_time_us):
+                break
+        return done
+
+    def _one_by_one(self, frames: list[bytes], first: int, end: int, items: list[Item]) -> int:
+        """Check and parse frames [first, end) one at a time; return where it stopped.
+
+        It stops early at a bad frame (recording the damage) or after the footer.
+        """
+        append = items.append
         parse = record_pb2.TraceRecord.FromString
         checksum = google_crc32c.value
         unpack_crc = CRC_FIELD.unpack_from
         next_seq = self._next_seq
-        pos = 0
-        end = len(buffer)
+        index = first
         problem = ""
-        while pos < end:
-            size = buffer[pos]
-            if size < 0x80:
-                body_start = pos + 1
-            else:
-                try:
-                    prefix = decode_varint(buffer, pos)
-                except ValueError as error:
-                    problem = str(error)
-                    break
-                if prefix is None:
-                    break
-                size, body_start = prefix
-                if size > MAX_RECORD_BYTES:
-                    problem = f"frame length {size} exceeds the {MAX_RECORD_BYTES}-byte limit"
-                    break
-            body_end = body_start + size
-            if body_end > end:
-                break
-            crc_at = body_end - CRC_TRAILER_BYTES
-            tag, expected = unpack_crc(buffer, crc_at) if size >= CRC_TRAILER_BYTES else (0, 0)
-            if tag != CRC_TAG or checksum(buffer[body_start:crc_at]) != expected:
+        while index < end:
+            frame = frames[index]
+            body_start = 1 if frame[0] < 0x80 else len(frame) - _frame_size(frame)
+            size = len(frame) - body_start
+            crc_at = len(frame) - CRC_TRAILER_BYTES
+            tag, expected = unpack_crc(frame, crc_at) if size >= CRC_TRAILER_BYTES else (0, 0)
+            if tag != CRC_TAG or checksum(frame[body_start:crc_at]) != expected:
                 problem = "CRC mismatch" if size else "zero-length frame"
                 break
             try:
-                record = parse(buffer[body_start:body_end])
+                record = parse(frame[body_start:])
             except DecodeError as error:
                 problem = f"record does not parse: {error}"
                 break
@@ -102,35 +219,42 @@ class FrameDecoder:
                 problem = f"footer counts {record.footer.record_count} records, found {next_seq}"
                 break
             next_seq += 1
+            self._last_time_us = record.time_us
             append(record)
-            pos = body_end
+            index += 1
             if body == "footer":
                 self._footer_seen = True
-                if pos < end:
-                    problem = "data after the footer"
                 break
         self._next_seq = next_seq
-        self._advance(buffer, pos)
         if problem:
-            self._corrupt(self._offset, problem)
-        return records
+            self._corrupt(self._offset + _offset_of(frames, index), problem)
+        return index
 
     def _advance(self, buffer: bytes, pos: int) -> None:
-        self._buffer = buffer[pos:]
         self._offset += pos
+        rest = len(buffer) - pos
+        if not rest or self._damage is not None:
+            return
+        self._pending += memoryview(buffer)[pos:]
+        # Decoding can go on once the whole frame is in, or at least its length prefix.
+        try:
+            prefix = decode_varint(buffer, pos)
+        except ValueError:
+            prefix = None
+        self._need = rest + 1 if prefix is None else prefix[1] - pos + prefix[0]
 
     def finish(self) -> state_pb2.Integrity:
         """Classify the end of the stream once all bytes were fed."""
         if self._damage is not None:
             return self._damage
         read = self.records_read
-        if self._buffer:
+        if self._pending:
             return Integrity(
                 status=TRUNCATED,
                 records_read=read,
                 bytes_read=self._offset,
                 detail=f"ends inside a frame at byte {self._offset} "
-                f"({len(self._buffer)} bytes of seq {self._next_seq})",
+                f"({len(self._pending)} bytes of seq {self._next_seq})",
                 bad_frame_offset=self._offset,
                 bad_frame_seq=self._next_seq,
             )
@@ -156,6 +280,61 @@ class FrameDecoder:
         )
 
 
+def _frame_size(frame: bytes) -> int:
+    """The body size of a complete frame whose length prefix is several bytes long."""
+    prefix = decode_varint(frame, 0)
+    assert prefix is not None  # _split_frames found the frame complete
+    return int(prefix[0])
+
+
+def _split_frames(buffer: bytes) -> tuple[list[bytes], int, str]:
+    """buffer's complete frames (length prefix included), where the last one ends, and why
+    they stop before the buffer ends when that is damage rather than a frame still coming."""
+    frames: list[bytes] = []
+    add_frame = frames.append
+    pos = 0
+    end = len(buffer)
+    problem = ""
+    # This loop runs once per record of every bundle read: it is kept flat on purpose. Up to
+    # `roomy`, any frame with a one-byte length fits in the buffer, so only its length is
+    # looked at.
+    roomy = end - 0x80
+    while pos < roomy:
+        size = buffer[pos]
+        if size & 0x80:
+            break
+        following = pos + size + 1
+        add_frame(buffer[pos:following])
+        pos = following
+    while pos < end:
+        size = buffer[pos]
+        if size < 0x80:
+            following = pos + 1 + size
+        else:
+            try:
+                prefix = decode_varint(buffer, pos)
+            except ValueError as error:
+                problem = str(error)
+                break
+            if prefix is None:
+                break
+            size, body_start = prefix
+            if size > MAX_RECORD_BYTES:
+                problem = f"frame length {size} exceeds the {MAX_RECORD_BYTES}-byte limit"
+                break
+            following = body_start + size
+        if following > end:
+            break
+        add_frame(buffer[pos:following])
+        pos = following
+    return frames, pos, problem
+
+
+def _offset_of(frames: list[bytes], index: int) -> int:
+    """Where frame `index` starts in the buffer frames were split from."""
+    return sum(map(len, frames[:index]))
+
+
 class BundleReader:
     """Iterates over the records of one trace.binpb, streaming it from disk."""
 
@@ -175,15 +354,20 @@ class BundleReader:
 
     def __iter__(self) -> Iterator[record_pb2.TraceRecord]:
         for batch in self.batches():
-            yield from batch
+            for item in batch:
+                if isinstance(item, DeltaRun):
+                    yield from item.records()
+                else:
+                    yield item
 
-    def batches(self) -> Iterator[list[record_pb2.TraceRecord]]:
-        """The records in the lists they were decoded in (one per read of the file): a loop
-        over a million records saves a generator step per record."""
+    def batches(self) -> Iterator[list[Item]]:
+        """What each read of the file decoded (FrameDecoder.feed_batch), for Reducer.apply_many:
+        runs of text deltas stay whole, and a loop over a million records saves a step each."""
         decoder = self._decoder
         read = self._source.read
-        while chunk := read(_READ_BYTES):
-            yield decoder.feed(chunk)
+        # Past the first bad frame nothing counts: the rest of the file is not even read.
+        while not decoder.stopped and (chunk := read(_READ_BYTES)):
+            yield decoder.feed_batch(chunk)
         self._integrity = decoder.finish()
 
     def close(self) -> None:

@@ -10,9 +10,11 @@ from google.protobuf import timestamp_pb2
 
 from rollout.trace.v1 import common_pb2, record_pb2, state_pb2
 
-from ._errors import ReductionError
+from ._bulk import DeltaRun
+from ._compact import expand_request_items
+from ._errors import RecordOutOfRangeError, ReductionError
 from ._items import ItemInfo, ThreadItems, parse_item
-from ._payloads import PayloadError, PayloadStore, resolve_inputs
+from ._payloads import PayloadError, PayloadStore
 from ._tokens import TokenAccumulator, classify_stop, sampling_settings
 
 if TYPE_CHECKING:
@@ -20,20 +22,23 @@ if TYPE_CHECKING:
 
 _RUNNING = common_pb2.EXECUTION_STATUS_RUNNING
 _JOIN_EVERY = 256
+_RUN_BYTES = 1 << 18
 _CLEAN = state_pb2.INTEGRITY_STATUS_CLEAN
 
 _Record = record_pb2.TraceRecord
 
 
 class _Thread:
-    __slots__ = ("ended", "inputs", "items", "msg")
+    __slots__ = ("ended", "inputs", "items", "last_call", "msg")
 
     def __init__(self, msg: state_pb2.Thread) -> None:
         self.msg = msg
         self.items = ThreadItems()
         self.ended = False
-        # The complete input payload ids of the thread's latest inference call.
+        # The complete input payload ids of the thread's latest inference call (changed in
+        # place by each call from where it departs), and that call's id.
         self.inputs: list[str] = []
+        self.last_call = ""
 
 
 class _Turn:
@@ -59,7 +64,16 @@ class _ToolCall:
 class _Output:
     """An output item between output_item.added and output_item.done."""
 
-    __slots__ = ("announced", "call", "chunks", "item_type", "parts", "provider_item_id", "role")
+    __slots__ = (
+        "announced",
+        "call",
+        "chunks",
+        "item_type",
+        "parts",
+        "provider_item_id",
+        "role",
+        "run_bytes",
+    )
 
     def __init__(
         self, call: _Call, provider_item_id: str, item_type: str, role: str, *, announced: bool
@@ -69,8 +83,10 @@ class _Output:
         self.provider_item_id = provider_item_id
         self.item_type = item_type
         self.role = role
-        # The latest deltas until the item is done; None from then on.
-        self.parts: list[str] | None = []
+        # The latest deltas until the item is done; None from then on. Runs of deltas stay
+        # undecoded: an item that completes brings its whole text, so theirs is rarely needed.
+        self.parts: list[str | DeltaRun] | None = []
+        self.run_bytes = 0
         # Earlier deltas, joined _JOIN_EVERY at a time: an item streamed in a million tiny
         # deltas must not cost a million string objects.
         self.chunks: list[str] = []
@@ -82,13 +98,24 @@ class _Output:
             if len(parts) >= _JOIN_EVERY:
                 self.join()
 
+    def add_run(self, run: DeltaRun) -> None:
+        parts = self.parts
+        assert parts is not None
+        parts.append(run)
+        self.run_bytes += run.size
+        # Undecoded runs cost more than their text; past a bound they are decoded, so what a
+        # streaming item holds stays in proportion to its text.
+        if self.run_bytes > _RUN_BYTES or len(parts) >= _JOIN_EVERY:
+            self.join()
+
     def join(self) -> None:
         assert self.parts is not None
-        self.chunks.append("".join(self.parts))
+        self.chunks.append(_joined(self.parts))
         self.parts.clear()
+        self.run_bytes = 0
 
     def text(self) -> str:
-        return "".join(self.chunks) + "".join(self.parts or ())
+        return "".join(self.chunks) + _joined(self.parts or ())
 
     def discarded(self) -> state_pb2.DiscardedOutput:
         return state_pb2.DiscardedOutput(
@@ -96,6 +123,10 @@ class _Output:
             item_type=self.item_type,
             partial_text=self.text(),
         )
+
+
+def _joined(parts: Iterable[str | DeltaRun]) -> str:
+    return "".join(part if isinstance(part, str) else part.text() for part in parts)
 
 
 class _Call:
@@ -124,6 +155,11 @@ def _unresolved(payload_id: str) -> ItemInfo:
     )
 
 
+# What a Timestamp may hold (0001-01-01 to 9999-12-31), and so what proto3 JSON can show.
+_MIN_MICROS = -62_135_596_800 * 1_000_000
+_MAX_MICROS = 253_402_300_800 * 1_000_000 - 1
+
+
 def _timestamp(micros: int) -> timestamp_pb2.Timestamp:
     seconds, rest = divmod(micros, 1_000_000)
     return timestamp_pb2.Timestamp(seconds=seconds, nanos=rest * 1000)
@@ -131,6 +167,14 @@ def _timestamp(micros: int) -> timestamp_pb2.Timestamp:
 
 def _fail(record: _Record, message: str) -> NoReturn:
     raise ReductionError(f"seq {record.seq}: {message}")
+
+
+def _check_time(seq: int, micros: int, what: str) -> None:
+    if not _MIN_MICROS <= micros <= _MAX_MICROS:
+        raise RecordOutOfRangeError(
+            f"seq {seq}: {what} is {micros // 1_000_000} s from 1970, outside the years "
+            "1-9999 a timestamp can hold"
+        )
 
 
 def _check_new(
@@ -215,15 +259,25 @@ class Reducer:
         self._last_time_us = record.time_us
         self._records += 1
 
-    def apply_many(self, records: Iterable[record_pb2.TraceRecord]) -> None:
+    def apply_many(self, records: Iterable[record_pb2.TraceRecord | DeltaRun]) -> None:
         """apply() each record in order; the loop replay runs, with text deltas for a call's
-        latest item (most of any bundle) handled inline."""
+        latest item (most of any bundle) handled inline, and runs of them (what
+        FrameDecoder.feed_batch makes) whole."""
         streaming = self._streaming
         apply = self.apply
         last: _Record | None = None
         inline = 0
         try:
             for record in records:
+                if type(record) is DeltaRun:
+                    if last is not None:
+                        self._records += inline
+                        self._last_time_us = last.time_us
+                        inline = 0
+                        last = None
+                    self._apply_run(record)
+                    continue
+                assert isinstance(record, _Record)
                 if record.WhichOneof("body") == "output_text_delta":
                     body = record.output_text_delta
                     latest = None if body.item else streaming.get(body.call)
@@ -247,12 +301,28 @@ class Reducer:
                 self._records += inline
                 self._last_time_us = last.time_us
 
+    def _apply_run(self, run: DeltaRun) -> None:
+        latest = self._streaming.get(run.call)
+        if latest is None:
+            # Not the common case the run is for: every record means what it says alone.
+            for record in run.records():
+                self.apply(record)
+            return
+        latest.add_run(run)
+        self._records += run.count
+        self._last_time_us = run.last_time_us
+
     def set_integrity(self, integrity: state_pb2.Integrity) -> None:
         """Record how the bundle ended, as the reader classified it."""
         self._integrity = integrity
 
-    def state(self) -> state_pb2.RolloutTrace:
-        """The reduced state of every record applied so far (a fresh message on each call)."""
+    def state(self, *, compact: bool = False) -> state_pb2.RolloutTrace:
+        """The reduced state of every record applied so far (a fresh message on each call).
+
+        compact: each inference call's request as "a prefix of the previous call's, then these
+        items" (InferenceCall.request_prefix_call_id, request_prefix_count); by default every
+        request_item_ids and input_payload_ids is whole.
+        """
         trace = state_pb2.RolloutTrace()
         header = self._header
         if header is not None:
@@ -261,7 +331,10 @@ class Reducer:
             trace.producer_name = header.producer_name
             trace.producer_version = header.producer_version
             trace.started_at.CopyFrom(_timestamp(self._base_us))
-            trace.ended_at.CopyFrom(_timestamp(self._base_us + self._last_time_us))
+            ended = self._base_us + self._last_time_us
+            # Records are counted as applied, so the last one's seq is the count.
+            _check_time(self._records, ended, "its time")
+            trace.ended_at.CopyFrom(_timestamp(ended))
         trace.integrity.CopyFrom(self._integrity_proto())
         trace.recording_complete = trace.integrity.status == _CLEAN
         for thread in self._threads.values():
@@ -282,6 +355,8 @@ class Reducer:
             trace.tool_calls[tool_call.msg.tool_call_id].CopyFrom(tool_call.msg)
         if self._fork is not None:
             trace.fork.CopyFrom(self._fork)
+        if not compact:
+            expand_request_items(trace)
         return trace
 
     # -- dispatch -------------------------------------------------------------------------
@@ -323,7 +398,9 @@ class Reducer:
         return proto
 
     def _time(self, record: _Record) -> timestamp_pb2.Timestamp:
-        return _timestamp(self._base_us + record.time_us)
+        micros = self._base_us + record.time_us
+        _check_time(record.seq, micros, "its time")
+        return _timestamp(micros)
 
     def _start(self, execution: state_pb2.Execution, record: _Record) -> None:
         execution.status = _RUNNING
@@ -423,6 +500,7 @@ class Reducer:
         self._header = header
         created = header.created_at
         self._base_us = created.seconds * 1_000_000 + created.nanos // 1000
+        _check_time(record.seq, self._base_us, "the header's created_at")
         self._handlers = {
             "footer": self._on_footer,
             "payload": self._on_payload,
@@ -627,15 +705,16 @@ class Reducer:
             policy_version=body.policy_version,
         )
         msg.sampling.CopyFrom(self._sampling_of(body.request_envelope_payload_id, record))
-        try:
-            pids = resolve_inputs(thread.inputs, body)
-        except PayloadError as error:
-            _fail(record, str(error))
-        msg.input_payload_ids.extend(pids)
-        self._start(msg.execution, record)
-        # The prefix is the previous call's input, matched already: only what is new is looked at.
         known = body.input_prefix_count
-        new_pids = pids[known:]
+        if known > len(thread.inputs):
+            _fail(
+                record,
+                f"input_prefix_count {known} exceeds the {len(thread.inputs)} inputs of the "
+                "previous call",
+            )
+        new_pids = list(body.input_payload_ids)
+        self._start(msg.execution, record)
+        # Looked up before anything changes, so a missing payload leaves the state as it was.
         infos = [self._item_info(pid, record) for pid in new_pids]
 
         def new_item(index: int) -> str:
@@ -650,13 +729,27 @@ class Reducer:
                 producer=None,
             )
 
+        # Held as the compact form: the previous call's first `known` inputs, then these. A
+        # conversation re-sends its history every time; holding it whole would make the state
+        # grow with the square of its length. A fork's first call starts with the history it
+        # shares with its parent, which no call of this bundle sent: that one is held whole.
+        seeded = bool(known) and not thread.last_call
+        if seeded:
+            msg.request_item_ids.extend(thread.items.previous_ids(known))
+            msg.input_payload_ids.extend(thread.inputs[:known])
         msg.request_item_ids.extend(thread.items.match_request(infos, new_item, known=known))
+        msg.input_payload_ids.extend(new_pids)
+        if known and not seeded:
+            msg.request_prefix_call_id = thread.last_call
+            msg.request_prefix_count = known
+        del thread.inputs[known:]
+        thread.inputs.extend(new_pids)
+        thread.last_call = call_id
         call = _Call(body.call, msg, turn)
         turn.msg.inference_call_ids.append(call_id)
         turn.calls.append(call)
         self._calls[body.call] = call
         self._call_ids.add(call_id)
-        thread.inputs = pids
 
     def _on_response_created(self, record: _Record) -> None:
         body = record.response_created

@@ -21,7 +21,8 @@ def request_body(path: str | os.PathLike[str], inference_call_id: str) -> bytes:
     Raises RequestNotFoundError when the bundle (up to any damage) has no such call, and
     BundleError when its records do not fit together.
     """
-    payloads = PayloadStore()
+    # Every payload until the call is found: its history may go back to the first turn.
+    payloads = PayloadStore(budget=None)
     thread_of_turn: dict[int, int] = {}
     inputs_of_thread: dict[int, list[str]] = {}
     fork_prefix: list[str] = []
@@ -61,4 +62,8 @@ def request_body(path: str | os.PathLike[str], inference_call_id: str) -> bytes:
                         return canonical_json(request)
             except (PayloadError, ValueError) as error:
                 raise BundleError(f"seq {record.seq}: {error}") from error
+            except RecursionError as error:
+                raise BundleError(
+                    f"seq {record.seq}: a payload of the request nests too deep to rebuild"
+                ) from error
     raise RequestNotFoundError(f"no inference call {inference_call_id!r} in {path}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import math
 import os
+import stat
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -173,13 +174,21 @@ class RewardFile:
     problem: str
 
 
-def read_rewards(bundle_dir: Path) -> RewardFile:
+def read_rewards(bundle_dir: Path, *, dir_fd: int | None = None) -> RewardFile:
     """The rewards of a bundle (none when it has no sidecar); a damaged sidecar gives the
-    rewards before the damage and says why in `problem`."""
+    rewards before the damage and says why in `problem`. dir_fd: the bundle directory's
+    descriptor, to read the sidecar through (no symlink followed) rather than by path."""
     path = bundle_dir / REWARDS_FILE_NAME
     try:
-        with path.open("rb") as source:
-            data = source.read()
+        if dir_fd is None:
+            with path.open("rb") as source:
+                data = source.read()
+        else:
+            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+            with os.fdopen(os.open(REWARDS_FILE_NAME, flags, dir_fd=dir_fd), "rb") as source:
+                if not stat.S_ISREG(os.fstat(source.fileno()).st_mode):
+                    return RewardFile([], f"{REWARDS_FILE_NAME} is not a file")
+                data = source.read()
     except FileNotFoundError:
         return RewardFile([], "")
     except OSError as error:
@@ -217,9 +226,11 @@ def _items_of(
         yield item_id, trace.conversation_items[item_id]
 
 
-def attach_rewards(trace: state_pb2.RolloutTrace, bundle_dir: Path) -> None:
+def attach_rewards(
+    trace: state_pb2.RolloutTrace, bundle_dir: Path, *, dir_fd: int | None = None
+) -> None:
     """Add the bundle's rewards to its reduced state, each with the target it resolves to."""
-    found = read_rewards(bundle_dir)
+    found = read_rewards(bundle_dir, dir_fd=dir_fd)
     for seq, recorded in found.rewards:
         reward = trace.rewards.add(
             name=recorded.name,

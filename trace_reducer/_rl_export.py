@@ -13,6 +13,7 @@ from typing import Any
 
 from rollout.trace.v1 import common_pb2, record_pb2, state_pb2
 
+from ._bulk import DeltaRun
 from ._errors import BundleError, NotABundleError
 from ._forks import BundleForkResolver
 from ._integrity import integrity_name, require_reducible
@@ -90,6 +91,8 @@ def reduce_all(
             reducer = Reducer(forks=resolver)
             for batch in reader.batches():
                 for record in batch:
+                    if isinstance(record, DeltaRun):
+                        continue  # text deltas read in bulk: no payload among them
                     if (
                         record.WhichOneof("body") == "payload"
                         and record.payload.kind == record_pb2.PAYLOAD_KIND_INSTRUCTIONS

@@ -20,6 +20,7 @@ from google.protobuf import timestamp_pb2
 
 from rollout.trace.v1 import common_pb2, record_pb2, state_pb2
 
+from ._bulk import DeltaRun
 from ._errors import NotABundleError
 from ._forks import BundleForkResolver
 from ._payloads import PayloadError, PayloadStore, canonical_json
@@ -59,12 +60,12 @@ class ViewData:
 
 def reduce_for_view(path: str | os.PathLike[str]) -> ViewData:
     """Reduce a bundle of any integrity (up to its damage) in one pass, keeping its payloads."""
-    payloads = PayloadStore()
+    payloads = PayloadStore(budget=None)
     with read_bundle(path) as reader:
         reducer = Reducer(forks=BundleForkResolver(reader.bundle_dir))
         for batch in reader.batches():
             for record in batch:
-                if record.HasField("payload"):
+                if not isinstance(record, DeltaRun) and record.HasField("payload"):
                     _keep(payloads, record.payload)
             reducer.apply_many(batch)
         reducer.set_integrity(reader.integrity)

@@ -9,7 +9,7 @@ import time
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 from rollout.trace.v1 import state_pb2
 
@@ -44,11 +44,16 @@ class WatchUpdate:
 class _Follower:
     """The decoding half, run in a worker thread one step at a time."""
 
-    def __init__(self, path: Path) -> None:
-        self.source = path.open("rb", buffering=0)
+    def __init__(self, trace_file: Path | BinaryIO, bundle_dir: Path | None) -> None:
+        # A file already open (the service opens it under its root) is read as it is.
+        if isinstance(trace_file, Path):
+            self.source: BinaryIO = trace_file.open("rb", buffering=0)
+            bundle_dir = bundle_dir or trace_file.parent
+        else:
+            self.source = trace_file
         self.decoder = FrameDecoder()
         # A fork's parent is read from beside it, as replay_bundle does.
-        self.reducer = Reducer(forks=BundleForkResolver(path.parent))
+        self.reducer = Reducer(forks=BundleForkResolver(bundle_dir))
         self.position = 0
         self.head = b""
         self.final = False
@@ -107,7 +112,9 @@ def _could_start_header(head: bytes) -> bool:
 
 
 async def follow_bundle(
-    trace_file: str | os.PathLike[str],
+    trace_file: str | os.PathLike[str] | BinaryIO,
+    bundle_dir: Path | None = None,
+    /,
     *,
     poll_interval: float = POLL_INTERVAL,
     min_interval: float = MIN_UPDATE_INTERVAL,
@@ -118,9 +125,11 @@ async def follow_bundle(
     costs what its new records cost. The last update has `final` set: after the footer (CLEAN)
     or at the first bad frame (CORRUPT). A bundle without a footer is followed until the caller
     stops iterating. Raises ReductionError when records contradict each other, OSError when the
-    file cannot be read.
+    file cannot be read. trace_file may be a file already open (then bundle_dir says where a
+    fork's parent is looked for).
     """
-    follower = await asyncio.to_thread(_Follower, Path(trace_file))
+    source = Path(trace_file) if isinstance(trace_file, str | os.PathLike) else trace_file
+    follower = await asyncio.to_thread(_Follower, source, bundle_dir)
     in_flight: asyncio.Future[Any] | None = None
 
     async def run(step: Callable[[], _T]) -> _T:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 import time
 import uuid
 from datetime import UTC, datetime
@@ -43,6 +44,7 @@ class BundleWriter:
         self._fd = fd
         self._started_ns = time.monotonic_ns()
         self._payloads: set[str] = set()
+        self._entry_synced = False
 
     @classmethod
     def create(
@@ -54,12 +56,17 @@ class BundleWriter:
         producer_name: str = "rollout-trace",
         producer_version: str = __version__,
     ) -> BundleWriter:
-        """Create `<trace_root>/<UTC stamp>-<thread_id>/trace.binpb` and write its header."""
+        """Create `<trace_root>/<UTC stamp>-<thread_id>/trace.binpb` and write its header.
+
+        The bundle is made under a hidden temporary name and renamed into place once its header
+        is written, so no one (a reader, a crash) ever sees a bundle without one; a failure
+        removes what was made.
+        """
         if not thread_id or "/" in thread_id or thread_id in {".", ".."} or "\0" in thread_id:
             raise RecordingError(f"invalid thread id for a bundle name: {thread_id!r}")
         created_at = datetime.now(UTC)
         root = Path(trace_root)
-        bundle_dir = root / bundle_dir_name(created_at, thread_id)
+        name = bundle_dir_name(created_at, thread_id)
         try:
             if not root.is_dir():
                 # mkdir -p would turn a typo into a silent new tree; a missing root is created,
@@ -67,15 +74,20 @@ class BundleWriter:
                 if root.exists():
                     raise RecordingError(f"trace root is not a directory: {root}")
                 root.mkdir(mode=0o700, parents=True, exist_ok=True)
-            bundle_dir.mkdir(mode=0o700)
+            # mkdtemp makes the directory 0700, as a bundle's is.
+            staging = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".creating", dir=root))
+        except OSError as error:
+            raise RecordingError(describe_os_error(error)) from error
+        try:
             fd = os.open(
-                bundle_dir / TRACE_FILE_NAME,
+                staging / TRACE_FILE_NAME,
                 os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC,
                 0o600,
             )
         except OSError as error:
-            raise RecordingError(describe_os_error(error)) from error
-        writer = cls(bundle_dir, fd, trace_id or uuid.uuid4().hex, created_at)
+            _remove_bundle(staging)
+            raise RecordingError(describe_os_error(error, root / name)) from error
+        writer = cls(root / name, fd, trace_id or uuid.uuid4().hex, created_at)
         header = record_pb2.Header(
             format_version=FORMAT_VERSION,
             trace_id=writer.trace_id,
@@ -86,13 +98,14 @@ class BundleWriter:
         header.created_at.FromDatetime(created_at)
         try:
             writer.append(record_pb2.TraceRecord(header=header))
-        except RecordingError:
+            # A directory of that name with anything in it is never replaced (ENOTEMPTY).
+            os.rename(staging, writer.bundle_dir)
+        except (RecordingError, OSError) as error:
             writer.abandon()
-            # A bundle without its header is no bundle; leave nothing half-made behind.
-            with contextlib.suppress(OSError):
-                writer.file_path.unlink()
-                bundle_dir.rmdir()
-            raise
+            _remove_bundle(staging)
+            if isinstance(error, RecordingError):
+                raise
+            raise RecordingError(describe_os_error(error, writer.bundle_dir)) from error
         return writer
 
     def append(self, record: record_pb2.TraceRecord) -> int:
@@ -178,6 +191,12 @@ class BundleWriter:
             # instead of recording into the void.
             self._fail()
             raise RecordingError(f"the bundle file was removed: {self.file_path}")
+        if not self._entry_synced:
+            # The bundle's name is durable once the root's entry for it is; where a file system
+            # cannot sync a directory, the records themselves still are.
+            with contextlib.suppress(OSError):
+                _sync_directory(self.bundle_dir.parent)
+            self._entry_synced = True
 
     def close(self) -> None:
         """Write the footer, fsync and close; after a failure only release the file."""
@@ -195,6 +214,11 @@ class BundleWriter:
         """Close the file without a footer, as a killed writer would leave it."""
         self._release()
 
+    def discard(self) -> None:
+        """Close and remove the bundle: for a recording that never got going."""
+        self._release()
+        _remove_bundle(self.bundle_dir)
+
     def _fail(self) -> None:
         self.failed = True
 
@@ -202,3 +226,19 @@ class BundleWriter:
         if not self.closed:
             self.closed = True
             os.close(self._fd)
+
+
+def _remove_bundle(directory: Path) -> None:
+    """Remove a bundle directory this writer made: its trace file, then the directory."""
+    with contextlib.suppress(OSError):
+        (directory / TRACE_FILE_NAME).unlink()
+    with contextlib.suppress(OSError):
+        directory.rmdir()
+
+
+def _sync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

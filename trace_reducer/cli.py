@@ -18,13 +18,20 @@ from google.protobuf import json_format, text_format
 from rollout.trace.v1 import record_pb2, state_pb2
 
 from ._batch_cli import add_parser as add_reduce_all_parser
-from ._errors import BundleError, CorruptBundleError, ReductionError, describe_os_error
+from ._errors import (
+    BundleError,
+    CorruptBundleError,
+    RecordOutOfRangeError,
+    ReductionError,
+    describe_os_error,
+)
+from ._framing import DEFAULT_MAX_UPLOAD_BYTES
 from ._integrity import describe_integrity, integrity_name, require_reducible
 from ._layout import STATE_FILE_NAME
 from ._reader import read_bundle, resolve_trace_file
 from ._replay import replay_bundle
 from ._requests import request_body
-from ._state_json import state_to_json, write_state_json
+from ._state_json import iter_state_json, write_state_json
 from ._training_cli import add_parsers as add_training_parsers
 from ._version import __version__
 
@@ -59,7 +66,9 @@ def _warn(message: str) -> None:
 
 def _reduce(args: argparse.Namespace) -> int:
     trace_file = resolve_trace_file(args.bundle)
-    trace = replay_bundle(trace_file, parents=args.parent)
+    # Held compact either way: the complete form is written a call at a time from it.
+    trace = replay_bundle(trace_file, parents=args.parent, compact=True)
+    expand = not args.compact
     integrity = trace.integrity
     try:
         require_reducible(integrity, salvage=args.salvage, source=args.bundle)
@@ -80,11 +89,12 @@ def _reduce(args: argparse.Namespace) -> int:
             f"{integrity.detail}; reduced {integrity.records_read} records"
         )
     if args.stdout:
-        sys.stdout.write(state_to_json(trace))
+        for piece in iter_state_json(trace, expand=expand):
+            sys.stdout.write(piece)
         sys.stdout.flush()
         return EXIT_OK
     target = Path(args.output) if args.output else trace_file.parent / STATE_FILE_NAME
-    print(write_state_json(trace, target), flush=True)
+    print(write_state_json(trace, target, expand=expand), flush=True)
     return EXIT_OK
 
 
@@ -106,7 +116,10 @@ def _describe(record: record_pb2.TraceRecord, body: str | None) -> str:
             if payload.chunk_count > 1
             else ""
         )
-        kind = record_pb2.PayloadKind.Name(payload.kind).removeprefix("PAYLOAD_KIND_")
+        names = record_pb2.PayloadKind.DESCRIPTOR.values_by_number
+        # A kind from a newer writer has no name here: its number says what there is.
+        known = names.get(payload.kind)
+        kind = known.name.removeprefix("PAYLOAD_KIND_") if known else str(payload.kind)
         return (
             f"{payload.payload_id} {kind} {payload.media_type!r} {len(payload.data)} bytes"
             f"{chunk} {json.dumps(preview, ensure_ascii=False)}"
@@ -146,7 +159,8 @@ def _request(args: argparse.Namespace) -> int:
     body = request_body(args.bundle, args.inference_call_id)
     if args.pretty:
         text = json.dumps(json.loads(body), indent=2, ensure_ascii=False) + "\n"
-        sys.stdout.write(text)
+        # A lone surrogate cannot be UTF-8; its backslash form is the JSON escape it came as.
+        sys.stdout.buffer.write(text.encode("utf-8", "backslashreplace"))
     else:
         sys.stdout.buffer.write(body + b"\n")
     sys.stdout.flush()
@@ -245,13 +259,15 @@ def _watch(args: argparse.Namespace) -> int:
 # -- serve ------------------------------------------------------------------------------------
 
 
-async def _serve_async(listen: str, bundle_root: str, access: AccessControl) -> int:
+async def _serve_async(
+    listen: str, bundle_root: str, access: AccessControl, max_upload_bytes: int
+) -> int:
     # gRPC's server side takes a noticeable time to import; reduce and dump do not need it.
     from grpc_common import GrpcServer, install_signal_handlers
 
     from .service import SERVICE_NAME, ReducerService, add_to_server
 
-    service = ReducerService(bundle_root)
+    service = ReducerService(bundle_root, max_upload_bytes=max_upload_bytes)
     try:
         server = await GrpcServer.start(
             listen,
@@ -281,7 +297,9 @@ def _serve(args: argparse.Namespace) -> int:
         )
     except ValueError as error:
         raise _CommandError(str(error), EXIT_USAGE) from error
-    return asyncio.run(_serve_async(args.listen, root, access))
+    if args.max_upload_bytes < 1:
+        raise _CommandError("--max-upload-bytes must be a positive number of bytes", EXIT_USAGE)
+    return asyncio.run(_serve_async(args.listen, root, access, args.max_upload_bytes))
 
 
 # -- entry point ------------------------------------------------------------------------------
@@ -303,6 +321,12 @@ def build_parser() -> argparse.ArgumentParser:
     target.add_argument("--stdout", action="store_true", help="print the JSON instead")
     reduce.add_argument(
         "--salvage", action="store_true", help="reduce a corrupt bundle up to the damage"
+    )
+    reduce.add_argument(
+        "--compact",
+        action="store_true",
+        help="each request as a prefix of the previous one plus its new items "
+        "(InferenceCall.request_prefix_call_id/_count): linear in the conversation",
     )
     reduce.add_argument(
         "--parent",
@@ -390,6 +414,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--tls-cert", type=Path, metavar="PATH", help="PEM certificate chain")
     serve.add_argument("--tls-key", type=Path, metavar="PATH", help="PEM private key")
+    serve.add_argument(
+        "--max-upload-bytes",
+        type=int,
+        default=DEFAULT_MAX_UPLOAD_BYTES,
+        metavar="N",
+        help="ReduceRecords refuses larger uploads with RESOURCE_EXHAUSTED "
+        f"(default {DEFAULT_MAX_UPLOAD_BYTES})",
+    )
     serve.set_defaults(run=_serve)
     return parser
 
@@ -405,6 +437,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BundleError as error:
         _warn(str(error))
         return EXIT_USAGE
+    except RecordOutOfRangeError as error:
+        _warn(f"record out of range: {error}")
+        return EXIT_FAILED
     except ReductionError as error:
         _warn(f"records contradict each other: {error}")
         return EXIT_FAILED

@@ -3,15 +3,18 @@
 Status codes, each with a google.rpc.ErrorInfo (domain `rollout-trace`) whose reason is:
 
 * INVALID_ARGUMENT / BUNDLE_PATH_INVALID: `bundle` is empty or holds a NUL byte.
-* PERMISSION_DENIED / PATH_OUTSIDE_ROOT: `bundle` resolves (after `..` and symlinks) outside
-  the bundle root.
+* PERMISSION_DENIED / PATH_OUTSIDE_ROOT: `bundle` leads outside the bundle root, or through a
+  symbolic link below it (never followed: where it points can change after any check).
 * NOT_FOUND / BUNDLE_NOT_FOUND: nothing exists at that path under the root.
 * INVALID_ARGUMENT / NOT_A_BUNDLE: the path exists but is not a bundle (no trace.binpb, or no
   readable header record); for ReduceRecords, an upload without a header record.
 * DATA_LOSS / BUNDLE_CORRUPT: the bundle is CORRUPT and `salvage` was not set; metadata carries
   `bad_frame_offset` and `bad_frame_seq`. UNCLOSED and TRUNCATED bundles reduce normally.
 * FAILED_PRECONDITION / RECORDS_CONTRADICT: the records contradict each other.
+* FAILED_PRECONDITION / RECORD_OUT_OF_RANGE: a record's time is outside the years 1-9999.
 * FAILED_PRECONDITION / IO_ERROR: the bundle could not be read or state.json written.
+* RESOURCE_EXHAUSTED / UPLOAD_TOO_LARGE: a ReduceRecords upload passed the service's limit
+  (`max_upload_bytes`, `trace-reducer serve --max-upload-bytes`); metadata `limit_bytes`.
 * INTERNAL / INTERNAL: a bug; logged on the server, the client gets no traceback.
 
 WatchBundle resolves and answers as ReduceBundle (without salvage); a bundle found damaged
@@ -22,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable
@@ -34,28 +36,30 @@ import grpc
 from grpc_common import abort
 from rollout.reducer.v1 import reducer_pb2, reducer_pb2_grpc
 
+from ._confine import BundlePathError, BundleRoot, ConfinedBundle, OutsideRootError
 from ._errors import (
     BundleError,
     BundleNotFoundError,
     CorruptBundleError,
     NotABundleError,
+    RecordOutOfRangeError,
     ReductionError,
     describe_os_error,
 )
+from ._forks import BundleForkResolver
+from ._framing import DEFAULT_MAX_UPLOAD_BYTES
 from ._integrity import require_reducible
-from ._layout import STATE_FILE_NAME
-from ._reader import FrameDecoder, resolve_trace_file
+from ._layout import STATE_FILE_NAME, TRACE_FILE_NAME
+from ._reader import BundleReader, FrameDecoder
 from ._reducer import Reducer
-from ._replay import replay_bundle
-from ._state_json import write_state_json
+from ._replay import replay_reader
+from ._state_json import write_state_json_at
 from ._watch import follow_bundle
 
 SERVICE_NAME: str = reducer_pb2.DESCRIPTOR.services_by_name["ReducerService"].full_name
 
 _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
-# Linux's PATH_MAX: no longer path names a file, so it is refused before touching the disk.
-_MAX_PATH_BYTES = 4096
 if TYPE_CHECKING:
     _Context = grpc.aio.ServicerContext[object, object]
 else:  # the runtime class is not generic
@@ -76,12 +80,18 @@ class _RefusalError(Exception):
 class ReducerService(reducer_pb2_grpc.ReducerServiceServicer):
     """Replays bundles found under bundle_root, never reading outside it."""
 
-    def __init__(self, bundle_root: str | os.PathLike[str]) -> None:
-        self._root = os.path.realpath(bundle_root)
+    def __init__(
+        self,
+        bundle_root: str | os.PathLike[str],
+        *,
+        max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
+    ) -> None:
+        self._root = BundleRoot(bundle_root)
+        self._max_upload_bytes = max_upload_bytes
 
     @property
     def bundle_root(self) -> str:
-        return self._root
+        return self._root.path
 
     async def ReduceBundle(  # noqa: N802 - the name is the RPC's
         self, request: reducer_pb2.ReduceBundleRequest, context: _Context
@@ -99,16 +109,22 @@ class ReducerService(reducer_pb2_grpc.ReducerServiceServicer):
         self, request: reducer_pb2.WatchBundleRequest, context: _Context
     ) -> AsyncIterator[reducer_pb2.WatchBundleResponse]:
         try:
-            trace_file = self._resolve(request.bundle)
-            async with contextlib.aclosing(follow_bundle(trace_file)) as updates:
-                async for update in updates:
-                    if update.final:
-                        require_reducible(
-                            update.trace.integrity, salvage=False, source=repr(request.bundle)
+            # Opened once under the root, as for ReduceBundle; the follower reads that file.
+            bundle = self._open(request.bundle)
+            try:
+                follow = follow_bundle(bundle.trace, Path(bundle.display_dir))
+                async with contextlib.aclosing(follow) as updates:
+                    async for update in updates:
+                        if update.final:
+                            require_reducible(
+                                update.trace.integrity, salvage=False, source=repr(request.bundle)
+                            )
+                        yield reducer_pb2.WatchBundleResponse(
+                            trace=update.trace, records_read=update.records_read
                         )
-                    yield reducer_pb2.WatchBundleResponse(
-                        trace=update.trace, records_read=update.records_read
-                    )
+            finally:
+                # The trace file is the follower's to close, once no worker reads it.
+                bundle.release_directory()
         except Exception as error:  # noqa: BLE001 - mapped to a status below
             # A client that goes away arrives as CancelledError, which is no Exception: the
             # follower's own cleanup closes the file.
@@ -134,6 +150,10 @@ class ReducerService(reducer_pb2_grpc.ReducerServiceServicer):
                 str(error),
                 bad_frame_offset=str(error.integrity.bad_frame_offset),
                 bad_frame_seq=str(error.integrity.bad_frame_seq),
+            )
+        except RecordOutOfRangeError as error:
+            await abort(
+                context, grpc.StatusCode.FAILED_PRECONDITION, "RECORD_OUT_OF_RANGE", str(error)
             )
         except ReductionError as error:
             await abort(
@@ -161,71 +181,51 @@ class ReducerService(reducer_pb2_grpc.ReducerServiceServicer):
                 f"internal error in {rpc}: {type(error).__name__}",
             )
 
-    def _resolve(self, bundle: str) -> Path:
-        """The trace file of `bundle` under the root; _RefusalError when it may not be read."""
-        problem = ""
-        if not bundle:
-            problem = "is empty"
-        elif "\0" in bundle:
-            problem = "contains a NUL byte"
-        elif len(bundle.encode()) > _MAX_PATH_BYTES:
-            problem = f"is longer than {_MAX_PATH_BYTES} bytes"
-        if problem:
-            raise _RefusalError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                "BUNDLE_PATH_INVALID",
-                f"bundle path {problem}",
-            )
-        # realpath follows every symlink, so the containment check sees where reads would land.
-        candidate = os.path.realpath(os.path.join(self._root, bundle))
-        self._require_inside(candidate, bundle)
-        try:
-            trace_file = resolve_trace_file(candidate)
-        except OSError as error:
-            if error.errno != errno.ENAMETOOLONG:
-                raise
-            raise _RefusalError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                "BUNDLE_PATH_INVALID",
-                "bundle path has a name longer than the file system allows",
-            ) from error
-        except BundleNotFoundError as error:
-            raise _RefusalError(
-                grpc.StatusCode.NOT_FOUND, "BUNDLE_NOT_FOUND", f"no bundle at {bundle!r}"
-            ) from error
-        except NotABundleError as error:
-            raise _RefusalError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                "NOT_A_BUNDLE",
-                f"not a trace bundle (no trace.binpb): {bundle!r}",
-            ) from error
-        real_file = os.path.realpath(trace_file)
-        self._require_inside(real_file, bundle)
-        return Path(real_file)
-
-    def _require_inside(self, path: str, bundle: str) -> None:
-        if os.path.commonpath([self._root, path]) != self._root:
-            raise _RefusalError(
-                grpc.StatusCode.PERMISSION_DENIED,
-                "PATH_OUTSIDE_ROOT",
-                f"bundle path {bundle!r} is outside the bundle root",
-            )
-
     async def _reduce_bundle(
         self, request: reducer_pb2.ReduceBundleRequest
     ) -> reducer_pb2.ReduceBundleResponse:
-        trace_file = self._resolve(request.bundle)
-        return await asyncio.to_thread(self._reduce_file, trace_file, request)
+        return await asyncio.to_thread(self._reduce_confined, request)
 
-    def _reduce_file(
-        self, trace_file: Path, request: reducer_pb2.ReduceBundleRequest
+    def _open(self, bundle: str) -> ConfinedBundle:
+        """The bundle, opened under the root; _RefusalError when it may not be read."""
+        try:
+            return self._root.open(bundle)
+        except BundlePathError as error:
+            raise _RefusalError(
+                grpc.StatusCode.INVALID_ARGUMENT, "BUNDLE_PATH_INVALID", str(error)
+            ) from error
+        except OutsideRootError as error:
+            raise _RefusalError(
+                grpc.StatusCode.PERMISSION_DENIED, "PATH_OUTSIDE_ROOT", str(error)
+            ) from error
+        except BundleNotFoundError as error:
+            raise _RefusalError(
+                grpc.StatusCode.NOT_FOUND, "BUNDLE_NOT_FOUND", str(error)
+            ) from error
+        except NotABundleError as error:
+            raise _RefusalError(
+                grpc.StatusCode.INVALID_ARGUMENT, "NOT_A_BUNDLE", str(error)
+            ) from error
+
+    def _reduce_confined(
+        self, request: reducer_pb2.ReduceBundleRequest
     ) -> reducer_pb2.ReduceBundleResponse:
-        trace = replay_bundle(trace_file)
-        require_reducible(trace.integrity, salvage=request.salvage, source=repr(request.bundle))
-        response = reducer_pb2.ReduceBundleResponse(trace=trace)
-        if request.write_state:
-            response.state_path = str(write_state_json(trace, trace_file.parent / STATE_FILE_NAME))
-        return response
+        # Read and written through the descriptors opened here: swapping a directory on the
+        # way for a symlink changes nothing about where the bytes come from or go.
+        with self._open(request.bundle) as bundle:
+            trace_path = Path(bundle.display_dir) / TRACE_FILE_NAME
+            # A fork's parent is looked for beside the bundle, by path.
+            forks = BundleForkResolver(trace_path.parent, ())
+            trace = replay_reader(
+                BundleReader(trace_path, bundle.trace), forks=forks, rewards_dir_fd=bundle.dir_fd
+            )
+            require_reducible(trace.integrity, salvage=request.salvage, source=repr(request.bundle))
+            response = reducer_pb2.ReduceBundleResponse(trace=trace)
+            if request.write_state:
+                state_path = os.path.join(bundle.display_dir, STATE_FILE_NAME)
+                write_state_json_at(trace, bundle.dir_fd, STATE_FILE_NAME, display=state_path)
+                response.state_path = state_path
+            return response
 
     async def _reduce_records(
         self, requests: AsyncIterator[reducer_pb2.ReduceRecordsRequest]
@@ -235,14 +235,27 @@ class ReducerService(reducer_pb2_grpc.ReducerServiceServicer):
         salvage: bool | None = None
 
         def feed(chunk: bytes) -> None:
-            reducer.apply_many(decoder.feed(chunk))
+            reducer.apply_many(decoder.feed_batch(chunk))
 
+        received = 0
         async for request in requests:
             if salvage is None:
                 salvage = request.salvage
+            received += len(request.chunk)
+            if received > self._max_upload_bytes:
+                raise _RefusalError(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    "UPLOAD_TOO_LARGE",
+                    f"the upload exceeds the {self._max_upload_bytes}-byte limit "
+                    "(trace-reducer serve --max-upload-bytes)",
+                    limit_bytes=str(self._max_upload_bytes),
+                )
             if request.chunk:
                 # Off the event loop: a large chunk holds many records.
                 await asyncio.to_thread(feed, request.chunk)
+            if decoder.stopped:
+                # Nothing after the first bad frame counts: answer now, read no further.
+                break
         reducer.set_integrity(decoder.finish())
         trace = reducer.state()
         require_reducible(trace.integrity, salvage=bool(salvage), source="upload")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from agent_server.recorder import Recorder
 from rollout.agent.v1 import agent_pb2
 from rollout.trace.v1 import common_pb2, record_pb2, state_pb2
 from tests.agent_server.conftest import Harness, StartAgent, reduce_with_cli
@@ -22,7 +23,7 @@ from tests.agent_server.scripted_provider import (
     sse,
     text_delta,
 )
-from trace_reducer import read_bundle, request_body
+from trace_reducer import RecordingError, read_bundle, request_body
 
 CANCELLED = common_pb2.EXECUTION_STATUS_CANCELLED
 
@@ -230,3 +231,13 @@ async def test_deltas_that_arrive_together_are_one_record_and_one_event(
     assert [r.output_text_delta.delta for r in found if r.HasField("output_text_delta")] == [
         "one two three"
     ]
+
+
+async def test_a_thread_that_cannot_be_recorded_leaves_no_bundle(tmp_path: Path) -> None:
+    # thread_started cannot be written (its metadata exceeds a record): the bundle created
+    # for it goes too, as no thread exists.
+    with pytest.raises(RecordingError):
+        await Recorder.start(
+            tmp_path, "thread-1", model="m", instructions="", metadata={"k": "v" * (5 << 20)}
+        )
+    assert os.listdir(tmp_path) == []

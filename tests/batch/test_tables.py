@@ -237,8 +237,12 @@ def test_the_demo_s_trace_root(tmp_path: Path) -> None:
     assert "reduce-all: 1 bundle under" in result.stdout
     assert "up to date 1" in result.stdout
     tables = Tables(tmp_path / "tables")
+    # The demo: a plain turn, a tool round trip, a turn interrupted while awaiting a tool
+    # output, and one interrupted mid-stream.
     assert tables.rows("SELECT status, interrupted FROM turns ORDER BY turn_index") == [
         ("COMPLETED", False),
+        ("COMPLETED", False),
+        ("CANCELLED", True),
         ("CANCELLED", True),
     ]
     text = tables.value(

@@ -14,9 +14,16 @@ import pytest
 from google.protobuf import json_format
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bench.synthetic import Shape, write_conversation
 from rollout.reducer.v1 import reducer_pb2, reducer_pb2_grpc
 from rollout.trace.v1 import record_pb2, state_pb2
-from trace_reducer import decode_varint, replay_bundle, request_body, state_to_json
+from trace_reducer import (
+    decode_varint,
+    expand_request_items,
+    replay_bundle,
+    request_body,
+    state_to_json,
+)
 
 from .bundles import COMPLETED, BundleBuilder, one_turn_bundle
 
@@ -186,6 +193,11 @@ def test_usage_errors_exit_2_without_traceback(tmp_path: Path) -> None:
     result = run("serve", "--bundle-root", tmp_path / "nope")
     assert result.returncode == 2
     assert_one_clean_line(result.stderr)
+    for limit in ("0", "-5", "lots"):
+        result = run("serve", "--bundle-root", tmp_path, "--max-upload-bytes", limit)
+        assert result.returncode == 2, limit
+        assert "Traceback" not in result.stderr
+        assert "--max-upload-bytes" in result.stderr, limit
 
 
 def test_unwritable_output_exits_1(tmp_path: Path) -> None:
@@ -255,6 +267,33 @@ def test_serve_answers_and_stops_on_sigterm(tmp_path: Path) -> None:
             process.wait()
 
 
+def test_serve_caps_uploads_as_configured(tmp_path: Path) -> None:
+    data = (one_turn_bundle(tmp_path) / "trace.binpb").read_bytes()
+    limit = ["--max-upload-bytes", str(len(data) - 1)]
+    process = subprocess.Popen(
+        [*COMMAND, "serve", "--listen", "127.0.0.1:0", "--bundle-root", str(tmp_path), *limit],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        address = process.stdout.readline().split()[-1]
+        with grpc.insecure_channel(address) as channel:
+            stub = reducer_pb2_grpc.ReducerServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as caught:
+                stub.ReduceRecords(iter([reducer_pb2.ReduceRecordsRequest(chunk=data)]))
+            assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            answer = stub.ReduceRecords(iter([reducer_pb2.ReduceRecordsRequest(chunk=data[:-1])]))
+            assert answer.trace.integrity.status == state_pb2.INTEGRITY_STATUS_TRUNCATED
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=20) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
 def test_serve_requires_the_token_when_configured(tmp_path: Path) -> None:
     bundle = one_turn_bundle(tmp_path)
     process = subprocess.Popen(
@@ -294,3 +333,17 @@ def test_serve_requires_the_token_when_configured(tmp_path: Path) -> None:
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_reduce_compact_writes_the_compact_form(tmp_path: Path) -> None:
+    bundle = write_conversation(tmp_path, Shape(turns=5, deltas_per_turn=2))
+    result = run("reduce", bundle, "--compact", "--stdout")
+    assert result.returncode == 0, result.stderr
+    compact = json_format.Parse(result.stdout, state_pb2.RolloutTrace())
+    assert compact == replay_bundle(bundle, compact=True)
+    assert compact.inference_calls["call-2"].request_prefix_call_id == "call-1"
+    expand_request_items(compact)
+    assert compact == replay_bundle(bundle)
+    result = run("reduce", bundle, "--compact")
+    assert result.returncode == 0, result.stderr
+    assert (bundle / "state.json").read_text() == state_to_json(replay_bundle(bundle, compact=True))

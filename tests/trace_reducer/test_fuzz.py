@@ -1,12 +1,15 @@
-"""Mutated bundles never crash the reader or the reducer, and are never taken for CLEAN.
+"""Mutated and crafted bundles never crash the reader or the reducer, nor are taken for CLEAN.
 
-`make test` runs a fast slice; `make fuzz` sets FUZZ_ITERATIONS for the long run.
+Mutations damage a real bundle's bytes; crafted bundles have every frame intact (right CRC and
+seq) around hostile content. `make test` runs a fast slice; `make fuzz` sets FUZZ_ITERATIONS,
+FUZZ_HOSTILE_ITERATIONS and FUZZ_CLI_SAMPLES for the long run.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -15,8 +18,16 @@ from pathlib import Path
 import pytest
 
 from bench.synthetic import Shape, write_conversation
-from rollout.trace.v1 import state_pb2
-from trace_reducer import FrameDecoder, Reducer, ReductionError, decode_varint
+from rollout.trace.v1 import common_pb2, record_pb2, state_pb2
+from trace_reducer import (
+    FrameDecoder,
+    RecordOutOfRangeError,
+    Reducer,
+    ReductionError,
+    decode_varint,
+    encode_record,
+    state_to_json,
+)
 
 ITERATIONS = int(os.environ.get("FUZZ_ITERATIONS", "4000"))
 CLI_SAMPLES = int(os.environ.get("FUZZ_CLI_SAMPLES", "12"))
@@ -91,14 +102,19 @@ MUTATIONS: list[Mutation] = [
 ]
 
 
-def _reduce_bytes(data: bytes, rng: random.Random) -> state_pb2.RolloutTrace:
-    decoder = FrameDecoder()
+def _reduce_bytes(data: bytes, rng: random.Random, *, bulk: bool = True) -> state_pb2.RolloutTrace:
+    """The state of data fed in random chunks: as replay reads it (delta runs in bulk), or
+    frame by frame and one record at a time (the reference)."""
+    decoder = FrameDecoder(bulk=bulk)
     reducer = Reducer()
     pos = 0
     while pos < len(data):
         step = rng.randint(1, 4096)
-        for record in decoder.feed(data[pos : pos + step]):
-            reducer.apply(record)
+        if bulk:
+            reducer.apply_many(decoder.feed_batch(data[pos : pos + step]))
+        else:
+            for record in decoder.feed(data[pos : pos + step]):
+                reducer.apply(record)
         pos += step
     reducer.set_integrity(decoder.finish())
     return reducer.state()
@@ -107,7 +123,8 @@ def _reduce_bytes(data: bytes, rng: random.Random) -> state_pb2.RolloutTrace:
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory: pytest.TempPathFactory) -> bytes:
     root = tmp_path_factory.mktemp("fuzz")
-    bundle = write_conversation(root, Shape(turns=3, deltas_per_turn=6))
+    # Replies long enough that their deltas are read as runs (trace_reducer._bulk).
+    bundle = write_conversation(root, Shape(turns=3, deltas_per_turn=30))
     return (bundle / "trace.binpb").read_bytes()
 
 
@@ -127,11 +144,17 @@ def test_mutations_never_crash_and_are_never_clean(pristine: bytes) -> None:
         if data == pristine:
             continue
         try:
-            state = _reduce_bytes(data, rng)
-        except ReductionError:
+            state = _reduce_bytes(data, rng, bulk=False)
+        except ReductionError as error:
             # A contradiction is reported, by design, as a clear failure naming the seq.
             outcomes["contradiction"] = outcomes.get("contradiction", 0) + 1
+            message = str(error)
+            with pytest.raises(ReductionError, match=re.escape(message)):
+                _reduce_bytes(data, rng)
             continue
+        # However the bytes arrive, and whether runs of deltas are read in bulk or not, the
+        # answer is the same.
+        assert _reduce_bytes(data, rng) == state, (mutation.__name__, iteration)
         status = state_pb2.IntegrityStatus.Name(state.integrity.status)
         assert status != "INTEGRITY_STATUS_CLEAN", (mutation.__name__, iteration)
         assert not state.recording_complete
@@ -163,3 +186,208 @@ def test_cli_never_prints_a_traceback(pristine: bytes, tmp_path: Path) -> None:
             )
             assert "Traceback" not in done.stderr + done.stdout, (mutation.__name__, args)
             assert done.returncode in {0, 1, 2}, (mutation.__name__, args, done.stderr)
+
+
+# -- crafted bundles: every frame intact (right CRC, right seq), the content hostile -------------
+
+HOSTILE_ITERATIONS = int(os.environ.get("FUZZ_HOSTILE_ITERATIONS", "300"))
+
+_STRINGS = [
+    "",
+    "x",
+    "thread-1",
+    "\ufffd",
+    "\U0001f600",
+    "a" * 300,
+    "\u202e",
+    "null",
+    "\x00",
+]
+_JSON_TEXTS = [
+    b'"\\udc00"',
+    b'"\\ud800\\udc00"',
+    b'"\\uDBFF"',
+    b"\xed\xb0\x80",
+    b"\xff\xfe",
+    b"[" * 3000 + b"]" * 3000,
+    b"{" * 3000,
+    b'{"a":' * 250 + b"1" + b"}" * 250,
+    b"1e999999",
+    b"-0",
+    b'"' + b"x" * 5000 + b'"',
+    b"[]",
+    b"null",
+]
+
+
+def _hostile_string(rng: random.Random) -> str:
+    return rng.choice(_STRINGS) if rng.random() < 0.8 else rng.randbytes(8).hex()
+
+
+def _hostile_payload(rng: random.Random) -> bytes:
+    shape = rng.randrange(4)
+    text = rng.choice(_JSON_TEXTS)
+    if shape == 0:
+        return text
+    if shape == 1:
+        return b'{"type":"message","role":"user","content":' + text + b"}"
+    if shape == 2:
+        return (
+            b'{"type":"message","role":"assistant","id":' + text + b',"content":[{"type":'
+            b'"output_text","text":' + text + b"}]}"
+        )
+    return rng.randbytes(rng.randrange(64))
+
+
+def _status(rng: random.Random) -> common_pb2.ExecutionStatus.ValueType:
+    return common_pb2.ExecutionStatus.ValueType(rng.randrange(7))
+
+
+def _small(rng: random.Random) -> int:
+    return rng.choice([0, 1, 1, 1, 2, 3, 2**31 - 1, 2**32 - 1])
+
+
+def _hostile_record(rng: random.Random, pids: list[str]) -> record_pb2.TraceRecord:
+    """One record a careless or hostile writer could produce; ids and ordinals may be wild."""
+    kind = rng.randrange(12)
+    record = record_pb2.TraceRecord(time_us=rng.choice([0, 1, 10**6, 2**40, 2**63, 2**64 - 1]))
+    pid = rng.choice(pids) if pids and rng.random() < 0.8 else _hostile_string(rng)
+    if kind == 0:
+        count = rng.choice([0, 1, 2, 3, 2**28, 2**32 - 1])
+        record.payload.CopyFrom(
+            record_pb2.Payload(
+                payload_id=_hostile_string(rng) if rng.random() < 0.2 else rng.randbytes(4).hex(),
+                kind=record_pb2.PayloadKind.ValueType(rng.randrange(6)),
+                data=_hostile_payload(rng),
+                chunk_index=rng.choice([0, 1, 2, 2**32 - 1]),
+                chunk_count=count,
+            )
+        )
+    elif kind == 1:
+        record.thread_started.CopyFrom(
+            record_pb2.ThreadStarted(
+                thread=_small(rng), thread_id=_hostile_string(rng), model=_hostile_string(rng)
+            )
+        )
+    elif kind == 2:
+        record.turn_started.CopyFrom(
+            record_pb2.TurnStarted(
+                turn=_small(rng),
+                thread=_small(rng),
+                turn_id=_hostile_string(rng),
+                input_payload_ids=[pid] * rng.randrange(3),
+            )
+        )
+    elif kind == 3:
+        record.inference_started.CopyFrom(
+            record_pb2.InferenceStarted(
+                call=_small(rng),
+                turn=_small(rng),
+                inference_call_id=_hostile_string(rng),
+                request_envelope_payload_id=pid,
+                input_payload_ids=[pid] * rng.randrange(3),
+                input_prefix_count=_small(rng),
+            )
+        )
+    elif kind == 4:
+        record.output_item_added.CopyFrom(
+            record_pb2.OutputItemAdded(
+                call=_small(rng), item=_small(rng), provider_item_id=_hostile_string(rng)
+            )
+        )
+    elif kind == 5:
+        record.output_text_delta.CopyFrom(
+            record_pb2.OutputTextDelta(
+                call=_small(rng), item=rng.choice([0, 0, 1, 2]), delta=_hostile_string(rng)
+            )
+        )
+    elif kind == 6:
+        record.output_item_done.CopyFrom(
+            record_pb2.OutputItemDone(
+                call=_small(rng),
+                item=rng.choice([0, 1, 2]),
+                item_id=_hostile_string(rng),
+                item_payload_id=pid if rng.random() < 0.8 else "",
+            )
+        )
+    elif kind == 7:
+        record.inference_ended.CopyFrom(
+            record_pb2.InferenceEnded(call=_small(rng), status=_status(rng))
+        )
+    elif kind == 8:
+        record.turn_ended.CopyFrom(record_pb2.TurnEnded(turn=_small(rng), status=_status(rng)))
+    elif kind == 9:
+        record.thread_ended.CopyFrom(
+            record_pb2.ThreadEnded(thread=_small(rng), status=_status(rng))
+        )
+    elif kind == 10:
+        record.interrupt_requested.CopyFrom(
+            record_pb2.InterruptRequested(turn=_small(rng), requested_by=_hostile_string(rng))
+        )
+    else:
+        record.response_created.CopyFrom(
+            record_pb2.ResponseCreated(call=_small(rng), response_id=_hostile_string(rng))
+        )
+    return record
+
+
+def hostile_bundle(rng: random.Random) -> bytes:
+    """Frames with a right CRC and seq, from a header whose clock may be anywhere."""
+    header = record_pb2.Header(format_version=rng.choice([1, 2, 2**32 - 1]), trace_id="t")
+    header.created_at.seconds = rng.choice([0, 1_700_000_000, -62_135_596_800, 10**12, -(10**12)])
+    header.created_at.nanos = rng.choice([0, 999_999_999, -1, 2**31 - 1])
+    records = [record_pb2.TraceRecord(header=header)]
+    pids: list[str] = []
+    for _ in range(rng.randrange(1, 40)):
+        record = _hostile_record(rng, pids)
+        if record.HasField("payload"):
+            pids.append(record.payload.payload_id)
+        records.append(record)
+    if rng.random() < 0.5:
+        records.append(record_pb2.TraceRecord(footer=record_pb2.Footer()))
+    frames = []
+    for seq, record in enumerate(records, start=1):
+        record.seq = seq
+        if record.HasField("footer"):
+            record.footer.record_count = seq
+        frames.append(encode_record(record))
+    return b"".join(frames)
+
+
+def test_crafted_bundles_reduce_or_fail_cleanly() -> None:
+    rng = random.Random(9)
+    outcomes: dict[str, int] = {}
+    for _ in range(HOSTILE_ITERATIONS):
+        data = hostile_bundle(rng)
+        try:
+            state = _reduce_bytes(data, rng)
+            # What reduces can be written: JSON, every string valid UTF-8.
+            state_to_json(state).encode("utf-8")
+            assert _reduce_bytes(data, rng) == state
+            outcome = state_pb2.IntegrityStatus.Name(state.integrity.status)
+        except RecordOutOfRangeError:
+            outcome = "out of range"
+        except ReductionError:
+            outcome = "contradiction"
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    assert {"out of range", "contradiction"} <= set(outcomes), outcomes
+    assert sum(count for name, count in outcomes.items() if name.startswith("INTEGRITY")), outcomes
+
+
+def test_cli_never_prints_a_traceback_for_crafted_bundles(tmp_path: Path) -> None:
+    rng = random.Random(11)
+    for sample in range(CLI_SAMPLES):
+        bundle = tmp_path / f"crafted-{sample}"
+        bundle.mkdir()
+        (bundle / "trace.binpb").write_bytes(hostile_bundle(rng))
+        for args in (["reduce", str(bundle)], ["dump", str(bundle)], ["request", str(bundle), "x"]):
+            done = subprocess.run(
+                [sys.executable, "-m", "trace_reducer.cli", *args],
+                capture_output=True,
+                text=True,
+                check=False,
+                timeout=60,
+            )
+            assert "Traceback" not in done.stderr + done.stdout, args
+            assert "internal error" not in done.stderr, (args, done.stderr)
+            assert done.returncode in {0, 1, 2}, (args, done.stderr)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.synthetic import Shape, write_conversation
 from rollout.trace.v1 import common_pb2, record_pb2, state_pb2
 from trace_reducer import (
     BundleNotFoundError,
@@ -14,6 +15,7 @@ from trace_reducer import (
     Reducer,
     ReductionError,
     RequestNotFoundError,
+    expand_request_items,
     read_bundle,
     replay_bundle,
     request_body,
@@ -567,3 +569,89 @@ def test_every_bit_flip_is_never_clean(tmp_path: Path) -> None:
             flipped[index] ^= 1 << bit
             damaged.write_bytes(flipped)
             assert replay_bundle(damaged).integrity.status != CLEAN
+
+
+def test_compact_form_holds_each_request_as_a_prefix_and_expands_back(tmp_path: Path) -> None:
+    bundle = BundleBuilder(tmp_path)
+    question = user_item("hello")
+    turn1 = bundle.turn("turn-1", [question])
+    call1 = bundle.call(turn1, "call-1", [question])
+    answer = assistant_output("hi there", "msg-1")
+    bundle.done(call1, bundle.added(call1, "msg-1"), answer)
+    bundle.call_ended(call1, COMPLETED)
+    bundle.turn_ended(turn1, COMPLETED)
+    follow_up = user_item("and then?")
+    turn2 = bundle.turn("turn-2", [follow_up])
+    bundle.call(turn2, "call-2", [as_input(answer), follow_up], prefix=1)
+    # A retry that departs from the previous request after its first item.
+    bundle.call(turn2, "call-3", [user_item("instead")], prefix=1, attempt=2)
+    bundle.call(turn2, "call-4", [], prefix=2, attempt=3)
+    path = bundle.close()
+
+    complete = replay_bundle(path)
+    compact = replay_bundle(path, compact=True)
+    c1, c2, c3, c4 = (compact.inference_calls[f"call-{n}"] for n in (1, 2, 3, 4))
+    assert (c1.request_prefix_call_id, c1.request_prefix_count) == ("", 0)
+    assert (c2.request_prefix_call_id, c2.request_prefix_count) == ("call-1", 1)
+    assert (c3.request_prefix_call_id, c3.request_prefix_count) == ("call-2", 1)
+    assert (c4.request_prefix_call_id, c4.request_prefix_count) == ("call-3", 2)
+    assert len(c2.request_item_ids) == len(c2.input_payload_ids) == 2
+    assert list(c4.request_item_ids) == []
+    whole = complete.inference_calls
+    assert list(whole["call-3"].request_item_ids) == [
+        whole["call-1"].request_item_ids[0],
+        *c3.request_item_ids,
+    ]
+    assert list(whole["call-4"].request_item_ids) == list(whole["call-3"].request_item_ids)
+    assert not any(call.request_prefix_call_id for call in whole.values())
+
+    expand_request_items(compact)
+    assert compact == complete
+    expand_request_items(compact)  # a complete state stays as it is
+    assert compact == complete
+
+
+def test_compact_state_grows_with_the_conversation_not_its_square(tmp_path: Path) -> None:
+    def sizes(turns: int) -> tuple[int, int]:
+        bundle = write_conversation(tmp_path / str(turns), Shape(turns=turns, deltas_per_turn=2))
+        compact = replay_bundle(bundle, compact=True)
+        complete = replay_bundle(bundle)
+        count = sum(len(c.request_item_ids) for c in compact.inference_calls.values())
+        whole = sum(len(c.request_item_ids) for c in complete.inference_calls.values())
+        return count, whole
+
+    assert sizes(40) == (2 * 40 - 1, 40 * 40)
+    assert sizes(80) == (2 * 80 - 1, 80 * 80)
+
+
+def test_expanding_interleaved_threads_and_states_written_by_hand() -> None:
+    # Two threads' calls interleaved: a prefix is then not the call just before.
+    trace = state_pb2.RolloutTrace()
+
+    def call(call_id: str, seq: int, items: list[str], prefix: str = "", count: int = 0) -> None:
+        target = trace.inference_calls[call_id]
+        target.inference_call_id = call_id
+        target.execution.started_seq = seq
+        target.request_item_ids.extend(items)
+        target.input_payload_ids.extend(f"p-{item}" for item in items)
+        target.request_prefix_call_id = prefix
+        target.request_prefix_count = count
+
+    call("a1", 1, ["x", "y"])
+    call("b1", 2, ["u"])
+    call("a2", 3, ["z"], "a1", 2)
+    call("b2", 4, ["v"], "b1", 1)
+    call("a3", 5, ["w"], "a2", 1)  # departs after the first item
+    call("b3", 6, [], "b2", 2)
+    expand_request_items(trace)
+    whole = {name: list(c.request_item_ids) for name, c in trace.inference_calls.items()}
+    assert whole == {
+        "a1": ["x", "y"],
+        "b1": ["u"],
+        "a2": ["x", "y", "z"],
+        "b2": ["u", "v"],
+        "a3": ["x", "w"],
+        "b3": ["u", "v"],
+    }
+    assert list(trace.inference_calls["a3"].input_payload_ids) == ["p-x", "p-w"]
+    assert not any(c.request_prefix_call_id for c in trace.inference_calls.values())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
@@ -17,10 +19,12 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from grpc_common import ERROR_DOMAIN, GrpcServer
 from rollout.reducer.v1 import reducer_pb2, reducer_pb2_grpc
 from rollout.trace.v1 import record_pb2, state_pb2
-from trace_reducer import replay_bundle, service
+from trace_reducer import Reducer, replay_bundle, service
 from trace_reducer.service import SERVICE_NAME, ReducerService, add_to_server
 
 from .bundles import BundleBuilder, one_turn_bundle
+from .process import read_bytes_of_process
+from .test_hostile import crafted_bundles
 
 if TYPE_CHECKING:
     from rollout.reducer.v1.reducer_pb2_grpc import ReducerServiceAsyncStub
@@ -109,6 +113,46 @@ async def test_paths_outside_the_root_are_refused(served: Served, tmp_path: Path
         assert str(tmp_path) not in message.replace(bundle, "")
 
 
+async def test_write_state_lands_in_the_directory_opened_even_if_swapped_for_a_symlink(
+    served: Served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bundle = one_turn_bundle(served.root)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    moved = served.root / "moved"
+    state = Reducer.state
+
+    def state_then_swap(reducer: Reducer, *, compact: bool = False) -> state_pb2.RolloutTrace:
+        # Between reading the bundle and writing state.json, its directory becomes a symlink
+        # to a directory outside the root.
+        trace = state(reducer, compact=compact)
+        bundle.rename(moved)
+        bundle.symlink_to(outside)
+        return trace
+
+    monkeypatch.setattr(Reducer, "state", state_then_swap)
+    response = await served.stub.ReduceBundle(reduce_request(bundle.name, write_state=True))
+    assert list(outside.iterdir()) == []
+    assert (moved / "state.json").is_file()
+    assert response.state_path == str(served.root.resolve() / bundle.name / "state.json")
+
+
+async def test_symlinks_and_special_files_under_the_root_are_not_followed(served: Served) -> None:
+    bundle = one_turn_bundle(served.root)
+    (served.root / "alias").symlink_to(bundle.name)
+    fifo_dir = served.root / "fifo"
+    fifo_dir.mkdir()
+    os.mkfifo(fifo_dir / "trace.binpb")
+    code, info, message = await refused(served.stub.ReduceBundle(reduce_request("alias")))
+    assert (code, info.reason) == (grpc.StatusCode.PERMISSION_DENIED, "PATH_OUTSIDE_ROOT")
+    assert "symbolic link" in message
+    # Opening a FIFO for reading would wait for a writer: it must be refused at once.
+    code, info, _ = await refused(served.stub.ReduceBundle(reduce_request("fifo"), timeout=30))
+    assert (code, info.reason) == (grpc.StatusCode.INVALID_ARGUMENT, "NOT_A_BUNDLE")
+    # The root itself may be reached through a symlink; below it, nothing is followed.
+    assert (await served.stub.ReduceBundle(reduce_request(str(bundle)))).trace.trace_id
+
+
 @pytest.mark.parametrize(
     ("bundle", "code", "reason"),
     [
@@ -185,7 +229,7 @@ async def test_unexpected_errors_are_internal_without_details(
     def explode(path: object) -> state_pb2.RolloutTrace:
         raise RuntimeError("secret internals")
 
-    monkeypatch.setattr(service, "replay_bundle", explode)
+    monkeypatch.setattr(service, "replay_reader", explode)
     bundle = one_turn_bundle(served.root)
     code, info, message = await refused(served.stub.ReduceBundle(reduce_request(bundle.name)))
     assert (code, info.reason) == (grpc.StatusCode.INTERNAL, "INTERNAL")
@@ -273,3 +317,76 @@ async def test_health_and_reflection(served: Served) -> None:
     async for reply in reflection.ServerReflectionInfo(ask()):
         names.extend(s.name for s in reply.list_services_response.service)
     assert SERVICE_NAME in names
+
+
+async def test_a_2_gib_non_bundle_is_refused_without_reading_it(served: Served) -> None:
+    zeros = served.root / "zeros"
+    zeros.mkdir()
+    with (zeros / "trace.binpb").open("wb") as sparse:
+        sparse.truncate(2 * 1024 * 1024 * 1024)
+    before = read_bytes_of_process()
+    code, info, _ = await refused(served.stub.ReduceBundle(reduce_request("zeros")))
+    assert (code, info.reason) == (grpc.StatusCode.INVALID_ARGUMENT, "NOT_A_BUNDLE")
+    assert read_bytes_of_process() - before < 8 * 1024 * 1024
+
+
+async def test_an_upload_is_answered_at_its_first_bad_frame(served: Served) -> None:
+    data = corrupt(one_turn_bundle(served.root))
+    sent_everything = asyncio.Event()
+
+    def stream(salvage: bool) -> AsyncIterator[reducer_pb2.ReduceRecordsRequest]:
+        async def requests() -> AsyncIterator[reducer_pb2.ReduceRecordsRequest]:
+            yield reducer_pb2.ReduceRecordsRequest(chunk=data, salvage=salvage)
+            # The client keeps the stream open: nothing after the damage may be waited for.
+            await sent_everything.wait()
+
+        return requests()
+
+    call = served.stub.ReduceRecords(stream(salvage=False), timeout=30)
+    code, info, _ = await refused(call)
+    assert (code, info.reason) == (grpc.StatusCode.DATA_LOSS, "BUNDLE_CORRUPT")
+    answer = await served.stub.ReduceRecords(stream(salvage=True), timeout=30)
+    assert answer.trace.integrity.status == state_pb2.INTEGRITY_STATUS_CORRUPT
+    assert answer.trace.trace_id
+
+
+async def test_an_upload_over_the_limit_is_resource_exhausted(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    small = (one_turn_bundle(root / "small", text="x") / "trace.binpb").read_bytes()
+    large = (one_turn_bundle(root / "large", text="word " * 100) / "trace.binpb").read_bytes()
+    limit = len(small)
+    limited = ReducerService(root, max_upload_bytes=limit)
+    server = await GrpcServer.start(
+        "127.0.0.1:0", lambda s: add_to_server(limited, s), [SERVICE_NAME]
+    )
+    try:
+        async with grpc.aio.insecure_channel(server.address) as channel:
+            stub = reducer_pb2_grpc.ReducerServiceStub(channel)
+            code, info, message = await refused(upload(stub, chunks(large, 300)))
+            assert (code, info.reason) == (grpc.StatusCode.RESOURCE_EXHAUSTED, "UPLOAD_TOO_LARGE")
+            assert info.metadata["limit_bytes"] == str(limit)
+            assert f"{limit}-byte limit" in message
+            answer = await upload(stub, chunks(small, 300))
+            assert answer.trace.recording_complete
+    finally:
+        await server.stop(None)
+
+
+async def test_crafted_bundles_are_handled_never_internal(
+    served: Served, caplog: pytest.LogCaptureFixture
+) -> None:
+    bundles = crafted_bundles(served.root)
+    with caplog.at_level(logging.WARNING):
+        for name in ("deep", "surrogate"):
+            request = reduce_request(str(bundles[name]), write_state=True)
+            answer = await served.stub.ReduceBundle(request)
+            assert answer.trace.recording_complete, name
+            assert answer.state_path == str(bundles[name] / "state.json")
+        request = reduce_request(str(bundles["year-33658"]), write_state=True)
+        code, info, message = await refused(served.stub.ReduceBundle(request))
+        assert (code, info.reason) == (grpc.StatusCode.FAILED_PRECONDITION, "RECORD_OUT_OF_RANGE")
+        assert message.startswith("seq 1: ")
+        data = (bundles["year-33658"] / "trace.binpb").read_bytes()
+        code, info, _ = await refused(upload(served.stub, chunks(data, 10)))
+        assert info.reason == "RECORD_OUT_OF_RANGE"
+    assert caplog.records == []

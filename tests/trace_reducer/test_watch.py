@@ -299,11 +299,14 @@ def _bad_bundles(root: Path) -> dict[str, Path]:
     corrupt.write_bytes(bytes(data))
     contradicting = BundleBuilder(root / "contradicting")
     contradicting.append(turn_started=record_pb2.TurnStarted(turn=1, thread=5, turn_id="x"))
+    # A symlink to a good bundle inside the root: never followed, by either RPC.
+    (root / "alias").symlink_to(source)
     return {
         "garbage-dir": garbage_dir,
         "garbage-file": garbage_file.parent,
         "corrupt": corrupt.parent,
         "contradicting": contradicting.close(),
+        "alias": root / "alias",
     }
 
 
@@ -319,6 +322,7 @@ def _bad_bundles(root: Path) -> dict[str, Path]:
         ("garbage-file", grpc.StatusCode.INVALID_ARGUMENT, "NOT_A_BUNDLE"),
         ("corrupt", grpc.StatusCode.DATA_LOSS, "BUNDLE_CORRUPT"),
         ("contradicting", grpc.StatusCode.FAILED_PRECONDITION, "RECORDS_CONTRADICT"),
+        ("alias", grpc.StatusCode.PERMISSION_DENIED, "PATH_OUTSIDE_ROOT"),
     ],
 )
 async def test_watch_bundle_codes_match_reduce_bundle(

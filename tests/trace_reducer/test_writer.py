@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import os
 import re
+import resource
+import signal
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -141,4 +145,64 @@ def test_a_removed_file_fails_the_writer_at_the_next_sync(tmp_path: Path) -> Non
         writer.sync()
     assert writer.failed
     writer.close()
+    assert writer.closed
+
+
+_KILL_AT_HEADER = """
+import os, signal, sys
+from trace_reducer import BundleWriter, _writer
+
+real_write = os.write
+
+def write_or_die(fd, data):
+    # The header is the first record: die as a kill -9 would, before it is written.
+    os.kill(os.getpid(), signal.SIGKILL)
+
+_writer.os.write = write_or_die
+BundleWriter.create(sys.argv[1], "thread-killed")
+"""
+
+
+def test_a_writer_killed_before_its_header_leaves_no_bundle(tmp_path: Path) -> None:
+    root = tmp_path / "traces"
+    root.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-c", _KILL_AT_HEADER, str(root)], capture_output=True, check=False
+    )
+    assert done.returncode == -signal.SIGKILL
+    # What is left is hidden and named for what it is; nothing looks like a bundle.
+    left = list(root.iterdir())
+    assert [entry.name for entry in left if not entry.name.startswith(".")] == []
+    assert all("thread-killed" in entry.name for entry in left)
+
+
+def test_a_failed_create_leaves_nothing_behind(tmp_path: Path) -> None:
+    root = tmp_path / "traces"
+    root.mkdir()
+    # The header cannot be written: files may not grow past 8 bytes (EFBIG).
+    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (8, limits[1]))
+    try:
+        with pytest.raises(RecordingError):
+            BundleWriter.create(root, "thread-1")
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+    assert list(root.iterdir()) == []
+
+
+def test_a_bundle_appears_with_its_header(tmp_path: Path) -> None:
+    writer = BundleWriter.create(tmp_path, "thread-1")
+    [entry] = tmp_path.iterdir()
+    assert entry == writer.bundle_dir
+    with read_bundle(entry) as reader:
+        [header] = list(reader)
+    assert header.HasField("header")
+    writer.close()
+
+
+def test_discard_removes_the_bundle(tmp_path: Path) -> None:
+    writer = BundleWriter.create(tmp_path, "thread-1")
+    writer.append(record_pb2.TraceRecord(provider_event=record_pb2.ProviderEvent(call=1)))
+    writer.discard()
+    assert list(tmp_path.iterdir()) == []
     assert writer.closed

@@ -798,6 +798,8 @@ class InferenceCall(_message.Message):
     REQUEST_ENVELOPE_PAYLOAD_ID_FIELD_NUMBER: _builtins.int
     INPUT_PAYLOAD_IDS_FIELD_NUMBER: _builtins.int
     OUTPUT_PAYLOAD_IDS_FIELD_NUMBER: _builtins.int
+    REQUEST_PREFIX_CALL_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_PREFIX_COUNT_FIELD_NUMBER: _builtins.int
     OUTPUT_TOKENS_FIELD_NUMBER: _builtins.int
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _builtins.int
     SAMPLING_FIELD_NUMBER: _builtins.int
@@ -812,6 +814,16 @@ class InferenceCall(_message.Message):
     response_id: _builtins.str
     end_reason: _builtins.str
     request_envelope_payload_id: _builtins.str
+    request_prefix_call_id: _builtins.str
+    """The compact form of a state (`trace-reducer reduce --compact`) holds each request as "the
+    first request_prefix_count items of the request of request_prefix_call_id (the thread's
+    previous inference call), then these": request_item_ids and input_payload_ids list only what
+    follows that prefix. A conversation re-sends its history with every request, so the complete
+    form grows with the square of its length and the compact form linearly.
+    In the complete form (the default) both are empty and the two lists are whole;
+    trace_reducer.expand_request_items turns a compact state into the complete one.
+    """
+    request_prefix_count: _builtins.int
     policy_version: _builtins.str
     stop_reason: _common_pb2.StopReason.ValueType
     @_builtins.property
@@ -866,6 +878,8 @@ class InferenceCall(_message.Message):
         request_envelope_payload_id: _builtins.str = ...,
         input_payload_ids: _abc.Iterable[_builtins.str] | None = ...,
         output_payload_ids: _abc.Iterable[_builtins.str] | None = ...,
+        request_prefix_call_id: _builtins.str = ...,
+        request_prefix_count: _builtins.int = ...,
         output_tokens: Global___OutputTokens | None = ...,
         prompt_token_ids: _abc.Iterable[_builtins.int] | None = ...,
         sampling: _common_pb2.SamplingSettings | None = ...,
@@ -874,7 +888,7 @@ class InferenceCall(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "execution", b"execution", "output_tokens", b"output_tokens", "sampling", b"sampling", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "discarded_outputs", b"discarded_outputs", "end_reason", b"end_reason", "error", b"error", "execution", b"execution", "inference_call_id", b"inference_call_id", "input_payload_ids", b"input_payload_ids", "model", b"model", "output_payload_ids", b"output_payload_ids", "output_tokens", b"output_tokens", "policy_version", b"policy_version", "prompt_token_ids", b"prompt_token_ids", "provider_base_url", b"provider_base_url", "request_envelope_payload_id", b"request_envelope_payload_id", "request_item_ids", b"request_item_ids", "response_id", b"response_id", "response_item_ids", b"response_item_ids", "sampling", b"sampling", "stop_reason", b"stop_reason", "thread_id", b"thread_id", "turn_id", b"turn_id", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "discarded_outputs", b"discarded_outputs", "end_reason", b"end_reason", "error", b"error", "execution", b"execution", "inference_call_id", b"inference_call_id", "input_payload_ids", b"input_payload_ids", "model", b"model", "output_payload_ids", b"output_payload_ids", "output_tokens", b"output_tokens", "policy_version", b"policy_version", "prompt_token_ids", b"prompt_token_ids", "provider_base_url", b"provider_base_url", "request_envelope_payload_id", b"request_envelope_payload_id", "request_item_ids", b"request_item_ids", "request_prefix_call_id", b"request_prefix_call_id", "request_prefix_count", b"request_prefix_count", "response_id", b"response_id", "response_item_ids", b"response_item_ids", "sampling", b"sampling", "stop_reason", b"stop_reason", "thread_id", b"thread_id", "turn_id", b"turn_id", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,183 @@
+"""Bundles under a root, opened through directory descriptors that never follow a symlink.
+
+A path is checked and then used: between the two, a directory can be swapped for a symlink.
+So a bundle is opened once, one component at a time relative to its parent's descriptor
+(O_NOFOLLOW), and everything after that — reading trace.binpb, writing state.json — goes
+through the bundle directory's descriptor, wherever its name points by then.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from types import TracebackType
+from typing import BinaryIO
+
+from ._errors import BundleError, BundleNotFoundError, NotABundleError
+from ._layout import TRACE_FILE_NAME
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# O_NONBLOCK: opening a FIFO planted under the root must not hang the open.
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+# Linux's PATH_MAX: no longer path names a file, so it is refused before touching the disk.
+MAX_PATH_BYTES = 4096
+
+
+class BundlePathError(BundleError):
+    """The bundle path is malformed: empty, with a NUL byte, or too long."""
+
+
+class OutsideRootError(BundleError):
+    """The bundle path leads outside the root, or through a symbolic link."""
+
+
+class ConfinedBundle:
+    """An open bundle: its directory's descriptor and its trace.binpb, both read through them."""
+
+    def __init__(self, dir_fd: int, trace: BinaryIO, display_dir: str) -> None:
+        self.dir_fd = dir_fd
+        self.trace = trace
+        self.display_dir = display_dir
+
+    def close(self) -> None:
+        try:
+            self.trace.close()
+        finally:
+            self.release_directory()
+
+    def release_directory(self) -> None:
+        """Close the directory's descriptor (the trace file stays open)."""
+        if self.dir_fd >= 0:
+            os.close(self.dir_fd)
+            self.dir_fd = -1
+
+    def __enter__(self) -> ConfinedBundle:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class BundleRoot:
+    """The directory a service may read bundles under, and nothing else."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.path = os.path.realpath(root)
+        # The root as given too: a client may name a bundle by an absolute path through it.
+        self._given = os.path.abspath(root)
+
+    def open(self, bundle: str) -> ConfinedBundle:
+        """Open `bundle` (a directory, or its trace.binpb) under the root.
+
+        Raises BundlePathError, OutsideRootError, BundleNotFoundError or NotABundleError.
+        """
+        parts = self._components(bundle)
+        fd = os.open(self.path, _DIR_FLAGS)
+        try:
+            for part in parts[:-1]:
+                fd = self._step(fd, part, bundle)
+            return self._open_last(fd, parts[-1] if parts else "", bundle)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def _components(self, bundle: str) -> list[str]:
+        problem = ""
+        if not bundle:
+            problem = "is empty"
+        elif "\0" in bundle:
+            problem = "contains a NUL byte"
+        elif len(bundle.encode()) > MAX_PATH_BYTES:
+            problem = f"is longer than {MAX_PATH_BYTES} bytes"
+        if problem:
+            raise BundlePathError(f"bundle path {problem}")
+        relative = bundle
+        if os.path.isabs(bundle):
+            for root in (self.path, self._given):
+                if os.path.commonpath([root, os.path.normpath(bundle)]) == root:
+                    relative = os.path.relpath(os.path.normpath(bundle), root)
+                    break
+            else:
+                raise self._outside(bundle)
+        # No symlink is followed, so `..` means what it says and can be resolved by name.
+        normal = os.path.normpath(relative)
+        if normal == os.pardir or normal.startswith(os.pardir + os.sep):
+            raise self._outside(bundle)
+        return [] if normal == os.curdir else normal.split(os.sep)
+
+    @staticmethod
+    def _outside(bundle: str) -> OutsideRootError:
+        return OutsideRootError(f"bundle path {bundle!r} is outside the bundle root")
+
+    def _step(self, parent: int, name: str, bundle: str) -> int:
+        try:
+            child = os.open(name, _DIR_FLAGS, dir_fd=parent)
+        except OSError as error:
+            raise self._explain(error, bundle) from error
+        os.close(parent)
+        return child
+
+    def _open_last(self, parent: int, name: str, bundle: str) -> ConfinedBundle:
+        """`name` in parent is the bundle directory, or its trace file ("" = parent itself).
+
+        On success the bundle owns parent (or closed it); on failure the caller closes it.
+        """
+        directory = parent
+        trace_name = TRACE_FILE_NAME
+        file_named = False
+        if name:
+            try:
+                directory = os.open(name, _DIR_FLAGS, dir_fd=parent)
+            except OSError as error:
+                if error.errno != errno.ENOTDIR:
+                    raise self._explain(error, bundle) from error
+                trace_name = name  # the trace file itself was named
+                file_named = True
+        try:
+            trace = self._open_trace(directory, trace_name, bundle)
+        except BaseException:
+            if directory != parent:
+                os.close(directory)
+            raise
+        if directory != parent:
+            os.close(parent)
+        display = os.path.join(self.path, *self._components(bundle))
+        if file_named:
+            display = os.path.dirname(display)
+        return ConfinedBundle(directory, trace, display)
+
+    def _open_trace(self, directory: int, name: str, bundle: str) -> BinaryIO:
+        try:
+            fd = os.open(name, _FILE_FLAGS, dir_fd=directory)
+        except OSError as error:
+            if error.errno in (errno.ENOENT, errno.ENOTDIR):
+                raise NotABundleError(
+                    f"not a trace bundle (no {TRACE_FILE_NAME}): {bundle!r}"
+                ) from error
+            raise self._explain(error, bundle) from error
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise NotABundleError(f"not a trace bundle ({name} is no file): {bundle!r}")
+            os.set_blocking(fd, True)
+            return os.fdopen(fd, "rb", buffering=0)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def _explain(self, error: OSError, bundle: str) -> BundleError:
+        if error.errno == errno.ELOOP:
+            # A symlink can lead anywhere, and where it leads can change after any check.
+            return OutsideRootError(
+                f"bundle path {bundle!r} goes through a symbolic link, which is not followed"
+            )
+        if error.errno in (errno.ENOENT, errno.ENOTDIR):
+            return BundleNotFoundError(f"no bundle at {bundle!r}")
+        if error.errno == errno.ENAMETOOLONG:
+            return BundlePathError("bundle path has a name longer than the file system allows")
+        return BundleError(f"cannot open bundle {bundle!r}: {error.strerror or error}")
