@@ -334,7 +334,7 @@ class _Sampler:
         temperature = body.get("temperature")
         if isinstance(temperature, int | float) and temperature > 0 and call_id:
             # Samples at a temperature differ from call to call, deterministically.
-            sampler.variant = 1 + zlib.crc32(call_id.encode()) % 997
+            sampler.variant = 1 + zlib.crc32(call_id.encode())
         return sampler
 
     def sample(

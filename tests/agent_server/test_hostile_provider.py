@@ -473,6 +473,7 @@ async def test_a_burst_reaches_a_reading_subscriber_while_a_stalled_one_falls_be
             completed(),
         )
 
+    provider.queue(answer("warm up"))
     provider.queue(burst("a"))
     provider.queue(burst("b"))
     thread = await agent.start_thread()
@@ -487,15 +488,17 @@ async def test_a_burst_reaches_a_reading_subscriber_while_a_stalled_one_falls_be
             agent_pb2.StreamEventsRequest(thread_id=thread.id)
         )
         fast = agent.events(thread.id)
-        first = await agent.start_turn(thread.id, "one")
+        # A first small turn: once both have an event of it, both are attached.
+        warm_up = await agent.start_turn(thread.id, "warm up")
         await stalled.read()
-        await fast.turn_completed(first.id)
-        second = await agent.start_turn(thread.id, "two")
-        done = await fast.turn_completed(second.id)
-        assert done.status == agent_pb2.TURN_STATUS_COMPLETED
+        await fast.turn_completed(warm_up.id)
+        for text in ("one", "two"):
+            turn = await agent.start_turn(thread.id, text)
+            done = await fast.turn_completed(turn.id)
+            assert done.status == agent_pb2.TURN_STATUS_COMPLETED
         indexes = [e.index for e in fast.events]
         assert indexes == list(range(1, len(indexes) + 1))
-        assert len(completed_items(fast.events)) == 3000
+        assert len(completed_items(fast.events)) == 3001
         with pytest.raises(grpc.aio.AioRpcError) as raised:
             await _read_to_the_end(stalled)
         assert raised.value.code() == grpc.StatusCode.OUT_OF_RANGE
