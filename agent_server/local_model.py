@@ -16,6 +16,22 @@ from trace_reducer import LOGPROBS_INCLUDE
 
 _Send = Callable[..., Awaitable[None]]
 
+
+def numbered_events(response: HttpResponse) -> _Send:
+    """send(event_type, **fields): one Responses API SSE event on response, numbered in
+    `sequence_number` from 1 as the API numbers them."""
+    sequence = 0
+
+    async def send(event_type: str, **fields: Any) -> None:
+        nonlocal sequence
+        sequence += 1
+        await response.event(
+            {"type": event_type, "sequence_number": sequence, **fields}, event=event_type
+        )
+
+    return send
+
+
 _QUOTE_WORDS = 12
 _QUOTE_CHARS = 200
 _CLOSING = (
@@ -158,15 +174,7 @@ class LocalModel:
     ) -> None:
         model = str(body.get("model", ""))
         response_id = f"resp_{uuid.uuid4().hex}"
-        sequence = 0
-
-        async def send(event_type: str, **fields: Any) -> None:
-            nonlocal sequence
-            sequence += 1
-            await response.event(
-                {"type": event_type, "sequence_number": sequence, **fields}, event=event_type
-            )
-
+        send = numbered_events(response)
         envelope = {"id": response_id, "object": "response", "model": model}
         await response.start()
         created: dict[str, Any] = {**envelope, "status": "in_progress"}

@@ -11,9 +11,8 @@ import argparse
 import asyncio
 import time
 import uuid
-from typing import Any
 
-from agent_server.local_model import last_user_text, reply_words
+from agent_server.local_model import last_user_text, numbered_events, reply_words
 from agent_server.loopback_http import HttpRequest, HttpResponse, LoopbackHttpServer
 from grpc_common import install_signal_handlers
 
@@ -33,15 +32,7 @@ class StampedModel:
             words = (words * (self._reply_length // len(words) + 1))[: self._reply_length]
         response_id = f"resp_{uuid.uuid4().hex}"
         item_id = f"msg_{uuid.uuid4().hex}"
-        sequence = 0
-
-        async def send(event_type: str, **fields: Any) -> None:
-            nonlocal sequence
-            sequence += 1
-            await response.event(
-                {"type": event_type, "sequence_number": sequence, **fields}, event=event_type
-            )
-
+        send = numbered_events(response)
         envelope = {"id": response_id, "object": "response", "model": body.get("model", "")}
         await response.start()
         await send("response.created", response={**envelope, "status": "in_progress"})
