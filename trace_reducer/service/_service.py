@@ -36,8 +36,8 @@ import grpc
 from grpc_common import abort
 from rollout.reducer.v1 import reducer_pb2, reducer_pb2_grpc
 
-from ._confine import BundlePathError, BundleRoot, ConfinedBundle, OutsideRootError
-from ._errors import (
+from ..bundle._confine import BundlePathError, BundleRoot, ConfinedBundle, OutsideRootError
+from ..bundle._errors import (
     BundleError,
     BundleNotFoundError,
     CorruptBundleError,
@@ -46,15 +46,15 @@ from ._errors import (
     ReductionError,
     describe_os_error,
 )
-from ._forks import BundleForkResolver
-from ._framing import DEFAULT_MAX_UPLOAD_BYTES
-from ._integrity import require_reducible
-from ._layout import STATE_FILE_NAME, TRACE_FILE_NAME
-from ._reader import BundleReader, FrameDecoder
-from ._reducer import Reducer
-from ._replay import replay_reader
-from ._state_json import write_state_json_at
-from ._watch import follow_bundle
+from ..bundle._framing import DEFAULT_MAX_UPLOAD_BYTES
+from ..bundle._integrity import require_reducible
+from ..bundle._layout import STATE_FILE_NAME, TRACE_FILE_NAME
+from ..bundle._reader import BundleReader, FrameDecoder
+from ..reduce._forks import BundleForkResolver
+from ..reduce._reducer import Reducer
+from ..reduce._replay import replay_reader
+from ..reduce._state_json import write_state_json_at
+from ..view._watch import follow_bundle
 
 SERVICE_NAME: str = reducer_pb2.DESCRIPTOR.services_by_name["ReducerService"].full_name
 

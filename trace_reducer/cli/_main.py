@@ -17,23 +17,23 @@ from google.protobuf import json_format, text_format
 
 from rollout.trace.v1 import record_pb2, state_pb2
 
-from ._batch_cli import add_parser as add_reduce_all_parser
-from ._errors import (
+from ..bundle._errors import (
     BundleError,
     CorruptBundleError,
     RecordOutOfRangeError,
     ReductionError,
     describe_os_error,
 )
-from ._framing import DEFAULT_MAX_UPLOAD_BYTES
-from ._integrity import describe_integrity, integrity_name, require_reducible
-from ._layout import STATE_FILE_NAME
-from ._reader import read_bundle, resolve_trace_file
-from ._replay import replay_bundle
-from ._requests import request_body
-from ._state_json import iter_state_json, write_state_json
-from ._training_cli import add_parsers as add_training_parsers
-from ._version import __version__
+from ..bundle._framing import DEFAULT_MAX_UPLOAD_BYTES
+from ..bundle._integrity import describe_integrity, integrity_name, require_reducible
+from ..bundle._layout import STATE_FILE_NAME
+from ..bundle._reader import read_bundle, resolve_trace_file
+from ..bundle._version import __version__
+from ..reduce._replay import replay_bundle
+from ..reduce._requests import request_body
+from ..reduce._state_json import iter_state_json, write_state_json
+from ._batch import add_parser as add_reduce_all_parser
+from ._training import add_parsers as add_training_parsers
 
 if TYPE_CHECKING:
     from grpc_common import AccessControl
@@ -173,7 +173,7 @@ def _request(args: argparse.Namespace) -> int:
 def _export_otlp(args: argparse.Namespace) -> int:
     try:
         # The OpenTelemetry SDK is an optional extra; the other commands never import it.
-        from ._otel import ExportConfigError, ExportFailedError, export_otlp
+        from ..export._otel import ExportConfigError, ExportFailedError, export_otlp
     except ImportError as error:
         raise _CommandError(
             f"export-otlp needs the otel extra (pip install 'rollout-trace[otel]'): {error}",
@@ -210,7 +210,7 @@ def _export_otlp(args: argparse.Namespace) -> int:
 
 
 def _view(args: argparse.Namespace) -> int:
-    from ._view import VIEW_FILE_NAME, reduce_for_view, save_view
+    from ..view._view import VIEW_FILE_NAME, reduce_for_view, save_view
 
     trace_file = resolve_trace_file(args.bundle)
     data = reduce_for_view(trace_file)
@@ -233,7 +233,7 @@ def _view(args: argparse.Namespace) -> int:
 
 
 def _watch(args: argparse.Namespace) -> int:
-    from ._live import LiveTranscript, follow_and_print
+    from ..view._live import LiveTranscript, follow_and_print
 
     trace_file = resolve_trace_file(args.bundle)
     printer = LiveTranscript(sys.stdout)
@@ -265,7 +265,7 @@ async def _serve_async(
     # gRPC's server side takes a noticeable time to import; reduce and dump do not need it.
     from grpc_common import GrpcServer, install_signal_handlers
 
-    from .service import SERVICE_NAME, ReducerService, add_to_server
+    from ..service._service import SERVICE_NAME, ReducerService, add_to_server
 
     service = ReducerService(bundle_root, max_upload_bytes=max_upload_bytes)
     try:
@@ -456,7 +456,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         _warn(f"internal error: {type(error).__name__}: {error}")
         return EXIT_FAILED
     return code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

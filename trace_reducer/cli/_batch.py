@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any
 
-from ._batch import (
+from ..batch._batch import (
     BatchOptions,
     BundleResult,
     Engine,
@@ -17,9 +17,9 @@ from ._batch import (
     drive,
     plan,
 )
-from ._batch_report import Tally, progress_for, summary
-from ._errors import BundleError
-from ._storage import Store, is_url, open_store, parse_storage_options
+from ..batch._report import Tally, progress_for, summary
+from ..batch._storage import Store, is_url, open_store, parse_storage_options
+from ..bundle._errors import BundleError
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -101,7 +101,7 @@ def _engine(args: argparse.Namespace, store: Store) -> Engine:
         return InlineEngine()
     if args.ray is None:
         return PoolEngine(args.jobs or os.cpu_count() or 1)
-    from ._ray import RayEngine, RayUnavailableError  # an optional extra
+    from ..batch._ray import RayEngine, RayUnavailableError  # an optional extra
 
     try:
         return RayEngine(args.ray, args.jobs)
@@ -149,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
     sink = None
     if args.tables is not None:
         try:
-            from ._tables import TableSink  # pyarrow: an optional extra
+            from ..batch._tables import TableSink  # pyarrow: an optional extra
         except ImportError as error:
             raise _missing_extra(error) from error
         sink = TableSink(args.tables, dict(storage_options))

@@ -18,11 +18,11 @@ from typing import Any, Protocol
 
 from rollout.trace.v1 import state_pb2
 
-from ._errors import BundleError, CorruptBundleError, ReductionError, describe_os_error
-from ._integrity import integrity_name, require_reducible
-from ._layout import TRACE_FILE_NAME
-from ._reader import BundleReader
-from ._reducer import Reducer
+from ..bundle._errors import BundleError, CorruptBundleError, ReductionError, describe_os_error
+from ..bundle._integrity import integrity_name, require_reducible
+from ..bundle._layout import TRACE_FILE_NAME
+from ..bundle._reader import BundleReader
+from ..reduce._reducer import Reducer
 from ._rows import Packed, bundle_day, bundle_rows
 from ._storage import BundleEntry, StorageOptions, Store, open_store, recently_modified
 

@@ -13,14 +13,14 @@ from typing import Any
 
 from rollout.trace.v1 import common_pb2, record_pb2, state_pb2
 
-from ._bulk import DeltaRun
-from ._errors import BundleError, NotABundleError
-from ._forks import BundleForkResolver
-from ._integrity import integrity_name, require_reducible
-from ._layout import TRACE_FILE_NAME
-from ._reader import read_bundle, resolve_trace_file
-from ._reducer import Reducer
-from ._rewards import attach_rewards
+from ..bundle._bulk import DeltaRun
+from ..bundle._errors import BundleError, NotABundleError
+from ..bundle._integrity import integrity_name, require_reducible
+from ..bundle._layout import TRACE_FILE_NAME
+from ..bundle._reader import read_bundle, resolve_trace_file
+from ..bundle._rewards import attach_rewards
+from ..reduce._forks import BundleForkResolver
+from ..reduce._reducer import Reducer
 
 FORMATS = ("jsonl", "verl", "skyrl", "art")
 FILE_NAMES = {

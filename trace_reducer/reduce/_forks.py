@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Protocol
 
 from rollout.trace.v1 import record_pb2, state_pb2
 
-from ._bulk import DeltaRun
-from ._errors import BundleError, ReductionError
-from ._layout import TRACE_FILE_NAME
-from ._payloads import PayloadError, PayloadStore
-from ._reader import read_bundle, resolve_trace_file
+from ..bundle._bulk import DeltaRun
+from ..bundle._errors import BundleError, ReductionError
+from ..bundle._layout import TRACE_FILE_NAME
+from ..bundle._payloads import PayloadError, PayloadStore
+from ..bundle._reader import read_bundle, resolve_trace_file
 
 if TYPE_CHECKING:
     from ._reducer import Reducer

@@ -6,11 +6,11 @@ import argparse
 import sys
 from typing import Any
 
-from ._errors import BundleError, CorruptBundleError
-from ._reader import resolve_trace_file
-from ._replay import replay_bundle
-from ._rewards import RewardError, RewardInput, append_reward, check_reward
-from ._rl_export import FORMATS, ExportError, export_rl
+from ..bundle._errors import BundleError, CorruptBundleError
+from ..bundle._reader import resolve_trace_file
+from ..bundle._rewards import RewardError, RewardInput, append_reward, check_reward
+from ..export._rl import FORMATS, ExportError, export_rl
+from ..reduce._replay import replay_bundle
 
 PROG = "trace-reducer"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2

@@ -13,9 +13,9 @@ from typing import Any, BinaryIO, TypeVar
 
 from rollout.trace.v1 import state_pb2
 
-from ._forks import BundleForkResolver
-from ._reader import TRUNCATED, UNCLOSED, FrameDecoder, Integrity
-from ._reducer import Reducer
+from ..bundle._reader import TRUNCATED, UNCLOSED, FrameDecoder, Integrity
+from ..reduce._forks import BundleForkResolver
+from ..reduce._reducer import Reducer
 
 # The file is followed by polling its size: portable, and at this pace costs nothing measurable.
 POLL_INTERVAL = 0.05

@@ -15,9 +15,9 @@ from google.protobuf import json_format
 
 from rollout.trace.v1 import state_pb2
 
-from ._errors import BundleNotFoundError, NotABundleError
-from ._layout import STATE_FILE_NAME, TRACE_FILE_NAME
-from ._state_json import state_to_json, write_state_json
+from ..bundle._errors import BundleNotFoundError, NotABundleError
+from ..bundle._layout import STATE_FILE_NAME, TRACE_FILE_NAME
+from ..reduce._state_json import state_to_json, write_state_json
 
 StorageOptions = tuple[tuple[str, str], ...]
 

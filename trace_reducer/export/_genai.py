@@ -15,10 +15,10 @@ from google.protobuf import timestamp_pb2
 
 from rollout.trace.v1 import common_pb2, state_pb2
 
-from ._bulk import DeltaRun
-from ._integrity import integrity_name
-from ._payloads import PayloadError, PayloadStore
-from ._reader import read_bundle
+from ..bundle._bulk import DeltaRun
+from ..bundle._integrity import integrity_name
+from ..bundle._payloads import PayloadError, PayloadStore
+from ..bundle._reader import read_bundle
 
 AttributeValue = str | bool | int | float | list[str]
 Attributes = dict[str, AttributeValue]

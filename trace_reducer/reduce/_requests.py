@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import os
 
-from ._errors import BundleError
+from ..bundle._errors import BundleError
+from ..bundle._payloads import PayloadError, PayloadStore, canonical_json, resolve_inputs
+from ..bundle._reader import read_bundle
 from ._forks import BundleForkResolver, ParentBundle
-from ._payloads import PayloadError, PayloadStore, canonical_json, resolve_inputs
-from ._reader import read_bundle
 
 
 class RequestNotFoundError(BundleError):

@@ -23,10 +23,10 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from rollout.trace.v1 import state_pb2
 
+from ..bundle._integrity import integrity_name, require_reducible
+from ..bundle._version import __version__
+from ..reduce._replay import replay_bundle
 from ._genai import TracePlan, plan_trace, read_details, trace_id_of
-from ._integrity import integrity_name, require_reducible
-from ._replay import replay_bundle
-from ._version import __version__
 
 PROTOCOLS = ("grpc", "http/protobuf")
 DEFAULT_TIMEOUT = 10.0

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from rollout.trace.v1 import state_pb2
 
-from ._payloads import canonical_json
+from ..bundle._payloads import canonical_json
 
 _ROLES: dict[str, state_pb2.ConversationRole.ValueType] = {
     "user": state_pb2.CONVERSATION_ROLE_USER,

@@ -7,10 +7,10 @@ from collections.abc import Iterable
 
 from rollout.trace.v1 import state_pb2
 
+from ..bundle._reader import BundleReader, read_bundle
+from ..bundle._rewards import attach_rewards
 from ._forks import BundleForkResolver, ForkResolver
-from ._reader import BundleReader, read_bundle
 from ._reducer import Reducer
-from ._rewards import attach_rewards
 
 
 def replay_bundle(

@@ -20,12 +20,12 @@ from google.protobuf import timestamp_pb2
 
 from rollout.trace.v1 import common_pb2, record_pb2, state_pb2
 
-from ._bulk import DeltaRun
-from ._errors import NotABundleError
-from ._forks import BundleForkResolver
-from ._payloads import PayloadError, PayloadStore, canonical_json
-from ._reader import read_bundle, resolve_trace_file
-from ._reducer import Reducer
+from ..bundle._bulk import DeltaRun
+from ..bundle._errors import NotABundleError
+from ..bundle._payloads import PayloadError, PayloadStore, canonical_json
+from ..bundle._reader import read_bundle, resolve_trace_file
+from ..reduce._forks import BundleForkResolver
+from ..reduce._reducer import Reducer
 
 VIEW_FILE_NAME = "view.html"
 
