@@ -37,8 +37,8 @@ from rollout.agent.v1 import agent_pb2, agent_pb2_grpc
 REPO = Path(__file__).resolve().parent.parent
 MODEL = "smollm2-135m-instruct"
 PROMPT = "Write a short story about a lighthouse keeper."
-MAX_TOKENS = 64
-ROUNDS = 5
+MAX_TOKENS = 32
+ROUNDS = 4
 APIS = ("chat", "responses")
 
 

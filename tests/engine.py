@@ -53,7 +53,9 @@ class Engine:
         self.started_at = time.monotonic()
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(
-                [str(SERVE_SCRIPT), str(self.port)],
+                # No torch.compile: on two shared cores it is minutes of start-up for a
+                # decode rate the tests do not need.
+                [str(SERVE_SCRIPT), str(self.port), "--optimization-level", "0"],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
