@@ -131,13 +131,19 @@ def reply_words(user_text: str) -> list[str]:
 class LocalModel:
     """Serves POST /responses with `stream: true` on 127.0.0.1, like the Responses API."""
 
-    def __init__(self, word_delay: float) -> None:
+    def __init__(self, word_delay: float, *, full_protocol: bool = False) -> None:
         self._word_delay = word_delay
+        # The whole protocol (content parts, `.done` events, the output repeated in
+        # response.completed, non-streamed answers), as the real API speaks it to clients that
+        # rely on it (behind the gateway); the agent server needs none of it.
+        self._full = full_protocol
         self._http: LoopbackHttpServer | None = None
 
     @classmethod
-    async def start(cls, word_delay: float, port: int = 0) -> LocalModel:
-        model = cls(word_delay)
+    async def start(
+        cls, word_delay: float, port: int = 0, *, full_protocol: bool = False
+    ) -> LocalModel:
+        model = cls(word_delay, full_protocol=full_protocol)
         model._http = await LoopbackHttpServer.start(model._handle, port=port)
         return model
 
@@ -161,22 +167,42 @@ class LocalModel:
         except ValueError:
             await _error(response, 400, "invalid_json", "the request body is not valid JSON")
             return
-        if not isinstance(body, dict) or body.get("stream") is not True:
+        whole = isinstance(body, dict) and self._full and not body.get("stream")
+        if isinstance(body, dict) and self._full and isinstance(body.get("input"), str):
+            # The API's short form: one user message.
+            body["input"] = [{"role": "user", "content": body["input"]}]
+        if not isinstance(body, dict) or (body.get("stream") is not True and not whole):
             await _error(response, 400, "invalid_request", "only `stream: true` is supported")
             return
         # The local model's idea of tokens: its toy tokenizer's, on the prompt it renders.
         prompt = toy_tokens.render_prompt(body.get("instructions"), body.get("input"))
         sampler = _Sampler.for_request(body, len(prompt), request.headers.get(_CALL_HEADER, ""))
-        await self._stream(response, body, prompt, sampler)
+        if whole:
+            await self._answer_whole(response, body, prompt, sampler)
+            return
+        send = numbered_events(response)
+        await response.start()
+        await self._stream(_full_protocol(send) if self._full else send, body, prompt, sampler)
+
+    async def _answer_whole(
+        self, response: HttpResponse, body: dict[str, Any], prompt: list[int], sampler: _Sampler
+    ) -> None:
+        """A non-streamed answer: the response object the stream's last event carries."""
+        final: dict[str, Any] = {}
+
+        async def keep(event_type: str, **fields: Any) -> None:
+            if isinstance(fields.get("response"), dict):
+                final.update(fields["response"])
+
+        await self._stream(_full_protocol(keep), body, prompt, sampler)
+        await response.send(200, json.dumps(final).encode())
 
     async def _stream(
-        self, response: HttpResponse, body: dict[str, Any], prompt: list[int], sampler: _Sampler
+        self, send: _Send, body: dict[str, Any], prompt: list[int], sampler: _Sampler
     ) -> None:
         model = str(body.get("model", ""))
         response_id = f"resp_{uuid.uuid4().hex}"
-        send = numbered_events(response)
         envelope = {"id": response_id, "object": "response", "model": model}
-        await response.start()
         created: dict[str, Any] = {**envelope, "status": "in_progress"}
         if sampler.token_ids:
             # vLLM's extension: the prompt as the engine tokenized it.
@@ -294,6 +320,45 @@ class LocalModel:
 
 
 _CALL_HEADER = "x-rollout-inference-call-id"
+
+
+def _full_protocol(send: _Send) -> _Send:
+    """send, with the events and fields the agent server does without: a message's content
+    part added and done around its deltas, its text's `.done`, and the output items repeated
+    in the terminal event's response."""
+    output: list[Any] = []
+    texts: dict[int, list[str]] = {}
+
+    async def full(event_type: str, **fields: Any) -> None:
+        item = fields.get("item")
+        index = fields.get("output_index", 0)
+        is_message = isinstance(item, dict) and item.get("type") == "message"
+        if event_type == "response.output_item.done" and is_message:
+            assert isinstance(item, dict)
+            text = "".join(texts.pop(index, []))
+            where = {"item_id": item["id"], "output_index": index, "content_index": 0}
+            part = {"type": "output_text", "text": text, "annotations": []}
+            await send("response.output_text.done", **where, text=text)
+            await send("response.content_part.done", **where, part=part)
+        if event_type == "response.output_text.delta":
+            texts.setdefault(index, []).append(fields.get("delta", ""))
+        if event_type == "response.output_item.done":
+            output.append(item)
+        if event_type in ("response.completed", "response.incomplete"):
+            fields["response"] = {**fields["response"], "output": list(output)}
+        await send(event_type, **fields)
+        if event_type == "response.output_item.added" and is_message:
+            assert isinstance(item, dict)
+            part = {"type": "output_text", "text": "", "annotations": []}
+            await send(
+                "response.content_part.added",
+                item_id=item["id"],
+                output_index=index,
+                content_index=0,
+                part=part,
+            )
+
+    return full
 
 
 def _chunks(arguments: str, words: list[str]) -> list[str]:

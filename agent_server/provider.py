@@ -413,12 +413,21 @@ def _cleaned(data: dict[str, Any]) -> dict[str, Any] | None:
 
 
 async def _http_error(response: httpx.Response) -> ProviderError:
-    status = response.status_code
     body = b""
     async for chunk in response.aiter_bytes():
         body += chunk
         if len(body) >= _ERROR_BODY_LIMIT:
             break
+    return http_error(
+        response.status_code, body, response.reason_phrase, response.headers.get("retry-after")
+    )
+
+
+def http_error(
+    status: int, body: bytes, reason_phrase: str = "", retry_after: str | None = None
+) -> ProviderError:
+    """The ProviderError of an HTTP error answer: its code and message from an OpenAI-style
+    error body when there is one."""
     code, message = f"http_{status}", body[:2000].decode("utf-8", "replace").strip()
     try:
         parsed = json.loads(body)
@@ -430,10 +439,10 @@ async def _http_error(response: httpx.Response) -> ProviderError:
         message = str(error.get("message") or message)
     return ProviderError(
         code,
-        f"provider answered HTTP {status}: {message or response.reason_phrase}",
+        f"provider answered HTTP {status}: {message or reason_phrase}",
         http_status=status,
         retryable=status == 429 or status >= 500,
-        retry_after=_retry_after(response.headers.get("retry-after")),
+        retry_after=_retry_after(retry_after),
     )
 
 
