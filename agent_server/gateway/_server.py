@@ -393,6 +393,10 @@ class Gateway:
             self.sessions.exchanged(
                 session, fingerprints + tuple(call.output_fingerprints()), call.response_id
             )
+            if session.calls_running == 1:
+                # The accepted items were wanted for this exchange only: a long session must
+                # not hold its whole conversation (the client holds it, and the bundle).
+                session.thread.history.clear()
 
     async def _forward_error(
         self,
@@ -612,6 +616,14 @@ class Gateway:
                 recorded_by="gateway",
             )
             check_reward(reward)
+            if found is not None and reward.turn_id and reward.turn_id not in found.thread.turns:
+                return error_response(404, "turn_not_found", f"no turn {reward.turn_id!r}")
+            if (
+                found is not None
+                and reward.item_id
+                and reward.item_id not in found.thread.accepted_items
+            ):
+                return error_response(404, "item_not_found", f"no item {reward.item_id!r}")
             seq = await asyncio.to_thread(append_reward, Path(bundle), reward, trace_id=trace_id)
         except RewardError as error:
             return error_response(400, error.reason.lower(), str(error))

@@ -25,13 +25,11 @@ async def start_gateway(tmp_path: Path) -> AsyncIterator[StartGateway]:
 
     async def start(upstream: str | None = None, **fields: Any) -> Gateway:
         agent_fields = {
-            name: fields.pop(name)
-            for name in list(fields)
-            if name in Settings.__dataclass_fields__
+            name: fields.pop(name) for name in list(fields) if name in Settings.__dataclass_fields__
         }
         agent = Settings(
             provider_url=upstream,
-            trace_root=fields.pop("trace_root", tmp_path / "traces"),
+            trace_root=agent_fields.pop("trace_root", tmp_path / "traces"),
             local_word_delay=agent_fields.pop("local_word_delay", 0.0),
             **agent_fields,
         )

@@ -48,7 +48,9 @@ def _assert_tool_loop(trace: state_pb2.RolloutTrace, tool_output: str) -> None:
     assert function_call.kind == state_pb2.ITEM_KIND_FUNCTION_CALL
     assert function_call.name == "lookup_weather"
     outputs = [
-        items[i] for i in second.request_item_ids if items[i].kind == state_pb2.ITEM_KIND_FUNCTION_CALL_OUTPUT
+        items[i]
+        for i in second.request_item_ids
+        if items[i].kind == state_pb2.ITEM_KIND_FUNCTION_CALL_OUTPUT
     ]
     assert [o.call_id for o in outputs] == [function_call.call_id]
     assert tool_output in outputs[0].output

@@ -93,7 +93,11 @@ async def test_upstream_error_reaches_the_sdk_as_its_error_class(
         for call in calls(trace)
     ]
     assert sorted(failures) == sorted(
-        [(FAILED, 500, "server_error"), (FAILED, 429, "rate_limited"), (FAILED, 400, "invalid_value")]
+        [
+            (FAILED, 500, "server_error"),
+            (FAILED, 429, "rate_limited"),
+            (FAILED, 400, "invalid_value"),
+        ]
     )
 
 
