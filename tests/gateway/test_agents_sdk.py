@@ -79,6 +79,7 @@ async def test_agent_streamed_over_the_responses_model(gateway: Gateway) -> None
     run = Runner.run_streamed(_agent(model, seen), "use lookup_weather for Oslo")
     async for _ in run.stream_events():
         pass
-    assert seen and run.final_output
+    assert seen
+    assert run.final_output
     await gateway.stop()
     _assert_tool_loop(only_trace(gateway.settings.trace_root), f"sunny in {seen[0]}")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import httpx
 import openai
+import pytest
 from aiohttp import web
 
 from agent_server.gateway import Gateway
@@ -186,12 +187,9 @@ async def test_the_gateway_token_is_required_and_never_recorded(
     gateway = await start_gateway(access=AccessControl(token=token))
     with_token = openai.AsyncOpenAI(base_url=gateway.url, api_key=token, max_retries=0)
     without = openai.AsyncOpenAI(base_url=gateway.url, api_key="wrong", max_retries=0)
-    try:
+    with pytest.raises(openai.AuthenticationError) as refused:
         await without.responses.create(model="m", input="let me in")
-    except openai.AuthenticationError as error:
-        assert error.status_code == 401
-    else:
-        raise AssertionError("a wrong token was let in")
+    assert refused.value.status_code == 401
     await with_token.responses.create(model="m", input="let me in")
     await gateway.stop()
     for path in bundles(gateway.settings.trace_root):
