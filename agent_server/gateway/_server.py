@@ -52,6 +52,8 @@ log = logging.getLogger(__name__)
 SESSION_HEADER = "x-rollout-session"
 THREAD_HEADER = "x-rollout-thread-id"
 _ERROR_BODY_LIMIT = 1024 * 1024
+# Running calls get this long to finish when the gateway stops; then they are cancelled.
+_STOP_GRACE = 2.0
 COMPLETED = common_pb2.EXECUTION_STATUS_COMPLETED
 FAILED = common_pb2.EXECUTION_STATUS_FAILED
 _FAILED_RECORDING = agent_pb2.RECORDING_STATUS_FAILED
@@ -132,7 +134,9 @@ class Gateway:
         app.router.add_post("/rollout/v1/rewards", self._reward)
         app.router.add_route("*", "/{tail:.*}", self._not_found)
         # A client that goes away cancels its handler, and so its upstream request.
-        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        self._runner = web.AppRunner(
+            app, handler_cancellation=True, access_log=None, shutdown_timeout=_STOP_GRACE
+        )
         await self._runner.setup()
         host, port = split_listen(self.settings.listen)
         self._site = web.TCPSite(self._runner, host, port, ssl_context=self._ssl_context())

@@ -26,29 +26,42 @@ class SseSplitter:
     client only bytes whose events it has recorded. The held tail is bounded by one event."""
 
     def __init__(self) -> None:
-        self._held = b""
+        # The bytes after the last complete event, in the pieces they came in: an event larger
+        # than a read is joined once, when it is complete, never copied at every read.
+        self._held: list[bytes] = []
+        self._tail = b""
 
     @property
     def held(self) -> int:
-        return len(self._held)
+        return sum(map(len, self._held))
 
     def feed(self, chunk: bytes) -> tuple[bytes, list[SseEvent]]:
-        data = self._held + chunk if self._held else chunk
+        # A terminator may straddle the previous read and this one: look from 3 bytes back.
+        window = self._tail + chunk
         end = 0
         for terminator in _TERMINATORS:
-            found = data.rfind(terminator)
+            found = window.rfind(terminator)
             if found >= 0:
                 end = max(end, found + len(terminator))
-        if end == 0:
-            self._held = data
+        end -= len(self._tail)
+        if end <= 0:
+            self._held.append(chunk)
+            self._tail = window[-3:]
             return b"", []
-        self._held = data[end:]
-        complete = data[:end]
+        if self._held:
+            self._held.append(chunk[:end])
+            complete = b"".join(self._held)
+        else:
+            complete = chunk[:end]
+        rest = chunk[end:]
+        self._held = [rest] if rest else []
+        self._tail = rest[-3:]
         return complete, parse_events(complete)
 
     def rest(self) -> bytes:
         """What the stream ended with after its last complete event (a torn event)."""
-        rest, self._held = self._held, b""
+        rest = b"".join(self._held)
+        self._held, self._tail = [], b""
         return rest
 
 
@@ -57,7 +70,8 @@ def parse_events(block: bytes) -> list[SseEvent]:
     events: list[SseEvent] = []
     name = ""
     data: list[str] = []
-    for line in _LINES.split(block.decode("utf-8", "replace")):
+    text = block.decode("utf-8", "replace")
+    for line in _LINES.split(text) if "\r" in text else text.split("\n"):
         if not line:
             if data:
                 events.append(SseEvent(name, "\n".join(data)))
