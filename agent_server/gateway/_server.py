@@ -19,7 +19,15 @@ from typing import Any
 import httpx
 from aiohttp import web
 
-from agent_server.gateway._dialects import CallRecorder, Dialect, ResponsesDialect, loads
+from agent_server.gateway._dialects import (
+    CHAT,
+    RESPONSES,
+    CallRecorder,
+    Dialect,
+    loads,
+    starts_turn,
+    tool_output,
+)
 from agent_server.gateway._sessions import (
     CANCELLED,
     SOURCE_HEADER,
@@ -93,8 +101,6 @@ class Gateway:
         self._local_model: LocalModel | None = None
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
-        self._responses = ResponsesDialect()
-        self._dialects: dict[str, Dialect] = {"responses": self._responses}
         self._token = settings.agent.access.token
         self._scheme = "http"
         self.port = 0
@@ -128,6 +134,7 @@ class Gateway:
         )
         for prefix in ("", "/s/{session}"):
             app.router.add_post(f"{prefix}/v1/responses", self._responses_call)
+            app.router.add_post(f"{prefix}/v1/chat/completions", self._chat_call)
             app.router.add_get(f"{prefix}/v1/models", self._models)
         app.router.add_post("/rollout/v1/sessions/{session}/close", self._close_session)
         app.router.add_get("/rollout/v1/sessions", self._list_sessions)
@@ -256,17 +263,20 @@ class Gateway:
         return web.Response(status=answer.status_code, body=body, headers=_client_headers(answer))
 
     async def _responses_call(self, request: web.Request) -> web.StreamResponse:
-        return await self._call(request, self._responses)
+        return await self._call(request, RESPONSES)
+
+    async def _chat_call(self, request: web.Request) -> web.StreamResponse:
+        return await self._call(request, CHAT)
 
     async def _call(self, request: web.Request, dialect: Dialect) -> web.StreamResponse:
         raw = await request.read()
         body = loads(raw)
         if not isinstance(body, dict):
             return error_response(400, "invalid_json", "the request body must be a JSON object")
-        items = dialect.input_items(body)
+        entries = dialect.entries(body)
         model = body.get("model") if isinstance(body.get("model"), str) else ""
         try:
-            session = await self._session_for(request, dialect, body, items, str(model))
+            session = await self._session_for(request, dialect, body, entries, str(model))
         except RecordingError as error:
             return error_response(
                 503, "recording_unavailable", f"failed to start rollout recording: {error}"
@@ -274,7 +284,7 @@ class Gateway:
         session.calls_running += 1
         session.last_used = time.monotonic()
         try:
-            return await self._record_and_forward(request, dialect, session, body, raw, items)
+            return await self._record_and_forward(request, dialect, session, body, raw, entries)
         finally:
             session.calls_running -= 1
             session.last_used = time.monotonic()
@@ -284,7 +294,7 @@ class Gateway:
         request: web.Request,
         dialect: Dialect,
         body: dict[str, Any],
-        items: list[dict[str, Any]],
+        entries: list[dict[str, Any]],
         model: str,
     ) -> Session:
         """The session a request belongs to (see docs/gateway.md for the rule)."""
@@ -301,7 +311,7 @@ class Gateway:
             hinted = dialect.hint(body, self.sessions)
             continued = None
             if hinted is None:
-                fingerprints = [dialect.fingerprint(item) for item in items]
+                fingerprints = [dialect.fingerprint(entry) for entry in entries]
                 continued = self.sessions.continuing(fingerprints)
             if hinted is not None:
                 key = hinted
@@ -317,24 +327,24 @@ class Gateway:
         session, _ = await self.sessions.get_or_create(key, model=model, reason=reason)
         return session
 
-    def _place(self, dialect: Dialect, session: Session, items: list[dict[str, Any]]) -> int:
+    def _place(self, dialect: Dialect, session: Session, entries: list[dict[str, Any]]) -> int:
         """Start or continue the session's turn for a request; its turn's ordinal.
 
-        New items are those past what the request shares with the last exchange: a user
+        New entries are those past what the request shares with the last exchange: a user
         message among them starts a turn; tool outputs continue the current one."""
-        fingerprints = [dialect.fingerprint(item) for item in items]
+        fingerprints = [dialect.fingerprint(entry) for entry in entries]
         shared = 0
         for mine, theirs in zip(session.exchange, fingerprints, strict=False):
             if mine != theirs:
                 break
             shared += 1
-        new = items[shared:]
+        new = dialect.items(entries[shared:])
         for item in new:
-            call_id = dialect.tool_output(item)
+            call_id = tool_output(item)
             if call_id is not None:
                 session.tool_output(call_id, item)
-        if session.turn is None or any(dialect.starts_turn(item) for item in new):
-            opening = [item for item in new if not dialect.tool_output(item)] or new
+        if session.turn is None or any(starts_turn(item) for item in new):
+            opening = [item for item in new if not tool_output(item)] or new
             session.begin_turn(opening)
         assert session.turn is not None
         return session.turn.ordinal
@@ -346,12 +356,12 @@ class Gateway:
         session: Session,
         body: dict[str, Any],
         raw: bytes,
-        items: list[dict[str, Any]],
+        entries: list[dict[str, Any]],
     ) -> web.StreamResponse:
         upstream = self._upstream
         assert upstream is not None
         recorder = session.recorder
-        turn_ordinal = self._place(dialect, session, items)
+        turn_ordinal = self._place(dialect, session, entries)
         assert session.turn is not None
         call_id = new_call_id()
         ordinal = recorder.inference_started(
@@ -361,11 +371,12 @@ class Gateway:
             model=str(body.get("model", "")),
             provider_base_url=upstream.display_url,
             envelope=dialect.envelope(body),
-            input_items=items,
+            input_items=dialect.items(entries),
+            provider_api=dialect.provider_api,
         )
         if recorder.status == _FAILED_RECORDING:
             return _recording_failed(recorder.error)
-        call = dialect.recorder(session, ordinal, session.turn.id)
+        call = CallRecorder(dialect, session, ordinal, session.turn.id)
         outcome = _Outcome(call)
         headers = upstream.headers_for(
             request.headers,
@@ -393,7 +404,7 @@ class Gateway:
         finally:
             if answer is not None:
                 await asyncio.shield(answer.aclose())
-            fingerprints = tuple(dialect.fingerprint(item) for item in items)
+            fingerprints = tuple(dialect.fingerprint(entry) for entry in entries)
             self.sessions.exchanged(
                 session, fingerprints + tuple(call.output_fingerprints()), call.response_id
             )
