@@ -83,3 +83,27 @@ async def test_agent_streamed_over_the_responses_model(gateway: Gateway) -> None
     assert run.final_output
     await gateway.stop()
     _assert_tool_loop(only_trace(gateway.settings.trace_root), f"sunny in {seen[0]}")
+
+
+async def test_agent_with_a_tool_over_the_chat_completions_model(gateway: Gateway) -> None:
+    client = openai.AsyncOpenAI(base_url=gateway.url, api_key="unused", max_retries=0)
+    seen: list[str] = []
+    model = agents.OpenAIChatCompletionsModel(model="local", openai_client=client)
+    result = await Runner.run(_agent(model, seen), "use lookup_weather for Lima")
+    assert seen, "the agent never called its tool"
+    assert result.final_output
+    await gateway.stop()
+    _assert_tool_loop(only_trace(gateway.settings.trace_root), f"sunny in {seen[0]}")
+
+
+async def test_agent_streamed_over_the_chat_completions_model(gateway: Gateway) -> None:
+    client = openai.AsyncOpenAI(base_url=gateway.url, api_key="unused", max_retries=0)
+    seen: list[str] = []
+    model = agents.OpenAIChatCompletionsModel(model="local", openai_client=client)
+    run = Runner.run_streamed(_agent(model, seen), "use lookup_weather for Rome")
+    async for _ in run.stream_events():
+        pass
+    assert seen
+    assert run.final_output
+    await gateway.stop()
+    _assert_tool_loop(only_trace(gateway.settings.trace_root), f"sunny in {seen[0]}")

@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,8 +15,8 @@ import httpx
 import openai
 import pytest
 from aiohttp import web
+from openai.types.responses import ResponseTextDeltaEvent
 
-from agent_server.gateway import Gateway
 from rollout.trace.v1 import common_pb2, state_pb2
 from tests.agent_server.scripted_provider import (
     ScriptedProvider,
@@ -90,10 +89,14 @@ async def test_upstream_stall_mid_stream_fails_the_call(
     client = openai.AsyncOpenAI(base_url=gateway.url, api_key="unused", max_retries=0)
     stream = await client.responses.create(model="m", input="hi", stream=True)
     got: list[str] = []
-    with pytest.raises((httpx.HTTPError, openai.APIError)):
+
+    async def read() -> None:
         async for event in stream:
-            if event.type == "response.output_text.delta":
+            if isinstance(event, ResponseTextDeltaEvent):
                 got.append(event.delta)
+
+    with pytest.raises((httpx.HTTPError, openai.APIError)):
+        await read()
     assert got == ["before the stall"]
     never.set()
     await gateway.stop()
@@ -159,15 +162,15 @@ async def test_disk_full_mid_stream_stops_forwarding(
 
 async def test_kill_9_keeps_every_chunk_a_client_received(tmp_path: Path) -> None:
     root = tmp_path / "traces"
-    process = subprocess.Popen(
-        [AGENT_SERVER, "gateway", "--listen", "127.0.0.1:0", "--trace-root", str(root)]
-        + ["--local-word-delay", "0.05", "--log-level", "warning"],
-        stdout=subprocess.PIPE,
-        text=True,
+    process = await asyncio.create_subprocess_exec(
+        AGENT_SERVER,
+        *("gateway", "--listen", "127.0.0.1:0", "--trace-root", str(root)),
+        *("--local-word-delay", "0.05", "--log-level", "warning"),
+        stdout=asyncio.subprocess.PIPE,
     )
     try:
         assert process.stdout is not None
-        line = await asyncio.to_thread(process.stdout.readline)
+        line = (await process.stdout.readline()).decode()
         assert line.startswith("listening on "), line
         url = line.removeprefix("listening on ").strip()
         received: list[str] = []
@@ -187,8 +190,9 @@ async def test_kill_9_keeps_every_chunk_a_client_received(tmp_path: Path) -> Non
                         os.kill(process.pid, signal.SIGKILL)
                         break
     finally:
-        process.kill()
-        process.wait()
+        if process.returncode is None:
+            process.kill()
+        await process.wait()
     (path,) = bundles(root)
     trace = replay_bundle(path)
     assert trace.integrity.status == state_pb2.INTEGRITY_STATUS_UNCLOSED
@@ -234,9 +238,7 @@ async def test_a_slow_client_never_makes_the_gateway_hold_the_stream(
     try:
         gateway = await start_gateway(f"http://127.0.0.1:{port}/v1")
         _, gateway_port = gateway.host, gateway.port
-        reader, writer = await asyncio.open_connection(
-            "127.0.0.1", gateway_port, limit=64 * 1024
-        )
+        reader, writer = await asyncio.open_connection("127.0.0.1", gateway_port, limit=64 * 1024)
         sock = writer.get_extra_info("socket")
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
         body = json.dumps({"model": "m", "input": "hi", "stream": True}).encode()

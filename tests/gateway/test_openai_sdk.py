@@ -3,15 +3,26 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
+from openai.types.responses import ResponseTextDeltaEvent
 
 from agent_server.gateway import Gateway
 from rollout.trace.v1 import common_pb2, state_pb2
 from tests.agent_server.scripted_provider import ScriptedProvider, answer
-from tests.gateway.conftest import StartGateway, calls, items_text, only_trace, reduce_all
+from tests.gateway.conftest import (
+    StartGateway,
+    bundles,
+    calls,
+    items_text,
+    only_trace,
+    reduce_all,
+)
+from trace_reducer import request_body
 
 COMPLETED = common_pb2.EXECUTION_STATUS_COMPLETED
 FAILED = common_pb2.EXECUTION_STATUS_FAILED
@@ -27,18 +38,15 @@ async def test_async_responses_whole_and_streamed(gateway: Gateway) -> None:
     assert whole.output_text
     # The client sends back the answer as it got it and a new message: the same session, a
     # second turn.
-    streamed_text = []
-    stream = await client.responses.create(
-        model="local",
-        input=[
-            {"role": "user", "content": "hello gateway"},
-            *(item.model_dump(exclude_none=True) for item in whole.output),
-            {"role": "user", "content": "and again"},
-        ],
-        stream=True,
-    )
+    streamed_text: list[str] = []
+    history: list[Any] = [
+        {"role": "user", "content": "hello gateway"},
+        *(item.model_dump(exclude_none=True) for item in whole.output),
+        {"role": "user", "content": "and again"},
+    ]
+    stream = await client.responses.create(model="local", input=history, stream=True)
     async for event in stream:
-        if event.type == "response.output_text.delta":
+        if isinstance(event, ResponseTextDeltaEvent):
             streamed_text.append(event.delta)
     await gateway.stop()
     trace = only_trace(_root(gateway))
@@ -113,3 +121,56 @@ async def test_stream_bytes_pass_through_unchanged(
     assert body == script.encode()
     assert raw.http_response.headers["content-type"].startswith("text/event-stream")
     assert raw.http_response.headers["x-rollout-thread-id"].startswith("thread_")
+
+
+async def test_async_chat_whole_and_streamed(gateway: Gateway) -> None:
+    client = openai.AsyncOpenAI(base_url=gateway.url, api_key="unused", max_retries=0)
+    messages: list[Any] = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "hello chat"},
+    ]
+    whole = await client.chat.completions.create(model="local", messages=messages)
+    answer = whole.choices[0].message.content
+    assert answer
+    messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": "more"}]
+    pieces = []
+    stream = await client.chat.completions.create(
+        model="local", messages=messages, stream=True, stream_options={"include_usage": True}
+    )
+    async for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            pieces.append(chunk.choices[0].delta.content)
+    await gateway.stop()
+    trace = only_trace(_root(gateway))
+    assert trace.integrity.status == state_pb2.INTEGRITY_STATUS_CLEAN
+    first, second = calls(trace)
+    assert items_text(trace, first.response_item_ids) == answer
+    assert items_text(trace, second.response_item_ids) == "".join(pieces)
+    assert second.usage.output_tokens > 0
+    assert len(trace.turns) == 2
+    # The exact messages each call sent come back from the trace.
+    (bundle,) = bundles(_root(gateway))
+    sent = json.loads(request_body(bundle, second.inference_call_id))
+    assert sent["messages"] == messages
+    assert sent["stream"] is True
+
+
+async def test_sync_chat_and_its_stream_helper(gateway: Gateway) -> None:
+    def call() -> tuple[str, str]:
+        client = openai.OpenAI(base_url=gateway.url, api_key="unused", max_retries=0)
+        whole = client.chat.completions.create(
+            model="local", messages=[{"role": "user", "content": "sync chat"}]
+        )
+        with client.chat.completions.stream(
+            model="local", messages=[{"role": "user", "content": "helper chat"}]
+        ) as stream:
+            for _ in stream:
+                pass
+            final = stream.get_final_completion()
+        return whole.choices[0].message.content or "", final.choices[0].message.content or ""
+
+    whole_text, helper_text = await asyncio.to_thread(call)
+    await gateway.stop()
+    traces = reduce_all(_root(gateway))
+    recorded = sorted(items_text(t, calls(t)[0].response_item_ids) for t in traces)
+    assert recorded == sorted([whole_text, helper_text])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -61,7 +62,7 @@ async def test_continuation_without_a_key_and_why_a_session_started(gateway: Gat
     client = _client(gateway)
     first = await client.responses.create(model="m", input="start here")
     echo = [item.model_dump(exclude_none=True) for item in first.output]
-    history = [{"role": "user", "content": "start here"}, *echo]
+    history: list[Any] = [{"role": "user", "content": "start here"}, *echo]
     await client.responses.create(model="m", input=[*history, {"role": "user", "content": "more"}])
     # Input that extends nothing open: a session of its own.
     await client.responses.create(model="m", input="something else entirely")

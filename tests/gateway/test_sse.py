@@ -8,7 +8,7 @@ from agent_server.gateway._sse import SseEvent, SseSplitter
 
 STREAM = (
     b"event: a\ndata: one\n\n"
-    b"data: {\"x\": \"\xe2\x80\xa8 kept\"}\r\n\r\n"
+    b'data: {"x": "\xe2\x80\xa8 kept"}\r\n\r\n'
     b": comment\ndata: multi\ndata: line\n\n"
     b"data: cr\r\r"
     b"data: [DONE]\n\n"
