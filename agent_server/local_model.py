@@ -682,6 +682,9 @@ class _ChatCollector:
         self._calls: dict[int, dict[str, Any]] = {}
         self._finish: Any = None
         self._usage: Any = None
+        # vLLM's whole answer carries the ids too: the prompt's, and the choice's output.
+        self._token_ids: list[int] = []
+        self._logprobs: list[Any] = []
 
     async def start(self) -> None:
         return None
@@ -706,20 +709,29 @@ class _ChatCollector:
                 held["function"]["name"] += function.get("name", "")
                 held["function"]["arguments"] += function.get("arguments", "")
             self._finish = choice.get("finish_reason") or self._finish
+            self._token_ids.extend(choice.get("token_ids") or [])
+            self._logprobs.extend((choice.get("logprobs") or {}).get("content") or [])
 
     async def answer(self) -> None:
         message: dict[str, Any] = {"role": "assistant", "content": "".join(self._content) or None}
         if self._calls:
             message["tool_calls"] = [self._calls[index] for index in sorted(self._calls)]
-        whole = {
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": message,
+            "finish_reason": self._finish,
+            "logprobs": {"content": self._logprobs} if self._logprobs else None,
+        }
+        whole: dict[str, Any] = {
             "id": self._first.get("id", ""),
             "object": "chat.completion",
             "created": 0,
             "model": self._first.get("model", ""),
-            "choices": [
-                {"index": 0, "message": message, "finish_reason": self._finish, "logprobs": None}
-            ],
+            "choices": [choice],
         }
+        if "prompt_token_ids" in self._first:
+            whole["prompt_token_ids"] = self._first["prompt_token_ids"]
+            choice["token_ids"] = self._token_ids
         if self._usage is not None:
             whole["usage"] = self._usage
         await self._response.send(200, json.dumps(whole).encode())

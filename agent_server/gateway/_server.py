@@ -38,7 +38,7 @@ from agent_server.gateway._sessions import (
     Sessions,
 )
 from agent_server.gateway._settings import GatewaySettings
-from agent_server.gateway._sse import SseSplitter
+from agent_server.gateway._sse import SseEvent, SseSplitter
 from agent_server.gateway._upstream import HOP_HEADERS, Upstream
 from agent_server.local_model import LocalModel
 from agent_server.provider import ProviderError, http_error
@@ -362,6 +362,13 @@ class Gateway:
         assert upstream is not None
         recorder = session.recorder
         turn_ordinal = self._place(dialect, session, entries)
+        # With --token-ids a Chat upstream is asked for the engine's ids; a client that did
+        # not ask for them never sees them.
+        strip = False
+        if self.settings.token_ids and dialect is CHAT and body.get("return_token_ids") is None:
+            body = {**body, "return_token_ids": True}
+            raw = json.dumps(body).encode()
+            strip = True
         assert session.turn is not None
         call_id = new_call_id()
         ordinal = recorder.inference_started(
@@ -378,6 +385,7 @@ class Gateway:
             return _recording_failed(recorder.error)
         call = CallRecorder(dialect, session, ordinal, session.turn.id)
         outcome = _Outcome(call)
+        outcome.strip = strip
         headers = upstream.headers_for(
             request.headers,
             call_id,
@@ -455,6 +463,10 @@ class Gateway:
         self._end(session, call, ordinal, outcome)
         if session.recorder.status == _FAILED_RECORDING:
             return _recording_failed(session.recorder.error)
+        if outcome.strip:
+            parsed = loads(body)
+            if isinstance(parsed, dict):
+                body = json.dumps(_strip_ids(parsed)).encode()
         return self._answer(session, answer, body)
 
     def _answer(self, session: Session, answer: httpx.Response, body: bytes) -> web.Response:
@@ -494,7 +506,7 @@ class Gateway:
                     outcome.fail(ProviderError("recording_failed", recorder.error))
                     return response
                 if ready:
-                    await _write(response, ready)
+                    await _write(response, _without_ids(events) if outcome.strip else ready)
             rest = splitter.rest()
             if rest:
                 await _write(response, rest)
@@ -656,6 +668,8 @@ class _Outcome:
         self.reason = ""
         self.error: ProviderError | None = None
         self.ended = False
+        # The client gets the upstream's answer without the token ids the gateway asked for.
+        self.strip = False
 
     @property
     def over(self) -> bool:
@@ -679,6 +693,26 @@ def _field(body: dict[str, Any], name: str, kind: Any, default: Any) -> Any:
     if isinstance(value, bool) or not isinstance(value, kind):
         raise TypeError(f"{name} has the wrong type")
     return value
+
+
+def _strip_ids(data: dict[str, Any]) -> dict[str, Any]:
+    """A chunk or completion without the engine's token ids (vLLM's `return_token_ids`)."""
+    data.pop("prompt_token_ids", None)
+    for choice in data.get("choices") or []:
+        if isinstance(choice, dict):
+            choice.pop("token_ids", None)
+    return data
+
+
+def _without_ids(events: list[SseEvent]) -> bytes:
+    """The events again, their token ids taken out (the only bytes the gateway rewrites)."""
+    out = []
+    for event in events:
+        data = loads(event.data.encode())
+        text = json.dumps(_strip_ids(data)) if isinstance(data, dict) else event.data
+        head = f"event: {event.event}\n" if event.event else ""
+        out.append(f"{head}data: {text}\n\n")
+    return "".join(out).encode()
 
 
 def _client_headers(answer: httpx.Response) -> dict[str, str]:

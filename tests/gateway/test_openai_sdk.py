@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from openai.types.responses import ResponseTextDeltaEvent
@@ -174,3 +175,28 @@ async def test_sync_chat_and_its_stream_helper(gateway: Gateway) -> None:
     traces = reduce_all(_root(gateway))
     recorded = sorted(items_text(t, calls(t)[0].response_item_ids) for t in traces)
     assert recorded == sorted([whole_text, helper_text])
+
+
+async def test_token_ids_are_recorded_and_kept_from_a_client_that_did_not_ask(
+    start_gateway: StartGateway,
+) -> None:
+    gateway = await start_gateway(token_ids=True)
+    messages: list[Any] = [{"role": "user", "content": "count my tokens"}]
+    async with httpx.AsyncClient(base_url=gateway.url) as http:
+        first = await http.post("/chat/completions", json={"model": "m", "messages": messages})
+        assert "token_ids" not in first.text
+        answer = first.json()["choices"][0]["message"]["content"]
+        messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": "more"}]
+        body = {"model": "m", "messages": messages, "stream": True}
+        async with http.stream("POST", "/chat/completions", json=body) as streamed:
+            raw = b"".join([chunk async for chunk in streamed.aiter_bytes()])
+    assert b"token_ids" not in raw
+    assert b"[DONE]" in raw
+    await gateway.stop()
+    trace = only_trace(_root(gateway))
+    one, two = calls(trace)
+    for call in (one, two):
+        assert call.prompt_token_ids
+        assert call.output_tokens.exact
+        assert call.output_tokens.ids
+    assert two.token_drift != common_pb2.TOKEN_DRIFT_UNSPECIFIED
