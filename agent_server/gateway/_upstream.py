@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import logging
 import urllib.parse
 from collections.abc import Mapping
 
 import aiohttp
 import httpx
-from httpx_aiohttp import AiohttpTransport
 
 from agent_server.config import Secret
-from agent_server.provider import CALL_ID_HEADER, ProviderError, redact_url
+from agent_server.provider import (
+    CALL_ID_HEADER,
+    ProviderError,
+    pooled_client,
+    redact_httpx_log,
+    redact_url,
+    url_secrets,
+)
 
-_MAX_KEEPALIVE = 256
 # What one hop's HTTP says about its own connection, never passed on (RFC 9110 7.6.1), and
 # what the gateway sets itself.
 HOP_HEADERS = frozenset(
@@ -48,7 +54,8 @@ class Upstream:
         connect_timeout: float = 30.0,
         max_connections: int = 1024,
     ) -> None:
-        parts = urllib.parse.urlsplit(base_url.rstrip("/"))
+        base_url = base_url.rstrip("/")
+        parts = urllib.parse.urlsplit(base_url)
         self._auth: httpx.BasicAuth | None = None
         netloc = parts.netloc
         if "@" in netloc:
@@ -59,33 +66,12 @@ class Upstream:
             )
         self._base = urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
         self._query = parts.query
-        self.display_url = redact_url(base_url.rstrip("/"))
+        self._url = base_url
+        self.display_url = redact_url(base_url)
         self._api_key = api_key
-        self._secrets = [
-            secret
-            for secret in (
-                api_key.reveal() if api_key is not None else "",
-                urllib.parse.unquote(parts.password or ""),
-                *(value for _, value in urllib.parse.parse_qsl(parts.query)),
-            )
-            if secret
-        ]
-        limits = httpx.Limits(
-            max_connections=max_connections,
-            max_keepalive_connections=min(max_connections, _MAX_KEEPALIVE),
-        )
-        self._client = httpx.AsyncClient(
-            timeout=httpx.Timeout(
-                connect=connect_timeout,
-                read=idle_timeout,
-                write=connect_timeout,
-                pool=connect_timeout,
-            ),
-            follow_redirects=False,
-            limits=limits,
-            trust_env=False,
-            transport=AiohttpTransport(limits=limits, trust_env=False),
-        )
+        self._secrets = url_secrets(base_url, api_key)
+        self._client = pooled_client(idle_timeout, connect_timeout, max_connections)
+        self._log_filter = redact_httpx_log(base_url, self.safe)
 
     @property
     def has_key(self) -> bool:
@@ -93,9 +79,12 @@ class Upstream:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+        if self._log_filter is not None:
+            logging.getLogger("httpx").removeFilter(self._log_filter)
 
     def safe(self, text: str) -> str:
         """Text with the upstream's key and URL credentials taken out."""
+        text = text.replace(self._url, self.display_url)
         for secret in self._secrets:
             text = text.replace(secret, "***")
         return text
