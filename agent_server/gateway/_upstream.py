@@ -13,6 +13,7 @@ from agent_server.config import Secret
 from agent_server.provider import (
     CALL_ID_HEADER,
     ProviderError,
+    _endpoint,
     pooled_client,
     redact_httpx_log,
     redact_url,
@@ -55,16 +56,10 @@ class Upstream:
         max_connections: int = 1024,
     ) -> None:
         base_url = base_url.rstrip("/")
-        parts = urllib.parse.urlsplit(base_url)
-        self._auth: httpx.BasicAuth | None = None
-        netloc = parts.netloc
-        if "@" in netloc:
-            netloc = netloc.rpartition("@")[2]
-            self._auth = httpx.BasicAuth(
-                urllib.parse.unquote(parts.username or ""),
-                urllib.parse.unquote(parts.password or ""),
-            )
-        self._base = urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+        # The URL's user info becomes Basic auth, as for the agent's provider.
+        endpoint, self._auth = _endpoint(base_url, "")
+        parts = urllib.parse.urlsplit(endpoint)
+        self._base = urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
         self._query = parts.query
         self._url = base_url
         self.display_url = redact_url(base_url)
