@@ -42,6 +42,7 @@ from agent_server.gateway._sse import SseEvent, SseSplitter
 from agent_server.gateway._upstream import HOP_HEADERS, Upstream
 from agent_server.local_model import LocalModel
 from agent_server.provider import ProviderError, http_error
+from agent_server.recorder import Recorder
 from agent_server.turn import new_call_id
 from grpc_common import split_listen
 from rollout.agent.v1 import agent_pb2
@@ -64,7 +65,7 @@ _ERROR_BODY_LIMIT = 1024 * 1024
 _STOP_GRACE = 2.0
 COMPLETED = common_pb2.EXECUTION_STATUS_COMPLETED
 FAILED = common_pb2.EXECUTION_STATUS_FAILED
-_FAILED_RECORDING = agent_pb2.RECORDING_STATUS_FAILED
+_RECORDING = agent_pb2.RECORDING_STATUS_ACTIVE
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 # Hook for a live exporter (OTLP): told of every finished call, after it is recorded.
@@ -381,8 +382,8 @@ class Gateway:
             input_items=dialect.items(entries),
             provider_api=dialect.provider_api,
         )
-        if recorder.status == _FAILED_RECORDING:
-            return _recording_failed(recorder.error)
+        if recorder.status != _RECORDING:
+            return _recording_failed(_stopped(recorder))
         call = CallRecorder(dialect, session, ordinal, session.turn.id)
         outcome = _Outcome(call)
         outcome.strip = strip
@@ -436,8 +437,8 @@ class Gateway:
         session.recorder.provider_event(ordinal, "http_error", body.decode("utf-8", "replace"))
         outcome.fail(error)
         self._end(session, call, ordinal, outcome)
-        if session.recorder.status == _FAILED_RECORDING:
-            return _recording_failed(session.recorder.error)
+        if session.recorder.status != _RECORDING:
+            return _recording_failed(_stopped(session.recorder))
         return self._answer(session, answer, body)
 
     async def _forward_body(
@@ -461,8 +462,8 @@ class Gateway:
         except ProviderError as error:
             outcome.fail(error)
         self._end(session, call, ordinal, outcome)
-        if session.recorder.status == _FAILED_RECORDING:
-            return _recording_failed(session.recorder.error)
+        if session.recorder.status != _RECORDING:
+            return _recording_failed(_stopped(session.recorder))
         if outcome.strip:
             parsed = loads(body)
             if isinstance(parsed, dict):
@@ -500,10 +501,10 @@ class Gateway:
                             outcome.complete()
                     except ProviderError as error:
                         outcome.fail(error)
-                if recorder.status == _FAILED_RECORDING:
+                if recorder.status != _RECORDING:
                     # Nothing unrecorded goes out: the client is told why, and the call ends.
-                    await _write(response, _recording_failed_event(recorder.error))
-                    outcome.fail(ProviderError("recording_failed", recorder.error))
+                    await _write(response, _recording_failed_event(_stopped(recorder)))
+                    outcome.fail(ProviderError("recording_failed", _stopped(recorder)))
                     return response
                 if ready:
                     await _write(response, _without_ids(events) if outcome.strip else ready)
@@ -725,6 +726,11 @@ def _client_headers(answer: httpx.Response) -> dict[str, str]:
 def _tag(headers: dict[str, str], session: Session) -> None:
     headers[SESSION_HEADER] = session.key
     headers[THREAD_HEADER] = session.thread.id
+
+
+def _stopped(recorder: Recorder) -> str:
+    """Why a session's recording takes no more records: its failure, or its close."""
+    return recorder.error or "the session was closed while the call ran"
 
 
 def _recording_failed(cause: str) -> web.Response:

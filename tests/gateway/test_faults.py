@@ -266,3 +266,28 @@ async def test_a_slow_client_never_makes_the_gateway_hold_the_stream(
     await gateway.stop()
     (call,) = calls(only_trace(gateway.settings.trace_root))
     assert call.execution.status == common_pb2.EXECUTION_STATUS_COMPLETED
+
+
+async def test_closing_a_session_mid_stream_forwards_nothing_unrecorded(
+    start_gateway: StartGateway, provider: ScriptedProvider
+) -> None:
+    gateway = await start_gateway(provider.url)
+    go_on = asyncio.Event()
+    provider.queue(_opening("recorded part"), go_on, sse(text_delta(" UNRECORDED", "msg-1")))
+    async with httpx.AsyncClient(base_url=gateway.url) as http:
+        body = {"model": "m", "input": "hi", "stream": True}
+        headers = {"x-rollout-session": "closing"}
+        async with http.stream("POST", "/responses", json=body, headers=headers) as answer:
+            chunks = answer.aiter_text()
+            seen = await _read_until(chunks, "recorded part")
+            closed = await http.post(
+                gateway.url.removesuffix("/v1") + "/rollout/v1/sessions/closing/close"
+            )
+            assert closed.status_code == 200
+            go_on.set()
+            async for chunk in chunks:
+                seen += chunk
+    assert "UNRECORDED" not in seen
+    assert "recording_failed" in seen
+    trace = replay_bundle(Path(closed.json()["bundle_path"]))
+    assert trace.integrity.status == state_pb2.INTEGRITY_STATUS_CLEAN
