@@ -309,7 +309,7 @@ class Gateway:
             key = SessionKey(request.match_info["session"], SOURCE_PATH)
             reason = "new key in the /s/{session}/ path prefix"
         else:
-            hinted = dialect.hint(body, self.sessions)
+            hinted = _header_hint(request) or dialect.hint(body, self.sessions)
             continued = None
             if hinted is None:
                 fingerprints = [dialect.fingerprint(entry) for entry in entries]
@@ -726,6 +726,18 @@ def _client_headers(answer: httpx.Response) -> dict[str, str]:
 def _tag(headers: dict[str, str], session: Session) -> None:
     headers[SESSION_HEADER] = session.key
     headers[THREAD_HEADER] = session.thread.id
+
+
+# Headers coding agents send with every request of one conversation (Codex: both, the same id).
+_HINT_HEADERS = ("session_id", "conversation_id")
+
+
+def _header_hint(request: web.Request) -> SessionKey | None:
+    for name in _HINT_HEADERS:
+        value = request.headers.get(name, "").strip()
+        if value:
+            return SessionKey(f"{name}:{value}", f"hint:{name}")
+    return None
 
 
 def _stopped(recorder: Recorder) -> str:

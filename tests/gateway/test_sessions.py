@@ -85,6 +85,15 @@ async def test_previous_response_id_continues_its_session(gateway: Gateway) -> N
     assert len(trace.turns) == 2
 
 
+async def test_a_coding_agents_session_header_is_a_hint(gateway: Gateway) -> None:
+    client = _client(gateway, session_id="0195-conversation")
+    await client.responses.create(model="m", input="first")
+    await client.responses.create(model="m", input="second, unrelated input")
+    await gateway.stop()
+    (path,) = bundles(gateway.settings.trace_root)
+    assert _metadata(path)["gateway.session_source"] == "hint:session_id"
+
+
 async def _closed(path: Path) -> state_pb2.RolloutTrace:
     """The bundle once its footer is written (the idle sweep closes it on its own schedule)."""
     async with asyncio.timeout(20):
