@@ -15,6 +15,7 @@ from pathlib import Path
 from bench import (
     agent_bench,
     batch_bench,
+    engine_bench,
     gateway_bench,
     grpc_floor,
     provider_floor,
@@ -446,6 +447,44 @@ def gateway(root: Path) -> list[Row]:
     return rows
 
 
+def p8(root: Path) -> list[Row]:
+    result = engine_bench.measure(root)
+    rows = []
+    for api in engine_bench.APIS:
+        direct, agent = result.direct[api], result.agent[api]
+        ttft_ratios = [a.ttft / d.ttft for a, d in zip(agent, direct, strict=True)]
+        rate_ratios = [a.rate / d.rate for a, d in zip(agent, direct, strict=True) if d.rate]
+        ttft, rate = statistics.median(ttft_ratios), statistics.median(rate_ratios)
+        ms = [a.ttft * 1e3 for a in agent]
+        peer_ms = [d.ttft * 1e3 for d in direct]
+        rows.append(
+            Row(
+                "P8",
+                f"time to first token and decode rate through the agent server ({api} dialect, "
+                f"recording on) vs straight to the same vLLM, {engine_bench.MAX_TOKENS}-token "
+                f"answers, {engine_bench.ROUNDS} alternating rounds",
+                f"TTFT ratio {ttft:.3f}; decode-rate ratio {rate:.3f}; server CPU "
+                f"{_spread(result.cpu_us_per_delta[api], ' us')} per delta",
+                "TTFT <= 1.05x; decode rate unchanged",
+                ttft <= 1.05 and rate >= 0.95,
+                f"TTFT {_spread(ms, ' ms')}; ratios {min(ttft_ratios):.3f}-{max(ttft_ratios):.3f}",
+                f"engine alone: TTFT {_spread(peer_ms, ' ms')}, "
+                f"{statistics.median(d.rate for d in direct):.1f} tokens/s",
+            )
+        )
+    if result.engine_start is not None:
+        rows.append(
+            Row(
+                "P8",
+                "vLLM start (scripts/vllm-serve.sh to /health)",
+                f"{result.engine_start:.0f} s",
+                "(reference)",
+                True,
+            )
+        )
+    return rows
+
+
 BENCHES: dict[str, Callable[[Path], list[Row]]] = {
     "p1": p1,
     "p2": p2,
@@ -458,6 +497,7 @@ BENCHES: dict[str, Callable[[Path], list[Row]]] = {
     "batch": batch,
     "training": training,
     "gateway": gateway,
+    "engine": p8,
 }
 
 
