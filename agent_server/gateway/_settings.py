@@ -11,7 +11,7 @@ from typing import Any
 
 from agent_server import _config_file, config, logs
 from agent_server.config import ConfigError, Settings
-from grpc_common import split_listen
+from grpc_common import add_access_arguments, split_listen
 
 DEFAULT_LISTEN = "127.0.0.1:8090"
 DEFAULT_SESSION_IDLE_TIMEOUT = 600.0
@@ -101,14 +101,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="ask a Chat Completions upstream for the engine's token ids and record them",
     )
-    parser.add_argument(
-        "--auth-token-env",
-        metavar="NAME",
-        help="require `Authorization: Bearer <token>` from clients; the token is read from the "
-        "environment variable NAME",
-    )
-    parser.add_argument("--tls-cert", type=Path, metavar="PATH", help="PEM certificate chain")
-    parser.add_argument("--tls-key", type=Path, metavar="PATH", help="PEM private key")
+    add_access_arguments(parser)
     parser.add_argument(
         "--local-word-delay",
         type=float,
