@@ -206,13 +206,16 @@ async def test_a_slow_client_never_makes_the_gateway_hold_the_stream(
 ) -> None:
     """The upstream can only write as fast as the client reads, give or take the buffers."""
     piece = "x" * (64 * 1024)
-    # 40 MiB in all: the loopback sockets' buffers between upstream and client hold ~10 MiB.
-    count = 640
+    # 20 MiB in all: the loopback sockets' buffers between upstream and client hold a few MiB.
+    count = 320
     written = 0
 
     async def stream(request: web.Request) -> web.StreamResponse:
         nonlocal written
         answer = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        # The upstream's own send buffer small too: less data between it and the client.
+        upstream_socket = request.transport.get_extra_info("socket")  # type: ignore[union-attr]
+        upstream_socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
         await answer.prepare(request)
         item = message("", "msg-1")
         await answer.write(sse(created("resp-1"), item_added(item)).encode())
@@ -255,6 +258,8 @@ async def test_a_slow_client_never_makes_the_gateway_hold_the_stream(
                 last = written
                 await asyncio.sleep(0.5)
         assert written < count // 2, f"the upstream wrote {written} of {count} pieces unread"
+        # Now a fast reader: the rest flows at loopback speed.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
         received = 0
         while chunk := await reader.read(1 << 20):
             received += len(chunk)
