@@ -4,7 +4,6 @@ and the ids kept from a client that did not ask for them. Greedy decoding, short
 
 from __future__ import annotations
 
-import itertools
 import json
 from typing import Any
 
@@ -13,7 +12,7 @@ import openai
 import pytest
 
 from rollout.trace.v1 import common_pb2, state_pb2
-from tests.engine import MODEL, READY_TIMEOUT
+from tests.engine import MODEL, READY_TIMEOUT, check_drift
 from tests.gateway.conftest import StartGateway, bundles, calls
 from trace_reducer import replay_bundle, request_body
 
@@ -85,19 +84,4 @@ async def test_engine_ids_through_the_gateway(start_gateway: StartGateway, vllm_
             assert list(call.prompt_token_ids) == tokenized.json()["tokens"]
 
     # The drift check ran on the second call: EXACT, or exactly where it departs.
-    assert one.token_drift == common_pb2.TOKEN_DRIFT_UNSPECIFIED
-    for before, after in itertools.pairwise((one, two)):
-        held = [*before.prompt_token_ids, *before.output_tokens.ids]
-        prompt = list(after.prompt_token_ids)
-        assert after.held_token_count == len(held)
-        if after.token_drift == common_pb2.TOKEN_DRIFT_EXACT:
-            assert prompt[: len(held)] == held
-        else:
-            at = after.drift_position
-            assert prompt[:at] == held[:at]
-            assert at == len(prompt) or prompt[at] != held[at]
-            assert after.token_drift == (
-                common_pb2.TOKEN_DRIFT_REALIGN
-                if at >= len(before.prompt_token_ids)
-                else common_pb2.TOKEN_DRIFT_FORK
-            )
+    check_drift([one, two])
