@@ -9,6 +9,7 @@ already running instead (its `/v1` base URL).
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import socket
@@ -17,7 +18,10 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
+
+from rollout.trace.v1 import common_pb2, state_pb2
 
 REPO = Path(__file__).resolve().parent.parent
 SERVE_SCRIPT = REPO / "scripts" / "vllm-serve.sh"
@@ -124,3 +128,25 @@ class Engine:
 
 
 ENGINE = Engine()
+
+
+def check_drift(calls: Sequence[state_pb2.InferenceCall]) -> None:
+    """A thread's calls in order: the first has no verdict, each later one is EXACT (its prompt
+    extends the ids held so far) or names the first position where it departs from them."""
+    assert calls[0].token_drift == common_pb2.TOKEN_DRIFT_UNSPECIFIED
+    for before, after in itertools.pairwise(calls):
+        held = [*before.prompt_token_ids, *before.output_tokens.ids]
+        prompt = list(after.prompt_token_ids)
+        assert after.held_token_count == len(held)
+        if after.token_drift == common_pb2.TOKEN_DRIFT_EXACT:
+            assert prompt[: len(held)] == held
+        else:
+            at = after.drift_position
+            assert prompt[:at] == held[:at]
+            assert at == len(prompt) or prompt[at] != held[at]
+            expected = (
+                common_pb2.TOKEN_DRIFT_REALIGN
+                if at >= len(before.prompt_token_ids)
+                else common_pb2.TOKEN_DRIFT_FORK
+            )
+            assert after.token_drift == expected

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
-import itertools
 import json
 import re
 import shlex
@@ -31,7 +30,7 @@ from tests.agent_server.conftest import (
     clean_env,
     reduce_with_cli,
 )
-from tests.engine import MODEL, READY_TIMEOUT
+from tests.engine import MODEL, READY_TIMEOUT, check_drift
 from trace_reducer import read_bundle, request_body
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(READY_TIMEOUT + 600)]
@@ -258,23 +257,7 @@ async def check_engine_ids_and_drift(
             assert answer.status_code == 200, answer.text
             assert list(call.prompt_token_ids) == answer.json()["tokens"]
 
-    assert calls[0].token_drift == common_pb2.TOKEN_DRIFT_UNSPECIFIED
-    for before, after in itertools.pairwise(calls):
-        held = [*before.prompt_token_ids, *before.output_tokens.ids]
-        prompt = list(after.prompt_token_ids)
-        assert after.held_token_count == len(held)
-        if after.token_drift == common_pb2.TOKEN_DRIFT_EXACT:
-            assert prompt[: len(held)] == held
-        else:
-            at = after.drift_position
-            assert prompt[:at] == held[:at]
-            assert at == len(prompt) or prompt[at] != held[at]
-            expected = (
-                common_pb2.TOKEN_DRIFT_REALIGN
-                if at >= len(before.prompt_token_ids)
-                else common_pb2.TOKEN_DRIFT_FORK
-            )
-            assert after.token_drift == expected
+    check_drift(calls)
 
     assert sample["tokens"] == "exact"
     drifted = {e["inference_call_id"]: e for e in sample["drift_events"]}
