@@ -153,6 +153,8 @@ class Response:
         self.accepted = 0
         self.tool_calls: list[ToolCall] = []
         self._outputs: list[_Output] = []
+        # The client ids of _outputs, for a new item's id in O(1).
+        self._client_ids: set[str] = set()
         self._thread = thread
         self._recorder: Recorder = thread.recorder
         self._turn_id = turn_id
@@ -196,9 +198,13 @@ class Response:
     def _client_id_for(self, provider_id: str, item_type: str) -> str:
         """The provider's id, unless an output of this response already has it: two items of
         a response must never share the id clients and the trace know them by."""
-        if provider_id and all(o.client_id != provider_id for o in self._outputs):
-            return provider_id
-        return _assign_item_id(item_type)
+        client_id = (
+            provider_id
+            if provider_id and provider_id not in self._client_ids
+            else _assign_item_id(item_type)
+        )
+        self._client_ids.add(client_id)
+        return client_id
 
     # -- batches -------------------------------------------------------------------------------
 

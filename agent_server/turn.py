@@ -239,7 +239,7 @@ class TurnRunner:
         round has fails the attempt (an output could never say which of them it answers), and
         is ended with the round."""
         self._round.append(call)
-        self._turn.tool_calls.append(call)
+        self._turn.add_tool_call(call)
         if call.call_id in self._round_call_ids:
             raise ProviderError(
                 "duplicate_call_id",
