@@ -4,6 +4,7 @@ ids, stale statuses, events after `error`, counts no integer column holds."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,10 @@ def records(thread: agent_pb2.Thread) -> list[record_pb2.TraceRecord]:
         return list(reader)
 
 
+def awaiting_outputs(turn_id: str) -> Callable[[agent_pb2.ThreadEvent], bool]:
+    return lambda e: e.turn_id == turn_id and e.HasField("turn_awaiting_tool_outputs")
+
+
 def submit_request(thread_id: str, turn_id: str, call_id: str) -> Any:
     return agent_pb2.SubmitToolOutputsRequest(
         thread_id=thread_id,
@@ -61,11 +66,7 @@ async def test_an_interrupt_racing_the_last_output_always_stops_the_turn(
     events = agent.events(thread.id)
     for _ in range(30):
         turn = await agent.start_turn(thread.id, "lookup the weather")
-        await events.wait_for(
-            lambda e, turn_id=turn.id: (
-                e.turn_id == turn_id and e.HasField("turn_awaiting_tool_outputs")
-            )
-        )
+        await events.wait_for(awaiting_outputs(turn.id))
         [call] = [
             e.tool_call_requested
             for e in events.of_kind("tool_call_requested")
