@@ -99,13 +99,17 @@ class _Tail:
     written since (by it or another writer), so N appends cost O(N), not O(N^2)."""
 
     first_frame: bytes
+    # Bytes fed to the decoder so far.
     size: int
     decoder: FrameDecoder
     header: record_pb2.Header | None
+    # The file's size and modification time once this process last wrote it.
+    left: tuple[int, int] = (0, 0)
 
 
-# The sidecars this process appended to lately, by (device, inode); a sidecar that changed
-# under a different first frame, or shrank, is read again from its start.
+# The sidecars this process appended to lately, by (device, inode). One that only grew since
+# (another writer appended) is read from where this process left off; one rewritten in place
+# (changed without growing, shrunk, or under another first frame) is read again whole.
 _TAILS: OrderedDict[tuple[int, int], _Tail] = OrderedDict()
 _MAX_TAILS = 1024
 
@@ -116,7 +120,9 @@ def _tail_of(fd: int) -> _Tail:
     key = (status.st_dev, status.st_ino)
     tail = _TAILS.pop(key, None)
     if tail is not None and (
-        status.st_size < tail.size or os.pread(fd, len(tail.first_frame), 0) != tail.first_frame
+        status.st_size < tail.left[0]
+        or (status.st_size == tail.left[0] and status.st_mtime_ns != tail.left[1])
+        or os.pread(fd, len(tail.first_frame), 0) != tail.first_frame
     ):
         tail = None
     if tail is None:
@@ -134,6 +140,11 @@ def _tail_of(fd: int) -> _Tail:
     while len(_TAILS) > _MAX_TAILS:
         _TAILS.popitem(last=False)
     return tail
+
+
+def _left_as(fd: int, tail: _Tail) -> None:
+    status = os.fstat(fd)
+    tail.left = (status.st_size, status.st_mtime_ns)
 
 
 def _forget_tail(fd: int) -> None:
@@ -197,6 +208,7 @@ def append_reward(bundle_dir: Path, reward: RewardInput, *, trace_id: str) -> in
         )
         _write(fd, record)
         os.fsync(fd)
+        _left_as(fd, tail)
         return seq
     except OSError as error:
         _forget_tail(fd)
