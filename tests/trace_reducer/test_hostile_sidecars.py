@@ -74,11 +74,12 @@ def test_a_dangling_symlinked_sidecar_creates_nothing(bundle: Path, tmp_path: Pa
 def test_a_fifo_sidecar_is_refused_at_once(bundle: Path, tmp_path: Path, command: str) -> None:
     # Was: reduce, reward and export-rl waited forever for a writer to open the FIFO.
     os.mkfifo(bundle / REWARDS_FILE_NAME)
-    args: list[str | Path] = {
+    commands: dict[str, list[str | Path]] = {
         "reduce": ["reduce", bundle, "--stdout"],
         "reward": ["reward", bundle, "--name", "score", "--value", "1"],
         "export-rl": ["export-rl", bundle, "--format", "jsonl", "--out", tmp_path / "out"],
-    }[command]
+    }
+    args = commands[command]
     result = run_cli(*args)
     assert "Traceback" not in result.stderr
     assert "internal error" not in result.stderr
