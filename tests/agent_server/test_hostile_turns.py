@@ -4,6 +4,8 @@ ids, stale statuses, events after `error`, counts no integer column holds."""
 from __future__ import annotations
 
 import asyncio
+import json
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,7 @@ CANCELLED = common_pb2.EXECUTION_STATUS_CANCELLED
 COMPLETED = common_pb2.EXECUTION_STATUS_COMPLETED
 # Long enough that a turn wedged until it would fail the test by its own timeout.
 WEDGE_SECONDS = 3600.0
+TRACE_REDUCER = str(Path(sys.executable).parent / "trace-reducer")
 
 
 def records(thread: agent_pb2.Thread) -> list[record_pb2.TraceRecord]:
@@ -256,3 +259,45 @@ async def test_counts_no_column_holds_never_cost_the_answer(
     assert (call.usage.input_tokens, call.usage.output_tokens) == (0, output_tokens)
     raw = [r.provider_event.data for r in records(thread) if r.HasField("provider_event")]
     assert completed_event in raw
+
+
+@pytest.mark.parametrize("logprob", ["-1e999", "NaN", "null"])
+async def test_export_rl_writes_every_accepted_number_as_strict_json(
+    provider: ScriptedProvider, agent: Harness, tmp_path: Path, logprob: str
+) -> None:
+    # Was: `internal error: ValueError: Out of range float values` and an empty output file,
+    # for two rewards of 1.5e308 (the mean overflowed) or a logprob of null, NaN or -1e999.
+    item = message("hi there", "msg-1")
+    created_event = {**created(), "prompt_token_ids": [1, 2, 3]}
+    deltas = (
+        f'data: {{"type": "response.output_text.delta", "item_id": "msg-1", "delta": "hi",'
+        f' "token_ids": [7], "logprobs": [{{"token": "hi", "logprob": {logprob}}}]}}\n\n'
+        'data: {"type": "response.output_text.delta", "item_id": "msg-1", "delta": " there",'
+        ' "token_ids": [8], "logprobs": [{"token": " there", "logprob": -0.5}]}\n\n'
+    )
+    provider.queue(
+        sse(created_event, item_added(item)) + deltas + sse(item_done(item), completed())
+    )
+    thread = await agent.start_thread(capture_logprobs=True, request_token_ids=True)
+    events = agent.events(thread.id)
+    turn = await agent.start_turn(thread.id, "hello")
+    assert (await events.turn_completed(turn.id)).status == agent_pb2.TURN_STATUS_COMPLETED
+    for _ in range(2):
+        await agent.stub.RecordReward(
+            agent_pb2.RecordRewardRequest(thread_id=thread.id, name="score", value=1.5e308)
+        )
+    await agent.stub.CloseThread(agent_pb2.CloseThreadRequest(thread_id=thread.id))
+    out = tmp_path / "rl"
+    process = await asyncio.create_subprocess_exec(
+        TRACE_REDUCER, "export-rl", thread.bundle_path, "--format", "jsonl", "--out", str(out),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _, stderr = await process.communicate()
+    assert process.returncode == 0, stderr.decode()
+    [written] = out.iterdir()
+    [line] = written.read_text().splitlines()
+    # Strict JSON: no NaN, no Infinity.
+    sample = json.loads(line, parse_constant=lambda name: pytest.fail(f"{name} in the output"))
+    assert sample["reward"] == 1.5e308
+    assert sample["logprobs"][-2:] == [None, -0.5]
+    assert sample["token_ids"][-2:] == [7, 8]
