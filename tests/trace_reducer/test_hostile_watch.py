@@ -21,9 +21,13 @@ async def test_a_bundle_corrupt_from_the_start_sends_its_state_before_data_loss(
     received: list[reducer_pb2.WatchBundleResponse] = []
     async with reducer_service(root) as stub:
         call = stub.WatchBundle(reducer_pb2.WatchBundleRequest(bundle="corrupt"))
-        with pytest.raises(grpc.aio.AioRpcError) as raised:
+
+        async def read_all() -> None:
             async for response in call:
                 received.append(response)
+
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await read_all()
     assert raised.value.code() == grpc.StatusCode.DATA_LOSS
     assert received, "no state came before DATA_LOSS"
     last = received[-1]
