@@ -9,7 +9,8 @@ import pytest
 
 from rollout.reducer.v1 import reducer_pb2
 
-from .test_watch import _bad_bundles, reducer_service
+from .live import reducer_service
+from .test_watch import _bad_bundles
 
 
 async def test_a_bundle_corrupt_from_the_start_sends_its_state_before_data_loss(
