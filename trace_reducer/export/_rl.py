@@ -219,17 +219,16 @@ def _number(value: float) -> float | None:
 
 def _weighted_mean(pairs: Sequence[tuple[float, float]]) -> float | None:
     """The weighted mean of finite (value, weight) pairs, without overflowing on the way
-    (two rewards of 1.5e308 average 1.5e308); None when the weights cancel out."""
+    (two rewards of 1.5e308 average 1.5e308): values and weights are scaled to at most 1
+    first. None when the weights cancel out."""
     if not pairs:
         return None
-    weights = math.fsum(weight for _, weight in pairs)
     scale = max(abs(value) for value, _ in pairs) or 1.0
-    try:
-        total = math.fsum((value / scale) * weight for value, weight in pairs)
-    except OverflowError:
+    weight_scale = max(abs(weight) for _, weight in pairs) or 1.0
+    weights = math.fsum(weight / weight_scale for _, weight in pairs)
+    if not weights:
         return None
-    if not weights or not math.isfinite(weights):
-        return None
+    total = math.fsum((value / scale) * (weight / weight_scale) for value, weight in pairs)
     mean = total / weights * scale
     if math.isnan(mean):
         return None
