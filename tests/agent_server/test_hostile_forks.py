@@ -7,24 +7,21 @@ import asyncio
 import json
 import shutil
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
 
-from grpc_common import GrpcServer
 from rollout.agent.v1 import agent_pb2
-from rollout.reducer.v1 import reducer_pb2, reducer_pb2_grpc
+from rollout.reducer.v1 import reducer_pb2
 from rollout.trace.v1 import record_pb2, state_pb2
 from tests.agent_server.conftest import Harness, StartAgent
 from tests.agent_server.test_forks import fork, run_turn
 from tests.trace_reducer.bundles import BundleBuilder, user_item
+from tests.trace_reducer.live import reducer_service
 from tests.trace_reducer.process import peak_bytes
 from trace_reducer import BundleWriter, RecordBuilder, read_bundle, replay_bundle
 from trace_reducer.bundle._payloads import UNPARSED_PAYLOAD_BUDGET
-from trace_reducer.service import SERVICE_NAME, ReducerService, add_to_server
 
 TRACE_REDUCER = str(Path(sys.executable).parent / "trace-reducer")
 MiB = 1024 * 1024
@@ -54,27 +51,12 @@ async def cli(*args: str | Path) -> tuple[int, str, str]:
     return process.returncode, out.decode(), err.decode()
 
 
-@pytest.fixture
-async def reducer_service(tmp_path: Path) -> AsyncIterator[tuple[Path, Any]]:
-    root = tmp_path / "served"
-    root.mkdir()
-    service = ReducerService(root)
-    server = await GrpcServer.start(
-        "127.0.0.1:0", lambda s: add_to_server(service, s), [SERVICE_NAME]
-    )
-    channel = grpc.aio.insecure_channel(server.address)
-    try:
-        yield root, reducer_pb2_grpc.ReducerServiceStub(channel)
-    finally:
-        await channel.close(None)
-        await server.stop(None)
-
-
 async def test_a_parent_behind_a_symlink_out_of_the_root_is_never_read(
-    local: Harness, reducer_service: tuple[Path, Any]
+    local: Harness, tmp_path: Path
 ) -> None:
     # Was: ReduceBundle and WatchBundle answered with the outside bundle's items.
-    root, stub = reducer_service
+    root = tmp_path / "served"
+    root.mkdir()
     parent = await local.start_thread()
     await run_turn(local, parent.id, "a secret outside the root")
     [child] = await fork(local, parent.id, 1)
@@ -82,6 +64,11 @@ async def test_a_parent_behind_a_symlink_out_of_the_root_is_never_read(
     await close(local, parent, child)
     moved = Path(shutil.move(child.bundle_path, root))
     (root / Path(parent.bundle_path).name).symlink_to(parent.bundle_path)
+    async with reducer_service(root) as stub:
+        await check_nothing_outside_is_read(stub, moved)
+
+
+async def check_nothing_outside_is_read(stub: Any, moved: Path) -> None:
     for trace in (
         (await stub.ReduceBundle(reducer_pb2.ReduceBundleRequest(bundle=moved.name))).trace,
         replay_bundle(moved),
