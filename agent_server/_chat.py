@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from grpc_common import header_secret
 from rollout.agent.v1 import agent_pb2
 from rollout_client import (
     DEFAULT_ADDRESS,
@@ -51,7 +52,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     token = None
     if args.auth_token_env:
-        token = os.environ.get(args.auth_token_env, "")
+        try:
+            token = header_secret(
+                os.environ.get(args.auth_token_env, ""),
+                f"the token in {args.auth_token_env} (--auth-token-env)",
+            )
+        except ValueError as error:
+            return _fail(str(error))
         if not token:
             return _fail(f"--auth-token-env names {args.auth_token_env}, which is unset or empty")
     tls: bool | Path = args.tls_ca if args.tls_ca is not None else bool(args.tls)

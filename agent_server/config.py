@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -10,7 +11,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from agent_server import _config_file, logs
-from grpc_common import AccessControl, add_access_arguments, split_listen
+from grpc_common import AccessControl, add_access_arguments, header_secret, split_listen
 
 _T = TypeVar("_T")
 
@@ -34,6 +35,55 @@ CAPABILITIES = ("token-ids", "logprobs")
 
 class ConfigError(ValueError):
     """A flag or environment value that cannot be used."""
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The values a number setting may take: finite, at least `low` (or above it when
+    `exclusive`), at most `high`; an integer setting takes integers only."""
+
+    low: float
+    exclusive: bool = False
+    high: float = math.inf
+    integer: bool = False
+    unit: str = ""
+
+    def check(self, name: str, value: object) -> None:
+        flag = "--" + name.replace("_", "-")
+        kind = "an integer" if self.integer else "a number"
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{flag} must be {kind}, not {value!r}")
+        if self.integer and not isinstance(value, int):
+            raise ConfigError(f"{flag} must be an integer, not {value!r}")
+        if not math.isfinite(value):
+            raise ConfigError(f"{flag} must be a finite number, not {value!r}")
+        unit = f" {self.unit}" if self.unit else ""
+        if self.exclusive and value <= self.low:
+            raise ConfigError(f"{flag} must be more than {self.low:g}{unit}, not {value!r}")
+        if value < self.low:
+            raise ConfigError(f"{flag} must be {self.low:g} or more, not {value!r}")
+        if value > self.high:
+            raise ConfigError(f"{flag} must be at most {self.high:g}{unit}, not {value!r}")
+
+
+# Longer than any timer asyncio and the HTTP library keep exactly (and than any real wait).
+_MAX_SECONDS = 365 * 24 * 3600.0
+_MAX_COUNT = 2**31 - 1
+
+# Every number setting of Settings and what it may be: checked in one place, at start-up,
+# whether it came from a flag, the environment or the --config file.
+NUMBER_SETTINGS: dict[str, Bounds] = {
+    "max_retries": Bounds(0, integer=True, high=_MAX_COUNT),
+    "retry_base_delay": Bounds(0, high=_MAX_SECONDS, unit="seconds"),
+    "stream_idle_timeout": Bounds(0, exclusive=True, high=_MAX_SECONDS, unit="seconds"),
+    "event_buffer": Bounds(1, integer=True, high=_MAX_COUNT),
+    "local_word_delay": Bounds(0, high=_MAX_SECONDS, unit="seconds"),
+    "closed_thread_retention": Bounds(0, high=_MAX_SECONDS, unit="seconds"),
+    "max_closed_threads": Bounds(0, integer=True, high=_MAX_COUNT),
+    "provider_max_connections": Bounds(1, integer=True, high=_MAX_COUNT),
+    "max_tool_rounds": Bounds(0, integer=True, high=_MAX_COUNT),
+    "tool_output_timeout": Bounds(0, exclusive=True, high=_MAX_SECONDS, unit="seconds"),
+}
 
 
 class Secret:
@@ -124,26 +174,8 @@ class Settings:
     log_format: str = "text"
 
     def __post_init__(self) -> None:
-        if self.max_retries < 0:
-            raise ConfigError("--max-retries must be 0 or more")
-        if self.retry_base_delay < 0:
-            raise ConfigError("--retry-base-delay must be 0 or more")
-        if self.stream_idle_timeout <= 0:
-            raise ConfigError("--stream-idle-timeout must be more than 0 seconds")
-        if self.event_buffer < 1:
-            raise ConfigError("--event-buffer must be at least 1")
-        if self.local_word_delay < 0:
-            raise ConfigError("--local-word-delay must be 0 or more")
-        if self.closed_thread_retention < 0:
-            raise ConfigError("--closed-thread-retention must be 0 or more")
-        if self.max_closed_threads < 0:
-            raise ConfigError("--max-closed-threads must be 0 or more")
-        if self.provider_max_connections < 1:
-            raise ConfigError("--provider-max-connections must be at least 1")
-        if self.max_tool_rounds < 0:
-            raise ConfigError("--max-tool-rounds must be 0 or more")
-        if self.tool_output_timeout <= 0:
-            raise ConfigError("--tool-output-timeout must be more than 0 seconds")
+        for name, bounds in NUMBER_SETTINGS.items():
+            bounds.check(name, getattr(self, name))
         if not self.model:
             raise ConfigError("--model must not be empty")
         if self.provider_api not in PROVIDER_APIS:
@@ -403,22 +435,10 @@ def _api_key(value: str, variable: str) -> str:
     an HTTP header cannot carry is refused here, at start-up, because the HTTP library's error
     for it would quote the header, key included.
     """
-    key = value.strip()
-    for position, char in enumerate(key, start=1):
-        if not ("!" <= char <= "~"):
-            raise ConfigError(
-                f"the API key in {variable} has a character an HTTP header cannot carry "
-                f"(character {position} of {len(key)}: {_char_name(char)})"
-            )
-    return key
-
-
-def _char_name(char: str) -> str:
-    if char == " ":
-        return "a space"
-    if char.isprintable():
-        return f"U+{ord(char):04X}, not ASCII"
-    return f"control character U+{ord(char):04X}"
+    try:
+        return header_secret(value, f"the API key in {variable}")
+    except ValueError as error:
+        raise ConfigError(str(error)) from error
 
 
 def _default(value: _T | None, default: _T) -> _T:

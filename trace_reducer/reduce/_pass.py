@@ -14,6 +14,7 @@ from ..bundle._errors import PayloadError
 from ..bundle._payloads import PayloadStore
 from ..bundle._reader import BundleReader, Integrity
 from ..bundle._rewards import RewardFile, add_rewards, read_rewards
+from ._items import ItemInfo
 from ._parents import ForkResolver, ParentBundle
 from ._reducer import Reducer
 
@@ -24,6 +25,9 @@ class Reduced:
 
     trace: state_pb2.RolloutTrace
     parent: ParentBundle | None
+    # What the reducer kept of the bundle's payloads: the bytes it did not parse (within its
+    # budget) and the items it parsed, which is all a fork's parent needs to hand on.
+    held: tuple[PayloadStore, dict[str, ItemInfo]]
 
 
 class _Beside:
@@ -70,7 +74,11 @@ def reduce_reader(
         reducer.apply_many(batch)
     if isinstance(rewards, _Beside):
         rewards = read_rewards(reader.bundle_dir)
-    return Reduced(settle(reducer, reader.integrity, rewards, compact=compact), reducer.parent)
+    return Reduced(
+        settle(reducer, reader.integrity, rewards, compact=compact),
+        reducer.parent,
+        reducer.held_payloads(),
+    )
 
 
 def settle(

@@ -46,7 +46,9 @@ def request_body(path: str | os.PathLike[str], inference_call_id: str) -> bytes:
                     payloads.add(record.payload)
                 elif body == "thread_forked":
                     fork_prefix = list(record.thread_forked.prefix_payload_ids)
-                    parent = BundleForkResolver(reader.bundle_dir).resolve(record.thread_forked)
+                    parent = BundleForkResolver(reader.bundle_dir, every_payload=True).resolve(
+                        record.thread_forked
+                    )
                 elif body == "thread_started":
                     inputs_of_thread[record.thread_started.thread] = fork_prefix
                     instructions_of_thread[record.thread_started.thread] = (
