@@ -71,6 +71,41 @@ def read_and_parse(trace_file: Path) -> int:
     return count
 
 
+# The first byte of the output_text_delta body's tag: field 11, length-delimited.
+_DELTA_TAG = (11 << 3) | 2
+
+
+def read_split_tag(trace_file: Path) -> int:
+    """The tag floor: read the file, cut it into frames and look at each frame's body tag
+    (after its seq and time_us fields); parse nothing. Returns how many frames are deltas."""
+    data = trace_file.read_bytes()
+    pos = 0
+    end = len(data)
+    deltas = 0
+    while pos < end:
+        size = data[pos]
+        if size < 0x80:
+            start = pos + 1
+        else:
+            prefix = decode_varint(data, pos)
+            assert prefix is not None
+            size, start = prefix
+        pos = start + size
+        # seq (field 1, varint) is always there; time_us (field 2) unless it is 0.
+        at = start + 1
+        while data[at] & 0x80:
+            at += 1
+        at += 1
+        if data[at] == 0x10:
+            at += 1
+            while data[at] & 0x80:
+                at += 1
+            at += 1
+        if data[at] == _DELTA_TAG:
+            deltas += 1
+    return deltas
+
+
 def validating_read(bundle: Path) -> int:
     """What replay_bundle reads: frames with their CRC and seq checked, nothing reduced."""
     with read_bundle(bundle) as reader:
@@ -89,10 +124,12 @@ class P1:
 
 
 FLOOR = "read frames + ParseFromString"
+TAG_FLOOR = "read frames + look at each tag"
 VALIDATING = "validating read (CRC, seq)"
 REPLAY = "replay_bundle"
 COMPACT = "replay_bundle(compact=True)"
 PEER = "JSONL + orjson"
+LAZY_PEER = "JSONL + orjson, delta lines skipped"
 
 
 LARGE = Shape(turns=1000, deltas_per_turn=1000)
@@ -105,19 +142,23 @@ def large_bundle(root: Path) -> Path:
     return existing[0] if existing else write_conversation(home, LARGE)
 
 
-def measure_p1(root: Path, rounds: int) -> P1:
-    """Alternate the floor, the validating read, replay_bundle and the JSONL peer."""
-    bundle = large_bundle(root)
+def measure_p1(bundle: Path, jsonl: Path, rounds: int) -> P1:
+    """Alternate the floors, the validating read, replay_bundle and the JSONL peers on one
+    bundle (its JSONL twin written to `jsonl`)."""
     trace_file = bundle / TRACE_FILE_NAME
-    jsonl = root / "p1.jsonl"
     lines = write_codex_jsonl(bundle, jsonl)
     contenders: list[tuple[str, Callable[[], object]]] = [
         (FLOOR, lambda: read_and_parse(trace_file)),
+        (TAG_FLOOR, lambda: read_split_tag(trace_file)),
         (VALIDATING, lambda: validating_read(bundle)),
         (REPLAY, lambda: replay_bundle(bundle)),
         (COMPACT, lambda: replay_bundle(bundle, compact=True)),
         (PEER, lambda: reduce_codex_jsonl(jsonl)),
+        (LAZY_PEER, lambda: reduce_codex_jsonl(jsonl, lazy=True)),
     ]
+    eager, lazy = reduce_codex_jsonl(jsonl), reduce_codex_jsonl(jsonl, lazy=True)
+    if eager != lazy:
+        raise AssertionError("the lazy peer's answer differs from the eager peer's")
     times: dict[str, list[float]] = {name: [] for name, _ in contenders}
     for round_number in range(rounds):
         shift = round_number % len(contenders)
