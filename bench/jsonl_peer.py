@@ -90,7 +90,7 @@ def write_codex_jsonl(bundle: Path, out: Path) -> int:
 # Every delta line starts `{"timestamp":"<29 characters>","type":"event_msg","payload":{"type":`
 # then the event's name: the lazy reader tells a delta line by these bytes without parsing it.
 _DELTA_MARK = b'"agent_message_delta"'
-_DELTA_WINDOW = 100
+_DELTA_WINDOW = 128
 
 
 def reduce_codex_jsonl(path: Path, *, lazy: bool = False) -> dict[str, Any]:
