@@ -10,6 +10,8 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from agent_server.local_model import reply_words
+from bench import grpc_floor
 from bench._harness import ThreadRun, agent_server_argv, run_thread, spawn, stubs
 from rollout.trace.v1 import record_pb2
 from trace_reducer import decode_varint, request_body
@@ -195,7 +197,7 @@ class Concurrency:
 _STAMP = re.compile(r"@(\d+) ")
 
 
-async def _concurrent(address: str, threads: int, turns: int) -> Concurrency:
+async def _concurrent(address: str, threads: int, turns: int, window: int) -> Concurrency:
     latencies: list[int] = []
 
     def on_delta(text: str, received_ns: int) -> None:
@@ -213,16 +215,13 @@ async def _concurrent(address: str, threads: int, turns: int) -> Concurrency:
                     on_delta=on_delta,
                     keep_text=False,
                     start=start,
+                    flush_window_ms=window,
                 )
             )
             for i in range(threads)
         ]
-        # Every thread exists and is subscribed before any turn starts.
-        while sum(1 for t in tasks if not t.done()) and len(latencies) == 0:
-            await asyncio.sleep(0.2)
-            if all(t.done() for t in tasks):
-                break
-            break
+        # Every thread is started and subscribed before any turn starts (a bench, not a test:
+        # the threads' set-up is not what is measured).
         await asyncio.sleep(2.0)
         began = time.perf_counter()
         start.set()
@@ -250,21 +249,56 @@ async def _concurrent(address: str, threads: int, turns: int) -> Concurrency:
     )
 
 
-def measure_concurrency(
-    root: Path, threads: int = 200, turns: int = 2, word_delay: float = 0.02
-) -> Concurrency:
+@dataclass(frozen=True)
+class P5:
+    """Each window's runs of the agent and of the bare floor, in alternating rounds."""
+
+    agent: dict[int, list[Concurrency]]
+    floor: dict[int, list[grpc_floor.Floor]]
+
+
+def measure_p5(
+    root: Path,
+    threads: int = 200,
+    windows: tuple[int, ...] = (0, 10),
+    rounds: int = 3,
+    turns: int = 2,
+    word_delay: float = 0.02,
+) -> P5:
+    """The agent server (recording) and the bare grpc.aio floor streaming to `threads` clients
+    at each flush window, the order of the contenders rotating each round."""
     model_argv = [sys.executable, "-m", "bench._stamped_model", "--word-delay", str(word_delay)]
+    agent: dict[int, list[Concurrency]] = {window: [] for window in windows}
+    floor: dict[int, list[grpc_floor.Floor]] = {window: [] for window in windows}
+    # The floor streams as many deltas to each client as the model sends a thread.
+    per_stream = sum(len(reply_words(prompt(i))) for i in range(turns))
     with (
         spawn(model_argv) as model,
         spawn(agent_server_argv(trace_root=root / "p5", provider_url=model.address)) as server,
+        grpc_floor.serve(word_delay) as bare,
     ):
-        before = {"server": cpu_seconds(server.popen.pid), "model": cpu_seconds(model.popen.pid)}
-        mine = os.times()
-        result = asyncio.run(_concurrent(server.address, threads, turns))
-        spent = {
-            name: cpu_seconds(pid) - before[name]
-            for name, pid in (("server", server.popen.pid), ("model", model.popen.pid))
-        }
-        now = os.times()
-        spent["clients"] = now.user + now.system - mine.user - mine.system
-        return replace(result, cpu_seconds=spent)
+
+        def run_agent(window: int) -> None:
+            before = {
+                "server": cpu_seconds(server.popen.pid),
+                "model": cpu_seconds(model.popen.pid),
+            }
+            mine = os.times()
+            result = asyncio.run(_concurrent(server.address, threads, turns, window))
+            spent = {
+                name: cpu_seconds(pid) - before[name]
+                for name, pid in (("server", server.popen.pid), ("model", model.popen.pid))
+            }
+            now = os.times()
+            spent["clients"] = now.user + now.system - mine.user - mine.system
+            agent[window].append(replace(result, cpu_seconds=spent))
+
+        def run_floor(window: int) -> None:
+            floor[window].append(grpc_floor.drive(bare, threads, per_stream, window))
+
+        contenders = [(run, window) for window in windows for run in (run_agent, run_floor)]
+        for round_number in range(rounds):
+            shift = round_number % len(contenders)
+            for run, window in contenders[shift:] + contenders[:shift]:
+                run(window)
+    return P5(agent, floor)
