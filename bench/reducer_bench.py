@@ -50,9 +50,14 @@ class Spread:
         return max(self.seconds)
 
 
-def read_and_parse(trace_file: Path) -> int:
-    """The floor: read the file, cut it into frames and ParseFromString each; nothing else."""
-    parse = record_pb2.TraceRecord.FromString
+# The first byte of the output_text_delta body's tag: field 11, length-delimited.
+_DELTA_TAG = (11 << 3) | 2
+
+
+def _read_frames(trace_file: Path, *, parse: bool) -> int:
+    """Read the file and cut it into frames; then ParseFromString each (how many records), or
+    only look at each one's body tag, after its seq and time_us fields (how many deltas)."""
+    parse_record = record_pb2.TraceRecord.FromString
     data = trace_file.read_bytes()
     pos = 0
     end = len(data)
@@ -66,31 +71,10 @@ def read_and_parse(trace_file: Path) -> int:
             assert prefix is not None
             size, start = prefix
         pos = start + size
-        parse(data[start:pos])
-        count += 1
-    return count
-
-
-# The first byte of the output_text_delta body's tag: field 11, length-delimited.
-_DELTA_TAG = (11 << 3) | 2
-
-
-def read_split_tag(trace_file: Path) -> int:
-    """The tag floor: read the file, cut it into frames and look at each frame's body tag
-    (after its seq and time_us fields); parse nothing. Returns how many frames are deltas."""
-    data = trace_file.read_bytes()
-    pos = 0
-    end = len(data)
-    deltas = 0
-    while pos < end:
-        size = data[pos]
-        if size < 0x80:
-            start = pos + 1
-        else:
-            prefix = decode_varint(data, pos)
-            assert prefix is not None
-            size, start = prefix
-        pos = start + size
+        if parse:
+            parse_record(data[start:pos])
+            count += 1
+            continue
         # seq (field 1, varint) is always there; time_us (field 2) unless it is 0.
         at = start + 1
         while data[at] & 0x80:
@@ -102,8 +86,18 @@ def read_split_tag(trace_file: Path) -> int:
                 at += 1
             at += 1
         if data[at] == _DELTA_TAG:
-            deltas += 1
-    return deltas
+            count += 1
+    return count
+
+
+def read_and_parse(trace_file: Path) -> int:
+    """The floor: read the file, cut it into frames and ParseFromString each; nothing else."""
+    return _read_frames(trace_file, parse=True)
+
+
+def read_split_tag(trace_file: Path) -> int:
+    """The tag floor: read, cut into frames, look at each body tag; how many are deltas."""
+    return _read_frames(trace_file, parse=False)
 
 
 def validating_read(bundle: Path) -> int:
