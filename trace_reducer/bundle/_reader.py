@@ -194,6 +194,8 @@ class FrameDecoder:
         next_seq = self._next_seq
         index = first
         problem = ""
+        # Only the last good record's time is kept: one read of it, not one per frame.
+        last_record = None
         while index < end:
             frame = frames[index]
             if frame[0] < 0x80:
@@ -224,13 +226,15 @@ class FrameDecoder:
                 problem = f"footer counts {record.footer.record_count} records, found {next_seq}"
                 break
             next_seq += 1
-            self._last_time_us = record.time_us
+            last_record = record
             append(record)
             index += 1
             if body == "footer":
                 self._footer_seen = True
                 break
         self._next_seq = next_seq
+        if last_record is not None:
+            self._last_time_us = last_record.time_us
         if problem:
             self._corrupt(self._offset + _offset_of(frames, index), problem)
         return index
