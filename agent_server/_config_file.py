@@ -29,6 +29,10 @@ KEYS: dict[str, type] = {
     "metrics-listen": str,
     "log-level": str,
     "log-format": str,
+    "replay-from": Path,
+    "replay-pace": str,
+    "replay-on-divergence": str,
+    "replay-branch-at": int,
 }
 
 

@@ -51,8 +51,15 @@ class HttpRequest:
 class HttpResponse:
     """Writes one response: whole (send) or streamed in chunks (start, write/event, finish)."""
 
-    def __init__(self, writer: asyncio.StreamWriter, *, keep_alive: bool = False) -> None:
+    def __init__(
+        self,
+        writer: asyncio.StreamWriter,
+        *,
+        keep_alive: bool = False,
+        reader: asyncio.StreamReader | None = None,
+    ) -> None:
         self._writer = writer
+        self._reader = reader
         self.keep_alive = keep_alive
         self.started = False
         self.finished = False
@@ -106,6 +113,18 @@ class HttpResponse:
             self.finished = True
             self._writer.write(b"0\r\n\r\n")
             await self._writer.drain()
+
+    async def wait_disconnected(self) -> None:
+        """Return once the client has closed the connection (a stream held open until then).
+
+        Whatever it sends meanwhile is dropped: no client sends a request before the
+        response it waits for."""
+        if self._reader is None:
+            await self._writer.wait_closed()
+            return
+        with contextlib.suppress(ConnectionError):
+            while await self._reader.read(65536):
+                pass
 
     def reset(self) -> None:
         """Drop the connection without finishing the response (a broken stream)."""
@@ -189,7 +208,7 @@ class LoopbackHttpServer:
 
     async def _serve_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
         """One request and its response; True when the connection may carry another."""
-        response = HttpResponse(writer)
+        response = HttpResponse(writer, reader=reader)
         try:
             request = await _read_request(reader)
             response.keep_alive = request.headers.get("connection", "").lower() != "close"

@@ -3,6 +3,16 @@
 from typing import TYPE_CHECKING
 
 from ._compact import expand_request_items
+from ._diff import (
+    REPLAY_IGNORED_FIELDS,
+    REPLAY_IGNORED_ITEM_FIELDS,
+    Difference,
+    RunDiff,
+    body_diff,
+    comparable_request,
+    diff_runs,
+    request_difference,
+)
 from ._errors import (
     BundleError,
     BundleNotFoundError,
@@ -24,6 +34,13 @@ from ._integrity import describe_integrity, integrity_name, require_reducible
 from ._layout import REWARDS_FILE_NAME, STATE_FILE_NAME, TRACE_FILE_NAME
 from ._payloads import canonical_json, payload_id
 from ._reader import BundleReader, FrameDecoder, read_bundle, resolve_trace_file
+from ._recorded import (
+    RecordedCall,
+    RecordedThread,
+    bundle_paths,
+    read_recorded,
+    read_recorded_thread,
+)
 from ._records import RecordBuilder, RecordSink
 from ._reducer import Reducer
 from ._replay import replay_bundle
@@ -64,6 +81,8 @@ __all__ = [
     "FORMAT_VERSION",
     "LOGPROBS_INCLUDE",
     "MAX_RECORD_BYTES",
+    "REPLAY_IGNORED_FIELDS",
+    "REPLAY_IGNORED_ITEM_FIELDS",
     "REWARDS_FILE_NAME",
     "RL_FORMATS",
     "STATE_FILE_NAME",
@@ -74,6 +93,7 @@ __all__ = [
     "BundleReader",
     "BundleWriter",
     "CorruptBundleError",
+    "Difference",
     "ExportConfigError",
     "ExportError",
     "ExportFailedError",
@@ -85,24 +105,31 @@ __all__ = [
     "RecordOutOfRangeError",
     "RecordSink",
     "RecordTooLargeError",
+    "RecordedCall",
+    "RecordedThread",
     "RecordingError",
     "Reducer",
     "ReductionError",
     "RequestNotFoundError",
     "RewardError",
     "RewardInput",
+    "RunDiff",
     "WatchUpdate",
     "__version__",
     "append_reward",
     "attach_rewards",
+    "body_diff",
     "build_sample",
+    "bundle_paths",
     "canonical_json",
     "check_reward",
     "classify_stop",
+    "comparable_request",
     "decode_varint",
     "delta_tokens",
     "describe_integrity",
     "describe_os_error",
+    "diff_runs",
     "encode_record",
     "encode_varint",
     "expand_request_items",
@@ -113,9 +140,12 @@ __all__ = [
     "iter_state_json",
     "payload_id",
     "read_bundle",
+    "read_recorded",
+    "read_recorded_thread",
     "read_rewards",
     "replay_bundle",
     "request_body",
+    "request_difference",
     "require_reducible",
     "resolve_trace_file",
     "sampling_settings",

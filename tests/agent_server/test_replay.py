@@ -1,0 +1,238 @@
+"""Replaying a recorded run: the same client against its own recording, divergence, branching."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rollout.agent.v1 import agent_pb2
+from rollout.trace.v1 import common_pb2, state_pb2
+from tests.agent_server.conftest import Harness, StartAgent, reduce_with_cli
+from tests.agent_server.scripted_provider import (
+    ScriptedProvider,
+    answer,
+    created,
+    item_added,
+    sse,
+    text_delta,
+)
+from tests.agent_server.test_tools import CONVERT, LOOKUP, requested, submit
+from trace_reducer import diff_runs
+
+COMPLETED = agent_pb2.TURN_STATUS_COMPLETED
+FAILED = agent_pb2.TURN_STATUS_FAILED
+
+ToolCode = Callable[[str, str], str]
+
+
+def tool_code(name: str, arguments: str) -> str:
+    """The client's own tool: what the replay runs again."""
+    return f"{name} saw {len(json.loads(arguments))} argument(s)"
+
+
+async def tool_client(agent: Harness, tools: ToolCode = tool_code) -> agent_pb2.Thread:
+    """A text turn, a turn with two parallel tool calls answered by `tools`, another text
+    turn; the thread closed."""
+    thread = await agent.start_thread(tools=[LOOKUP, CONVERT])
+    events = agent.events(thread.id)
+    first = await agent.start_turn(thread.id, "hello there")
+    assert (await events.turn_completed(first.id)).status == COMPLETED
+    second = await agent.start_turn(thread.id, "please lookup the rate and convert it")
+    calls = await requested(events, 2)
+    await submit(
+        agent,
+        thread.id,
+        second.id,
+        *((call.call_id, tools(call.name, call.arguments), False) for call in calls),
+    )
+    assert (await events.turn_completed(second.id)).status == COMPLETED
+    third = await agent.start_turn(thread.id, "thanks, that is all")
+    assert (await events.turn_completed(third.id)).status == COMPLETED
+    await agent.stub.CloseThread(agent_pb2.CloseThreadRequest(thread_id=thread.id))
+    return thread
+
+
+def _items(trace: state_pb2.RolloutTrace) -> list[tuple[Any, ...]]:
+    thread = trace.threads[trace.root_thread_id]
+    out = []
+    for item_id in thread.conversation_item_ids:
+        item = trace.conversation_items[item_id]
+        text = "".join(part.text for part in item.content)
+        out.append((item.kind, item.role, text, item.name, item.arguments, item.output))
+    return out
+
+
+def _turns(trace: state_pb2.RolloutTrace) -> list[tuple[Any, ...]]:
+    thread = trace.threads[trace.root_thread_id]
+    return [
+        (
+            trace.turns[turn_id].execution.status,
+            [
+                (
+                    trace.inference_calls[c].attempt,
+                    trace.inference_calls[c].execution.status,
+                    trace.inference_calls[c].error.code,
+                    trace.inference_calls[c].response_id,
+                    [d.partial_text for d in trace.inference_calls[c].discarded_outputs],
+                )
+                for c in trace.turns[turn_id].inference_call_ids
+            ],
+        )
+        for turn_id in thread.turn_ids
+    ]
+
+
+async def assert_same_run(original: Path, replayed: Path) -> None:
+    """The replay's reduced state equals the original's apart from ids and times."""
+    a, b = await reduce_with_cli(original), await reduce_with_cli(replayed)
+    assert _items(a) == _items(b)
+    assert _turns(a) == _turns(b)
+    assert len(a.tool_calls) == len(b.tool_calls)
+    assert a.threads[a.root_thread_id].execution.status == (
+        b.threads[b.root_thread_id].execution.status
+    )
+    difference = diff_runs(original, replayed)
+    assert difference.first is None, difference.first
+    assert difference.same_calls == len(a.inference_calls)
+
+
+async def test_a_tool_run_replays_to_the_same_state(
+    start_agent: StartAgent, tmp_path: Path
+) -> None:
+    live = await start_agent(provider_url=None, local_word_delay=0.0)
+    thread = await tool_client(live)
+    original = Path(thread.bundle_path)
+    state = await reduce_with_cli(original)
+    # Parallel calls really happened: one response asked for both tools.
+    assert any(len(call.response_item_ids) == 2 for call in state.inference_calls.values())
+
+    replay = await start_agent(
+        provider_url=None, replay_from=original, trace_root=tmp_path / "replayed"
+    )
+    replayed = await tool_client(replay)
+    assert replay.server.replay is not None
+    assert replay.server.replay.answered == len(state.inference_calls)
+    assert replay.server.replay.diverged == 0
+    await assert_same_run(original, Path(replayed.bundle_path))
+
+
+async def test_changed_tool_code_diverges_at_the_call_that_sends_its_output(
+    start_agent: StartAgent, tmp_path: Path
+) -> None:
+    live = await start_agent(provider_url=None, local_word_delay=0.0)
+    original = Path((await tool_client(live)).bundle_path)
+    replay = await start_agent(
+        provider_url=None, replay_from=original, trace_root=tmp_path / "replayed"
+    )
+    thread = await replay.start_thread(tools=[LOOKUP, CONVERT])
+    events = replay.events(thread.id)
+    first = await replay.start_turn(thread.id, "hello there")
+    await events.turn_completed(first.id)
+    second = await replay.start_turn(thread.id, "please lookup the rate and convert it")
+    calls = await requested(events, 2)
+    await submit(
+        replay,
+        thread.id,
+        second.id,
+        *((call.call_id, "a changed line of tool code", False) for call in calls),
+    )
+    ended = await events.turn_completed(second.id)
+    assert ended.status == FAILED
+    assert ended.error.code == "replay_divergence"
+    assert ended.error.http_status == 409
+    # The message names the recorded call and where the request first differs.
+    assert "recorded call 3 of thread" in ended.error.message
+    assert "output" in ended.error.message
+    await replay.stub.CloseThread(agent_pb2.CloseThreadRequest(thread_id=thread.id))
+
+    # The first difference is the tool calls of call 2 (their outputs); call 3 is the
+    # request that carried them.
+    difference = diff_runs(original, Path(thread.bundle_path))
+    assert difference.first is not None
+    assert difference.first.number == 2
+    assert difference.first.aspects == ["tool calls"]
+    assert any("a changed line of tool code" in line for line in difference.first.details)
+
+
+async def test_retries_and_an_interrupt_replay_as_recorded(
+    start_agent: StartAgent, provider: ScriptedProvider, tmp_path: Path
+) -> None:
+    """A 500 then a reply (two attempts); then a stream interrupted mid-item."""
+    provider.queue_error(500, {"error": {"code": "server_error", "message": "boom"}})
+    provider.queue(answer("second time lucky", item_id="msg-a"))
+    provider.queue(
+        sse(
+            created("resp-2"),
+            item_added({"id": "msg-b", "type": "message", "role": "assistant"}),
+            text_delta("half a tho", "msg-b"),
+        ),
+        asyncio.Event(),  # never set: the stream stalls until the interrupt closes it
+    )
+
+    async def client(agent: Harness) -> agent_pb2.Thread:
+        thread = await agent.start_thread()
+        events = agent.events(thread.id)
+        first = await agent.start_turn(thread.id, "try")
+        assert (await events.turn_completed(first.id)).status == COMPLETED
+        second = await agent.start_turn(thread.id, "go on")
+        await events.wait_for(lambda e: e.HasField("agent_message_delta"))
+        await agent.stub.Interrupt(
+            agent_pb2.InterruptRequest(thread_id=thread.id, turn_id=second.id)
+        )
+        await agent.stub.CloseThread(agent_pb2.CloseThreadRequest(thread_id=thread.id))
+        return thread
+
+    live = await start_agent(max_retries=1)
+    original = Path((await client(live)).bundle_path)
+    state = await reduce_with_cli(original)
+    assert [c.attempt for c in state.inference_calls.values()].count(2) == 1
+
+    replay = await start_agent(
+        max_retries=1, provider_url=None, replay_from=original, trace_root=tmp_path / "replayed"
+    )
+    replayed = Path((await client(replay)).bundle_path)
+    await assert_same_run(original, replayed)
+    # The interrupted call streamed what it had, then stayed open until the interrupt.
+    again = await reduce_with_cli(replayed)
+    cancelled = [
+        c
+        for c in again.inference_calls.values()
+        if c.execution.status == common_pb2.EXECUTION_STATUS_CANCELLED
+    ]
+    assert [d.partial_text for d in cancelled[0].discarded_outputs] == ["half a tho"]
+
+
+async def test_a_forked_run_replays_from_its_bundles(
+    start_agent: StartAgent, tmp_path: Path
+) -> None:
+    async def client(agent: Harness) -> list[agent_pb2.Thread]:
+        thread = await agent.start_thread()
+        events = agent.events(thread.id)
+        turn = await agent.start_turn(thread.id, "the shared start")
+        await events.turn_completed(turn.id)
+        reply = await agent.stub.ForkThread(
+            agent_pb2.ForkThreadRequest(thread_id=thread.id, count=2)
+        )
+        forks = list(reply.threads)
+        for index, fork in enumerate(forks):
+            fork_events = agent.events(fork.id)
+            fork_turn = await agent.start_turn(fork.id, f"branch number {index}")
+            await fork_events.turn_completed(fork_turn.id)
+        for each in (thread, *forks):
+            await agent.stub.CloseThread(agent_pb2.CloseThreadRequest(thread_id=each.id))
+        return [thread, *forks]
+
+    live = await start_agent(provider_url=None, local_word_delay=0.0)
+    originals = await client(live)
+    root = Path(originals[0].bundle_path).parent
+    replay = await start_agent(
+        provider_url=None, replay_from=root, trace_root=tmp_path / "replayed"
+    )
+    replayed = await client(replay)
+    assert replay.server.replay is not None
+    assert replay.server.replay.diverged == 0
+    for before, after in zip(originals, replayed, strict=True):
+        await assert_same_run(Path(before.bundle_path), Path(after.bundle_path))
