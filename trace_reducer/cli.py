@@ -1,4 +1,4 @@
-"""The `trace-reducer` command: reduce, dump, view or watch a bundle; serve gRPC."""
+"""The `trace-reducer` command: reduce, dump, view, watch or diff bundles; serve gRPC."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from google.protobuf import json_format, text_format
 from rollout.trace.v1 import record_pb2, state_pb2
 
 from ._batch_cli import add_parser as add_reduce_all_parser
+from ._diff_cli import add_parser as add_diff_parser
 from ._errors import (
     BundleError,
     CorruptBundleError,
@@ -388,6 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.set_defaults(run=_export_otlp)
 
     add_training_parsers(commands)
+    add_diff_parser(commands)
 
     view = commands.add_parser(
         "view", help="write one self-contained HTML page showing the bundle, print its path"
