@@ -20,7 +20,7 @@ from tests.agent_server.scripted_provider import (
     text_delta,
 )
 from tests.agent_server.test_tools import CONVERT, LOOKUP, requested, submit
-from trace_reducer import diff_runs
+from trace_reducer import diff_runs, replay_bundle
 
 COMPLETED = agent_pb2.TURN_STATUS_COMPLETED
 FAILED = agent_pb2.TURN_STATUS_FAILED
@@ -87,7 +87,7 @@ def _turns(trace: state_pb2.RolloutTrace) -> list[tuple[Any, ...]]:
 
 async def assert_same_run(original: Path, replayed: Path) -> None:
     """The replay's reduced state equals the original's apart from ids and times."""
-    a, b = await reduce_with_cli(original), await reduce_with_cli(replayed)
+    a, b = replay_bundle(original), replay_bundle(replayed)
     assert _items(a) == _items(b)
     assert _turns(a) == _turns(b)
     assert len(a.tool_calls) == len(b.tool_calls)
@@ -196,7 +196,7 @@ async def test_retries_and_an_interrupt_replay_as_recorded(
     replayed = Path((await client(replay)).bundle_path)
     await assert_same_run(original, replayed)
     # The interrupted call streamed what it had, then stayed open until the interrupt.
-    again = await reduce_with_cli(replayed)
+    again = replay_bundle(replayed)
     cancelled = [
         c
         for c in again.inference_calls.values()
@@ -236,3 +236,76 @@ async def test_a_forked_run_replays_from_its_bundles(
     assert replay.server.replay.diverged == 0
     for before, after in zip(originals, replayed, strict=True):
         await assert_same_run(Path(before.bundle_path), Path(after.bundle_path))
+
+
+async def test_a_run_branched_at_call_3_goes_on_live(
+    start_agent: StartAgent, provider: ScriptedProvider, tmp_path: Path
+) -> None:
+    texts = ["one", "two", "three", "four"]
+
+    async def client(agent: Harness, model: str) -> tuple[agent_pb2.Thread, list[agent_pb2.Turn]]:
+        thread = await agent.start_thread(model=model)
+        events = agent.events(thread.id)
+        turns = []
+        for text in texts:
+            turn = await agent.start_turn(thread.id, f"turn {text}")
+            turns.append(await events.turn_completed(turn.id))
+        await agent.stub.CloseThread(agent_pb2.CloseThreadRequest(thread_id=thread.id))
+        return thread, turns
+
+    live = await start_agent(provider_url=None, local_word_delay=0.0)
+    original, _ = await client(live, "local-echo-1")
+    provider.queue(answer("live three", item_id="live-3", response_id="resp-3"))
+    provider.queue(answer("live four", item_id="live-4", response_id="resp-4"))
+    branched = await start_agent(
+        replay_from=Path(original.bundle_path),
+        replay_branch_at=3,
+        trace_root=tmp_path / "branched",
+    )
+    thread, turns = await client(branched, "another-model")
+    assert [turn.status for turn in turns] == [COMPLETED] * 4
+    assert branched.server.replay is not None
+    assert branched.server.replay.answered == 2
+    # Calls 3 and 4 reached the live provider, asking for the other model.
+    assert [json.loads(r.body)["model"] for r in provider.requests] == ["another-model"] * 2
+    state = await reduce_with_cli(Path(thread.bundle_path))
+    texts_seen = [
+        item[2] for item in _items(state) if item[1] == state_pb2.CONVERSATION_ROLE_ASSISTANT
+    ]
+    assert texts_seen[2:] == ["live three", "live four"]
+    before = await reduce_with_cli(Path(original.bundle_path))
+    assert (
+        texts_seen[:2]
+        == [item[2] for item in _items(before) if item[1] == state_pb2.CONVERSATION_ROLE_ASSISTANT][
+            :2
+        ]
+    )
+    difference = diff_runs(Path(original.bundle_path), Path(thread.bundle_path))
+    assert difference.first is not None
+    assert difference.first.number == 3
+    assert "accepted items" in difference.first.aspects
+
+
+async def test_divergence_goes_live_when_asked(
+    start_agent: StartAgent, provider: ScriptedProvider, tmp_path: Path
+) -> None:
+    live = await start_agent(provider_url=None, local_word_delay=0.0)
+    thread = await live.start_thread()
+    events = live.events(thread.id)
+    turn = await live.start_turn(thread.id, "the recorded question")
+    await events.turn_completed(turn.id)
+    await live.stub.CloseThread(agent_pb2.CloseThreadRequest(thread_id=thread.id))
+
+    provider.queue(answer("a live answer", item_id="live-1"))
+    replay = await start_agent(
+        replay_from=Path(thread.bundle_path),
+        replay_on_divergence="live",
+        trace_root=tmp_path / "replayed",
+    )
+    other = await replay.start_thread()
+    other_events = replay.events(other.id)
+    other_turn = await replay.start_turn(other.id, "a question never recorded")
+    assert (await other_events.turn_completed(other_turn.id)).status == COMPLETED
+    assert replay.server.replay is not None
+    assert replay.server.replay.diverged == 1
+    assert len(provider.requests) == 1
