@@ -12,9 +12,12 @@ from typing import Any
 
 import httpx
 
+from agent_server.chat_completions import DONE_DATA, DONE_EVENT
+from agent_server.chat_completions import PATH as CHAT_PATH
 from agent_server.loopback_http import HttpRequest, HttpResponse, LoopbackHttpServer
 from rollout.trace.v1 import common_pb2, record_pb2
 from trace_reducer import (
+    CHAT_API,
     REPLAY_IGNORED_FIELDS,
     RecordedCall,
     RecordedThread,
@@ -40,7 +43,8 @@ _FORWARDED_HEADERS = ("authorization", _CALL_HEADER)
 
 @dataclass(frozen=True)
 class ReplayChunk:
-    """Events the provider's stream brought at one moment (one record's time)."""
+    """Events the provider's stream brought at one moment (one record's time): (SSE event
+    name, data); a name "" sends the data alone, as Chat Completions streams do."""
 
     offset_us: int
     events: list[tuple[str, str]]
@@ -107,6 +111,8 @@ def script_of(call: RecordedCall) -> ReplayScript:
             }
         }
         return ReplayScript([], "complete", call.error.http_status, json.dumps(error_json).encode())
+    if call.provider_api == CHAT_API:
+        return ReplayScript(_chat_chunks(call), _ending(call))
     done_items = {
         record.output_item_done.item: call.payload_json(record.output_item_done.item_payload_id)
         for record in call.records
@@ -200,6 +206,27 @@ def script_of(call: RecordedCall) -> ReplayScript:
         if events:
             chunks = _add(chunks, call, record, events)
     return ReplayScript(chunks, _ending(call))
+
+
+def _chat_chunks(call: RecordedCall) -> list[ReplayChunk]:
+    """A Chat Completions stream: every chunk was kept verbatim (the typed records beside
+    them are what the agent made of them, and it makes them again)."""
+    chunks: list[ReplayChunk] = []
+    for record in call.records:
+        if record.WhichOneof("body") != "provider_event":
+            continue
+        event = record.provider_event
+        if event.event_type == DONE_EVENT:
+            data = DONE_DATA
+        elif event.data_payload_id:
+            data = call.payloads[event.data_payload_id].decode("utf-8", "replace")
+        else:
+            data = event.data
+        if not data:
+            # An event the agent derived from the chunks: it came with no bytes of its own.
+            continue
+        _add(chunks, call, record, [("", data)])
+    return chunks
 
 
 def _add(
@@ -351,7 +378,8 @@ class ReplayBook:
 
 
 class ReplayModel:
-    """Serves POST /responses on 127.0.0.1 from a ReplayBook, paced as recorded or fast."""
+    """Serves POST /responses and /chat/completions on 127.0.0.1 from a ReplayBook, paced
+    as recorded or fast."""
 
     def __init__(self, book: ReplayBook, pace: str, live_url: str | None) -> None:
         self._book = book
@@ -387,7 +415,8 @@ class ReplayModel:
             await self._live.aclose()
 
     async def _handle(self, request: HttpRequest, response: HttpResponse) -> None:
-        if request.method != "POST" or request.path.rstrip("/").split("?")[0] != "/responses":
+        route = request.path.split("?")[0].rstrip("/")
+        if request.method != "POST" or route not in ("/responses", CHAT_PATH):
             await _error(
                 response, 404, "not_found", f"no route for {request.method} {request.path}"
             )
@@ -405,7 +434,7 @@ class ReplayModel:
         if answer.divergence:
             log.warning("replay divergence: %s", answer.divergence)
         if answer.live:
-            await self._forward(request, response)
+            await self._forward(route, request, response)
         elif answer.call is None:
             await _error(response, DIVERGENCE_STATUS, DIVERGENCE_CODE, answer.divergence)
         else:
@@ -433,7 +462,7 @@ class ReplayModel:
             await response.wait_disconnected()
             response.reset()
 
-    async def _forward(self, request: HttpRequest, response: HttpResponse) -> None:
+    async def _forward(self, route: str, request: HttpRequest, response: HttpResponse) -> None:
         """Pass the request to the live provider and its answer back, byte for byte."""
         if self._live is None or self._live_url is None:
             await _error(
@@ -447,7 +476,7 @@ class ReplayModel:
         headers.update({n: request.headers[n] for n in _FORWARDED_HEADERS if n in request.headers})
         try:
             async with self._live.stream(
-                "POST", f"{self._live_url}/responses", content=request.body, headers=headers
+                "POST", f"{self._live_url}{route}", content=request.body, headers=headers
             ) as upstream:
                 content_type = upstream.headers.get("content-type", "application/json")
                 if upstream.status_code != 200 or not content_type.startswith("text/event-stream"):
@@ -465,6 +494,12 @@ class ReplayModel:
             await _error(
                 response, 502, "live_provider_unreachable", f"live provider: {type(error).__name__}"
             )
+
+
+def _sse(event_type: str, data: str) -> bytes:
+    lines = [f"event: {event_type}"] if event_type else []
+    lines.extend(f"data: {line}" for line in data.split("\n"))
+    return ("\n".join(lines) + "\n\n").encode()
 
 
 async def _error(response: HttpResponse, status: int, code: str, message: str) -> None:

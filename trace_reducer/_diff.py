@@ -123,10 +123,15 @@ def _call_views(thread: RecordedThread) -> list[CallView]:
                 }
             )
         tool_calls.sort(key=lambda entry: json.dumps(entry, sort_keys=True))
+        out = state.output_tokens
         tokens = {
             "input": state.usage.input_tokens,
             "output": state.usage.output_tokens,
-            "ids": list(state.output_tokens.ids),
+            "prompt_ids": list(state.prompt_token_ids),
+            "ids": list(out.ids),
+            "logprobs": list(out.logprobs),
+            "texts": list(out.texts),
+            "top": [list(out.top_counts), list(out.top_texts), list(out.top_logprobs)],
         }
         views.append(
             CallView(

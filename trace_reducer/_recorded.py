@@ -18,6 +18,7 @@ from ._layout import TRACE_FILE_NAME
 from ._payloads import PayloadError, PayloadStore
 from ._reader import read_bundle
 from ._reducer import Reducer
+from ._requests import compose_request
 from ._rewards import attach_rewards
 
 # The bodies of a call's provider stream, as the agent recorded them in arrival order.
@@ -42,7 +43,9 @@ class RecordedCall:
     turn_id: str
     attempt: int
     model: str
-    # The exact JSON body the agent sent: its envelope with `input` set.
+    # The provider dialect it spoke: "" or "responses" (the Responses API), or "chat".
+    provider_api: str
+    # The exact JSON body the agent sent: its envelope with `input` (or `messages`) set.
     request: dict[str, Any]
     # Microseconds from the bundle's start to the call's inference_started record.
     started_us: int
@@ -109,6 +112,7 @@ def read_recorded_thread(path: str | os.PathLike[str]) -> RecordedThread:
         payloads = PayloadStore(budget=None)
         streams: dict[int, list[record_pb2.TraceRecord]] = {}
         started: dict[int, record_pb2.TraceRecord] = {}
+        instructions: dict[str, str] = {}
         for batch in reader.batches():
             reducer.apply_many(batch)
             for entry in batch:
@@ -121,6 +125,9 @@ def read_recorded_thread(path: str | os.PathLike[str]) -> RecordedThread:
                         payloads.add(entry.payload)
                     except PayloadError:
                         continue
+                elif body == "thread_started":
+                    begun_thread = entry.thread_started
+                    instructions[begun_thread.thread_id] = begun_thread.instructions_payload_id
                 elif body == "inference_started":
                     started[entry.inference_started.call] = entry
                 elif body in STREAM_BODIES:
@@ -146,8 +153,13 @@ def read_recorded_thread(path: str | os.PathLike[str]) -> RecordedThread:
         if state is None:
             continue
         try:
-            request = json.loads(payload(state.request_envelope_payload_id))
-            request["input"] = [json.loads(payload(pid)) for pid in state.input_payload_ids]
+            instructions_id = instructions.get(state.thread_id, "")
+            request = compose_request(
+                json.loads(payload(state.request_envelope_payload_id)),
+                [json.loads(payload(pid)) for pid in state.input_payload_ids],
+                provider_api=begun.provider_api,
+                instructions=payload(instructions_id).decode() if instructions_id else "",
+            )
         except ValueError as error:
             raise BundleError(f"{path}: call {begun.inference_call_id}: {error}") from error
         call = RecordedCall(
@@ -156,6 +168,7 @@ def read_recorded_thread(path: str | os.PathLike[str]) -> RecordedThread:
             turn_id=state.turn_id,
             attempt=state.attempt,
             model=state.model,
+            provider_api=begun.provider_api,
             request=request,
             started_us=record.time_us,
             records=streams.get(ordinal, []),

@@ -8,6 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from rollout.agent.v1 import agent_pb2
 from rollout.trace.v1 import common_pb2, state_pb2
 from tests.agent_server.conftest import Harness, StartAgent, reduce_with_cli
@@ -20,7 +22,7 @@ from tests.agent_server.scripted_provider import (
     text_delta,
 )
 from tests.agent_server.test_tools import CONVERT, LOOKUP, requested, submit
-from trace_reducer import diff_runs, replay_bundle
+from trace_reducer import diff_runs, read_recorded_thread, replay_bundle
 
 COMPLETED = agent_pb2.TURN_STATUS_COMPLETED
 FAILED = agent_pb2.TURN_STATUS_FAILED
@@ -33,10 +35,12 @@ def tool_code(name: str, arguments: str) -> str:
     return f"{name} saw {len(json.loads(arguments))} argument(s)"
 
 
-async def tool_client(agent: Harness, tools: ToolCode = tool_code) -> agent_pb2.Thread:
+async def tool_client(
+    agent: Harness, tools: ToolCode = tool_code, **thread_fields: Any
+) -> agent_pb2.Thread:
     """A text turn, a turn with two parallel tool calls answered by `tools`, another text
     turn; the thread closed."""
-    thread = await agent.start_thread(tools=[LOOKUP, CONVERT])
+    thread = await agent.start_thread(tools=[LOOKUP, CONVERT], **thread_fields)
     events = agent.events(thread.id)
     first = await agent.start_turn(thread.id, "hello there")
     assert (await events.turn_completed(first.id)).status == COMPLETED
@@ -99,20 +103,27 @@ async def assert_same_run(original: Path, replayed: Path) -> None:
     assert difference.same_calls == len(a.inference_calls)
 
 
+@pytest.mark.parametrize("api", ["responses", "chat"])
 async def test_a_tool_run_replays_to_the_same_state(
-    start_agent: StartAgent, tmp_path: Path
+    start_agent: StartAgent, tmp_path: Path, api: str
 ) -> None:
-    live = await start_agent(provider_url=None, local_word_delay=0.0)
-    thread = await tool_client(live)
+    live = await start_agent(provider_url=None, local_word_delay=0.0, provider_api=api)
+    tokens = {"capture_logprobs": True, "request_token_ids": True, "top_logprobs": 2}
+    thread = await tool_client(live, **tokens)
     original = Path(thread.bundle_path)
+    assert {call.provider_api or "responses" for call in read_recorded_thread(original).calls} == {
+        api
+    }
     state = await reduce_with_cli(original)
+    # The engine's token ids and logprobs were recorded: the replay must give them again.
+    assert all(call.output_tokens.ids for call in state.inference_calls.values())
     # Parallel calls really happened: one response asked for both tools.
     assert any(len(call.response_item_ids) == 2 for call in state.inference_calls.values())
 
     replay = await start_agent(
-        provider_url=None, replay_from=original, trace_root=tmp_path / "replayed"
+        provider_url=None, replay_from=original, trace_root=tmp_path / "replayed", provider_api=api
     )
-    replayed = await tool_client(replay)
+    replayed = await tool_client(replay, **tokens)
     assert replay.server.replay is not None
     assert replay.server.replay.answered == len(state.inference_calls)
     assert replay.server.replay.diverged == 0
