@@ -108,7 +108,11 @@ async def test_a_tool_run_replays_to_the_same_state(
     start_agent: StartAgent, tmp_path: Path, api: str
 ) -> None:
     live = await start_agent(provider_url=None, local_word_delay=0.0, provider_api=api)
-    tokens = {"capture_logprobs": True, "request_token_ids": True, "top_logprobs": 2}
+    tokens: dict[str, Any] = {
+        "capture_logprobs": True,
+        "request_token_ids": True,
+        "top_logprobs": 2,
+    }
     thread = await tool_client(live, **tokens)
     original = Path(thread.bundle_path)
     assert {call.provider_api or "responses" for call in read_recorded_thread(original).calls} == {
