@@ -146,6 +146,16 @@ def read_recorded_thread(path: str | os.PathLike[str]) -> RecordedThread:
                 raise BundleError(f"{path}: payload {pid} is missing") from None
             return data
 
+    # Each payload parsed once: a conversation re-sends its whole history with every request,
+    # and the calls share the items they have in common (never changed after this).
+    parsed: dict[str, Any] = {}
+
+    def item(pid: str) -> Any:
+        found = parsed.get(pid)
+        if found is None:
+            found = parsed[pid] = json.loads(payload(pid))
+        return found
+
     calls: list[RecordedCall] = []
     for ordinal, record in sorted(started.items()):
         begun = record.inference_started
@@ -156,7 +166,7 @@ def read_recorded_thread(path: str | os.PathLike[str]) -> RecordedThread:
             instructions_id = instructions.get(state.thread_id, "")
             request = compose_request(
                 json.loads(payload(state.request_envelope_payload_id)),
-                [json.loads(payload(pid)) for pid in state.input_payload_ids],
+                [item(pid) for pid in state.input_payload_ids],
                 provider_api=begun.provider_api,
                 instructions=payload(instructions_id).decode() if instructions_id else "",
             )
