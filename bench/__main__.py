@@ -1,4 +1,4 @@
-"""`make bench`: SPEC §8's budgets P1-P6 and P11, the viewer's V1 and reduce-all's B1-B3, in one table."""
+"""`make bench`: SPEC §8's budgets P1-P6, the viewer's V1 and reduce-all's B1-B3, in one table."""
 
 from __future__ import annotations
 
