@@ -13,7 +13,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from agent_server import toy_tokens
-from agent_server.loopback_http import HttpRequest, HttpResponse, LoopbackHttpServer
+from agent_server.loopback_http import (
+    HttpRequest,
+    HttpResponse,
+    LoopbackHttpServer,
+    json_post,
+    send_error,
+)
 from trace_reducer import LOGPROBS_INCLUDE
 
 _Send = Callable[..., Awaitable[None]]
@@ -169,19 +175,12 @@ class LocalModel:
             await self._http.stop()
 
     async def _handle(self, request: HttpRequest, response: HttpResponse) -> None:
-        route = request.path.rstrip("/").split("?")[0]
-        if request.method != "POST" or route not in ("/responses", "/chat/completions"):
-            await _error(
-                response, 404, "not_found", f"no route for {request.method} {request.path}"
-            )
+        posted = await json_post(request, response, ("/responses", "/chat/completions"))
+        if posted is None:
             return
-        try:
-            body = request.json()
-        except ValueError:
-            await _error(response, 400, "invalid_json", "the request body is not valid JSON")
-            return
-        if not isinstance(body, dict) or body.get("stream") is not True:
-            await _error(response, 400, "invalid_request", "only `stream: true` is supported")
+        route, body = posted
+        if body.get("stream") is not True:
+            await send_error(response, 400, "invalid_request", "only `stream: true` is supported")
             return
         chat = route == "/chat/completions"
         if chat:
@@ -592,10 +591,3 @@ class _ChatStream:
                     return
                 if self._delay:
                     await asyncio.sleep(self._delay)
-
-
-async def _error(response: HttpResponse, status: int, code: str, message: str) -> None:
-    body = json.dumps(
-        {"error": {"code": code, "message": message, "type": "invalid_request_error"}}
-    )
-    await response.send(status, body.encode())

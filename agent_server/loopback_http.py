@@ -143,6 +143,40 @@ class HttpResponse:
 Handler = Callable[[HttpRequest, HttpResponse], Awaitable[None]]
 
 
+async def send_error(
+    response: HttpResponse,
+    status: int,
+    code: str,
+    message: str,
+    error_type: str = "invalid_request_error",
+) -> None:
+    """An OpenAI-style error body: `{"error": {"code", "message", "type"}}`."""
+    body = json.dumps({"error": {"code": code, "message": message, "type": error_type}})
+    await response.send(status, body.encode())
+
+
+async def json_post(
+    request: HttpRequest, response: HttpResponse, routes: tuple[str, ...]
+) -> tuple[str, dict[str, Any]] | None:
+    """The route and JSON object body of a POST to one of routes; None once an error (404,
+    400) has been answered instead."""
+    route = request.path.split("?")[0].rstrip("/")
+    if request.method != "POST" or route not in routes:
+        await send_error(
+            response, 404, "not_found", f"no route for {request.method} {request.path}"
+        )
+        return None
+    try:
+        body = request.json()
+    except ValueError:
+        await send_error(response, 400, "invalid_json", "the request body is not valid JSON")
+        return None
+    if not isinstance(body, dict):
+        await send_error(response, 400, "invalid_request", "the request body is not an object")
+        return None
+    return route, body
+
+
 class LoopbackHttpServer:
     """HTTP/1.1 with keep-alive; the handler writes each response. Requests are kept in
     `requests` only with keep_requests (a long-running server would keep every conversation)."""

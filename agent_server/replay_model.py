@@ -14,7 +14,13 @@ import httpx
 
 from agent_server.chat_completions import DONE_DATA, DONE_EVENT
 from agent_server.chat_completions import PATH as CHAT_PATH
-from agent_server.loopback_http import HttpRequest, HttpResponse, LoopbackHttpServer
+from agent_server.loopback_http import (
+    HttpRequest,
+    HttpResponse,
+    LoopbackHttpServer,
+    json_post,
+    send_error,
+)
 from rollout.trace.v1 import common_pb2, record_pb2
 from trace_reducer import (
     CHAT_API,
@@ -415,20 +421,10 @@ class ReplayModel:
             await self._live.aclose()
 
     async def _handle(self, request: HttpRequest, response: HttpResponse) -> None:
-        route = request.path.split("?")[0].rstrip("/")
-        if request.method != "POST" or route not in ("/responses", CHAT_PATH):
-            await _error(
-                response, 404, "not_found", f"no route for {request.method} {request.path}"
-            )
+        posted = await json_post(request, response, ("/responses", CHAT_PATH))
+        if posted is None:
             return
-        try:
-            body = request.json()
-        except ValueError:
-            await _error(response, 400, "invalid_json", "the request body is not valid JSON")
-            return
-        if not isinstance(body, dict):
-            await _error(response, 400, "invalid_request", "the request body is not an object")
-            return
+        route, body = posted
         async with self._lock:
             answer = self._book.answer(body)
         if answer.divergence:
@@ -436,7 +432,7 @@ class ReplayModel:
         if answer.live:
             await self._forward(route, request, response)
         elif answer.call is None:
-            await _error(response, DIVERGENCE_STATUS, DIVERGENCE_CODE, answer.divergence)
+            await _replay_error(response, DIVERGENCE_STATUS, DIVERGENCE_CODE, answer.divergence)
         else:
             await self._play(script_of(answer.call), response)
 
@@ -465,7 +461,7 @@ class ReplayModel:
     async def _forward(self, route: str, request: HttpRequest, response: HttpResponse) -> None:
         """Pass the request to the live provider and its answer back, byte for byte."""
         if self._live is None or self._live_url is None:
-            await _error(
+            await _replay_error(
                 response,
                 DIVERGENCE_STATUS,
                 DIVERGENCE_CODE,
@@ -491,20 +487,19 @@ class ReplayModel:
             if response.started:
                 response.reset()
                 return
-            await _error(
+            await _replay_error(
                 response, 502, "live_provider_unreachable", f"live provider: {type(error).__name__}"
             )
+
+
+async def _replay_error(response: HttpResponse, status: int, code: str, message: str) -> None:
+    await send_error(response, status, code, message, "replay_error")
 
 
 def _sse(event_type: str, data: str) -> bytes:
     lines = [f"event: {event_type}"] if event_type else []
     lines.extend(f"data: {line}" for line in data.split("\n"))
     return ("\n".join(lines) + "\n\n").encode()
-
-
-async def _error(response: HttpResponse, status: int, code: str, message: str) -> None:
-    body = json.dumps({"error": {"code": code, "message": message, "type": "replay_error"}})
-    await response.send(status, body.encode())
 
 
 __all__ = [

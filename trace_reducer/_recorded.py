@@ -13,7 +13,7 @@ from rollout.trace.v1 import common_pb2, record_pb2, state_pb2
 
 from ._bulk import DeltaRun
 from ._errors import BundleError, BundleNotFoundError
-from ._forks import BundleForkResolver
+from ._forks import BundleForkResolver, fork_payload
 from ._layout import TRACE_FILE_NAME
 from ._payloads import PayloadError, PayloadStore
 from ._reader import read_bundle
@@ -139,12 +139,9 @@ def read_recorded_thread(path: str | os.PathLike[str]) -> RecordedThread:
 
     def payload(pid: str) -> bytes:
         try:
-            return payloads.get(pid)
+            return fork_payload(payloads, parent, pid)
         except PayloadError:
-            data = parent.payload(pid) if parent is not None else None
-            if data is None:
-                raise BundleError(f"{path}: payload {pid} is missing") from None
-            return data
+            raise BundleError(f"{path}: payload {pid} is missing") from None
 
     # Each payload parsed once: a conversation re-sends its whole history with every request,
     # and the calls share the items they have in common (never changed after this).

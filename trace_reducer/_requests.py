@@ -8,7 +8,7 @@ from typing import Any
 
 from ._chat import CHAT_API, chat_messages
 from ._errors import BundleError
-from ._forks import BundleForkResolver, ParentBundle
+from ._forks import BundleForkResolver, ParentBundle, fork_payload
 from ._payloads import PayloadError, PayloadStore, canonical_json, resolve_inputs
 from ._reader import read_bundle
 
@@ -45,14 +45,7 @@ def request_body(path: str | os.PathLike[str], inference_call_id: str) -> bytes:
     parent: ParentBundle | None = None
 
     def payload(pid: str) -> bytes:
-        # A fork's shared payloads are its parent's.
-        try:
-            return payloads.get(pid)
-        except PayloadError:
-            data = parent.payload(pid) if parent is not None else None
-            if data is None:
-                raise
-            return data
+        return fork_payload(payloads, parent, pid)
 
     with read_bundle(path) as reader:
         for record in reader:
