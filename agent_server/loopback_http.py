@@ -155,16 +155,26 @@ async def send_error(
     await response.send(status, body.encode())
 
 
-async def json_post(
+async def posted_route(
     request: HttpRequest, response: HttpResponse, routes: tuple[str, ...]
-) -> tuple[str, dict[str, Any]] | None:
-    """The route and JSON object body of a POST to one of routes; None once an error (404,
-    400) has been answered instead."""
+) -> str | None:
+    """The route of a POST to one of routes; None once a 404 has been answered instead."""
     route = request.path.split("?")[0].rstrip("/")
     if request.method != "POST" or route not in routes:
         await send_error(
             response, 404, "not_found", f"no route for {request.method} {request.path}"
         )
+        return None
+    return route
+
+
+async def json_post(
+    request: HttpRequest, response: HttpResponse, routes: tuple[str, ...]
+) -> tuple[str, dict[str, Any]] | None:
+    """The route and JSON object body of a POST to one of routes; None once an error (404,
+    400) has been answered instead."""
+    route = await posted_route(request, response, routes)
+    if route is None:
         return None
     try:
         body = request.json()

@@ -18,7 +18,7 @@ from agent_server.loopback_http import (
     HttpRequest,
     HttpResponse,
     LoopbackHttpServer,
-    json_post,
+    posted_route,
     send_error,
 )
 from rollout.trace.v1 import common_pb2, record_pb2
@@ -27,6 +27,7 @@ from trace_reducer import (
     REPLAY_IGNORED_FIELDS,
     RecordedCall,
     RecordedThread,
+    canonical_json,
     comparable_request,
     request_difference,
 )
@@ -264,12 +265,28 @@ def _ending(call: RecordedCall) -> str:
     return "hold"
 
 
+def _conversation(body: dict[str, Any]) -> Any:
+    """What a request sends of the conversation: Responses' `input`, Chat's `messages`."""
+    return body.get("input") if "input" in body else body.get("messages")
+
+
 @dataclass
 class _Cursor:
     """A recorded thread a replayed thread follows: the next of its calls to answer."""
 
     thread: RecordedThread
     position: int = 0
+    # The next call's body as canonical JSON, made once per position.
+    _expected: tuple[int, bytes] | None = None
+
+    def expected(self) -> bytes | None:
+        """The body the next call sent, as the agent encodes it; None past the last call."""
+        calls = self.thread.calls
+        if self.position >= len(calls):
+            return None
+        if self._expected is None or self._expected[0] != self.position:
+            self._expected = (self.position, canonical_json(calls[self.position].request))
+        return self._expected[1]
 
 
 @dataclass(frozen=True)
@@ -279,6 +296,8 @@ class Answer:
     call: RecordedCall | None = None
     live: bool = False
     divergence: str = ""
+    # An HTTP error for a request that is not one at all: (status, code, message).
+    error: tuple[int, str, str] | None = None
 
 
 class ReplayBook:
@@ -303,12 +322,48 @@ class ReplayBook:
         self._branch_at = branch_at
         self._cursors: list[_Cursor] = []
         self._claimed: set[int] = set()
+        # Each recorded thread's first request as canonical JSON, once asked for.
+        self._first: dict[int, bytes] = {}
         # The last input each live thread sent: its next request extends it.
         self._live_inputs: list[list[Any]] = []
+        # Requests answered, byte-identical to the recorded ones, and divergent.
         self.answered = 0
+        self.byte_identical = 0
         self.diverged = 0
 
-    def answer(self, body: dict[str, Any]) -> Answer:
+    def answer(self, raw: bytes) -> Answer:
+        """The answer to a request body, as sent."""
+        # The agent sends canonical JSON, and a recorded body re-encoded is byte for byte the
+        # one it sent: when nothing was set aside, bytes decide, without parsing either.
+        for cursor in self._cursors:
+            if cursor.expected() == raw:
+                self.byte_identical += 1
+                return self._take(cursor, cursor.thread.calls[cursor.position].request)
+        for index, thread in enumerate(self._threads):
+            if index not in self._claimed and self._first_bytes(index) == raw:
+                self.byte_identical += 1
+                return self._claim(index, thread.calls[0].request)
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            return Answer(error=(400, "invalid_json", "the request body is not a JSON object"))
+        return self._answer_parsed(body)
+
+    def _first_bytes(self, index: int) -> bytes:
+        found = self._first.get(index)
+        if found is None:
+            found = self._first[index] = canonical_json(self._threads[index].calls[0].request)
+        return found
+
+    def _claim(self, index: int, body: dict[str, Any]) -> Answer:
+        self._claimed.add(index)
+        cursor = _Cursor(self._threads[index])
+        self._cursors.append(cursor)
+        return self._take(cursor, body)
+
+    def _answer_parsed(self, body: dict[str, Any]) -> Answer:
         wanted = comparable_request(body)
         for cursor in self._cursors:
             calls = cursor.thread.calls
@@ -319,10 +374,7 @@ class ReplayBook:
                 return self._take(cursor, body)
         for index, thread in enumerate(self._threads):
             if index not in self._claimed and comparable_request(thread.calls[0].request) == wanted:
-                self._claimed.add(index)
-                cursor = _Cursor(thread)
-                self._cursors.append(cursor)
-                return self._take(cursor, body)
+                return self._claim(index, body)
         if self._continues_live(body):
             return Answer(live=True)
         self.diverged += 1
@@ -341,11 +393,11 @@ class ReplayBook:
         return Answer(call=cursor.thread.calls[cursor.position - 1])
 
     def _go_live(self, body: dict[str, Any]) -> None:
-        items = body.get("input")
+        items = _conversation(body)
         self._live_inputs.append(list(items) if isinstance(items, list) else [])
 
     def _continues_live(self, body: dict[str, Any]) -> bool:
-        items = body.get("input")
+        items = _conversation(body)
         if not isinstance(items, list):
             return False
         for index, before in enumerate(self._live_inputs):
@@ -366,7 +418,7 @@ class ReplayBook:
 
         def shared(candidate: tuple[RecordedThread, int]) -> int:
             recorded = comparable_request(candidate[0].calls[candidate[1]].request)
-            items, others = wanted.get("input") or [], recorded.get("input") or []
+            items, others = _conversation(wanted) or [], _conversation(recorded) or []
             count = 0
             for mine, theirs in zip(items, others, strict=False):
                 if mine != theirs:
@@ -421,12 +473,14 @@ class ReplayModel:
             await self._live.aclose()
 
     async def _handle(self, request: HttpRequest, response: HttpResponse) -> None:
-        posted = await json_post(request, response, ("/responses", CHAT_PATH))
-        if posted is None:
+        route = await posted_route(request, response, ("/responses", CHAT_PATH))
+        if route is None:
             return
-        route, body = posted
         async with self._lock:
-            answer = self._book.answer(body)
+            answer = self._book.answer(request.body)
+        if answer.error is not None:
+            await _replay_error(response, *answer.error)
+            return
         if answer.divergence:
             log.warning("replay divergence: %s", answer.divergence)
         if answer.live:

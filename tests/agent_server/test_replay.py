@@ -130,6 +130,8 @@ async def test_a_tool_run_replays_to_the_same_state(
     replayed = await tool_client(replay, **tokens)
     assert replay.server.replay is not None
     assert replay.server.replay.answered == len(state.inference_calls)
+    # Every request was byte for byte the recorded one.
+    assert replay.server.replay.byte_identical == len(state.inference_calls)
     assert replay.server.replay.diverged == 0
     await assert_same_run(original, Path(replayed.bundle_path))
 
