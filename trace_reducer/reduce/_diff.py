@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 from dataclasses import dataclass, field
@@ -65,6 +64,7 @@ def request_difference(recorded: Any, other: Any, path: str = "") -> str:
 
 def body_diff(a: dict[str, Any], b: dict[str, Any], names: tuple[str, str]) -> list[str]:
     """A unified diff of two request bodies, pretty-printed with sorted keys."""
+    import difflib  # only a differing pair needs it: not on every start-up of the CLI
 
     def lines(body: dict[str, Any]) -> list[str]:
         return json.dumps(body, indent=2, sort_keys=True, ensure_ascii=False).splitlines()
