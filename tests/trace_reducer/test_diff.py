@@ -44,3 +44,18 @@ def test_branching_without_a_live_provider_is_refused() -> None:
     )
     assert result.returncode == 2
     assert "--provider-url" in result.stderr
+
+
+def test_two_request_bodies_side_by_side() -> None:
+    from trace_reducer import body_diff, comparable_request, request_difference
+
+    recorded = {"model": "a", "input": [{"id": "x", "role": "user", "content": "hi"}]}
+    replayed = {"model": "b", "input": [{"id": "y", "role": "user", "content": "ho"}]}
+    # The model and item ids are set aside; the content is not.
+    a, b = comparable_request(recorded), comparable_request(replayed)
+    assert request_difference(a, b) == 'input[0].content: "hi" vs "ho"'
+    lines = body_diff(a, b, ("A", "B"))
+    assert lines[:2] == ["--- A", "+++ B"]
+    assert '-      "content": "hi",' in lines
+    assert '+      "content": "ho",' in lines
+    assert request_difference(comparable_request({"model": "a"}), {}) == "identical"
