@@ -174,20 +174,47 @@ async def test_changed_tool_code_diverges_at_the_call_that_sends_its_output(
     assert any("a changed line of tool code" in line for line in difference.first.details)
 
 
+def _chat_chunks(*deltas: dict[str, Any], finish: str = "") -> str:
+    """Chat Completions chunks of one stream; ended by a finish reason and [DONE] if given."""
+    out = []
+    for delta in deltas:
+        choice = {"index": 0, "delta": delta}
+        out.append({"id": "chatcmpl-9", "object": "chat.completion.chunk", "choices": [choice]})
+    if finish:
+        choice = {"index": 0, "delta": {}, "finish_reason": finish}
+        out.append({"id": "chatcmpl-9", "object": "chat.completion.chunk", "choices": [choice]})
+    text = "".join(f"data: {json.dumps(chunk)}\n\n" for chunk in out)
+    return text + ("data: [DONE]\n\n" if finish else "")
+
+
+@pytest.mark.parametrize("api", ["responses", "chat"])
 async def test_retries_and_an_interrupt_replay_as_recorded(
-    start_agent: StartAgent, provider: ScriptedProvider, tmp_path: Path
+    start_agent: StartAgent, provider: ScriptedProvider, tmp_path: Path, api: str
 ) -> None:
     """A 500 then a reply (two attempts); then a stream interrupted mid-item."""
     provider.queue_error(500, {"error": {"code": "server_error", "message": "boom"}})
-    provider.queue(answer("second time lucky", item_id="msg-a"))
-    provider.queue(
-        sse(
-            created("resp-2"),
-            item_added({"id": "msg-b", "type": "message", "role": "assistant"}),
-            text_delta("half a tho", "msg-b"),
-        ),
-        asyncio.Event(),  # never set: the stream stalls until the interrupt closes it
-    )
+    if api == "chat":
+        provider.queue(
+            _chat_chunks(
+                {"role": "assistant", "content": "second time "},
+                {"content": "lucky"},
+                finish="stop",
+            )
+        )
+        provider.queue(
+            _chat_chunks({"role": "assistant", "content": "half a tho"}),
+            asyncio.Event(),  # never set: the stream stalls until the interrupt closes it
+        )
+    else:
+        provider.queue(answer("second time lucky", item_id="msg-a"))
+        provider.queue(
+            sse(
+                created("resp-2"),
+                item_added({"id": "msg-b", "type": "message", "role": "assistant"}),
+                text_delta("half a tho", "msg-b"),
+            ),
+            asyncio.Event(),  # never set: the stream stalls until the interrupt closes it
+        )
 
     async def client(agent: Harness) -> agent_pb2.Thread:
         thread = await agent.start_thread()
@@ -202,13 +229,18 @@ async def test_retries_and_an_interrupt_replay_as_recorded(
         await agent.stub.CloseThread(agent_pb2.CloseThreadRequest(thread_id=thread.id))
         return thread
 
-    live = await start_agent(max_retries=1)
+    live = await start_agent(max_retries=1, provider_api=api)
     original = Path((await client(live)).bundle_path)
     state = await reduce_with_cli(original)
     assert [c.attempt for c in state.inference_calls.values()].count(2) == 1
+    assert {c.provider_api or "responses" for c in read_recorded_thread(original).calls} == {api}
 
     replay = await start_agent(
-        max_retries=1, provider_url=None, replay_from=original, trace_root=tmp_path / "replayed"
+        max_retries=1,
+        provider_url=None,
+        replay_from=original,
+        trace_root=tmp_path / "replayed",
+        provider_api=api,
     )
     replayed = Path((await client(replay)).bundle_path)
     await assert_same_run(original, replayed)
@@ -222,8 +254,9 @@ async def test_retries_and_an_interrupt_replay_as_recorded(
     assert [d.partial_text for d in cancelled[0].discarded_outputs] == ["half a tho"]
 
 
+@pytest.mark.parametrize("api", ["responses", "chat"])
 async def test_a_forked_run_replays_from_its_bundles(
-    start_agent: StartAgent, tmp_path: Path
+    start_agent: StartAgent, tmp_path: Path, api: str
 ) -> None:
     async def client(agent: Harness) -> list[agent_pb2.Thread]:
         thread = await agent.start_thread()
@@ -242,11 +275,16 @@ async def test_a_forked_run_replays_from_its_bundles(
             await agent.stub.CloseThread(agent_pb2.CloseThreadRequest(thread_id=each.id))
         return [thread, *forks]
 
-    live = await start_agent(provider_url=None, local_word_delay=0.0)
+    live = await start_agent(provider_url=None, local_word_delay=0.0, provider_api=api)
     originals = await client(live)
     root = Path(originals[0].bundle_path).parent
+    assert {
+        call.provider_api or "responses"
+        for each in originals
+        for call in read_recorded_thread(Path(each.bundle_path)).calls
+    } == {api}
     replay = await start_agent(
-        provider_url=None, replay_from=root, trace_root=tmp_path / "replayed"
+        provider_url=None, replay_from=root, trace_root=tmp_path / "replayed", provider_api=api
     )
     replayed = await client(replay)
     assert replay.server.replay is not None
