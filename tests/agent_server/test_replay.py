@@ -21,6 +21,7 @@ from tests.agent_server.scripted_provider import (
     sse,
     text_delta,
 )
+from tests.agent_server.test_chat_dialect import chunk, stream
 from tests.agent_server.test_tools import CONVERT, LOOKUP, requested, submit
 from trace_reducer import diff_runs, read_recorded_thread, replay_bundle
 
@@ -174,19 +175,6 @@ async def test_changed_tool_code_diverges_at_the_call_that_sends_its_output(
     assert any("a changed line of tool code" in line for line in difference.first.details)
 
 
-def _chat_chunks(*deltas: dict[str, Any], finish: str = "") -> str:
-    """Chat Completions chunks of one stream; ended by a finish reason and [DONE] if given."""
-    out = []
-    for delta in deltas:
-        choice = {"index": 0, "delta": delta}
-        out.append({"id": "chatcmpl-9", "object": "chat.completion.chunk", "choices": [choice]})
-    if finish:
-        choice = {"index": 0, "delta": {}, "finish_reason": finish}
-        out.append({"id": "chatcmpl-9", "object": "chat.completion.chunk", "choices": [choice]})
-    text = "".join(f"data: {json.dumps(chunk)}\n\n" for chunk in out)
-    return text + ("data: [DONE]\n\n" if finish else "")
-
-
 @pytest.mark.parametrize("api", ["responses", "chat"])
 async def test_retries_and_an_interrupt_replay_as_recorded(
     start_agent: StartAgent, provider: ScriptedProvider, tmp_path: Path, api: str
@@ -194,15 +182,13 @@ async def test_retries_and_an_interrupt_replay_as_recorded(
     """A 500 then a reply (two attempts); then a stream interrupted mid-item."""
     provider.queue_error(500, {"error": {"code": "server_error", "message": "boom"}})
     if api == "chat":
+        start = {"role": "assistant", "content": "second time "}
         provider.queue(
-            _chat_chunks(
-                {"role": "assistant", "content": "second time "},
-                {"content": "lucky"},
-                finish="stop",
-            )
+            stream(chunk(start), chunk({"content": "lucky"}), chunk(finish_reason="stop"))
         )
+        half = chunk({"role": "assistant", "content": "half a tho"})
         provider.queue(
-            _chat_chunks({"role": "assistant", "content": "half a tho"}),
+            f"data: {json.dumps(half)}\n\n",
             asyncio.Event(),  # never set: the stream stalls until the interrupt closes it
         )
     else:
