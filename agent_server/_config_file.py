@@ -35,6 +35,9 @@ KEYS: dict[str, type] = {
     "replay-pace": str,
     "replay-on-divergence": str,
     "replay-branch-at": int,
+    # `agent-server gateway` only.
+    "gateway-listen": str,
+    "session-idle-timeout": float,
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 import uuid
@@ -29,7 +30,7 @@ from agent_server.tools import (
     ToolCall,
     output_item,
 )
-from agent_server.training import OPTIONAL_FIELDS, TokenCapture, request_fields
+from agent_server.training import OPTIONAL_FIELDS, Sampling, TokenCapture, request_fields
 from rollout.agent.v1 import agent_pb2
 from rollout.trace.v1 import common_pb2
 from trace_reducer import classify_stop
@@ -40,9 +41,21 @@ _MAX_BACKOFF = 60.0
 INTERRUPTED_REASON = "interrupted"
 
 
+class TurnFailedError(Exception):
+    """A turn failed for a reason that is not the provider's: its tools looped past the
+    limit, a tool output never came, or the server failed (no HTTP status: no call made it)."""
+
+    http_status = 0
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
 @dataclass(frozen=True)
 class _Failure:
-    error: ProviderError
+    error: ProviderError | TurnFailedError
 
 
 class _Completed:
@@ -76,6 +89,9 @@ class TurnRunner:
         # The tool calls of the current round, and what wakes the task once all are answered.
         self._round: list[ToolCall] = []
         self._answered = asyncio.Event()
+        # Tool rounds the turn has had: a tool_choice that forces a call holds for its first
+        # request only, or the model could never answer with the tools' outputs.
+        self._tool_rounds = 0
 
     @property
     def turn(self) -> Turn:
@@ -172,7 +188,7 @@ class TurnRunner:
                 return
             except Exception as error:
                 log.exception("turn %s failed unexpectedly", self._turn.id)
-                internal = ProviderError("internal", f"internal error: {type(error).__name__}")
+                internal = TurnFailedError("internal", f"internal error: {type(error).__name__}")
                 self._end_call(
                     common_pb2.EXECUTION_STATUS_FAILED, "internal", self._trace_error(internal)
                 )
@@ -192,7 +208,7 @@ class TurnRunner:
             rounds += 1
             if rounds > self._settings.max_tool_rounds:
                 return _Failure(
-                    ProviderError(
+                    TurnFailedError(
                         "max_tool_rounds",
                         f"the model asked for tools in more than {self._settings.max_tool_rounds} "
                         "rounds of this turn",
@@ -211,13 +227,14 @@ class TurnRunner:
                     await asyncio.wait_for(self._answered.wait(), timeout)
                 except TimeoutError:
                     return _Failure(
-                        ProviderError(
+                        TurnFailedError(
                             "tool_output_timeout",
                             f"no output for every tool call came within {timeout:g} s",
                         )
                     )
                 self._turn.status = agent_pb2.TURN_STATUS_IN_PROGRESS
             self._close_round()
+            self._tool_rounds += 1
 
     def _on_tool_call(self, call: ToolCall) -> None:
         self._round.append(call)
@@ -289,6 +306,15 @@ class TurnRunner:
                     continue
                 await asyncio.sleep(self._backoff(attempt, error.retry_after))
 
+    def _sampling(self) -> Sampling:
+        """The turn's settings for its next request: after a tool round, a tool_choice that
+        forces a call (`required`, a named function) becomes `auto`."""
+        sampling = self._turn.sampling
+        forcing = sampling.tool_choice == "required" or isinstance(sampling.tool_choice, dict)
+        if self._tool_rounds and forcing:
+            return dataclasses.replace(sampling, tool_choice="auto")
+        return sampling
+
     def _capture(self) -> TokenCapture:
         """The thread's token capture without what the provider refused or, best effort,
         is known not to offer."""
@@ -304,7 +330,7 @@ class TurnRunner:
         answer names, else every one the request carried ([] for any other failure)."""
         if accepted or error.http_status not in (400, 422):
             return []
-        sent = request_fields(self._turn.sampling, self._capture())
+        sent = request_fields(self._sampling(), self._capture())
         wire = self._provider.dialect.envelope(sent)
         carried = [name for name in OPTIONAL_FIELDS if name in sent or name in wire]
         if not carried:
@@ -326,7 +352,7 @@ class TurnRunner:
             envelope["instructions"] = thread.instructions
         if thread.tools:
             envelope["tools"] = [tool.request_entry() for tool in thread.tools]
-        envelope.update(request_fields(self._turn.sampling, self._capture()))
+        envelope.update(request_fields(self._sampling(), self._capture()))
         return self._provider.dialect.envelope(envelope)
 
     async def _attempt(self, attempt: int) -> None:
@@ -395,7 +421,7 @@ class TurnRunner:
     # -- endings -------------------------------------------------------------------------------
 
     @staticmethod
-    def _trace_error(error: ProviderError) -> common_pb2.TraceError:
+    def _trace_error(error: ProviderError | TurnFailedError) -> common_pb2.TraceError:
         return common_pb2.TraceError(
             code=error.code, message=error.message, http_status=error.http_status
         )

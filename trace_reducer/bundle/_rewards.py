@@ -15,7 +15,7 @@ from pathlib import Path
 
 from rollout.trace.v1 import record_pb2, state_pb2
 
-from ._errors import describe_os_error
+from ._errors import RewardError, describe_os_error
 from ._framing import encode_record
 from ._layout import REWARDS_FILE_NAME
 from ._reader import CLEAN, CORRUPT, TRUNCATED, UNCLOSED, FrameDecoder
@@ -27,14 +27,6 @@ MAX_METADATA_ENTRIES = 64
 MAX_METADATA_KEY_CHARS = 128
 MAX_METADATA_VALUE_CHARS = 4096
 _READ_BYTES = 1 << 16
-
-
-class RewardError(Exception):
-    """A reward that cannot be recorded; `reason` is an UPPER_SNAKE code for services."""
-
-    def __init__(self, message: str, reason: str) -> None:
-        super().__init__(message)
-        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -193,6 +185,11 @@ def read_rewards(bundle_dir: Path, *, dir_fd: int | None = None) -> RewardFile:
         return RewardFile([], "")
     except OSError as error:
         return RewardFile([], f"{REWARDS_FILE_NAME}: {describe_os_error(error, path)}")
+    return decode_rewards(data)
+
+
+def decode_rewards(data: bytes) -> RewardFile:
+    """The rewards in a rewards.binpb's bytes, up to any damage (said in `problem`)."""
     decoder = FrameDecoder()
     records = decoder.feed(data)
     integrity = decoder.finish()
@@ -230,7 +227,12 @@ def attach_rewards(
     trace: state_pb2.RolloutTrace, bundle_dir: Path, *, dir_fd: int | None = None
 ) -> None:
     """Add the bundle's rewards to its reduced state, each with the target it resolves to."""
-    found = read_rewards(bundle_dir, dir_fd=dir_fd)
+    add_rewards(trace, read_rewards(bundle_dir, dir_fd=dir_fd))
+
+
+def add_rewards(trace: state_pb2.RolloutTrace, found: RewardFile) -> None:
+    """Add rewards read from a sidecar to a reduced state, each with the target it resolves
+    to; a damaged sidecar's problem joins the state's integrity detail."""
     for seq, recorded in found.rewards:
         reward = trace.rewards.add(
             name=recorded.name,

@@ -16,7 +16,8 @@ from ..bundle._errors import BundleError, BundleNotFoundError
 from ..bundle._layout import TRACE_FILE_NAME
 from ..bundle._payloads import PayloadError, PayloadStore
 from ..bundle._reader import Item, read_bundle
-from ._forks import BundleForkResolver, ParentBundle, fork_payload
+from ._forks import BundleForkResolver
+from ._parents import ParentBundle, fork_payload
 from ._replay import replay_reader
 from ._requests import compose_request
 

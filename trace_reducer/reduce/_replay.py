@@ -8,9 +8,10 @@ from collections.abc import Callable, Iterable
 from rollout.trace.v1 import state_pb2
 
 from ..bundle._reader import BundleReader, Item, read_bundle
-from ..bundle._rewards import attach_rewards
-from ._forks import BundleForkResolver, ForkResolver
-from ._reducer import Reducer
+from ..bundle._rewards import read_rewards
+from ._forks import BundleForkResolver
+from ._parents import ForkResolver
+from ._pass import reduce_reader
 
 
 def replay_bundle(
@@ -46,12 +47,7 @@ def replay_reader(
 
     observe(batch), when given, sees every batch the reducer applied, in order: what a reader
     needs of the records beside the state takes it from the same pass."""
-    reducer = Reducer(forks=forks)
-    for batch in reader.batches():
-        reducer.apply_many(batch)
-        if observe is not None:
-            observe(batch)
-    reducer.set_integrity(reader.integrity)
-    trace = reducer.state(compact=compact)
-    attach_rewards(trace, reader.bundle_dir, dir_fd=rewards_dir_fd)
-    return trace
+    rewards = read_rewards(reader.bundle_dir, dir_fd=rewards_dir_fd)
+    return reduce_reader(
+        reader, forks=forks, rewards=rewards, compact=compact, on_batch=observe
+    ).trace

@@ -36,12 +36,14 @@ import grpc
 from grpc_common import abort
 from rollout.reducer.v1 import reducer_pb2, reducer_pb2_grpc
 
-from ..bundle._confine import BundlePathError, BundleRoot, ConfinedBundle, OutsideRootError
+from ..bundle._confine import BundleRoot, ConfinedBundle
 from ..bundle._errors import (
     BundleError,
     BundleNotFoundError,
+    BundlePathError,
     CorruptBundleError,
     NotABundleError,
+    OutsideRootError,
     RecordOutOfRangeError,
     ReductionError,
     describe_os_error,
@@ -112,7 +114,9 @@ class ReducerService(reducer_pb2_grpc.ReducerServiceServicer):
             # Opened once under the root, as for ReduceBundle; the follower reads that file.
             bundle = self._open(request.bundle)
             try:
-                follow = follow_bundle(bundle.trace, Path(bundle.display_dir))
+                follow = follow_bundle(
+                    bundle.trace, Path(bundle.display_dir), rewards_dir_fd=bundle.dir_fd
+                )
                 async with contextlib.aclosing(follow) as updates:
                     async for update in updates:
                         if update.final:
