@@ -12,9 +12,9 @@ from typing import Any
 from rollout.trace.v1 import common_pb2, record_pb2, state_pb2
 
 from ..bundle._bulk import DeltaRun
-from ..bundle._errors import BundleError, BundleNotFoundError
+from ..bundle._errors import BundleError, BundleNotFoundError, PayloadError
 from ..bundle._layout import TRACE_FILE_NAME
-from ..bundle._payloads import PayloadError, PayloadStore
+from ..bundle._payloads import PayloadStore
 from ..bundle._reader import Item, read_bundle
 from ._forks import BundleForkResolver
 from ._parents import ParentBundle, fork_payload
