@@ -83,6 +83,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 async def _serve(settings: Settings) -> int:
     try:
         server = await AgentServer.start(settings)
+    except ConfigError as error:
+        print(f"{PROG}: {error}", file=sys.stderr)
+        return EXIT_USAGE
     except OSError as error:
         # The message names the address already.
         print(f"{PROG}: {error}", file=sys.stderr)

@@ -28,6 +28,8 @@ DEFAULT_MAX_CLOSED_THREADS = 1000
 DEFAULT_PROVIDER_MAX_CONNECTIONS = 1024
 DEFAULT_MAX_TOOL_ROUNDS = 64
 DEFAULT_TOOL_OUTPUT_TIMEOUT = 600.0
+REPLAY_PACES = ("recorded", "fast")
+REPLAY_ON_DIVERGENCE = ("fail", "live")
 PROVIDER_APIS = ("responses", "chat")
 # What a provider may be asked for beyond the API's core (a named provider's `capabilities`).
 CAPABILITIES = ("token-ids", "logprobs")
@@ -172,6 +174,15 @@ class Settings:
     metrics_listen: str | None = None
     log_level: str = "info"
     log_format: str = "text"
+    # A bundle, or a directory of bundles, whose recorded provider streams answer every
+    # inference request (the replay provider); None: a live provider or the local model.
+    replay_from: Path | None = None
+    replay_pace: str = "fast"
+    # What a request no recorded call matches gets: "fail" (HTTP 409, replay_divergence) or
+    # "live" (the --provider-url provider, for that thread from there on).
+    replay_on_divergence: str = "fail"
+    # Calls of a recorded thread from this one on (1-based) go to the live provider; 0: none.
+    replay_branch_at: int = 0
 
     def __post_init__(self) -> None:
         for name, bounds in NUMBER_SETTINGS.items():
@@ -204,6 +215,27 @@ class Settings:
             raise ConfigError(f"--log-level must be one of {', '.join(logs.LEVELS)}")
         if self.log_format not in logs.FORMATS:
             raise ConfigError(f"--log-format must be one of {', '.join(logs.FORMATS)}")
+        if self.replay_pace not in REPLAY_PACES:
+            raise ConfigError(f"--replay-pace must be one of {', '.join(REPLAY_PACES)}")
+        if self.replay_on_divergence not in REPLAY_ON_DIVERGENCE:
+            raise ConfigError(
+                f"--replay-on-divergence must be one of {', '.join(REPLAY_ON_DIVERGENCE)}"
+            )
+        if self.replay_branch_at < 0:
+            raise ConfigError("--replay-branch-at must be a call number, 1 or more")
+        if self.replay_from is None and (
+            self.replay_branch_at or self.replay_on_divergence != "fail"
+        ):
+            raise ConfigError("--replay-branch-at and --replay-on-divergence need --replay-from")
+        if (
+            self.replay_from is not None
+            and self.provider_url is None
+            and (self.replay_branch_at or self.replay_on_divergence == "live")
+        ):
+            raise ConfigError(
+                "--replay-branch-at and --replay-on-divergence live send calls to a live "
+                "provider: give it with --provider-url"
+            )
 
     @property
     def recording(self) -> bool:
@@ -247,6 +279,31 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--log-level", choices=logs.LEVELS, help="default info (env ROLLOUT_LOG_LEVEL)"
+    )
+    replay = parser.add_argument_group("replay a recorded run")
+    replay.add_argument(
+        "--replay-from",
+        type=Path,
+        metavar="BUNDLE_OR_ROOT",
+        help="answer every inference request from the provider streams recorded in this "
+        "bundle (or the bundles of this directory) instead of a model",
+    )
+    replay.add_argument(
+        "--replay-pace",
+        choices=REPLAY_PACES,
+        help="send recorded events at their recorded times, or at once (default fast)",
+    )
+    replay.add_argument(
+        "--replay-on-divergence",
+        choices=REPLAY_ON_DIVERGENCE,
+        help="a request that differs from the recorded one fails with HTTP 409 "
+        "replay_divergence (fail, the default), or goes to --provider-url from there on (live)",
+    )
+    replay.add_argument(
+        "--replay-branch-at",
+        type=int,
+        metavar="CALL",
+        help="replay calls 1..CALL-1 of each recorded thread, send CALL onward to --provider-url",
     )
     parser.add_argument(
         "--log-format",
@@ -366,6 +423,7 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
     api_key_env = pick("api_key_env") or DEFAULT_API_KEY_ENV
     key = _api_key(env.get(api_key_env, ""), api_key_env)
     trace_root = pick("trace_root", "ROLLOUT_TRACE_ROOT")
+    replay_from = pick("replay_from")
     access = AccessControl()
     if hasattr(args, "auth_token_env"):
         try:
@@ -404,6 +462,10 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
         metrics_listen=pick("metrics_listen", "ROLLOUT_METRICS_LISTEN"),
         log_level=pick("log_level", "ROLLOUT_LOG_LEVEL") or "info",
         log_format=pick("log_format", "ROLLOUT_LOG_FORMAT") or "text",
+        replay_from=Path(replay_from) if replay_from else None,
+        replay_pace=pick("replay_pace") or "fast",
+        replay_on_divergence=pick("replay_on_divergence") or "fail",
+        replay_branch_at=_default(pick("replay_branch_at"), 0),
     )
 
 

@@ -10,14 +10,16 @@ from pathlib import Path
 import grpc
 
 from agent_server.agent import Agent
-from agent_server.config import Settings
+from agent_server.config import ConfigError, Settings
 from agent_server.dialects import dialect_named, unsupported_fields
 from agent_server.local_model import LocalModel
 from agent_server.provider import ProviderClient
+from agent_server.replay_model import ReplayBook, ReplayModel
 from agent_server.service import SERVICE_NAME, AgentService
 from agent_server.telemetry import MetricsServer
 from grpc_common import GrpcServer
 from rollout.agent.v1 import agent_pb2_grpc
+from trace_reducer import BundleError, ReductionError, read_recorded
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +50,7 @@ class AgentServer:
         agent: Agent,
         provider: ProviderClient,
         grpc_server: GrpcServer,
-        local_model: LocalModel | None,
+        local_model: LocalModel | ReplayModel | None,
     ) -> None:
         self.settings = settings
         self.agent = agent
@@ -62,9 +64,11 @@ class AgentServer:
 
     @classmethod
     async def start(cls, settings: Settings) -> AgentServer:
-        """Start the local model when no provider URL is set, then the gRPC server.
+        """Start the replay provider (--replay-from), else the local model when no provider
+        URL is set, then the gRPC server.
 
-        Raises ValueError / OSError when the listen address is unusable.
+        Raises ValueError / OSError when the listen address is unusable, ConfigError when
+        the bundles to replay cannot be read.
         """
         if settings.trace_root is not None:
             problem = trace_root_problem(settings.trace_root)
@@ -77,8 +81,12 @@ class AgentServer:
         metrics = MetricsServer.start(settings.metrics_listen) if settings.metrics_listen else None
         if metrics is not None:
             log.info("metrics at %s", metrics.url)
-        local_model = None
-        if settings.provider_url is None:
+        local_model: LocalModel | ReplayModel | None = None
+        if settings.replay_from is not None:
+            local_model = await _start_replay(settings)
+            base_url = local_model.url
+            log.info("replaying %s at %s", settings.replay_from, base_url)
+        elif settings.provider_url is None:
             local_model = await LocalModel.start(settings.local_word_delay)
             base_url = local_model.url
             log.info("no --provider-url given: using the built-in local model at %s", base_url)
@@ -139,6 +147,12 @@ class AgentServer:
     def local_model_url(self) -> str | None:
         return self._local_model.url if self._local_model is not None else None
 
+    @property
+    def replay(self) -> ReplayBook | None:
+        """What the replay provider answered so far (with --replay-from)."""
+        model = self._local_model
+        return model.book if isinstance(model, ReplayModel) else None
+
     async def stop(self) -> None:
         """Graceful shutdown; every caller waits for the same one."""
         if self._stopping is None:
@@ -162,3 +176,19 @@ class AgentServer:
 
     async def wait_for_termination(self) -> None:
         await self._grpc.wait_for_termination()
+
+
+async def _start_replay(settings: Settings) -> ReplayModel:
+    """The replay provider over every bundle --replay-from names, read once at start-up."""
+    source = settings.replay_from
+    assert source is not None
+    try:
+        threads = await asyncio.to_thread(lambda: list(read_recorded(source)))
+    except (BundleError, ReductionError, OSError) as error:
+        raise ConfigError(f"--replay-from: {error}") from error
+    book = ReplayBook(
+        threads,
+        on_divergence=settings.replay_on_divergence,
+        branch_at=settings.replay_branch_at,
+    )
+    return await ReplayModel.start(book, pace=settings.replay_pace, live_url=settings.provider_url)

@@ -21,6 +21,7 @@ from bench import (
     gateway_bench,
     provider_floor,
     reducer_bench,
+    replay_bench,
     training_bench,
     view_bench,
 )
@@ -469,6 +470,34 @@ def training(root: Path) -> list[Row]:
     ]
 
 
+def p11(root: Path) -> list[Row]:
+    result = replay_bench.measure_replay(root)
+    replay_us = statistics.median(result.replay_us)
+    live_total = statistics.median(result.live_total_us)
+    live_agent = statistics.median(result.live_agent_us)
+    return [
+        Row(
+            "P11",
+            f"a recorded {result.turns:,}-turn run ({result.deltas:,} deltas) replayed with "
+            "`--replay-from --replay-pace fast`: turns/s",
+            f"{statistics.median(result.replay_turns_per_s):,.0f} turns/s",
+            "(reference)",
+            True,
+            _spread(result.replay_turns_per_s),
+            f"the live run: {statistics.median(result.live_turns_per_s):,.0f} turns/s",
+        ),
+        Row(
+            "P11",
+            "server CPU per replayed delta (the agent and its replay provider, one process)",
+            f"{replay_us:.0f} µs",
+            "<= the live agent's + its model's",
+            replay_us <= live_total,
+            _spread(result.replay_us, " µs"),
+            f"live: agent {live_agent:.0f} µs, agent + model {live_total:.0f} µs",
+        ),
+    ]
+
+
 def gateway(root: Path) -> list[Row]:
     """P7: the gateway beside the same client straight to the same upstream."""
     result = gateway_bench.measure_p7(root)
@@ -572,6 +601,7 @@ BENCHES: dict[str, Callable[[Path], list[Row]]] = {
     "v1": v1,
     "batch": batch,
     "training": training,
+    "replay": p11,
     "gateway": gateway,
     "engine": p8,
 }

@@ -73,6 +73,19 @@ class ParentBundle:
         return found
 
 
+def fork_payload(payloads: PayloadStore, parent: ParentBundle | None, pid: str) -> bytes:
+    """Payload `pid` of a bundle, else of the fork's parent it shares its history with.
+
+    Raises PayloadError when neither has it."""
+    try:
+        return payloads.get(pid)
+    except PayloadError:
+        data = parent.payload(pid) if parent is not None else None
+        if data is None:
+            raise
+        return data
+
+
 class ForkResolver(Protocol):
     """What the reducer asks when a bundle turns out to be a fork."""
 
