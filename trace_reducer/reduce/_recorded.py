@@ -134,7 +134,8 @@ def read_recorded_thread(path: str | os.PathLike[str]) -> RecordedThread:
 
     with read_bundle(path) as reader:
         bundle_dir = reader.bundle_dir
-        forks = BundleForkResolver(bundle_dir)
+        # Every byte of a parent: request bodies are rebuilt from its payloads.
+        forks = BundleForkResolver(bundle_dir, every_payload=True)
         trace = replay_reader(reader, forks=forks, observe=observe)
     # The resolver reduced a fork's parent once, during the pass; this is that parent again.
     parent: ParentBundle | None = forks.resolve(forked[0]) if forked else None
