@@ -9,7 +9,7 @@ TS_STAMP := $(TS)/node_modules/.installed
 NPM_CACHE ?= $(or $(TMPDIR),/tmp)/rollout-trace-npm-cache
 
 .PHONY: demo test check lint protos check-protos ts-protos check-ts-protos check-breaking \
-	pytest test-ts test-backends fuzz bench clean
+	pytest test-ts test-backends check-package fuzz bench clean
 
 # The package with every extra, and the project's own tools (pyproject's dependency groups, which
 # need pip >= 25.1), at the exact versions of constraints.txt.
