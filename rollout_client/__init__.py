@@ -12,6 +12,8 @@ from ._defaults import (
     DEFAULT_TIMEOUT,
     REDUCER_ADDRESS_ENV,
     TOKEN_ENV,
+    address_from_env,
+    token_from_env,
 )
 
 if TYPE_CHECKING:
@@ -124,5 +126,7 @@ __all__ = [
     "UnauthenticatedError",
     "UnavailableError",
     "UnimplementedError",
+    "address_from_env",
     "function_tool",
+    "token_from_env",
 ]
