@@ -2,6 +2,7 @@
 
 from typing import TYPE_CHECKING
 
+from ._chat import CHAT_API, chat_messages
 from ._compact import expand_request_items
 from ._errors import (
     BundleError,
@@ -39,7 +40,13 @@ from ._rewards import (
 from ._rl_export import FORMATS as RL_FORMATS
 from ._rl_export import Exported, ExportError, build_sample, export_rl
 from ._state_json import iter_state_json, state_to_json, write_state_json
-from ._tokens import LOGPROBS_INCLUDE, classify_stop, delta_tokens, sampling_settings
+from ._tokens import (
+    LENGTH_REASONS,
+    LOGPROBS_INCLUDE,
+    classify_stop,
+    delta_tokens,
+    sampling_settings,
+)
 from ._version import __version__
 from ._view import VIEW_FILE_NAME, write_view
 from ._watch import WatchUpdate, follow_bundle
@@ -61,7 +68,9 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
+    "CHAT_API",
     "FORMAT_VERSION",
+    "LENGTH_REASONS",
     "LOGPROBS_INCLUDE",
     "MAX_RECORD_BYTES",
     "REWARDS_FILE_NAME",
@@ -97,6 +106,7 @@ __all__ = [
     "attach_rewards",
     "build_sample",
     "canonical_json",
+    "chat_messages",
     "check_reward",
     "classify_stop",
     "decode_varint",

@@ -8,7 +8,7 @@ from typing import Any, Protocol, TypeAlias
 from rollout.trace.v1 import common_pb2, record_pb2
 
 from ._payloads import canonical_json, payload_id
-from ._tokens import token_texts
+from ._tokens import token_drift, token_texts
 
 Status: TypeAlias = common_pb2.ExecutionStatus.ValueType
 PayloadKind: TypeAlias = record_pb2.PayloadKind.ValueType
@@ -60,6 +60,8 @@ class RecordBuilder:
         self._fork_tokens: list[int] | None = None
         # Each thread's held tokens: its latest prompt's ids, then every output id since.
         self._held: dict[int, list[int]] = {}
+        # How many of them are its latest prompt's (the rest are output ids).
+        self._held_prompt: dict[int, int] = {}
         self._thread_of_call: dict[int, int] = {}
         self._latest_call_id: dict[int, str] = {}
 
@@ -167,6 +169,7 @@ class RecordBuilder:
         envelope: Mapping[str, Any],
         input_items: Sequence[Mapping[str, Any]],
         policy_version: str = "",
+        provider_api: str = "",
     ) -> int:
         """An attempt about to send `envelope` with `input` = input_items (the whole history).
 
@@ -185,6 +188,7 @@ class RecordBuilder:
             prefix_count=prefix,
             new_items=input_items[prefix:],
             policy_version=policy_version,
+            provider_api=provider_api,
         )
 
     def inference_started_after_prefix(
@@ -199,6 +203,7 @@ class RecordBuilder:
         prefix_count: int,
         new_items: Sequence[Mapping[str, Any]],
         policy_version: str = "",
+        provider_api: str = "",
     ) -> int:
         """The record exactly as given: prefix_count items of the previous input, then new_items."""
         self._calls += 1
@@ -221,6 +226,7 @@ class RecordBuilder:
                     input_payload_ids=ids,
                     input_prefix_count=prefix_count,
                     policy_version=policy_version,
+                    provider_api=provider_api,
                 )
             )
         )
@@ -239,11 +245,16 @@ class RecordBuilder:
         self._sink.append(
             record_pb2.TraceRecord(
                 prompt_tokens=record_pb2.PromptTokens(
-                    call=call, ids=ids[shared:], prefix_count=shared
+                    call=call,
+                    ids=ids[shared:],
+                    prefix_count=shared,
+                    drift=token_drift(shared, len(held), self._held_prompt.get(thread, 0)),
+                    held_count=len(held),
                 )
             )
         )
         self._held[thread] = list(ids)
+        self._held_prompt[thread] = len(ids)
 
     # -- provider events -----------------------------------------------------------------------
 

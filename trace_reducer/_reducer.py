@@ -637,6 +637,10 @@ class Reducer:
             return
         prompt = [*held[:shared], *body.ids]
         call.msg.prompt_token_ids.extend(prompt)
+        call.msg.token_drift = body.drift
+        call.msg.held_token_count = body.held_count
+        if body.drift in (common_pb2.TOKEN_DRIFT_REALIGN, common_pb2.TOKEN_DRIFT_FORK):
+            call.msg.drift_position = shared
         self._held[thread_id] = prompt
 
     def _on_reward_recorded(self, record: _Record) -> None:

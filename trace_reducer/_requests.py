@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 
+from ._chat import CHAT_API, chat_messages
 from ._errors import BundleError
 from ._forks import BundleForkResolver, ParentBundle
 from ._payloads import PayloadError, PayloadStore, canonical_json, resolve_inputs
@@ -16,7 +17,8 @@ class RequestNotFoundError(BundleError):
 
 
 def request_body(path: str | os.PathLike[str], inference_call_id: str) -> bytes:
-    """The JSON body that inference call sent: its envelope with `input` set from its payloads.
+    """The JSON body that inference call sent: its envelope with `input` set from its payloads
+    (for Chat Completions, `messages` from the thread's instructions and those items).
 
     Raises RequestNotFoundError when the bundle (up to any damage) has no such call, and
     BundleError when its records do not fit together.
@@ -25,6 +27,7 @@ def request_body(path: str | os.PathLike[str], inference_call_id: str) -> bytes:
     payloads = PayloadStore(budget=None)
     thread_of_turn: dict[int, int] = {}
     inputs_of_thread: dict[int, list[str]] = {}
+    instructions_of_thread: dict[int, str] = {}
     fork_prefix: list[str] = []
     parent: ParentBundle | None = None
 
@@ -49,6 +52,9 @@ def request_body(path: str | os.PathLike[str], inference_call_id: str) -> bytes:
                     parent = BundleForkResolver(reader.bundle_dir).resolve(record.thread_forked)
                 elif body == "thread_started":
                     inputs_of_thread[record.thread_started.thread] = fork_prefix
+                    instructions_of_thread[record.thread_started.thread] = (
+                        record.thread_started.instructions_payload_id
+                    )
                 elif body == "turn_started":
                     thread_of_turn[record.turn_started.turn] = record.turn_started.thread
                 elif body == "inference_started":
@@ -58,7 +64,13 @@ def request_body(path: str | os.PathLike[str], inference_call_id: str) -> bytes:
                     inputs_of_thread[thread] = inputs
                     if started.inference_call_id == inference_call_id:
                         request = json.loads(payload(started.request_envelope_payload_id))
-                        request["input"] = [json.loads(payload(pid)) for pid in inputs]
+                        items = [json.loads(payload(pid)) for pid in inputs]
+                        if started.provider_api == CHAT_API:
+                            pid = instructions_of_thread.get(thread, "")
+                            instructions = payload(pid).decode() if pid else ""
+                            request["messages"] = chat_messages(instructions, items)
+                        else:
+                            request["input"] = items
                         return canonical_json(request)
             except (PayloadError, ValueError) as error:
                 raise BundleError(f"seq {record.seq}: {error}") from error

@@ -122,7 +122,8 @@ def token_texts(tokens: common_pb2.DeltaTokens, text: str) -> list[str]:
 
 
 def sampling_settings(envelope: Mapping[str, Any]) -> common_pb2.SamplingSettings:
-    """What a Responses API request body (or its envelope) asked for."""
+    """What a request body (or its envelope) asked for, in the Responses API's spelling or
+    Chat Completions' (`max_tokens`, `logprobs: true`)."""
     settings = common_pb2.SamplingSettings()
     temperature = envelope.get("temperature")
     if isinstance(temperature, int | float) and not isinstance(temperature, bool):
@@ -130,31 +131,52 @@ def sampling_settings(envelope: Mapping[str, Any]) -> common_pb2.SamplingSetting
     top_p = envelope.get("top_p")
     if isinstance(top_p, int | float) and not isinstance(top_p, bool):
         settings.top_p = float(top_p)
-    limit = envelope.get("max_output_tokens")
+    limit = envelope.get("max_output_tokens", envelope.get("max_tokens"))
     if isinstance(limit, int) and not isinstance(limit, bool) and 0 <= limit <= MAX_TOKEN_ID:
         settings.max_output_tokens = limit
     top = envelope.get("top_logprobs")
     if isinstance(top, int) and not isinstance(top, bool) and 0 <= top <= MAX_TOKEN_ID:
         settings.top_logprobs = top
     include = envelope.get("include")
-    settings.logprobs = isinstance(include, list) and LOGPROBS_INCLUDE in include
+    settings.logprobs = (isinstance(include, list) and LOGPROBS_INCLUDE in include) or envelope.get(
+        "logprobs"
+    ) is True
     settings.token_ids = envelope.get("return_token_ids") is True
     return settings
+
+
+def token_drift(shared: int, held: int, held_prompt: int) -> common_pb2.TokenDrift.ValueType:
+    """How a prompt continues `held` tokens of which the first `held_prompt` are the previous
+    prompt's, given that their first `shared` agree: EXACT when all held tokens agree,
+    REALIGN when they part inside the previous output, FORK when before it."""
+    if not held:
+        return common_pb2.TOKEN_DRIFT_UNSPECIFIED
+    if shared == held:
+        return common_pb2.TOKEN_DRIFT_EXACT
+    return common_pb2.TOKEN_DRIFT_REALIGN if shared >= held_prompt else common_pb2.TOKEN_DRIFT_FORK
 
 
 def classify_stop(
     status: Status, *, reason: str = "", error_code: str = "", http_status: int = 0
 ) -> StopReason:
     """How an inference call ended, as a trainer sorts samples: the model's outcomes
-    (completed, length) apart from interrupts, provider verdicts and infrastructure failures."""
+    (completed, length) apart from interrupts, provider verdicts and infrastructure failures.
+
+    A cut at the output limit (`response.incomplete:max_output_tokens`) is LENGTH whether the
+    call completed with its partial answer (as the agent records it) or failed (older
+    bundles)."""
+    cut = reason.startswith("response.incomplete") and reason.rpartition(":")[2] in LENGTH_REASONS
+    if cut and status in (
+        common_pb2.EXECUTION_STATUS_COMPLETED,
+        common_pb2.EXECUTION_STATUS_FAILED,
+    ):
+        return common_pb2.STOP_REASON_LENGTH
     if status == common_pb2.EXECUTION_STATUS_COMPLETED:
         return common_pb2.STOP_REASON_COMPLETED
     if status == common_pb2.EXECUTION_STATUS_CANCELLED:
         return common_pb2.STOP_REASON_INTERRUPTED
     if status != common_pb2.EXECUTION_STATUS_FAILED:
         return common_pb2.STOP_REASON_UNSPECIFIED
-    if reason.startswith("response.incomplete") and reason.rpartition(":")[2] in LENGTH_REASONS:
-        return common_pb2.STOP_REASON_LENGTH
     if error_code in INFRA_CODES or http_status == 429 or http_status >= 500:
         return common_pb2.STOP_REASON_INFRA_ERROR
     return common_pb2.STOP_REASON_PROVIDER_ERROR

@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file rollout/agent/v1/agent.proto.
  */
 export const file_rollout_agent_v1_agent: GenFile = /*@__PURE__*/
-  fileDesc("Chxyb2xsb3V0L2FnZW50L3YxL2FnZW50LnByb3RvEhByb2xsb3V0LmFnZW50LnYxIloKDEZ1bmN0aW9uVG9vbBIMCgRuYW1lGAEgASgJEhMKC2Rlc2NyaXB0aW9uGAIgASgJEhcKD3BhcmFtZXRlcnNfanNvbhgDIAEoCRIOCgZzdHJpY3QYBCABKAgiJgoJVXNlcklucHV0Eg4KBHRleHQYASABKAlIAEIJCgdjb250ZW50Iv8FCgZUaHJlYWQSCgoCaWQYASABKAkSDQoFbW9kZWwYAiABKAkSLgoGc3RhdHVzGAMgASgOMh4ucm9sbG91dC5hZ2VudC52MS5UaHJlYWRTdGF0dXMSLgoKY3JlYXRlZF9hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEwoLYnVuZGxlX3BhdGgYBSABKAkSJQoFdHVybnMYBiADKAsyFi5yb2xsb3V0LmFnZW50LnYxLlR1cm4SOwoQcmVjb3JkaW5nX3N0YXR1cxgHIAEoDjIhLnJvbGxvdXQuYWdlbnQudjEuUmVjb3JkaW5nU3RhdHVzEhcKD3JlY29yZGluZ19lcnJvchgIIAEoCRI4CghtZXRhZGF0YRgJIAMoCzImLnJvbGxvdXQuYWdlbnQudjEuVGhyZWFkLk1ldGFkYXRhRW50cnkSEgoKdHVybl9jb3VudBgLIAEoDRItCgljbG9zZWRfYXQYDCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi0KBXRvb2xzGAogAygLMh4ucm9sbG91dC5hZ2VudC52MS5GdW5jdGlvblRvb2wSGAoQY2FwdHVyZV9sb2dwcm9icxgUIAEoCBIUCgx0b3BfbG9ncHJvYnMYFSABKA0SGQoRcmVxdWVzdF90b2tlbl9pZHMYFiABKAgSGAoLdGVtcGVyYXR1cmUYFyABKAFIAIgBARISCgV0b3BfcBgYIAEoAUgBiAEBEh4KEW1heF9vdXRwdXRfdG9rZW5zGBkgASgNSAKIAQESFgoOcG9saWN5X3ZlcnNpb24YGiABKAkSKgoEZm9yaxgbIAEoCzIcLnJvbGxvdXQuYWdlbnQudjEuRm9ya09yaWdpbhovCg1NZXRhZGF0YUVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAFCDgoMX3RlbXBlcmF0dXJlQggKBl90b3BfcEIUChJfbWF4X291dHB1dF90b2tlbnMiaQoKRm9ya09yaWdpbhIYChBwYXJlbnRfdGhyZWFkX2lkGAEgASgJEhUKDWFmdGVyX3R1cm5faWQYAiABKAkSEAoIZ3JvdXBfaWQYAyABKAkSGAoQcmVwZXRpdGlvbl9pbmRleBgEIAEoDSJwCgxUdXJuVG9vbENhbGwSDwoHaXRlbV9pZBgBIAEoCRIPCgdjYWxsX2lkGAIgASgJEgwKBG5hbWUYAyABKAkSMAoGc3RhdHVzGAQgASgOMiAucm9sbG91dC5hZ2VudC52MS5Ub29sQ2FsbFN0YXR1cyI/CglUdXJuRXJyb3ISDwoHbWVzc2FnZRgBIAEoCRIMCgRjb2RlGAIgASgJEhMKC2h0dHBfc3RhdHVzGAMgASgNIpUCCgRUdXJuEgoKAmlkGAEgASgJEhEKCXRocmVhZF9pZBgCIAEoCRIsCgZzdGF0dXMYAyABKA4yHC5yb2xsb3V0LmFnZW50LnYxLlR1cm5TdGF0dXMSKgoFZXJyb3IYBCABKAsyGy5yb2xsb3V0LmFnZW50LnYxLlR1cm5FcnJvchIuCgpzdGFydGVkX2F0GAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIwCgxjb21wbGV0ZWRfYXQYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjIKCnRvb2xfY2FsbHMYByADKAsyHi5yb2xsb3V0LmFnZW50LnYxLlR1cm5Ub29sQ2FsbCJlCgRJdGVtEgoKAmlkGAEgASgJEgwKBHR5cGUYAiABKAkSDAoEcm9sZRgDIAEoCRIMCgR0ZXh0GAQgASgJEhYKDnRleHRfaW5fZGVsdGFzGAUgASgIEg8KB3JlZnVzYWwYBiABKAkiOAoQVHVyblN0YXJ0ZWRFdmVudBIkCgR0dXJuGAEgASgLMhYucm9sbG91dC5hZ2VudC52MS5UdXJuIjgKEEl0ZW1TdGFydGVkRXZlbnQSJAoEaXRlbRgBIAEoCzIWLnJvbGxvdXQuYWdlbnQudjEuSXRlbSJJChZBZ2VudE1lc3NhZ2VEZWx0YUV2ZW50Eg8KB2l0ZW1faWQYASABKAkSDQoFZGVsdGEYAiABKAkSDwoHcmVmdXNhbBgDIAEoCCI6ChJJdGVtQ29tcGxldGVkRXZlbnQSJAoEaXRlbRgBIAEoCzIWLnJvbGxvdXQuYWdlbnQudjEuSXRlbSI6ChJUdXJuQ29tcGxldGVkRXZlbnQSJAoEdHVybhgBIAEoCzIWLnJvbGxvdXQuYWdlbnQudjEuVHVybiI/CgpFcnJvckV2ZW50Eg8KB21lc3NhZ2UYASABKAkSEgoKd2lsbF9yZXRyeRgCIAEoCBIMCgRjb2RlGAMgASgJIngKFlRvb2xDYWxsUmVxdWVzdGVkRXZlbnQSDwoHaXRlbV9pZBgBIAEoCRIPCgdjYWxsX2lkGAIgASgJEgwKBG5hbWUYAyABKAkSEQoJYXJndW1lbnRzGAQgASgJEhsKE2FyZ3VtZW50c19pbl9kZWx0YXMYBSABKAgiSwoWVG9vbENhbGxDb21wbGV0ZWRFdmVudBIPCgdjYWxsX2lkGAEgASgJEg4KBm91dHB1dBgCIAEoCRIQCghpc19lcnJvchgDIAEoCCJOChtUb29sQ2FsbEFyZ3VtZW50c0RlbHRhRXZlbnQSDwoHaXRlbV9pZBgBIAEoCRIPCgdjYWxsX2lkGAIgASgJEg0KBWRlbHRhGAMgASgJIkQKHFR1cm5Bd2FpdGluZ1Rvb2xPdXRwdXRzRXZlbnQSJAoEdHVybhgBIAEoCzIWLnJvbGxvdXQuYWdlbnQudjEuVHVybiI1ChNSZWFzb25pbmdEZWx0YUV2ZW50Eg8KB2l0ZW1faWQYASABKAkSDQoFZGVsdGEYAiABKAkiVAoPVG9rZW5Vc2FnZUV2ZW50EhQKDGlucHV0X3Rva2VucxgBIAEoBBIVCg1vdXRwdXRfdG9rZW5zGAIgASgEEhQKDHRvdGFsX3Rva2VucxgDIAEoBCKaBwoLVGhyZWFkRXZlbnQSDQoFaW5kZXgYASABKAQSKAoEdGltZRgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEQoJdGhyZWFkX2lkGAMgASgJEg8KB3R1cm5faWQYBCABKAkSOgoMdHVybl9zdGFydGVkGAUgASgLMiIucm9sbG91dC5hZ2VudC52MS5UdXJuU3RhcnRlZEV2ZW50SAASOgoMaXRlbV9zdGFydGVkGAYgASgLMiIucm9sbG91dC5hZ2VudC52MS5JdGVtU3RhcnRlZEV2ZW50SAASRwoTYWdlbnRfbWVzc2FnZV9kZWx0YRgHIAEoCzIoLnJvbGxvdXQuYWdlbnQudjEuQWdlbnRNZXNzYWdlRGVsdGFFdmVudEgAEj4KDml0ZW1fY29tcGxldGVkGAggASgLMiQucm9sbG91dC5hZ2VudC52MS5JdGVtQ29tcGxldGVkRXZlbnRIABI+Cg50dXJuX2NvbXBsZXRlZBgJIAEoCzIkLnJvbGxvdXQuYWdlbnQudjEuVHVybkNvbXBsZXRlZEV2ZW50SAASLQoFZXJyb3IYCiABKAsyHC5yb2xsb3V0LmFnZW50LnYxLkVycm9yRXZlbnRIABI4Cgt0b2tlbl91c2FnZRgLIAEoCzIhLnJvbGxvdXQuYWdlbnQudjEuVG9rZW5Vc2FnZUV2ZW50SAASRwoTdG9vbF9jYWxsX3JlcXVlc3RlZBgMIAEoCzIoLnJvbGxvdXQuYWdlbnQudjEuVG9vbENhbGxSZXF1ZXN0ZWRFdmVudEgAEkcKE3Rvb2xfY2FsbF9jb21wbGV0ZWQYDSABKAsyKC5yb2xsb3V0LmFnZW50LnYxLlRvb2xDYWxsQ29tcGxldGVkRXZlbnRIABJSChl0b29sX2NhbGxfYXJndW1lbnRzX2RlbHRhGA4gASgLMi0ucm9sbG91dC5hZ2VudC52MS5Ub29sQ2FsbEFyZ3VtZW50c0RlbHRhRXZlbnRIABJACg9yZWFzb25pbmdfZGVsdGEYDyABKAsyJS5yb2xsb3V0LmFnZW50LnYxLlJlYXNvbmluZ0RlbHRhRXZlbnRIABJUChp0dXJuX2F3YWl0aW5nX3Rvb2xfb3V0cHV0cxgQIAEoCzIuLnJvbGxvdXQuYWdlbnQudjEuVHVybkF3YWl0aW5nVG9vbE91dHB1dHNFdmVudEgAQgYKBGtpbmQiwAMKElN0YXJ0VGhyZWFkUmVxdWVzdBINCgVtb2RlbBgBIAEoCRIUCgxpbnN0cnVjdGlvbnMYAiABKAkSRAoIbWV0YWRhdGEYAyADKAsyMi5yb2xsb3V0LmFnZW50LnYxLlN0YXJ0VGhyZWFkUmVxdWVzdC5NZXRhZGF0YUVudHJ5Ei0KBXRvb2xzGAQgAygLMh4ucm9sbG91dC5hZ2VudC52MS5GdW5jdGlvblRvb2wSGAoQY2FwdHVyZV9sb2dwcm9icxgFIAEoCBIUCgx0b3BfbG9ncHJvYnMYBiABKA0SGQoRcmVxdWVzdF90b2tlbl9pZHMYByABKAgSGAoLdGVtcGVyYXR1cmUYCCABKAFIAIgBARISCgV0b3BfcBgJIAEoAUgBiAEBEh4KEW1heF9vdXRwdXRfdG9rZW5zGAogASgNSAKIAQESFgoOcG9saWN5X3ZlcnNpb24YCyABKAkaLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBQg4KDF90ZW1wZXJhdHVyZUIICgZfdG9wX3BCFAoSX21heF9vdXRwdXRfdG9rZW5zIj8KE1N0YXJ0VGhyZWFkUmVzcG9uc2USKAoGdGhyZWFkGAEgASgLMhgucm9sbG91dC5hZ2VudC52MS5UaHJlYWQi5wEKEFN0YXJ0VHVyblJlcXVlc3QSEQoJdGhyZWFkX2lkGAEgASgJEioKBWlucHV0GAIgAygLMhsucm9sbG91dC5hZ2VudC52MS5Vc2VySW5wdXQSGAoLdGVtcGVyYXR1cmUYFCABKAFIAIgBARISCgV0b3BfcBgVIAEoAUgBiAEBEh4KEW1heF9vdXRwdXRfdG9rZW5zGBYgASgNSAKIAQESFgoOcG9saWN5X3ZlcnNpb24YFyABKAlCDgoMX3RlbXBlcmF0dXJlQggKBl90b3BfcEIUChJfbWF4X291dHB1dF90b2tlbnMiOQoRU3RhcnRUdXJuUmVzcG9uc2USJAoEdHVybhgBIAEoCzIWLnJvbGxvdXQuYWdlbnQudjEuVHVybiI2ChBJbnRlcnJ1cHRSZXF1ZXN0EhEKCXRocmVhZF9pZBgBIAEoCRIPCgd0dXJuX2lkGAIgASgJIjkKEUludGVycnVwdFJlc3BvbnNlEiQKBHR1cm4YASABKAsyFi5yb2xsb3V0LmFnZW50LnYxLlR1cm4iPQoTU3RyZWFtRXZlbnRzUmVxdWVzdBIRCgl0aHJlYWRfaWQYASABKAkSEwoLYWZ0ZXJfaW5kZXgYAiABKAQiRAoUU3RyZWFtRXZlbnRzUmVzcG9uc2USLAoFZXZlbnQYASABKAsyHS5yb2xsb3V0LmFnZW50LnYxLlRocmVhZEV2ZW50IiUKEEdldFRocmVhZFJlcXVlc3QSEQoJdGhyZWFkX2lkGAEgASgJIj0KEUdldFRocmVhZFJlc3BvbnNlEigKBnRocmVhZBgBIAEoCzIYLnJvbGxvdXQuYWdlbnQudjEuVGhyZWFkImsKEkxpc3RUaHJlYWRzUmVxdWVzdBIRCglwYWdlX3NpemUYASABKA0SEgoKcGFnZV90b2tlbhgCIAEoCRIuCgZzdGF0dXMYAyABKA4yHi5yb2xsb3V0LmFnZW50LnYxLlRocmVhZFN0YXR1cyJZChNMaXN0VGhyZWFkc1Jlc3BvbnNlEikKB3RocmVhZHMYASADKAsyGC5yb2xsb3V0LmFnZW50LnYxLlRocmVhZBIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiJwoSQ2xvc2VUaHJlYWRSZXF1ZXN0EhEKCXRocmVhZF9pZBgBIAEoCSI/ChNDbG9zZVRocmVhZFJlc3BvbnNlEigKBnRocmVhZBgBIAEoCzIYLnJvbGxvdXQuYWdlbnQudjEuVGhyZWFkIj8KClRvb2xPdXRwdXQSDwoHY2FsbF9pZBgBIAEoCRIOCgZvdXRwdXQYAiABKAkSEAoIaXNfZXJyb3IYAyABKAgibQoYU3VibWl0VG9vbE91dHB1dHNSZXF1ZXN0EhEKCXRocmVhZF9pZBgBIAEoCRIPCgd0dXJuX2lkGAIgASgJEi0KB291dHB1dHMYAyADKAsyHC5yb2xsb3V0LmFnZW50LnYxLlRvb2xPdXRwdXQiQQoZU3VibWl0VG9vbE91dHB1dHNSZXNwb25zZRIkCgR0dXJuGAEgASgLMhYucm9sbG91dC5hZ2VudC52MS5UdXJuIl4KEUZvcmtUaHJlYWRSZXF1ZXN0EhEKCXRocmVhZF9pZBgBIAEoCRIVCg1hZnRlcl90dXJuX2lkGAIgASgJEg0KBWNvdW50GAMgASgNEhAKCGdyb3VwX2lkGAQgASgJIj8KEkZvcmtUaHJlYWRSZXNwb25zZRIpCgd0aHJlYWRzGAEgAygLMhgucm9sbG91dC5hZ2VudC52MS5UaHJlYWQi/wEKE1JlY29yZFJld2FyZFJlcXVlc3QSEQoJdGhyZWFkX2lkGAEgASgJEg8KB3R1cm5faWQYAiABKAkSDwoHaXRlbV9pZBgDIAEoCRIMCgRuYW1lGAQgASgJEg0KBXZhbHVlGAUgASgBEg4KBndlaWdodBgGIAEoARIOCgZzb3VyY2UYByABKAkSRQoIbWV0YWRhdGEYCCADKAsyMy5yb2xsb3V0LmFnZW50LnYxLlJlY29yZFJld2FyZFJlcXVlc3QuTWV0YWRhdGFFbnRyeRovCg1NZXRhZGF0YUVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiOAoUUmVjb3JkUmV3YXJkUmVzcG9uc2USEwoLYnVuZGxlX3BhdGgYASABKAkSCwoDc2VxGAIgASgEKmEKDFRocmVhZFN0YXR1cxIdChlUSFJFQURfU1RBVFVTX1VOU1BFQ0lGSUVEEAASGAoUVEhSRUFEX1NUQVRVU19BQ1RJVkUQARIYChRUSFJFQURfU1RBVFVTX0NMT1NFRBACKqQBCg9SZWNvcmRpbmdTdGF0dXMSIAocUkVDT1JESU5HX1NUQVRVU19VTlNQRUNJRklFRBAAEhgKFFJFQ09SRElOR19TVEFUVVNfT0ZGEAESGwoXUkVDT1JESU5HX1NUQVRVU19BQ1RJVkUQAhIbChdSRUNPUkRJTkdfU1RBVFVTX0ZBSUxFRBADEhsKF1JFQ09SRElOR19TVEFUVVNfQ0xPU0VEEAQqvQEKClR1cm5TdGF0dXMSGwoXVFVSTl9TVEFUVVNfVU5TUEVDSUZJRUQQABIbChdUVVJOX1NUQVRVU19JTl9QUk9HUkVTUxABEhkKFVRVUk5fU1RBVFVTX0NPTVBMRVRFRBACEhsKF1RVUk5fU1RBVFVTX0lOVEVSUlVQVEVEEAMSFgoSVFVSTl9TVEFUVVNfRkFJTEVEEAQSJQohVFVSTl9TVEFUVVNfQVdBSVRJTkdfVE9PTF9PVVRQVVRTEAUqrQEKDlRvb2xDYWxsU3RhdHVzEiAKHFRPT0xfQ0FMTF9TVEFUVVNfVU5TUEVDSUZJRUQQABIcChhUT09MX0NBTExfU1RBVFVTX1BFTkRJTkcQARIeChpUT09MX0NBTExfU1RBVFVTX0NPTVBMRVRFRBACEhsKF1RPT0xfQ0FMTF9TVEFUVVNfRkFJTEVEEAMSHgoaVE9PTF9DQUxMX1NUQVRVU19DQU5DRUxMRUQQBDKrBwoMQWdlbnRTZXJ2aWNlEloKC1N0YXJ0VGhyZWFkEiQucm9sbG91dC5hZ2VudC52MS5TdGFydFRocmVhZFJlcXVlc3QaJS5yb2xsb3V0LmFnZW50LnYxLlN0YXJ0VGhyZWFkUmVzcG9uc2USVAoJU3RhcnRUdXJuEiIucm9sbG91dC5hZ2VudC52MS5TdGFydFR1cm5SZXF1ZXN0GiMucm9sbG91dC5hZ2VudC52MS5TdGFydFR1cm5SZXNwb25zZRJUCglJbnRlcnJ1cHQSIi5yb2xsb3V0LmFnZW50LnYxLkludGVycnVwdFJlcXVlc3QaIy5yb2xsb3V0LmFnZW50LnYxLkludGVycnVwdFJlc3BvbnNlEl8KDFN0cmVhbUV2ZW50cxIlLnJvbGxvdXQuYWdlbnQudjEuU3RyZWFtRXZlbnRzUmVxdWVzdBomLnJvbGxvdXQuYWdlbnQudjEuU3RyZWFtRXZlbnRzUmVzcG9uc2UwARJUCglHZXRUaHJlYWQSIi5yb2xsb3V0LmFnZW50LnYxLkdldFRocmVhZFJlcXVlc3QaIy5yb2xsb3V0LmFnZW50LnYxLkdldFRocmVhZFJlc3BvbnNlEloKC0xpc3RUaHJlYWRzEiQucm9sbG91dC5hZ2VudC52MS5MaXN0VGhyZWFkc1JlcXVlc3QaJS5yb2xsb3V0LmFnZW50LnYxLkxpc3RUaHJlYWRzUmVzcG9uc2USWgoLQ2xvc2VUaHJlYWQSJC5yb2xsb3V0LmFnZW50LnYxLkNsb3NlVGhyZWFkUmVxdWVzdBolLnJvbGxvdXQuYWdlbnQudjEuQ2xvc2VUaHJlYWRSZXNwb25zZRJsChFTdWJtaXRUb29sT3V0cHV0cxIqLnJvbGxvdXQuYWdlbnQudjEuU3VibWl0VG9vbE91dHB1dHNSZXF1ZXN0Gisucm9sbG91dC5hZ2VudC52MS5TdWJtaXRUb29sT3V0cHV0c1Jlc3BvbnNlElcKCkZvcmtUaHJlYWQSIy5yb2xsb3V0LmFnZW50LnYxLkZvcmtUaHJlYWRSZXF1ZXN0GiQucm9sbG91dC5hZ2VudC52MS5Gb3JrVGhyZWFkUmVzcG9uc2USXQoMUmVjb3JkUmV3YXJkEiUucm9sbG91dC5hZ2VudC52MS5SZWNvcmRSZXdhcmRSZXF1ZXN0GiYucm9sbG91dC5hZ2VudC52MS5SZWNvcmRSZXdhcmRSZXNwb25zZUJWChByb2xsb3V0LmFnZW50LnYxUAFaLXJvbGxvdXQtdHJhY2UvZ2VuL2dvL3JvbGxvdXQvYWdlbnQvdjE7YWdlbnR2MaoCEFJvbGxvdXQuQWdlbnQuVjFiBnByb3RvMw", [file_google_protobuf_timestamp]);
+  fileDesc("Chxyb2xsb3V0L2FnZW50L3YxL2FnZW50LnByb3RvEhByb2xsb3V0LmFnZW50LnYxIloKDEZ1bmN0aW9uVG9vbBIMCgRuYW1lGAEgASgJEhMKC2Rlc2NyaXB0aW9uGAIgASgJEhcKD3BhcmFtZXRlcnNfanNvbhgDIAEoCRIOCgZzdHJpY3QYBCABKAgiJgoJVXNlcklucHV0Eg4KBHRleHQYASABKAlIAEIJCgdjb250ZW50IoIICgZUaHJlYWQSCgoCaWQYASABKAkSDQoFbW9kZWwYAiABKAkSLgoGc3RhdHVzGAMgASgOMh4ucm9sbG91dC5hZ2VudC52MS5UaHJlYWRTdGF0dXMSLgoKY3JlYXRlZF9hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEwoLYnVuZGxlX3BhdGgYBSABKAkSJQoFdHVybnMYBiADKAsyFi5yb2xsb3V0LmFnZW50LnYxLlR1cm4SOwoQcmVjb3JkaW5nX3N0YXR1cxgHIAEoDjIhLnJvbGxvdXQuYWdlbnQudjEuUmVjb3JkaW5nU3RhdHVzEhcKD3JlY29yZGluZ19lcnJvchgIIAEoCRI4CghtZXRhZGF0YRgJIAMoCzImLnJvbGxvdXQuYWdlbnQudjEuVGhyZWFkLk1ldGFkYXRhRW50cnkSEgoKdHVybl9jb3VudBgLIAEoDRItCgljbG9zZWRfYXQYDCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi0KBXRvb2xzGAogAygLMh4ucm9sbG91dC5hZ2VudC52MS5GdW5jdGlvblRvb2wSGAoQY2FwdHVyZV9sb2dwcm9icxgUIAEoCBIUCgx0b3BfbG9ncHJvYnMYFSABKA0SGQoRcmVxdWVzdF90b2tlbl9pZHMYFiABKAgSGAoLdGVtcGVyYXR1cmUYFyABKAFIAIgBARISCgV0b3BfcBgYIAEoAUgBiAEBEh4KEW1heF9vdXRwdXRfdG9rZW5zGBkgASgNSAKIAQESFgoOcG9saWN5X3ZlcnNpb24YGiABKAkSKgoEZm9yaxgbIAEoCzIcLnJvbGxvdXQuYWdlbnQudjEuRm9ya09yaWdpbhIxCgt0b29sX2Nob2ljZRh4IAEoCzIcLnJvbGxvdXQuYWdlbnQudjEuVG9vbENob2ljZRIgChNwYXJhbGxlbF90b29sX2NhbGxzGHkgASgISAOIAQESEAoIcHJvdmlkZXIYeiABKAkSFAoMcHJvdmlkZXJfYXBpGHsgASgJEhQKDHByb3ZpZGVyX3VybBh8IAEoCRI+Cg9vcHRpb25hbF9maWVsZHMYfSABKA4yJS5yb2xsb3V0LmFnZW50LnYxLk9wdGlvbmFsRmllbGRQb2xpY3kSFgoOcmVmdXNlZF9maWVsZHMYfiADKAkaLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBQg4KDF90ZW1wZXJhdHVyZUIICgZfdG9wX3BCFAoSX21heF9vdXRwdXRfdG9rZW5zQhYKFF9wYXJhbGxlbF90b29sX2NhbGxzImkKCkZvcmtPcmlnaW4SGAoQcGFyZW50X3RocmVhZF9pZBgBIAEoCRIVCg1hZnRlcl90dXJuX2lkGAIgASgJEhAKCGdyb3VwX2lkGAMgASgJEhgKEHJlcGV0aXRpb25faW5kZXgYBCABKA0icAoMVHVyblRvb2xDYWxsEg8KB2l0ZW1faWQYASABKAkSDwoHY2FsbF9pZBgCIAEoCRIMCgRuYW1lGAMgASgJEjAKBnN0YXR1cxgEIAEoDjIgLnJvbGxvdXQuYWdlbnQudjEuVG9vbENhbGxTdGF0dXMiPwoJVHVybkVycm9yEg8KB21lc3NhZ2UYASABKAkSDAoEY29kZRgCIAEoCRITCgtodHRwX3N0YXR1cxgDIAEoDSKVAgoEVHVybhIKCgJpZBgBIAEoCRIRCgl0aHJlYWRfaWQYAiABKAkSLAoGc3RhdHVzGAMgASgOMhwucm9sbG91dC5hZ2VudC52MS5UdXJuU3RhdHVzEioKBWVycm9yGAQgASgLMhsucm9sbG91dC5hZ2VudC52MS5UdXJuRXJyb3ISLgoKc3RhcnRlZF9hdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMAoMY29tcGxldGVkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIyCgp0b29sX2NhbGxzGAcgAygLMh4ucm9sbG91dC5hZ2VudC52MS5UdXJuVG9vbENhbGwiZQoESXRlbRIKCgJpZBgBIAEoCRIMCgR0eXBlGAIgASgJEgwKBHJvbGUYAyABKAkSDAoEdGV4dBgEIAEoCRIWCg50ZXh0X2luX2RlbHRhcxgFIAEoCBIPCgdyZWZ1c2FsGAYgASgJIjgKEFR1cm5TdGFydGVkRXZlbnQSJAoEdHVybhgBIAEoCzIWLnJvbGxvdXQuYWdlbnQudjEuVHVybiI4ChBJdGVtU3RhcnRlZEV2ZW50EiQKBGl0ZW0YASABKAsyFi5yb2xsb3V0LmFnZW50LnYxLkl0ZW0iSQoWQWdlbnRNZXNzYWdlRGVsdGFFdmVudBIPCgdpdGVtX2lkGAEgASgJEg0KBWRlbHRhGAIgASgJEg8KB3JlZnVzYWwYAyABKAgiOgoSSXRlbUNvbXBsZXRlZEV2ZW50EiQKBGl0ZW0YASABKAsyFi5yb2xsb3V0LmFnZW50LnYxLkl0ZW0iOgoSVHVybkNvbXBsZXRlZEV2ZW50EiQKBHR1cm4YASABKAsyFi5yb2xsb3V0LmFnZW50LnYxLlR1cm4iPwoKRXJyb3JFdmVudBIPCgdtZXNzYWdlGAEgASgJEhIKCndpbGxfcmV0cnkYAiABKAgSDAoEY29kZRgDIAEoCSJ4ChZUb29sQ2FsbFJlcXVlc3RlZEV2ZW50Eg8KB2l0ZW1faWQYASABKAkSDwoHY2FsbF9pZBgCIAEoCRIMCgRuYW1lGAMgASgJEhEKCWFyZ3VtZW50cxgEIAEoCRIbChNhcmd1bWVudHNfaW5fZGVsdGFzGAUgASgIIksKFlRvb2xDYWxsQ29tcGxldGVkRXZlbnQSDwoHY2FsbF9pZBgBIAEoCRIOCgZvdXRwdXQYAiABKAkSEAoIaXNfZXJyb3IYAyABKAgiTgobVG9vbENhbGxBcmd1bWVudHNEZWx0YUV2ZW50Eg8KB2l0ZW1faWQYASABKAkSDwoHY2FsbF9pZBgCIAEoCRINCgVkZWx0YRgDIAEoCSJEChxUdXJuQXdhaXRpbmdUb29sT3V0cHV0c0V2ZW50EiQKBHR1cm4YASABKAsyFi5yb2xsb3V0LmFnZW50LnYxLlR1cm4iNQoTUmVhc29uaW5nRGVsdGFFdmVudBIPCgdpdGVtX2lkGAEgASgJEg0KBWRlbHRhGAIgASgJIlQKD1Rva2VuVXNhZ2VFdmVudBIUCgxpbnB1dF90b2tlbnMYASABKAQSFQoNb3V0cHV0X3Rva2VucxgCIAEoBBIUCgx0b3RhbF90b2tlbnMYAyABKAQimgcKC1RocmVhZEV2ZW50Eg0KBWluZGV4GAEgASgEEigKBHRpbWUYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCXRocmVhZF9pZBgDIAEoCRIPCgd0dXJuX2lkGAQgASgJEjoKDHR1cm5fc3RhcnRlZBgFIAEoCzIiLnJvbGxvdXQuYWdlbnQudjEuVHVyblN0YXJ0ZWRFdmVudEgAEjoKDGl0ZW1fc3RhcnRlZBgGIAEoCzIiLnJvbGxvdXQuYWdlbnQudjEuSXRlbVN0YXJ0ZWRFdmVudEgAEkcKE2FnZW50X21lc3NhZ2VfZGVsdGEYByABKAsyKC5yb2xsb3V0LmFnZW50LnYxLkFnZW50TWVzc2FnZURlbHRhRXZlbnRIABI+Cg5pdGVtX2NvbXBsZXRlZBgIIAEoCzIkLnJvbGxvdXQuYWdlbnQudjEuSXRlbUNvbXBsZXRlZEV2ZW50SAASPgoOdHVybl9jb21wbGV0ZWQYCSABKAsyJC5yb2xsb3V0LmFnZW50LnYxLlR1cm5Db21wbGV0ZWRFdmVudEgAEi0KBWVycm9yGAogASgLMhwucm9sbG91dC5hZ2VudC52MS5FcnJvckV2ZW50SAASOAoLdG9rZW5fdXNhZ2UYCyABKAsyIS5yb2xsb3V0LmFnZW50LnYxLlRva2VuVXNhZ2VFdmVudEgAEkcKE3Rvb2xfY2FsbF9yZXF1ZXN0ZWQYDCABKAsyKC5yb2xsb3V0LmFnZW50LnYxLlRvb2xDYWxsUmVxdWVzdGVkRXZlbnRIABJHChN0b29sX2NhbGxfY29tcGxldGVkGA0gASgLMigucm9sbG91dC5hZ2VudC52MS5Ub29sQ2FsbENvbXBsZXRlZEV2ZW50SAASUgoZdG9vbF9jYWxsX2FyZ3VtZW50c19kZWx0YRgOIAEoCzItLnJvbGxvdXQuYWdlbnQudjEuVG9vbENhbGxBcmd1bWVudHNEZWx0YUV2ZW50SAASQAoPcmVhc29uaW5nX2RlbHRhGA8gASgLMiUucm9sbG91dC5hZ2VudC52MS5SZWFzb25pbmdEZWx0YUV2ZW50SAASVAoadHVybl9hd2FpdGluZ190b29sX291dHB1dHMYECABKAsyLi5yb2xsb3V0LmFnZW50LnYxLlR1cm5Bd2FpdGluZ1Rvb2xPdXRwdXRzRXZlbnRIAEIGCgRraW5kIv8EChJTdGFydFRocmVhZFJlcXVlc3QSDQoFbW9kZWwYASABKAkSFAoMaW5zdHJ1Y3Rpb25zGAIgASgJEkQKCG1ldGFkYXRhGAMgAygLMjIucm9sbG91dC5hZ2VudC52MS5TdGFydFRocmVhZFJlcXVlc3QuTWV0YWRhdGFFbnRyeRItCgV0b29scxgEIAMoCzIeLnJvbGxvdXQuYWdlbnQudjEuRnVuY3Rpb25Ub29sEhgKEGNhcHR1cmVfbG9ncHJvYnMYBSABKAgSFAoMdG9wX2xvZ3Byb2JzGAYgASgNEhkKEXJlcXVlc3RfdG9rZW5faWRzGAcgASgIEhgKC3RlbXBlcmF0dXJlGAggASgBSACIAQESEgoFdG9wX3AYCSABKAFIAYgBARIeChFtYXhfb3V0cHV0X3Rva2VucxgKIAEoDUgCiAEBEhYKDnBvbGljeV92ZXJzaW9uGAsgASgJEjEKC3Rvb2xfY2hvaWNlGHggASgLMhwucm9sbG91dC5hZ2VudC52MS5Ub29sQ2hvaWNlEiAKE3BhcmFsbGVsX3Rvb2xfY2FsbHMYeSABKAhIA4gBARIQCghwcm92aWRlchh6IAEoCRI+Cg9vcHRpb25hbF9maWVsZHMYeyABKA4yJS5yb2xsb3V0LmFnZW50LnYxLk9wdGlvbmFsRmllbGRQb2xpY3kaLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBQg4KDF90ZW1wZXJhdHVyZUIICgZfdG9wX3BCFAoSX21heF9vdXRwdXRfdG9rZW5zQhYKFF9wYXJhbGxlbF90b29sX2NhbGxzIlMKClRvb2xDaG9pY2USLgoEbW9kZRgBIAEoDjIgLnJvbGxvdXQuYWdlbnQudjEuVG9vbENob2ljZU1vZGUSFQoNZnVuY3Rpb25fbmFtZRgCIAEoCSI/ChNTdGFydFRocmVhZFJlc3BvbnNlEigKBnRocmVhZBgBIAEoCzIYLnJvbGxvdXQuYWdlbnQudjEuVGhyZWFkItQCChBTdGFydFR1cm5SZXF1ZXN0EhEKCXRocmVhZF9pZBgBIAEoCRIqCgVpbnB1dBgCIAMoCzIbLnJvbGxvdXQuYWdlbnQudjEuVXNlcklucHV0EhgKC3RlbXBlcmF0dXJlGBQgASgBSACIAQESEgoFdG9wX3AYFSABKAFIAYgBARIeChFtYXhfb3V0cHV0X3Rva2VucxgWIAEoDUgCiAEBEhYKDnBvbGljeV92ZXJzaW9uGBcgASgJEjEKC3Rvb2xfY2hvaWNlGHggASgLMhwucm9sbG91dC5hZ2VudC52MS5Ub29sQ2hvaWNlEiAKE3BhcmFsbGVsX3Rvb2xfY2FsbHMYeSABKAhIA4gBAUIOCgxfdGVtcGVyYXR1cmVCCAoGX3RvcF9wQhQKEl9tYXhfb3V0cHV0X3Rva2Vuc0IWChRfcGFyYWxsZWxfdG9vbF9jYWxscyI5ChFTdGFydFR1cm5SZXNwb25zZRIkCgR0dXJuGAEgASgLMhYucm9sbG91dC5hZ2VudC52MS5UdXJuIjYKEEludGVycnVwdFJlcXVlc3QSEQoJdGhyZWFkX2lkGAEgASgJEg8KB3R1cm5faWQYAiABKAkiOQoRSW50ZXJydXB0UmVzcG9uc2USJAoEdHVybhgBIAEoCzIWLnJvbGxvdXQuYWdlbnQudjEuVHVybiI9ChNTdHJlYW1FdmVudHNSZXF1ZXN0EhEKCXRocmVhZF9pZBgBIAEoCRITCgthZnRlcl9pbmRleBgCIAEoBCJEChRTdHJlYW1FdmVudHNSZXNwb25zZRIsCgVldmVudBgBIAEoCzIdLnJvbGxvdXQuYWdlbnQudjEuVGhyZWFkRXZlbnQiJQoQR2V0VGhyZWFkUmVxdWVzdBIRCgl0aHJlYWRfaWQYASABKAkiPQoRR2V0VGhyZWFkUmVzcG9uc2USKAoGdGhyZWFkGAEgASgLMhgucm9sbG91dC5hZ2VudC52MS5UaHJlYWQiawoSTGlzdFRocmVhZHNSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoDRISCgpwYWdlX3Rva2VuGAIgASgJEi4KBnN0YXR1cxgDIAEoDjIeLnJvbGxvdXQuYWdlbnQudjEuVGhyZWFkU3RhdHVzIlkKE0xpc3RUaHJlYWRzUmVzcG9uc2USKQoHdGhyZWFkcxgBIAMoCzIYLnJvbGxvdXQuYWdlbnQudjEuVGhyZWFkEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSInChJDbG9zZVRocmVhZFJlcXVlc3QSEQoJdGhyZWFkX2lkGAEgASgJIj8KE0Nsb3NlVGhyZWFkUmVzcG9uc2USKAoGdGhyZWFkGAEgASgLMhgucm9sbG91dC5hZ2VudC52MS5UaHJlYWQiPwoKVG9vbE91dHB1dBIPCgdjYWxsX2lkGAEgASgJEg4KBm91dHB1dBgCIAEoCRIQCghpc19lcnJvchgDIAEoCCJtChhTdWJtaXRUb29sT3V0cHV0c1JlcXVlc3QSEQoJdGhyZWFkX2lkGAEgASgJEg8KB3R1cm5faWQYAiABKAkSLQoHb3V0cHV0cxgDIAMoCzIcLnJvbGxvdXQuYWdlbnQudjEuVG9vbE91dHB1dCJBChlTdWJtaXRUb29sT3V0cHV0c1Jlc3BvbnNlEiQKBHR1cm4YASABKAsyFi5yb2xsb3V0LmFnZW50LnYxLlR1cm4iXgoRRm9ya1RocmVhZFJlcXVlc3QSEQoJdGhyZWFkX2lkGAEgASgJEhUKDWFmdGVyX3R1cm5faWQYAiABKAkSDQoFY291bnQYAyABKA0SEAoIZ3JvdXBfaWQYBCABKAkiPwoSRm9ya1RocmVhZFJlc3BvbnNlEikKB3RocmVhZHMYASADKAsyGC5yb2xsb3V0LmFnZW50LnYxLlRocmVhZCL/AQoTUmVjb3JkUmV3YXJkUmVxdWVzdBIRCgl0aHJlYWRfaWQYASABKAkSDwoHdHVybl9pZBgCIAEoCRIPCgdpdGVtX2lkGAMgASgJEgwKBG5hbWUYBCABKAkSDQoFdmFsdWUYBSABKAESDgoGd2VpZ2h0GAYgASgBEg4KBnNvdXJjZRgHIAEoCRJFCghtZXRhZGF0YRgIIAMoCzIzLnJvbGxvdXQuYWdlbnQudjEuUmVjb3JkUmV3YXJkUmVxdWVzdC5NZXRhZGF0YUVudHJ5Gi8KDU1ldGFkYXRhRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASI4ChRSZWNvcmRSZXdhcmRSZXNwb25zZRITCgtidW5kbGVfcGF0aBgBIAEoCRILCgNzZXEYAiABKAQqYQoMVGhyZWFkU3RhdHVzEh0KGVRIUkVBRF9TVEFUVVNfVU5TUEVDSUZJRUQQABIYChRUSFJFQURfU1RBVFVTX0FDVElWRRABEhgKFFRIUkVBRF9TVEFUVVNfQ0xPU0VEEAIqpAEKD1JlY29yZGluZ1N0YXR1cxIgChxSRUNPUkRJTkdfU1RBVFVTX1VOU1BFQ0lGSUVEEAASGAoUUkVDT1JESU5HX1NUQVRVU19PRkYQARIbChdSRUNPUkRJTkdfU1RBVFVTX0FDVElWRRACEhsKF1JFQ09SRElOR19TVEFUVVNfRkFJTEVEEAMSGwoXUkVDT1JESU5HX1NUQVRVU19DTE9TRUQQBCq9AQoKVHVyblN0YXR1cxIbChdUVVJOX1NUQVRVU19VTlNQRUNJRklFRBAAEhsKF1RVUk5fU1RBVFVTX0lOX1BST0dSRVNTEAESGQoVVFVSTl9TVEFUVVNfQ09NUExFVEVEEAISGwoXVFVSTl9TVEFUVVNfSU5URVJSVVBURUQQAxIWChJUVVJOX1NUQVRVU19GQUlMRUQQBBIlCiFUVVJOX1NUQVRVU19BV0FJVElOR19UT09MX09VVFBVVFMQBSqtAQoOVG9vbENhbGxTdGF0dXMSIAocVE9PTF9DQUxMX1NUQVRVU19VTlNQRUNJRklFRBAAEhwKGFRPT0xfQ0FMTF9TVEFUVVNfUEVORElORxABEh4KGlRPT0xfQ0FMTF9TVEFUVVNfQ09NUExFVEVEEAISGwoXVE9PTF9DQUxMX1NUQVRVU19GQUlMRUQQAxIeChpUT09MX0NBTExfU1RBVFVTX0NBTkNFTExFRBAEKqYBCg5Ub29sQ2hvaWNlTW9kZRIgChxUT09MX0NIT0lDRV9NT0RFX1VOU1BFQ0lGSUVEEAASGQoVVE9PTF9DSE9JQ0VfTU9ERV9BVVRPEAESGQoVVE9PTF9DSE9JQ0VfTU9ERV9OT05FEAISHQoZVE9PTF9DSE9JQ0VfTU9ERV9SRVFVSVJFRBADEh0KGVRPT0xfQ0hPSUNFX01PREVfRlVOQ1RJT04QBCqHAQoTT3B0aW9uYWxGaWVsZFBvbGljeRIlCiFPUFRJT05BTF9GSUVMRF9QT0xJQ1lfVU5TUEVDSUZJRUQQABIlCiFPUFRJT05BTF9GSUVMRF9QT0xJQ1lfQkVTVF9FRkZPUlQQARIiCh5PUFRJT05BTF9GSUVMRF9QT0xJQ1lfUkVRVUlSRUQQAjKrBwoMQWdlbnRTZXJ2aWNlEloKC1N0YXJ0VGhyZWFkEiQucm9sbG91dC5hZ2VudC52MS5TdGFydFRocmVhZFJlcXVlc3QaJS5yb2xsb3V0LmFnZW50LnYxLlN0YXJ0VGhyZWFkUmVzcG9uc2USVAoJU3RhcnRUdXJuEiIucm9sbG91dC5hZ2VudC52MS5TdGFydFR1cm5SZXF1ZXN0GiMucm9sbG91dC5hZ2VudC52MS5TdGFydFR1cm5SZXNwb25zZRJUCglJbnRlcnJ1cHQSIi5yb2xsb3V0LmFnZW50LnYxLkludGVycnVwdFJlcXVlc3QaIy5yb2xsb3V0LmFnZW50LnYxLkludGVycnVwdFJlc3BvbnNlEl8KDFN0cmVhbUV2ZW50cxIlLnJvbGxvdXQuYWdlbnQudjEuU3RyZWFtRXZlbnRzUmVxdWVzdBomLnJvbGxvdXQuYWdlbnQudjEuU3RyZWFtRXZlbnRzUmVzcG9uc2UwARJUCglHZXRUaHJlYWQSIi5yb2xsb3V0LmFnZW50LnYxLkdldFRocmVhZFJlcXVlc3QaIy5yb2xsb3V0LmFnZW50LnYxLkdldFRocmVhZFJlc3BvbnNlEloKC0xpc3RUaHJlYWRzEiQucm9sbG91dC5hZ2VudC52MS5MaXN0VGhyZWFkc1JlcXVlc3QaJS5yb2xsb3V0LmFnZW50LnYxLkxpc3RUaHJlYWRzUmVzcG9uc2USWgoLQ2xvc2VUaHJlYWQSJC5yb2xsb3V0LmFnZW50LnYxLkNsb3NlVGhyZWFkUmVxdWVzdBolLnJvbGxvdXQuYWdlbnQudjEuQ2xvc2VUaHJlYWRSZXNwb25zZRJsChFTdWJtaXRUb29sT3V0cHV0cxIqLnJvbGxvdXQuYWdlbnQudjEuU3VibWl0VG9vbE91dHB1dHNSZXF1ZXN0Gisucm9sbG91dC5hZ2VudC52MS5TdWJtaXRUb29sT3V0cHV0c1Jlc3BvbnNlElcKCkZvcmtUaHJlYWQSIy5yb2xsb3V0LmFnZW50LnYxLkZvcmtUaHJlYWRSZXF1ZXN0GiQucm9sbG91dC5hZ2VudC52MS5Gb3JrVGhyZWFkUmVzcG9uc2USXQoMUmVjb3JkUmV3YXJkEiUucm9sbG91dC5hZ2VudC52MS5SZWNvcmRSZXdhcmRSZXF1ZXN0GiYucm9sbG91dC5hZ2VudC52MS5SZWNvcmRSZXdhcmRSZXNwb25zZUJWChByb2xsb3V0LmFnZW50LnYxUAFaLXJvbGxvdXQtdHJhY2UvZ2VuL2dvL3JvbGxvdXQvYWdlbnQvdjE7YWdlbnR2MaoCEFJvbGxvdXQuQWdlbnQuVjFiBnByb3RvMw", [file_google_protobuf_timestamp]);
 
 /**
  * A function the model may call; the client runs it and submits its output.
@@ -191,6 +191,46 @@ export type Thread = Message<"rollout.agent.v1.Thread"> & {
    * @generated from field: rollout.agent.v1.ForkOrigin fork = 27;
    */
   fork?: ForkOrigin | undefined;
+
+  /**
+   * @generated from field: rollout.agent.v1.ToolChoice tool_choice = 120;
+   */
+  toolChoice?: ToolChoice | undefined;
+
+  /**
+   * @generated from field: optional bool parallel_tool_calls = 121;
+   */
+  parallelToolCalls?: boolean | undefined;
+
+  /**
+   * The provider the thread's requests go to: its name (empty: the server's default), the
+   * API it speaks (`responses` or `chat`) and its base URL (without credentials).
+   *
+   * @generated from field: string provider = 122;
+   */
+  provider: string;
+
+  /**
+   * @generated from field: string provider_api = 123;
+   */
+  providerApi: string;
+
+  /**
+   * @generated from field: string provider_url = 124;
+   */
+  providerUrl: string;
+
+  /**
+   * @generated from field: rollout.agent.v1.OptionalFieldPolicy optional_fields = 125;
+   */
+  optionalFields: OptionalFieldPolicy;
+
+  /**
+   * Optional fields the provider refused, dropped from the thread's requests since.
+   *
+   * @generated from field: repeated string refused_fields = 126;
+   */
+  refusedFields: string[];
 };
 
 /**
@@ -894,6 +934,38 @@ export type StartThreadRequest = Message<"rollout.agent.v1.StartThreadRequest"> 
    * @generated from field: string policy_version = 11;
    */
   policyVersion: string;
+
+  /**
+   * Whether and which tools the model must call (`tool_choice`); unset: the provider's
+   * default (auto). A turn may override it.
+   *
+   * @generated from field: rollout.agent.v1.ToolChoice tool_choice = 120;
+   */
+  toolChoice?: ToolChoice | undefined;
+
+  /**
+   * Whether the model may call several tools in one response (`parallel_tool_calls`); unset:
+   * the provider's default. A turn may override it.
+   *
+   * @generated from field: optional bool parallel_tool_calls = 121;
+   */
+  parallelToolCalls?: boolean | undefined;
+
+  /**
+   * The named provider (a `[providers.NAME]` table of the server's config) the thread's
+   * requests go to; empty: the server's default provider.
+   *
+   * @generated from field: string provider = 122;
+   */
+  provider: string;
+
+  /**
+   * What happens when the provider refuses an optional token field the thread asked for
+   * (`return_token_ids`, `logprobs`, `top_logprobs`); unset: best effort.
+   *
+   * @generated from field: rollout.agent.v1.OptionalFieldPolicy optional_fields = 123;
+   */
+  optionalFields: OptionalFieldPolicy;
 };
 
 /**
@@ -902,6 +974,32 @@ export type StartThreadRequest = Message<"rollout.agent.v1.StartThreadRequest"> 
  */
 export const StartThreadRequestSchema: GenMessage<StartThreadRequest> = /*@__PURE__*/
   messageDesc(file_rollout_agent_v1_agent, 21);
+
+/**
+ * Which tools the model must call.
+ *
+ * @generated from message rollout.agent.v1.ToolChoice
+ */
+export type ToolChoice = Message<"rollout.agent.v1.ToolChoice"> & {
+  /**
+   * @generated from field: rollout.agent.v1.ToolChoiceMode mode = 1;
+   */
+  mode: ToolChoiceMode;
+
+  /**
+   * The function the model must call (mode FUNCTION).
+   *
+   * @generated from field: string function_name = 2;
+   */
+  functionName: string;
+};
+
+/**
+ * Describes the message rollout.agent.v1.ToolChoice.
+ * Use `create(ToolChoiceSchema)` to create a new message.
+ */
+export const ToolChoiceSchema: GenMessage<ToolChoice> = /*@__PURE__*/
+  messageDesc(file_rollout_agent_v1_agent, 22);
 
 /**
  * @generated from message rollout.agent.v1.StartThreadResponse
@@ -918,7 +1016,7 @@ export type StartThreadResponse = Message<"rollout.agent.v1.StartThreadResponse"
  * Use `create(StartThreadResponseSchema)` to create a new message.
  */
 export const StartThreadResponseSchema: GenMessage<StartThreadResponse> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 22);
+  messageDesc(file_rollout_agent_v1_agent, 23);
 
 /**
  * @generated from message rollout.agent.v1.StartTurnRequest
@@ -955,6 +1053,18 @@ export type StartTurnRequest = Message<"rollout.agent.v1.StartTurnRequest"> & {
    * @generated from field: string policy_version = 23;
    */
   policyVersion: string;
+
+  /**
+   * Override the thread's tool_choice and parallel_tool_calls for this turn's requests.
+   *
+   * @generated from field: rollout.agent.v1.ToolChoice tool_choice = 120;
+   */
+  toolChoice?: ToolChoice | undefined;
+
+  /**
+   * @generated from field: optional bool parallel_tool_calls = 121;
+   */
+  parallelToolCalls?: boolean | undefined;
 };
 
 /**
@@ -962,7 +1072,7 @@ export type StartTurnRequest = Message<"rollout.agent.v1.StartTurnRequest"> & {
  * Use `create(StartTurnRequestSchema)` to create a new message.
  */
 export const StartTurnRequestSchema: GenMessage<StartTurnRequest> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 23);
+  messageDesc(file_rollout_agent_v1_agent, 24);
 
 /**
  * @generated from message rollout.agent.v1.StartTurnResponse
@@ -979,7 +1089,7 @@ export type StartTurnResponse = Message<"rollout.agent.v1.StartTurnResponse"> & 
  * Use `create(StartTurnResponseSchema)` to create a new message.
  */
 export const StartTurnResponseSchema: GenMessage<StartTurnResponse> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 24);
+  messageDesc(file_rollout_agent_v1_agent, 25);
 
 /**
  * @generated from message rollout.agent.v1.InterruptRequest
@@ -1001,7 +1111,7 @@ export type InterruptRequest = Message<"rollout.agent.v1.InterruptRequest"> & {
  * Use `create(InterruptRequestSchema)` to create a new message.
  */
 export const InterruptRequestSchema: GenMessage<InterruptRequest> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 25);
+  messageDesc(file_rollout_agent_v1_agent, 26);
 
 /**
  * @generated from message rollout.agent.v1.InterruptResponse
@@ -1018,7 +1128,7 @@ export type InterruptResponse = Message<"rollout.agent.v1.InterruptResponse"> & 
  * Use `create(InterruptResponseSchema)` to create a new message.
  */
 export const InterruptResponseSchema: GenMessage<InterruptResponse> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 26);
+  messageDesc(file_rollout_agent_v1_agent, 27);
 
 /**
  * @generated from message rollout.agent.v1.StreamEventsRequest
@@ -1042,7 +1152,7 @@ export type StreamEventsRequest = Message<"rollout.agent.v1.StreamEventsRequest"
  * Use `create(StreamEventsRequestSchema)` to create a new message.
  */
 export const StreamEventsRequestSchema: GenMessage<StreamEventsRequest> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 27);
+  messageDesc(file_rollout_agent_v1_agent, 28);
 
 /**
  * @generated from message rollout.agent.v1.StreamEventsResponse
@@ -1059,7 +1169,7 @@ export type StreamEventsResponse = Message<"rollout.agent.v1.StreamEventsRespons
  * Use `create(StreamEventsResponseSchema)` to create a new message.
  */
 export const StreamEventsResponseSchema: GenMessage<StreamEventsResponse> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 28);
+  messageDesc(file_rollout_agent_v1_agent, 29);
 
 /**
  * @generated from message rollout.agent.v1.GetThreadRequest
@@ -1076,7 +1186,7 @@ export type GetThreadRequest = Message<"rollout.agent.v1.GetThreadRequest"> & {
  * Use `create(GetThreadRequestSchema)` to create a new message.
  */
 export const GetThreadRequestSchema: GenMessage<GetThreadRequest> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 29);
+  messageDesc(file_rollout_agent_v1_agent, 30);
 
 /**
  * @generated from message rollout.agent.v1.GetThreadResponse
@@ -1093,7 +1203,7 @@ export type GetThreadResponse = Message<"rollout.agent.v1.GetThreadResponse"> & 
  * Use `create(GetThreadResponseSchema)` to create a new message.
  */
 export const GetThreadResponseSchema: GenMessage<GetThreadResponse> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 30);
+  messageDesc(file_rollout_agent_v1_agent, 31);
 
 /**
  * @generated from message rollout.agent.v1.ListThreadsRequest
@@ -1126,7 +1236,7 @@ export type ListThreadsRequest = Message<"rollout.agent.v1.ListThreadsRequest"> 
  * Use `create(ListThreadsRequestSchema)` to create a new message.
  */
 export const ListThreadsRequestSchema: GenMessage<ListThreadsRequest> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 31);
+  messageDesc(file_rollout_agent_v1_agent, 32);
 
 /**
  * @generated from message rollout.agent.v1.ListThreadsResponse
@@ -1150,7 +1260,7 @@ export type ListThreadsResponse = Message<"rollout.agent.v1.ListThreadsResponse"
  * Use `create(ListThreadsResponseSchema)` to create a new message.
  */
 export const ListThreadsResponseSchema: GenMessage<ListThreadsResponse> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 32);
+  messageDesc(file_rollout_agent_v1_agent, 33);
 
 /**
  * @generated from message rollout.agent.v1.CloseThreadRequest
@@ -1167,7 +1277,7 @@ export type CloseThreadRequest = Message<"rollout.agent.v1.CloseThreadRequest"> 
  * Use `create(CloseThreadRequestSchema)` to create a new message.
  */
 export const CloseThreadRequestSchema: GenMessage<CloseThreadRequest> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 33);
+  messageDesc(file_rollout_agent_v1_agent, 34);
 
 /**
  * @generated from message rollout.agent.v1.CloseThreadResponse
@@ -1184,7 +1294,7 @@ export type CloseThreadResponse = Message<"rollout.agent.v1.CloseThreadResponse"
  * Use `create(CloseThreadResponseSchema)` to create a new message.
  */
 export const CloseThreadResponseSchema: GenMessage<CloseThreadResponse> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 34);
+  messageDesc(file_rollout_agent_v1_agent, 35);
 
 /**
  * The output of one tool call.
@@ -1217,7 +1327,7 @@ export type ToolOutput = Message<"rollout.agent.v1.ToolOutput"> & {
  * Use `create(ToolOutputSchema)` to create a new message.
  */
 export const ToolOutputSchema: GenMessage<ToolOutput> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 35);
+  messageDesc(file_rollout_agent_v1_agent, 36);
 
 /**
  * @generated from message rollout.agent.v1.SubmitToolOutputsRequest
@@ -1246,7 +1356,7 @@ export type SubmitToolOutputsRequest = Message<"rollout.agent.v1.SubmitToolOutpu
  * Use `create(SubmitToolOutputsRequestSchema)` to create a new message.
  */
 export const SubmitToolOutputsRequestSchema: GenMessage<SubmitToolOutputsRequest> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 36);
+  messageDesc(file_rollout_agent_v1_agent, 37);
 
 /**
  * @generated from message rollout.agent.v1.SubmitToolOutputsResponse
@@ -1263,7 +1373,7 @@ export type SubmitToolOutputsResponse = Message<"rollout.agent.v1.SubmitToolOutp
  * Use `create(SubmitToolOutputsResponseSchema)` to create a new message.
  */
 export const SubmitToolOutputsResponseSchema: GenMessage<SubmitToolOutputsResponse> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 37);
+  messageDesc(file_rollout_agent_v1_agent, 38);
 
 /**
  * @generated from message rollout.agent.v1.ForkThreadRequest
@@ -1301,7 +1411,7 @@ export type ForkThreadRequest = Message<"rollout.agent.v1.ForkThreadRequest"> & 
  * Use `create(ForkThreadRequestSchema)` to create a new message.
  */
 export const ForkThreadRequestSchema: GenMessage<ForkThreadRequest> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 38);
+  messageDesc(file_rollout_agent_v1_agent, 39);
 
 /**
  * @generated from message rollout.agent.v1.ForkThreadResponse
@@ -1320,7 +1430,7 @@ export type ForkThreadResponse = Message<"rollout.agent.v1.ForkThreadResponse"> 
  * Use `create(ForkThreadResponseSchema)` to create a new message.
  */
 export const ForkThreadResponseSchema: GenMessage<ForkThreadResponse> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 39);
+  messageDesc(file_rollout_agent_v1_agent, 40);
 
 /**
  * @generated from message rollout.agent.v1.RecordRewardRequest
@@ -1376,7 +1486,7 @@ export type RecordRewardRequest = Message<"rollout.agent.v1.RecordRewardRequest"
  * Use `create(RecordRewardRequestSchema)` to create a new message.
  */
 export const RecordRewardRequestSchema: GenMessage<RecordRewardRequest> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 40);
+  messageDesc(file_rollout_agent_v1_agent, 41);
 
 /**
  * @generated from message rollout.agent.v1.RecordRewardResponse
@@ -1402,7 +1512,7 @@ export type RecordRewardResponse = Message<"rollout.agent.v1.RecordRewardRespons
  * Use `create(RecordRewardResponseSchema)` to create a new message.
  */
 export const RecordRewardResponseSchema: GenMessage<RecordRewardResponse> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 41);
+  messageDesc(file_rollout_agent_v1_agent, 42);
 
 /**
  * @generated from enum rollout.agent.v1.ThreadStatus
@@ -1556,6 +1666,85 @@ export enum ToolCallStatus {
  */
 export const ToolCallStatusSchema: GenEnum<ToolCallStatus> = /*@__PURE__*/
   enumDesc(file_rollout_agent_v1_agent, 3);
+
+/**
+ * @generated from enum rollout.agent.v1.ToolChoiceMode
+ */
+export enum ToolChoiceMode {
+  /**
+   * @generated from enum value: TOOL_CHOICE_MODE_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * The model decides.
+   *
+   * @generated from enum value: TOOL_CHOICE_MODE_AUTO = 1;
+   */
+  AUTO = 1,
+
+  /**
+   * No tool call.
+   *
+   * @generated from enum value: TOOL_CHOICE_MODE_NONE = 2;
+   */
+  NONE = 2,
+
+  /**
+   * At least one tool call.
+   *
+   * @generated from enum value: TOOL_CHOICE_MODE_REQUIRED = 3;
+   */
+  REQUIRED = 3,
+
+  /**
+   * A call of function_name.
+   *
+   * @generated from enum value: TOOL_CHOICE_MODE_FUNCTION = 4;
+   */
+  FUNCTION = 4,
+}
+
+/**
+ * Describes the enum rollout.agent.v1.ToolChoiceMode.
+ */
+export const ToolChoiceModeSchema: GenEnum<ToolChoiceMode> = /*@__PURE__*/
+  enumDesc(file_rollout_agent_v1_agent, 4);
+
+/**
+ * How a thread treats the optional fields it asks a provider for.
+ *
+ * @generated from enum rollout.agent.v1.OptionalFieldPolicy
+ */
+export enum OptionalFieldPolicy {
+  /**
+   * Best effort (the default).
+   *
+   * @generated from enum value: OPTIONAL_FIELD_POLICY_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * A refused field is dropped from the thread's requests and the call is sent again without
+   * it; the trace shows the refused attempt, and the tokens of later calls are not exact.
+   *
+   * @generated from enum value: OPTIONAL_FIELD_POLICY_BEST_EFFORT = 1;
+   */
+  BEST_EFFORT = 1,
+
+  /**
+   * A refused field fails the turn, with an error that names it and the provider's answer.
+   *
+   * @generated from enum value: OPTIONAL_FIELD_POLICY_REQUIRED = 2;
+   */
+  REQUIRED = 2,
+}
+
+/**
+ * Describes the enum rollout.agent.v1.OptionalFieldPolicy.
+ */
+export const OptionalFieldPolicySchema: GenEnum<OptionalFieldPolicy> = /*@__PURE__*/
+  enumDesc(file_rollout_agent_v1_agent, 5);
 
 /**
  * Runs conversations with an LLM as threads of turns and streams what happens.
