@@ -4,7 +4,7 @@ they become (one place: the async client and the blocking facade both pass them 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, TypedDict
+from typing import Any, Literal, TypedDict
 
 from rollout.agent.v1 import agent_pb2
 
@@ -17,20 +17,29 @@ class CallOptions(TypedDict, total=False):
     timeout: float | None
 
 
+# `tool_choice`: a ToolChoice message, or its mode by name ("auto", "none", "required").
+ToolChoiceOption = agent_pb2.ToolChoice | Literal["auto", "none", "required"]
+
+
 class TurnOptions(CallOptions, total=False):
-    """A turn's sampling settings, overriding the thread's for this turn's requests."""
+    """A turn's sampling settings and tool choice, overriding the thread's for this turn."""
 
     temperature: float
     top_p: float
     max_output_tokens: int
     policy_version: str
+    tool_choice: ToolChoiceOption
+    parallel_tool_calls: bool
 
 
 class ThreadOptions(CallOptions, total=False):
     """A thread: its model (the server's default when empty), instructions, metadata, tools
-    (FunctionTool messages or `function_tool` functions), what to record for training
-    (`capture_logprobs`, `top_logprobs`, `request_token_ids`) and the sampling settings of
-    every request (`temperature`, `top_p`, `max_output_tokens`, `policy_version`)."""
+    (FunctionTool messages or `function_tool` functions) and whether the model must call them
+    (`tool_choice`, `parallel_tool_calls`), the named provider its requests go to
+    (`provider`), what to record for training (`capture_logprobs`, `top_logprobs`,
+    `request_token_ids`, and with `optional_fields` what happens when a provider refuses
+    them) and the sampling settings of every request (`temperature`, `top_p`,
+    `max_output_tokens`, `policy_version`)."""
 
     model: str
     instructions: str
@@ -43,6 +52,10 @@ class ThreadOptions(CallOptions, total=False):
     top_p: float
     max_output_tokens: int
     policy_version: str
+    tool_choice: ToolChoiceOption
+    parallel_tool_calls: bool
+    provider: str
+    optional_fields: agent_pb2.OptionalFieldPolicy.ValueType
 
 
 # The request fields each option sets as it is; a new field of StartThreadRequest (tool_choice,
@@ -57,12 +70,40 @@ _THREAD_FIELDS = (
     "top_p",
     "max_output_tokens",
     "policy_version",
+    "parallel_tool_calls",
+    "provider",
+    "optional_fields",
 )
-_TURN_FIELDS = ("temperature", "top_p", "max_output_tokens", "policy_version")
+_TURN_FIELDS = (
+    "temperature",
+    "top_p",
+    "max_output_tokens",
+    "policy_version",
+    "parallel_tool_calls",
+)
+_TOOL_CHOICE_MODES = {
+    "auto": agent_pb2.TOOL_CHOICE_MODE_AUTO,
+    "none": agent_pb2.TOOL_CHOICE_MODE_NONE,
+    "required": agent_pb2.TOOL_CHOICE_MODE_REQUIRED,
+}
+
+
+def _tool_choice(fields: dict[str, Any], options: ThreadOptions | TurnOptions) -> None:
+    choice = options.get("tool_choice")
+    if choice is None:
+        return
+    if isinstance(choice, str):
+        if choice not in _TOOL_CHOICE_MODES:
+            raise ValueError(
+                f"tool_choice must be one of {sorted(_TOOL_CHOICE_MODES)} or a ToolChoice"
+            )
+        choice = agent_pb2.ToolChoice(mode=_TOOL_CHOICE_MODES[choice])
+    fields["tool_choice"] = choice
 
 
 def start_thread_request(options: ThreadOptions) -> agent_pb2.StartThreadRequest:
     fields: dict[str, Any] = {name: options[name] for name in _THREAD_FIELDS if name in options}  # type: ignore[literal-required]
+    _tool_choice(fields, options)
     tools = [
         tool.definition if isinstance(tool, Tool) else tool for tool in options.get("tools", ())
     ]
@@ -75,6 +116,7 @@ def start_turn_request(
     thread_id: str, texts: Sequence[str], options: TurnOptions
 ) -> agent_pb2.StartTurnRequest:
     fields: dict[str, Any] = {name: options[name] for name in _TURN_FIELDS if name in options}  # type: ignore[literal-required]
+    _tool_choice(fields, options)
     return agent_pb2.StartTurnRequest(
         thread_id=thread_id, input=[agent_pb2.UserInput(text=text) for text in texts], **fields
     )

@@ -136,7 +136,12 @@ async def test_sampling_settings_fork_and_reward(server: AgentServer) -> None:
             request_token_ids=True,
             temperature=0.7,
             policy_version="step-3",
+            tool_choice="none",
+            parallel_tool_calls=False,
         )
+        assert parent.info.tool_choice.mode == agent_pb2.TOOL_CHOICE_MODE_NONE
+        assert parent.info.HasField("parallel_tool_calls")
+        assert not parent.info.parallel_tool_calls
         assert parent.info.capture_logprobs
         assert parent.info.temperature == pytest.approx(0.7)
         group = await parent.fork(3, group_id="g-1")
