@@ -124,6 +124,10 @@ class Settings:
     log_format: str = "text"
 
     def __post_init__(self) -> None:
+        if self.trace_root is not None and not self.trace_root.is_absolute():
+            # Bundle paths go to clients (Thread.bundle_path, what `chat` prints), which may run
+            # in another directory: absolute from the start.
+            object.__setattr__(self, "trace_root", self.trace_root.absolute())
         if self.max_retries < 0:
             raise ConfigError("--max-retries must be 0 or more")
         if self.retry_base_delay < 0:

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 import grpc
 import pytest
 
-from agent_server import AgentServer
+from agent_server import AgentServer, Settings
 from grpc_common import GrpcServer
 from rollout.agent.v1 import agent_pb2, agent_pb2_grpc
 from rollout_client import (
@@ -287,3 +287,24 @@ async def test_reducer_client_reduces_uploads_and_watches(
                 await reducer.reduce_bundle("no-such-bundle")
     finally:
         await reducer_server.stop(None)
+
+
+async def test_bundle_path_is_absolute_for_a_relative_trace_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    running = await AgentServer.start(
+        Settings(listen="127.0.0.1:0", trace_root=Path("traces"), local_word_delay=0)
+    )
+    try:
+        async with AgentClient(running.address) as client:
+            thread = await client.start_thread()
+            await thread.run_turn("Hello").wait()
+            closed = await thread.close()
+    finally:
+        await running.stop()
+    monkeypatch.chdir("/")
+    bundle = Path(closed.bundle_path)
+    assert bundle.is_absolute()
+    assert bundle.parent == tmp_path / "traces"
+    assert replay_bundle(bundle).recording_complete
