@@ -311,7 +311,7 @@ async def test_a_refused_connection_says_refused(start_agent: StartAgent) -> Non
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     agent = await start_agent(provider_url=f"http://127.0.0.1:{port}/v1")
-    final, events, _ = await run_turn(agent)
+    final, _, _ = await run_turn(agent)
     assert final.status == agent_pb2.TURN_STATUS_FAILED
     assert final.error.code == "connection_error"
     assert final.error.message == (
