@@ -363,16 +363,24 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument(
         "--endpoint",
         metavar="URL",
-        help="OTLP receiver (default: OTEL_EXPORTER_OTLP_ENDPOINT, else localhost:4317 for "
+        help="OTLP receiver (default: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT as it is, else "
+        "OTEL_EXPORTER_OTLP_ENDPOINT + /v1/traces for http/protobuf, else localhost:4317 for "
         "grpc, localhost:4318/v1/traces for http/protobuf)",
     )
-    export.add_argument("--protocol", choices=["grpc", "http/protobuf"], default="grpc")
+    export.add_argument(
+        "--protocol",
+        choices=["grpc", "http/protobuf"],
+        default=None,
+        help="default: OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, else OTEL_EXPORTER_OTLP_PROTOCOL, "
+        "else grpc",
+    )
     export.add_argument(
         "--header",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="send this header (repeatable; default: OTEL_EXPORTER_OTLP_HEADERS)",
+        help="send this header (repeatable; default: OTEL_EXPORTER_OTLP_TRACES_HEADERS, else "
+        "OTEL_EXPORTER_OTLP_HEADERS)",
     )
     export.add_argument(
         "--include-content",
@@ -383,7 +391,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--salvage", action="store_true", help="export a corrupt bundle up to the damage"
     )
     export.add_argument(
-        "--timeout", type=float, default=10.0, metavar="SECONDS", help="per send, with retries"
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="per send, with retries (default: OTEL_EXPORTER_OTLP_[TRACES_]TIMEOUT, in "
+        "milliseconds, else 10 s)",
     )
     export.set_defaults(run=_export_otlp)
 
