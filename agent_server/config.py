@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from agent_server import _config_file, logs
-from grpc_common import AccessControl, split_listen
+from grpc_common import AccessControl, Keepalive, split_listen
 
 _T = TypeVar("_T")
 
@@ -118,6 +118,7 @@ class Settings:
     tool_output_timeout: float = DEFAULT_TOOL_OUTPUT_TIMEOUT
     # Bearer token and TLS of the gRPC server (off by default); its secrets never show.
     access: AccessControl = field(default_factory=AccessControl)
+    keepalive: Keepalive = field(default_factory=Keepalive)
     # HOST:PORT of the Prometheus endpoint (`/metrics`); None serves no metrics.
     metrics_listen: str | None = None
     log_level: str = "info"
@@ -219,6 +220,20 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--tls-cert", type=Path, metavar="PATH", help="PEM certificate chain")
     parser.add_argument("--tls-key", type=Path, metavar="PATH", help="PEM private key")
+    parser.add_argument(
+        "--keepalive-time",
+        type=float,
+        metavar="SECONDS",
+        help="ping a connection silent this long, so idle streams survive load balancers and "
+        "NAT (default 60)",
+    )
+    parser.add_argument(
+        "--max-connection-age",
+        type=float,
+        metavar="SECONDS",
+        help="ask clients to reconnect after this long (GOAWAY; rollout_client resumes its "
+        "streams), spreading them over a load balancer's servers (default: never)",
+    )
     parser.add_argument(
         "--metrics-listen",
         metavar="HOST:PORT",
@@ -356,6 +371,13 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
             )
         except ValueError as error:
             raise ConfigError(str(error)) from error
+    try:
+        keepalive = Keepalive(
+            time=_default(pick("keepalive_time"), Keepalive.time),
+            max_connection_age=pick("max_connection_age"),
+        )
+    except ValueError as error:
+        raise ConfigError(f"--keepalive-time / --max-connection-age: {error}") from error
     return Settings(
         listen=pick("listen", "ROLLOUT_LISTEN") or DEFAULT_LISTEN,
         provider_url=provider_url.rstrip("/") if provider_url else None,
@@ -380,6 +402,7 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
         max_tool_rounds=_default(pick("max_tool_rounds"), DEFAULT_MAX_TOOL_ROUNDS),
         tool_output_timeout=_default(pick("tool_output_timeout"), DEFAULT_TOOL_OUTPUT_TIMEOUT),
         access=access,
+        keepalive=keepalive,
         metrics_listen=pick("metrics_listen", "ROLLOUT_METRICS_LISTEN"),
         log_level=pick("log_level", "ROLLOUT_LOG_LEVEL") or "info",
         log_format=pick("log_format", "ROLLOUT_LOG_FORMAT") or "text",

@@ -111,7 +111,11 @@ class AgentServer:
 
         try:
             grpc_server = await GrpcServer.start(
-                settings.listen, register, [SERVICE_NAME], settings.access
+                settings.listen,
+                register,
+                [SERVICE_NAME],
+                settings.access,
+                keepalive=settings.keepalive,
             )
         except BaseException:
             await provider.aclose()

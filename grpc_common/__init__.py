@@ -1,7 +1,8 @@
-"""gRPC plumbing shared by both servers: rich errors, access control, serving, signals."""
+"""gRPC plumbing both servers share: rich errors, access, keepalive, serving, signals."""
 
 from ._access import AccessControl
 from ._errors import ERROR_DOMAIN, abort, error_status
+from ._keepalive import Keepalive
 from ._server import GrpcServer, split_listen
 from ._signals import install_signal_handlers
 
@@ -9,6 +10,7 @@ __all__ = [
     "ERROR_DOMAIN",
     "AccessControl",
     "GrpcServer",
+    "Keepalive",
     "abort",
     "error_status",
     "install_signal_handlers",

@@ -10,6 +10,7 @@ from grpc_health.v1._async import HealthServicer
 
 from ._access import AccessControl
 from ._handlers import MalformedRequestInterceptor
+from ._keepalive import Keepalive
 from ._reflection import enable_reflection
 
 # gRPC's own default is 4 MiB; requests a little over a service's limits must reach it.
@@ -47,11 +48,13 @@ class GrpcServer:
         access: AccessControl | None = None,
         *,
         max_receive_bytes: int = DEFAULT_MAX_RECEIVE_BYTES,
+        keepalive: Keepalive | None = None,
     ) -> GrpcServer:
         """Register the services, add health and reflection (v1 and v1alpha), bind and start.
 
         max_receive_bytes must exceed the largest valid request, so that the services refuse
         an oversized one with their own code and reason rather than gRPC with a bare one.
+        keepalive: its pings and connection ages (Keepalive's defaults when None).
         Raises ValueError for a malformed address and OSError when it cannot be bound.
         """
         access = access or AccessControl()
@@ -62,6 +65,7 @@ class GrpcServer:
             options=[
                 ("grpc.so_reuseport", 0),
                 ("grpc.max_receive_message_length", max_receive_bytes),
+                *(keepalive or Keepalive()).options(),
             ],
         )
         register(server)
