@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_server import AgentServer, Settings
-from agent_server import config
+from agent_server import AgentServer, Settings, config
 from agent_server.config import ConfigError
 from agent_server.local_model import reply_words
 from grpc_common import Keepalive
