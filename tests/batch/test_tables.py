@@ -18,7 +18,7 @@ duckdb = pytest.importorskip(
     "duckdb", reason="the tables tests need duckdb (the test dependency group)"
 )
 tables_module = pytest.importorskip(
-    "trace_reducer._tables", reason="--tables needs pyarrow (the batch extra)"
+    "trace_reducer.batch._tables", reason="--tables needs pyarrow (the batch extra)"
 )
 SCHEMAS = tables_module.SCHEMAS
 
