@@ -58,7 +58,7 @@ class _Version(argparse.Action):
         try:
             version = metadata.version("rollout-trace")
         except metadata.PackageNotFoundError:  # a source tree that was never installed
-            from trace_reducer._version import __version__ as version
+            from trace_reducer.bundle._version import __version__ as version
         parser.exit(message=f"{PROG} {version}\n")
 
 
