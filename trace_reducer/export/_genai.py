@@ -380,6 +380,9 @@ class _Planner:
     def _turn(self, turn: state_pb2.Turn, index: int, parent: int) -> None:
         span_id = self._span_id("turn", turn.turn_id)
         attributes: Attributes = {
+            # A turn is one invocation of the agent: without an operation, GenAI backends
+            # file the span under UNKNOWN.
+            "gen_ai.operation.name": "invoke_agent",
             "gen_ai.conversation.id": turn.thread_id,
             "rollout.turn.id": turn.turn_id,
             "rollout.turn.index": index,
