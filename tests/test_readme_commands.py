@@ -86,3 +86,24 @@ async def test_the_langfuse_recipe(tmp_path: Path) -> None:
     token = base64.b64encode(f"{public}:{secret}".encode()).decode()
     assert received.headers[0]["authorization"] == f"Basic {token}"
     assert len(received.spans) == 12
+
+
+def test_the_client_api_example(tmp_path: Path) -> None:
+    from tests.live_server import live_server, server_env
+    from tests.test_readme import example
+
+    code = example("client-api")
+    assert "127.0.0.1:50051" in code
+    with live_server("--trace-root", str(tmp_path), "--local-word-delay", "0") as served:
+        result = subprocess.run(
+            [sys.executable, "-c", code.replace("127.0.0.1:50051", served.address)],
+            env=server_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ['COMPLETED The tool lookup returned: "42".', "3"]
+    bundles = sorted(tmp_path.iterdir())
+    assert len(bundles) == 3
+    assert any((bundle / "rewards.binpb").is_file() for bundle in bundles)
