@@ -178,3 +178,24 @@ async def test_bad_environment_is_one_line_exit_2(
     run = await export_with_env(str(bundles.retried), **env)
     assert run.code == 2
     assert run.error_lines == [f"trace-reducer: {message}"]
+
+
+async def test_each_bundle_is_reported_as_it_goes_out(bundles: Bundles) -> None:
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from trace_reducer import export_otlp
+
+    exporter = InMemorySpanExporter()
+    sent_before: list[int] = []
+
+    def progress(one: object) -> None:
+        sent_before.append(len(exporter.get_finished_spans()))
+
+    exported = await asyncio.to_thread(
+        export_otlp,
+        [bundles.conversation, bundles.retried],
+        exporter=exporter,
+        progress=progress,
+    )
+    # Called once per bundle, right after its own spans were sent and before the next's.
+    assert sent_before == [exported[0].spans, exported[0].spans + exported[1].spans]

@@ -38,6 +38,8 @@ from ._training import add_parsers as add_training_parsers
 if TYPE_CHECKING:
     from grpc_common import AccessControl
 
+    from ..export._otel import ExportedBundle
+
 PROG = "trace-reducer"
 DEFAULT_LISTEN = "127.0.0.1:50052"
 _PREVIEW_CHARS = 60
@@ -182,7 +184,7 @@ def _export_otlp(args: argparse.Namespace) -> int:
     # The exporters log each retry and failure; the one line below says what matters.
     logging.getLogger("opentelemetry").addHandler(logging.NullHandler())
     try:
-        exported = export_otlp(
+        export_otlp(
             args.bundles,
             endpoint=args.endpoint,
             protocol=args.protocol,
@@ -190,6 +192,7 @@ def _export_otlp(args: argparse.Namespace) -> int:
             include_content=args.include_content,
             salvage=args.salvage,
             timeout=args.timeout,
+            progress=_exported,
         )
     except CorruptBundleError as error:
         raise _CommandError(
@@ -199,11 +202,15 @@ def _export_otlp(args: argparse.Namespace) -> int:
         raise _CommandError(str(error), EXIT_USAGE) from error
     except ExportFailedError as error:
         raise _CommandError(str(error), EXIT_FAILED) from error
-    for one in exported:
-        if one.integrity != "CLEAN":
-            _warn(f"warning: {one.integrity.lower()} bundle {one.bundle}: exported what it holds")
-        print(f"exported {one.spans} spans of {one.bundle} as trace {one.trace_id}", flush=True)
     return EXIT_OK
+
+
+def _exported(one: ExportedBundle) -> None:
+    """One line as each bundle goes out: a long export shows its progress, and a failure
+    later on leaves the lines of the bundles that were sent."""
+    if one.integrity != "CLEAN":
+        _warn(f"warning: {one.integrity.lower()} bundle {one.bundle}: exported what it holds")
+    print(f"exported {one.spans} spans of {one.bundle} as trace {one.trace_id}", flush=True)
 
 
 # -- view -------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -389,6 +389,7 @@ def export_otlp(
     salvage: bool = False,
     timeout: float | None = None,
     exporter: SpanExporter | None = None,
+    progress: Callable[[ExportedBundle], None] | None = None,
 ) -> list[ExportedBundle]:
     """Send the bundles' spans (OpenTelemetry GenAI conventions) to an OTLP receiver.
 
@@ -397,7 +398,8 @@ def export_otlp(
     A CORRUPT bundle is refused unless `salvage` (then what precedes the damage is sent).
     Raises BundleError (bad bundle; CorruptBundleError), ReductionError (records contradict),
     ExportConfigError (bad endpoint, protocol, header or timeout) and ExportFailedError (the
-    receiver did not take the spans).
+    receiver did not take the spans). `progress` is called with each bundle as soon as its
+    spans were accepted.
     """
     made = [
         _BundleSpans(
@@ -415,14 +417,15 @@ def export_otlp(
         results = []
         for one in made:
             _send(exporter, one.spans, where)
-            results.append(
-                ExportedBundle(
-                    one.bundle,
-                    trace_api.format_trace_id(trace_id_of(one.trace.trace_id)),
-                    len(one.spans),
-                    integrity_name(one.trace.integrity.status),
-                )
+            done = ExportedBundle(
+                one.bundle,
+                trace_api.format_trace_id(trace_id_of(one.trace.trace_id)),
+                len(one.spans),
+                integrity_name(one.trace.integrity.status),
             )
+            results.append(done)
+            if progress is not None:
+                progress(done)
         return results
     finally:
         if owned:
