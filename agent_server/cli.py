@@ -59,7 +59,8 @@ class _Version(argparse.Action):
             version = metadata.version("rollout-trace")
         except metadata.PackageNotFoundError:  # a source tree that was never installed
             from trace_reducer.bundle._version import __version__ as version
-        parser.exit(message=f"{PROG} {version}\n")
+        print(f"{PROG} {version}")  # on stdout, as argparse's own version action does
+        parser.exit()
 
 
 def _parser(command: str | None) -> argparse.ArgumentParser:

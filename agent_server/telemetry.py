@@ -7,15 +7,27 @@ metrics live in one registry per process (`REGISTRY`), served by `MetricsServer`
 from __future__ import annotations
 
 import logging
+import platform
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    start_http_server,
+)
 
 from grpc_common import split_listen
 from rollout.agent.v1 import agent_pb2
 from rollout.trace.v1 import common_pb2
+from trace_reducer.bundle._version import __version__
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -24,7 +36,20 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("agent_server")
 
+# Counters and histograms without their `_created` series: read beside the counts, a creation
+# timestamp looks like one more count.
+disable_created_metrics()  # type: ignore[no-untyped-call]
 REGISTRY = CollectorRegistry()
+# The process (CPU, memory, open files, start time), the Python runtime and its collector.
+for _collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+    REGISTRY.register(_collector)
+BUILD_INFO = Gauge(
+    "rollout_agent_build_info",
+    "Always 1: the version running, as labels.",
+    ["version", "python"],
+    registry=REGISTRY,
+)
+BUILD_INFO.labels(version=__version__, python=platform.python_version()).set(1)
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _TURN_BUCKETS = (0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 
