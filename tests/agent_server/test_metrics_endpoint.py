@@ -12,7 +12,7 @@ from trace_reducer import __version__
 def test_build_info_process_and_runtime_without_created_series() -> None:
     server = MetricsServer.start("127.0.0.1:0")
     try:
-        with urllib.request.urlopen(server.url, timeout=10) as response:  # noqa: S310 - loopback
+        with urllib.request.urlopen(server.url, timeout=10) as response:
             text = response.read().decode()
     finally:
         server.stop()
