@@ -35,7 +35,7 @@ if TYPE_CHECKING:
         UnavailableError,
         UnimplementedError,
     )
-    from ._options import CallOptions, ThreadOptions, TurnOptions
+    from ._options import CallOptions, ForkOptions, RewardOptions, ThreadOptions, TurnOptions
     from ._reducer import ReducerClient
     from ._sync import SyncAgentClient, SyncThread, SyncTurn
     from ._tools import Tool, ToolHandler, function_tool
@@ -51,6 +51,8 @@ _LAZY = {
     "SyncThread": "_sync",
     "SyncTurn": "_sync",
     "CallOptions": "_options",
+    "ForkOptions": "_options",
+    "RewardOptions": "_options",
     "ThreadOptions": "_options",
     "TurnOptions": "_options",
     "Tool": "_tools",
@@ -104,6 +106,7 @@ __all__ = [
     "DataLossError",
     "DeadlineExceededError",
     "FailedPreconditionError",
+    "ForkOptions",
     "InternalError",
     "InvalidArgumentError",
     "NotFoundError",
@@ -111,6 +114,7 @@ __all__ = [
     "PermissionDeniedError",
     "ReducerClient",
     "ResourceExhaustedError",
+    "RewardOptions",
     "RolloutError",
     "RpcError",
     "StreamEndedError",

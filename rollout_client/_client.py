@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import copy
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from types import TracebackType
 from typing import TypeVar, Unpack
@@ -26,8 +26,13 @@ from ._errors import (
 )
 from ._options import (
     CallOptions,
+    ForkOptions,
+    RewardOptions,
     ThreadOptions,
     TurnOptions,
+    call_options,
+    fork_thread_request,
+    record_reward_request,
     start_thread_request,
     start_turn_request,
 )
@@ -138,7 +143,7 @@ class AgentClient:
     async def start_thread(self, **options: Unpack[ThreadOptions]) -> Thread:
         """Create a thread (see ThreadOptions for what it takes)."""
         request = start_thread_request(options)
-        reply = await self.call(self.stub.StartThread, request, **_call(options))
+        reply = await self.call(self.stub.StartThread, request, **call_options(options))
         return Thread(self, reply.thread)
 
     async def thread(self, thread_id: str, **options: Unpack[CallOptions]) -> Thread:
@@ -172,53 +177,22 @@ class AgentClient:
                 return threads
 
     async def fork_thread(
-        self,
-        thread_id: str,
-        *,
-        count: int = 1,
-        after_turn_id: str = "",
-        group_id: str = "",
-        **options: Unpack[CallOptions],
+        self, thread_id: str, count: int = 1, **options: Unpack[ForkOptions]
     ) -> list[Thread]:
-        """`count` new threads (1-64) continuing the thread after a turn (default: its end),
-        sharing `group_id` (made up when empty), in repetition order."""
-        request = agent_pb2.ForkThreadRequest(
-            thread_id=thread_id, after_turn_id=after_turn_id, count=count, group_id=group_id
-        )
-        reply = await self.call(self.stub.ForkThread, request, **options)
+        """`count` new threads (1-64) continuing the thread (see ForkOptions), in repetition
+        order."""
+        request = fork_thread_request(thread_id, count, options)
+        reply = await self.call(self.stub.ForkThread, request, **call_options(options))
         return [Thread(self, info) for info in reply.threads]
 
     async def record_reward(
-        self,
-        thread_id: str,
-        name: str,
-        value: float,
-        *,
-        turn_id: str = "",
-        item_id: str = "",
-        weight: float = 0.0,
-        source: str = "",
-        metadata: Mapping[str, str] | None = None,
-        **options: Unpack[CallOptions],
+        self, thread_id: str, name: str, value: float, **options: Unpack[RewardOptions]
     ) -> agent_pb2.RecordRewardResponse:
-        """Record a reward for a thread (or one of its turns or items) beside its bundle;
-        closed threads too. Returns where it went (the bundle and its seq in rewards.binpb)."""
-        request = agent_pb2.RecordRewardRequest(
-            thread_id=thread_id,
-            turn_id=turn_id,
-            item_id=item_id,
-            name=name,
-            value=value,
-            weight=weight,
-            source=source,
-            metadata=dict(metadata or {}),
-        )
-        return await self.call(self.stub.RecordReward, request, **options)
-
-
-def _call(options: ThreadOptions | TurnOptions) -> CallOptions:
-    """Only the options of the call itself."""
-    return {"timeout": options["timeout"]} if "timeout" in options else {}
+        """Record a reward for a thread (or one of its turns or items: RewardOptions) beside
+        its bundle; closed threads too. Returns where it went (the bundle and its seq in
+        rewards.binpb)."""
+        request = record_reward_request(thread_id, name, value, options)
+        return await self.call(self.stub.RecordReward, request, **call_options(options))
 
 
 class Thread:
@@ -274,43 +248,15 @@ class Thread:
         self.info = reply.thread
         return self.info
 
-    async def fork(
-        self,
-        count: int = 1,
-        *,
-        after_turn_id: str = "",
-        group_id: str = "",
-        **options: Unpack[CallOptions],
-    ) -> list[Thread]:
+    async def fork(self, count: int = 1, **options: Unpack[ForkOptions]) -> list[Thread]:
         """AgentClient.fork_thread of this thread."""
-        return await self.client.fork_thread(
-            self.id, count=count, after_turn_id=after_turn_id, group_id=group_id, **options
-        )
+        return await self.client.fork_thread(self.id, count, **options)
 
     async def record_reward(
-        self,
-        name: str,
-        value: float,
-        *,
-        turn_id: str = "",
-        item_id: str = "",
-        weight: float = 0.0,
-        source: str = "",
-        metadata: Mapping[str, str] | None = None,
-        **options: Unpack[CallOptions],
+        self, name: str, value: float, **options: Unpack[RewardOptions]
     ) -> agent_pb2.RecordRewardResponse:
         """AgentClient.record_reward for this thread."""
-        return await self.client.record_reward(
-            self.id,
-            name,
-            value,
-            turn_id=turn_id,
-            item_id=item_id,
-            weight=weight,
-            source=source,
-            metadata=metadata,
-            **options,
-        )
+        return await self.client.record_reward(self.id, name, value, **options)
 
     async def events(self, after_index: int = 0) -> AsyncGenerator[agent_pb2.ThreadEvent, None]:
         """The thread's events after after_index, live ones included, until the thread ends.
@@ -414,7 +360,9 @@ class Turn:
                 client = thread.client
                 self._after = thread.last_index
                 request = start_turn_request(thread.id, self._texts, self._options)
-                reply = await client.call(client.stub.StartTurn, request, **_call(self._options))
+                reply = await client.call(
+                    client.stub.StartTurn, request, **call_options(self._options)
+                )
                 self._started = reply.turn
             return self._started
 
@@ -494,7 +442,7 @@ class Turn:
         client = thread.client
         request = agent_pb2.InterruptRequest(thread_id=thread.id, turn_id=started.id)
         try:
-            reply = await client.call(client.stub.Interrupt, request, **_call(self._options))
+            reply = await client.call(client.stub.Interrupt, request, **call_options(self._options))
         except RpcError as error:
             if error.reason != "TURN_NOT_RUNNING":
                 raise
@@ -513,7 +461,9 @@ class Turn:
             turn_id=self.id,
             outputs=[agent_pb2.ToolOutput(call_id=call_id, output=output, is_error=is_error)],
         )
-        reply = await client.call(client.stub.SubmitToolOutputs, request, **_call(self._options))
+        reply = await client.call(
+            client.stub.SubmitToolOutputs, request, **call_options(self._options)
+        )
         return reply.turn
 
     async def _submit(self, call_id: str, output: str, is_error: bool) -> object:

@@ -17,6 +17,25 @@ class CallOptions(TypedDict, total=False):
     timeout: float | None
 
 
+class ForkOptions(CallOptions, total=False):
+    """ForkThread: the turn the new threads continue after (default: the thread's end) and
+    the group they share (made up when empty)."""
+
+    after_turn_id: str
+    group_id: str
+
+
+class RewardOptions(CallOptions, total=False):
+    """RecordReward: the turn or item rewarded (neither: the whole thread), its weight, who
+    gave it (`source`) and metadata."""
+
+    turn_id: str
+    item_id: str
+    weight: float
+    source: str
+    metadata: Mapping[str, str]
+
+
 # `tool_choice`: a ToolChoice message, or its mode by name ("auto", "none", "required").
 ToolChoiceOption = agent_pb2.ToolChoice | Literal["auto", "none", "required"]
 
@@ -120,3 +139,34 @@ def start_turn_request(
     return agent_pb2.StartTurnRequest(
         thread_id=thread_id, input=[agent_pb2.UserInput(text=text) for text in texts], **fields
     )
+
+
+def fork_thread_request(
+    thread_id: str, count: int, options: ForkOptions
+) -> agent_pb2.ForkThreadRequest:
+    return agent_pb2.ForkThreadRequest(
+        thread_id=thread_id,
+        count=count,
+        after_turn_id=options.get("after_turn_id", ""),
+        group_id=options.get("group_id", ""),
+    )
+
+
+def record_reward_request(
+    thread_id: str, name: str, value: float, options: RewardOptions
+) -> agent_pb2.RecordRewardRequest:
+    return agent_pb2.RecordRewardRequest(
+        thread_id=thread_id,
+        name=name,
+        value=value,
+        turn_id=options.get("turn_id", ""),
+        item_id=options.get("item_id", ""),
+        weight=options.get("weight", 0.0),
+        source=options.get("source", ""),
+        metadata=dict(options.get("metadata") or {}),
+    )
+
+
+def call_options(options: CallOptions) -> CallOptions:
+    """Only the options of the call itself."""
+    return {"timeout": options["timeout"]} if "timeout" in options else {}

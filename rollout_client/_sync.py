@@ -24,7 +24,7 @@ from rollout.agent.v1 import agent_pb2
 
 from ._client import DEFAULT_RECONNECT_TIMEOUT, AgentClient, Thread, Turn
 from ._defaults import DEFAULT_TIMEOUT
-from ._options import CallOptions, ThreadOptions, TurnOptions
+from ._options import CallOptions, ForkOptions, RewardOptions, ThreadOptions, TurnOptions
 from ._tools import Tool
 
 _T = TypeVar("_T")
@@ -133,47 +133,15 @@ class SyncAgentClient:
         )
 
     def fork_thread(
-        self,
-        thread_id: str,
-        *,
-        count: int = 1,
-        after_turn_id: str = "",
-        group_id: str = "",
-        **options: Unpack[CallOptions],
+        self, thread_id: str, count: int = 1, **options: Unpack[ForkOptions]
     ) -> list[SyncThread]:
-        forks = self._loop.run(
-            self.client.fork_thread(
-                thread_id, count=count, after_turn_id=after_turn_id, group_id=group_id, **options
-            )
-        )
+        forks = self._loop.run(self.client.fork_thread(thread_id, count, **options))
         return [SyncThread(self._loop, thread) for thread in forks]
 
     def record_reward(
-        self,
-        thread_id: str,
-        name: str,
-        value: float,
-        *,
-        turn_id: str = "",
-        item_id: str = "",
-        weight: float = 0.0,
-        source: str = "",
-        metadata: Mapping[str, str] | None = None,
-        **options: Unpack[CallOptions],
+        self, thread_id: str, name: str, value: float, **options: Unpack[RewardOptions]
     ) -> agent_pb2.RecordRewardResponse:
-        return self._loop.run(
-            self.client.record_reward(
-                thread_id,
-                name,
-                value,
-                turn_id=turn_id,
-                item_id=item_id,
-                weight=weight,
-                source=source,
-                metadata=metadata,
-                **options,
-            )
-        )
+        return self._loop.run(self.client.record_reward(thread_id, name, value, **options))
 
 
 class SyncThread:
@@ -220,43 +188,14 @@ class SyncThread:
     def close(self, **options: Unpack[CallOptions]) -> agent_pb2.Thread:
         return self._loop.run(self.thread.close(**options))
 
-    def fork(
-        self,
-        count: int = 1,
-        *,
-        after_turn_id: str = "",
-        group_id: str = "",
-        **options: Unpack[CallOptions],
-    ) -> list[SyncThread]:
-        forks = self._loop.run(
-            self.thread.fork(count, after_turn_id=after_turn_id, group_id=group_id, **options)
-        )
+    def fork(self, count: int = 1, **options: Unpack[ForkOptions]) -> list[SyncThread]:
+        forks = self._loop.run(self.thread.fork(count, **options))
         return [SyncThread(self._loop, thread) for thread in forks]
 
     def record_reward(
-        self,
-        name: str,
-        value: float,
-        *,
-        turn_id: str = "",
-        item_id: str = "",
-        weight: float = 0.0,
-        source: str = "",
-        metadata: Mapping[str, str] | None = None,
-        **options: Unpack[CallOptions],
+        self, name: str, value: float, **options: Unpack[RewardOptions]
     ) -> agent_pb2.RecordRewardResponse:
-        return self._loop.run(
-            self.thread.record_reward(
-                name,
-                value,
-                turn_id=turn_id,
-                item_id=item_id,
-                weight=weight,
-                source=source,
-                metadata=metadata,
-                **options,
-            )
-        )
+        return self._loop.run(self.thread.record_reward(name, value, **options))
 
 
 class SyncTurn:
