@@ -308,3 +308,12 @@ async def test_bundle_path_is_absolute_for_a_relative_trace_root(
     assert bundle.is_absolute()
     assert bundle.parent == tmp_path / "traces"
     assert replay_bundle(bundle).recording_complete
+
+
+def test_every_public_name_resolves() -> None:
+    import rollout_client
+
+    missing = [name for name in rollout_client.__all__ if not hasattr(rollout_client, name)]
+    assert missing == []
+    with pytest.raises(AttributeError):
+        _ = rollout_client.NoSuchName  # type: ignore[attr-defined]
