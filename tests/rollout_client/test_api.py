@@ -316,4 +316,4 @@ def test_every_public_name_resolves() -> None:
     missing = [name for name in rollout_client.__all__ if not hasattr(rollout_client, name)]
     assert missing == []
     with pytest.raises(AttributeError):
-        _ = rollout_client.NoSuchName  # type: ignore[attr-defined]
+        _ = rollout_client.NoSuchName
