@@ -134,12 +134,19 @@ def _info(message: str, **fields: Any) -> None:
     log.info(message, extra={"fields": fields})
 
 
+def _of(thread: Thread) -> dict[str, str]:
+    """The fields naming a thread: its id and, when recorded, its bundle's trace id, which is
+    also the trace id of its OpenTelemetry spans: a log line joins its bundle and its spans."""
+    trace_id = thread.recorder.trace_id
+    return {"thread": thread.id, "trace_id": trace_id} if trace_id else {"thread": thread.id}
+
+
 def thread_started(thread: Thread) -> None:
     THREADS.inc()
     THREADS_ACTIVE.inc()
     _info(
         "thread started",
-        thread=thread.id,
+        **_of(thread),
         model=thread.model,
         bundle=thread.recorder.bundle_path or "off",
     )
@@ -149,7 +156,7 @@ def thread_closed(thread: Thread, reason: str) -> None:
     THREADS_ACTIVE.dec()
     _info(
         "thread closed",
-        thread=thread.id,
+        **_of(thread),
         reason=reason,
         turns=len(thread.turns),
         recording=agent_pb2.RecordingStatus.Name(thread.recorder.status).removeprefix(
@@ -164,7 +171,7 @@ def on_event(thread: Thread, event: agent_pb2.ThreadEvent) -> None:
     if kind == "turn_started":
         TURNS_ACTIVE.inc()
         _turns[event.turn_id] = _TurnStats(thread.id, time.monotonic())
-        _info("turn started", thread=thread.id, turn=event.turn_id)
+        _info("turn started", **_of(thread), turn=event.turn_id)
     elif kind == "token_usage":
         usage = event.token_usage
         TOKENS.labels("input").inc(usage.input_tokens)
@@ -188,7 +195,7 @@ def _provider_failed(thread: Thread, event: agent_pb2.ThreadEvent) -> None:
         "provider call failed" + ("; retrying" if error.will_retry else ""),
         extra={
             "fields": {
-                "thread": thread.id,
+                **_of(thread),
                 "turn": event.turn_id,
                 "attempt": stats.calls if stats else 0,
                 "code": error.code,
@@ -204,7 +211,7 @@ def _turn_ended(thread: Thread, event: agent_pb2.ThreadEvent) -> None:
     status = _status_name(turn.status)
     TURNS.labels(status).inc()
     stats = _turns.pop(event.turn_id, None)
-    fields: dict[str, Any] = {"thread": thread.id, "turn": event.turn_id, "status": status}
+    fields: dict[str, Any] = {**_of(thread), "turn": event.turn_id, "status": status}
     if stats is not None:
         TURNS_ACTIVE.dec()
         duration = time.monotonic() - stats.started
