@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from types import TracebackType
+from typing import Self
 
 import grpc
 
@@ -61,3 +63,38 @@ def open_channel(
     if secure is None:
         return grpc.aio.insecure_channel(address, options=options)
     return grpc.aio.secure_channel(address, secure, options=options)
+
+
+class Connection:
+    """What both clients share: one channel, the token sent with every call, the default
+    deadline of unary calls, and `async with` closing the channel."""
+
+    def __init__(
+        self,
+        address: str,
+        tls: bool | str | Path,
+        retried: Sequence[tuple[str, str]],
+        token: str | None,
+        timeout: float | None,
+    ) -> None:
+        self.address = address
+        self.timeout = timeout
+        self._channel = open_channel(address, tls, retried)
+        self.metadata: tuple[tuple[str, str], ...] = (
+            (("authorization", f"Bearer {token}"),) if token else ()
+        )
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the connection; calls still running are cancelled."""
+        await self._channel.close(None)

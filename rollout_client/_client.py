@@ -8,14 +8,13 @@ import copy
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from types import TracebackType
 from typing import TypeVar, Unpack
 
 import grpc
 
 from rollout.agent.v1 import agent_pb2, agent_pb2_grpc
 
-from ._channel import HEALTH_CHECK, open_channel
+from ._channel import HEALTH_CHECK, Connection
 from ._defaults import DEFAULT_TIMEOUT, address_from_env, token_from_env
 from ._errors import (
     OutOfRangeError,
@@ -49,7 +48,6 @@ _RESUME_FIRST_PAUSE = 0.05
 _RESUME_MAX_PAUSE = 1.0
 
 _T = TypeVar("_T")
-Metadata = tuple[tuple[str, str], ...]
 # A unary method of a generated aio stub.
 UnaryMethod = Callable[..., Awaitable[_T]]
 
@@ -66,7 +64,7 @@ def _dropped(error: grpc.aio.AioRpcError) -> bool:
     return not error_from_rpc(error).reason
 
 
-class AgentClient:
+class AgentClient(Connection):
     """A connection to an agent server: `async with AgentClient(address) as client: ...`.
 
     `address` defaults to $ROLLOUT_ADDRESS, else 127.0.0.1:50051. `token` (default
@@ -88,34 +86,21 @@ class AgentClient:
         timeout: float | None = DEFAULT_TIMEOUT,
         reconnect_timeout: float = DEFAULT_RECONNECT_TIMEOUT,
     ) -> None:
-        self.address = address or address_from_env()
-        self.timeout = timeout
+        super().__init__(
+            address or address_from_env(),
+            tls,
+            IDEMPOTENT_CALLS,
+            token or token_from_env(),
+            timeout,
+        )
         self.reconnect_timeout = reconnect_timeout
-        self._channel = open_channel(self.address, tls, IDEMPOTENT_CALLS)
         self.stub = agent_pb2_grpc.AgentServiceStub(self._channel)
-        token = token or token_from_env()
-        self.metadata: Metadata = (("authorization", f"Bearer {token}"),) if token else ()
 
     def with_options(self, *, timeout: float | None) -> AgentClient:
         """This client (the same connection) with another default timeout for its calls."""
         client = copy.copy(self)
         client.timeout = timeout
         return client
-
-    async def __aenter__(self) -> AgentClient:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        """Close the connection; calls still running are cancelled."""
-        await self._channel.close(None)
 
     async def unary(self, call: Awaitable[_T]) -> _T:
         """Await a call made on `stub`; a failure comes out as the RpcError of its status."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
-from types import TracebackType
 from typing import Unpack
 
 import grpc
@@ -12,7 +11,7 @@ import grpc
 from rollout.reducer.v1 import reducer_pb2, reducer_pb2_grpc
 from rollout.trace.v1 import state_pb2
 
-from ._channel import HEALTH_CHECK, open_channel
+from ._channel import HEALTH_CHECK, Connection
 from ._defaults import (
     DEFAULT_REDUCER_ADDRESS,
     DEFAULT_TIMEOUT,
@@ -30,7 +29,7 @@ IDEMPOTENT_CALLS = ((_SERVICE, "ReduceBundle"), HEALTH_CHECK)
 _UPLOAD_CHUNK = 1 << 20
 
 
-class ReducerClient:
+class ReducerClient(Connection):
     """A connection to a reducer service: `async with ReducerClient(address) as reducer: ...`.
 
     `address` defaults to $ROLLOUT_REDUCER_ADDRESS, else 127.0.0.1:50052; `token`, `tls` and
@@ -46,28 +45,14 @@ class ReducerClient:
         tls: bool | str | Path = False,
         timeout: float | None = DEFAULT_TIMEOUT,
     ) -> None:
-        self.address = address or address_from_env(DEFAULT_REDUCER_ADDRESS, REDUCER_ADDRESS_ENV)
-        self.timeout = timeout
-        self._channel = open_channel(self.address, tls, IDEMPOTENT_CALLS)
-        self.stub = reducer_pb2_grpc.ReducerServiceStub(self._channel)
-        token = token or token_from_env()
-        self.metadata: tuple[tuple[str, str], ...] = (
-            (("authorization", f"Bearer {token}"),) if token else ()
+        super().__init__(
+            address or address_from_env(DEFAULT_REDUCER_ADDRESS, REDUCER_ADDRESS_ENV),
+            tls,
+            IDEMPOTENT_CALLS,
+            token or token_from_env(),
+            timeout,
         )
-
-    async def __aenter__(self) -> ReducerClient:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        await self._channel.close(None)
+        self.stub = reducer_pb2_grpc.ReducerServiceStub(self._channel)
 
     async def reduce_bundle(
         self,
