@@ -60,6 +60,7 @@ from trace_reducer import (
     append_reward,
     check_reward,
     replay_bundle,
+    thread_bundles,
 )
 
 MAX_INPUT_BYTES = 1024 * 1024
@@ -220,7 +221,12 @@ class Agent:
             thread.history = [dict(item) for item in fork[2]]
         self._threads[thread_id] = thread
         self._forget_closed()
-        telemetry.thread_started(thread)
+        telemetry.thread_started(
+            thread.id,
+            model=thread.model,
+            bundle_path=thread.recorder.bundle_path,
+            trace_id=thread.recorder.trace_id,
+        )
         return thread
 
     def _forget_closed(self) -> None:
@@ -406,7 +412,7 @@ class Agent:
         missing = ThreadNotFoundError(f"no thread {thread_id!r}", thread_id=thread_id)
         if root is None or not set(thread_id) <= _ID_CHARS:
             raise missing
-        candidates = sorted(root.glob(f"*-{thread_id}")) if root.is_dir() else []
+        candidates = thread_bundles(root, thread_id)
         if not candidates:
             raise missing
         try:
@@ -563,7 +569,9 @@ class Agent:
             await thread.running.interrupt(requested_by)
         await thread.recorder.finish(status, reason)
         thread.mark_closed()
-        telemetry.thread_closed(thread, reason)
+        telemetry.thread_closed(
+            thread.id, reason, turns=len(thread.turns), recording=thread.recorder.status
+        )
         self._closed.append((time.monotonic(), thread.id))
         self._forget_closed()
 

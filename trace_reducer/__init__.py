@@ -44,6 +44,7 @@ from .bundle import (
     require_reducible,
     resolve_trace_file,
     sampling_settings,
+    thread_bundles,
 )
 from .export import RL_FORMATS, Exported, ExportError, build_sample, export_rl
 from .reduce import (
@@ -136,6 +137,7 @@ __all__ = [
     "resolve_trace_file",
     "sampling_settings",
     "state_to_json",
+    "thread_bundles",
     "write_state_json",
     "write_view",
 ]

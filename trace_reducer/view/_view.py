@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
 import html
 import json
@@ -18,14 +17,13 @@ from typing import Any
 
 from google.protobuf import timestamp_pb2
 
-from rollout.trace.v1 import common_pb2, record_pb2, state_pb2
+from rollout.trace.v1 import common_pb2, state_pb2
 
-from ..bundle._bulk import DeltaRun
 from ..bundle._errors import NotABundleError
 from ..bundle._payloads import PayloadError, PayloadStore, canonical_json
 from ..bundle._reader import read_bundle, resolve_trace_file
 from ..reduce._forks import BundleForkResolver
-from ..reduce._reducer import Reducer
+from ..reduce._pass import keeping_payloads, reduce_reader
 
 VIEW_FILE_NAME = "view.html"
 
@@ -60,23 +58,13 @@ class ViewData:
 
 def reduce_for_view(path: str | os.PathLike[str]) -> ViewData:
     """Reduce a bundle of any integrity (up to its damage) in one pass, keeping its payloads."""
-    payloads = PayloadStore(budget=None)
-    with read_bundle(path) as reader:
-        reducer = Reducer(forks=BundleForkResolver(reader.bundle_dir))
-        for batch in reader.batches():
-            for record in batch:
-                if not isinstance(record, DeltaRun) and record.HasField("payload"):
-                    _keep(payloads, record.payload)
-            reducer.apply_many(batch)
-        reducer.set_integrity(reader.integrity)
-    return ViewData(reducer.state(), payloads)
-
-
-def _keep(payloads: PayloadStore, payload: record_pb2.Payload) -> None:
     # Every kind: payloads are deduplicated by content, so an input item may be the bytes an
     # output item was first written as.
-    with contextlib.suppress(PayloadError):  # the reducer reports it; the view loses a body
-        payloads.add(payload)
+    payloads = PayloadStore(budget=None)
+    with read_bundle(path) as reader:
+        forks = BundleForkResolver(reader.bundle_dir)
+        reduced = reduce_reader(reader, forks=forks, on_record=keeping_payloads(payloads))
+    return ViewData(reduced.trace, payloads)
 
 
 def _ms(stamp: timestamp_pb2.Timestamp, base: timestamp_pb2.Timestamp) -> float | None:
