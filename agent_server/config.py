@@ -121,6 +121,11 @@ class Settings:
     keepalive: Keepalive = field(default_factory=Keepalive)
     # HOST:PORT of the Prometheus endpoint (`/metrics`); None serves no metrics.
     metrics_listen: str | None = None
+    # Live OTLP export of each turn's spans (off without an endpoint); protocol, headers and
+    # timeout default to the OpenTelemetry exporter environment. Headers may hold secrets.
+    otlp_endpoint: str | None = None
+    otlp_protocol: str | None = None
+    otlp_headers: tuple[str, ...] = field(default=(), repr=False)
     log_level: str = "info"
     log_format: str = "text"
 
@@ -231,6 +236,23 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "--metrics-listen",
         metavar="HOST:PORT",
         help="serve Prometheus metrics at http://HOST:PORT/metrics (env ROLLOUT_METRICS_LISTEN)",
+    )
+    parser.add_argument(
+        "--otlp-endpoint",
+        metavar="URL",
+        help="send each turn's OpenTelemetry spans to this OTLP receiver as the turn ends, in "
+        "the background (the spans of `trace-reducer export-otlp`; needs the otel extra)",
+    )
+    parser.add_argument(
+        "--otlp-protocol",
+        choices=("grpc", "http/protobuf"),
+        help="default OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL, else grpc",
+    )
+    parser.add_argument(
+        "--otlp-header",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a header on every export (repeatable; default OTEL_EXPORTER_OTLP_[TRACES_]HEADERS)",
     )
     parser.add_argument(
         "--log-level", choices=logs.LEVELS, help="default info (env ROLLOUT_LOG_LEVEL)"
@@ -397,6 +419,9 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
         access=access,
         keepalive=keepalive,
         metrics_listen=pick("metrics_listen", "ROLLOUT_METRICS_LISTEN"),
+        otlp_endpoint=pick("otlp_endpoint"),
+        otlp_protocol=pick("otlp_protocol"),
+        otlp_headers=tuple(pick("otlp_header") or ()),
         log_level=pick("log_level", "ROLLOUT_LOG_LEVEL") or "info",
         log_format=pick("log_format", "ROLLOUT_LOG_FORMAT") or "text",
     )

@@ -32,6 +32,8 @@ from trace_reducer.bundle._version import __version__
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
+    from trace_reducer.export._live import LiveExport
+
 log = logging.getLogger("agent_server")
 
 # Counters and histograms without their `_created` series: read beside the counts, a creation
@@ -105,6 +107,42 @@ RECORDING_FAILURES = Counter(
 RECORDED_BYTES = Counter(
     "rollout_agent_recorded_bytes", "Bytes written to trace bundles.", registry=REGISTRY
 )
+OTLP_SPANS_EXPORTED = Counter(
+    "rollout_agent_otlp_spans_exported",
+    "Spans the live OTLP export delivered (serve --otlp-endpoint).",
+    registry=REGISTRY,
+)
+OTLP_SPANS_DROPPED = Counter(
+    "rollout_agent_otlp_spans_dropped",
+    "Spans the live OTLP export dropped: its queue was full, or the receiver did not take them.",
+    ["reason"],
+    registry=REGISTRY,
+)
+
+# The live OTLP export, when serving with --otlp-endpoint.
+_live_export: LiveExport | None = None
+
+
+def install_live_export(live: LiveExport | None) -> None:
+    global _live_export
+    _live_export = live
+
+
+def bundle_advanced(bundle_path: str, *, ended: bool = False) -> None:
+    """The one live-export hook of whatever records bundles (the agent's recorder, the gateway):
+    call it once a turn's records are durable, and with `ended` once the footer is. It never
+    blocks or raises; without a live export it does nothing."""
+    live = _live_export
+    if live is not None and bundle_path:
+        live.bundle_advanced(bundle_path, ended=ended)
+
+
+def otlp_spans_exported(count: int) -> None:
+    OTLP_SPANS_EXPORTED.inc(count)
+
+
+def otlp_spans_dropped(count: int, reason: str) -> None:
+    OTLP_SPANS_DROPPED.labels(reason).inc(count)
 
 
 @dataclass
