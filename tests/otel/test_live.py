@@ -67,7 +67,7 @@ async def test_each_turn_goes_out_as_it_ends_and_the_thread_span_at_its_close(
         finally:
             await server.stop()
     # The very spans `trace-reducer export-otlp` makes of the bundle, each sent once.
-    trace, planned = bundle_spans(closed.bundle_path)
+    _, planned = bundle_spans(closed.bundle_path)
     expected = sorted(
         (trace_api.format_trace_id(span.context.trace_id), span.name)
         for span in planned
