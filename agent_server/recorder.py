@@ -200,8 +200,19 @@ class Recorder:
 
     # -- records -------------------------------------------------------------------------------
 
-    def turn_started(self, turn_id: str, input_items: Sequence[Mapping[str, Any]]) -> int:
-        return self._call(RecordBuilder.turn_started, self._thread, turn_id, input_items) or 0
+    def turn_started(
+        self, turn_id: str, input_items: Sequence[Mapping[str, Any]], traceparent: str = ""
+    ) -> int:
+        return (
+            self._call(
+                RecordBuilder.turn_started,
+                self._thread,
+                turn_id,
+                input_items,
+                traceparent=traceparent,
+            )
+            or 0
+        )
 
     def inference_started(
         self,

@@ -19,6 +19,7 @@ from ..bundle._bulk import DeltaRun
 from ..bundle._integrity import integrity_name
 from ..bundle._payloads import PayloadError, PayloadStore
 from ..bundle._reader import read_bundle
+from ..bundle._records import parse_traceparent
 
 AttributeValue = str | bool | int | float | list[str]
 Attributes = dict[str, AttributeValue]
@@ -78,6 +79,9 @@ class SpanPlan:
     events: list[SpanEvent] = field(default_factory=list)
     # Set when the operation failed: the span status is then ERROR with this description.
     error: str | None = None
+    # (trace id, span id, flags) of a span outside the bundle that is this one's parent (the
+    # W3C traceparent a turn was started under); the span and its children join that trace.
+    remote_parent: tuple[int, int, int] | None = None
 
 
 @dataclass
@@ -393,6 +397,7 @@ class _Planner:
             events.append(interrupt)
         start, end = self._window(turn.execution, attributes, events)
         span = SpanPlan(span_id, parent, "turn", False, start, end, attributes, events)
+        span.remote_parent = parse_traceparent(turn.traceparent)
         self._fail(span, turn.execution.status, turn.error if turn.HasField("error") else None)
         self.spans.append(span)
         for call_id in turn.inference_call_ids:

@@ -118,6 +118,12 @@ def plan_spans(plan: TracePlan) -> list[ReadableSpan]:
     for planned in plan.spans:
         parent = made.get(planned.parent_span_id) if planned.parent_span_id else None
         context = trace_api.set_span_in_context(parent) if parent is not None else Context()
+        if planned.remote_parent is not None:
+            trace_id, span_id, flags = planned.remote_parent
+            remote = trace_api.SpanContext(
+                trace_id, span_id, is_remote=True, trace_flags=trace_api.TraceFlags(flags)
+            )
+            context = trace_api.set_span_in_context(trace_api.NonRecordingSpan(remote))
         ids.next_span_id = planned.span_id
         span = tracer.start_span(
             planned.name,
