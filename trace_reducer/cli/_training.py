@@ -6,9 +6,9 @@ import argparse
 import sys
 from typing import Any
 
-from ..bundle._errors import BundleError, CorruptBundleError
+from ..bundle._errors import BundleError, CorruptBundleError, RewardError
 from ..bundle._reader import resolve_trace_file
-from ..bundle._rewards import RewardError, RewardInput, append_reward, check_reward
+from ..bundle._rewards import RewardInput, append_reward, check_reward
 from ..export._rl import FORMATS, ExportError, export_rl
 from ..reduce._replay import replay_bundle
 

@@ -13,9 +13,10 @@ from typing import Any
 
 from rollout.trace.v1 import common_pb2, record_pb2, state_pb2
 
-from ..bundle._errors import BundleError, NotABundleError
+from ..bundle._errors import BundleError, ExportError, NotABundleError
 from ..bundle._integrity import integrity_name, require_reducible
 from ..bundle._layout import TRACE_FILE_NAME
+from ..bundle._names import KIND_WORDS, ROLE_WORDS, STOP_WORDS
 from ..bundle._reader import read_bundle, resolve_trace_file
 from ..reduce._forks import BundleForkResolver
 from ..reduce._pass import reduce_reader
@@ -33,24 +34,13 @@ _FINISH = {
     common_pb2.STOP_REASON_COMPLETED: "stop",
     common_pb2.STOP_REASON_LENGTH: "length",
 }
-_ROLES = {
-    state_pb2.CONVERSATION_ROLE_USER: "user",
-    state_pb2.CONVERSATION_ROLE_ASSISTANT: "assistant",
-    state_pb2.CONVERSATION_ROLE_SYSTEM: "system",
-    state_pb2.CONVERSATION_ROLE_DEVELOPER: "developer",
-    state_pb2.CONVERSATION_ROLE_TOOL: "tool",
-}
-
-
-class ExportError(Exception):
-    """The export cannot be written (pyarrow missing, an unwritable output directory)."""
 
 
 def stop_name(reason: common_pb2.StopReason.ValueType) -> str:
     """`completed`, `length`, `interrupted`, `provider_error`, `infra_error` ('' unknown)."""
     if not reason:
         return ""
-    return common_pb2.StopReason.Name(reason).removeprefix("STOP_REASON_").lower()
+    return STOP_WORDS.get(reason, "")
 
 
 # -- finding and reducing bundles ---------------------------------------------------------------
@@ -185,8 +175,8 @@ def _message(item: state_pb2.ConversationItem) -> dict[str, Any]:
     message: dict[str, Any] = {
         "item_id": item.item_id,
         "responses_item_id": item.responses_item_id,
-        "role": _ROLES.get(item.role, "user"),
-        "kind": state_pb2.ItemKind.Name(item.kind).removeprefix("ITEM_KIND_").lower(),
+        "role": ROLE_WORDS.get(item.role, "user"),
+        "kind": KIND_WORDS.get(item.kind, "unspecified"),
         "content": item.output
         if item.kind == state_pb2.ITEM_KIND_FUNCTION_CALL_OUTPUT
         else "".join(part.text for part in item.content),
