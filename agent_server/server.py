@@ -17,8 +17,7 @@ from agent_server.dialects import dialect_named, unsupported_fields
 from agent_server.local_model import LocalModel
 from agent_server.provider import ProviderClient
 from agent_server.service import SERVICE_NAME, AgentService
-from agent_server.telemetry import MetricsServer
-from grpc_common import GrpcServer
+from grpc_common import GrpcServer, MetricsServer, RpcMetricsInterceptor
 from rollout.agent.v1 import agent_pb2_grpc
 
 if TYPE_CHECKING:
@@ -28,6 +27,10 @@ log = logging.getLogger(__name__)
 
 # Running RPCs get this long to finish once every thread has been ended.
 _STOP_GRACE = 5.0
+# One per process: its series live in the process's one registry.
+_RPC_METRICS = RpcMetricsInterceptor(
+    telemetry.REGISTRY, "rollout_agent", logging.getLogger("agent_server.rpc")
+)
 
 
 def trace_root_problem(root: Path) -> str | None:
@@ -81,7 +84,11 @@ class AgentServer:
         for warning in settings.warnings():
             log.warning("%s", warning)
         live = _live_export(settings)
-        metrics = MetricsServer.start(settings.metrics_listen) if settings.metrics_listen else None
+        metrics = (
+            MetricsServer.start(settings.metrics_listen, telemetry.REGISTRY)
+            if settings.metrics_listen
+            else None
+        )
         if metrics is not None:
             log.info("metrics at %s", metrics.url)
         local_model = None
@@ -123,6 +130,7 @@ class AgentServer:
                 [SERVICE_NAME],
                 settings.access,
                 keepalive=settings.keepalive,
+                rpc_metrics=_RPC_METRICS,
             )
         except BaseException:
             await provider.aclose()
@@ -190,8 +198,8 @@ def _live_export(settings: Settings) -> LiveExport | None:
     if settings.otlp_endpoint is None:
         return None
     try:
+        from trace_reducer.bundle._errors import ExportConfigError
         from trace_reducer.export._live import LiveExport
-        from trace_reducer.export._otel import ExportConfigError
     except ImportError as error:
         raise ConfigError(
             "--otlp-endpoint needs the otel extra: pip install 'rollout-trace[otel]'"

@@ -1,7 +1,7 @@
 """What the server tells its operator: a log line per thread and turn milestone, and metrics.
 
 The agent calls the hooks below at those milestones; they never raise and never block. The
-metrics live in one registry per process (`REGISTRY`), served by `MetricsServer`.
+metrics live in one registry per process (`REGISTRY`), served by grpc_common.MetricsServer.
 """
 
 from __future__ import annotations
@@ -21,17 +21,13 @@ from prometheus_client import (
     Gauge,
     Histogram,
     disable_created_metrics,
-    start_http_server,
 )
 
-from grpc_common import split_listen
 from rollout.agent.v1 import agent_pb2
 from rollout.trace.v1 import common_pb2
 from trace_reducer.bundle._version import __version__
 
 if TYPE_CHECKING:
-    from wsgiref.simple_server import WSGIServer
-
     from trace_reducer.export._live import LiveExport
 
 log = logging.getLogger("agent_server")
@@ -316,31 +312,3 @@ def recorded(thread_id: str, total_bytes: int, *, finished: bool = False) -> Non
         RECORDED_BYTES.inc(total_bytes - counted)
     if not finished:
         _recorded[thread_id] = max(total_bytes, counted)
-
-
-class MetricsServer:
-    """The Prometheus endpoint: GET http://HOST:PORT/metrics, served from a thread of its own."""
-
-    def __init__(self, server: WSGIServer, host: str) -> None:
-        self._server = server
-        self.host = host
-        self.port = int(server.server_port)
-
-    @classmethod
-    def start(cls, listen: str) -> MetricsServer:
-        """Raises OSError when the address cannot be bound."""
-        host, port = split_listen(listen)
-        try:
-            server, _ = start_http_server(port, addr=host, registry=REGISTRY)
-        except OSError as error:
-            raise OSError(f"cannot serve metrics on {listen}: {error.strerror or error}") from error
-        return cls(server, host)
-
-    @property
-    def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}/metrics"
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()

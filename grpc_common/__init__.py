@@ -8,6 +8,7 @@ if TYPE_CHECKING:
     from ._access import AccessControl
     from ._errors import ERROR_DOMAIN, abort, error_status
     from ._keepalive import Keepalive
+    from ._metrics import MetricsServer, RpcMetricsInterceptor
     from ._server import GrpcServer, split_listen
     from ._signals import install_signal_handlers
 
@@ -19,6 +20,8 @@ _LAZY = {
     "abort": "_errors",
     "error_status": "_errors",
     "Keepalive": "_keepalive",
+    "MetricsServer": "_metrics",
+    "RpcMetricsInterceptor": "_metrics",
     "GrpcServer": "_server",
     "split_listen": "_server",
     "install_signal_handlers": "_signals",
@@ -41,6 +44,8 @@ __all__ = [
     "AccessControl",
     "GrpcServer",
     "Keepalive",
+    "MetricsServer",
+    "RpcMetricsInterceptor",
     "abort",
     "add_access_arguments",
     "error_status",

@@ -5,12 +5,13 @@ from __future__ import annotations
 import platform
 import urllib.request
 
-from agent_server.telemetry import MetricsServer
+from agent_server.telemetry import REGISTRY
+from grpc_common import MetricsServer
 from trace_reducer import __version__
 
 
 def test_build_info_process_and_runtime_without_created_series() -> None:
-    server = MetricsServer.start("127.0.0.1:0")
+    server = MetricsServer.start("127.0.0.1:0", REGISTRY)
     try:
         with urllib.request.urlopen(server.url, timeout=10) as response:
             text = response.read().decode()

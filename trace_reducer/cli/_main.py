@@ -269,28 +269,64 @@ def _watch(args: argparse.Namespace) -> int:
 
 
 async def _serve_async(
-    listen: str, bundle_root: str, access: AccessControl, max_upload_bytes: int
+    listen: str,
+    bundle_root: str,
+    access: AccessControl,
+    max_upload_bytes: int,
+    metrics_listen: str | None = None,
 ) -> int:
     # gRPC's server side takes a noticeable time to import; reduce and dump do not need it.
-    from grpc_common import GrpcServer, install_signal_handlers
+    from prometheus_client import PROCESS_COLLECTOR, CollectorRegistry
+
+    from grpc_common import (
+        GrpcServer,
+        MetricsServer,
+        RpcMetricsInterceptor,
+        install_signal_handlers,
+    )
 
     from ..service._service import SERVICE_NAME, ReducerService, add_to_server
 
     service = ReducerService(bundle_root, max_upload_bytes=max_upload_bytes)
+    registry = CollectorRegistry()
+    registry.register(PROCESS_COLLECTOR)
+    # One request log line per RPC on stderr.
+    request_log = logging.getLogger("trace_reducer.rpc")
+    if not request_log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+        request_log.addHandler(handler)
+        request_log.setLevel(logging.INFO)
+        request_log.propagate = False
+    rpc_metrics = RpcMetricsInterceptor(
+        registry, "rollout_reducer", request_log, ok_level=logging.INFO
+    )
+    metrics = None
+    if metrics_listen is not None:
+        try:
+            metrics = MetricsServer.start(metrics_listen, registry)
+        except (ValueError, OSError) as error:
+            raise _CommandError(f"--metrics-listen: {error}", EXIT_USAGE) from error
+        print(f"metrics at {metrics.url}", flush=True)
     try:
         server = await GrpcServer.start(
             listen,
             lambda grpc_server: add_to_server(service, grpc_server),
             [SERVICE_NAME],
             access,
+            rpc_metrics=rpc_metrics,
         )
     except ValueError as error:
+        if metrics is not None:
+            metrics.stop()
         raise _CommandError(f"--listen: {error}", EXIT_USAGE) from error
     stop = asyncio.Event()
     install_signal_handlers(stop.set)
     print(f"listening on {server.address}", flush=True)
     await stop.wait()
     await server.stop(grace=5.0)
+    if metrics is not None:
+        metrics.stop()
     return EXIT_OK
 
 
@@ -308,7 +344,9 @@ def _serve(args: argparse.Namespace) -> int:
         raise _CommandError(str(error), EXIT_USAGE) from error
     if args.max_upload_bytes < 1:
         raise _CommandError("--max-upload-bytes must be a positive number of bytes", EXIT_USAGE)
-    return asyncio.run(_serve_async(args.listen, root, access, args.max_upload_bytes))
+    return asyncio.run(
+        _serve_async(args.listen, root, access, args.max_upload_bytes, args.metrics_listen)
+    )
 
 
 # -- entry point ------------------------------------------------------------------------------
@@ -436,6 +474,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="ReduceRecords refuses larger uploads with RESOURCE_EXHAUSTED "
         f"(default {DEFAULT_MAX_UPLOAD_BYTES})",
+    )
+    serve.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics (per-RPC counts, latencies, codes) at "
+        "http://HOST:PORT/metrics",
     )
     serve.set_defaults(run=_serve)
     return parser
