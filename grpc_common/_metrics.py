@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 
-from ._handlers import Continuation, _handler_like
+from ._handlers import Continuation, _handler_like, behaviour_of
 from ._server import split_listen
 
 if TYPE_CHECKING:
@@ -57,18 +57,15 @@ class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-ar
         if handler is None:
             return handler
         method = handler_call_details.method
-        behaviour: Callable[..., Any] | None = (
-            handler.unary_unary
-            or handler.unary_stream
-            or handler.stream_unary
-            or handler.stream_stream
-        )
-        assert behaviour is not None
+        behaviour = behaviour_of(handler)
         wrapped: Callable[..., Any]
         if handler.response_streaming:
 
             async def wrapped(request: Any, context: Any) -> AsyncIterator[Any]:
                 started = time.monotonic()
+                # Asked now: once the call is over its peer may be gone (reading it then can
+                # crash the process).
+                peer = context.peer()
                 code = grpc.StatusCode.UNKNOWN
                 try:
                     async for response in behaviour(request, context):
@@ -81,12 +78,15 @@ class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-ar
                     code = _code_of(context, grpc.StatusCode.UNKNOWN)
                     raise
                 finally:
-                    self._finished(method, code, started, context)
+                    self._finished(method, code, started, peer)
 
         else:
 
             async def wrapped(request: Any, context: Any) -> Any:
                 started = time.monotonic()
+                # Asked now: once the call is over its peer may be gone (reading it then can
+                # crash the process).
+                peer = context.peer()
                 code = grpc.StatusCode.UNKNOWN
                 try:
                     response = await behaviour(request, context)
@@ -99,11 +99,11 @@ class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-ar
                     code = _code_of(context, grpc.StatusCode.UNKNOWN)
                     raise
                 finally:
-                    self._finished(method, code, started, context)
+                    self._finished(method, code, started, peer)
 
         return _handler_like(handler, wrapped)
 
-    def _finished(self, method: str, code: grpc.StatusCode, started: float, context: Any) -> None:
+    def _finished(self, method: str, code: grpc.StatusCode, started: float, peer: str) -> None:
         seconds = time.monotonic() - started
         name = code.name
         self._count.labels(method, name).inc()
@@ -112,7 +112,6 @@ class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-ar
         if not self._log.isEnabledFor(level):
             return
         ms = round(seconds * 1000, 1)
-        peer = context.peer() if hasattr(context, "peer") else ""
         fields = {"method": method, "code": name, "ms": ms, "peer": peer}
         # The line reads alone (no formatter needed); the fields serve a JSON formatter.
         self._log.log(

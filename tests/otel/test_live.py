@@ -33,6 +33,16 @@ async def _until(received: Received, condition: str) -> list[tuple[str, str]]:
     return received.spans()
 
 
+def _exporting(trace_root: Path, endpoint: str, protocol: str) -> Settings:
+    return Settings(
+        listen="127.0.0.1:0",
+        trace_root=trace_root,
+        local_word_delay=0,
+        otlp_endpoint=endpoint,
+        otlp_protocol=protocol,
+    )
+
+
 def _dropped(reason: str) -> float:
     value = REGISTRY.get_sample_value("rollout_agent_otlp_spans_dropped_total", {"reason": reason})
     return value or 0.0
@@ -42,15 +52,7 @@ async def test_each_turn_goes_out_as_it_ends_and_the_thread_span_at_its_close(
     tmp_path: Path,
 ) -> None:
     async with grpc_receiver() as (url, received):
-        server = await AgentServer.start(
-            Settings(
-                listen="127.0.0.1:0",
-                trace_root=tmp_path,
-                local_word_delay=0,
-                otlp_endpoint=url,
-                otlp_protocol="grpc",
-            )
-        )
+        server = await AgentServer.start(_exporting(tmp_path, url, "grpc"))
         try:
             async with AgentClient(server.address) as client:
                 thread = await client.start_thread()
@@ -86,15 +88,7 @@ async def test_a_dead_collector_costs_dropped_spans_never_the_turn(
         probe.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{probe.getsockname()[1]}"
     before = _dropped("export failed")
-    server = await AgentServer.start(
-        Settings(
-            listen="127.0.0.1:0",
-            trace_root=tmp_path,
-            local_word_delay=0,
-            otlp_endpoint=dead,
-            otlp_protocol="http/protobuf",
-        )
-    )
+    server = await AgentServer.start(_exporting(tmp_path, dead, "http/protobuf"))
     try:
         async with AgentClient(server.address) as client:
             thread = await client.start_thread()
@@ -116,15 +110,7 @@ async def test_a_traceparent_on_start_turn_parents_the_turn_live_and_in_export_o
     tmp_path: Path,
 ) -> None:
     async with grpc_receiver() as (url, received):
-        server = await AgentServer.start(
-            Settings(
-                listen="127.0.0.1:0",
-                trace_root=tmp_path,
-                local_word_delay=0,
-                otlp_endpoint=url,
-                otlp_protocol="grpc",
-            )
-        )
+        server = await AgentServer.start(_exporting(tmp_path, url, "grpc"))
         try:
             async with grpc.aio.insecure_channel(server.address) as channel:
                 stub = agent_pb2_grpc.AgentServiceStub(channel)
