@@ -9,7 +9,7 @@ TS_STAMP := $(TS)/node_modules/.installed
 NPM_CACHE ?= $(or $(TMPDIR),/tmp)/rollout-trace-npm-cache
 
 .PHONY: demo test check lint protos check-protos ts-protos check-ts-protos check-breaking \
-	pytest test-ts test-backends check-package fuzz bench clean
+	pytest test-ts test-backends engine vllm check-package fuzz bench clean
 
 # The package with every extra, and the project's own tools (pyproject's dependency groups, which
 # need pip >= 25.1), at the exact versions of constraints.txt.
@@ -61,6 +61,16 @@ check: check-protos check-ts-protos check-breaking lint check-package
 # What the tests drive beyond Python packages (Chromium from the OS packages), where missing.
 test-backends:
 	scripts/test-backends.sh
+
+# vLLM's CPU build in its own venv and SmolLM2-135M converted for it, once per machine, under
+# $${XDG_CACHE_HOME:-~/.cache}/rollout-trace (the test session does it too, in the background,
+# when it starts the engine).
+engine:
+	scripts/engine-setup.sh
+
+# vLLM serving SmolLM2-135M on 127.0.0.1:8000 (VLLM_PORT to change it), in the foreground.
+vllm:
+	scripts/vllm-serve.sh $${VLLM_PORT:-8000}
 
 pytest: $(STAMP) test-backends
 	$(BIN)/pytest -q

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from agent_server.config import Settings
+    from agent_server.gateway._settings import GatewaySettings
 
 PROG = "agent-server"
 log = logging.getLogger("agent_server")
@@ -33,6 +34,11 @@ _COMMANDS = {
     "chat": (
         "talk to a running agent server from the terminal",
         "agent_server._chat",
+        "add_arguments",
+    ),
+    "gateway": (
+        "serve an OpenAI-compatible HTTP gateway that records every call it forwards",
+        "agent_server.gateway._settings",
         "add_arguments",
     ),
     "health": (
@@ -90,6 +96,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from agent_server import _health
 
         return _health.run(args)
+    if args.command == "gateway":
+        return _gateway_command(args)
     import asyncio
 
     from agent_server import config, logs
@@ -132,6 +140,54 @@ async def _serve(settings: Settings) -> int:
     await stop.wait()
     log.info("shutting down")
     await server.stop()
+    log.info("stopped")
+    return EXIT_OK
+
+
+def _gateway_command(args: argparse.Namespace) -> int:
+    # Imported here: `agent-server --help` and the other commands do without aiohttp's server.
+    import asyncio
+
+    from agent_server import gateway, logs
+    from agent_server.config import ConfigError
+
+    try:
+        settings = gateway.from_args(args)
+    except ConfigError as error:
+        print(f"{PROG}: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    logs.configure(settings.agent.log_level, settings.agent.log_format)
+    try:
+        return asyncio.run(_run_gateway(settings))
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except Exception as error:  # noqa: BLE001 - the last line of defence: no traceback for users
+        print(f"{PROG}: {error or type(error).__name__}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+async def _run_gateway(settings: GatewaySettings) -> int:
+    import asyncio
+
+    from agent_server.gateway import Gateway
+    from agent_server.server import trace_root_problem
+    from grpc_common import install_signal_handlers
+
+    problem = trace_root_problem(settings.trace_root)
+    if problem:
+        log.warning("%s; sessions will answer 503 until it is fixed", problem)
+    try:
+        gateway = await Gateway.start(settings)
+    except OSError as error:
+        print(f"{PROG}: {error}", file=sys.stderr)
+        return EXIT_FAILED
+    stop = asyncio.Event()
+    install_signal_handlers(stop.set)
+    log.info("gateway at %s, upstream %s", gateway.url, gateway.upstream_url)
+    print(f"listening on {gateway.url}", flush=True)
+    await stop.wait()
+    log.info("shutting down")
+    await gateway.stop()
     log.info("stopped")
     return EXIT_OK
 

@@ -28,8 +28,9 @@ FILE_NAMES = {
     "skyrl": "skyrl.parquet",
     "art": "art.jsonl",
 }
-CLEAN, REALIGN, FORK = "CLEAN", "REALIGN", "FORK"
-_DRIFT_RANK = {CLEAN: 0, REALIGN: 1, FORK: 2}
+# The drift vocabulary of common_pb2.TokenDrift, the same words the reduced state uses.
+EXACT, REALIGN, FORK = "EXACT", "REALIGN", "FORK"
+_DRIFT_RANK = {EXACT: 0, REALIGN: 1, FORK: 2}
 _FINISH = {
     common_pb2.STOP_REASON_COMPLETED: "stop",
     common_pb2.STOP_REASON_LENGTH: "length",
@@ -115,7 +116,7 @@ class Sample:
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float | None] = field(default_factory=list)
     prompt_length: int = 0
-    drift: str = CLEAN
+    drift: str = EXACT
     drift_events: list[dict[str, Any]] = field(default_factory=list)
     rewards: list[dict[str, Any]] = field(default_factory=list)
     reward: float | None = None
@@ -625,6 +626,11 @@ class Exported:
     skipped_threads: int
     left_out: list[str]
     warnings: list[str]
+    # Samples with exact tokens whose prompts departed from the held tokens (REALIGN or FORK),
+    # and how many inference calls did so: their ids stay the engine's, the departed stretch
+    # masked out.
+    drifted: int = 0
+    drifted_calls: int = 0
 
 
 def export_rl(
@@ -683,8 +689,18 @@ def export_rl(
             _write_parquet(target, rows, schema)
     except OSError as error:
         raise ExportError(f"cannot write {target}: {error.strerror or error}") from error
-    exact = sum(1 for s in samples if s.tokens == "exact")
-    return Exported(target, len(samples), exact, skipped, left_out, warnings)
+    exact = [s for s in samples if s.tokens == "exact"]
+    drifted = [s for s in exact if s.drift != EXACT]
+    return Exported(
+        target,
+        len(samples),
+        len(exact),
+        skipped,
+        left_out,
+        warnings,
+        drifted=len(drifted),
+        drifted_calls=sum(len(s.drift_events) for s in drifted),
+    )
 
 
 __all__ = ["FORMATS", "BundleError", "ExportError", "Exported", "export_rl"]
