@@ -49,11 +49,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from grpc_common import header_secret
     from rollout_client import RolloutError, RpcError, SyncAgentClient, UnavailableError
 
     token = None
     if args.auth_token_env:
-        token = os.environ.get(args.auth_token_env, "")
+        try:
+            token = header_secret(
+                os.environ.get(args.auth_token_env, ""),
+                f"the token in {args.auth_token_env} (--auth-token-env)",
+            )
+        except ValueError as error:
+            return _fail(str(error))
         if not token:
             return _fail(f"--auth-token-env names {args.auth_token_env}, which is unset or empty")
     tls: bool | Path = args.tls_ca if args.tls_ca is not None else bool(args.tls)

@@ -31,6 +31,10 @@ KEYS: dict[str, type] = {
     "metrics-listen": str,
     "log-level": str,
     "log-format": str,
+    "replay-from": Path,
+    "replay-pace": str,
+    "replay-on-divergence": str,
+    "replay-branch-at": int,
     # `agent-server gateway` only.
     "gateway-listen": str,
     "session-idle-timeout": float,

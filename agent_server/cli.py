@@ -124,11 +124,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 async def _serve(settings: Settings) -> int:
     import asyncio
 
+    from agent_server.config import ConfigError
     from agent_server.server import AgentServer
     from grpc_common import install_signal_handlers
 
     try:
         server = await AgentServer.start(settings)
+    except ConfigError as error:
+        print(f"{PROG}: {error}", file=sys.stderr)
+        return EXIT_USAGE
     except OSError as error:
         # The message names the address already.
         print(f"{PROG}: {error}", file=sys.stderr)

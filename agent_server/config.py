@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -10,7 +11,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from agent_server import _config_file, logs
-from grpc_common import AccessControl, Keepalive, add_access_arguments, split_listen
+from grpc_common import AccessControl, Keepalive, add_access_arguments, header_secret, split_listen
 
 _T = TypeVar("_T")
 
@@ -27,6 +28,8 @@ DEFAULT_MAX_CLOSED_THREADS = 1000
 DEFAULT_PROVIDER_MAX_CONNECTIONS = 1024
 DEFAULT_MAX_TOOL_ROUNDS = 64
 DEFAULT_TOOL_OUTPUT_TIMEOUT = 600.0
+REPLAY_PACES = ("recorded", "fast")
+REPLAY_ON_DIVERGENCE = ("fail", "live")
 PROVIDER_APIS = ("responses", "chat")
 # What a provider may be asked for beyond the API's core (a named provider's `capabilities`).
 CAPABILITIES = ("token-ids", "logprobs")
@@ -34,6 +37,55 @@ CAPABILITIES = ("token-ids", "logprobs")
 
 class ConfigError(ValueError):
     """A flag or environment value that cannot be used."""
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The values a number setting may take: finite, at least `low` (or above it when
+    `exclusive`), at most `high`; an integer setting takes integers only."""
+
+    low: float
+    exclusive: bool = False
+    high: float = math.inf
+    integer: bool = False
+    unit: str = ""
+
+    def check(self, name: str, value: object) -> None:
+        flag = "--" + name.replace("_", "-")
+        kind = "an integer" if self.integer else "a number"
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{flag} must be {kind}, not {value!r}")
+        if self.integer and not isinstance(value, int):
+            raise ConfigError(f"{flag} must be an integer, not {value!r}")
+        if not math.isfinite(value):
+            raise ConfigError(f"{flag} must be a finite number, not {value!r}")
+        unit = f" {self.unit}" if self.unit else ""
+        if self.exclusive and value <= self.low:
+            raise ConfigError(f"{flag} must be more than {self.low:g}{unit}, not {value!r}")
+        if value < self.low:
+            raise ConfigError(f"{flag} must be {self.low:g} or more, not {value!r}")
+        if value > self.high:
+            raise ConfigError(f"{flag} must be at most {self.high:g}{unit}, not {value!r}")
+
+
+# Longer than any timer asyncio and the HTTP library keep exactly (and than any real wait).
+_MAX_SECONDS = 365 * 24 * 3600.0
+_MAX_COUNT = 2**31 - 1
+
+# Every number setting of Settings and what it may be: checked in one place, at start-up,
+# whether it came from a flag, the environment or the --config file.
+NUMBER_SETTINGS: dict[str, Bounds] = {
+    "max_retries": Bounds(0, integer=True, high=_MAX_COUNT),
+    "retry_base_delay": Bounds(0, high=_MAX_SECONDS, unit="seconds"),
+    "stream_idle_timeout": Bounds(0, exclusive=True, high=_MAX_SECONDS, unit="seconds"),
+    "event_buffer": Bounds(1, integer=True, high=_MAX_COUNT),
+    "local_word_delay": Bounds(0, high=_MAX_SECONDS, unit="seconds"),
+    "closed_thread_retention": Bounds(0, high=_MAX_SECONDS, unit="seconds"),
+    "max_closed_threads": Bounds(0, integer=True, high=_MAX_COUNT),
+    "provider_max_connections": Bounds(1, integer=True, high=_MAX_COUNT),
+    "max_tool_rounds": Bounds(0, integer=True, high=_MAX_COUNT),
+    "tool_output_timeout": Bounds(0, exclusive=True, high=_MAX_SECONDS, unit="seconds"),
+}
 
 
 class Secret:
@@ -128,32 +180,23 @@ class Settings:
     otlp_headers: tuple[str, ...] = field(default=(), repr=False)
     log_level: str = "info"
     log_format: str = "text"
+    # A bundle, or a directory of bundles, whose recorded provider streams answer every
+    # inference request (the replay provider); None: a live provider or the local model.
+    replay_from: Path | None = None
+    replay_pace: str = "fast"
+    # What a request no recorded call matches gets: "fail" (HTTP 409, replay_divergence) or
+    # "live" (the --provider-url provider, for that thread from there on).
+    replay_on_divergence: str = "fail"
+    # Calls of a recorded thread from this one on (1-based) go to the live provider; 0: none.
+    replay_branch_at: int = 0
 
     def __post_init__(self) -> None:
         if self.trace_root is not None and not self.trace_root.is_absolute():
             # Bundle paths go to clients (Thread.bundle_path, what `chat` prints), which may run
             # in another directory: absolute from the start.
             object.__setattr__(self, "trace_root", self.trace_root.absolute())
-        if self.max_retries < 0:
-            raise ConfigError("--max-retries must be 0 or more")
-        if self.retry_base_delay < 0:
-            raise ConfigError("--retry-base-delay must be 0 or more")
-        if self.stream_idle_timeout <= 0:
-            raise ConfigError("--stream-idle-timeout must be more than 0 seconds")
-        if self.event_buffer < 1:
-            raise ConfigError("--event-buffer must be at least 1")
-        if self.local_word_delay < 0:
-            raise ConfigError("--local-word-delay must be 0 or more")
-        if self.closed_thread_retention < 0:
-            raise ConfigError("--closed-thread-retention must be 0 or more")
-        if self.max_closed_threads < 0:
-            raise ConfigError("--max-closed-threads must be 0 or more")
-        if self.provider_max_connections < 1:
-            raise ConfigError("--provider-max-connections must be at least 1")
-        if self.max_tool_rounds < 0:
-            raise ConfigError("--max-tool-rounds must be 0 or more")
-        if self.tool_output_timeout <= 0:
-            raise ConfigError("--tool-output-timeout must be more than 0 seconds")
+        for name, bounds in NUMBER_SETTINGS.items():
+            bounds.check(name, getattr(self, name))
         if not self.model:
             raise ConfigError("--model must not be empty")
         if self.provider_api not in PROVIDER_APIS:
@@ -182,6 +225,27 @@ class Settings:
             raise ConfigError(f"--log-level must be one of {', '.join(logs.LEVELS)}")
         if self.log_format not in logs.FORMATS:
             raise ConfigError(f"--log-format must be one of {', '.join(logs.FORMATS)}")
+        if self.replay_pace not in REPLAY_PACES:
+            raise ConfigError(f"--replay-pace must be one of {', '.join(REPLAY_PACES)}")
+        if self.replay_on_divergence not in REPLAY_ON_DIVERGENCE:
+            raise ConfigError(
+                f"--replay-on-divergence must be one of {', '.join(REPLAY_ON_DIVERGENCE)}"
+            )
+        if self.replay_branch_at < 0:
+            raise ConfigError("--replay-branch-at must be a call number, 1 or more")
+        if self.replay_from is None and (
+            self.replay_branch_at or self.replay_on_divergence != "fail"
+        ):
+            raise ConfigError("--replay-branch-at and --replay-on-divergence need --replay-from")
+        if (
+            self.replay_from is not None
+            and self.provider_url is None
+            and (self.replay_branch_at or self.replay_on_divergence == "live")
+        ):
+            raise ConfigError(
+                "--replay-branch-at and --replay-on-divergence live send calls to a live "
+                "provider: give it with --provider-url"
+            )
 
     @property
     def recording(self) -> bool:
@@ -256,6 +320,31 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--log-level", choices=logs.LEVELS, help="default info (env ROLLOUT_LOG_LEVEL)"
+    )
+    replay = parser.add_argument_group("replay a recorded run")
+    replay.add_argument(
+        "--replay-from",
+        type=Path,
+        metavar="BUNDLE_OR_ROOT",
+        help="answer every inference request from the provider streams recorded in this "
+        "bundle (or the bundles of this directory) instead of a model",
+    )
+    replay.add_argument(
+        "--replay-pace",
+        choices=REPLAY_PACES,
+        help="send recorded events at their recorded times, or at once (default fast)",
+    )
+    replay.add_argument(
+        "--replay-on-divergence",
+        choices=REPLAY_ON_DIVERGENCE,
+        help="a request that differs from the recorded one fails with HTTP 409 "
+        "replay_divergence (fail, the default), or goes to --provider-url from there on (live)",
+    )
+    replay.add_argument(
+        "--replay-branch-at",
+        type=int,
+        metavar="CALL",
+        help="replay calls 1..CALL-1 of each recorded thread, send CALL onward to --provider-url",
     )
     parser.add_argument(
         "--log-format",
@@ -375,6 +464,7 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
     api_key_env = pick("api_key_env") or DEFAULT_API_KEY_ENV
     key = _api_key(env.get(api_key_env, ""), api_key_env)
     trace_root = pick("trace_root", "ROLLOUT_TRACE_ROOT")
+    replay_from = pick("replay_from")
     access = AccessControl()
     if hasattr(args, "auth_token_env"):
         try:
@@ -424,6 +514,10 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
         otlp_headers=tuple(pick("otlp_header") or ()),
         log_level=pick("log_level", "ROLLOUT_LOG_LEVEL") or "info",
         log_format=pick("log_format", "ROLLOUT_LOG_FORMAT") or "text",
+        replay_from=Path(replay_from) if replay_from else None,
+        replay_pace=pick("replay_pace") or "fast",
+        replay_on_divergence=pick("replay_on_divergence") or "fail",
+        replay_branch_at=_default(pick("replay_branch_at"), 0),
     )
 
 
@@ -455,22 +549,10 @@ def _api_key(value: str, variable: str) -> str:
     an HTTP header cannot carry is refused here, at start-up, because the HTTP library's error
     for it would quote the header, key included.
     """
-    key = value.strip()
-    for position, char in enumerate(key, start=1):
-        if not ("!" <= char <= "~"):
-            raise ConfigError(
-                f"the API key in {variable} has a character an HTTP header cannot carry "
-                f"(character {position} of {len(key)}: {_char_name(char)})"
-            )
-    return key
-
-
-def _char_name(char: str) -> str:
-    if char == " ":
-        return "a space"
-    if char.isprintable():
-        return f"U+{ord(char):04X}, not ASCII"
-    return f"control character U+{ord(char):04X}"
+    try:
+        return header_secret(value, f"the API key in {variable}")
+    except ValueError as error:
+        raise ConfigError(str(error)) from error
 
 
 def _default(value: _T | None, default: _T) -> _T:

@@ -94,6 +94,10 @@ class InvalidGroupIdError(InvalidArgumentError):
     reason = "INVALID_GROUP_ID"
 
 
+class InvalidFlushWindowError(InvalidArgumentError):
+    reason = "INVALID_FLUSH_WINDOW"
+
+
 class InvalidRewardError(InvalidArgumentError):
     """A reward refused by trace_reducer.check_reward; the reason is its own."""
 

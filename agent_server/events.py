@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from collections import deque
 from collections.abc import AsyncIterator
@@ -14,6 +15,10 @@ from rollout.agent.v1 import agent_pb2
 # A client receives at most 4 MiB per message by default; a delta event stays far below it
 # (4 bytes per character at most).
 MAX_DELTA_CHARS = 256 * 1024
+# How long a subscriber may hold a text delta by default so that the item's next deltas join it
+# (StreamEventsRequest.flush_window_ms), and the most a client may ask for.
+DEFAULT_FLUSH_WINDOW_MS = 10
+MAX_FLUSH_WINDOW_MS = 1000
 # How far beyond its capacity the buffer grows to keep events an attached subscriber has not
 # had yet (a burst published faster than any subscriber can take it).
 HOLD_FACTOR = 4
@@ -35,6 +40,12 @@ class EventBuffer:
     subscriber has been handed that event and only other deltas followed it: nothing is
     delayed, and a subscriber that cannot keep up with one message per delta gets fewer,
     larger ones instead of lagging.
+
+    A subscriber with a flush window holds the newest event, when it is such a joinable delta,
+    until `flush_window` seconds after the last delta it was handed, so that the item's deltas
+    arriving meanwhile join it: at most one delta event per window, the first at once. A
+    merged event keeps its index (later events are numbered after it) and every subscriber
+    and every replay sees the same text under it, so `after_index` resumes exactly.
     """
 
     def __init__(self, capacity: int) -> None:
@@ -153,12 +164,28 @@ class EventBuffer:
         self._taken = max(self._taken, index)
         return event
 
-    async def subscribe(self, after_index: int) -> AsyncIterator[agent_pb2.ThreadEvent]:
-        """Yield the events after `after_index`, then live ones until the buffer closes."""
+    def _joinable_at(self, index: int) -> bool:
+        """Whether the event at index is a delta that the item's next delta may still join."""
+        if index <= self._taken:
+            return False
+        event = self._events[index - self._first]
+        if event.WhichOneof("kind") != "agent_message_delta":
+            return False
+        key = (event.turn_id, event.agent_message_delta.item_id)
+        return self._joinable.get(key) is event
+
+    async def subscribe(
+        self, after_index: int, flush_window: float = 0.0
+    ) -> AsyncIterator[agent_pb2.ThreadEvent]:
+        """Yield the events after `after_index`, then live ones until the buffer closes;
+        with a flush window (seconds), at most one delta event per window (see the class)."""
         self.check(after_index)
         subscriber = next(self._subscriber_ids)
         position = after_index
         self._positions[subscriber] = position
+        loop = asyncio.get_running_loop()
+        # Before this loop time the newest delta event is held for its item's next deltas.
+        hold_until = 0.0
         telemetry.subscriber_attached()
         try:
             while True:
@@ -169,9 +196,26 @@ class EventBuffer:
                         first_index=str(self._first),
                     )
                 if position < self.last_index:
+                    if (
+                        hold_until
+                        and position + 1 == self.last_index
+                        and not self._closed
+                        and loop.time() < hold_until
+                        and self._joinable_at(position + 1)
+                    ):
+                        # Another event or the end of the window releases it; deltas that
+                        # join it meanwhile do not wake us.
+                        changed = self._changed
+                        with contextlib.suppress(TimeoutError):
+                            async with asyncio.timeout_at(hold_until):
+                                await changed.wait()
+                        continue
                     position += 1
                     self._positions[subscriber] = position
-                    yield self._take(position)
+                    event = self._take(position)
+                    if flush_window and event.WhichOneof("kind") == "agent_message_delta":
+                        hold_until = loop.time() + flush_window
+                    yield event
                     continue
                 if self._closed:
                     return

@@ -51,8 +51,15 @@ class HttpRequest:
 class HttpResponse:
     """Writes one response: whole (send) or streamed in chunks (start, write/event, finish)."""
 
-    def __init__(self, writer: asyncio.StreamWriter, *, keep_alive: bool = False) -> None:
+    def __init__(
+        self,
+        writer: asyncio.StreamWriter,
+        *,
+        keep_alive: bool = False,
+        reader: asyncio.StreamReader | None = None,
+    ) -> None:
         self._writer = writer
+        self._reader = reader
         self.keep_alive = keep_alive
         self.started = False
         self.finished = False
@@ -107,6 +114,18 @@ class HttpResponse:
             self._writer.write(b"0\r\n\r\n")
             await self._writer.drain()
 
+    async def wait_disconnected(self) -> None:
+        """Return once the client has closed the connection (a stream held open until then).
+
+        Whatever it sends meanwhile is dropped: no client sends a request before the
+        response it waits for."""
+        if self._reader is None:
+            await self._writer.wait_closed()
+            return
+        with contextlib.suppress(ConnectionError):
+            while await self._reader.read(65536):
+                pass
+
     def reset(self) -> None:
         """Drop the connection without finishing the response (a broken stream)."""
         self.finished = True
@@ -122,6 +141,50 @@ class HttpResponse:
 
 
 Handler = Callable[[HttpRequest, HttpResponse], Awaitable[None]]
+
+
+async def send_error(
+    response: HttpResponse,
+    status: int,
+    code: str,
+    message: str,
+    error_type: str = "invalid_request_error",
+) -> None:
+    """An OpenAI-style error body: `{"error": {"code", "message", "type"}}`."""
+    body = json.dumps({"error": {"code": code, "message": message, "type": error_type}})
+    await response.send(status, body.encode())
+
+
+async def posted_route(
+    request: HttpRequest, response: HttpResponse, routes: tuple[str, ...]
+) -> str | None:
+    """The route of a POST to one of routes; None once a 404 has been answered instead."""
+    route = request.path.split("?")[0].rstrip("/")
+    if request.method != "POST" or route not in routes:
+        await send_error(
+            response, 404, "not_found", f"no route for {request.method} {request.path}"
+        )
+        return None
+    return route
+
+
+async def json_post(
+    request: HttpRequest, response: HttpResponse, routes: tuple[str, ...]
+) -> tuple[str, dict[str, Any]] | None:
+    """The route and JSON object body of a POST to one of routes; None once an error (404,
+    400) has been answered instead."""
+    route = await posted_route(request, response, routes)
+    if route is None:
+        return None
+    try:
+        body = request.json()
+    except ValueError:
+        await send_error(response, 400, "invalid_json", "the request body is not valid JSON")
+        return None
+    if not isinstance(body, dict):
+        await send_error(response, 400, "invalid_request", "the request body is not an object")
+        return None
+    return route, body
 
 
 class LoopbackHttpServer:
@@ -189,7 +252,7 @@ class LoopbackHttpServer:
 
     async def _serve_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
         """One request and its response; True when the connection may carry another."""
-        response = HttpResponse(writer)
+        response = HttpResponse(writer, reader=reader)
         try:
             request = await _read_request(reader)
             response.keep_alive = request.headers.get("connection", "").lower() != "close"

@@ -20,6 +20,11 @@ from trace_reducer import LENGTH_REASONS, delta_tokens
 # same value to both): a hostile 5 MiB id must not stop the recording or a client's stream.
 MAX_ID_CHARS = 1024
 MAX_MESSAGE_CHARS = 16 * 1024
+# A provider's counts and indexes are kept when they fit the signed 64-bit integers that every
+# reader of the trace (JSON, Parquet, Arrow) holds them in, and uint32 output indexes; anything
+# else is left out (the raw event keeps it verbatim) rather than costing the turn.
+MAX_COUNT = 2**63 - 1
+MAX_OUTPUT_INDEX = 2**32 - 1
 
 DeltaKind: TypeAlias = record_pb2.DeltaKind.ValueType
 _TEXT = record_pb2.DELTA_KIND_UNSPECIFIED
@@ -65,7 +70,7 @@ def _usage(response: Any) -> common_pb2.TokenUsage | None:
 
     def count(source: Any, key: str) -> int:
         value = source.get(key) if isinstance(source, dict) else None
-        return value if isinstance(value, int) and value >= 0 else 0
+        return _bounded(value, MAX_COUNT) or 0
 
     return common_pb2.TokenUsage(
         input_tokens=count(usage, "input_tokens"),
@@ -74,6 +79,13 @@ def _usage(response: Any) -> common_pb2.TokenUsage | None:
         cached_input_tokens=count(usage.get("input_tokens_details"), "cached_tokens"),
         reasoning_tokens=count(usage.get("output_tokens_details"), "reasoning_tokens"),
     )
+
+
+def _bounded(value: Any, limit: int) -> int | None:
+    """value when it is an integer from 0 to limit (a JSON integer has no bound), else None."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= limit:
+        return value
+    return None
 
 
 def _clip(value: str, limit: int = MAX_ID_CHARS) -> str:
@@ -141,6 +153,8 @@ class Response:
         self.accepted = 0
         self.tool_calls: list[ToolCall] = []
         self._outputs: list[_Output] = []
+        # The client ids of _outputs, for a new item's id in O(1).
+        self._client_ids: set[str] = set()
         self._thread = thread
         self._recorder: Recorder = thread.recorder
         self._turn_id = turn_id
@@ -184,9 +198,13 @@ class Response:
     def _client_id_for(self, provider_id: str, item_type: str) -> str:
         """The provider's id, unless an output of this response already has it: two items of
         a response must never share the id clients and the trace know them by."""
-        if provider_id and all(o.client_id != provider_id for o in self._outputs):
-            return provider_id
-        return _assign_item_id(item_type)
+        client_id = (
+            provider_id
+            if provider_id and provider_id not in self._client_ids
+            else _assign_item_id(item_type)
+        )
+        self._client_ids.add(client_id)
+        return client_id
 
     # -- batches -------------------------------------------------------------------------------
 
@@ -359,8 +377,8 @@ class Response:
         provider_id = _str(item, "id")
         item_type = _str(item, "type") or "message"
         role = _str(item, "role")
-        index = data.get("output_index")
-        output_index = index if isinstance(index, int) and index >= 0 else len(self._outputs)
+        index = _bounded(data.get("output_index"), MAX_OUTPUT_INDEX)
+        output_index = index if index is not None else len(self._outputs)
         output = _Output(
             ordinal=self._recorder.output_item_added(
                 self.ordinal,

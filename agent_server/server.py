@@ -16,9 +16,11 @@ from agent_server.config import ConfigError, Settings
 from agent_server.dialects import dialect_named, unsupported_fields
 from agent_server.local_model import LocalModel
 from agent_server.provider import ProviderClient
+from agent_server.replay_model import ReplayBook, ReplayModel
 from agent_server.service import SERVICE_NAME, AgentService
 from grpc_common import GrpcServer, MetricsServer, RpcMetricsInterceptor
 from rollout.agent.v1 import agent_pb2_grpc
+from trace_reducer import BundleError, ReductionError, read_recorded
 
 if TYPE_CHECKING:
     from trace_reducer.export._live import LiveExport
@@ -56,7 +58,7 @@ class AgentServer:
         agent: Agent,
         provider: ProviderClient,
         grpc_server: GrpcServer,
-        local_model: LocalModel | None,
+        local_model: LocalModel | ReplayModel | None,
     ) -> None:
         self.settings = settings
         self.agent = agent
@@ -71,9 +73,11 @@ class AgentServer:
 
     @classmethod
     async def start(cls, settings: Settings) -> AgentServer:
-        """Start the local model when no provider URL is set, then the gRPC server.
+        """Start the replay provider (--replay-from), else the local model when no provider
+        URL is set, then the gRPC server.
 
-        Raises ValueError / OSError when the listen address is unusable.
+        Raises ValueError / OSError when the listen address is unusable, ConfigError when
+        the bundles to replay cannot be read.
         """
         if settings.trace_root is not None:
             problem = trace_root_problem(settings.trace_root)
@@ -91,8 +95,12 @@ class AgentServer:
         )
         if metrics is not None:
             log.info("metrics at %s", metrics.url)
-        local_model = None
-        if settings.provider_url is None:
+        local_model: LocalModel | ReplayModel | None = None
+        if settings.replay_from is not None:
+            local_model = await _start_replay(settings)
+            base_url = local_model.url
+            log.info("replaying %s at %s", settings.replay_from, base_url)
+        elif settings.provider_url is None:
             local_model = await LocalModel.start(settings.local_word_delay)
             base_url = local_model.url
             log.info("no --provider-url given: using the built-in local model at %s", base_url)
@@ -162,6 +170,12 @@ class AgentServer:
     def local_model_url(self) -> str | None:
         return self._local_model.url if self._local_model is not None else None
 
+    @property
+    def replay(self) -> ReplayBook | None:
+        """What the replay provider answered so far (with --replay-from)."""
+        model = self._local_model
+        return model.book if isinstance(model, ReplayModel) else None
+
     async def stop(self) -> None:
         """Graceful shutdown; every caller waits for the same one."""
         if self._stopping is None:
@@ -217,3 +231,19 @@ def _live_export(settings: Settings) -> LiveExport | None:
     telemetry.install_live_export(live)
     log.info("exporting each turn's spans to %s", settings.otlp_endpoint)
     return live
+
+
+async def _start_replay(settings: Settings) -> ReplayModel:
+    """The replay provider over every bundle --replay-from names, read once at start-up."""
+    source = settings.replay_from
+    assert source is not None
+    try:
+        threads = await asyncio.to_thread(lambda: list(read_recorded(source)))
+    except (BundleError, ReductionError, OSError) as error:
+        raise ConfigError(f"--replay-from: {error}") from error
+    book = ReplayBook(
+        threads,
+        on_divergence=settings.replay_on_divergence,
+        branch_at=settings.replay_branch_at,
+    )
+    return await ReplayModel.start(book, pace=settings.replay_pace, live_url=settings.provider_url)

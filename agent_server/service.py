@@ -11,7 +11,13 @@ import grpc
 
 import grpc_common
 from agent_server.agent import Agent
-from agent_server.errors import AgentError, EmptyInputError, abort_with
+from agent_server.errors import (
+    AgentError,
+    EmptyInputError,
+    InvalidFlushWindowError,
+    abort_with,
+)
+from agent_server.events import DEFAULT_FLUSH_WINDOW_MS, MAX_FLUSH_WINDOW_MS
 from agent_server.tools import SubmittedOutput
 from agent_server.training import capture_from, sampling_from
 from rollout.agent.v1 import agent_pb2, agent_pb2_grpc
@@ -108,8 +114,17 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         self, request: agent_pb2.StreamEventsRequest, context: Context
     ) -> AsyncIterator[agent_pb2.StreamEventsResponse]:
         async with _translated(context, "StreamEvents"):
+            window_ms = (
+                request.flush_window_ms
+                if request.HasField("flush_window_ms")
+                else DEFAULT_FLUSH_WINDOW_MS
+            )
+            if window_ms > MAX_FLUSH_WINDOW_MS:
+                raise InvalidFlushWindowError(
+                    f"flush_window_ms {window_ms} is above the most allowed, {MAX_FLUSH_WINDOW_MS}"
+                )
             events = self._agent.thread(request.thread_id).events
-            async for event in events.subscribe(request.after_index):
+            async for event in events.subscribe(request.after_index, window_ms / 1000):
                 yield agent_pb2.StreamEventsResponse(event=event)
 
     async def GetThread(  # noqa: N802

@@ -44,8 +44,10 @@ class Turn:
     status: TurnStatus = agent_pb2.TURN_STATUS_IN_PROGRESS
     error: agent_pb2.TurnError | None = None
     completed_at: datetime | None = None
-    # The function calls the model made in this turn, in the order they were accepted.
+    # The function calls the model made in this turn, in the order they were accepted, and
+    # their views as one message, copied whole into every view of the turn.
     tool_calls: list[ToolCall] = field(default_factory=list)
+    _tool_call_views: agent_pb2.Turn = field(default_factory=agent_pb2.Turn, repr=False)
     # The thread's sampling settings with the turn's overrides.
     sampling: Sampling = field(default_factory=Sampling)
 
@@ -56,6 +58,13 @@ class Turn:
             agent_pb2.TURN_STATUS_IN_PROGRESS,
             agent_pb2.TURN_STATUS_AWAITING_TOOL_OUTPUTS,
         )
+
+    def add_tool_call(self, call: ToolCall) -> None:
+        """The call joins the turn; its view becomes the turn's, so status changes show."""
+        view = self._tool_call_views.tool_calls.add()
+        view.CopyFrom(call.view)
+        call.view = view
+        self.tool_calls.append(call)
 
     def end(self, status: TurnStatus, error: agent_pb2.TurnError | None = None) -> None:
         self.status = status
@@ -73,7 +82,7 @@ class Turn:
             turn.error.CopyFrom(self.error)
         if self.completed_at is not None:
             turn.completed_at.CopyFrom(timestamp(self.completed_at))
-        turn.tool_calls.extend(call.to_proto() for call in self.tool_calls)
+        turn.MergeFrom(self._tool_call_views)
         return turn
 
 

@@ -6,7 +6,7 @@ import json
 import re
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 from agent_server.errors import InvalidToolError
@@ -128,19 +128,33 @@ class ToolCall:
     name: str
     item_id: str
     arguments: str
-    status: ToolCallStatus = agent_pb2.TOOL_CALL_STATUS_PENDING
     # What the next request sends back for it, once there is something to send.
     output: dict[str, Any] | None = None
     is_error: bool = False
+    # The call as clients see it, kept current as its status changes (and adopted by its
+    # turn's view once it joins the turn): a turn of thousands of calls is shown without
+    # building one message per call per answer.
+    view: agent_pb2.TurnToolCall = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.view = agent_pb2.TurnToolCall(
+            item_id=self.item_id,
+            call_id=self.call_id,
+            name=self.name,
+            status=agent_pb2.TOOL_CALL_STATUS_PENDING,
+        )
+
+    @property
+    def status(self) -> ToolCallStatus:
+        return self.view.status
+
+    @status.setter
+    def status(self, status: ToolCallStatus) -> None:
+        self.view.status = status
 
     @property
     def pending(self) -> bool:
-        return self.status == agent_pb2.TOOL_CALL_STATUS_PENDING
-
-    def to_proto(self) -> agent_pb2.TurnToolCall:
-        return agent_pb2.TurnToolCall(
-            item_id=self.item_id, call_id=self.call_id, name=self.name, status=self.status
-        )
+        return self.view.status == agent_pb2.TOOL_CALL_STATUS_PENDING
 
 
 def new_tool_call_id() -> str:

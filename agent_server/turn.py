@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import random
@@ -20,7 +21,7 @@ from agent_server.errors import (
     TurnNotAwaitingToolOutputsError,
     UnknownCallIdError,
 )
-from agent_server.provider import ProviderClient, ProviderError
+from agent_server.provider import EventBatches, ProviderClient, ProviderError
 from agent_server.response import Response
 from agent_server.threads import Thread, Turn
 from agent_server.tools import (
@@ -39,6 +40,11 @@ log = logging.getLogger(__name__)
 
 _MAX_BACKOFF = 60.0
 INTERRUPTED_REASON = "interrupted"
+# After an event that fails the attempt (an `error`, a duplicate call id), the provider may
+# still send events (the real API follows `error` with `response.failed`): they are read and
+# recorded up to its end of stream, within these bounds, before the attempt ends.
+DRAIN_SECONDS = 5.0
+DRAIN_BYTES = 4 * 1024 * 1024
 
 
 class TurnFailedError(Exception):
@@ -86,8 +92,11 @@ class TurnRunner:
         self._task: asyncio.Task[None] | None = None
         # Who asked to interrupt the turn; set once, before its task is cancelled.
         self._interrupted_by: str | None = None
-        # The tool calls of the current round, and what wakes the task once all are answered.
+        # The tool calls of the current round, those still unanswered by call id, and what
+        # wakes the task once all are answered: each output costs O(1), not O(round).
         self._round: list[ToolCall] = []
+        self._round_call_ids: set[str] = set()
+        self._pending: dict[str, ToolCall] = {}
         self._answered = asyncio.Event()
         # Tool rounds the turn has had: a tool_choice that forces a call holds for its first
         # request only, or the model could never answer with the tools' outputs.
@@ -124,13 +133,12 @@ class TurnRunner:
         Each is recorded, then announced; the last one of the round wakes the turn."""
         if not outputs:
             raise EmptyToolOutputsError("outputs must hold at least one tool output")
-        pending = {call.call_id: call for call in self._round if call.pending}
+        pending = self._pending
         if not self._turn.running or not pending:
             raise TurnNotAwaitingToolOutputsError(
                 f"turn {self._turn.id!r} is not waiting for tool outputs",
                 turn_id=self._turn.id,
             )
-        answered = {call.call_id for call in self._round if not call.pending}
         seen: set[str] = set()
         for position, submitted in enumerate(outputs):
             size = len(submitted.output.encode())
@@ -140,7 +148,9 @@ class TurnRunner:
                     call_id=submitted.call_id,
                     limit=str(MAX_TOOL_OUTPUT_BYTES),
                 )
-            if submitted.call_id in seen or submitted.call_id in answered:
+            if submitted.call_id in seen or (
+                submitted.call_id not in pending and submitted.call_id in self._round_call_ids
+            ):
                 raise DuplicateToolOutputError(
                     f"outputs[{position}]: call {submitted.call_id!r} already has an output",
                     call_id=submitted.call_id,
@@ -153,7 +163,7 @@ class TurnRunner:
                 )
             seen.add(submitted.call_id)
         for submitted in outputs:
-            call = pending[submitted.call_id]
+            call = pending.pop(submitted.call_id)
             call.output = output_item(call.call_id, submitted.output)
             call.is_error = submitted.is_error
             call.status = (
@@ -174,7 +184,10 @@ class TurnRunner:
                     call_id=call.call_id, output=submitted.output, is_error=submitted.is_error
                 ),
             )
-        if not any(call.pending for call in self._round):
+        if not pending:
+            # The round is complete: the turn is in progress again from this moment, and the
+            # answer to this very request says so.
+            self._turn.status = agent_pb2.TURN_STATUS_IN_PROGRESS
             self._answered.set()
 
     # -- the task ------------------------------------------------------------------------------
@@ -214,7 +227,7 @@ class TurnRunner:
                         "rounds of this turn",
                     )
                 )
-            if any(call.pending for call in self._round):
+            if self._pending:
                 timeout = self._settings.tool_output_timeout
                 self._turn.status = agent_pb2.TURN_STATUS_AWAITING_TOOL_OUTPUTS
                 self._thread.emit(
@@ -223,8 +236,11 @@ class TurnRunner:
                         turn=self._turn.to_proto()
                     ),
                 )
+                # asyncio.timeout, never wait_for: on Python 3.11 wait_for swallows a
+                # cancellation (an Interrupt) that arrives as the last output wakes the wait.
                 try:
-                    await asyncio.wait_for(self._answered.wait(), timeout)
+                    async with asyncio.timeout(timeout):
+                        await self._answered.wait()
                 except TimeoutError:
                     return _Failure(
                         TurnFailedError(
@@ -232,13 +248,23 @@ class TurnRunner:
                             f"no output for every tool call came within {timeout:g} s",
                         )
                     )
-                self._turn.status = agent_pb2.TURN_STATUS_IN_PROGRESS
             self._close_round()
             self._tool_rounds += 1
 
     def _on_tool_call(self, call: ToolCall) -> None:
+        """An accepted function call joins the round; one whose call id another call of the
+        round has fails the attempt (an output could never say which of them it answers), and
+        is ended with the round."""
         self._round.append(call)
-        self._turn.tool_calls.append(call)
+        self._turn.add_tool_call(call)
+        if call.call_id in self._round_call_ids:
+            raise ProviderError(
+                "duplicate_call_id",
+                f"the provider sent two function calls with call_id {call.call_id!r} in one "
+                "round of tool calls",
+            )
+        self._round_call_ids.add(call.call_id)
+        self._pending[call.call_id] = call
         self._answered.clear()
 
     def _close_round(self) -> None:
@@ -247,6 +273,8 @@ class TurnRunner:
             assert call.output is not None
             self._thread.history.append(call.output)
         self._round = []
+        self._round_call_ids = set()
+        self._pending = {}
 
     def _end_round(
         self, status: agent_pb2.ToolCallStatus.ValueType, code: str, message: str
@@ -378,8 +406,12 @@ class TurnRunner:
         body = dialect.body(envelope, thread.instructions, input_items)
         async with self._provider.batches(call_id, body) as reader:
             while batch := await reader.next():
-                if response.on_batch(batch):
-                    break
+                try:
+                    if response.on_batch(batch):
+                        break
+                except ProviderError:
+                    await self._drain(reader, response)
+                    raise
             else:
                 raise ProviderError(
                     "stream_ended",
@@ -391,6 +423,20 @@ class TurnRunner:
             common_pb2.EXECUTION_STATUS_COMPLETED,
             response.incomplete_reason or "response.completed",
         )
+
+    @staticmethod
+    async def _drain(reader: EventBatches, response: Response) -> None:
+        """Record what the provider still sends after an event failed the attempt, up to its
+        end of stream, for DRAIN_SECONDS and DRAIN_BYTES at most; the first failure stands."""
+        budget = DRAIN_BYTES
+        # Only the drain's own deadline is caught: an interrupt still cancels the turn.
+        with contextlib.suppress(TimeoutError, ProviderError):
+            async with asyncio.timeout(DRAIN_SECONDS):
+                while budget > 0 and (batch := await reader.next()):
+                    budget -= sum(len(event.raw) for event in batch)
+                    with contextlib.suppress(ProviderError):
+                        if response.on_batch(batch):
+                            return
 
     def _end_call(
         self,

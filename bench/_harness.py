@@ -91,15 +91,20 @@ async def run_thread(
     on_delta: OnDelta | None = None,
     keep_text: bool = True,
     start: asyncio.Event | None = None,
+    flush_window_ms: int | None = None,
 ) -> ThreadRun:
     """One thread: each prompt a turn, its events read until turn_completed; then closed.
 
-    on_delta(text, monotonic_ns at receipt) is called for every delta event.
+    on_delta(text, monotonic_ns at receipt) is called for every delta event. flush_window_ms:
+    StreamEvents' flush window (None: the server's default).
     """
     run = ThreadRun()
     started = await stub.StartThread(agent_pb2.StartThreadRequest())
     thread_id = started.thread.id
-    call = stub.StreamEvents(agent_pb2.StreamEventsRequest(thread_id=thread_id))
+    request = agent_pb2.StreamEventsRequest(thread_id=thread_id)
+    if flush_window_ms is not None:
+        request.flush_window_ms = flush_window_ms
+    call = stub.StreamEvents(request)
     events = aiter(call)
     if start is not None:
         await start.wait()

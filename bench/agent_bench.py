@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import os
 import re
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from bench._harness import ThreadRun, agent_server_argv, run_thread, spawn, stubs
+from agent_server.local_model import reply_words
+from bench import grpc_floor
+from bench._harness import Process, ThreadRun, agent_server_argv, run_thread, spawn, stubs
 from rollout.trace.v1 import record_pb2
 from trace_reducer import decode_varint, request_body
 
@@ -195,7 +200,8 @@ class Concurrency:
 _STAMP = re.compile(r"@(\d+) ")
 
 
-async def _concurrent(address: str, threads: int, turns: int) -> Concurrency:
+async def _concurrent(addresses: list[str], threads: int, turns: int, window: int) -> Concurrency:
+    """`threads` threads at once, thread i owned by the server at addresses[i % len]."""
     latencies: list[int] = []
 
     def on_delta(text: str, received_ns: int) -> None:
@@ -204,25 +210,23 @@ async def _concurrent(address: str, threads: int, turns: int) -> Concurrency:
 
     prompts = [prompt(i) for i in range(turns)]
     start = asyncio.Event()
-    async with stubs(address, 8) as clients:
+    async with contextlib.AsyncExitStack() as stack:
+        per_server = [await stack.enter_async_context(stubs(a, 8)) for a in addresses]
         tasks = [
             asyncio.create_task(
                 run_thread(
-                    clients[i % len(clients)],
+                    per_server[i % len(addresses)][i // len(addresses) % 8],
                     prompts,
                     on_delta=on_delta,
                     keep_text=False,
                     start=start,
+                    flush_window_ms=window,
                 )
             )
             for i in range(threads)
         ]
-        # Every thread exists and is subscribed before any turn starts.
-        while sum(1 for t in tasks if not t.done()) and len(latencies) == 0:
-            await asyncio.sleep(0.2)
-            if all(t.done() for t in tasks):
-                break
-            break
+        # Every thread is started and subscribed before any turn starts (a bench, not a test:
+        # the threads' set-up is not what is measured).
         await asyncio.sleep(2.0)
         began = time.perf_counter()
         start.set()
@@ -250,21 +254,68 @@ async def _concurrent(address: str, threads: int, turns: int) -> Concurrency:
     )
 
 
-def measure_concurrency(
-    root: Path, threads: int = 200, turns: int = 2, word_delay: float = 0.02
-) -> Concurrency:
+@dataclass(frozen=True)
+class P5:
+    """Each window's runs of the agent and of the bare floor, in alternating rounds; and the
+    default window's runs with the threads spread over two server processes."""
+
+    agent: dict[int, list[Concurrency]]
+    floor: dict[int, list[grpc_floor.Floor]]
+    spread: list[Concurrency]
+
+
+def measure_p5(
+    root: Path,
+    threads: int = 200,
+    windows: tuple[int, ...] = (0, 10),
+    rounds: int = 3,
+    turns: int = 2,
+    word_delay: float = 0.02,
+) -> P5:
+    """The agent server (recording) and the bare grpc.aio floor streaming to `threads` clients
+    at each flush window, and two agent servers sharing the threads at the last window (each
+    thread owned by one process, the client choosing), the order rotating each round."""
     model_argv = [sys.executable, "-m", "bench._stamped_model", "--word-delay", str(word_delay)]
-    with (
-        spawn(model_argv) as model,
-        spawn(agent_server_argv(trace_root=root / "p5", provider_url=model.address)) as server,
-    ):
-        before = {"server": cpu_seconds(server.popen.pid), "model": cpu_seconds(model.popen.pid)}
-        mine = os.times()
-        result = asyncio.run(_concurrent(server.address, threads, turns))
-        spent = {
-            name: cpu_seconds(pid) - before[name]
-            for name, pid in (("server", server.popen.pid), ("model", model.popen.pid))
-        }
-        now = os.times()
-        spent["clients"] = now.user + now.system - mine.user - mine.system
-        return replace(result, cpu_seconds=spent)
+    agent: dict[int, list[Concurrency]] = {window: [] for window in windows}
+    floor: dict[int, list[grpc_floor.Floor]] = {window: [] for window in windows}
+    spread: list[Concurrency] = []
+    # The floor streams as many deltas to each client as the model sends a thread.
+    per_stream = sum(len(reply_words(prompt(i))) for i in range(turns))
+    with contextlib.ExitStack() as stack:
+        model = stack.enter_context(spawn(model_argv))
+        servers = [
+            stack.enter_context(
+                spawn(agent_server_argv(trace_root=root / f"p5-{n}", provider_url=model.address))
+            )
+            for n in range(2)
+        ]
+        bare = stack.enter_context(grpc_floor.serve(word_delay))
+
+        def run(into: list[Concurrency], used: list[Process], window: int) -> None:
+            pids = {f"server{n}": s.popen.pid for n, s in enumerate(used)}
+            pids["model"] = model.popen.pid
+            before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+            mine = os.times()
+            addresses = [s.address for s in used]
+            result = asyncio.run(_concurrent(addresses, threads, turns, window))
+            spent = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items()}
+            spent["server"] = sum(v for k, v in spent.items() if k.startswith("server"))
+            now = os.times()
+            spent["clients"] = now.user + now.system - mine.user - mine.system
+            into.append(replace(result, cpu_seconds=spent))
+
+        contenders: list[Callable[[], None]] = []
+        for window in windows:
+            contenders.append(functools.partial(run, agent[window], servers[:1], window))
+            contenders.append(
+                functools.partial(
+                    lambda w: floor[w].append(grpc_floor.drive(bare, threads, per_stream, w)),
+                    window,
+                )
+            )
+        contenders.append(functools.partial(run, spread, servers, windows[-1]))
+        for round_number in range(rounds):
+            shift = round_number % len(contenders)
+            for contender in contenders[shift:] + contenders[:shift]:
+                contender()
+    return P5(agent, floor, spread)

@@ -1,49 +1,74 @@
 """P5's floor: a bare grpc.aio server streaming the same ThreadEvents at the same pace.
 
 `python -m bench.grpc_floor --serve` runs the server and prints `listening on HOST:PORT`; each
-StreamEvents call gets `after_index` events, one every 20 ms, each a text delta stamped with
-its CLOCK_MONOTONIC send time like P5's model stamps its deltas. Nothing else runs in it: no
-provider, no recording, no event buffer.
+StreamEvents call gets `after_index` text deltas, one every 20 ms, each stamped with its
+CLOCK_MONOTONIC send time like P5's model stamps its deltas, sent under the agent's flush-window
+rule at the request's `flush_window_ms` (0: one message per delta; else a delta coming less than
+the window after the last message sent waits for the window's end, and the deltas made
+meanwhile go with it). Nothing else runs in it: no provider, no recording, no event buffer.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
+import re
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
-from bench._harness import spawn, stubs
+from bench._harness import Process, spawn, stubs
 from grpc_common import install_signal_handlers
 from rollout.agent.v1 import agent_pb2, agent_pb2_grpc
 
 _THREAD_ID = "thread_" + "0" * 32
 _TURN_ID = "turn_" + "0" * 32
 _ITEM_ID = "msg_" + "0" * 32
+_STAMP = re.compile(r"@(\d+) ")
 
 
 def _streamer(interval: float) -> Any:
     async def stream_events(
         request: agent_pb2.StreamEventsRequest, context: Any
     ) -> AsyncIterator[agent_pb2.StreamEventsResponse]:
-        for index in range(1, request.after_index + 1):
-            await asyncio.sleep(interval)
-            event = agent_pb2.ThreadEvent(
-                index=index,
-                thread_id=_THREAD_ID,
-                turn_id=_TURN_ID,
-                agent_message_delta=agent_pb2.AgentMessageDeltaEvent(
-                    item_id=_ITEM_ID, delta=f" word@{time.monotonic_ns()} "
-                ),
-            )
-            event.time.seconds, event.time.nanos = divmod(time.time_ns(), 1_000_000_000)
-            yield agent_pb2.StreamEventsResponse(event=event)
+        loop = asyncio.get_running_loop()
+        window = request.flush_window_ms / 1000
+        total = request.after_index
+        made = 0
+        index = 0
+        pending: list[str] = []
+        next_word = loop.time() + interval
+        hold_until = 0.0
+        while made < total or pending:
+            wake = next_word if made < total else hold_until
+            if pending:
+                wake = min(wake, hold_until)
+            await asyncio.sleep(max(0.0, wake - loop.time()))
+            now = loop.time()
+            if made < total and now >= next_word:
+                pending.append(f" word@{time.monotonic_ns()} ")
+                made += 1
+                next_word = now + interval
+            if pending and now >= hold_until:
+                index += 1
+                event = agent_pb2.ThreadEvent(
+                    index=index,
+                    thread_id=_THREAD_ID,
+                    turn_id=_TURN_ID,
+                    agent_message_delta=agent_pb2.AgentMessageDeltaEvent(
+                        item_id=_ITEM_ID, delta="".join(pending)
+                    ),
+                )
+                event.time.seconds, event.time.nanos = divmod(time.time_ns(), 1_000_000_000)
+                pending = []
+                hold_until = now + window if window else 0.0
+                yield agent_pb2.StreamEventsResponse(event=event)
 
     handler = grpc.unary_stream_rpc_method_handler(
         stream_events,
@@ -69,6 +94,7 @@ async def _serve(interval: float) -> None:
 
 @dataclass(frozen=True)
 class Floor:
+    deltas: int
     messages: int
     p50_ms: float
     p99_ms: float
@@ -82,34 +108,43 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def _drive(address: str, streams: int, messages: int) -> list[int]:
+async def _drive(address: str, streams: int, deltas: int, window: int) -> tuple[list[int], int]:
     latencies: list[int] = []
+    messages = 0
 
     async def one(stub: agent_pb2_grpc.AgentServiceAsyncStub) -> None:
-        request = agent_pb2.StreamEventsRequest(after_index=messages)
+        nonlocal messages
+        request = agent_pb2.StreamEventsRequest(after_index=deltas, flush_window_ms=window)
         async for response in stub.StreamEvents(request):
             now = time.monotonic_ns()
-            stamp = response.event.agent_message_delta.delta.rpartition("@")[2]
-            latencies.append(now - int(stamp))
+            messages += 1
+            for stamp in _STAMP.findall(response.event.agent_message_delta.delta):
+                latencies.append(now - int(stamp))
 
     async with stubs(address, 8) as clients:
         await asyncio.gather(*(one(clients[i % len(clients)]) for i in range(streams)))
-    return latencies
+    return latencies, messages
 
 
-def measure_floor(streams: int, messages: int, interval: float = 0.02) -> Floor:
-    """The bare server streaming `messages` stamped events to each of `streams` clients."""
+@contextlib.contextmanager
+def serve(interval: float = 0.02) -> Iterator[Process]:
+    """The bare server in its own process, a delta every `interval` seconds."""
     argv = [sys.executable, "-m", "bench.grpc_floor", "--serve", "--interval", str(interval)]
     with spawn(argv) as server:
-        before = cpu_seconds(server.popen.pid)
-        latencies = asyncio.run(_drive(server.address, streams, messages))
-        spent = cpu_seconds(server.popen.pid) - before
+        yield server
+
+
+def drive(server: Process, streams: int, deltas: int, window: int = 0) -> Floor:
+    """`deltas` stamped deltas to each of `streams` clients at once, at this flush window."""
+    before = cpu_seconds(server.popen.pid)
+    latencies, messages = asyncio.run(_drive(server.address, streams, deltas, window))
+    spent = cpu_seconds(server.popen.pid) - before
     latencies.sort()
 
     def pct(p: float) -> float:
         return latencies[min(len(latencies) - 1, int(p * len(latencies)))] / 1e6
 
-    return Floor(len(latencies), pct(0.50), pct(0.99), spent)
+    return Floor(len(latencies), messages, pct(0.50), pct(0.99), spent)
 
 
 def main() -> None:

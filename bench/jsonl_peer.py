@@ -87,8 +87,19 @@ def write_codex_jsonl(bundle: Path, out: Path) -> int:
     return count
 
 
-def reduce_codex_jsonl(path: Path) -> dict[str, Any]:
-    """Fold the lines into threads, turns, calls and items; return the state."""
+# Every delta line starts `{"timestamp":"<29 characters>","type":"event_msg","payload":{"type":`
+# then the event's name: the lazy reader tells a delta line by these bytes without parsing it.
+_DELTA_MARK = b'"agent_message_delta"'
+_DELTA_WINDOW = 128
+
+
+def reduce_codex_jsonl(path: Path, *, lazy: bool = False) -> dict[str, Any]:
+    """Fold the lines into threads, turns, calls and items; return the state.
+
+    lazy: skip delta lines without parsing them (told by their first bytes, kept as raw bytes)
+    and parse them only when their item never completes and its partial text is needed, as
+    the trace reducer leaves delta text undecoded when a completed item brings it whole.
+    """
     loads = orjson.loads
     items: dict[str, dict[str, Any]] = {}
     turns: dict[str, dict[str, Any]] = {}
@@ -98,7 +109,9 @@ def reduce_codex_jsonl(path: Path) -> dict[str, Any]:
     state: dict[str, Any] = {"items": items, "turns": turns, "calls": calls}
     turn: dict[str, Any] | None = None
     call: dict[str, Any] | None = None
+    # The open item's delta text (eager) or its raw delta lines (lazy).
     parts: list[str] = []
+    pending: list[bytes] = []
     lines = 0
 
     def add_item(payload: dict[str, Any], producer: str) -> str:
@@ -121,58 +134,72 @@ def reduce_codex_jsonl(path: Path) -> dict[str, Any]:
         return item_id
 
     with path.open("rb") as file:
-        for raw in file:
-            lines += 1
-            line = loads(raw)
-            payload = line["payload"]
-            kind = line["type"]
-            if kind == "event_msg":
-                event = payload["type"]
-                if event == "agent_message_delta":
-                    parts.append(payload["delta"])
-                elif event == "task_started":
-                    turn = {"turn_id": payload["turn_id"], "calls": [], "inputs": []}
-                    turns[turn["turn_id"]] = turn
-                elif event == "output_item_added":
+        data = file.read()
+    raws = data.split(b"\n")
+    if raws and not raws[-1]:
+        raws.pop()
+    for raw in raws:
+        lines += 1
+        if lazy and raw.find(_DELTA_MARK, 0, _DELTA_WINDOW) != -1:
+            pending.append(raw)
+            continue
+        line = loads(raw)
+        payload = line["payload"]
+        kind = line["type"]
+        if kind == "event_msg":
+            event = payload["type"]
+            if event == "agent_message_delta":
+                parts.append(payload["delta"])
+            elif event == "task_started":
+                turn = {"turn_id": payload["turn_id"], "calls": [], "inputs": []}
+                turns[turn["turn_id"]] = turn
+            elif event == "output_item_added":
+                parts = []
+                pending = []
+            elif event == "inference_ended" and call is not None:
+                call["status"] = payload.get("status", 0)
+                call["usage"] = payload.get("usage")
+                if pending:
+                    parts = [loads(delta)["payload"]["delta"] for delta in pending]
+                    pending = []
+                if parts:
+                    call["discarded"] = "".join(parts)
                     parts = []
-                elif event == "inference_ended" and call is not None:
-                    call["status"] = payload.get("status", 0)
-                    call["usage"] = payload.get("usage")
-                    if parts:
-                        call["discarded"] = "".join(parts)
-                        parts = []
-                elif event == "turn_ended" and turn is not None:
-                    turn["status"] = payload.get("status", 0)
-                elif event == "session_meta":
-                    state["meta"] = payload
-            elif kind == "response_item":
-                if call is not None and turn is not None and call["turn"] == turn["turn_id"]:
-                    item_id = add_item(payload, call["id"])
-                    call["response"].append(item_id)
-                    history.append(item_id)
-                    # What the agent sends back next turn is the item itself.
-                    by_key[orjson.dumps(payload)] = item_id
-                    parts = []
-                elif turn is not None:
-                    item_id = add_item(payload, turn["turn_id"])
-                    turn["inputs"].append(item_id)
-                    by_key[orjson.dumps(payload)] = item_id
-            elif kind == "turn_context" and turn is not None:
-                prefix = payload["input_prefix_count"]
-                request = history[:prefix]
-                for entry in payload["input"]:
-                    key = orjson.dumps(entry)
-                    request.append(by_key.get(key) or add_item(entry, "input"))
-                history = request
-                call = {
-                    "id": payload["inference_call_id"],
-                    "turn": turn["turn_id"],
-                    "request": request,
-                    "response": [],
-                }
-                calls[call["id"]] = call
-                turn["calls"].append(call["id"])
-            elif kind == "session_meta":
+            elif event == "turn_ended" and turn is not None:
+                turn["status"] = payload.get("status", 0)
+            elif event == "session_meta":
                 state["meta"] = payload
+        elif kind == "response_item":
+            if call is not None and turn is not None and call["turn"] == turn["turn_id"]:
+                item_id = add_item(payload, call["id"])
+                call["response"].append(item_id)
+                history.append(item_id)
+                # What the agent sends back next turn is the item itself.
+                by_key[orjson.dumps(payload)] = item_id
+                parts = []
+                pending = []
+            elif turn is not None:
+                item_id = add_item(payload, turn["turn_id"])
+                turn["inputs"].append(item_id)
+                by_key[orjson.dumps(payload)] = item_id
+        elif kind == "turn_context" and turn is not None:
+            prefix = payload["input_prefix_count"]
+            request = history[:prefix]
+            for entry in payload["input"]:
+                key = orjson.dumps(entry)
+                request.append(by_key.get(key) or add_item(entry, "input"))
+            # The request is what was sent; the history grows on with the responses (one
+            # list for both would put every response item into its own request).
+            history = request.copy()
+            call = {
+                "id": payload["inference_call_id"],
+                "turn": turn["turn_id"],
+                "request": request,
+                "response": [],
+            }
+            calls[call["id"]] = call
+            turn["calls"].append(call["id"])
+        elif kind == "session_meta":
+            state["meta"] = payload
     state["lines"] = lines
     return state

@@ -50,9 +50,14 @@ class Spread:
         return max(self.seconds)
 
 
-def read_and_parse(trace_file: Path) -> int:
-    """The floor: read the file, cut it into frames and ParseFromString each; nothing else."""
-    parse = record_pb2.TraceRecord.FromString
+# The first byte of the output_text_delta body's tag: field 11, length-delimited.
+_DELTA_TAG = (11 << 3) | 2
+
+
+def _read_frames(trace_file: Path, *, parse: bool) -> int:
+    """Read the file and cut it into frames; then ParseFromString each (how many records), or
+    only look at each one's body tag, after its seq and time_us fields (how many deltas)."""
+    parse_record = record_pb2.TraceRecord.FromString
     data = trace_file.read_bytes()
     pos = 0
     end = len(data)
@@ -66,9 +71,33 @@ def read_and_parse(trace_file: Path) -> int:
             assert prefix is not None
             size, start = prefix
         pos = start + size
-        parse(data[start:pos])
-        count += 1
+        if parse:
+            parse_record(data[start:pos])
+            count += 1
+            continue
+        # seq (field 1, varint) is always there; time_us (field 2) unless it is 0.
+        at = start + 1
+        while data[at] & 0x80:
+            at += 1
+        at += 1
+        if data[at] == 0x10:
+            at += 1
+            while data[at] & 0x80:
+                at += 1
+            at += 1
+        if data[at] == _DELTA_TAG:
+            count += 1
     return count
+
+
+def read_and_parse(trace_file: Path) -> int:
+    """The floor: read the file, cut it into frames and ParseFromString each; nothing else."""
+    return _read_frames(trace_file, parse=True)
+
+
+def read_split_tag(trace_file: Path) -> int:
+    """The tag floor: read, cut into frames, look at each body tag; how many are deltas."""
+    return _read_frames(trace_file, parse=False)
 
 
 def validating_read(bundle: Path) -> int:
@@ -89,10 +118,12 @@ class P1:
 
 
 FLOOR = "read frames + ParseFromString"
+TAG_FLOOR = "read frames + look at each tag"
 VALIDATING = "validating read (CRC, seq)"
 REPLAY = "replay_bundle"
 COMPACT = "replay_bundle(compact=True)"
 PEER = "JSONL + orjson"
+LAZY_PEER = "JSONL + orjson, delta lines skipped"
 
 
 LARGE = Shape(turns=1000, deltas_per_turn=1000)
@@ -105,19 +136,23 @@ def large_bundle(root: Path) -> Path:
     return existing[0] if existing else write_conversation(home, LARGE)
 
 
-def measure_p1(root: Path, rounds: int) -> P1:
-    """Alternate the floor, the validating read, replay_bundle and the JSONL peer."""
-    bundle = large_bundle(root)
+def measure_p1(bundle: Path, jsonl: Path, rounds: int) -> P1:
+    """Alternate the floors, the validating read, replay_bundle and the JSONL peers on one
+    bundle (its JSONL twin written to `jsonl`)."""
     trace_file = bundle / TRACE_FILE_NAME
-    jsonl = root / "p1.jsonl"
     lines = write_codex_jsonl(bundle, jsonl)
     contenders: list[tuple[str, Callable[[], object]]] = [
         (FLOOR, lambda: read_and_parse(trace_file)),
+        (TAG_FLOOR, lambda: read_split_tag(trace_file)),
         (VALIDATING, lambda: validating_read(bundle)),
         (REPLAY, lambda: replay_bundle(bundle)),
         (COMPACT, lambda: replay_bundle(bundle, compact=True)),
         (PEER, lambda: reduce_codex_jsonl(jsonl)),
+        (LAZY_PEER, lambda: reduce_codex_jsonl(jsonl, lazy=True)),
     ]
+    eager, lazy = reduce_codex_jsonl(jsonl), reduce_codex_jsonl(jsonl, lazy=True)
+    if eager != lazy:
+        raise AssertionError("the lazy peer's answer differs from the eager peer's")
     times: dict[str, list[float]] = {name: [] for name, _ in contenders}
     for round_number in range(rounds):
         shift = round_number % len(contenders)

@@ -5,7 +5,7 @@ from typing import TYPE_CHECKING
 from ._flags import add_access_arguments
 
 if TYPE_CHECKING:
-    from ._access import AccessControl
+    from ._access import AccessControl, header_secret
     from ._errors import ERROR_DOMAIN, abort, error_status
     from ._keepalive import Keepalive
     from ._metrics import MetricsServer, RpcMetricsInterceptor
@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 # that only builds its parser (or never serves) does not pay for it.
 _LAZY = {
     "AccessControl": "_access",
+    "header_secret": "_access",
     "ERROR_DOMAIN": "_errors",
     "abort": "_errors",
     "error_status": "_errors",
@@ -49,6 +50,7 @@ __all__ = [
     "abort",
     "add_access_arguments",
     "error_status",
+    "header_secret",
     "install_signal_handlers",
     "split_listen",
 ]

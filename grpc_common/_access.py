@@ -38,7 +38,9 @@ class AccessControl:
         env = os.environ if environ is None else environ
         token = None
         if token_env:
-            token = env.get(token_env, "")
+            token = header_secret(
+                env.get(token_env, ""), f"the token in {token_env} (--auth-token-env)"
+            )
             if not token:
                 raise ValueError(f"--auth-token-env names {token_env}, which is unset or empty")
         if (tls_cert is None) != (tls_key is None):
@@ -56,6 +58,31 @@ class AccessControl:
         if self.tls_cert is None or self.tls_key is None:
             return None
         return grpc.ssl_server_credentials([(self.tls_key, self.tls_cert)])
+
+
+def header_secret(value: str, what: str) -> str:
+    """A secret as it can go into an `authorization` header: an API key, a bearer token.
+
+    Surrounding white space (a newline from `$(cat keyfile)`) is dropped, as a client sending
+    it drops it; any other character a header cannot carry is refused here, at start-up,
+    naming its position and never the secret (the HTTP library's error would quote it).
+    """
+    secret = value.strip()
+    for position, char in enumerate(secret, start=1):
+        if not ("!" <= char <= "~"):
+            raise ValueError(
+                f"{what} has a character an HTTP header cannot carry "
+                f"(character {position} of {len(secret)}: {_char_name(char)})"
+            )
+    return secret
+
+
+def _char_name(char: str) -> str:
+    if char == " ":
+        return "a space"
+    if char.isprintable():
+        return f"U+{ord(char):04X}, not ASCII"
+    return f"control character U+{ord(char):04X}"
 
 
 def _read_file(path: Path, flag: str) -> bytes:

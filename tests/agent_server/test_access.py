@@ -63,3 +63,37 @@ async def test_serve_refuses_a_token_variable_that_is_unset() -> None:
     assert process.returncode == 2
     assert "NO_SUCH_TOKEN_VARIABLE" in stderr.decode()
     assert "Traceback" not in stderr.decode()
+
+
+async def test_a_token_with_a_trailing_newline_is_the_token() -> None:
+    # Was: `export AGENT_TOKEN=$(cat tokenfile)`-style newlines made a server nobody could
+    # authenticate to; the token is stripped as the API key is.
+    async with (
+        serve("--auth-token-env", "AGENT_TOKEN", AGENT_TOKEN=f"{TOKEN}\n") as served,
+        grpc.aio.insecure_channel(served.address) as channel,
+    ):
+        stub = agent_pb2_grpc.AgentServiceStub(channel)
+        reply = await stub.StartThread(
+            agent_pb2.StartThreadRequest(), metadata=(("authorization", f"Bearer {TOKEN}"),)
+        )
+        assert reply.thread.id
+    assert served.process.returncode == 0
+
+
+@pytest.mark.parametrize("token", [f"{TOKEN}\nsecond-line", f"{TOKEN} more", f"{TOKEN}\x00"])
+async def test_a_token_no_header_can_carry_refuses_to_start(token: str) -> None:
+    process = await asyncio.create_subprocess_exec(
+        AGENT_SERVER,
+        "serve",
+        "--auth-token-env",
+        "AGENT_TOKEN",
+        env=clean_env(AGENT_TOKEN=token.replace("\x00", "\x01")),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    stdout, stderr = await process.communicate()
+    assert process.returncode == 2
+    message = stderr.decode()
+    assert "the token in AGENT_TOKEN (--auth-token-env)" in message
+    assert TOKEN not in message + stdout.decode()
+    assert "Traceback" not in message

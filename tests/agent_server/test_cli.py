@@ -102,7 +102,14 @@ async def test_serve_warns_about_an_unusable_trace_root_and_keeps_serving(
 
 
 async def test_serve_rejects_bad_flags_without_a_traceback() -> None:
-    for args in (["--max-retries", "-1"], ["--listen", "nowhere"], ["--provider-url", "ftp://x"]):
+    for args in (
+        ["--max-retries", "-1"],
+        ["--listen", "nowhere"],
+        ["--provider-url", "ftp://x"],
+        # Was: a server whose every turn failed.
+        ["--stream-idle-timeout", "nan"],
+        ["--tool-output-timeout", "inf"],
+    ):
         process = await asyncio.create_subprocess_exec(
             AGENT_SERVER,
             "serve",
@@ -113,7 +120,7 @@ async def test_serve_rejects_bad_flags_without_a_traceback() -> None:
         )
         _, stderr = await process.communicate()
         assert process.returncode == 2, args
-        assert stderr.decode().startswith("agent-server: ")
+        assert stderr.decode().startswith(f"agent-server: {args[0]}")
         assert "Traceback" not in stderr.decode()
 
 

@@ -99,3 +99,49 @@ def test_a_key_no_header_can_carry_is_refused_without_showing_it(raw: str, where
 def test_bad_limits_are_config_errors(argv: list[str]) -> None:
     with pytest.raises(ConfigError):
         parse(argv, {})
+
+
+FLOAT_SETTINGS = [
+    "--retry-base-delay",
+    "--stream-idle-timeout",
+    "--local-word-delay",
+    "--closed-thread-retention",
+    "--tool-output-timeout",
+]
+
+
+@pytest.mark.parametrize("flag", FLOAT_SETTINGS)
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e300"])
+def test_every_number_flag_is_finite_and_in_range(flag: str, value: str) -> None:
+    # Was: `--stream-idle-timeout nan` started a server whose every turn failed.
+    with pytest.raises(ConfigError, match=f"^{flag} must be"):
+        parse([f"{flag}={value}"], {})
+
+
+@pytest.mark.parametrize(
+    ("line", "flag"),
+    [
+        ("tool-output-timeout = nan", "--tool-output-timeout"),
+        ("stream-idle-timeout = inf", "--stream-idle-timeout"),
+        ("retry-base-delay = -0.5", "--retry-base-delay"),
+        ("max-retries = 100000000000000000000", "--max-retries"),
+        ("event-buffer = 0", "--event-buffer"),
+    ],
+)
+def test_every_number_in_the_config_file_is_checked(tmp_path: Path, line: str, flag: str) -> None:
+    # Was: a NaN tool-output-timeout in TOML made tool rounds time out at random.
+    file = tmp_path / "agent.toml"
+    file.write_text(line + "\n")
+    parser = argparse.ArgumentParser()
+    config.add_serve_arguments(parser)
+    with pytest.raises(ConfigError, match=f"^{flag} must be"):
+        config.from_args(parser.parse_args(["--config", str(file)]), {})
+
+
+def test_every_number_setting_has_its_bounds() -> None:
+    numbers = {
+        name
+        for name, value in vars(Settings()).items()
+        if isinstance(value, int | float) and not isinstance(value, bool)
+    }
+    assert numbers == set(config.NUMBER_SETTINGS)

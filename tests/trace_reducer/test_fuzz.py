@@ -7,6 +7,7 @@ FUZZ_HOSTILE_ITERATIONS and FUZZ_CLI_SAMPLES for the long run.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -20,12 +21,16 @@ import pytest
 from bench.synthetic import Shape, write_conversation
 from rollout.trace.v1 import common_pb2, record_pb2, state_pb2
 from trace_reducer import (
+    REWARDS_FILE_NAME,
+    BundleError,
     FrameDecoder,
     RecordOutOfRangeError,
     Reducer,
     ReductionError,
     decode_varint,
     encode_record,
+    export_rl,
+    replay_bundle,
     state_to_json,
 )
 
@@ -249,7 +254,8 @@ def _small(rng: random.Random) -> int:
 
 def _hostile_record(rng: random.Random, pids: list[str]) -> record_pb2.TraceRecord:
     """One record a careless or hostile writer could produce; ids and ordinals may be wild."""
-    kind = rng.randrange(12)
+    # The newer bodies (tools, forks, tokens) in a share that still lets some bundles reduce.
+    kind = rng.randrange(12) if rng.random() < 0.8 else rng.randrange(12, 19)
     record = record_pb2.TraceRecord(time_us=rng.choice([0, 1, 10**6, 2**40, 2**63, 2**64 - 1]))
     pid = rng.choice(pids) if pids and rng.random() < 0.8 else _hostile_string(rng)
     if kind == 0:
@@ -324,11 +330,110 @@ def _hostile_record(rng: random.Random, pids: list[str]) -> record_pb2.TraceReco
         record.interrupt_requested.CopyFrom(
             record_pb2.InterruptRequested(turn=_small(rng), requested_by=_hostile_string(rng))
         )
-    else:
+    elif kind == 11:
         record.response_created.CopyFrom(
             record_pb2.ResponseCreated(call=_small(rng), response_id=_hostile_string(rng))
         )
+    else:
+        _hostile_newer_record(rng, record, kind, pid)
     return record
+
+
+_FLOATS = [0.0, -0.5, -1e-45, -3.4e38, float("nan"), float("inf"), float("-inf"), 1e30]
+_COUNTS = [0, 1, 5, 2**31, 2**63 - 1, 2**63, 2**64 - 1]
+
+
+def _hostile_tokens(rng: random.Random) -> common_pb2.DeltaTokens:
+    count = rng.randrange(4)
+    return common_pb2.DeltaTokens(
+        ids=[rng.choice([0, 7, 2**32 - 1]) for _ in range(rng.choice([0, count, count + 1]))],
+        logprobs=[rng.choice(_FLOATS) for _ in range(rng.choice([0, count, count + 2]))],
+        text_lengths=[rng.choice([0, 1, 3, 2**32 - 1]) for _ in range(rng.choice([0, count]))],
+        texts=[_hostile_string(rng) for _ in range(rng.choice([0, count]))],
+        top_counts=[rng.choice([0, 1, 2**31]) for _ in range(rng.choice([0, count]))],
+        top_texts=[_hostile_string(rng) for _ in range(rng.randrange(3))],
+        top_logprobs=[rng.choice(_FLOATS) for _ in range(rng.randrange(3))],
+        top_ids=[rng.choice([0, 9]) for _ in range(rng.randrange(3))],
+    )
+
+
+def _hostile_newer_record(
+    rng: random.Random, record: record_pb2.TraceRecord, kind: int, pid: str
+) -> None:
+    """The bodies added with tools, forks and tokens, as wild as the older ones."""
+    if kind == 12:
+        record.tool_call_started.CopyFrom(
+            record_pb2.ToolCallStarted(
+                tool_call=_small(rng),
+                call=_small(rng),
+                tool_call_id=_hostile_string(rng),
+                call_id=_hostile_string(rng),
+                name=_hostile_string(rng),
+                item_id=_hostile_string(rng),
+                arguments_payload_id=pid if rng.random() < 0.7 else "",
+            )
+        )
+    elif kind == 13:
+        record.tool_output_submitted.CopyFrom(
+            record_pb2.ToolOutputSubmitted(
+                tool_call=_small(rng),
+                output_item_payload_id=pid if rng.random() < 0.8 else _hostile_string(rng),
+                is_error=rng.random() < 0.5,
+                submitted_by=_hostile_string(rng),
+            )
+        )
+    elif kind == 14:
+        record.tool_call_ended.CopyFrom(
+            record_pb2.ToolCallEnded(
+                tool_call=_small(rng),
+                status=_status(rng),
+                error=common_pb2.TraceError(code=_hostile_string(rng)),
+                output_item_payload_id=pid if rng.random() < 0.5 else "",
+            )
+        )
+    elif kind == 15:
+        record.thread_forked.CopyFrom(
+            record_pb2.ThreadForked(
+                parent_thread_id=_hostile_string(rng),
+                parent_bundle=rng.choice(["", "..", "/etc", "a/b", _hostile_string(rng)]),
+                prefix_payload_ids=[pid] * rng.randrange(3),
+                prefix_copied=rng.random() < 0.5,
+                shared_turns=_small(rng),
+                parent_call_id=_hostile_string(rng),
+                parent_token_count=_small(rng),
+            )
+        )
+    elif kind == 16:
+        record.prompt_tokens.CopyFrom(
+            record_pb2.PromptTokens(
+                call=_small(rng),
+                ids=[rng.choice([1, 2**32 - 1]) for _ in range(rng.randrange(4))],
+                prefix_count=_small(rng),
+                drift=common_pb2.TokenDrift.ValueType(rng.randrange(5)),
+                held_count=_small(rng),
+            )
+        )
+    elif kind == 17:
+        record.output_text_delta.CopyFrom(
+            record_pb2.OutputTextDelta(
+                call=_small(rng),
+                item=rng.choice([0, 1, 2]),
+                delta=_hostile_string(rng),
+                tokens=_hostile_tokens(rng),
+            )
+        )
+    else:
+        record.inference_ended.CopyFrom(
+            record_pb2.InferenceEnded(
+                call=_small(rng),
+                status=_status(rng),
+                usage=common_pb2.TokenUsage(
+                    input_tokens=rng.choice(_COUNTS),
+                    output_tokens=rng.choice(_COUNTS),
+                    total_tokens=rng.choice(_COUNTS),
+                ),
+            )
+        )
 
 
 def hostile_bundle(rng: random.Random) -> bytes:
@@ -355,7 +460,8 @@ def hostile_bundle(rng: random.Random) -> bytes:
 
 
 def test_crafted_bundles_reduce_or_fail_cleanly() -> None:
-    rng = random.Random(9)
+    # A seed whose 300 bundles include some that reduce (most are refused, as they should be).
+    rng = random.Random(3)
     outcomes: dict[str, int] = {}
     for _ in range(HOSTILE_ITERATIONS):
         data = hostile_bundle(rng)
@@ -391,3 +497,71 @@ def test_cli_never_prints_a_traceback_for_crafted_bundles(tmp_path: Path) -> Non
             assert "Traceback" not in done.stderr + done.stdout, args
             assert "internal error" not in done.stderr, (args, done.stderr)
             assert done.returncode in {0, 1, 2}, (args, done.stderr)
+
+
+SIDECAR_ITERATIONS = int(os.environ.get("FUZZ_SIDECAR_ITERATIONS", "30"))
+
+
+def _hostile_reward(rng: random.Random) -> record_pb2.RewardRecorded:
+    reward = record_pb2.RewardRecorded(
+        thread_id=rng.choice(["thread-1", _hostile_string(rng)]),
+        turn_id=_hostile_string(rng),
+        item_id=_hostile_string(rng),
+        name=_hostile_string(rng),
+        value=rng.choice([*_FLOATS, 1.5e308, -1.7e308, 1.0]),
+        weight=rng.choice([0.0, 1.0, -1.0, 1e308, float("nan"), float("inf")]),
+        source=_hostile_string(rng),
+        recorded_by=_hostile_string(rng),
+    )
+    reward.metadata[_hostile_string(rng)] = _hostile_string(rng)
+    return reward
+
+
+def _not_strict(name: str) -> None:
+    pytest.fail(f"{name} in an exported file: not strict JSON")
+
+
+def _strict_json_lines(directory: Path) -> int:
+    lines = 0
+    for path in directory.rglob("*.jsonl"):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            json.loads(line, parse_constant=_not_strict)
+            lines += 1
+    return lines
+
+
+def test_crafted_rewards_and_tokens_export_as_strict_json(pristine: bytes, tmp_path: Path) -> None:
+    """Sidecars of wild rewards (NaN, infinities, means that overflow, hostile strings), framed
+    right or mutated, beside a real bundle; and crafted bundles with tokens: each reduces and
+    exports as strict JSON, or fails with a clean error."""
+    rng = random.Random(13)
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "trace.binpb").write_bytes(pristine)
+    exported = 0
+    for iteration in range(SIDECAR_ITERATIONS):
+        header = record_pb2.Header(format_version=1, trace_id="t", thread_id="thread-1")
+        records = [record_pb2.TraceRecord(header=header)]
+        records += [
+            record_pb2.TraceRecord(reward_recorded=_hostile_reward(rng))
+            for _ in range(rng.randrange(1, 6))
+        ]
+        for seq, record in enumerate(records, start=1):
+            record.seq = seq
+        data = b"".join(encode_record(record) for record in records)
+        if rng.random() < 0.3:
+            data = rng.choice(MUTATIONS)(rng, data, _frame_bounds(data))
+        (bundle / REWARDS_FILE_NAME).write_bytes(data)
+        state = replay_bundle(bundle)
+        state_to_json(state).encode("utf-8")
+        export_rl([bundle], fmt="jsonl", out_dir=tmp_path / f"rl-{iteration}")
+        exported += _strict_json_lines(tmp_path / f"rl-{iteration}")
+        crafted = tmp_path / f"crafted-{iteration}"
+        crafted.mkdir()
+        (crafted / "trace.binpb").write_bytes(hostile_bundle(rng))
+        try:
+            export_rl([crafted], fmt="jsonl", out_dir=tmp_path / f"crafted-rl-{iteration}")
+        except (BundleError, ReductionError):
+            continue
+        _strict_json_lines(tmp_path / f"crafted-rl-{iteration}")
+    assert exported == SIDECAR_ITERATIONS

@@ -167,6 +167,24 @@ COLUMNS: dict[str, tuple[Column, ...]] = {
 
 TABLES = tuple(COLUMNS)
 NAMES = {table: [name for name, _ in columns] for table, columns in COLUMNS.items()}
+# The int64 columns of each table, by position: a count a bundle holds past what int64 can
+# (its uint64 fields can, a crafted or broken writer's may) is null in its cell, so one bad
+# value never costs the table, nor the batch.
+_INT64_COLUMNS = {
+    table: [index for index, (_, kind) in enumerate(columns) if kind == "int64"]
+    for table, columns in COLUMNS.items()
+}
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _fit(table: str, row: tuple[Any, ...]) -> tuple[Any, ...]:
+    cells = None
+    for index in _INT64_COLUMNS[table]:
+        value = row[index]
+        if isinstance(value, int) and not _INT64_MIN <= value <= _INT64_MAX:
+            cells = cells if cells is not None else list(row)
+            cells[index] = None
+    return row if cells is None else tuple(cells)
 
 
 _EXECUTION = EXECUTION_WORDS
@@ -224,9 +242,16 @@ def bundle_day(trace: state_pb2.RolloutTrace | None, fallback: float | None) -> 
 
 
 def bundle_row(
-    bundle_path: str, trace: state_pb2.RolloutTrace | None, error: str | None = None
+    bundle_path: str,
+    trace: state_pb2.RolloutTrace | None,
+    error: str | None = None,
+    *,
+    entities: bool = True,
 ) -> Row:
-    """The row of the bundles table; trace is None when the bundle could not be read."""
+    """The row of the bundles table; trace is None when the bundle could not be read.
+
+    Each count is the rows the bundle has in that table: 0 for a bundle whose entities are
+    not in the tables (CORRUPT and not salvaged), whatever its records held."""
     if trace is None:
         row: Row = dict.fromkeys(NAMES["bundles"])
         row.update(bundle_path=bundle_path, error=error)
@@ -252,11 +277,11 @@ def bundle_row(
         "producer_version": trace.producer_version or None,
         "started_at": _time(trace, "started_at"),
         "ended_at": _time(trace, "ended_at"),
-        "thread_count": len(trace.threads),
-        "turn_count": len(trace.turns),
-        "inference_call_count": len(trace.inference_calls),
-        "conversation_item_count": len(trace.conversation_items),
-        "tool_call_count": len(trace.tool_calls),
+        "thread_count": len(trace.threads) if entities else 0,
+        "turn_count": len(trace.turns) if entities else 0,
+        "inference_call_count": len(trace.inference_calls) if entities else 0,
+        "conversation_item_count": len(trace.conversation_items) if entities else 0,
+        "tool_call_count": len(trace.tool_calls) if entities else 0,
         "error": error,
     }
 
@@ -269,7 +294,7 @@ def bundle_rows(
     error: str | None = None,
 ) -> Packed:
     """Every row one bundle contributes: its bundles row, and (entities) one per entity."""
-    rows = {"bundles": [bundle_row(bundle_path, trace, error)]}
+    rows = {"bundles": [bundle_row(bundle_path, trace, error, entities=entities)]}
     if entities and trace is not None:
         rows.update(entity_rows(bundle_path, trace))
     packed: Packed = {}
@@ -279,7 +304,7 @@ def bundle_rows(
             # A row must hold exactly its table's columns: a drift fails here, not silently.
             if len(row) != len(names):
                 raise ValueError(f"{table} row has columns {sorted(row)}, expected {names}")
-        packed[table] = [tuple(row[name] for name in names) for row in table_rows]
+        packed[table] = [_fit(table, tuple(row[name] for name in names)) for row in table_rows]
     return packed
 
 

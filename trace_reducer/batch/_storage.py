@@ -16,6 +16,7 @@ from google.protobuf import json_format
 
 from rollout.trace.v1 import record_pb2, state_pb2
 
+from ..bundle._confine import open_regular_file, sidecar_problem
 from ..bundle._errors import BundleNotFoundError, NotABundleError
 from ..bundle._layout import REWARDS_FILE_NAME, STATE_FILE_NAME, TRACE_FILE_NAME
 from ..bundle._reader import BundleReader
@@ -119,7 +120,15 @@ class LocalStore:
         return location
 
     def open_trace(self, location: str) -> BinaryIO:
-        return open(os.path.join(location, TRACE_FILE_NAME), "rb", buffering=0)
+        # Never a FIFO waited on, nor a symbolic link followed: one bad bundle never stops
+        # the batch, nor reads outside the root.
+        path = os.path.join(location, TRACE_FILE_NAME)
+        try:
+            return os.fdopen(open_regular_file(path, os.O_RDONLY), "rb", buffering=0)
+        except OSError as error:
+            raise NotABundleError(
+                f"not a trace bundle: {sidecar_problem(error, TRACE_FILE_NAME)}: {location}"
+            ) from error
 
     def trace_mtime(self, location: str) -> float | None:
         return _stat_mtime(os.path.join(location, TRACE_FILE_NAME))
@@ -128,7 +137,8 @@ class LocalStore:
         write_state_json(trace, os.path.join(location, STATE_FILE_NAME))
 
     def read_state(self, location: str) -> state_pb2.RolloutTrace:
-        with open(os.path.join(location, STATE_FILE_NAME), encoding="utf-8") as file:
+        fd = open_regular_file(os.path.join(location, STATE_FILE_NAME), os.O_RDONLY)
+        with open(fd, encoding="utf-8") as file:
             return json_format.Parse(file.read(), state_pb2.RolloutTrace())
 
     def read_rewards(self, location: str) -> RewardFile:

@@ -26,8 +26,41 @@ from ._layout import TRACE_FILE_NAME
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # O_NONBLOCK: opening a FIFO planted under the root must not hang the open.
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_NO_FOLLOW_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 # Linux's PATH_MAX: no longer path names a file, so it is refused before touching the disk.
 MAX_PATH_BYTES = 4096
+
+
+def open_regular_file(
+    name: str | os.PathLike[str], flags: int, *, dir_fd: int | None = None, mode: int = 0o600
+) -> int:
+    """A descriptor of the regular file `name` (relative to dir_fd when given), for every file
+    opened beside a bundle (sidecars): never through a symbolic link (O_NOFOLLOW: a link,
+    dangling or not, is ELOOP, and O_CREAT never creates its target), never waiting on a FIFO
+    (O_NONBLOCK until fstat shows a regular file). Raises OSError; NotRegularFileError for a
+    FIFO, device or directory."""
+    fd = os.open(name, flags | _NO_FOLLOW_FLAGS, mode, dir_fd=dir_fd)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegularFileError(errno.EINVAL, "not a regular file", os.fsdecode(name))
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+class NotRegularFileError(OSError):
+    """A name beside a bundle is a FIFO, device or directory, not a file: never opened for use."""
+
+
+def sidecar_problem(error: OSError, name: str) -> str:
+    """Why a file beside a bundle cannot be used, in a few words that name it."""
+    if error.errno == errno.ELOOP:
+        return f"{name} is a symbolic link, which is not followed"
+    if isinstance(error, NotRegularFileError):
+        return f"{name} is not a regular file"
+    return f"{name}: {error.strerror or error}"
 
 
 class ConfinedBundle:

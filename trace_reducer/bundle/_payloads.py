@@ -122,6 +122,10 @@ class PayloadStore:
             raise PayloadError(f"{state} payload {pid}")
         return data
 
+    def holds(self, pid: str) -> bool:
+        """Whether the complete bytes of payload pid are here."""
+        return isinstance(self._held.get(pid), bytes)
+
     def discard(self, pid: str) -> None:
         """Forget a payload whose bytes are no longer needed (its parsed form is kept)."""
         if pid in self._held:

@@ -194,9 +194,16 @@ class FrameDecoder:
         next_seq = self._next_seq
         index = first
         problem = ""
+        # Only the last good record's time is kept: one read of it, not one per frame.
+        last_record = None
         while index < end:
             frame = frames[index]
-            body_start = 1 if frame[0] < 0x80 else len(frame) - _frame_size(frame)
+            if frame[0] < 0x80:
+                body_start = 1
+            elif frame[1] < 0x80:
+                body_start = 2
+            else:
+                body_start = len(frame) - _frame_size(frame)
             size = len(frame) - body_start
             crc_at = len(frame) - CRC_TRAILER_BYTES
             tag, expected = unpack_crc(frame, crc_at) if size >= CRC_TRAILER_BYTES else (0, 0)
@@ -219,13 +226,15 @@ class FrameDecoder:
                 problem = f"footer counts {record.footer.record_count} records, found {next_seq}"
                 break
             next_seq += 1
-            self._last_time_us = record.time_us
+            last_record = record
             append(record)
             index += 1
             if body == "footer":
                 self._footer_seen = True
                 break
         self._next_seq = next_seq
+        if last_record is not None:
+            self._last_time_us = last_record.time_us
         if problem:
             self._corrupt(self._offset + _offset_of(frames, index), problem)
         return index
@@ -306,10 +315,15 @@ def _split_frames(buffer: bytes) -> tuple[list[bytes], int, str]:
         following = pos + size + 1
         add_frame(buffer[pos:following])
         pos = following
+    # Past the first longer frame: one- and two-byte lengths (frames up to 16 KiB, nearly all
+    # of them) are read inline, longer ones through decode_varint.
+    last = end - 1
     while pos < end:
         size = buffer[pos]
         if size < 0x80:
             following = pos + 1 + size
+        elif pos < last and buffer[pos + 1] < 0x80:
+            following = pos + 2 + ((size & 0x7F) | (buffer[pos + 1] << 7))
         else:
             try:
                 prefix = decode_varint(buffer, pos)

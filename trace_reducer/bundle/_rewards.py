@@ -6,8 +6,8 @@ from __future__ import annotations
 import fcntl
 import math
 import os
-import stat
 import time
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -15,6 +15,7 @@ from pathlib import Path
 
 from rollout.trace.v1 import record_pb2, state_pb2
 
+from ._confine import open_regular_file, sidecar_problem
 from ._errors import RewardError, describe_os_error
 from ._framing import encode_record
 from ._layout import REWARDS_FILE_NAME
@@ -84,39 +85,94 @@ def _record(reward: RewardInput) -> record_pb2.RewardRecorded:
     return recorded
 
 
-def _read_all(fd: int) -> bytes:
-    os.lseek(fd, 0, os.SEEK_SET)
-    chunks = []
-    while chunk := os.read(fd, _READ_BYTES):
-        chunks.append(chunk)
-    return b"".join(chunks)
+@dataclass
+class _Tail:
+    """How far this process has read one sidecar: each append then reads only what was
+    written since (by it or another writer), so N appends cost O(N), not O(N^2)."""
+
+    first_frame: bytes
+    # Bytes fed to the decoder so far.
+    size: int
+    decoder: FrameDecoder
+    header: record_pb2.Header | None
+    # The file's size and modification time once this process last wrote it.
+    left: tuple[int, int] = (0, 0)
+
+
+# The sidecars this process appended to lately, by (device, inode). One that only grew since
+# (another writer appended) is read from where this process left off; one rewritten in place
+# (changed without growing, shrunk, or under another first frame) is read again whole.
+_TAILS: OrderedDict[tuple[int, int], _Tail] = OrderedDict()
+_MAX_TAILS = 1024
+
+
+def _tail_of(fd: int) -> _Tail:
+    """What the sidecar behind fd holds, read from where this process left off."""
+    status = os.fstat(fd)
+    key = (status.st_dev, status.st_ino)
+    tail = _TAILS.pop(key, None)
+    if tail is not None and (
+        status.st_size < tail.left[0]
+        or (status.st_size == tail.left[0] and status.st_mtime_ns != tail.left[1])
+        or os.pread(fd, len(tail.first_frame), 0) != tail.first_frame
+    ):
+        tail = None
+    if tail is None:
+        tail = _Tail(b"", 0, FrameDecoder(), None)
+    offset = tail.size
+    while chunk := os.pread(fd, _READ_BYTES, offset):
+        records = tail.decoder.feed(chunk)
+        if tail.header is None and records and records[0].WhichOneof("body") == "header":
+            tail.header = records[0].header
+        offset += len(chunk)
+    tail.size = offset
+    if not tail.first_frame and offset:
+        tail.first_frame = os.pread(fd, min(offset, 64), 0)
+    _TAILS[key] = tail
+    while len(_TAILS) > _MAX_TAILS:
+        _TAILS.popitem(last=False)
+    return tail
+
+
+def _left_as(fd: int, tail: _Tail) -> None:
+    status = os.fstat(fd)
+    tail.left = (status.st_size, status.st_mtime_ns)
+
+
+def _forget_tail(fd: int) -> None:
+    status = os.fstat(fd)
+    _TAILS.pop((status.st_dev, status.st_ino), None)
 
 
 def append_reward(bundle_dir: Path, reward: RewardInput, *, trace_id: str) -> int:
     """Append one reward to `<bundle_dir>/rewards.binpb` and fsync it; return its seq.
 
-    The file is created with its own header on first use. Writers (the agent, the CLI) take an
-    exclusive lock, so their records never interleave. A torn last frame (a writer died
-    mid-append, before it acknowledged anything) is cut off first; a corrupt file is refused,
-    never appended to. Raises RewardError.
+    The file is created with its own header on first use, and opened as the trace is: never
+    through a symbolic link, never a FIFO or anything but a regular file. Writers (the agent,
+    the CLI) take an exclusive lock, so their records never interleave. A torn last frame (a
+    writer died mid-append, before it acknowledged anything) is cut off first; a corrupt file
+    is refused, never appended to. Raises RewardError.
     """
     path = bundle_dir / REWARDS_FILE_NAME
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        fd = open_regular_file(path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
     except OSError as error:
-        raise RewardError(describe_os_error(error), "REWARDS_UNWRITABLE") from error
+        raise RewardError(
+            f"cannot record rewards: {sidecar_problem(error, str(path))}", "REWARDS_UNWRITABLE"
+        ) from error
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        decoder = FrameDecoder()
-        records = decoder.feed(_read_all(fd))
-        integrity = decoder.finish()
-        header: record_pb2.Header | None = records[0].header if records else None
+        tail = _tail_of(fd)
+        integrity = tail.decoder.finish()
+        header = tail.header
         if integrity.status == CORRUPT:
             raise RewardError(
                 f"{path} is corrupt, not appending to it: {integrity.detail}", "REWARDS_CORRUPT"
             )
         if integrity.status == TRUNCATED:
             os.ftruncate(fd, integrity.bytes_read)
+            # Read again from the start next time: the decoder holds the torn frame.
+            _forget_tail(fd)
         if header is not None and header.thread_id != reward.thread_id:
             raise RewardError(
                 f"{path} holds the rewards of thread {header.thread_id!r}, not "
@@ -144,8 +200,10 @@ def append_reward(bundle_dir: Path, reward: RewardInput, *, trace_id: str) -> in
         )
         _write(fd, record)
         os.fsync(fd)
+        _left_as(fd, tail)
         return seq
     except OSError as error:
+        _forget_tail(fd)
         raise RewardError(describe_os_error(error, path), "REWARDS_UNWRITABLE") from error
     finally:
         os.close(fd)
@@ -168,23 +226,20 @@ class RewardFile:
 
 def read_rewards(bundle_dir: Path, *, dir_fd: int | None = None) -> RewardFile:
     """The rewards of a bundle (none when it has no sidecar); a damaged sidecar gives the
-    rewards before the damage and says why in `problem`. dir_fd: the bundle directory's
-    descriptor, to read the sidecar through (no symlink followed) rather than by path."""
+    rewards before the damage and says why in `problem`, and one that is a symbolic link or
+    no regular file (a FIFO) is not read at all. dir_fd: the bundle directory's descriptor,
+    to open the sidecar relative to rather than by path."""
     path = bundle_dir / REWARDS_FILE_NAME
     try:
-        if dir_fd is None:
-            with path.open("rb") as source:
-                data = source.read()
-        else:
-            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-            with os.fdopen(os.open(REWARDS_FILE_NAME, flags, dir_fd=dir_fd), "rb") as source:
-                if not stat.S_ISREG(os.fstat(source.fileno()).st_mode):
-                    return RewardFile([], f"{REWARDS_FILE_NAME} is not a file")
-                data = source.read()
+        fd = open_regular_file(
+            REWARDS_FILE_NAME if dir_fd is not None else path, os.O_RDONLY, dir_fd=dir_fd
+        )
+        with os.fdopen(fd, "rb") as source:
+            data = source.read()
     except FileNotFoundError:
         return RewardFile([], "")
     except OSError as error:
-        return RewardFile([], f"{REWARDS_FILE_NAME}: {describe_os_error(error, path)}")
+        return RewardFile([], sidecar_problem(error, REWARDS_FILE_NAME))
     return decode_rewards(data)
 
 

@@ -1,4 +1,4 @@
-"""The `trace-reducer` command: reduce, dump, view or watch a bundle; serve gRPC."""
+"""The `trace-reducer` command: reduce, dump, view, watch or diff bundles; serve gRPC."""
 
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ from ..reduce._replay import replay_bundle
 from ..reduce._requests import request_body
 from ..reduce._state_json import iter_state_json, write_state_json
 from ._batch import add_parser as add_reduce_all_parser
+from ._diff import add_parser as add_diff_parser
 from ._training import add_parsers as add_training_parsers
 
 if TYPE_CHECKING:
@@ -448,6 +449,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.set_defaults(run=_export_otlp)
 
     add_training_parsers(commands)
+    add_diff_parser(commands)
 
     view = commands.add_parser(
         "view", help="write one self-contained HTML page showing the bundle, print its path"

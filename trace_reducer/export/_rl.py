@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,7 +72,7 @@ def reduce_all(
     """Each bundle's reduced state (rewards attached) and its thread's instructions; forks
     resolve against the bundles given, the explicit parents and their siblings, each parent
     reduced once."""
-    resolver = BundleForkResolver(None, [*bundles, *parents])
+    resolver = BundleForkResolver(None, [*bundles, *parents], every_payload=True)
     traces = []
     for bundle in bundles:
         resolver.add_root(bundle.parent)
@@ -195,15 +196,39 @@ def _message(item: state_pb2.ConversationItem) -> dict[str, Any]:
     return message
 
 
+def _number(value: float) -> float | None:
+    """A recorded float as strict JSON can carry it: NaN and the infinities (a logprob the
+    provider sent as `-1e999`, a value in a sidecar another tool wrote) become null."""
+    return value if math.isfinite(value) else None
+
+
+def _weighted_mean(pairs: Sequence[tuple[float, float]]) -> float | None:
+    """The weighted mean of finite (value, weight) pairs, without overflowing on the way
+    (two rewards of 1.5e308 average 1.5e308): values and weights are scaled to at most 1
+    first. None when the weights cancel out."""
+    if not pairs:
+        return None
+    scale = max(abs(value) for value, _ in pairs) or 1.0
+    weight_scale = max(abs(weight) for _, weight in pairs) or 1.0
+    weights = math.fsum(weight / weight_scale for _, weight in pairs)
+    if not weights:
+        return None
+    total = math.fsum((value / scale) * (weight / weight_scale) for value, weight in pairs)
+    mean = total / weights * scale
+    if math.isnan(mean):
+        return None
+    return max(-sys.float_info.max, min(sys.float_info.max, mean))
+
+
 def _rewards(trace: state_pb2.RolloutTrace) -> tuple[list[dict[str, Any]], float | None]:
     rewards = []
-    total = weights = 0.0
+    pairs: list[tuple[float, float]] = []
     for reward in trace.rewards:
         rewards.append(
             {
                 "name": reward.name,
-                "value": reward.value,
-                "weight": reward.weight,
+                "value": _number(reward.value),
+                "weight": _number(reward.weight),
                 "source": reward.source,
                 "metadata": dict(reward.metadata),
                 "turn_id": reward.target.turn_id,
@@ -213,9 +238,9 @@ def _rewards(trace: state_pb2.RolloutTrace) -> tuple[list[dict[str, Any]], float
             }
         )
         weight = reward.weight or 1.0
-        total += reward.value * weight
-        weights += weight
-    return rewards, (total / weights if weights else None)
+        if math.isfinite(reward.value) and math.isfinite(weight):
+            pairs.append((reward.value, weight))
+    return rewards, _weighted_mean(pairs)
 
 
 def _common_prefix(held: Sequence[int], prompt: Sequence[int]) -> int:
@@ -346,7 +371,7 @@ def _fill_tokens(
             mask.extend([1] * span.count)
             if tokens.logprobs:
                 logprobs.extend(
-                    None if math.isnan(value) else float(value)
+                    _number(value)
                     for value in tokens.logprobs[span.start : span.start + span.count]
                 )
             else:
@@ -433,7 +458,7 @@ def _choice_logprobs(call: state_pb2.InferenceCall, item_ids: set[str]) -> list[
             text = tokens.texts[index] if tokens.texts else ""
             entry: dict[str, Any] = {
                 "token": text,
-                "logprob": float(tokens.logprobs[index]),
+                "logprob": _number(tokens.logprobs[index]),
                 "bytes": list(text.encode()),
                 "top_logprobs": [],
             }
@@ -444,7 +469,7 @@ def _choice_logprobs(call: state_pb2.InferenceCall, item_ids: set[str]) -> list[
                     entry["top_logprobs"].append(
                         {
                             "token": alt_text,
-                            "logprob": float(tokens.top_logprobs[alt]),
+                            "logprob": _number(tokens.top_logprobs[alt]),
                             "bytes": list(alt_text.encode()),
                         }
                     )

@@ -1,8 +1,26 @@
-"""The reducer and what it builds: items, the compact form, forks, requests, state JSON."""
+"""The reducer and what it builds: items, the compact form, forks, requests, state JSON,
+recorded calls and run comparison."""
 
 from ..bundle._errors import RequestNotFoundError
 from ._chat import CHAT_API, chat_messages
 from ._compact import expand_request_items
+from ._diff import (
+    REPLAY_IGNORED_FIELDS,
+    REPLAY_IGNORED_ITEM_FIELDS,
+    Difference,
+    RunDiff,
+    body_diff,
+    comparable_request,
+    diff_runs,
+    request_difference,
+)
+from ._recorded import (
+    RecordedCall,
+    RecordedThread,
+    bundle_paths,
+    read_recorded,
+    read_recorded_thread,
+)
 from ._reducer import Reducer
 from ._replay import replay_bundle
 from ._requests import request_body
@@ -10,13 +28,26 @@ from ._state_json import iter_state_json, state_to_json, write_state_json
 
 __all__ = [
     "CHAT_API",
+    "REPLAY_IGNORED_FIELDS",
+    "REPLAY_IGNORED_ITEM_FIELDS",
+    "Difference",
+    "RecordedCall",
+    "RecordedThread",
     "Reducer",
     "RequestNotFoundError",
+    "RunDiff",
+    "body_diff",
+    "bundle_paths",
     "chat_messages",
+    "comparable_request",
+    "diff_runs",
     "expand_request_items",
     "iter_state_json",
+    "read_recorded",
+    "read_recorded_thread",
     "replay_bundle",
     "request_body",
+    "request_difference",
     "state_to_json",
     "write_state_json",
 ]

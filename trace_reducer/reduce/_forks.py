@@ -9,12 +9,18 @@ from pathlib import Path
 
 from rollout.trace.v1 import record_pb2
 
+from ..bundle._confine import BundleRoot
 from ..bundle._errors import BundleError, ReductionError
 from ..bundle._layout import TRACE_FILE_NAME, thread_bundles
 from ..bundle._payloads import PayloadStore
 from ..bundle._reader import BundleReader, read_bundle, resolve_trace_file
 from ._parents import ParentBundle
 from ._pass import keeping_payloads, reduce_reader
+
+# How many generations of parents a fork is resolved through: each is reduced once, oldest
+# first (never by recursion), and held while its descendants are reduced. A fork deeper than
+# this reduces with the ancestors beyond it unresolved, as if they were missing.
+MAX_FORK_DEPTH = 256
 
 
 def is_bundle_name(name: str) -> bool:
@@ -23,14 +29,36 @@ def is_bundle_name(name: str) -> bool:
 
 class BundleForkResolver:
     """Finds parents beside the bundle (the same trace root) or among bundles given
-    explicitly, reduces each once (and its own parent, recursively), and remembers them."""
+    explicitly, reduces each once (oldest first, in a loop), and remembers them.
 
-    def __init__(self, bundle_dir: Path | None, explicit: Iterable[str | os.PathLike[str]] = ()):
+    A parent found beside the bundle is opened as the reducer service opens a bundle: by
+    name under its directory, through descriptors that never follow a symbolic link, so a
+    link planted under the root never leads a reader out of it. Parents given explicitly are
+    the caller's own choice and are read as given.
+
+    A parent keeps what the bundle itself would keep (its parsed items, and unparsed payload
+    bytes up to the same budget), so a fork costs its parent's state, not its size;
+    every_payload keeps all of its bytes instead, for those who rebuild request bodies.
+    """
+
+    def __init__(
+        self,
+        bundle_dir: Path | None,
+        explicit: Iterable[str | os.PathLike[str]] = (),
+        *,
+        every_payload: bool = False,
+    ):
         self._roots: list[Path] = [bundle_dir.parent] if bundle_dir is not None else []
         self._explicit = [Path(path) for path in explicit]
         self._explicit_ids: dict[str, Path] | None = None
+        self._every_payload = every_payload
         self._loaded: dict[Path, ParentBundle | None] = {}
-        self._loading: set[Path] = set()
+        # Where each located parent was found: (its directory, its name there); None for a
+        # parent given explicitly.
+        self._found_in: dict[Path, tuple[Path, str] | None] = {}
+        # Set while ancestors are reduced: their own parents are loaded already, or beyond
+        # reach (missing, too deep, or a cycle), and are never looked for again from inside.
+        self._resolving = False
 
     def add_root(self, root: Path) -> None:
         """Look for parents among the bundles of `root` too."""
@@ -39,23 +67,76 @@ class BundleForkResolver:
 
     def resolve(self, forked: record_pb2.ThreadForked) -> ParentBundle | None:
         path = self._locate(forked)
-        if path is None:
-            return None
-        return self._load(path)
+        if path is None or self._resolving:
+            return self._loaded.get(path) if path is not None else None
+        # The ancestors not reduced yet, nearest first, up to the first one that is no fork.
+        chain: list[Path] = []
+        current: Path | None = path
+        while (
+            current is not None
+            and current not in self._loaded
+            and current not in chain
+            and len(chain) < MAX_FORK_DEPTH
+        ):
+            chain.append(current)
+            body = self._forked_of(current)
+            current = self._locate(body) if body is not None else None
+        self._resolving = True
+        try:
+            for ancestor in reversed(chain):
+                self._loaded[ancestor] = self._load(ancestor)
+        finally:
+            self._resolving = False
+        return self._loaded.get(path)
 
     def _locate(self, forked: record_pb2.ThreadForked) -> Path | None:
         wanted = forked.parent_thread_id
         explicit = self._explicit_by_thread().get(wanted)
         if explicit is not None:
+            self._found_in.setdefault(explicit, None)
             return explicit
         for root in self._roots:
+            names: list[str] = []
             if is_bundle_name(forked.parent_bundle):
-                candidate = root / forked.parent_bundle
-                if (candidate / TRACE_FILE_NAME).is_file():
+                names.append(forked.parent_bundle)
+            names.extend(candidate.name for candidate in thread_bundles(root, wanted))
+            for name in names:
+                candidate = root / name
+                if candidate in self._found_in:
                     return candidate
-            found = thread_bundles(root, wanted)
-            if found:
-                return found[0]
+                try:
+                    with self._open_confined(root, name):
+                        pass
+                except BundleError:
+                    continue
+                self._found_in[candidate] = (root, name)
+                return candidate
+        return None
+
+    @staticmethod
+    def _open_confined(root: Path, name: str) -> BundleReader:
+        confined = BundleRoot(root).open(name)
+        confined.release_directory()
+        return BundleReader(Path(confined.display_dir) / TRACE_FILE_NAME, confined.trace)
+
+    def _open(self, path: Path) -> BundleReader:
+        found = self._found_in.get(path)
+        if found is None:
+            return read_bundle(path)
+        return self._open_confined(*found)
+
+    def _forked_of(self, path: Path) -> record_pb2.ThreadForked | None:
+        """The thread_forked record of a bundle (which comes before its thread_started)."""
+        try:
+            with self._open(path) as reader:
+                for record in reader:
+                    body = record.WhichOneof("body")
+                    if body == "thread_forked":
+                        return record.thread_forked
+                    if body in ("thread_started", "footer"):
+                        return None
+        except (BundleError, OSError):
+            return None
         return None
 
     def _explicit_by_thread(self) -> dict[str, Path]:
@@ -74,32 +155,18 @@ class BundleForkResolver:
                     continue
         return self._explicit_ids
 
-    def _open(self, path: Path) -> BundleReader:
-        """The parent's records; a resolver over another store opens them there."""
-        return read_bundle(path)
-
     def _load(self, path: Path) -> ParentBundle | None:
-        key = path.resolve()
-        if key in self._loaded:
-            return self._loaded[key]
-        if key in self._loading:
-            # A bundle that is (through its parents) its own parent: nothing to resolve.
-            return None
-        self._loading.add(key)
+        """Reduce one parent whose own parent is loaded already (or beyond reach)."""
+        # Every payload only when asked for; otherwise the reducer's own store, which keeps
+        # what it has not parsed within its budget, and its parsed items.
+        payloads = PayloadStore(budget=None) if self._every_payload else None
+        keep = keeping_payloads(payloads) if payloads is not None else None
         try:
-            # Every payload: a fork may share any part of its parent's history.
-            payloads = PayloadStore(budget=None)
-
-            try:
-                with self._open(path) as reader:
-                    reduced = reduce_reader(
-                        reader, forks=self, rewards=None, on_record=keeping_payloads(payloads)
-                    )
-            except (BundleError, ReductionError, OSError):
-                self._loaded[key] = None
-                return None
-            parent = ParentBundle(path, reduced.trace, payloads, reduced.parent)
-            self._loaded[key] = parent
-            return parent
-        finally:
-            self._loading.discard(key)
+            with self._open(path) as reader:
+                reduced = reduce_reader(reader, forks=self, rewards=None, on_record=keep)
+        except (BundleError, ReductionError, OSError):
+            return None
+        store, items = reduced.held
+        return ParentBundle(
+            path, reduced.trace, payloads if payloads is not None else store, reduced.parent, items
+        )

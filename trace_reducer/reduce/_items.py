@@ -137,7 +137,11 @@ def parse_item(data: bytes) -> ItemInfo:
         parsed: object = json.loads(text)
     except (ValueError, RecursionError):
         return _opaque(text)
-    if _depth_exceeds(parsed, MAX_ITEM_DEPTH):
+    # Nesting deeper than the limit needs more opening brackets than the limit, so most
+    # payloads are not walked at all.
+    if data.count(b"[") + data.count(b"{") > MAX_ITEM_DEPTH and _depth_exceeds(
+        parsed, MAX_ITEM_DEPTH
+    ):
         return _opaque(text)
     # Only an escape can spell a lone surrogate (bytes that would were replaced above); a
     # payload without a backslash, most of them, is not even searched.

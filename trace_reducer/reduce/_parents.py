@@ -6,7 +6,8 @@ imports what builds reducers.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -14,10 +15,12 @@ from rollout.trace.v1 import record_pb2, state_pb2
 
 from ..bundle._errors import PayloadError
 from ..bundle._payloads import PayloadStore
+from ._items import ItemInfo
 
 
 class ParentBundle:
-    """A fork's parent, reduced: its payloads (and its own parent's) and its items."""
+    """A fork's parent, reduced: its state, its items parsed, the payload bytes it kept, and
+    its own parent (the chain is walked in a loop, however long)."""
 
     def __init__(
         self,
@@ -25,18 +28,34 @@ class ParentBundle:
         trace: state_pb2.RolloutTrace,
         payloads: PayloadStore,
         grandparent: ParentBundle | None,
+        items: dict[str, ItemInfo] | None = None,
     ) -> None:
         self.path = path
         self.trace = trace
         self._payloads = payloads
+        self._items = items or {}
         self._grandparent = grandparent
+
+    def _chain(self) -> Iterator[ParentBundle]:
+        node: ParentBundle | None = self
+        while node is not None:
+            yield node
+            node = node._grandparent
 
     def payload(self, pid: str) -> bytes | None:
         """The bytes of payload `pid`, from this bundle or the bundles it forked from."""
-        try:
-            return self._payloads.get(pid)
-        except PayloadError:
-            return self._grandparent.payload(pid) if self._grandparent is not None else None
+        for node in self._chain():
+            with contextlib.suppress(PayloadError):
+                return node._payloads.get(pid)
+        return None
+
+    def item_info(self, pid: str) -> ItemInfo | None:
+        """The item payload `pid` holds, as this bundle (or one it forked from) parsed it."""
+        for node in self._chain():
+            info = node._items.get(pid)
+            if info is not None:
+                return info
+        return None
 
     def prefix_items(self, payload_ids: Sequence[str]) -> list[state_pb2.ConversationItem | None]:
         """The parent's conversation items a fork's prefix names, in order: for each payload
@@ -52,6 +71,19 @@ class ParentBundle:
             candidates = by_payload.get(pid)
             found.append(self.trace.conversation_items[candidates.pop(0)] if candidates else None)
         return found
+
+
+def fork_payload(payloads: PayloadStore, parent: ParentBundle | None, pid: str) -> bytes:
+    """Payload `pid` of a bundle, else of the fork's parent it shares its history with.
+
+    Raises PayloadError when neither has it."""
+    try:
+        return payloads.get(pid)
+    except PayloadError:
+        data = parent.payload(pid) if parent is not None else None
+        if data is None:
+            raise
+        return data
 
 
 class ForkResolver(Protocol):

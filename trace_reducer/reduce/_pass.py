@@ -12,8 +12,9 @@ from rollout.trace.v1 import record_pb2, state_pb2
 from ..bundle._bulk import DeltaRun
 from ..bundle._errors import PayloadError
 from ..bundle._payloads import PayloadStore
-from ..bundle._reader import BundleReader, Integrity
+from ..bundle._reader import BundleReader, Integrity, Item
 from ..bundle._rewards import RewardFile, add_rewards, read_rewards
+from ._items import ItemInfo
 from ._parents import ForkResolver, ParentBundle
 from ._reducer import Reducer
 
@@ -24,6 +25,9 @@ class Reduced:
 
     trace: state_pb2.RolloutTrace
     parent: ParentBundle | None
+    # What the reducer kept of the bundle's payloads: the bytes it did not parse (within its
+    # budget) and the items it parsed, which is all a fork's parent needs to hand on.
+    held: tuple[PayloadStore, dict[str, ItemInfo]]
 
 
 class _Beside:
@@ -52,14 +56,16 @@ def reduce_reader(
     rewards: RewardFile | _Beside | None = BESIDE,
     compact: bool = False,
     on_record: Callable[[record_pb2.TraceRecord], None] | None = None,
+    on_batch: Callable[[list[Item]], None] | None = None,
 ) -> Reduced:
     """Reduce every record `reader` yields, up to the first damage.
 
     forks: asked for a fork's parent (None: a fork's shared prefix stays unresolved).
     rewards: the rewards to attach; by default those of the rewards.binpb beside the bundle;
     None: none (a fork's parent, whose rewards are its own). on_record: shown every record but
-    the text deltas read in bulk (payloads a consumer keeps, say). compact: Reducer.state's
-    compact form.
+    the text deltas read in bulk (payloads a consumer keeps, say). on_batch: shown every batch
+    once applied, the bulk text deltas included (the replay's recorded provider streams).
+    compact: Reducer.state's compact form.
     """
     reducer = Reducer(forks=forks)
     for batch in reader.batches():
@@ -68,9 +74,15 @@ def reduce_reader(
                 if not isinstance(record, DeltaRun):
                     on_record(record)
         reducer.apply_many(batch)
+        if on_batch is not None:
+            on_batch(batch)
     if isinstance(rewards, _Beside):
         rewards = read_rewards(reader.bundle_dir)
-    return Reduced(settle(reducer, reader.integrity, rewards, compact=compact), reducer.parent)
+    return Reduced(
+        settle(reducer, reader.integrity, rewards, compact=compact),
+        reducer.parent,
+        reducer.held_payloads(),
+    )
 
 
 def settle(

@@ -384,6 +384,14 @@ class Reducer:
             proto.detail = f"{proto.detail}; {note}" if proto.detail else note
             proto.unknown_records = self._unknown
         fork = self._fork
+        if fork is not None and fork.resolved and self._unresolved_payloads:
+            note = (
+                f"fork of thread {fork.parent_thread_id}: its parent {fork.resolved_from} "
+                f"could not supply {self._unresolved_payloads} payload(s) (it is incomplete, "
+                "or its own parent is missing); what they hold is unresolved"
+            )
+            proto.detail = f"{proto.detail}; {note}" if proto.detail else note
+            proto.fork_unresolved = True
         if fork is not None and not fork.resolved:
             where = f"bundle {fork.parent_bundle}" if fork.parent_bundle else "bundle (unrecorded)"
             note = (
@@ -440,15 +448,29 @@ class Reducer:
     def _item_info(self, payload_id: str, record: _Record) -> ItemInfo:
         info = self._item_infos.get(payload_id)
         if info is None:
-            data = self._payload(payload_id, record)
-            info = _unresolved(payload_id) if data is None else parse_item(data)
+            info = self._inherited_item(payload_id)
+            if info is None:
+                data = self._payload(payload_id, record)
+                info = _unresolved(payload_id) if data is None else parse_item(data)
             self._item_infos[payload_id] = info
             self._payloads.discard(payload_id)
         return info
 
+    def _inherited_item(self, payload_id: str) -> ItemInfo | None:
+        """The item a fork's ancestor parsed from a payload this bundle does not hold."""
+        if self.parent is None or self._payloads.holds(payload_id):
+            return None
+        return self.parent.item_info(payload_id)
+
+    def held_payloads(self) -> tuple[PayloadStore, dict[str, ItemInfo]]:
+        """What this reducer keeps of its payloads: the bytes it has not parsed (within its
+        budget) and the items it parsed; a fork's reducer asks its parent's for them."""
+        return self._payloads, self._item_infos
+
     def _payload(self, payload_id: str, record: _Record) -> bytes | None:
-        """A payload's bytes: this bundle's, else a fork's parent's; None when a fork's
-        parent cannot supply it (the state says so). Anything else missing is a contradiction."""
+        """A payload's bytes: this bundle's, else a fork's ancestors'; None when they cannot
+        supply it (the parent is missing, torn, or itself lacks it): the state marks it
+        unresolved and the fork still reduces. Anything else missing is a contradiction."""
         try:
             return self._payloads.get(payload_id)
         except PayloadError as error:
@@ -456,8 +478,6 @@ class Reducer:
                 _fail(record, str(error))
             data = self.parent.payload(payload_id) if self.parent is not None else None
             if data is None:
-                if self._fork.resolved:
-                    _fail(record, f"{error} (not in the parent bundle either)")
                 self._unresolved_payloads += 1
             return data
 

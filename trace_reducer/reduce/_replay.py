@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from rollout.trace.v1 import state_pb2
 
-from ..bundle._reader import BundleReader, read_bundle
+from ..bundle._reader import BundleReader, Item, read_bundle
 from ..bundle._rewards import read_rewards
 from ._forks import BundleForkResolver
 from ._parents import ForkResolver
@@ -40,8 +40,14 @@ def replay_reader(
     forks: ForkResolver | None = None,
     compact: bool = False,
     rewards_dir_fd: int | None = None,
+    observe: Callable[[list[Item]], None] | None = None,
 ) -> state_pb2.RolloutTrace:
     """replay_bundle on a bundle already open for reading; its rewards.binpb is read beside it
-    (through rewards_dir_fd, the bundle directory's descriptor, when given)."""
+    (through rewards_dir_fd, the bundle directory's descriptor, when given).
+
+    observe(batch), when given, sees every batch the reducer applied, in order: what a reader
+    needs of the records beside the state takes it from the same pass."""
     rewards = read_rewards(reader.bundle_dir, dir_fd=rewards_dir_fd)
-    return reduce_reader(reader, forks=forks, rewards=rewards, compact=compact).trace
+    return reduce_reader(
+        reader, forks=forks, rewards=rewards, compact=compact, on_batch=observe
+    ).trace

@@ -4,13 +4,26 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 from ..bundle._errors import BundleError, PayloadError, RequestNotFoundError
 from ..bundle._payloads import PayloadStore, canonical_json, resolve_inputs
 from ..bundle._reader import read_bundle
 from ._chat import CHAT_API, chat_messages
 from ._forks import BundleForkResolver
-from ._parents import ParentBundle
+from ._parents import ParentBundle, fork_payload
+
+
+def compose_request(
+    envelope: dict[str, Any], items: list[Any], *, provider_api: str, instructions: str
+) -> dict[str, Any]:
+    """The body a call sent, from its recorded envelope and input items: `input` set, or for
+    Chat Completions `messages` made from the thread's instructions and those items."""
+    if provider_api == CHAT_API:
+        envelope["messages"] = chat_messages(instructions, items)
+    else:
+        envelope["input"] = items
+    return envelope
 
 
 def request_body(path: str | os.PathLike[str], inference_call_id: str) -> bytes:
@@ -29,14 +42,7 @@ def request_body(path: str | os.PathLike[str], inference_call_id: str) -> bytes:
     parent: ParentBundle | None = None
 
     def payload(pid: str) -> bytes:
-        # A fork's shared payloads are its parent's.
-        try:
-            return payloads.get(pid)
-        except PayloadError:
-            data = parent.payload(pid) if parent is not None else None
-            if data is None:
-                raise
-            return data
+        return fork_payload(payloads, parent, pid)
 
     with read_bundle(path) as reader:
         for record in reader:
@@ -46,7 +52,9 @@ def request_body(path: str | os.PathLike[str], inference_call_id: str) -> bytes:
                     payloads.add(record.payload)
                 elif body == "thread_forked":
                     fork_prefix = list(record.thread_forked.prefix_payload_ids)
-                    parent = BundleForkResolver(reader.bundle_dir).resolve(record.thread_forked)
+                    parent = BundleForkResolver(reader.bundle_dir, every_payload=True).resolve(
+                        record.thread_forked
+                    )
                 elif body == "thread_started":
                     inputs_of_thread[record.thread_started.thread] = fork_prefix
                     instructions_of_thread[record.thread_started.thread] = (
@@ -60,14 +68,13 @@ def request_body(path: str | os.PathLike[str], inference_call_id: str) -> bytes:
                     inputs = resolve_inputs(inputs_of_thread.get(thread, []), started)
                     inputs_of_thread[thread] = inputs
                     if started.inference_call_id == inference_call_id:
-                        request = json.loads(payload(started.request_envelope_payload_id))
-                        items = [json.loads(payload(pid)) for pid in inputs]
-                        if started.provider_api == CHAT_API:
-                            pid = instructions_of_thread.get(thread, "")
-                            instructions = payload(pid).decode() if pid else ""
-                            request["messages"] = chat_messages(instructions, items)
-                        else:
-                            request["input"] = items
+                        pid = instructions_of_thread.get(thread, "")
+                        request = compose_request(
+                            json.loads(payload(started.request_envelope_payload_id)),
+                            [json.loads(payload(pid)) for pid in inputs],
+                            provider_api=started.provider_api,
+                            instructions=payload(pid).decode() if pid else "",
+                        )
                         return canonical_json(request)
             except (PayloadError, ValueError) as error:
                 raise BundleError(f"seq {record.seq}: {error}") from error

@@ -119,13 +119,17 @@ class ReducerService(reducer_pb2_grpc.ReducerServiceServicer):
                 )
                 async with contextlib.aclosing(follow) as updates:
                     async for update in updates:
+                        # The state up to the damage first, then DATA_LOSS: also for a bundle
+                        # already damaged when the watch starts (its first update is final).
+                        # What holds no record at all is no bundle: no state, its error.
+                        if update.records_read or not update.final:
+                            yield reducer_pb2.WatchBundleResponse(
+                                trace=update.trace, records_read=update.records_read
+                            )
                         if update.final:
                             require_reducible(
                                 update.trace.integrity, salvage=False, source=repr(request.bundle)
                             )
-                        yield reducer_pb2.WatchBundleResponse(
-                            trace=update.trace, records_read=update.records_read
-                        )
             finally:
                 # The trace file is the follower's to close, once no worker reads it.
                 bundle.release_directory()

@@ -1230,20 +1230,31 @@ class StreamEventsRequest(_message.Message):
 
     THREAD_ID_FIELD_NUMBER: _builtins.int
     AFTER_INDEX_FIELD_NUMBER: _builtins.int
+    FLUSH_WINDOW_MS_FIELD_NUMBER: _builtins.int
     thread_id: _builtins.str
     after_index: _builtins.int
     """Events with an index above this one; 0 = from the first event."""
+    flush_window_ms: _builtins.int
+    """How long (milliseconds) the stream may hold a text delta so that the deltas of the same
+    item that follow within that time go out with it as one event; unset = the server's
+    default (10 ms), 0 = one event per delta, at most 1000. Deltas that join a held event take
+    no index of their own: the event keeps its index and every subscriber and every replay
+    sees the same text under it, so after_index resumes exactly.
+    """
     def __init__(
         self,
         *,
         thread_id: _builtins.str = ...,
         after_index: _builtins.int = ...,
+        flush_window_ms: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_flush_window_ms", b"_flush_window_ms", "flush_window_ms", b"flush_window_ms"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_index", b"after_index", "thread_id", b"thread_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_flush_window_ms", b"_flush_window_ms", "after_index", b"after_index", "flush_window_ms", b"flush_window_ms", "thread_id", b"thread_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__flush_window_ms: _TypeAlias = _typing.Literal["flush_window_ms"]  # noqa: Y015
+    _WhichOneofArgType__flush_window_ms: _TypeAlias = _typing.Literal["_flush_window_ms", b"_flush_window_ms"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__flush_window_ms) -> _WhichOneofReturnType__flush_window_ms | None: ...
 
 Global___StreamEventsRequest: _TypeAlias = StreamEventsRequest  # noqa: Y015
 

@@ -1,0 +1,568 @@
+"""The replay provider: a loopback Responses endpoint answering from recorded bundles."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from agent_server.chat_completions import DONE_DATA, DONE_EVENT
+from agent_server.chat_completions import PATH as CHAT_PATH
+from agent_server.loopback_http import (
+    HttpRequest,
+    HttpResponse,
+    LoopbackHttpServer,
+    posted_route,
+    send_error,
+)
+from rollout.trace.v1 import common_pb2, record_pb2
+from trace_reducer import (
+    CHAT_API,
+    REPLAY_IGNORED_FIELDS,
+    RecordedCall,
+    RecordedThread,
+    canonical_json,
+    comparable_request,
+    request_difference,
+)
+
+log = logging.getLogger(__name__)
+
+# The HTTP status and error code of a request no recorded call answers.
+DIVERGENCE_STATUS = 409
+DIVERGENCE_CODE = "replay_divergence"
+
+_DELTA_EVENT_TYPES = {
+    record_pb2.DELTA_KIND_UNSPECIFIED: "response.output_text.delta",
+    record_pb2.DELTA_KIND_REFUSAL: "response.refusal.delta",
+    record_pb2.DELTA_KIND_REASONING_SUMMARY: "response.reasoning_summary_text.delta",
+    record_pb2.DELTA_KIND_FUNCTION_ARGUMENTS: "response.function_call_arguments.delta",
+}
+_CALL_HEADER = "x-rollout-inference-call-id"
+_FORWARDED_HEADERS = ("authorization", _CALL_HEADER)
+
+
+@dataclass(frozen=True)
+class ReplayChunk:
+    """Events the provider's stream brought at one moment (one record's time): (SSE event
+    name, data); a name "" sends the data alone, as Chat Completions streams do."""
+
+    offset_us: int
+    events: list[tuple[str, str]]
+
+
+@dataclass(frozen=True)
+class ReplayScript:
+    """How to answer one recorded call: an HTTP error, or a stream of chunks and its ending
+    (`end`: "complete" ends the stream, "hold" keeps it open until the client leaves, as an
+    interrupted or stalled stream did, "reset" drops the connection)."""
+
+    chunks: list[ReplayChunk]
+    end: str
+    http_status: int = 0
+    error_body: bytes = b""
+
+
+def _event(event_type: str, fields: dict[str, Any]) -> tuple[str, str]:
+    return event_type, json.dumps({"type": event_type, **fields}, separators=(",", ":"))
+
+
+def _logprobs(tokens: common_pb2.DeltaTokens, text: str) -> list[dict[str, Any]]:
+    """The Responses API's `logprobs` entries the recorded columns came from."""
+    texts = list(tokens.texts)
+    if not texts:
+        start = 0
+        for length in tokens.text_lengths:
+            texts.append(text[start : start + length])
+            start += length
+    entries: list[dict[str, Any]] = []
+    top_at = 0
+    for index, (token, logprob) in enumerate(zip(texts, tokens.logprobs, strict=False)):
+        entry: dict[str, Any] = {"token": token, "logprob": logprob}
+        if tokens.top_counts:
+            count = tokens.top_counts[index] if index < len(tokens.top_counts) else 0
+            alternatives = []
+            for at in range(top_at, top_at + count):
+                alternative: dict[str, Any] = {
+                    "token": tokens.top_texts[at],
+                    "logprob": tokens.top_logprobs[at],
+                }
+                if tokens.top_ids:
+                    alternative["token_id"] = tokens.top_ids[at]
+                alternatives.append(alternative)
+            top_at += count
+            entry["top_logprobs"] = alternatives
+        entries.append(entry)
+    return entries
+
+
+def script_of(call: RecordedCall) -> ReplayScript:
+    """The provider's answer to a recorded call, rebuilt from its records.
+
+    The typed records are turned back into the Responses API events they were recorded from
+    (every other event was kept verbatim); events recorded at one moment form one chunk."""
+    if call.error.http_status and not call.records:
+        message = call.error.message
+        prefix = f"provider answered HTTP {call.error.http_status}: "
+        error_json = {
+            "error": {
+                "code": call.error.code,
+                "message": message.removeprefix(prefix),
+                "type": "replayed_error",
+            }
+        }
+        return ReplayScript([], "complete", call.error.http_status, json.dumps(error_json).encode())
+    if call.provider_api == CHAT_API:
+        return ReplayScript(_chat_chunks(call), _ending(call))
+    done_items = {
+        record.output_item_done.item: call.payload_json(record.output_item_done.item_payload_id)
+        for record in call.records
+        if record.WhichOneof("body") == "output_item_done"
+    }
+    added: dict[int, record_pb2.OutputItemAdded] = {}
+    latest = 0
+    chunks: list[ReplayChunk] = []
+    after_text_done = False
+    for record in call.records:
+        kind = record.WhichOneof("body")
+        events: list[tuple[str, str]] = []
+        if kind == "response_created":
+            response: dict[str, Any] = {
+                "id": record.response_created.response_id,
+                "object": "response",
+                "status": "in_progress",
+                "model": call.model,
+            }
+            if call.prompt_token_ids:
+                response["prompt_token_ids"] = call.prompt_token_ids
+            events.append(_event("response.created", {"response": response}))
+        elif kind == "output_item_added":
+            body = record.output_item_added
+            added[body.item] = body
+            latest = body.item
+            item: dict[str, Any] = {"id": body.provider_item_id, "type": body.item_type}
+            if body.role:
+                item["role"] = body.role
+            done = done_items.get(body.item)
+            if body.item_type == "function_call":
+                item["arguments"] = ""
+                if isinstance(done, dict):
+                    item.update({k: done[k] for k in ("call_id", "name") if k in done})
+            elif body.item_type == "message":
+                item["content"] = []
+            item["status"] = "in_progress"
+            if not body.provider_item_id:
+                del item["id"]
+            events.append(
+                _event(
+                    "response.output_item.added", {"output_index": body.output_index, "item": item}
+                )
+            )
+        elif kind == "output_text_delta":
+            body_delta = record.output_text_delta
+            if after_text_done and not body_delta.delta:
+                # The tokens of an `output_text.done` (replayed verbatim just before): the
+                # agent records them again from that event.
+                after_text_done = False
+                continue
+            target = added.get(body_delta.item or latest)
+            fields: dict[str, Any] = {}
+            if target is not None:
+                if target.provider_item_id:
+                    fields["item_id"] = target.provider_item_id
+                fields["output_index"] = target.output_index
+            if body_delta.kind == record_pb2.DELTA_KIND_UNSPECIFIED:
+                fields["content_index"] = 0
+            fields["delta"] = body_delta.delta
+            if body_delta.HasField("tokens"):
+                tokens = body_delta.tokens
+                if tokens.ids:
+                    fields["token_ids"] = list(tokens.ids)
+                if tokens.logprobs:
+                    fields["logprobs"] = _logprobs(tokens, body_delta.delta)
+            events.append(_event(_DELTA_EVENT_TYPES[body_delta.kind], fields))
+        elif kind == "output_item_done":
+            body_done = record.output_item_done
+            source = added.get(body_done.item)
+            index = source.output_index if source is not None else 0
+            events.append(
+                _event(
+                    "response.output_item.done",
+                    {"output_index": index, "item": done_items[body_done.item]},
+                )
+            )
+        elif kind == "provider_event":
+            event = record.provider_event
+            data = (
+                call.payloads[event.data_payload_id].decode("utf-8", "replace")
+                if event.data_payload_id
+                else event.data
+            )
+            events.append((event.event_type, data))
+            after_text_done = event.event_type == "response.output_text.done"
+            if events:
+                chunks = _add(chunks, call, record, events)
+            continue
+        after_text_done = False
+        if events:
+            chunks = _add(chunks, call, record, events)
+    return ReplayScript(chunks, _ending(call))
+
+
+def _chat_chunks(call: RecordedCall) -> list[ReplayChunk]:
+    """A Chat Completions stream: every chunk was kept verbatim (the typed records beside
+    them are what the agent made of them, and it makes them again)."""
+    chunks: list[ReplayChunk] = []
+    for record in call.records:
+        if record.WhichOneof("body") != "provider_event":
+            continue
+        event = record.provider_event
+        if event.event_type == DONE_EVENT:
+            data = DONE_DATA
+        elif event.data_payload_id:
+            data = call.payloads[event.data_payload_id].decode("utf-8", "replace")
+        else:
+            data = event.data
+        if not data:
+            # An event the agent derived from the chunks: it came with no bytes of its own.
+            continue
+        _add(chunks, call, record, [("", data)])
+    return chunks
+
+
+def _add(
+    chunks: list[ReplayChunk],
+    call: RecordedCall,
+    record: record_pb2.TraceRecord,
+    events: list[tuple[str, str]],
+) -> list[ReplayChunk]:
+    offset = max(0, record.time_us - call.started_us)
+    if chunks and chunks[-1].offset_us == offset:
+        chunks[-1].events.extend(events)
+    else:
+        chunks.append(ReplayChunk(offset, events))
+    return chunks
+
+
+def _ending(call: RecordedCall) -> str:
+    status = call.execution.status
+    if status == common_pb2.EXECUTION_STATUS_COMPLETED:
+        return "complete"
+    if status == common_pb2.EXECUTION_STATUS_FAILED:
+        code = call.error.code
+        if code == "connection_error":
+            return "reset"
+        if code == "stream_idle_timeout":
+            return "hold"
+        return "complete"
+    # Cancelled (interrupted, shut down) or never ended: the stream was still open.
+    return "hold"
+
+
+def _conversation(body: dict[str, Any]) -> Any:
+    """What a request sends of the conversation: Responses' `input`, Chat's `messages`."""
+    return body.get("input") if "input" in body else body.get("messages")
+
+
+@dataclass
+class _Cursor:
+    """A recorded thread a replayed thread follows: the next of its calls to answer."""
+
+    thread: RecordedThread
+    position: int = 0
+    # The next call's body as canonical JSON, made once per position.
+    _expected: tuple[int, bytes] | None = None
+
+    def expected(self) -> bytes | None:
+        """The body the next call sent, as the agent encodes it; None past the last call."""
+        calls = self.thread.calls
+        if self.position >= len(calls):
+            return None
+        if self._expected is None or self._expected[0] != self.position:
+            self._expected = (self.position, canonical_json(calls[self.position].request))
+        return self._expected[1]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What a request gets: a recorded call's script, the live provider, or a divergence."""
+
+    call: RecordedCall | None = None
+    live: bool = False
+    divergence: str = ""
+    # An HTTP error for a request that is not one at all: (status, code, message).
+    error: tuple[int, str, str] | None = None
+
+
+class ReplayBook:
+    """Matches each request to a recorded call: by the thread's call sequence and its body.
+
+    A request continues the recorded thread whose next call sent the same body (apart from
+    REPLAY_IGNORED_FIELDS), else starts following the first recorded thread not followed yet
+    whose first call did. Replayed threads are told apart by their requests, so threads that
+    sent identical requests may swap which recorded thread each follows.
+    """
+
+    def __init__(
+        self,
+        threads: Sequence[RecordedThread],
+        *,
+        on_divergence: str = "fail",
+        branch_at: int = 0,
+    ) -> None:
+        self._threads = [thread for thread in threads if thread.calls]
+        self._on_divergence = on_divergence
+        # The first call (1-based, in the thread's order) that goes live; 0: none.
+        self._branch_at = branch_at
+        self._cursors: list[_Cursor] = []
+        self._claimed: set[int] = set()
+        # Each recorded thread's first request as canonical JSON, once asked for.
+        self._first: dict[int, bytes] = {}
+        # The last input each live thread sent: its next request extends it.
+        self._live_inputs: list[list[Any]] = []
+        # Requests answered, byte-identical to the recorded ones, and divergent.
+        self.answered = 0
+        self.byte_identical = 0
+        self.diverged = 0
+
+    def answer(self, raw: bytes) -> Answer:
+        """The answer to a request body, as sent."""
+        # The agent sends canonical JSON, and a recorded body re-encoded is byte for byte the
+        # one it sent: when nothing was set aside, bytes decide, without parsing either.
+        for cursor in self._cursors:
+            if cursor.expected() == raw:
+                self.byte_identical += 1
+                return self._take(cursor, cursor.thread.calls[cursor.position].request)
+        for index, thread in enumerate(self._threads):
+            if index not in self._claimed and self._first_bytes(index) == raw:
+                self.byte_identical += 1
+                return self._claim(index, thread.calls[0].request)
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            return Answer(error=(400, "invalid_json", "the request body is not a JSON object"))
+        return self._answer_parsed(body)
+
+    def _first_bytes(self, index: int) -> bytes:
+        found = self._first.get(index)
+        if found is None:
+            found = self._first[index] = canonical_json(self._threads[index].calls[0].request)
+        return found
+
+    def _claim(self, index: int, body: dict[str, Any]) -> Answer:
+        self._claimed.add(index)
+        cursor = _Cursor(self._threads[index])
+        self._cursors.append(cursor)
+        return self._take(cursor, body)
+
+    def _answer_parsed(self, body: dict[str, Any]) -> Answer:
+        wanted = comparable_request(body)
+        for cursor in self._cursors:
+            calls = cursor.thread.calls
+            if (
+                cursor.position < len(calls)
+                and comparable_request(calls[cursor.position].request) == wanted
+            ):
+                return self._take(cursor, body)
+        for index, thread in enumerate(self._threads):
+            if index not in self._claimed and comparable_request(thread.calls[0].request) == wanted:
+                return self._claim(index, body)
+        if self._continues_live(body):
+            return Answer(live=True)
+        self.diverged += 1
+        if self._on_divergence == "live":
+            self._go_live(body)
+            return Answer(live=True, divergence=self._describe(wanted))
+        return Answer(divergence=self._describe(wanted))
+
+    def _take(self, cursor: _Cursor, body: dict[str, Any]) -> Answer:
+        cursor.position += 1
+        if self._branch_at and cursor.position >= self._branch_at:
+            cursor.position = len(cursor.thread.calls)
+            self._go_live(body)
+            return Answer(live=True)
+        self.answered += 1
+        return Answer(call=cursor.thread.calls[cursor.position - 1])
+
+    def _go_live(self, body: dict[str, Any]) -> None:
+        items = _conversation(body)
+        self._live_inputs.append(list(items) if isinstance(items, list) else [])
+
+    def _continues_live(self, body: dict[str, Any]) -> bool:
+        items = _conversation(body)
+        if not isinstance(items, list):
+            return False
+        for index, before in enumerate(self._live_inputs):
+            if before and items[: len(before)] == before:
+                self._live_inputs[index] = list(items)
+                return True
+        return False
+
+    def _describe(self, wanted: dict[str, Any]) -> str:
+        """The divergence in one line: the nearest recorded call and the first difference."""
+        candidates = [
+            (cursor.thread, cursor.position)
+            for cursor in self._cursors
+            if cursor.position < len(cursor.thread.calls)
+        ] + [(thread, 0) for i, thread in enumerate(self._threads) if i not in self._claimed]
+        if not candidates:
+            return "the request matches no recorded call: every recorded call was answered"
+
+        def shared(candidate: tuple[RecordedThread, int]) -> int:
+            recorded = comparable_request(candidate[0].calls[candidate[1]].request)
+            items, others = _conversation(wanted) or [], _conversation(recorded) or []
+            count = 0
+            for mine, theirs in zip(items, others, strict=False):
+                if mine != theirs:
+                    break
+                count += 1
+            return count
+
+        thread, position = max(candidates, key=shared)
+        call = thread.calls[position]
+        difference = request_difference(comparable_request(call.request), wanted)
+        return (
+            f"the request differs from recorded call {position + 1} of thread "
+            f"{thread.thread_id} ({call.inference_call_id}): {difference}"
+        )
+
+
+class ReplayModel:
+    """Serves POST /responses and /chat/completions on 127.0.0.1 from a ReplayBook, paced
+    as recorded or fast."""
+
+    def __init__(self, book: ReplayBook, pace: str, live_url: str | None) -> None:
+        self._book = book
+        self._pace = pace
+        self._live_url = live_url.rstrip("/") if live_url else None
+        self._http: LoopbackHttpServer | None = None
+        self._live: httpx.AsyncClient | None = None
+        self._lock = asyncio.Lock()
+
+    @classmethod
+    async def start(
+        cls, book: ReplayBook, *, pace: str = "fast", live_url: str | None = None
+    ) -> ReplayModel:
+        model = cls(book, pace, live_url)
+        if live_url:
+            model._live = httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None))
+        model._http = await LoopbackHttpServer.start(model._handle)
+        return model
+
+    @property
+    def url(self) -> str:
+        assert self._http is not None
+        return self._http.url
+
+    @property
+    def book(self) -> ReplayBook:
+        return self._book
+
+    async def stop(self) -> None:
+        if self._http is not None:
+            await self._http.stop()
+        if self._live is not None:
+            await self._live.aclose()
+
+    async def _handle(self, request: HttpRequest, response: HttpResponse) -> None:
+        route = await posted_route(request, response, ("/responses", CHAT_PATH))
+        if route is None:
+            return
+        async with self._lock:
+            answer = self._book.answer(request.body)
+        if answer.error is not None:
+            await _replay_error(response, *answer.error)
+            return
+        if answer.divergence:
+            log.warning("replay divergence: %s", answer.divergence)
+        if answer.live:
+            await self._forward(route, request, response)
+        elif answer.call is None:
+            await _replay_error(response, DIVERGENCE_STATUS, DIVERGENCE_CODE, answer.divergence)
+        else:
+            await self._play(script_of(answer.call), response)
+
+    async def _play(self, script: ReplayScript, response: HttpResponse) -> None:
+        if script.http_status:
+            await response.send(script.http_status, script.error_body)
+            return
+        await response.start()
+        began = time.monotonic()
+        for chunk in script.chunks:
+            if self._pace == "recorded":
+                wait = began + chunk.offset_us / 1e6 - time.monotonic()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+            data = b"".join(
+                f"event: {event_type}\ndata: {data}\n\n".encode()
+                for event_type, data in chunk.events
+            )
+            await response.write(data)
+        if script.end == "reset":
+            response.reset()
+        elif script.end == "hold":
+            await response.wait_disconnected()
+            response.reset()
+
+    async def _forward(self, route: str, request: HttpRequest, response: HttpResponse) -> None:
+        """Pass the request to the live provider and its answer back, byte for byte."""
+        if self._live is None or self._live_url is None:
+            await _replay_error(
+                response,
+                DIVERGENCE_STATUS,
+                DIVERGENCE_CODE,
+                "the request goes to a live provider, but none was given (--provider-url)",
+            )
+            return
+        headers = {"Content-Type": "application/json"}
+        headers.update({n: request.headers[n] for n in _FORWARDED_HEADERS if n in request.headers})
+        try:
+            async with self._live.stream(
+                "POST", f"{self._live_url}{route}", content=request.body, headers=headers
+            ) as upstream:
+                content_type = upstream.headers.get("content-type", "application/json")
+                if upstream.status_code != 200 or not content_type.startswith("text/event-stream"):
+                    await response.send(
+                        upstream.status_code, await upstream.aread(), content_type=content_type
+                    )
+                    return
+                await response.start(content_type=content_type)
+                async for data in upstream.aiter_raw():
+                    await response.write(data)
+        except httpx.HTTPError as error:
+            if response.started:
+                response.reset()
+                return
+            await _replay_error(
+                response, 502, "live_provider_unreachable", f"live provider: {type(error).__name__}"
+            )
+
+
+async def _replay_error(response: HttpResponse, status: int, code: str, message: str) -> None:
+    await send_error(response, status, code, message, "replay_error")
+
+
+def _sse(event_type: str, data: str) -> bytes:
+    lines = [f"event: {event_type}"] if event_type else []
+    lines.extend(f"data: {line}" for line in data.split("\n"))
+    return ("\n".join(lines) + "\n\n").encode()
+
+
+__all__ = [
+    "DIVERGENCE_CODE",
+    "DIVERGENCE_STATUS",
+    "REPLAY_IGNORED_FIELDS",
+    "Answer",
+    "ReplayBook",
+    "ReplayModel",
+    "ReplayScript",
+    "script_of",
+]

@@ -1,0 +1,352 @@
+"""Replaying a recorded run: the same client against its own recording, divergence, branching."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rollout.agent.v1 import agent_pb2
+from rollout.trace.v1 import common_pb2, state_pb2
+from tests.agent_server.conftest import Harness, StartAgent, reduce_with_cli
+from tests.agent_server.scripted_provider import (
+    ScriptedProvider,
+    answer,
+    created,
+    item_added,
+    sse,
+    text_delta,
+)
+from tests.agent_server.test_chat_dialect import chunk, stream
+from tests.agent_server.test_tools import CONVERT, LOOKUP, requested, submit
+from trace_reducer import diff_runs, read_recorded_thread, replay_bundle
+
+COMPLETED = agent_pb2.TURN_STATUS_COMPLETED
+FAILED = agent_pb2.TURN_STATUS_FAILED
+
+ToolCode = Callable[[str, str], str]
+
+
+def tool_code(name: str, arguments: str) -> str:
+    """The client's own tool: what the replay runs again."""
+    return f"{name} saw {len(json.loads(arguments))} argument(s)"
+
+
+async def tool_client(
+    agent: Harness, tools: ToolCode = tool_code, **thread_fields: Any
+) -> agent_pb2.Thread:
+    """A text turn, a turn with two parallel tool calls answered by `tools`, another text
+    turn; the thread closed."""
+    thread = await agent.start_thread(tools=[LOOKUP, CONVERT], **thread_fields)
+    events = agent.events(thread.id)
+    first = await agent.start_turn(thread.id, "hello there")
+    assert (await events.turn_completed(first.id)).status == COMPLETED
+    second = await agent.start_turn(thread.id, "please lookup the rate and convert it")
+    calls = await requested(events, 2)
+    await submit(
+        agent,
+        thread.id,
+        second.id,
+        *((call.call_id, tools(call.name, call.arguments), False) for call in calls),
+    )
+    assert (await events.turn_completed(second.id)).status == COMPLETED
+    third = await agent.start_turn(thread.id, "thanks, that is all")
+    assert (await events.turn_completed(third.id)).status == COMPLETED
+    await agent.stub.CloseThread(agent_pb2.CloseThreadRequest(thread_id=thread.id))
+    return thread
+
+
+def _items(trace: state_pb2.RolloutTrace) -> list[tuple[Any, ...]]:
+    thread = trace.threads[trace.root_thread_id]
+    out = []
+    for item_id in thread.conversation_item_ids:
+        item = trace.conversation_items[item_id]
+        text = "".join(part.text for part in item.content)
+        out.append((item.kind, item.role, text, item.name, item.arguments, item.output))
+    return out
+
+
+def _turns(trace: state_pb2.RolloutTrace) -> list[tuple[Any, ...]]:
+    thread = trace.threads[trace.root_thread_id]
+    return [
+        (
+            trace.turns[turn_id].execution.status,
+            [
+                (
+                    trace.inference_calls[c].attempt,
+                    trace.inference_calls[c].execution.status,
+                    trace.inference_calls[c].error.code,
+                    trace.inference_calls[c].response_id,
+                    [d.partial_text for d in trace.inference_calls[c].discarded_outputs],
+                )
+                for c in trace.turns[turn_id].inference_call_ids
+            ],
+        )
+        for turn_id in thread.turn_ids
+    ]
+
+
+async def assert_same_run(original: Path, replayed: Path) -> None:
+    """The replay's reduced state equals the original's apart from ids and times."""
+    a, b = replay_bundle(original), replay_bundle(replayed)
+    assert _items(a) == _items(b)
+    assert _turns(a) == _turns(b)
+    assert len(a.tool_calls) == len(b.tool_calls)
+    assert a.threads[a.root_thread_id].execution.status == (
+        b.threads[b.root_thread_id].execution.status
+    )
+    difference = diff_runs(original, replayed)
+    assert difference.first is None, difference.first
+    assert difference.same_calls == len(a.inference_calls)
+
+
+@pytest.mark.parametrize("api", ["responses", "chat"])
+async def test_a_tool_run_replays_to_the_same_state(
+    start_agent: StartAgent, tmp_path: Path, api: str
+) -> None:
+    live = await start_agent(provider_url=None, local_word_delay=0.0, provider_api=api)
+    tokens: dict[str, Any] = {
+        "capture_logprobs": True,
+        "request_token_ids": True,
+        "top_logprobs": 2,
+    }
+    thread = await tool_client(live, **tokens)
+    original = Path(thread.bundle_path)
+    assert {call.provider_api or "responses" for call in read_recorded_thread(original).calls} == {
+        api
+    }
+    state = await reduce_with_cli(original)
+    # The engine's token ids and logprobs were recorded: the replay must give them again.
+    assert all(call.output_tokens.ids for call in state.inference_calls.values())
+    # Parallel calls really happened: one response asked for both tools.
+    assert any(len(call.response_item_ids) == 2 for call in state.inference_calls.values())
+
+    replay = await start_agent(
+        provider_url=None, replay_from=original, trace_root=tmp_path / "replayed", provider_api=api
+    )
+    replayed = await tool_client(replay, **tokens)
+    assert replay.server.replay is not None
+    assert replay.server.replay.answered == len(state.inference_calls)
+    # Every request was byte for byte the recorded one.
+    assert replay.server.replay.byte_identical == len(state.inference_calls)
+    assert replay.server.replay.diverged == 0
+    await assert_same_run(original, Path(replayed.bundle_path))
+
+
+async def test_changed_tool_code_diverges_at_the_call_that_sends_its_output(
+    start_agent: StartAgent, tmp_path: Path
+) -> None:
+    live = await start_agent(provider_url=None, local_word_delay=0.0)
+    original = Path((await tool_client(live)).bundle_path)
+    replay = await start_agent(
+        provider_url=None, replay_from=original, trace_root=tmp_path / "replayed"
+    )
+    thread = await replay.start_thread(tools=[LOOKUP, CONVERT])
+    events = replay.events(thread.id)
+    first = await replay.start_turn(thread.id, "hello there")
+    await events.turn_completed(first.id)
+    second = await replay.start_turn(thread.id, "please lookup the rate and convert it")
+    calls = await requested(events, 2)
+    await submit(
+        replay,
+        thread.id,
+        second.id,
+        *((call.call_id, "a changed line of tool code", False) for call in calls),
+    )
+    ended = await events.turn_completed(second.id)
+    assert ended.status == FAILED
+    assert ended.error.code == "replay_divergence"
+    assert ended.error.http_status == 409
+    # The message names the recorded call and where the request first differs.
+    assert "recorded call 3 of thread" in ended.error.message
+    assert "output" in ended.error.message
+    await replay.stub.CloseThread(agent_pb2.CloseThreadRequest(thread_id=thread.id))
+
+    # The first difference is the tool calls of call 2 (their outputs); call 3 is the
+    # request that carried them.
+    difference = diff_runs(original, Path(thread.bundle_path))
+    assert difference.first is not None
+    assert difference.first.number == 2
+    assert difference.first.aspects == ["tool calls"]
+    assert any("a changed line of tool code" in line for line in difference.first.details)
+
+
+@pytest.mark.parametrize("api", ["responses", "chat"])
+async def test_retries_and_an_interrupt_replay_as_recorded(
+    start_agent: StartAgent, provider: ScriptedProvider, tmp_path: Path, api: str
+) -> None:
+    """A 500 then a reply (two attempts); then a stream interrupted mid-item."""
+    provider.queue_error(500, {"error": {"code": "server_error", "message": "boom"}})
+    if api == "chat":
+        start = {"role": "assistant", "content": "second time "}
+        provider.queue(
+            stream(chunk(start), chunk({"content": "lucky"}), chunk(finish_reason="stop"))
+        )
+        half = chunk({"role": "assistant", "content": "half a tho"})
+        provider.queue(
+            f"data: {json.dumps(half)}\n\n",
+            asyncio.Event(),  # never set: the stream stalls until the interrupt closes it
+        )
+    else:
+        provider.queue(answer("second time lucky", item_id="msg-a"))
+        provider.queue(
+            sse(
+                created("resp-2"),
+                item_added({"id": "msg-b", "type": "message", "role": "assistant"}),
+                text_delta("half a tho", "msg-b"),
+            ),
+            asyncio.Event(),  # never set: the stream stalls until the interrupt closes it
+        )
+
+    async def client(agent: Harness) -> agent_pb2.Thread:
+        thread = await agent.start_thread()
+        events = agent.events(thread.id)
+        first = await agent.start_turn(thread.id, "try")
+        assert (await events.turn_completed(first.id)).status == COMPLETED
+        second = await agent.start_turn(thread.id, "go on")
+        await events.wait_for(lambda e: e.HasField("agent_message_delta"))
+        await agent.stub.Interrupt(
+            agent_pb2.InterruptRequest(thread_id=thread.id, turn_id=second.id)
+        )
+        await agent.stub.CloseThread(agent_pb2.CloseThreadRequest(thread_id=thread.id))
+        return thread
+
+    live = await start_agent(max_retries=1, provider_api=api)
+    original = Path((await client(live)).bundle_path)
+    state = await reduce_with_cli(original)
+    assert [c.attempt for c in state.inference_calls.values()].count(2) == 1
+    assert {c.provider_api or "responses" for c in read_recorded_thread(original).calls} == {api}
+
+    replay = await start_agent(
+        max_retries=1,
+        provider_url=None,
+        replay_from=original,
+        trace_root=tmp_path / "replayed",
+        provider_api=api,
+    )
+    replayed = Path((await client(replay)).bundle_path)
+    await assert_same_run(original, replayed)
+    # The interrupted call streamed what it had, then stayed open until the interrupt.
+    again = replay_bundle(replayed)
+    cancelled = [
+        c
+        for c in again.inference_calls.values()
+        if c.execution.status == common_pb2.EXECUTION_STATUS_CANCELLED
+    ]
+    assert [d.partial_text for d in cancelled[0].discarded_outputs] == ["half a tho"]
+
+
+@pytest.mark.parametrize("api", ["responses", "chat"])
+async def test_a_forked_run_replays_from_its_bundles(
+    start_agent: StartAgent, tmp_path: Path, api: str
+) -> None:
+    async def client(agent: Harness) -> list[agent_pb2.Thread]:
+        thread = await agent.start_thread()
+        events = agent.events(thread.id)
+        turn = await agent.start_turn(thread.id, "the shared start")
+        await events.turn_completed(turn.id)
+        reply = await agent.stub.ForkThread(
+            agent_pb2.ForkThreadRequest(thread_id=thread.id, count=2)
+        )
+        forks = list(reply.threads)
+        for index, fork in enumerate(forks):
+            fork_events = agent.events(fork.id)
+            fork_turn = await agent.start_turn(fork.id, f"branch number {index}")
+            await fork_events.turn_completed(fork_turn.id)
+        for each in (thread, *forks):
+            await agent.stub.CloseThread(agent_pb2.CloseThreadRequest(thread_id=each.id))
+        return [thread, *forks]
+
+    live = await start_agent(provider_url=None, local_word_delay=0.0, provider_api=api)
+    originals = await client(live)
+    root = Path(originals[0].bundle_path).parent
+    assert {
+        call.provider_api or "responses"
+        for each in originals
+        for call in read_recorded_thread(Path(each.bundle_path)).calls
+    } == {api}
+    replay = await start_agent(
+        provider_url=None, replay_from=root, trace_root=tmp_path / "replayed", provider_api=api
+    )
+    replayed = await client(replay)
+    assert replay.server.replay is not None
+    assert replay.server.replay.diverged == 0
+    for before, after in zip(originals, replayed, strict=True):
+        await assert_same_run(Path(before.bundle_path), Path(after.bundle_path))
+
+
+async def test_a_run_branched_at_call_3_goes_on_live(
+    start_agent: StartAgent, provider: ScriptedProvider, tmp_path: Path
+) -> None:
+    texts = ["one", "two", "three", "four"]
+
+    async def client(agent: Harness, model: str) -> tuple[agent_pb2.Thread, list[agent_pb2.Turn]]:
+        thread = await agent.start_thread(model=model)
+        events = agent.events(thread.id)
+        turns = []
+        for text in texts:
+            turn = await agent.start_turn(thread.id, f"turn {text}")
+            turns.append(await events.turn_completed(turn.id))
+        await agent.stub.CloseThread(agent_pb2.CloseThreadRequest(thread_id=thread.id))
+        return thread, turns
+
+    live = await start_agent(provider_url=None, local_word_delay=0.0)
+    original, _ = await client(live, "local-echo-1")
+    provider.queue(answer("live three", item_id="live-3", response_id="resp-3"))
+    provider.queue(answer("live four", item_id="live-4", response_id="resp-4"))
+    branched = await start_agent(
+        replay_from=Path(original.bundle_path),
+        replay_branch_at=3,
+        trace_root=tmp_path / "branched",
+    )
+    thread, turns = await client(branched, "another-model")
+    assert [turn.status for turn in turns] == [COMPLETED] * 4
+    assert branched.server.replay is not None
+    assert branched.server.replay.answered == 2
+    # Calls 3 and 4 reached the live provider, asking for the other model.
+    assert [json.loads(r.body)["model"] for r in provider.requests] == ["another-model"] * 2
+    state = await reduce_with_cli(Path(thread.bundle_path))
+    texts_seen = [
+        item[2] for item in _items(state) if item[1] == state_pb2.CONVERSATION_ROLE_ASSISTANT
+    ]
+    assert texts_seen[2:] == ["live three", "live four"]
+    before = await reduce_with_cli(Path(original.bundle_path))
+    assert (
+        texts_seen[:2]
+        == [item[2] for item in _items(before) if item[1] == state_pb2.CONVERSATION_ROLE_ASSISTANT][
+            :2
+        ]
+    )
+    difference = diff_runs(Path(original.bundle_path), Path(thread.bundle_path))
+    assert difference.first is not None
+    assert difference.first.number == 3
+    assert "accepted items" in difference.first.aspects
+
+
+async def test_divergence_goes_live_when_asked(
+    start_agent: StartAgent, provider: ScriptedProvider, tmp_path: Path
+) -> None:
+    live = await start_agent(provider_url=None, local_word_delay=0.0)
+    thread = await live.start_thread()
+    events = live.events(thread.id)
+    turn = await live.start_turn(thread.id, "the recorded question")
+    await events.turn_completed(turn.id)
+    await live.stub.CloseThread(agent_pb2.CloseThreadRequest(thread_id=thread.id))
+
+    provider.queue(answer("a live answer", item_id="live-1"))
+    replay = await start_agent(
+        replay_from=Path(thread.bundle_path),
+        replay_on_divergence="live",
+        trace_root=tmp_path / "replayed",
+    )
+    other = await replay.start_thread()
+    other_events = replay.events(other.id)
+    other_turn = await replay.start_turn(other.id, "a question never recorded")
+    assert (await other_events.turn_completed(other_turn.id)).status == COMPLETED
+    assert replay.server.replay is not None
+    assert replay.server.replay.diverged == 1
+    assert len(provider.requests) == 1

@@ -1,0 +1,139 @@
+"""A bundle's rewards.binpb as an attacker plants it: a symlink out of the root, a dangling
+link, a FIFO; and a sidecar of many rewards, appended one at a time."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trace_reducer import (
+    REWARDS_FILE_NAME,
+    RewardError,
+    RewardInput,
+    append_reward,
+    read_rewards,
+    replay_bundle,
+)
+
+from .bundles import one_turn_bundle
+
+
+def run_cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "trace_reducer.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def reward(value: float = 1.0) -> RewardInput:
+    return RewardInput(thread_id="thread-1", name="score", value=value)
+
+
+@pytest.fixture
+def bundle(tmp_path: Path) -> Path:
+    return one_turn_bundle(tmp_path / "root")
+
+
+def test_a_symlinked_sidecar_is_never_written_through(bundle: Path, tmp_path: Path) -> None:
+    # Was: RecordReward truncated the file the link points to and wrote records into it.
+    outside = tmp_path / "outside.txt"
+    outside.write_bytes(b"precious")
+    (bundle / REWARDS_FILE_NAME).symlink_to(outside)
+    with pytest.raises(RewardError, match="symbolic link") as raised:
+        append_reward(bundle, reward(), trace_id="t")
+    assert raised.value.reason == "REWARDS_UNWRITABLE"
+    assert outside.read_bytes() == b"precious"
+    result = run_cli("reward", bundle, "--name", "score", "--value", "1")
+    assert result.returncode == 1, result.stderr
+    assert "symbolic link" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert outside.read_bytes() == b"precious"
+    # Reading does not follow it either: the state says why it has no rewards.
+    trace = replay_bundle(bundle)
+    assert not trace.rewards
+    assert "rewards.binpb is a symbolic link" in trace.integrity.detail
+
+
+def test_a_dangling_symlinked_sidecar_creates_nothing(bundle: Path, tmp_path: Path) -> None:
+    # Was: the link's target was created, outside the root.
+    target = tmp_path / "created-outside.binpb"
+    (bundle / REWARDS_FILE_NAME).symlink_to(target)
+    with pytest.raises(RewardError, match="symbolic link"):
+        append_reward(bundle, reward(), trace_id="t")
+    assert not target.exists()
+
+
+@pytest.mark.parametrize("command", ["reduce", "reward", "export-rl"])
+def test_a_fifo_sidecar_is_refused_at_once(bundle: Path, tmp_path: Path, command: str) -> None:
+    # Was: reduce, reward and export-rl waited forever for a writer to open the FIFO.
+    os.mkfifo(bundle / REWARDS_FILE_NAME)
+    commands: dict[str, list[str | Path]] = {
+        "reduce": ["reduce", bundle, "--stdout"],
+        "reward": ["reward", bundle, "--name", "score", "--value", "1"],
+        "export-rl": ["export-rl", bundle, "--format", "jsonl", "--out", tmp_path / "out"],
+    }
+    args = commands[command]
+    result = run_cli(*args)
+    assert "Traceback" not in result.stderr
+    assert "internal error" not in result.stderr
+    if command == "reward":
+        assert result.returncode == 1
+        assert "rewards.binpb is not a regular file" in result.stderr
+    else:
+        assert result.returncode == 0, result.stderr
+    assert read_rewards(bundle).problem == "rewards.binpb is not a regular file"
+
+
+def test_appending_reads_only_what_was_written_since(
+    bundle: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Was: each append re-read the whole sidecar (0.9 s per reward at 200,000: O(N^2)).
+    count = 300
+    read = 0
+    real_read, real_pread = os.read, os.pread
+
+    def counted_read(fd: int, size: int) -> bytes:
+        nonlocal read
+        data = real_read(fd, size)
+        read += len(data)
+        return data
+
+    def counted_pread(fd: int, size: int, offset: int) -> bytes:
+        nonlocal read
+        data = real_pread(fd, size, offset)
+        read += len(data)
+        return data
+
+    monkeypatch.setattr(os, "read", counted_read)
+    monkeypatch.setattr(os, "pread", counted_pread)
+    for index in range(count):
+        assert append_reward(bundle, reward(index), trace_id="t") == index + 2
+    monkeypatch.undo()
+    size = (bundle / REWARDS_FILE_NAME).stat().st_size
+    # Each record is read once after it was written, plus a few bytes of the header per append
+    # to tell the same file from a replaced one.
+    assert read <= size + count * 64
+    found = read_rewards(bundle)
+    assert [r.value for _, r in found.rewards] == [float(i) for i in range(count)]
+    assert found.problem == ""
+
+
+def test_another_writer_and_a_replaced_sidecar_are_read_again(bundle: Path) -> None:
+    # The cache of what was read never hides what another writer appended, or a new file.
+    assert append_reward(bundle, reward(1), trace_id="t") == 2
+    result = run_cli("reward", bundle, "--name", "score", "--value", "2")
+    assert result.returncode == 0, result.stderr
+    assert append_reward(bundle, reward(3), trace_id="t") == 4
+    sidecar = bundle / REWARDS_FILE_NAME
+    sidecar.unlink()
+    assert append_reward(bundle, reward(4), trace_id="t") == 2
+    sidecar.write_bytes(sidecar.read_bytes()[:-3])  # torn by a writer that died
+    assert append_reward(bundle, reward(5), trace_id="t") == 2
+    assert [r.value for _, r in read_rewards(bundle).rewards] == [5.0]
