@@ -11,13 +11,13 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE constraints.txt ./
 COPY rollout ./rollout
 COPY grpc_common ./grpc_common
 COPY trace_reducer ./trace_reducer
 COPY rollout_client ./rollout_client
 COPY agent_server ./agent_server
-RUN pip install . \
+RUN pip install -c constraints.txt . \
     && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin agent \
     && mkdir /traces \
     && chown agent /traces

@@ -9,12 +9,14 @@ TS_STAMP := $(TS)/node_modules/.installed
 NPM_CACHE ?= $(or $(TMPDIR),/tmp)/rollout-trace-npm-cache
 
 .PHONY: demo test check lint protos check-protos ts-protos check-ts-protos check-breaking \
-	pytest test-ts test-backends engine vllm fuzz bench clean
+	pytest test-ts test-backends engine vllm check-package fuzz bench clean
 
-$(STAMP): pyproject.toml
+# The package with every extra, and the project's own tools (pyproject's dependency groups, which
+# need pip >= 25.1), at the exact versions of constraints.txt.
+$(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,otel,viewer-tests,batch,ray,training,bench]'
+	$(PY) -m pip install --quiet --upgrade 'pip>=25.1'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[otel,batch,ray,training]' --group dev
 	touch $@
 
 demo: $(STAMP)
@@ -50,7 +52,11 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-check: check-protos check-ts-protos check-breaking lint
+# The sdist and wheel built, the wheel installed into a clean venv and its two commands run.
+check-package: $(STAMP)
+	scripts/check-package.sh
+
+check: check-protos check-ts-protos check-breaking lint check-package
 
 # What the tests drive beyond Python packages (Chromium from the OS packages), where missing.
 test-backends:

@@ -8,17 +8,14 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from grpc_common import header_secret
-from rollout.agent.v1 import agent_pb2
-from rollout_client import (
-    DEFAULT_ADDRESS,
-    RolloutError,
-    RpcError,
-    SyncAgentClient,
-    SyncThread,
-    UnavailableError,
-)
+# Only the defaults here: `chat --help` must not load gRPC; run() loads the client.
+from rollout_client import ADDRESS_ENV, DEFAULT_ADDRESS, address_from_env
+
+if TYPE_CHECKING:
+    from rollout.agent.v1 import agent_pb2
+    from rollout_client import SyncThread
 
 PROG = "agent-server chat"
 HELP = "Type a message and press Enter. Ctrl-C interrupts a reply; /quit (or Ctrl-D) ends the chat."
@@ -32,7 +29,9 @@ EXIT_USAGE = 2
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--address", default=DEFAULT_ADDRESS, help=f"the server (default {DEFAULT_ADDRESS})"
+        "--address",
+        default=address_from_env(),
+        help=f"the server (default ${ADDRESS_ENV}, else {DEFAULT_ADDRESS})",
     )
     parser.add_argument(
         "--auth-token-env",
@@ -50,6 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from grpc_common import header_secret
+    from rollout_client import RolloutError, RpcError, SyncAgentClient, UnavailableError
+
     token = None
     if args.auth_token_env:
         try:
@@ -109,6 +111,9 @@ def _converse(thread: SyncThread) -> None:
 
 def _reply(thread: SyncThread, text: str) -> None:
     """Stream the reply to text; Ctrl-C interrupts it, and its events still run to the end."""
+    from rollout.agent.v1 import agent_pb2
+    from rollout_client import RpcError, UnavailableError
+
     turn = thread.run_turn(text)
     try:
         interrupting = _despite_ctrl_c(turn.start)

@@ -6,17 +6,16 @@ import argparse
 import sys
 from pathlib import Path
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-from rollout_client import DEFAULT_ADDRESS
+from rollout_client import ADDRESS_ENV, DEFAULT_ADDRESS, address_from_env
 
 PROG = "agent-server health"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--address", default=DEFAULT_ADDRESS, help=f"the server (default {DEFAULT_ADDRESS})"
+        "--address",
+        default=address_from_env(),
+        help=f"the server (default ${ADDRESS_ENV}, else {DEFAULT_ADDRESS})",
     )
     parser.add_argument("--timeout", type=float, default=3.0, help="seconds (default 3)")
     parser.add_argument("--tls", action="store_true", help="connect with TLS, system CAs")
@@ -25,6 +24,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print the status; exit 0 when SERVING, 1 otherwise (or when the server cannot be asked)."""
+    # Imported here, not above: `--help` needs none of gRPC.
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
     if args.tls or args.tls_ca is not None:
         try:
             roots = args.tls_ca.read_bytes() if args.tls_ca is not None else None

@@ -222,7 +222,10 @@ class Agent:
         self._threads[thread_id] = thread
         self._forget_closed()
         telemetry.thread_started(
-            thread.id, model=thread.model, bundle_path=thread.recorder.bundle_path
+            thread.id,
+            model=thread.model,
+            bundle_path=thread.recorder.bundle_path,
+            trace_id=thread.recorder.trace_id,
         )
         return thread
 
@@ -433,9 +436,16 @@ class Agent:
         return candidates[-1], trace.trace_id
 
     def start_turn(
-        self, thread_id: str, texts: Sequence[str], sampling: Sampling | None = None
+        self,
+        thread_id: str,
+        texts: Sequence[str],
+        sampling: Sampling | None = None,
+        *,
+        traceparent: str = "",
     ) -> Turn:
-        """Record and announce the turn, start its task, and return it IN_PROGRESS."""
+        """Record and announce the turn, start its task, and return it IN_PROGRESS.
+
+        `traceparent` (W3C) makes the turn's spans children of the caller's span."""
         thread = self.thread(thread_id)
         if not any(texts):
             raise EmptyInputError("input must contain at least one non-empty text")
@@ -461,7 +471,7 @@ class Agent:
             )
         turn_id = f"turn_{uuid.uuid4().hex}"
         items = [user_message(texts)]
-        ordinal = thread.recorder.turn_started(turn_id, items)
+        ordinal = thread.recorder.turn_started(turn_id, items, traceparent)
         thread.history.extend(items)
         turn = Turn(
             id=turn_id,

@@ -3,21 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
+import importlib
 import logging
 import sys
-import tempfile
 from collections.abc import Sequence
-from dataclasses import replace
-from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from agent_server import _chat, _demo, _health, config, logs
-from agent_server.config import ConfigError, Settings
-from agent_server.gateway import _settings as gateway_settings
-from agent_server.gateway._settings import GatewaySettings
-from agent_server.server import AgentServer
-from grpc_common import install_signal_handlers
-from trace_reducer import __version__
+if TYPE_CHECKING:
+    from agent_server.config import Settings
+    from agent_server.gateway._settings import GatewaySettings
 
 PROG = "agent-server"
 log = logging.getLogger("agent_server")
@@ -28,41 +22,88 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
 
-def _parser() -> argparse.ArgumentParser:
+# Each command, its help, and the module and function that add its arguments. Only the
+# command being run has its module imported: `--help`, `health` and `chat` never load the server.
+_COMMANDS = {
+    "serve": ("run the AgentService gRPC server", "agent_server.config", "add_serve_arguments"),
+    "demo": (
+        "run one recorded thread on the built-in local model and reduce its bundle",
+        "agent_server.config",
+        "add_demo_arguments",
+    ),
+    "chat": (
+        "talk to a running agent server from the terminal",
+        "agent_server._chat",
+        "add_arguments",
+    ),
+    "gateway": (
+        "serve an OpenAI-compatible HTTP gateway that records every call it forwards",
+        "agent_server.gateway._settings",
+        "add_arguments",
+    ),
+    "health": (
+        "exit 0 when a server's health service says SERVING (for probes)",
+        "agent_server._health",
+        "add_arguments",
+    ),
+}
+
+
+class _Version(argparse.Action):
+    """`--version`, read from the installed package's metadata: importing trace_reducer for
+    its __version__ would load the whole reducer."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(
+            option_strings, dest=argparse.SUPPRESS, nargs=0, help="show the version and exit"
+        )
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
+        from importlib import metadata
+
+        try:
+            version = metadata.version("rollout-trace")
+        except metadata.PackageNotFoundError:  # a source tree that was never installed
+            from trace_reducer.bundle._version import __version__ as version
+        print(f"{PROG} {version}")  # on stdout, as argparse's own version action does
+        parser.exit()
+
+
+def _parser(command: str | None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__)
-    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    parser.add_argument("--version", action=_Version)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    serve = commands.add_parser("serve", help="run the AgentService gRPC server")
-    config.add_serve_arguments(serve)
-    serve.set_defaults(run=_serve)
-    demo = commands.add_parser(
-        "demo",
-        help="run one recorded thread on the built-in local model and reduce its bundle",
-    )
-    config.add_demo_arguments(demo)
-    demo.set_defaults(run=_demo_command)
-    gateway = commands.add_parser(
-        "gateway",
-        help="serve an OpenAI-compatible HTTP gateway that records every call it forwards",
-    )
-    gateway_settings.add_arguments(gateway)
-    chat = commands.add_parser("chat", help="talk to a running agent server from the terminal")
-    _chat.add_arguments(chat)
-    health = commands.add_parser(
-        "health", help="exit 0 when a server's health service says SERVING (for probes)"
-    )
-    _health.add_arguments(health)
+    for name, (help_text, module, function) in _COMMANDS.items():
+        subparser = commands.add_parser(name, help=help_text)
+        if name == command:
+            getattr(importlib.import_module(module), function)(subparser)
     return parser
 
 
+def _command(argv: Sequence[str]) -> str | None:
+    """The command named on the command line (the top level has no options taking values)."""
+    return next((arg for arg in argv if not arg.startswith("-")), None)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = _parser(_command(argv)).parse_args(argv)
     if args.command == "chat":
+        from agent_server import _chat
+
         return _chat.run(args)
     if args.command == "health":
+        from agent_server import _health
+
         return _health.run(args)
     if args.command == "gateway":
         return _gateway_command(args)
+    import asyncio
+
+    from agent_server import config, logs
+    from agent_server.config import ConfigError
+
+    run = _serve if args.command == "serve" else _demo_command
     try:
         settings = config.from_args(args)
     except ConfigError as error:
@@ -71,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The demo speaks on stdout; only its server's trouble belongs on stderr.
     logs.configure("warning" if args.command == "demo" else settings.log_level, settings.log_format)
     try:
-        code: int = asyncio.run(args.run(settings))
+        code: int = asyncio.run(run(settings))
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except Exception as error:  # noqa: BLE001 - the last line of defence: no traceback for users
@@ -81,6 +122,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 async def _serve(settings: Settings) -> int:
+    import asyncio
+
+    from agent_server.config import ConfigError
+    from agent_server.server import AgentServer
+    from grpc_common import install_signal_handlers
+
     try:
         server = await AgentServer.start(settings)
     except ConfigError as error:
@@ -103,7 +150,10 @@ async def _serve(settings: Settings) -> int:
 
 def _gateway_command(args: argparse.Namespace) -> int:
     # Imported here: `agent-server --help` and the other commands do without aiohttp's server.
-    from agent_server import gateway
+    import asyncio
+
+    from agent_server import gateway, logs
+    from agent_server.config import ConfigError
 
     try:
         settings = gateway.from_args(args)
@@ -121,8 +171,11 @@ def _gateway_command(args: argparse.Namespace) -> int:
 
 
 async def _run_gateway(settings: GatewaySettings) -> int:
+    import asyncio
+
     from agent_server.gateway import Gateway
     from agent_server.server import trace_root_problem
+    from grpc_common import install_signal_handlers
 
     problem = trace_root_problem(settings.trace_root)
     if problem:
@@ -144,6 +197,12 @@ async def _run_gateway(settings: GatewaySettings) -> int:
 
 
 async def _demo_command(settings: Settings) -> int:
+    import tempfile
+    from dataclasses import replace
+    from pathlib import Path
+
+    from agent_server import _demo
+
     trace_root = settings.trace_root or Path(tempfile.mkdtemp(prefix="rollout-demo-"))
     settings = replace(settings, provider_url=None, listen="127.0.0.1:0", trace_root=trace_root)
     return await _demo.run(settings)

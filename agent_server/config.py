@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from agent_server import _config_file, logs
-from grpc_common import AccessControl, add_access_arguments, header_secret, split_listen
+from grpc_common import AccessControl, Keepalive, add_access_arguments, header_secret, split_listen
 
 _T = TypeVar("_T")
 
@@ -170,8 +170,14 @@ class Settings:
     tool_output_timeout: float = DEFAULT_TOOL_OUTPUT_TIMEOUT
     # Bearer token and TLS of the gRPC server (off by default); its secrets never show.
     access: AccessControl = field(default_factory=AccessControl)
+    keepalive: Keepalive = field(default_factory=Keepalive)
     # HOST:PORT of the Prometheus endpoint (`/metrics`); None serves no metrics.
     metrics_listen: str | None = None
+    # Live OTLP export of each turn's spans (off without an endpoint); protocol, headers and
+    # timeout default to the OpenTelemetry exporter environment. Headers may hold secrets.
+    otlp_endpoint: str | None = None
+    otlp_protocol: str | None = None
+    otlp_headers: tuple[str, ...] = field(default=(), repr=False)
     log_level: str = "info"
     log_format: str = "text"
     # A bundle, or a directory of bundles, whose recorded provider streams answer every
@@ -185,6 +191,10 @@ class Settings:
     replay_branch_at: int = 0
 
     def __post_init__(self) -> None:
+        if self.trace_root is not None and not self.trace_root.is_absolute():
+            # Bundle paths go to clients (Thread.bundle_path, what `chat` prints), which may run
+            # in another directory: absolute from the start.
+            object.__setattr__(self, "trace_root", self.trace_root.absolute())
         for name, bounds in NUMBER_SETTINGS.items():
             bounds.check(name, getattr(self, name))
         if not self.model:
@@ -273,9 +283,40 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_access_arguments(parser)
     parser.add_argument(
+        "--keepalive-time",
+        type=float,
+        metavar="SECONDS",
+        help="ping a connection silent this long, so idle streams survive load balancers and "
+        "NAT (default 60)",
+    )
+    parser.add_argument(
+        "--max-connection-age",
+        type=float,
+        metavar="SECONDS",
+        help="ask clients to reconnect after this long (GOAWAY; rollout_client resumes its "
+        "streams), spreading them over a load balancer's servers (default: never)",
+    )
+    parser.add_argument(
         "--metrics-listen",
         metavar="HOST:PORT",
         help="serve Prometheus metrics at http://HOST:PORT/metrics (env ROLLOUT_METRICS_LISTEN)",
+    )
+    parser.add_argument(
+        "--otlp-endpoint",
+        metavar="URL",
+        help="send each turn's OpenTelemetry spans to this OTLP receiver as the turn ends, in "
+        "the background (the spans of `trace-reducer export-otlp`; needs the otel extra)",
+    )
+    parser.add_argument(
+        "--otlp-protocol",
+        choices=("grpc", "http/protobuf"),
+        help="default OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL, else grpc",
+    )
+    parser.add_argument(
+        "--otlp-header",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a header on every export (repeatable; default OTEL_EXPORTER_OTLP_[TRACES_]HEADERS)",
     )
     parser.add_argument(
         "--log-level", choices=logs.LEVELS, help="default info (env ROLLOUT_LOG_LEVEL)"
@@ -435,6 +476,13 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
             )
         except ValueError as error:
             raise ConfigError(str(error)) from error
+    try:
+        keepalive = Keepalive(
+            time=_default(pick("keepalive_time"), Keepalive.time),
+            max_connection_age=pick("max_connection_age"),
+        )
+    except ValueError as error:
+        raise ConfigError(f"--keepalive-time / --max-connection-age: {error}") from error
     return Settings(
         listen=pick("listen", "ROLLOUT_LISTEN") or DEFAULT_LISTEN,
         provider_url=provider_url.rstrip("/") if provider_url else None,
@@ -459,7 +507,11 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
         max_tool_rounds=_default(pick("max_tool_rounds"), DEFAULT_MAX_TOOL_ROUNDS),
         tool_output_timeout=_default(pick("tool_output_timeout"), DEFAULT_TOOL_OUTPUT_TIMEOUT),
         access=access,
+        keepalive=keepalive,
         metrics_listen=pick("metrics_listen", "ROLLOUT_METRICS_LISTEN"),
+        otlp_endpoint=pick("otlp_endpoint"),
+        otlp_protocol=pick("otlp_protocol"),
+        otlp_headers=tuple(pick("otlp_header") or ()),
         log_level=pick("log_level", "ROLLOUT_LOG_LEVEL") or "info",
         log_format=pick("log_format", "ROLLOUT_LOG_FORMAT") or "text",
         replay_from=Path(replay_from) if replay_from else None,

@@ -309,15 +309,20 @@ class ProviderClient:
                 retryable=True,
             ) from error
         except httpx.TimeoutException as error:
+            # httpx-aiohttp maps every aiohttp connection error to ConnectTimeout, a refused
+            # connection too: aiohttp's own error, underneath, says what happened.
+            failed = _connect_failure(error)
             raise ProviderError(
                 "connection_error",
-                f"timed out talking to the provider: {self._describe(error)}",
+                f"provider connection failed: {failed}"
+                if failed
+                else f"timed out talking to the provider: {self._describe(error)}",
                 retryable=True,
             ) from error
         except httpx.TransportError as error:
             raise ProviderError(
                 "connection_error",
-                f"provider connection failed: {self._describe(error)}",
+                f"provider connection failed: {_connect_failure(error) or self._describe(error)}",
                 retryable=True,
             ) from error
         except httpx.HTTPError as error:
@@ -338,6 +343,19 @@ class ProviderClient:
                 "request_not_sent",
                 "the request could not be sent: a header or the URL is not valid HTTP",
             ) from error
+
+
+def _connect_failure(error: BaseException) -> str | None:
+    """Why a connection could not be made (refused, no route, no such host, a TLS failure),
+    from the aiohttp error the transport's error wraps; None when it was no such failure."""
+    cause = error.__cause__
+    if not isinstance(cause, aiohttp.ClientConnectorError):
+        return None
+    reason = cause.os_error
+    detail = reason.strerror if isinstance(reason, OSError) and reason.strerror else str(reason)
+    if isinstance(reason, ConnectionRefusedError):
+        detail = "connection refused"
+    return f"cannot connect to {cause.host}:{cause.port}: {detail}"
 
 
 class _RedactingFilter(logging.Filter):

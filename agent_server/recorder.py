@@ -70,6 +70,8 @@ class Recorder:
         self._error = ""
         self._closing = False
         self._io_lock = asyncio.Lock()
+        # A turn ended since the last sync: once durable, its spans may go out (live export).
+        self._turn_done = False
 
     @classmethod
     def off(cls, thread_id: str) -> Recorder:
@@ -198,8 +200,19 @@ class Recorder:
 
     # -- records -------------------------------------------------------------------------------
 
-    def turn_started(self, turn_id: str, input_items: Sequence[Mapping[str, Any]]) -> int:
-        return self._call(RecordBuilder.turn_started, self._thread, turn_id, input_items) or 0
+    def turn_started(
+        self, turn_id: str, input_items: Sequence[Mapping[str, Any]], traceparent: str = ""
+    ) -> int:
+        return (
+            self._call(
+                RecordBuilder.turn_started,
+                self._thread,
+                turn_id,
+                input_items,
+                traceparent=traceparent,
+            )
+            or 0
+        )
 
     def inference_started(
         self,
@@ -352,6 +365,7 @@ class Recorder:
         self, turn: int, status: Status, error: common_pb2.TraceError | None = None
     ) -> None:
         self._call(RecordBuilder.turn_ended, turn, status, error)
+        self._turn_done = True
 
     # -- durability ----------------------------------------------------------------------------
 
@@ -366,6 +380,9 @@ class Recorder:
             except _WRITE_ERRORS as error:
                 self._fail(error)
         telemetry.recorded(self.thread_id, writer.bytes_written)
+        if self._turn_done:
+            self._turn_done = False
+            telemetry.bundle_advanced(self.bundle_path)
 
     async def finish(self, status: Status, reason: str) -> None:
         """Record thread_ended, then the footer; release the file even after a failure."""
@@ -382,5 +399,6 @@ class Recorder:
             except _WRITE_ERRORS as error:
                 self._fail(error)
         telemetry.recorded(self.thread_id, writer.bytes_written, finished=True)
+        telemetry.bundle_advanced(self.bundle_path, ended=True)
         # It holds the thread's last request input: nothing will be built from it again.
         self._builder = None

@@ -6,9 +6,11 @@ import asyncio
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 
+from agent_server import telemetry
 from agent_server.agent import Agent
 from agent_server.config import ConfigError, Settings
 from agent_server.dialects import dialect_named, unsupported_fields
@@ -16,15 +18,21 @@ from agent_server.local_model import LocalModel
 from agent_server.provider import ProviderClient
 from agent_server.replay_model import ReplayBook, ReplayModel
 from agent_server.service import SERVICE_NAME, AgentService
-from agent_server.telemetry import MetricsServer
-from grpc_common import GrpcServer
+from grpc_common import GrpcServer, MetricsServer, RpcMetricsInterceptor
 from rollout.agent.v1 import agent_pb2_grpc
 from trace_reducer import BundleError, ReductionError, read_recorded
+
+if TYPE_CHECKING:
+    from trace_reducer.export._live import LiveExport
 
 log = logging.getLogger(__name__)
 
 # Running RPCs get this long to finish once every thread has been ended.
 _STOP_GRACE = 5.0
+# One per process: its series live in the process's one registry.
+_RPC_METRICS = RpcMetricsInterceptor(
+    telemetry.REGISTRY, "rollout_agent", logging.getLogger("agent_server.rpc")
+)
 
 
 def trace_root_problem(root: Path) -> str | None:
@@ -60,6 +68,7 @@ class AgentServer:
         self._stopping: asyncio.Task[None] | None = None
         # The Prometheus endpoint, when --metrics-listen asked for one.
         self.metrics: MetricsServer | None = None
+        self.live_export: LiveExport | None = None
         self.named_providers: list[ProviderClient] = []
 
     @classmethod
@@ -78,7 +87,12 @@ class AgentServer:
                 )
         for warning in settings.warnings():
             log.warning("%s", warning)
-        metrics = MetricsServer.start(settings.metrics_listen) if settings.metrics_listen else None
+        live = _live_export(settings)
+        metrics = (
+            MetricsServer.start(settings.metrics_listen, telemetry.REGISTRY)
+            if settings.metrics_listen
+            else None
+        )
         if metrics is not None:
             log.info("metrics at %s", metrics.url)
         local_model: LocalModel | ReplayModel | None = None
@@ -119,7 +133,12 @@ class AgentServer:
 
         try:
             grpc_server = await GrpcServer.start(
-                settings.listen, register, [SERVICE_NAME], settings.access
+                settings.listen,
+                register,
+                [SERVICE_NAME],
+                settings.access,
+                keepalive=settings.keepalive,
+                rpc_metrics=_RPC_METRICS,
             )
         except BaseException:
             await provider.aclose()
@@ -129,9 +148,13 @@ class AgentServer:
                 await local_model.stop()
             if metrics is not None:
                 metrics.stop()
+            if live is not None:
+                telemetry.install_live_export(None)
+                await asyncio.to_thread(live.shutdown, _STOP_GRACE)
             raise
         server = cls(settings, agent, provider, grpc_server, local_model)
         server.metrics = metrics
+        server.live_export = live
         server.named_providers = list(named.values())
         return server
 
@@ -173,9 +196,41 @@ class AgentServer:
                 await self._local_model.stop()
             if self.metrics is not None:
                 await asyncio.to_thread(self.metrics.stop)
+            if self.live_export is not None:
+                telemetry.install_live_export(None)
+                # What is queued goes out, within the grace a stop allows.
+                await asyncio.to_thread(self.live_export.shutdown, _STOP_GRACE)
 
     async def wait_for_termination(self) -> None:
         await self._grpc.wait_for_termination()
+
+
+def _live_export(settings: Settings) -> LiveExport | None:
+    """The live OTLP export --otlp-endpoint asks for, installed as telemetry's hook.
+
+    Raises ConfigError for an endpoint, protocol or header the exporter cannot use."""
+    if settings.otlp_endpoint is None:
+        return None
+    try:
+        from trace_reducer.bundle._errors import ExportConfigError
+        from trace_reducer.export._live import LiveExport
+    except ImportError as error:
+        raise ConfigError(
+            "--otlp-endpoint needs the otel extra: pip install 'rollout-trace[otel]'"
+        ) from error
+    try:
+        live = LiveExport.to_otlp(
+            settings.otlp_endpoint,
+            settings.otlp_protocol,
+            settings.otlp_headers,
+            on_drop=telemetry.otlp_spans_dropped,
+            on_export=telemetry.otlp_spans_exported,
+        )
+    except ExportConfigError as error:
+        raise ConfigError(f"--otlp-endpoint: {error}") from error
+    telemetry.install_live_export(live)
+    log.info("exporting each turn's spans to %s", settings.otlp_endpoint)
+    return live
 
 
 async def _start_replay(settings: Settings) -> ReplayModel:

@@ -96,7 +96,10 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
     ) -> agent_pb2.StartTurnResponse:
         async with _translated(context, "StartTurn"):
             turn = self._agent.start_turn(
-                request.thread_id, _texts(list(request.input)), sampling_from(request)
+                request.thread_id,
+                _texts(list(request.input)),
+                sampling_from(request),
+                traceparent=_traceparent(context),
             )
             return agent_pb2.StartTurnResponse(turn=turn.to_proto())
 
@@ -191,3 +194,11 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                 )
             )
             return agent_pb2.RecordRewardResponse(bundle_path=bundle, seq=seq)
+
+
+def _traceparent(context: Context) -> str:
+    """The caller's W3C `traceparent` metadata, if any (the recorder keeps only a valid one)."""
+    for key, value in context.invocation_metadata() or ():
+        if key == "traceparent" and isinstance(value, str):
+            return value
+    return ""

@@ -1,28 +1,51 @@
 """What the server tells its operator: a log line per thread and turn milestone, and metrics.
 
 The agent calls the hooks below at those milestones; they never raise and never block. The
-metrics live in one registry per process (`REGISTRY`), served by `MetricsServer`.
+metrics live in one registry per process (`REGISTRY`), served by grpc_common.MetricsServer.
 """
 
 from __future__ import annotations
 
 import logging
+import platform
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+)
 
-from grpc_common import split_listen
 from rollout.agent.v1 import agent_pb2
 from rollout.trace.v1 import common_pb2
+from trace_reducer.bundle._version import __version__
 
 if TYPE_CHECKING:
-    from wsgiref.simple_server import WSGIServer
+    from trace_reducer.export._live import LiveExport
 
 log = logging.getLogger("agent_server")
 
+# Counters and histograms without their `_created` series: read beside the counts, a creation
+# timestamp looks like one more count.
+disable_created_metrics()  # type: ignore[no-untyped-call]
 REGISTRY = CollectorRegistry()
+# The process (CPU, memory, open files, start time), the Python runtime and its collector.
+for _collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+    REGISTRY.register(_collector)
+BUILD_INFO = Gauge(
+    "rollout_agent_build_info",
+    "Always 1: the version running, as labels.",
+    ["version", "python"],
+    registry=REGISTRY,
+)
+BUILD_INFO.labels(version=__version__, python=platform.python_version()).set(1)
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _TURN_BUCKETS = (0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 
@@ -80,6 +103,42 @@ RECORDING_FAILURES = Counter(
 RECORDED_BYTES = Counter(
     "rollout_agent_recorded_bytes", "Bytes written to trace bundles.", registry=REGISTRY
 )
+OTLP_SPANS_EXPORTED = Counter(
+    "rollout_agent_otlp_spans_exported",
+    "Spans the live OTLP export delivered (serve --otlp-endpoint).",
+    registry=REGISTRY,
+)
+OTLP_SPANS_DROPPED = Counter(
+    "rollout_agent_otlp_spans_dropped",
+    "Spans the live OTLP export dropped: its queue was full, or the receiver did not take them.",
+    ["reason"],
+    registry=REGISTRY,
+)
+
+# The live OTLP export, when serving with --otlp-endpoint.
+_live_export: LiveExport | None = None
+
+
+def install_live_export(live: LiveExport | None) -> None:
+    global _live_export
+    _live_export = live
+
+
+def bundle_advanced(bundle_path: str, *, ended: bool = False) -> None:
+    """The one live-export hook of whatever records bundles (the agent's recorder, the gateway):
+    call it once a turn's records are durable, and with `ended` once the footer is. It never
+    blocks or raises; without a live export it does nothing."""
+    live = _live_export
+    if live is not None and bundle_path:
+        live.bundle_advanced(bundle_path, ended=ended)
+
+
+def otlp_spans_exported(count: int) -> None:
+    OTLP_SPANS_EXPORTED.inc(count)
+
+
+def otlp_spans_dropped(count: int, reason: str) -> None:
+    OTLP_SPANS_DROPPED.labels(reason).inc(count)
 
 
 @dataclass
@@ -107,10 +166,23 @@ def _info(message: str, **fields: Any) -> None:
     log.info(message, extra={"fields": fields})
 
 
-def thread_started(thread_id: str, *, model: str, bundle_path: str) -> None:
+# Each live thread's bundle trace id, which is also the trace id of its OpenTelemetry spans: a
+# log line naming it joins its bundle and its spans.
+_trace_ids: dict[str, str] = {}
+
+
+def _of(thread_id: str) -> dict[str, str]:
+    """The fields naming a thread: its id and, when recorded, its bundle's trace id."""
+    trace_id = _trace_ids.get(thread_id)
+    return {"thread": thread_id, "trace_id": trace_id} if trace_id else {"thread": thread_id}
+
+
+def thread_started(thread_id: str, *, model: str, bundle_path: str, trace_id: str = "") -> None:
     THREADS.inc()
     THREADS_ACTIVE.inc()
-    _info("thread started", thread=thread_id, model=model, bundle=bundle_path or "off")
+    if trace_id:
+        _trace_ids[thread_id] = trace_id
+    _info("thread started", **_of(thread_id), model=model, bundle=bundle_path or "off")
 
 
 def thread_closed(
@@ -119,11 +191,12 @@ def thread_closed(
     THREADS_ACTIVE.dec()
     _info(
         "thread closed",
-        thread=thread_id,
+        **_of(thread_id),
         reason=reason,
         turns=turns,
         recording=agent_pb2.RecordingStatus.Name(recording).removeprefix("RECORDING_STATUS_"),
     )
+    _trace_ids.pop(thread_id, None)
 
 
 def on_event(thread_id: str, event: agent_pb2.ThreadEvent) -> None:
@@ -132,7 +205,7 @@ def on_event(thread_id: str, event: agent_pb2.ThreadEvent) -> None:
     if kind == "turn_started":
         TURNS_ACTIVE.inc()
         _turns[event.turn_id] = _TurnStats(thread_id, time.monotonic())
-        _info("turn started", thread=thread_id, turn=event.turn_id)
+        _info("turn started", **_of(thread_id), turn=event.turn_id)
     elif kind == "token_usage":
         usage = event.token_usage
         TOKENS.labels("input").inc(usage.input_tokens)
@@ -156,7 +229,7 @@ def _provider_failed(thread_id: str, event: agent_pb2.ThreadEvent) -> None:
         "provider call failed" + ("; retrying" if error.will_retry else ""),
         extra={
             "fields": {
-                "thread": thread_id,
+                **_of(thread_id),
                 "turn": event.turn_id,
                 "attempt": stats.calls if stats else 0,
                 "code": error.code,
@@ -172,7 +245,7 @@ def _turn_ended(thread_id: str, event: agent_pb2.ThreadEvent) -> None:
     status = _status_name(turn.status)
     TURNS.labels(status).inc()
     stats = _turns.pop(event.turn_id, None)
-    fields: dict[str, Any] = {"thread": thread_id, "turn": event.turn_id, "status": status}
+    fields: dict[str, Any] = {**_of(thread_id), "turn": event.turn_id, "status": status}
     if stats is not None:
         TURNS_ACTIVE.dec()
         duration = time.monotonic() - stats.started
@@ -239,31 +312,3 @@ def recorded(thread_id: str, total_bytes: int, *, finished: bool = False) -> Non
         RECORDED_BYTES.inc(total_bytes - counted)
     if not finished:
         _recorded[thread_id] = max(total_bytes, counted)
-
-
-class MetricsServer:
-    """The Prometheus endpoint: GET http://HOST:PORT/metrics, served from a thread of its own."""
-
-    def __init__(self, server: WSGIServer, host: str) -> None:
-        self._server = server
-        self.host = host
-        self.port = int(server.server_port)
-
-    @classmethod
-    def start(cls, listen: str) -> MetricsServer:
-        """Raises OSError when the address cannot be bound."""
-        host, port = split_listen(listen)
-        try:
-            server, _ = start_http_server(port, addr=host, registry=REGISTRY)
-        except OSError as error:
-            raise OSError(f"cannot serve metrics on {listen}: {error.strerror or error}") from error
-        return cls(server, host)
-
-    @property
-    def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}/metrics"
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()

@@ -1,4 +1,4 @@
-"""gRPC plumbing shared by both servers: rich errors, access control, serving, signals."""
+"""gRPC plumbing both servers share: rich errors, access, keepalive, serving, signals."""
 
 from typing import TYPE_CHECKING
 
@@ -7,6 +7,8 @@ from ._flags import add_access_arguments
 if TYPE_CHECKING:
     from ._access import AccessControl, header_secret
     from ._errors import ERROR_DOMAIN, abort, error_status
+    from ._keepalive import Keepalive
+    from ._metrics import MetricsServer, RpcMetricsInterceptor
     from ._server import GrpcServer, split_listen
     from ._signals import install_signal_handlers
 
@@ -18,6 +20,9 @@ _LAZY = {
     "ERROR_DOMAIN": "_errors",
     "abort": "_errors",
     "error_status": "_errors",
+    "Keepalive": "_keepalive",
+    "MetricsServer": "_metrics",
+    "RpcMetricsInterceptor": "_metrics",
     "GrpcServer": "_server",
     "split_listen": "_server",
     "install_signal_handlers": "_signals",
@@ -39,6 +44,9 @@ __all__ = [
     "ERROR_DOMAIN",
     "AccessControl",
     "GrpcServer",
+    "Keepalive",
+    "MetricsServer",
+    "RpcMetricsInterceptor",
     "abort",
     "add_access_arguments",
     "error_status",

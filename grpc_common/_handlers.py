@@ -91,14 +91,7 @@ class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[t
         handler = await continuation(handler_call_details)
         if handler is None or not handler_call_details.method.startswith(self._prefixes):
             return handler
-        # The stubs describe the sync server; on grpc.aio these are coroutine functions.
-        behaviour: Callable[..., Any] | None = (
-            handler.unary_unary
-            or handler.unary_stream
-            or handler.stream_unary
-            or handler.stream_stream
-        )
-        assert behaviour is not None
+        behaviour = behaviour_of(handler)
         wrapped: Callable[..., Any]
         if handler.request_streaming:
 
@@ -132,6 +125,16 @@ class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[t
                 return await behaviour(request, context)
 
         return _handler_like(handler, wrapped, _tolerant(handler.request_deserializer))
+
+
+def behaviour_of(handler: grpc.RpcMethodHandler[Any, Any]) -> Callable[..., Any]:
+    """The function a handler runs, whatever its streaming kind."""
+    # The stubs describe the sync server; on grpc.aio these are coroutine functions.
+    behaviour: Callable[..., Any] | None = (
+        handler.unary_unary or handler.unary_stream or handler.stream_unary or handler.stream_stream
+    )
+    assert behaviour is not None
+    return behaviour
 
 
 def _handler_like(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -10,6 +11,7 @@ from grpc_health.v1._async import HealthServicer
 
 from ._access import AccessControl
 from ._handlers import MalformedRequestInterceptor
+from ._keepalive import Keepalive
 from ._reflection import enable_reflection
 
 # gRPC's own default is 4 MiB; requests a little over a service's limits must reach it.
@@ -47,21 +49,31 @@ class GrpcServer:
         access: AccessControl | None = None,
         *,
         max_receive_bytes: int = DEFAULT_MAX_RECEIVE_BYTES,
+        keepalive: Keepalive | None = None,
+        rpc_metrics: grpc.aio.ServerInterceptor[Any, Any] | None = None,
     ) -> GrpcServer:
         """Register the services, add health and reflection (v1 and v1alpha), bind and start.
 
         max_receive_bytes must exceed the largest valid request, so that the services refuse
         an oversized one with their own code and reason rather than gRPC with a bare one.
+        keepalive: its pings and connection ages (Keepalive's defaults when None).
+        rpc_metrics: the RpcMetricsInterceptor counting, timing and logging every RPC (first,
+        so that it sees refusals too).
         Raises ValueError for a malformed address and OSError when it cannot be bound.
         """
         access = access or AccessControl()
         host, port = split_listen(listen)
         # Without this, a second server asking for a port in use silently shares it.
         server = grpc.aio.server(
-            interceptors=[*access.interceptors(), MalformedRequestInterceptor(service_names)],
+            interceptors=[
+                *([rpc_metrics] if rpc_metrics is not None else []),
+                *access.interceptors(),
+                MalformedRequestInterceptor(service_names),
+            ],
             options=[
                 ("grpc.so_reuseport", 0),
                 ("grpc.max_receive_message_length", max_receive_bytes),
+                *(keepalive or Keepalive()).options(),
             ],
         )
         register(server)

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from types import TracebackType
-from typing import TypeVar
+from typing import TypeVar, Unpack
 
 import grpc
 
 from rollout.agent.v1 import agent_pb2, agent_pb2_grpc
 
+from ._channel import HEALTH_CHECK, Connection
+from ._defaults import DEFAULT_TIMEOUT, address_from_env, token_from_env
 from ._errors import (
     OutOfRangeError,
     RolloutError,
@@ -21,10 +23,24 @@ from ._errors import (
     StreamEndedError,
     error_from_rpc,
 )
-from ._tools import ToolCalls, ToolHandler
+from ._options import (
+    CallOptions,
+    ForkOptions,
+    RewardOptions,
+    ThreadOptions,
+    TurnOptions,
+    call_options,
+    fork_thread_request,
+    record_reward_request,
+    start_thread_request,
+    start_turn_request,
+)
+from ._tools import ToolCalls, ToolHandlers
 
-DEFAULT_ADDRESS = "127.0.0.1:50051"
 DEFAULT_RECONNECT_TIMEOUT = 30.0
+_SERVICE = "rollout.agent.v1.AgentService"
+# The calls that change nothing, retried by the channel on UNAVAILABLE.
+IDEMPOTENT_CALLS = ((_SERVICE, "GetThread"), (_SERVICE, "ListThreads"), HEALTH_CHECK)
 # How often a turn skips ahead to the oldest event the server still holds before giving up.
 _MAX_SKIPS = 10
 # Pauses between attempts to resume a stream whose connection dropped: doubling, capped.
@@ -32,20 +48,8 @@ _RESUME_FIRST_PAUSE = 0.05
 _RESUME_MAX_PAUSE = 1.0
 
 _T = TypeVar("_T")
-Metadata = tuple[tuple[str, str], ...]
-
-
-def _credentials(tls: bool | str | Path) -> grpc.ChannelCredentials | None:
-    if tls is False:
-        return None
-    if tls is True:
-        return grpc.ssl_channel_credentials()
-    path = Path(tls)
-    try:
-        roots = path.read_bytes()
-    except OSError as error:
-        raise RolloutError(f"cannot read the CA certificates {path}: {error.strerror}") from error
-    return grpc.ssl_channel_credentials(root_certificates=roots)
+# A unary method of a generated aio stub.
+UnaryMethod = Callable[..., Awaitable[_T]]
 
 
 def _dropped(error: grpc.aio.AioRpcError) -> bool:
@@ -60,48 +64,43 @@ def _dropped(error: grpc.aio.AioRpcError) -> bool:
     return not error_from_rpc(error).reason
 
 
-class AgentClient:
+class AgentClient(Connection):
     """A connection to an agent server: `async with AgentClient(address) as client: ...`.
 
-    `token` is sent as `authorization: Bearer <token>` on every call. `tls` is False for
+    `address` defaults to $ROLLOUT_ADDRESS, else 127.0.0.1:50051. `token` (default
+    $ROLLOUT_TOKEN) is sent as `authorization: Bearer <token>` on every call. `tls` is False for
     plaintext, True for TLS trusting the system's certificate authorities, or the path of a
-    PEM file of the certificates to trust. A stream whose connection drops is resumed for up
-    to `reconnect_timeout` seconds.
+    PEM file of the certificates to trust. Every unary call has a deadline of `timeout` seconds
+    (None: none), which a call's own `timeout=` or `with_options(timeout=...)` replaces; the
+    calls that change nothing (GetThread, ListThreads) are retried with backoff while the
+    server is unavailable. A stream whose connection drops is resumed for up to
+    `reconnect_timeout` seconds.
     """
 
     def __init__(
         self,
-        address: str = DEFAULT_ADDRESS,
+        address: str | None = None,
         *,
         token: str | None = None,
         tls: bool | str | Path = False,
+        timeout: float | None = DEFAULT_TIMEOUT,
         reconnect_timeout: float = DEFAULT_RECONNECT_TIMEOUT,
     ) -> None:
-        credentials = _credentials(tls)
-        self.address = address
-        self.reconnect_timeout = reconnect_timeout
-        self._channel = (
-            grpc.aio.insecure_channel(address)
-            if credentials is None
-            else grpc.aio.secure_channel(address, credentials)
+        super().__init__(
+            address or address_from_env(),
+            tls,
+            IDEMPOTENT_CALLS,
+            token or token_from_env(),
+            timeout,
         )
+        self.reconnect_timeout = reconnect_timeout
         self.stub = agent_pb2_grpc.AgentServiceStub(self._channel)
-        self.metadata: Metadata = (("authorization", f"Bearer {token}"),) if token else ()
 
-    async def __aenter__(self) -> AgentClient:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        """Close the connection; calls still running are cancelled."""
-        await self._channel.close(None)
+    def with_options(self, *, timeout: float | None) -> AgentClient:
+        """This client (the same connection) with another default timeout for its calls."""
+        client = copy.copy(self)
+        client.timeout = timeout
+        return client
 
     async def unary(self, call: Awaitable[_T]) -> _T:
         """Await a call made on `stub`; a failure comes out as the RpcError of its status."""
@@ -109,6 +108,13 @@ class AgentClient:
             return await call
         except grpc.aio.AioRpcError as error:
             raise error_from_rpc(error) from None
+
+    async def call(
+        self, method: UnaryMethod[_T], request: object, **options: Unpack[CallOptions]
+    ) -> _T:
+        """Call a unary method of `stub` with this client's token and deadline."""
+        timeout = options.get("timeout", self.timeout)
+        return await self.unary(method(request, metadata=self.metadata, timeout=timeout))
 
     async def wait_until_reachable(self, seconds: float) -> bool:
         """Wait up to `seconds` for the connection to be (re)established."""
@@ -119,30 +125,20 @@ class AgentClient:
             return False
         return True
 
-    async def start_thread(
-        self,
-        *,
-        model: str = "",
-        instructions: str = "",
-        metadata: Mapping[str, str] | None = None,
-        tools: Sequence[agent_pb2.FunctionTool] = (),
-    ) -> Thread:
-        """Create a thread (the server's default model when model is empty) offering the
-        model these function tools (see function_tool)."""
-        request = agent_pb2.StartThreadRequest(
-            model=model, instructions=instructions, metadata=dict(metadata or {}), tools=tools
-        )
-        reply = await self.unary(self.stub.StartThread(request, metadata=self.metadata))
+    async def start_thread(self, **options: Unpack[ThreadOptions]) -> Thread:
+        """Create a thread (see ThreadOptions for what it takes)."""
+        request = start_thread_request(options)
+        reply = await self.call(self.stub.StartThread, request, **call_options(options))
         return Thread(self, reply.thread)
 
-    async def thread(self, thread_id: str) -> Thread:
+    async def thread(self, thread_id: str, **options: Unpack[CallOptions]) -> Thread:
         """A thread that already exists (GetThread), to run turns on or follow."""
-        info = await self._get_thread(thread_id)
+        info = await self._get_thread(thread_id, options)
         return Thread(self, info)
 
-    async def _get_thread(self, thread_id: str) -> agent_pb2.Thread:
+    async def _get_thread(self, thread_id: str, options: CallOptions) -> agent_pb2.Thread:
         request = agent_pb2.GetThreadRequest(thread_id=thread_id)
-        reply = await self.unary(self.stub.GetThread(request, metadata=self.metadata))
+        reply = await self.call(self.stub.GetThread, request, **options)
         return reply.thread
 
     async def list_threads(
@@ -150,6 +146,7 @@ class AgentClient:
         *,
         status: agent_pb2.ThreadStatus.ValueType = agent_pb2.THREAD_STATUS_UNSPECIFIED,
         page_size: int = 0,
+        **options: Unpack[CallOptions],
     ) -> list[agent_pb2.Thread]:
         """Every thread the server keeps (optionally only those with status), oldest first."""
         threads: list[agent_pb2.Thread] = []
@@ -158,11 +155,29 @@ class AgentClient:
             request = agent_pb2.ListThreadsRequest(
                 page_size=page_size, page_token=token, status=status
             )
-            reply = await self.unary(self.stub.ListThreads(request, metadata=self.metadata))
+            reply = await self.call(self.stub.ListThreads, request, **options)
             threads.extend(reply.threads)
             token = reply.next_page_token
             if not token:
                 return threads
+
+    async def fork_thread(
+        self, thread_id: str, count: int = 1, **options: Unpack[ForkOptions]
+    ) -> list[Thread]:
+        """`count` new threads (1-64) continuing the thread (see ForkOptions), in repetition
+        order."""
+        request = fork_thread_request(thread_id, count, options)
+        reply = await self.call(self.stub.ForkThread, request, **call_options(options))
+        return [Thread(self, info) for info in reply.threads]
+
+    async def record_reward(
+        self, thread_id: str, name: str, value: float, **options: Unpack[RewardOptions]
+    ) -> agent_pb2.RecordRewardResponse:
+        """Record a reward for a thread (or one of its turns or items: RewardOptions) beside
+        its bundle; closed threads too. Returns where it went (the bundle and its seq in
+        rewards.binpb)."""
+        request = record_reward_request(thread_id, name, value, options)
+        return await self.call(self.stub.RecordReward, request, **call_options(options))
 
 
 class Thread:
@@ -187,31 +202,46 @@ class Thread:
 
     @property
     def bundle_path(self) -> str:
-        """Where the thread is recorded; empty when the server does not record."""
+        """Where the thread is recorded (an absolute path); empty when the server does not
+        record."""
         return self.info.bundle_path
 
-    def run_turn(self, *texts: str, tools: Mapping[str, ToolHandler] | None = None) -> Turn:
+    def run_turn(
+        self, *texts: str, tools: ToolHandlers | None = None, **options: Unpack[TurnOptions]
+    ) -> Turn:
         """A turn with these texts as the user's input; it starts when first iterated or
-        awaited through start() / wait().
+        awaited through start() / wait(). `options` override the thread's sampling settings
+        for this turn.
 
-        With `tools`, each tool call of the turn is answered by the handler of that name
-        (called with the call's arguments; what it returns, or the error it raises, is the
-        output), while the events, tool_call_requested included, still come out of the turn.
-        Without, answer them yourself with submit_tool_output().
+        With `tools` (handlers by tool name, or `function_tool` functions), each tool call of
+        the turn is answered by the handler of that name (called with the call's arguments;
+        what it returns, or the error it raises, is the output), while the events,
+        tool_call_requested included, still come out of the turn. Without, answer them
+        yourself with submit_tool_output().
         """
-        return Turn(self, texts, tools)
+        return Turn(self, texts, tools, options)
 
-    async def refresh(self) -> agent_pb2.Thread:
-        self.info = await self.client._get_thread(self.id)
+    async def refresh(self, **options: Unpack[CallOptions]) -> agent_pb2.Thread:
+        self.info = await self.client._get_thread(self.id, options)
         return self.info
 
-    async def close(self) -> agent_pb2.Thread:
+    async def close(self, **options: Unpack[CallOptions]) -> agent_pb2.Thread:
         """Interrupt a running turn, end the thread and finish its recording."""
         client = self.client
         request = agent_pb2.CloseThreadRequest(thread_id=self.id)
-        reply = await client.unary(client.stub.CloseThread(request, metadata=client.metadata))
+        reply = await client.call(client.stub.CloseThread, request, **options)
         self.info = reply.thread
         return self.info
+
+    async def fork(self, count: int = 1, **options: Unpack[ForkOptions]) -> list[Thread]:
+        """AgentClient.fork_thread of this thread."""
+        return await self.client.fork_thread(self.id, count, **options)
+
+    async def record_reward(
+        self, name: str, value: float, **options: Unpack[RewardOptions]
+    ) -> agent_pb2.RecordRewardResponse:
+        """AgentClient.record_reward for this thread."""
+        return await self.client.record_reward(self.id, name, value, **options)
 
     async def events(self, after_index: int = 0) -> AsyncGenerator[agent_pb2.ThreadEvent, None]:
         """The thread's events after after_index, live ones included, until the thread ends.
@@ -263,10 +293,12 @@ class Turn:
         self,
         thread: Thread,
         texts: tuple[str, ...],
-        tools: Mapping[str, ToolHandler] | None = None,
+        tools: ToolHandlers | None = None,
+        options: TurnOptions | None = None,
     ) -> None:
         self.thread = thread
         self._texts = texts
+        self._options: TurnOptions = options or {}
         self._tools = ToolCalls(tools, self._submit) if tools is not None else None
         self._awaiting = False
         self._started: agent_pb2.Turn | None = None
@@ -312,11 +344,10 @@ class Turn:
                 thread = self.thread
                 client = thread.client
                 self._after = thread.last_index
-                request = agent_pb2.StartTurnRequest(
-                    thread_id=thread.id,
-                    input=[agent_pb2.UserInput(text=text) for text in self._texts],
+                request = start_turn_request(thread.id, self._texts, self._options)
+                reply = await client.call(
+                    client.stub.StartTurn, request, **call_options(self._options)
                 )
-                reply = await client.unary(client.stub.StartTurn(request, metadata=client.metadata))
                 self._started = reply.turn
             return self._started
 
@@ -396,7 +427,7 @@ class Turn:
         client = thread.client
         request = agent_pb2.InterruptRequest(thread_id=thread.id, turn_id=started.id)
         try:
-            reply = await client.unary(client.stub.Interrupt(request, metadata=client.metadata))
+            reply = await client.call(client.stub.Interrupt, request, **call_options(self._options))
         except RpcError as error:
             if error.reason != "TURN_NOT_RUNNING":
                 raise
@@ -415,7 +446,9 @@ class Turn:
             turn_id=self.id,
             outputs=[agent_pb2.ToolOutput(call_id=call_id, output=output, is_error=is_error)],
         )
-        reply = await client.unary(client.stub.SubmitToolOutputs(request, metadata=client.metadata))
+        reply = await client.call(
+            client.stub.SubmitToolOutputs, request, **call_options(self._options)
+        )
         return reply.turn
 
     async def _submit(self, call_id: str, output: str, is_error: bool) -> object:

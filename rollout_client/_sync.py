@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import inspect
 import signal
 import threading
 from collections.abc import (
@@ -17,11 +18,14 @@ from collections.abc import (
 )
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 from rollout.agent.v1 import agent_pb2
 
-from ._client import DEFAULT_ADDRESS, DEFAULT_RECONNECT_TIMEOUT, AgentClient, Thread, Turn
+from ._client import DEFAULT_RECONNECT_TIMEOUT, AgentClient, Thread, Turn
+from ._defaults import DEFAULT_TIMEOUT
+from ._options import CallOptions, ForkOptions, RewardOptions, ThreadOptions, TurnOptions
+from ._tools import Tool
 
 _T = TypeVar("_T")
 _PROGRAM_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT}
@@ -66,16 +70,23 @@ class SyncAgentClient:
 
     def __init__(
         self,
-        address: str = DEFAULT_ADDRESS,
+        address: str | None = None,
         *,
         token: str | None = None,
         tls: bool | str | Path = False,
+        timeout: float | None = DEFAULT_TIMEOUT,
         reconnect_timeout: float = DEFAULT_RECONNECT_TIMEOUT,
     ) -> None:
         self._loop = _Loop()
 
         async def connect() -> AgentClient:
-            return AgentClient(address, token=token, tls=tls, reconnect_timeout=reconnect_timeout)
+            return AgentClient(
+                address,
+                token=token,
+                tls=tls,
+                timeout=timeout,
+                reconnect_timeout=reconnect_timeout,
+            )
 
         try:
             self.client = self._loop.run(connect())
@@ -100,31 +111,37 @@ class SyncAgentClient:
         finally:
             self._loop.stop()
 
-    def start_thread(
-        self,
-        *,
-        model: str = "",
-        instructions: str = "",
-        metadata: Mapping[str, str] | None = None,
-        tools: Sequence[agent_pb2.FunctionTool] = (),
-    ) -> SyncThread:
-        thread = self._loop.run(
-            self.client.start_thread(
-                model=model, instructions=instructions, metadata=metadata, tools=tools
-            )
-        )
-        return SyncThread(self._loop, thread)
+    @property
+    def address(self) -> str:
+        return self.client.address
 
-    def thread(self, thread_id: str) -> SyncThread:
-        return SyncThread(self._loop, self._loop.run(self.client.thread(thread_id)))
+    def start_thread(self, **options: Unpack[ThreadOptions]) -> SyncThread:
+        return SyncThread(self._loop, self._loop.run(self.client.start_thread(**options)))
+
+    def thread(self, thread_id: str, **options: Unpack[CallOptions]) -> SyncThread:
+        return SyncThread(self._loop, self._loop.run(self.client.thread(thread_id, **options)))
 
     def list_threads(
         self,
         *,
         status: agent_pb2.ThreadStatus.ValueType = agent_pb2.THREAD_STATUS_UNSPECIFIED,
         page_size: int = 0,
+        **options: Unpack[CallOptions],
     ) -> list[agent_pb2.Thread]:
-        return self._loop.run(self.client.list_threads(status=status, page_size=page_size))
+        return self._loop.run(
+            self.client.list_threads(status=status, page_size=page_size, **options)
+        )
+
+    def fork_thread(
+        self, thread_id: str, count: int = 1, **options: Unpack[ForkOptions]
+    ) -> list[SyncThread]:
+        forks = self._loop.run(self.client.fork_thread(thread_id, count, **options))
+        return [SyncThread(self._loop, thread) for thread in forks]
+
+    def record_reward(
+        self, thread_id: str, name: str, value: float, **options: Unpack[RewardOptions]
+    ) -> agent_pb2.RecordRewardResponse:
+        return self._loop.run(self.client.record_reward(thread_id, name, value, **options))
 
 
 class SyncThread:
@@ -151,19 +168,34 @@ class SyncThread:
         return self.thread.bundle_path
 
     def run_turn(
-        self, *texts: str, tools: Mapping[str, Callable[[dict[str, Any]], object]] | None = None
+        self,
+        *texts: str,
+        tools: Mapping[str, Callable[[dict[str, Any]], object]] | Sequence[Tool] | None = None,
+        **options: Unpack[TurnOptions],
     ) -> SyncTurn:
-        """Thread.run_turn; the tool handlers are plain functions, run in worker threads."""
+        """Thread.run_turn; the tool handlers are plain functions, run in worker threads
+        (a `function_tool` of a coroutine function runs on the client's loop)."""
         handlers = None
-        if tools is not None:
+        if isinstance(tools, Mapping):
             handlers = {name: _in_worker(function) for name, function in tools.items()}
-        return SyncTurn(self._loop, self.thread.run_turn(*texts, tools=handlers))
+        elif tools is not None:
+            handlers = {tool.name: _tool_handler(tool) for tool in tools}
+        return SyncTurn(self._loop, self.thread.run_turn(*texts, tools=handlers, **options))
 
-    def refresh(self) -> agent_pb2.Thread:
-        return self._loop.run(self.thread.refresh())
+    def refresh(self, **options: Unpack[CallOptions]) -> agent_pb2.Thread:
+        return self._loop.run(self.thread.refresh(**options))
 
-    def close(self) -> agent_pb2.Thread:
-        return self._loop.run(self.thread.close())
+    def close(self, **options: Unpack[CallOptions]) -> agent_pb2.Thread:
+        return self._loop.run(self.thread.close(**options))
+
+    def fork(self, count: int = 1, **options: Unpack[ForkOptions]) -> list[SyncThread]:
+        forks = self._loop.run(self.thread.fork(count, **options))
+        return [SyncThread(self._loop, thread) for thread in forks]
+
+    def record_reward(
+        self, name: str, value: float, **options: Unpack[RewardOptions]
+    ) -> agent_pb2.RecordRewardResponse:
+        return self._loop.run(self.thread.record_reward(name, value, **options))
 
 
 class SyncTurn:
@@ -246,3 +278,9 @@ def _in_worker(
         return await asyncio.to_thread(function, arguments)
 
     return handler
+
+
+def _tool_handler(tool: Tool) -> Callable[[dict[str, Any]], Awaitable[object]]:
+    if inspect.iscoroutinefunction(tool.function):
+        return tool.handle
+    return _in_worker(lambda arguments: tool.function(**arguments))

@@ -6,6 +6,7 @@ import asyncio
 import email.utils
 import json
 import logging
+import socket
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -302,3 +303,19 @@ async def test_unknown_event_types_are_recorded_and_ignored(
         assert (event["type"], event) in raw
     rollout = await reduce_with_cli(bundle)
     assert len(rollout.conversation_items) == 4
+
+
+async def test_a_refused_connection_says_refused(start_agent: StartAgent) -> None:
+    # A port nothing listens on: bound, then closed, so the kernel refuses at once.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    agent = await start_agent(provider_url=f"http://127.0.0.1:{port}/v1")
+    final, _, _ = await run_turn(agent)
+    assert final.status == agent_pb2.TURN_STATUS_FAILED
+    assert final.error.code == "connection_error"
+    assert final.error.message == (
+        f"provider connection failed: cannot connect to 127.0.0.1:{port}: connection refused"
+    )
+    assert "timed out" not in final.error.message
+    assert "ssl" not in final.error.message

@@ -14,7 +14,9 @@ import pytest
 from tests.batch.conftest import TRACE_REDUCER, Corpus, age, bundles_under, reduce_all
 from trace_reducer import replay_bundle
 
-duckdb = pytest.importorskip("duckdb", reason="the tables tests need duckdb (dev extra)")
+duckdb = pytest.importorskip(
+    "duckdb", reason="the tables tests need duckdb (the test dependency group)"
+)
 tables_module = pytest.importorskip(
     "trace_reducer.batch._tables", reason="--tables needs pyarrow (the batch extra)"
 )

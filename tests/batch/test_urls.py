@@ -14,7 +14,9 @@ from trace_reducer import cli
 
 fsspec = pytest.importorskip("fsspec", reason="URL roots need fsspec (the batch extra)")
 s3fs = pytest.importorskip("s3fs", reason="s3:// roots need s3fs (the batch extra)")
-moto_server = pytest.importorskip("moto.server", reason="the S3 tests need moto (dev extra)")
+moto_server = pytest.importorskip(
+    "moto.server", reason="the S3 tests need moto (the test dependency group)"
+)
 pq = pytest.importorskip("pyarrow.parquet", reason="--tables needs pyarrow (the batch extra)")
 
 # Credentials botocore accepts without looking anywhere else; moto checks none of them.

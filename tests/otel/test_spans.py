@@ -145,6 +145,7 @@ async def test_completed_turn(bundles: Bundles, provider: ScriptedProvider) -> N
     turn = turn_spans[0]
     assert (turn.name, turn.kind) == ("turn", SpanKind.INTERNAL)
     assert attributes(turn) == {
+        "gen_ai.operation.name": "invoke_agent",
         "gen_ai.conversation.id": thread.thread_id,
         "rollout.turn.id": first.turn_id,
         "rollout.turn.index": 1,
@@ -212,6 +213,7 @@ async def test_interrupted_turn(bundles: Bundles) -> None:
 
     turn = by_attribute(spans, "rollout.turn.id", second.turn_id)
     assert attributes(turn) == {
+        "gen_ai.operation.name": "invoke_agent",
         "gen_ai.conversation.id": thread.thread_id,
         "rollout.turn.id": second.turn_id,
         "rollout.turn.index": 2,

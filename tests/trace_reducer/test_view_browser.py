@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip(
-    "playwright.sync_api", reason="needs the viewer-tests extra (make installs it into .venv)"
+    "playwright.sync_api",
+    reason="needs playwright, of the test dependency group (make installs it into .venv)",
 )
 from playwright.sync_api import Browser, Page, sync_playwright
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, TypeAlias
 
@@ -144,15 +145,25 @@ class RecordBuilder:
         self._fork_tokens = list(parent_tokens)
 
     def turn_started(
-        self, thread: int, turn_id: str, input_items: Sequence[Mapping[str, Any]]
+        self,
+        thread: int,
+        turn_id: str,
+        input_items: Sequence[Mapping[str, Any]],
+        *,
+        traceparent: str = "",
     ) -> int:
+        """Record a turn's start; a `traceparent` that is not a valid W3C one is left out."""
         self._turns += 1
         self._thread_of_turn[self._turns] = thread
         ids = [self.json_payload(item, record_pb2.PAYLOAD_KIND_INPUT_ITEM) for item in input_items]
         self._sink.append(
             record_pb2.TraceRecord(
                 turn_started=record_pb2.TurnStarted(
-                    turn=self._turns, thread=thread, turn_id=turn_id, input_payload_ids=ids
+                    turn=self._turns,
+                    thread=thread,
+                    turn_id=turn_id,
+                    input_payload_ids=ids,
+                    traceparent=traceparent if parse_traceparent(traceparent) else "",
                 )
             )
         )
@@ -488,3 +499,21 @@ def _shared_prefix(
             break
         count += 1
     return count
+
+
+_TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
+
+
+def parse_traceparent(text: str) -> tuple[int, int, int] | None:
+    """(trace id, parent span id, flags) of a W3C traceparent header, None unless it is valid
+    (version ff, an all-zero id, or a version-00 header with more fields are invalid)."""
+    match = _TRACEPARENT.fullmatch(text.strip())
+    if match is None:
+        return None
+    version, trace_id, span_id, flags, rest = match.groups()
+    if version == "ff" or (version == "00" and rest is not None):
+        return None
+    trace, span = int(trace_id, 16), int(span_id, 16)
+    if not trace or not span:
+        return None
+    return trace, span, int(flags, 16)

@@ -40,6 +40,8 @@ from ._training import add_parsers as add_training_parsers
 if TYPE_CHECKING:
     from grpc_common import AccessControl
 
+    from ..export._otel import ExportedBundle
+
 PROG = "trace-reducer"
 DEFAULT_LISTEN = "127.0.0.1:50052"
 _PREVIEW_CHARS = 60
@@ -185,7 +187,7 @@ def _export_otlp(args: argparse.Namespace) -> int:
     # The exporters log each retry and failure; the one line below says what matters.
     logging.getLogger("opentelemetry").addHandler(logging.NullHandler())
     try:
-        exported = export_otlp(
+        export_otlp(
             args.bundles,
             endpoint=args.endpoint,
             protocol=args.protocol,
@@ -193,6 +195,7 @@ def _export_otlp(args: argparse.Namespace) -> int:
             include_content=args.include_content,
             salvage=args.salvage,
             timeout=args.timeout,
+            progress=_exported,
         )
     except CorruptBundleError as error:
         raise _CommandError(
@@ -202,11 +205,15 @@ def _export_otlp(args: argparse.Namespace) -> int:
         raise _CommandError(str(error), EXIT_USAGE) from error
     except ExportFailedError as error:
         raise _CommandError(str(error), EXIT_FAILED) from error
-    for one in exported:
-        if one.integrity != "CLEAN":
-            _warn(f"warning: {one.integrity.lower()} bundle {one.bundle}: exported what it holds")
-        print(f"exported {one.spans} spans of {one.bundle} as trace {one.trace_id}", flush=True)
     return EXIT_OK
+
+
+def _exported(one: ExportedBundle) -> None:
+    """One line as each bundle goes out: a long export shows its progress, and a failure
+    later on leaves the lines of the bundles that were sent."""
+    if one.integrity != "CLEAN":
+        _warn(f"warning: {one.integrity.lower()} bundle {one.bundle}: exported what it holds")
+    print(f"exported {one.spans} spans of {one.bundle} as trace {one.trace_id}", flush=True)
 
 
 # -- view -------------------------------------------------------------------------------------
@@ -263,28 +270,64 @@ def _watch(args: argparse.Namespace) -> int:
 
 
 async def _serve_async(
-    listen: str, bundle_root: str, access: AccessControl, max_upload_bytes: int
+    listen: str,
+    bundle_root: str,
+    access: AccessControl,
+    max_upload_bytes: int,
+    metrics_listen: str | None = None,
 ) -> int:
     # gRPC's server side takes a noticeable time to import; reduce and dump do not need it.
-    from grpc_common import GrpcServer, install_signal_handlers
+    from prometheus_client import PROCESS_COLLECTOR, CollectorRegistry
+
+    from grpc_common import (
+        GrpcServer,
+        MetricsServer,
+        RpcMetricsInterceptor,
+        install_signal_handlers,
+    )
 
     from ..service._service import SERVICE_NAME, ReducerService, add_to_server
 
     service = ReducerService(bundle_root, max_upload_bytes=max_upload_bytes)
+    registry = CollectorRegistry()
+    registry.register(PROCESS_COLLECTOR)
+    # One request log line per RPC on stderr.
+    request_log = logging.getLogger("trace_reducer.rpc")
+    if not request_log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+        request_log.addHandler(handler)
+        request_log.setLevel(logging.INFO)
+        request_log.propagate = False
+    rpc_metrics = RpcMetricsInterceptor(
+        registry, "rollout_reducer", request_log, ok_level=logging.INFO
+    )
+    metrics = None
+    if metrics_listen is not None:
+        try:
+            metrics = MetricsServer.start(metrics_listen, registry)
+        except (ValueError, OSError) as error:
+            raise _CommandError(f"--metrics-listen: {error}", EXIT_USAGE) from error
+        print(f"metrics at {metrics.url}", flush=True)
     try:
         server = await GrpcServer.start(
             listen,
             lambda grpc_server: add_to_server(service, grpc_server),
             [SERVICE_NAME],
             access,
+            rpc_metrics=rpc_metrics,
         )
     except ValueError as error:
+        if metrics is not None:
+            metrics.stop()
         raise _CommandError(f"--listen: {error}", EXIT_USAGE) from error
     stop = asyncio.Event()
     install_signal_handlers(stop.set)
     print(f"listening on {server.address}", flush=True)
     await stop.wait()
     await server.stop(grace=5.0)
+    if metrics is not None:
+        metrics.stop()
     return EXIT_OK
 
 
@@ -302,7 +345,9 @@ def _serve(args: argparse.Namespace) -> int:
         raise _CommandError(str(error), EXIT_USAGE) from error
     if args.max_upload_bytes < 1:
         raise _CommandError("--max-upload-bytes must be a positive number of bytes", EXIT_USAGE)
-    return asyncio.run(_serve_async(args.listen, root, access, args.max_upload_bytes))
+    return asyncio.run(
+        _serve_async(args.listen, root, access, args.max_upload_bytes, args.metrics_listen)
+    )
 
 
 # -- entry point ------------------------------------------------------------------------------
@@ -366,16 +411,24 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument(
         "--endpoint",
         metavar="URL",
-        help="OTLP receiver (default: OTEL_EXPORTER_OTLP_ENDPOINT, else localhost:4317 for "
+        help="OTLP receiver (default: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT as it is, else "
+        "OTEL_EXPORTER_OTLP_ENDPOINT + /v1/traces for http/protobuf, else localhost:4317 for "
         "grpc, localhost:4318/v1/traces for http/protobuf)",
     )
-    export.add_argument("--protocol", choices=["grpc", "http/protobuf"], default="grpc")
+    export.add_argument(
+        "--protocol",
+        choices=["grpc", "http/protobuf"],
+        default=None,
+        help="default: OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, else OTEL_EXPORTER_OTLP_PROTOCOL, "
+        "else grpc",
+    )
     export.add_argument(
         "--header",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="send this header (repeatable; default: OTEL_EXPORTER_OTLP_HEADERS)",
+        help="send this header (repeatable; default: OTEL_EXPORTER_OTLP_TRACES_HEADERS, else "
+        "OTEL_EXPORTER_OTLP_HEADERS)",
     )
     export.add_argument(
         "--include-content",
@@ -386,7 +439,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--salvage", action="store_true", help="export a corrupt bundle up to the damage"
     )
     export.add_argument(
-        "--timeout", type=float, default=10.0, metavar="SECONDS", help="per send, with retries"
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="per send, with retries (default: OTEL_EXPORTER_OTLP_[TRACES_]TIMEOUT, in "
+        "milliseconds, else 10 s)",
     )
     export.set_defaults(run=_export_otlp)
 
@@ -418,6 +476,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="ReduceRecords refuses larger uploads with RESOURCE_EXHAUSTED "
         f"(default {DEFAULT_MAX_UPLOAD_BYTES})",
+    )
+    serve.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics (per-RPC counts, latencies, codes) at "
+        "http://HOST:PORT/metrics",
     )
     serve.set_defaults(run=_serve)
     return parser

@@ -21,6 +21,7 @@ from ..bundle._integrity import integrity_name
 from ..bundle._names import KIND_WORDS, ROLE_WORDS, execution_word
 from ..bundle._payloads import PayloadStore
 from ..bundle._reader import read_bundle
+from ..bundle._records import parse_traceparent
 
 AttributeValue = str | bool | int | float | list[str]
 Attributes = dict[str, AttributeValue]
@@ -74,6 +75,9 @@ class SpanPlan:
     events: list[SpanEvent] = field(default_factory=list)
     # Set when the operation failed: the span status is then ERROR with this description.
     error: str | None = None
+    # (trace id, span id, flags) of a span outside the bundle that is this one's parent (the
+    # W3C traceparent a turn was started under); the span and its children join that trace.
+    remote_parent: tuple[int, int, int] | None = None
 
 
 @dataclass
@@ -376,6 +380,9 @@ class _Planner:
     def _turn(self, turn: state_pb2.Turn, index: int, parent: int) -> None:
         span_id = self._span_id("turn", turn.turn_id)
         attributes: Attributes = {
+            # A turn is one invocation of the agent: without an operation, GenAI backends
+            # file the span under UNKNOWN.
+            "gen_ai.operation.name": "invoke_agent",
             "gen_ai.conversation.id": turn.thread_id,
             "rollout.turn.id": turn.turn_id,
             "rollout.turn.index": index,
@@ -386,6 +393,7 @@ class _Planner:
             events.append(interrupt)
         start, end = self._window(turn.execution, attributes, events)
         span = SpanPlan(span_id, parent, "turn", False, start, end, attributes, events)
+        span.remote_parent = parse_traceparent(turn.traceparent)
         self._fail(span, turn.execution.status, turn.error if turn.HasField("error") else None)
         self.spans.append(span)
         for call_id in turn.inference_call_ids:

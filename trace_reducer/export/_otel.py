@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -30,9 +30,19 @@ from ..reduce._replay import replay_bundle
 from ._genai import TracePlan, plan_trace, read_details, trace_id_of
 
 PROTOCOLS = ("grpc", "http/protobuf")
+# gRPC, not the spec's http/protobuf: what the export has always used without --protocol.
+DEFAULT_PROTOCOL = "grpc"
 DEFAULT_TIMEOUT = 10.0
 _DEFAULT_ENDPOINTS = {"grpc": "http://localhost:4317", "http/protobuf": "http://localhost:4318"}
 _HTTP_TRACES_PATH = "/v1/traces"
+# The exporter environment of the OpenTelemetry specification, the per-signal variable first.
+# Headers, compression and certificates are left to the SDK's exporters, which read them as
+# the specification says; the endpoint, protocol and timeout are read here: the SDK picks no
+# protocol, and it reads the timeouts as seconds where the specification says milliseconds.
+_PROTOCOL_ENV = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
+_TIMEOUT_ENV = ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT")
+_TRACES_ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+_ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_ENDPOINT"
 # One export request stays under the 4 MiB a gRPC receiver takes by default: content makes a
 # chat span as large as the history it was sent.
 _BATCH_SPANS = 512
@@ -101,6 +111,12 @@ def plan_spans(plan: TracePlan) -> list[ReadableSpan]:
     for planned in plan.spans:
         parent = made.get(planned.parent_span_id) if planned.parent_span_id else None
         context = trace_api.set_span_in_context(parent) if parent is not None else Context()
+        if planned.remote_parent is not None:
+            trace_id, span_id, flags = planned.remote_parent
+            remote = trace_api.SpanContext(
+                trace_id, span_id, is_remote=True, trace_flags=trace_api.TraceFlags(flags)
+            )
+            context = trace_api.set_span_in_context(trace_api.NonRecordingSpan(remote))
         ids.next_span_id = planned.span_id
         span = tracer.start_span(
             planned.name,
@@ -154,43 +170,97 @@ def parse_header(text: str) -> tuple[str, str]:
     return key, value.strip()
 
 
-def resolve_endpoint(endpoint: str | None, protocol: str) -> str:
-    """The URL spans go to: --endpoint, else OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT, else the
-    local default; OTLP/HTTP gets `/v1/traces` when the URL has no path."""
+def _from_env(names: Sequence[str]) -> tuple[str, str] | None:
+    """(variable, value) of the first of the variables that is set and not empty."""
+    for name in names:
+        value = os.environ.get(name, "").strip()
+        if value:
+            return name, value
+    return None
+
+
+def resolve_protocol(protocol: str | None) -> str:
+    """--protocol, else OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, else OTEL_EXPORTER_OTLP_PROTOCOL,
+    else grpc."""
+    source = "--protocol"
+    if protocol is None:
+        found = _from_env(_PROTOCOL_ENV)
+        source, protocol = found if found else (source, DEFAULT_PROTOCOL)
     if protocol not in PROTOCOLS:
-        raise ExportConfigError(f"--protocol must be one of {', '.join(PROTOCOLS)}: {protocol!r}")
-    given = (
-        endpoint
-        or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-        or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-        or _DEFAULT_ENDPOINTS[protocol]
-    )
+        raise ExportConfigError(f"{source} must be one of {', '.join(PROTOCOLS)}: {protocol!r}")
+    return protocol
+
+
+def resolve_timeout(timeout: float | None) -> float:
+    """Seconds per send: --timeout, else OTEL_EXPORTER_OTLP_[TRACES_]TIMEOUT (milliseconds, as
+    the specification has it), else 10."""
+    source = "--timeout"
+    if timeout is None:
+        found = _from_env(_TIMEOUT_ENV)
+        if found is None:
+            return DEFAULT_TIMEOUT
+        source, text = found
+        try:
+            timeout = float(text) / 1000
+        except ValueError:
+            raise ExportConfigError(
+                f"{source} must be a number of milliseconds: {text!r}"
+            ) from None
+    if not timeout > 0 or timeout == float("inf"):
+        raise ExportConfigError(f"{source} must be a positive number of seconds: {timeout}")
+    return timeout
+
+
+def resolve_endpoint(endpoint: str | None, protocol: str) -> str:
+    """The URL spans go to, as the OpenTelemetry specification builds it.
+
+    --endpoint (OTLP/HTTP adds `/v1/traces` when it has no path); else
+    OTEL_EXPORTER_OTLP_TRACES_ENDPOINT as it is; else OTEL_EXPORTER_OTLP_ENDPOINT as the base
+    URL, to which OTLP/HTTP appends `v1/traces` (Langfuse's `…/api/public/otel` becomes
+    `…/api/public/otel/v1/traces`); else the local default.
+    """
+    protocol = resolve_protocol(protocol)
+    source = "--endpoint"
+    base = False
+    given = endpoint
+    if not given:
+        found = _from_env((_TRACES_ENDPOINT_ENV,))
+        if found is None and (found := _from_env((_ENDPOINT_ENV,))) is not None:
+            base = True
+        source, given = found if found else ("--endpoint", _DEFAULT_ENDPOINTS[protocol])
     try:
         parts = urlsplit(given)
         parts.port  # noqa: B018 - raises on a port that is not a number
     except ValueError as error:
-        raise ExportConfigError(f"--endpoint is not a URL: {given!r} ({error})") from error
+        raise ExportConfigError(f"{source} is not a URL: {given!r} ({error})") from error
     if parts.username is not None or parts.password is not None:
         # The exporters would repeat the URL in their messages; credentials go in a header.
-        raise ExportConfigError("--endpoint must not hold credentials: send them with --header")
+        raise ExportConfigError(
+            f"{source} must not hold credentials: send them with --header or "
+            "OTEL_EXPORTER_OTLP_HEADERS"
+        )
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ExportConfigError(f"--endpoint must be an http:// or https:// URL: {given!r}")
-    if protocol == "http/protobuf" and parts.path in ("", "/"):
-        parts = parts._replace(path=_HTTP_TRACES_PATH)
+        raise ExportConfigError(f"{source} must be an http:// or https:// URL: {given!r}")
+    if protocol == "http/protobuf":
+        if base:
+            parts = parts._replace(path=parts.path.rstrip("/") + _HTTP_TRACES_PATH)
+        elif source == "--endpoint" and parts.path in ("", "/"):
+            parts = parts._replace(path=_HTTP_TRACES_PATH)
     return urlunsplit(parts)
 
 
 def otlp_exporter(
     endpoint: str | None = None,
-    protocol: str = "grpc",
+    protocol: str | None = None,
     headers: Sequence[str] = (),
-    timeout: float = DEFAULT_TIMEOUT,
+    timeout: float | None = None,
 ) -> tuple[SpanExporter, str]:
-    """An OTLP span exporter and the URL it sends to; headers are `KEY=VALUE` strings (none:
-    OTEL_EXPORTER_OTLP_HEADERS applies)."""
+    """An OTLP span exporter and the URL it sends to. What is not given comes from the
+    OpenTelemetry environment: the protocol, endpoint and timeout (see resolve_*), and, with
+    no headers given (`KEY=VALUE` strings), OTEL_EXPORTER_OTLP_[TRACES_]HEADERS."""
+    protocol = resolve_protocol(protocol)
     url = resolve_endpoint(endpoint, protocol)
-    if not timeout > 0:
-        raise ExportConfigError(f"--timeout must be a positive number of seconds: {timeout}")
+    timeout = resolve_timeout(timeout)
     pairs = [parse_header(text) for text in headers]
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
@@ -312,12 +382,13 @@ def export_otlp(
     bundles: Sequence[str | os.PathLike[str]],
     *,
     endpoint: str | None = None,
-    protocol: str = "grpc",
+    protocol: str | None = None,
     headers: Sequence[str] = (),
     include_content: bool = False,
     salvage: bool = False,
-    timeout: float = DEFAULT_TIMEOUT,
+    timeout: float | None = None,
     exporter: SpanExporter | None = None,
+    progress: Callable[[ExportedBundle], None] | None = None,
 ) -> list[ExportedBundle]:
     """Send the bundles' spans (OpenTelemetry GenAI conventions) to an OTLP receiver.
 
@@ -326,7 +397,8 @@ def export_otlp(
     A CORRUPT bundle is refused unless `salvage` (then what precedes the damage is sent).
     Raises BundleError (bad bundle; CorruptBundleError), ReductionError (records contradict),
     ExportConfigError (bad endpoint, protocol, header or timeout) and ExportFailedError (the
-    receiver did not take the spans).
+    receiver did not take the spans). `progress` is called with each bundle as soon as its
+    spans were accepted.
     """
     made = [
         _BundleSpans(
@@ -344,14 +416,15 @@ def export_otlp(
         results = []
         for one in made:
             _send(exporter, one.spans, where)
-            results.append(
-                ExportedBundle(
-                    one.bundle,
-                    trace_api.format_trace_id(trace_id_of(one.trace.trace_id)),
-                    len(one.spans),
-                    integrity_name(one.trace.integrity.status),
-                )
+            done = ExportedBundle(
+                one.bundle,
+                trace_api.format_trace_id(trace_id_of(one.trace.trace_id)),
+                len(one.spans),
+                integrity_name(one.trace.integrity.status),
             )
+            results.append(done)
+            if progress is not None:
+                progress(done)
         return results
     finally:
         if owned:

@@ -688,7 +688,9 @@ class Reducer:
             _fail(record, f"turn started on thread {thread.msg.thread_id}, which has ended")
         # Looked up before anything changes, so a missing payload leaves the state as it was.
         inputs = [(pid, self._item_info(pid, record)) for pid in body.input_payload_ids]
-        msg = state_pb2.Turn(turn_id=turn_id, thread_id=thread.msg.thread_id)
+        msg = state_pb2.Turn(
+            turn_id=turn_id, thread_id=thread.msg.thread_id, traceparent=body.traceparent
+        )
         self._start(msg.execution, record)
         producer = state_pb2.ProducerRef(user_input=state_pb2.UserInputProducer(turn_id=turn_id))
         for pid, info in inputs:

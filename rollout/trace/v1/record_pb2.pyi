@@ -367,9 +367,14 @@ class TurnStarted(_message.Message):
     THREAD_FIELD_NUMBER: _builtins.int
     TURN_ID_FIELD_NUMBER: _builtins.int
     INPUT_PAYLOAD_IDS_FIELD_NUMBER: _builtins.int
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
     turn: _builtins.int
     thread: _builtins.int
     turn_id: _builtins.str
+    traceparent: _builtins.str
+    """The W3C traceparent the turn was started under (StartTurn's gRPC metadata), when valid:
+    its OpenTelemetry span is that span's child. Empty without one.
+    """
     @_builtins.property
     def input_payload_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
@@ -379,10 +384,11 @@ class TurnStarted(_message.Message):
         thread: _builtins.int = ...,
         turn_id: _builtins.str = ...,
         input_payload_ids: _abc.Iterable[_builtins.str] | None = ...,
+        traceparent: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["input_payload_ids", b"input_payload_ids", "thread", b"thread", "turn", b"turn", "turn_id", b"turn_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["input_payload_ids", b"input_payload_ids", "thread", b"thread", "traceparent", b"traceparent", "turn", b"turn", "turn_id", b"turn_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

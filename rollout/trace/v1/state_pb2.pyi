@@ -714,8 +714,11 @@ class Turn(_message.Message):
     INTERRUPT_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     TOOL_CALL_IDS_FIELD_NUMBER: _builtins.int
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
     turn_id: _builtins.str
     thread_id: _builtins.str
+    traceparent: _builtins.str
+    """The W3C traceparent the turn was started under (TurnStarted.traceparent); empty without."""
     @_builtins.property
     def execution(self) -> Global___Execution: ...
     @_builtins.property
@@ -741,10 +744,11 @@ class Turn(_message.Message):
         interrupt: Global___Interrupt | None = ...,
         error: _common_pb2.TraceError | None = ...,
         tool_call_ids: _abc.Iterable[_builtins.str] | None = ...,
+        traceparent: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "execution", b"execution", "interrupt", b"interrupt"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "execution", b"execution", "inference_call_ids", b"inference_call_ids", "input_item_ids", b"input_item_ids", "interrupt", b"interrupt", "thread_id", b"thread_id", "tool_call_ids", b"tool_call_ids", "turn_id", b"turn_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "execution", b"execution", "inference_call_ids", b"inference_call_ids", "input_item_ids", b"input_item_ids", "interrupt", b"interrupt", "thread_id", b"thread_id", "tool_call_ids", b"tool_call_ids", "traceparent", b"traceparent", "turn_id", b"turn_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
