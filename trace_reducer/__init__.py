@@ -3,6 +3,7 @@
 from typing import TYPE_CHECKING
 
 from ._compact import expand_request_items
+from ._confine import BundlePathError, OutsideRootError
 from ._errors import (
     BundleError,
     BundleNotFoundError,
@@ -24,6 +25,15 @@ from ._integrity import describe_integrity, integrity_name, require_reducible
 from ._layout import REWARDS_FILE_NAME, STATE_FILE_NAME, TRACE_FILE_NAME
 from ._payloads import canonical_json, payload_id
 from ._reader import BundleReader, FrameDecoder, read_bundle, resolve_trace_file
+from ._recorded import (
+    RecordedSummary,
+    RecordedThread,
+    TurnNotEndedError,
+    TurnNotRecordedError,
+    find_thread_bundle,
+    list_recorded,
+    load_recorded,
+)
 from ._records import RecordBuilder, RecordSink
 from ._reducer import Reducer
 from ._replay import replay_bundle
@@ -71,6 +81,7 @@ __all__ = [
     "VIEW_FILE_NAME",
     "BundleError",
     "BundleNotFoundError",
+    "BundlePathError",
     "BundleReader",
     "BundleWriter",
     "CorruptBundleError",
@@ -81,16 +92,21 @@ __all__ = [
     "ExportedBundle",
     "FrameDecoder",
     "NotABundleError",
+    "OutsideRootError",
     "RecordBuilder",
     "RecordOutOfRangeError",
     "RecordSink",
     "RecordTooLargeError",
+    "RecordedSummary",
+    "RecordedThread",
     "RecordingError",
     "Reducer",
     "ReductionError",
     "RequestNotFoundError",
     "RewardError",
     "RewardInput",
+    "TurnNotEndedError",
+    "TurnNotRecordedError",
     "WatchUpdate",
     "__version__",
     "append_reward",
@@ -108,9 +124,12 @@ __all__ = [
     "expand_request_items",
     "export_otlp",
     "export_rl",
+    "find_thread_bundle",
     "follow_bundle",
     "integrity_name",
     "iter_state_json",
+    "list_recorded",
+    "load_recorded",
     "payload_id",
     "read_bundle",
     "read_rewards",

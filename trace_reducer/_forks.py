@@ -13,7 +13,7 @@ from ._bulk import DeltaRun
 from ._errors import BundleError, ReductionError
 from ._layout import TRACE_FILE_NAME
 from ._payloads import PayloadError, PayloadStore
-from ._reader import read_bundle, resolve_trace_file
+from ._reader import BundleReader, read_bundle, resolve_trace_file
 
 if TYPE_CHECKING:
     from ._reducer import Reducer
@@ -41,6 +41,11 @@ class ParentBundle:
         except PayloadError:
             return self._grandparent.payload(pid) if self._grandparent is not None else None
 
+    def payload_ids(self) -> frozenset[str]:
+        """Every payload id `payload` answers: this bundle's and its ancestors'."""
+        own = self._payloads.ids()
+        return own | self._grandparent.payload_ids() if self._grandparent is not None else own
+
     def prefix_items(self, payload_ids: Sequence[str]) -> list[state_pb2.ConversationItem | None]:
         """The parent's conversation items a fork's prefix names, in order: for each payload
         id the first of the parent's items with that payload not taken yet."""
@@ -55,6 +60,23 @@ class ParentBundle:
             candidates = by_payload.get(pid)
             found.append(self.trace.conversation_items[candidates.pop(0)] if candidates else None)
         return found
+
+
+def fork_chain(
+    forked: record_pb2.ThreadForked, parent: ParentBundle | None
+) -> list[state_pb2.ForkLink]:
+    """The threads a fork's history came through, its parent first: each with where it came
+    from in turn (as far as the parent bundles were read)."""
+    link = state_pb2.ForkLink(thread_id=forked.parent_thread_id, bundle=forked.parent_bundle)
+    if parent is None or not parent.trace.HasField("fork"):
+        return [link]
+    origin = parent.trace.fork
+    link.parent_thread_id = origin.parent_thread_id
+    link.after_turn_id = origin.after_turn_id
+    link.group_id = origin.group_id
+    link.repetition_index = origin.repetition_index
+    link.resumed = origin.resumed
+    return [link, *origin.ancestors]
 
 
 class ForkResolver(Protocol):
@@ -129,32 +151,37 @@ class BundleForkResolver:
         if key in self._loading:
             # A bundle that is (through its parents) its own parent: nothing to resolve.
             return None
-        from ._reducer import Reducer
-
         self._loading.add(key)
         try:
-            reducer: Reducer = Reducer(forks=self)
-            # Every payload: a fork may share any part of its parent's history.
-            payloads = PayloadStore(budget=None)
             try:
                 with read_bundle(path) as reader:
-                    for batch in reader.batches():
-                        for record in batch:
-                            if isinstance(record, DeltaRun):
-                                continue
-                            if record.WhichOneof("body") == "payload":
-                                try:
-                                    payloads.add(record.payload)
-                                except PayloadError:
-                                    continue
-                        reducer.apply_many(batch)
-                    reducer.set_integrity(reader.integrity)
-                trace = reducer.state()
+                    parent = self.reduce_whole(reader)
             except (BundleError, ReductionError, OSError):
                 self._loaded[key] = None
                 return None
-            parent = ParentBundle(path, trace, payloads, reducer.parent)
             self._loaded[key] = parent
             return parent
         finally:
             self._loading.discard(key)
+
+    def reduce_whole(self, reader: BundleReader) -> ParentBundle:
+        """Reduce an open bundle keeping every payload (a fork may share any part of its
+        history), its own parents resolved through this resolver.
+
+        Raises BundleError, ReductionError or OSError."""
+        from ._reducer import Reducer
+
+        reducer: Reducer = Reducer(forks=self)
+        payloads = PayloadStore(budget=None)
+        for batch in reader.batches():
+            for record in batch:
+                if isinstance(record, DeltaRun):
+                    continue
+                if record.WhichOneof("body") == "payload":
+                    try:
+                        payloads.add(record.payload)
+                    except PayloadError:
+                        continue
+            reducer.apply_many(batch)
+        reducer.set_integrity(reader.integrity)
+        return ParentBundle(reader.bundle_dir, reducer.state(), payloads, reducer.parent)

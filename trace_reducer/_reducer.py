@@ -13,6 +13,7 @@ from rollout.trace.v1 import common_pb2, record_pb2, state_pb2
 from ._bulk import DeltaRun
 from ._compact import expand_request_items
 from ._errors import RecordOutOfRangeError, ReductionError
+from ._forks import fork_chain
 from ._items import ItemInfo, ThreadItems, parse_item
 from ._payloads import PayloadError, PayloadStore
 from ._tokens import TokenAccumulator, classify_stop, sampling_settings
@@ -574,7 +575,9 @@ class Reducer:
             # A copied prefix needs no parent.
             resolved=parent is not None or body.prefix_copied,
             resolved_from=str(parent.path) if parent is not None else "",
+            resumed=body.resumed,
         )
+        self._fork.ancestors.extend(fork_chain(body, parent))
         self._fork_prefix = list(body.prefix_payload_ids)
         self._fork_seq = record.seq
         self._fork_tokens = []
