@@ -16,7 +16,7 @@ from google.protobuf import json_format
 from rollout.trace.v1 import state_pb2
 
 from ._errors import BundleNotFoundError, NotABundleError
-from ._layout import STATE_FILE_NAME, TRACE_FILE_NAME
+from ._layout import REWARDS_FILE_NAME, STATE_FILE_NAME, TRACE_FILE_NAME
 from ._state_json import state_to_json, write_state_json
 
 StorageOptions = tuple[tuple[str, str], ...]
@@ -29,6 +29,8 @@ class BundleEntry:
     location: str
     trace_mtime: float | None
     state_mtime: float | None
+    # Rewards are recorded beside a bundle after the fact: a listing must see them change.
+    rewards_mtime: float | None = None
 
     @property
     def state_is_fresh(self) -> bool:
@@ -94,6 +96,9 @@ class LocalStore:
                     _stat_mtime(os.path.join(directory, STATE_FILE_NAME))
                     if STATE_FILE_NAME in files
                     else None,
+                    _stat_mtime(os.path.join(directory, REWARDS_FILE_NAME))
+                    if REWARDS_FILE_NAME in files
+                    else None,
                 )
             )
         entries.sort(key=lambda entry: entry.location)
@@ -135,14 +140,17 @@ class FsspecStore:
         found: dict[str, dict[str, Any]] = self.fs.find(self.path, withdirs=False, detail=True)
         states: dict[str, float | None] = {}
         traces: dict[str, float | None] = {}
+        rewards: dict[str, float | None] = {}
         for name, info in found.items():
             directory, base = posixpath.split(name.rstrip("/"))
             if base == TRACE_FILE_NAME:
                 traces[directory] = _info_mtime(info)
             elif base == STATE_FILE_NAME:
                 states[directory] = _info_mtime(info)
+            elif base == REWARDS_FILE_NAME:
+                rewards[directory] = _info_mtime(info)
         return [
-            BundleEntry(directory, mtime, states.get(directory))
+            BundleEntry(directory, mtime, states.get(directory), rewards.get(directory))
             for directory, mtime in sorted(traces.items())
         ]
 

@@ -28,6 +28,7 @@ from ._errors import (
 from ._framing import DEFAULT_MAX_UPLOAD_BYTES
 from ._integrity import describe_integrity, integrity_name, require_reducible
 from ._layout import STATE_FILE_NAME
+from ._listing_cli import add_parser as add_list_parser
 from ._reader import read_bundle, resolve_trace_file
 from ._replay import replay_bundle
 from ._requests import request_body
@@ -338,6 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
     reduce.set_defaults(run=_reduce)
 
     add_reduce_all_parser(commands)
+    add_list_parser(commands)
 
     dump = commands.add_parser("dump", help="print the records of a bundle, one per line")
     dump.add_argument("bundle", help="bundle directory or its trace.binpb")
