@@ -24,8 +24,10 @@ from ._bulk import DeltaRun
 from ._errors import NotABundleError
 from ._forks import BundleForkResolver
 from ._payloads import PayloadError, PayloadStore, canonical_json
-from ._reader import read_bundle, resolve_trace_file
+from ._reader import BundleReader, read_bundle, resolve_trace_file
 from ._reducer import Reducer
+from ._rewards import attach_rewards
+from ._run_page import RunLinks, rollout_extras
 
 VIEW_FILE_NAME = "view.html"
 
@@ -60,16 +62,23 @@ class ViewData:
 
 def reduce_for_view(path: str | os.PathLike[str]) -> ViewData:
     """Reduce a bundle of any integrity (up to its damage) in one pass, keeping its payloads."""
-    payloads = PayloadStore(budget=None)
     with read_bundle(path) as reader:
-        reducer = Reducer(forks=BundleForkResolver(reader.bundle_dir))
-        for batch in reader.batches():
-            for record in batch:
-                if not isinstance(record, DeltaRun) and record.HasField("payload"):
-                    _keep(payloads, record.payload)
-            reducer.apply_many(batch)
-        reducer.set_integrity(reader.integrity)
-    return ViewData(reducer.state(), payloads)
+        return reduce_reader_for_view(reader)
+
+
+def reduce_reader_for_view(reader: BundleReader, *, dir_fd: int | None = None) -> ViewData:
+    """reduce_for_view on a bundle already open (its rewards read through dir_fd if given)."""
+    payloads = PayloadStore(budget=None)
+    reducer = Reducer(forks=BundleForkResolver(reader.bundle_dir))
+    for batch in reader.batches():
+        for record in batch:
+            if not isinstance(record, DeltaRun) and record.HasField("payload"):
+                _keep(payloads, record.payload)
+        reducer.apply_many(batch)
+    reducer.set_integrity(reader.integrity)
+    trace = reducer.state()
+    attach_rewards(trace, reader.bundle_dir, dir_fd=dir_fd)
+    return ViewData(trace, payloads)
 
 
 def _keep(payloads: PayloadStore, payload: record_pb2.Payload) -> None:
@@ -379,17 +388,34 @@ def _asset(name: str) -> str:
     return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
 
 
-def render_view(data: ViewData, title: str = "") -> str:
-    """The page for a reduced bundle, as HTML text with everything inline."""
+def script_hash(script: str) -> str:
+    """The CSP source that lets exactly this inline script run."""
+    return f"'sha256-{base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()}'"
+
+
+def render_view(
+    data: ViewData,
+    title: str = "",
+    *,
+    links: RunLinks | None = None,
+    live_url: str | None = None,
+) -> str:
+    """The page for a reduced bundle, as HTML text with everything inline. links: related
+    runs' pages (a site's); live_url: where a served page hears of the bundle's growth."""
     page, payloads = _PageBuilder(data).build()
+    page["rollout"] = rollout_extras(data.trace, links)
+    page["live"] = live_url
     script = _asset("_view.js")
-    digest = base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()
+    run_script = _asset("_run.js")
     values = {
         "TITLE": html.escape(title or f"rollout {data.trace.root_thread_id}"),
         "STYLE": _asset("_view.css"),
-        # Only this script may run, even if some text ever slipped through as markup.
-        "SCRIPT_HASH": f"sha256-{digest}",
+        # Only these scripts may run, even if some text ever slipped through as markup.
+        "SCRIPT_HASH": f"{script_hash(script)} {script_hash(run_script)}",
+        # A static page fetches nothing; a served one asks its own server for updates.
+        "CONNECT": "'self'" if live_url else "'none'",
         "SCRIPT": script,
+        "RUN_SCRIPT": run_script,
         "DATA": _script_json(page),
         "PAYLOADS": _script_json(payloads),
     }
@@ -397,10 +423,16 @@ def render_view(data: ViewData, title: str = "") -> str:
     return _PLACEHOLDER.sub(lambda match: values[match[1]], _asset("_view.html"))
 
 
-def save_view(data: ViewData, target: str | os.PathLike[str], title: str = "") -> Path:
+def save_view(
+    data: ViewData,
+    target: str | os.PathLike[str],
+    title: str = "",
+    *,
+    links: RunLinks | None = None,
+) -> Path:
     """Write the page of data to target (mode 0600), replacing it whole; return the path."""
     path = Path(target)
-    text = render_view(data, title)
+    text = render_view(data, title, links=links)
     # Written aside and renamed, so a browser reloading it never sees half a page.
     temp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     try:
