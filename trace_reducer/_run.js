@@ -221,7 +221,7 @@
       el("div", { class: "diff-head" }, call.body.base
         ? [`new since the previous call (`, shortId(call.body.base), `): ${added.length} input items; ${call.body.keep} kept`]
         : `the first call: all ${added.length} input items are new`),
-      added.map((text) => el("div", { class: "diff-added" }, "+ ", jsonTree(JSON.parse(text), null, 1))));
+      added.map((text) => el("div", { class: "diff-added" }, "+ ", jsonTree(JSON.parse(text), null, -3))));
     return el("div", { class: "request-view" }, diff, el("div", { class: "part-label" }, "request body"), jsonTree(body, null, 0));
   }
 

@@ -10,6 +10,7 @@ import ipaddress
 import json
 import os
 import re
+import sys
 import urllib.parse
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -184,8 +185,9 @@ class SiteServer:
             given = request.query.get("token")
             if given is not None and hmac.compare_digest(given, self._token):
                 # Into a cookie, and out of the address bar (and any Referer).
+                rest = {k: v for k, v in request.query.items() if k != "token"}
                 response = web.Response(
-                    status=302, headers={"Location": str(request.rel_url.without_query("token"))}
+                    status=302, headers={"Location": str(request.rel_url.with_query(rest))}
                 )
                 response.set_cookie(
                     TOKEN_COOKIE, self._token, httponly=True, samesite="Strict", path="/"
@@ -196,7 +198,17 @@ class SiteServer:
                 return web.Response(
                     status=401, text="this viewer needs its token: open the address it printed\n"
                 )
-        response = await handler(request)
+        try:
+            response = await handler(request)
+        except web.HTTPException:
+            raise
+        except Exception as error:  # noqa: BLE001 - one line for the reader, never a traceback
+            print(
+                f"trace-reducer: error: {request.path}: {type(error).__name__}: {error}",
+                file=sys.stderr,
+                flush=True,
+            )
+            return web.Response(status=500, text="the viewer failed on this request\n")
         if not response.prepared:  # an event stream set its own headers when it began
             response.headers.setdefault("X-Content-Type-Options", "nosniff")
             response.headers.setdefault("Referrer-Policy", "no-referrer")

@@ -22,7 +22,7 @@ from rollout.trace.v1 import common_pb2, record_pb2, state_pb2
 
 from ._bulk import DeltaRun
 from ._errors import NotABundleError
-from ._forks import BundleForkResolver
+from ._forks import BundleForkResolver, ParentBundle
 from ._payloads import PayloadError, PayloadStore, canonical_json
 from ._reader import BundleReader, read_bundle, resolve_trace_file
 from ._reducer import Reducer
@@ -58,6 +58,18 @@ class ViewData:
 
     trace: state_pb2.RolloutTrace
     payloads: PayloadStore
+    # A fork's parent: the payloads of the history the fork shares.
+    parent: ParentBundle | None = None
+
+    def payload(self, pid: str) -> bytes:
+        """A payload of the bundle or of the bundles it forked from; PayloadError if none."""
+        try:
+            return self.payloads.get(pid)
+        except PayloadError:
+            data = self.parent.payload(pid) if self.parent is not None else None
+            if data is None:
+                raise
+            return data
 
 
 def reduce_for_view(path: str | os.PathLike[str]) -> ViewData:
@@ -78,7 +90,7 @@ def reduce_reader_for_view(reader: BundleReader, *, dir_fd: int | None = None) -
     reducer.set_integrity(reader.integrity)
     trace = reducer.state()
     attach_rewards(trace, reader.bundle_dir, dir_fd=dir_fd)
-    return ViewData(trace, payloads)
+    return ViewData(trace, payloads, reducer.parent)
 
 
 def _keep(payloads: PayloadStore, payload: record_pb2.Payload) -> None:
@@ -117,7 +129,7 @@ class _PageBuilder:
 
     def __init__(self, data: ViewData) -> None:
         self.trace = data.trace
-        self.store = data.payloads
+        self.store = data
         self.base = data.trace.started_at
         self.envelopes: dict[str, list[str] | None] = {}
         self.inputs: dict[str, str | None] = {}
@@ -200,7 +212,7 @@ class _PageBuilder:
         instructions = ""
         if thread.instructions_payload_id:
             try:
-                instructions = self.store.get(thread.instructions_payload_id).decode(
+                instructions = self.store.payload(thread.instructions_payload_id).decode(
                     "utf-8", "replace"
                 )
             except PayloadError:
@@ -350,7 +362,7 @@ class _PageBuilder:
     def _input(self, pid: str) -> None:
         if pid not in self.inputs:
             try:
-                self.inputs[pid] = canonical_json(json.loads(self.store.get(pid))).decode()
+                self.inputs[pid] = canonical_json(json.loads(self.store.payload(pid))).decode()
             except (PayloadError, ValueError):
                 self.inputs[pid] = None  # the page says the body cannot be rebuilt
 
@@ -359,7 +371,7 @@ class _PageBuilder:
         if pid not in self.envelopes:
             self.envelopes[pid] = None
             try:
-                request = json.loads(self.store.get(pid))
+                request = json.loads(self.store.payload(pid))
             except (PayloadError, ValueError):
                 return None
             if not isinstance(request, dict):

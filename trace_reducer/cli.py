@@ -215,6 +215,10 @@ def _view(args: argparse.Namespace) -> int:
 
     source = Path(args.bundle)
     if source.is_dir() and not (source / TRACE_FILE_NAME).exists():
+        if not _holds_bundles(source):
+            raise BundleError(
+                f"not a trace bundle (no {TRACE_FILE_NAME}), nor a root of bundles: {source}"
+            )
         return _view_root(args)
     trace_file = resolve_trace_file(args.bundle)
     data = reduce_for_view(trace_file)
@@ -231,6 +235,13 @@ def _view(args: argparse.Namespace) -> int:
     if args.open and not webbrowser.open(path.resolve().as_uri()):
         _warn(f"no browser could be started; open {path} yourself")
     return EXIT_OK
+
+
+def _holds_bundles(root: Path) -> bool:
+    for _, _, files in os.walk(root):
+        if TRACE_FILE_NAME in files:
+            return True
+    return False
 
 
 def _view_root(args: argparse.Namespace) -> int:
