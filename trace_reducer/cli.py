@@ -238,10 +238,14 @@ def _view(args: argparse.Namespace) -> int:
 
 
 def _holds_bundles(root: Path) -> bool:
+    """Whether a directory is a root of bundles: it holds some, or nothing yet (a trace root
+    before its first recording); a directory of other files is neither bundle nor root."""
+    empty = True
     for _, _, files in os.walk(root):
         if TRACE_FILE_NAME in files:
             return True
-    return False
+        empty = empty and not files
+    return empty
 
 
 def _view_root(args: argparse.Namespace) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -28,6 +29,7 @@ pytest.importorskip(
     "playwright.sync_api", reason="needs the viewer-tests extra (make installs it into .venv)"
 )
 from playwright.sync_api import Browser, Dialog, Page, sync_playwright
+from playwright.sync_api import Error as PlaywrightError
 
 from agent_server.config import Settings
 from agent_server.server import AgentServer
@@ -290,6 +292,13 @@ def open_page(browser: Browser) -> Iterator[OpenPage]:
         watched.page.close()
 
 
+def embedded_records(page: str) -> int:
+    """records_read of the state a run page was served with."""
+    start = page.index('id="view-data">') + len('id="view-data">')
+    data = json.loads(page[start : page.index("</script>", start)])
+    return int(data["trace"]["integrity"]["records_read"])
+
+
 def row_threads(page: Page) -> list[str]:
     threads: list[str] = page.eval_on_selector_all(
         "#runs tbody tr", "rows => rows.map(r => r.dataset.thread)"
@@ -386,6 +395,7 @@ def test_the_list_filters_searches_sorts_and_opens_each_run(
         assert not canary.hits
 
 
+@pytest.mark.timeout(150)
 def test_a_bundle_being_written_updates_the_list_and_its_page(
     recorded: Recorded, open_page: OpenPage, tmp_path: Path
 ) -> None:
@@ -400,7 +410,7 @@ def test_a_bundle_being_written_updates_the_list_and_its_page(
             "--trace-root",
             str(root),
             "--local-word-delay",
-            "0.2",
+            "0.3",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -418,20 +428,27 @@ def test_a_bundle_being_written_updates_the_list_and_its_page(
                     thread_id=thread.id, input=[agent_pb2.UserInput(text="tell me a long story")]
                 )
             ).turn
-            listing = open_page(viewer)
-            row = f"tr[data-thread={thread.id}]"
-            listing.page.wait_for_selector(f"{row}.st-live", timeout=15_000)
-
-            href = listing.page.get_attribute(f"{row} a.run-link", "href")
-            assert href
-            run = open_page(viewer + href)
+            # The run's page first, while its turn streams; then the list.
+            url = viewer + "run/" + Path(thread.bundle_path).name
+            with urllib.request.urlopen(url) as served_page:
+                first = embedded_records(served_page.read().decode())
+            run = open_page(url)
             records = (
                 "() => JSON.parse(document.getElementById('view-data').textContent)"
                 ".trace.integrity.records_read"
             )
-            first = int(run.page.evaluate(records))
-            # The page reloads itself as records arrive.
-            run.page.wait_for_function(f"() => ({records})() > {first}", timeout=15_000)
+            # The page reloads itself as records arrive: wait for a load showing more.
+            grown = 0
+            for _ in range(150):
+                with contextlib.suppress(PlaywrightError):
+                    grown = int(run.page.evaluate(records))
+                if grown > first:
+                    break
+                run.page.wait_for_timeout(100)
+            assert grown > first, (first, grown)
+            listing = open_page(viewer)
+            row = f"tr[data-thread={thread.id}]"
+            listing.page.wait_for_selector(f"{row}.st-live", timeout=15_000)
             events = stub.StreamEvents(agent_pb2.StreamEventsRequest(thread_id=thread.id))
             for response in events:
                 if response.event.HasField("turn_completed"):
