@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 KEYS: dict[str, type] = {
     "listen": str,
     "provider-url": str,
+    "provider-api": str,
     "model": str,
     "api-key-env": str,
     "trace-root": Path,
@@ -32,6 +34,11 @@ KEYS: dict[str, type] = {
 }
 
 
+# The keys of a `[providers.NAME]` table and their types.
+PROVIDER_KEYS: dict[str, type] = {"url": str, "api": str, "model": str, "key-env": str}
+_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
 class ConfigFileError(ValueError):
     """The file cannot be read, is not TOML, or sets something it may not."""
 
@@ -50,12 +57,49 @@ def load(path: Path) -> dict[str, Any]:
         raise ConfigFileError(f"--config: {path} is not valid TOML: {error}") from error
     values: dict[str, Any] = {}
     for key, value in table.items():
+        if key == "providers":
+            values["providers"] = _providers(path, value)
+            continue
         kind = KEYS.get(key)
         if kind is None:
-            known = ", ".join(sorted(KEYS))
+            known = ", ".join(sorted([*KEYS, "providers"]))
             raise ConfigFileError(f"--config: {path}: unknown setting {key!r} (known: {known})")
         values[key.replace("-", "_")] = _typed(path, key, value, kind)
     return values
+
+
+def _providers(path: Path, value: Any) -> dict[str, dict[str, Any]]:
+    """`[providers.NAME]` tables: url (required), api, model, key-env, capabilities."""
+    if not isinstance(value, dict):
+        raise ConfigFileError(f"--config: {path}: providers must be tables [providers.NAME]")
+    out: dict[str, dict[str, Any]] = {}
+    for name, table in value.items():
+        where = f"[providers.{name}]"
+        if not _NAME.fullmatch(name):
+            raise ConfigFileError(
+                f"--config: {path}: {where}: a name is 1 to 64 letters, digits, '_' or '-'"
+            )
+        if not isinstance(table, dict):
+            raise ConfigFileError(f"--config: {path}: {where} must be a table")
+        entry: dict[str, Any] = {}
+        for key, setting in table.items():
+            if key == "capabilities":
+                if not isinstance(setting, list) or not all(isinstance(c, str) for c in setting):
+                    raise ConfigFileError(
+                        f"--config: {path}: {where} capabilities must be a list of strings"
+                    )
+                entry[key] = list(setting)
+                continue
+            if key not in PROVIDER_KEYS:
+                known = ", ".join(sorted([*PROVIDER_KEYS, "capabilities"]))
+                raise ConfigFileError(
+                    f"--config: {path}: {where}: unknown setting {key!r} (known: {known})"
+                )
+            entry[key] = _typed(path, f"{where} {key}", setting, PROVIDER_KEYS[key])
+        if "url" not in entry:
+            raise ConfigFileError(f"--config: {path}: {where} needs a url")
+        out[name] = entry
+    return out
 
 
 def _typed(path: Path, key: str, value: Any, kind: type) -> Any:

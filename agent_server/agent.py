@@ -27,6 +27,7 @@ from agent_server.errors import (
     InvalidModelError,
     InvalidPageTokenError,
     InvalidRewardError,
+    InvalidSamplingError,
     ItemNotFoundError,
     MetadataTooLargeError,
     MissingThreadIdError,
@@ -43,6 +44,7 @@ from agent_server.errors import (
     TurnNotAwaitingToolOutputsError,
     TurnNotFoundError,
     TurnNotRunningError,
+    UnknownProviderError,
 )
 from agent_server.events import EventBuffer
 from agent_server.provider import ProviderClient
@@ -113,6 +115,7 @@ class _ThreadSpec:
     sampling: Sampling
     capture: TokenCapture
     fork: tuple[ForkSeed, agent_pb2.ForkOrigin, list[dict[str, object]]] | None = None
+    provider: str = ""
 
 
 @dataclass(frozen=True)
@@ -151,9 +154,17 @@ def _load_recorded(root: Path, thread_id: str, bundle_path: str) -> RecordedThre
 class Agent:
     """Owns every thread of the server; each method is one client operation."""
 
-    def __init__(self, settings: Settings, provider: ProviderClient) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        provider: ProviderClient,
+        named: Mapping[str, ProviderClient] | None = None,
+    ) -> None:
         self._settings = settings
         self._provider = provider
+        # The config's named providers, which a thread may choose instead of the default.
+        self._named = dict(named or {})
+        self._models = {p.name: p.model for p in settings.providers if p.model}
         # Every thread the server knows, in the order they were created.
         self._threads: dict[str, Thread] = {}
         self._thread_seq = itertools.count(1)
@@ -180,10 +191,23 @@ class Agent:
         *,
         sampling: Sampling | None = None,
         capture: TokenCapture | None = None,
+        provider: str = "",
     ) -> Thread:
         self.check_serving()
         _check_thread_arguments(model, instructions, metadata)
         checked = parse_tools(tools)
+        if provider and provider not in self._named:
+            known = ", ".join(sorted(self._named)) or "none are configured"
+            raise UnknownProviderError(
+                f"no provider named {provider!r} ([providers.NAME] in the config: {known})",
+                provider=provider,
+            )
+        choice = (sampling or Sampling()).tool_choice
+        if isinstance(choice, dict) and choice.get("name") not in {t.name for t in checked}:
+            raise InvalidSamplingError(
+                f"tool_choice names {choice.get('name')!r}, which is not a tool of the thread",
+                field="tool_choice",
+            )
         return await self._shielded_start(
             _ThreadSpec(
                 model,
@@ -192,6 +216,7 @@ class Agent:
                 checked,
                 sampling or Sampling(),
                 capture or TokenCapture(),
+                provider=provider,
             )
         )
 
@@ -205,7 +230,7 @@ class Agent:
 
     async def _start_thread(self, spec: _ThreadSpec) -> Thread:
         thread_id = f"thread_{uuid.uuid4().hex}"
-        model = spec.model or self._settings.model
+        model = spec.model or self._models.get(spec.provider) or self._settings.model
         instructions, metadata, fork = spec.instructions, spec.metadata, spec.fork
         trace_root = self._settings.trace_root
         if trace_root is None:
@@ -237,6 +262,7 @@ class Agent:
             seq=next(self._thread_seq),
             sampling=spec.sampling,
             capture=spec.capture,
+            provider=self._named[spec.provider] if spec.provider else self._provider,
         )
         if fork is not None:
             thread.fork = fork[1]
@@ -384,6 +410,7 @@ class Agent:
                 parent.tools,
                 parent.sampling,
                 parent.capture,
+                provider=parent.provider.name if parent.provider is not None else "",
             ),
             bundle=Path(parent.recorder.bundle_path).name if parent.recorder.bundle_path else "",
             trace_id=parent.recorder.trace_id,
@@ -588,6 +615,12 @@ class Agent:
                 f"turn {running_id!r} of thread {thread_id!r} is still running",
                 turn_id=running_id,
             )
+        choice = sampling.tool_choice if sampling is not None else None
+        if isinstance(choice, dict) and choice.get("name") not in {t.name for t in thread.tools}:
+            raise InvalidSamplingError(
+                f"tool_choice names {choice.get('name')!r}, which is not a tool of the thread",
+                field="tool_choice",
+            )
         turn_id = f"turn_{uuid.uuid4().hex}"
         items = [user_message(texts)]
         ordinal = thread.recorder.turn_started(turn_id, items)
@@ -598,7 +631,7 @@ class Agent:
             ordinal=ordinal,
             sampling=thread.sampling.overridden(sampling or Sampling()),
         )
-        runner = TurnRunner(thread, turn, self._provider, self._settings)
+        runner = TurnRunner(thread, turn, thread.provider or self._provider, self._settings)
         runner.start()
         thread.emit(turn_id, turn_started=agent_pb2.TurnStartedEvent(turn=turn.to_proto()))
         return turn

@@ -27,6 +27,9 @@ DEFAULT_MAX_CLOSED_THREADS = 1000
 DEFAULT_PROVIDER_MAX_CONNECTIONS = 1024
 DEFAULT_MAX_TOOL_ROUNDS = 64
 DEFAULT_TOOL_OUTPUT_TIMEOUT = 600.0
+PROVIDER_APIS = ("responses", "chat")
+# What a provider may be asked for beyond the API's core (a named provider's `capabilities`).
+CAPABILITIES = ("token-ids", "logprobs")
 
 
 class ConfigError(ValueError):
@@ -57,12 +60,43 @@ class Secret:
 
 
 @dataclass(frozen=True)
+class ProviderSettings:
+    """One named provider of the config file (`[providers.NAME]`)."""
+
+    name: str
+    url: str
+    api: str = "responses"
+    # The model of threads that name this provider and no model; None: the server's --model.
+    model: str | None = None
+    api_key_env: str = DEFAULT_API_KEY_ENV
+    api_key: Secret | None = field(default=None, repr=False)
+    capabilities: tuple[str, ...] = CAPABILITIES
+
+    def __post_init__(self) -> None:
+        where = f"[providers.{self.name}]"
+        if not self.url.startswith(("http://", "https://")):
+            raise ConfigError(f"{where} url must be an http:// or https:// URL")
+        if self.api not in PROVIDER_APIS:
+            raise ConfigError(f"{where} api must be one of {', '.join(PROVIDER_APIS)}")
+        unknown = [c for c in self.capabilities if c not in CAPABILITIES]
+        if unknown:
+            raise ConfigError(
+                f"{where} capabilities: unknown {', '.join(unknown)} "
+                f"(known: {', '.join(CAPABILITIES)})"
+            )
+
+
+@dataclass(frozen=True)
 class Settings:
     """Everything the agent server is configured with; immutable once built."""
 
     listen: str = DEFAULT_LISTEN
     # None selects the built-in local model.
     provider_url: str | None = None
+    # The API the default provider speaks: the Responses API or Chat Completions.
+    provider_api: str = "responses"
+    # Named providers a thread may choose (StartThreadRequest.provider), from the config file.
+    providers: tuple[ProviderSettings, ...] = ()
     model: str = DEFAULT_LOCAL_MODEL
     api_key_env: str = DEFAULT_API_KEY_ENV
     api_key: Secret | None = field(default=None, repr=False)
@@ -112,6 +146,8 @@ class Settings:
             raise ConfigError("--tool-output-timeout must be more than 0 seconds")
         if not self.model:
             raise ConfigError("--model must not be empty")
+        if self.provider_api not in PROVIDER_APIS:
+            raise ConfigError(f"--provider-api must be one of {', '.join(PROVIDER_APIS)}")
         if self.provider_url is not None and not self.provider_url.startswith(
             ("http://", "https://")
         ):
@@ -213,6 +249,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--provider-url",
         help="Responses API base URL (env ROLLOUT_PROVIDER_URL; default: the built-in local model)",
     )
+    parser.add_argument(
+        "--provider-api",
+        choices=PROVIDER_APIS,
+        help="the API the provider speaks: the Responses API (default) or Chat Completions "
+        "(env ROLLOUT_PROVIDER_API)",
+    )
     parser.add_argument("--model", help="provider model (env ROLLOUT_MODEL)")
     parser.add_argument(
         "--api-key-env",
@@ -313,6 +355,8 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
     return Settings(
         listen=pick("listen", "ROLLOUT_LISTEN") or DEFAULT_LISTEN,
         provider_url=provider_url.rstrip("/") if provider_url else None,
+        provider_api=pick("provider_api", "ROLLOUT_PROVIDER_API") or "responses",
+        providers=tuple(_named_providers(file.get("providers") or {}, env)),
         model=pick("model", "ROLLOUT_MODEL") or DEFAULT_LOCAL_MODEL,
         api_key_env=api_key_env,
         api_key=Secret(key) if key else None,
@@ -336,6 +380,27 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
         log_level=pick("log_level", "ROLLOUT_LOG_LEVEL") or "info",
         log_format=pick("log_format", "ROLLOUT_LOG_FORMAT") or "text",
     )
+
+
+def _named_providers(
+    tables: Mapping[str, Mapping[str, Any]], env: Mapping[str, str]
+) -> list[ProviderSettings]:
+    providers = []
+    for name, table in tables.items():
+        key_env = table.get("key-env") or DEFAULT_API_KEY_ENV
+        key = _api_key(env.get(key_env, ""), key_env)
+        providers.append(
+            ProviderSettings(
+                name=name,
+                url=str(table["url"]).rstrip("/"),
+                api=table.get("api", "responses"),
+                model=table.get("model"),
+                api_key_env=key_env,
+                api_key=Secret(key) if key else None,
+                capabilities=tuple(table.get("capabilities", CAPABILITIES)),
+            )
+        )
+    return providers
 
 
 def _api_key(value: str, variable: str) -> str:

@@ -82,6 +82,10 @@ class InvalidSamplingError(InvalidArgumentError):
     reason = "INVALID_SAMPLING"
 
 
+class UnknownProviderError(InvalidArgumentError):
+    reason = "UNKNOWN_PROVIDER"
+
+
 class InvalidForkCountError(InvalidArgumentError):
     reason = "INVALID_FORK_COUNT"
 

@@ -1,4 +1,6 @@
-"""The built-in offline Responses endpoint: deterministic replies and tool calls, streamed."""
+"""The built-in offline model: deterministic replies and tool calls, streamed in both
+dialects (`POST /responses` and `POST /chat/completions`, the latter with vLLM-shaped token
+ids: `prompt_token_ids` on the first chunk, `token_ids` on every chunk)."""
 
 from __future__ import annotations
 
@@ -55,24 +57,40 @@ def last_user_text(input_items: Any) -> str:
     return ""
 
 
-def tool_calls_for(tools: Any, input_items: Any) -> list[tuple[str, str]]:
+def tool_calls_for(tools: Any, input_items: Any, tool_choice: Any = None) -> list[tuple[str, str]]:
     """The calls (name, JSON arguments) the local model makes: one per declared function tool
     that the last user message names, in the order named; none right after tool outputs.
+    `tool_choice` is obeyed: `none` calls nothing, `required` calls the first tool when the
+    message names none, a named function is called alone.
 
     The arguments fill the tool's first string parameter with the user's text."""
     if not isinstance(tools, list) or not isinstance(input_items, list) or not input_items:
         return []
     last = input_items[-1]
-    if not isinstance(last, dict) or last.get("role") != "user":
+    if not isinstance(last, dict) or last.get("role") != "user" or tool_choice == "none":
         return []
+    declared = [
+        tool
+        for tool in tools
+        if isinstance(tool, dict)
+        and tool.get("type") == "function"
+        and isinstance(tool.get("name"), str)
+    ]
     text = last_user_text(input_items)
+    if isinstance(tool_choice, dict):
+        wanted = [tool for tool in declared if tool["name"] == tool_choice.get("name")]
+        return [(t["name"], json.dumps(_arguments(t.get("parameters"), text))) for t in wanted]
+    calls = _named_calls(declared, text)
+    if not calls and tool_choice == "required" and declared:
+        first = declared[0]
+        calls = [(first["name"], json.dumps(_arguments(first.get("parameters"), text)))]
+    return calls
+
+
+def _named_calls(tools: list[dict[str, Any]], text: str) -> list[tuple[str, str]]:
     named: list[tuple[int, str, Any]] = []
     for tool in tools:
-        if not isinstance(tool, dict) or tool.get("type") != "function":
-            continue
-        name = tool.get("name")
-        if not isinstance(name, str):
-            continue
+        name = tool["name"]
         match = re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", text)
         if match:
             named.append((match.start(), name, tool.get("parameters")))
@@ -151,7 +169,8 @@ class LocalModel:
             await self._http.stop()
 
     async def _handle(self, request: HttpRequest, response: HttpResponse) -> None:
-        if request.method != "POST" or request.path.rstrip("/").split("?")[0] != "/responses":
+        route = request.path.rstrip("/").split("?")[0]
+        if request.method != "POST" or route not in ("/responses", "/chat/completions"):
             await _error(
                 response, 404, "not_found", f"no route for {request.method} {request.path}"
             )
@@ -164,10 +183,16 @@ class LocalModel:
         if not isinstance(body, dict) or body.get("stream") is not True:
             await _error(response, 400, "invalid_request", "only `stream: true` is supported")
             return
+        chat = route == "/chat/completions"
+        if chat:
+            body = _responses_body(body)
         # The local model's idea of tokens: its toy tokenizer's, on the prompt it renders.
         prompt = toy_tokens.render_prompt(body.get("instructions"), body.get("input"))
         sampler = _Sampler.for_request(body, len(prompt), request.headers.get(_CALL_HEADER, ""))
-        await self._stream(response, body, prompt, sampler)
+        if chat:
+            await _ChatStream(response, body, prompt, sampler, self._word_delay).run()
+        else:
+            await self._stream(response, body, prompt, sampler)
 
     async def _stream(
         self, response: HttpResponse, body: dict[str, Any], prompt: list[int], sampler: _Sampler
@@ -183,7 +208,7 @@ class LocalModel:
             created["prompt_token_ids"] = prompt
         await send("response.created", response=created)
         input_items = body.get("input")
-        calls = tool_calls_for(body.get("tools"), input_items)
+        calls = tool_calls_for(body.get("tools"), input_items, body.get("tool_choice"))
         if calls:
             await self._send_calls(send, calls, sampler)
         else:
@@ -383,6 +408,190 @@ class _Sampler:
             )
         self.count += len(ids)
         return text, fields
+
+
+def _responses_body(chat: dict[str, Any]) -> dict[str, Any]:
+    """A Chat Completions request as the Responses request the model's logic reads."""
+    messages = chat.get("messages")
+    instructions = ""
+    items: list[dict[str, Any]] = []
+    for message in messages if isinstance(messages, list) else []:
+        if not isinstance(message, dict):
+            continue
+        role = message.get("role")
+        text = toy_tokens.content_text(message.get("content"))
+        if role in ("system", "developer") and not items and not instructions:
+            instructions = text
+        elif role == "tool":
+            items.append(
+                {
+                    "type": "function_call_output",
+                    "call_id": message.get("tool_call_id"),
+                    "output": text,
+                }
+            )
+        elif role == "assistant":
+            if text:
+                items.append(
+                    {
+                        "type": "message",
+                        "role": "assistant",
+                        "content": [{"type": "output_text", "text": text}],
+                    }
+                )
+            calls = message.get("tool_calls")
+            for call in calls if isinstance(calls, list) else []:
+                function = call.get("function") if isinstance(call, dict) else None
+                if isinstance(function, dict):
+                    items.append(
+                        {
+                            "type": "function_call",
+                            "call_id": call.get("id"),
+                            "name": function.get("name"),
+                            "arguments": function.get("arguments"),
+                        }
+                    )
+        else:
+            items.append(
+                {"type": "message", "role": role, "content": [{"type": "input_text", "text": text}]}
+            )
+    tools = chat.get("tools")
+    choice = chat.get("tool_choice")
+    if isinstance(choice, dict):
+        function = choice.get("function")
+        choice = {
+            "type": "function",
+            "name": function.get("name") if isinstance(function, dict) else None,
+        }
+    return {
+        "model": chat.get("model"),
+        "stream": True,
+        "instructions": instructions,
+        "input": items,
+        "tools": [
+            {"type": "function", **tool["function"]}
+            for tool in (tools if isinstance(tools, list) else [])
+            if isinstance(tool, dict) and isinstance(tool.get("function"), dict)
+        ],
+        "tool_choice": choice,
+        "include": [LOGPROBS_INCLUDE] if chat.get("logprobs") is True else [],
+        "top_logprobs": chat.get("top_logprobs"),
+        "max_output_tokens": chat.get("max_completion_tokens", chat.get("max_tokens")),
+        "return_token_ids": chat.get("return_token_ids"),
+        "temperature": chat.get("temperature"),
+        "usage": (chat.get("stream_options") or {}).get("include_usage") is True,
+    }
+
+
+class _ChatStream:
+    """One streamed chat completion, shaped as vLLM streams it."""
+
+    def __init__(
+        self,
+        response: HttpResponse,
+        body: dict[str, Any],
+        prompt: list[int],
+        sampler: _Sampler,
+        word_delay: float,
+    ) -> None:
+        self._response = response
+        self._body = body
+        self._prompt = prompt
+        self._sampler = sampler
+        self._delay = word_delay
+        self._id = f"chatcmpl-{uuid.uuid4().hex}"
+        self._model = str(body.get("model", ""))
+
+    async def _chunk(self, choice: dict[str, Any] | None, **extra: Any) -> None:
+        chunk: dict[str, Any] = {
+            "id": self._id,
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": self._model,
+            "choices": [] if choice is None else [{"index": 0, "logprobs": None, **choice}],
+            **extra,
+        }
+        await self._response.event(chunk)
+
+    def _tokens(self, fields: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if "token_ids" in fields:
+            out["token_ids"] = fields["token_ids"]
+        if "logprobs" in fields:
+            out["logprobs"] = {"content": fields["logprobs"]}
+        return out
+
+    async def run(self) -> None:
+        body, sampler = self._body, self._sampler
+        await self._response.start()
+        first: dict[str, Any] = {}
+        if sampler.token_ids:
+            first["prompt_token_ids"] = self._prompt
+        await self._chunk(
+            {"delta": {"role": "assistant", "content": ""}, "finish_reason": None}, **first
+        )
+        input_items = body.get("input")
+        calls = tool_calls_for(body.get("tools"), input_items, body.get("tool_choice"))
+        if calls:
+            await self._calls(calls)
+            finish = "tool_calls"
+        else:
+            words = reply_words_for(input_items)
+            if sampler.variant:
+                words.append(f" (Sample {sampler.variant}.)")
+            await self._message(words)
+            finish = "stop"
+        if sampler.exhausted:
+            finish = "length"
+        await self._chunk({"delta": {}, "finish_reason": finish})
+        if body.get("usage"):
+            count = len(self._prompt)
+            usage = {
+                "prompt_tokens": count,
+                "completion_tokens": sampler.count,
+                "total_tokens": count + sampler.count,
+            }
+            await self._chunk(None, usage=usage)
+        await self._response.event("[DONE]")
+
+    async def _message(self, deltas: list[str]) -> None:
+        for position, delta in enumerate(deltas):
+            text, fields = self._sampler.sample(
+                delta, first=position == 0, last=position == len(deltas) - 1
+            )
+            if text or fields:
+                await self._chunk(
+                    {"delta": {"content": text}, "finish_reason": None, **self._tokens(fields)}
+                )
+            if self._sampler.exhausted:
+                return
+            if self._delay:
+                await asyncio.sleep(self._delay)
+
+    async def _calls(self, calls: list[tuple[str, str]]) -> None:
+        sampler = self._sampler
+        for index, (name, arguments) in enumerate(calls):
+            words = toy_tokens.pieces(arguments) if sampler.tokens else []
+            chunks = _chunks(arguments, words)
+            for position, piece in enumerate(chunks):
+                text, fields = sampler.sample(
+                    piece,
+                    first=position == 0,
+                    last=position == len(chunks) - 1,
+                    new_item=index > 0,
+                    opening=toy_tokens.call_opening(name) if position == 0 else None,
+                )
+                call: dict[str, Any] = {"index": index, "function": {"arguments": text}}
+                if position == 0:
+                    call.update(id=f"call_{uuid.uuid4().hex[:24]}", type="function")
+                    call["function"]["name"] = name
+                await self._chunk(
+                    {"delta": {"tool_calls": [call]}, "finish_reason": None, **self._tokens(fields)}
+                )
+                if sampler.exhausted:
+                    return
+                if self._delay:
+                    await asyncio.sleep(self._delay)
 
 
 async def _error(response: HttpResponse, status: int, code: str, message: str) -> None:

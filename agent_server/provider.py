@@ -12,7 +12,7 @@ import urllib.parse
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import httpx
@@ -44,6 +44,48 @@ class ProviderEvent:
     type: str
     data: dict[str, Any] | None
     raw: str
+
+
+Decode = Callable[[str, str], list[ProviderEvent]]
+
+
+class Dialect(Protocol):
+    """How one provider API is spoken: its path, its request body, its stream's events."""
+
+    name: str
+    path: str
+
+    def envelope(self, responses_envelope: dict[str, Any]) -> dict[str, Any]:
+        """The request body without the conversation, from the Responses-style one."""
+
+    def body(
+        self, envelope: dict[str, Any], instructions: str, items: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        """The whole request body."""
+
+    def decoder(self) -> Decode:
+        """A fresh decoder for one stream: (SSE event name, data) → events, in order."""
+
+
+class ResponsesDialect:
+    """The OpenAI Responses API: the events are the dialect."""
+
+    name = "responses"
+    path = "/responses"
+
+    def envelope(self, responses_envelope: dict[str, Any]) -> dict[str, Any]:
+        return responses_envelope
+
+    def body(
+        self, envelope: dict[str, Any], instructions: str, items: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        return {**envelope, "input": items}
+
+    def decoder(self) -> Decode:
+        return lambda sse_event, raw: [parse_event(sse_event, raw)]
+
+
+RESPONSES = ResponsesDialect()
 
 
 class ProviderError(Exception):
@@ -86,8 +128,8 @@ def redact_url(url: str) -> str:
     return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, ""))
 
 
-def _endpoint(base_url: str) -> tuple[str, httpx.BasicAuth | None]:
-    """`{base_url}/responses` (before any query), and the URL's user info as Basic auth."""
+def _endpoint(base_url: str, route: str) -> tuple[str, httpx.BasicAuth | None]:
+    """`{base_url}{route}` (before any query), and the URL's user info as Basic auth."""
     parts = urllib.parse.urlsplit(base_url)
     auth = None
     netloc = parts.netloc
@@ -96,12 +138,12 @@ def _endpoint(base_url: str) -> tuple[str, httpx.BasicAuth | None]:
         auth = httpx.BasicAuth(
             urllib.parse.unquote(parts.username or ""), urllib.parse.unquote(parts.password or "")
         )
-    path = parts.path.rstrip("/") + "/responses"
+    path = parts.path.rstrip("/") + route
     return urllib.parse.urlunsplit((parts.scheme, netloc, path, parts.query, "")), auth
 
 
 class ProviderClient:
-    """Streams `POST {base_url}/responses`; the idle timeout is the HTTP read timeout."""
+    """Streams `POST {base_url}{dialect.path}`; the idle timeout is the HTTP read timeout."""
 
     def __init__(
         self,
@@ -111,11 +153,19 @@ class ProviderClient:
         *,
         connect_timeout: float = 30.0,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        dialect: Dialect = RESPONSES,
+        name: str = "",
+        unsupported: frozenset[str] = frozenset(),
     ) -> None:
+        self.dialect = dialect
+        # The provider's name in the config ('' for the default one), and the optional
+        # request fields it is known not to take (left out of best-effort requests).
+        self.name = name
+        self.unsupported = unsupported
         self.base_url = base_url.rstrip("/")
         # What the trace and the logs show: the URL without credentials.
         self.display_url = redact_url(self.base_url)
-        self._endpoint, self._auth = _endpoint(self.base_url)
+        self._endpoint, self._auth = _endpoint(self.base_url, dialect.path)
         self._api_key = api_key
         self._client_limit = max_connections
         # Everything a message must never show: the key, and the URL's password and query values.
@@ -199,6 +249,7 @@ class ProviderClient:
         if self._api_key is not None:
             headers["Authorization"] = f"Bearer {self._api_key.reveal()}"
         content = canonical_json(body)
+        decode = self.dialect.decoder()
         try:
             async with aconnect_sse(
                 self._client,
@@ -225,7 +276,8 @@ class ProviderClient:
                     # A block of only `id:`, `retry:` or `event:` lines carries no event (the
                     # SSE spec dispatches nothing for an empty data buffer).
                     if sse.data:
-                        yield _parse(sse.event, sse.data)
+                        for event in decode(sse.event, sse.data):
+                            yield event
         except SSEError as error:
             raise ProviderError("unexpected_content_type", self._safe(str(error))) from error
         except httpx.ReadTimeout as error:
@@ -363,7 +415,7 @@ class EventBatches:
         await asyncio.wait([task])
 
 
-def _parse(sse_event: str, raw: str) -> ProviderEvent:
+def parse_event(sse_event: str, raw: str) -> ProviderEvent:
     """The event in one SSE block; data None when it is not a usable JSON object.
 
     Strings come out fit for every layer after this one: a lone surrogate (which JSON's

@@ -215,6 +215,7 @@ class Recorder:
         envelope: Mapping[str, Any],
         input_items: Sequence[Mapping[str, Any]],
         policy_version: str = "",
+        provider_api: str = "",
     ) -> int:
         ordinal = self._call(
             RecordBuilder.inference_started,
@@ -226,6 +227,7 @@ class Recorder:
             envelope=envelope,
             input_items=input_items,
             policy_version=policy_version,
+            provider_api=provider_api,
         )
         return ordinal or 0
 

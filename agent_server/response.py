@@ -14,7 +14,7 @@ from agent_server.threads import Thread
 from agent_server.tools import ToolCall, new_tool_call_id
 from rollout.agent.v1 import agent_pb2
 from rollout.trace.v1 import common_pb2, record_pb2
-from trace_reducer import delta_tokens
+from trace_reducer import LENGTH_REASONS, delta_tokens
 
 # Provider-supplied ids and words are clipped before the trace or a client sees them (the
 # same value to both): a hostile 5 MiB id must not stop the recording or a client's stream.
@@ -283,7 +283,7 @@ class Response:
     def _on_text_done(self, data: dict[str, Any], raw: str) -> bool:
         """`response.output_text.done`: kept verbatim; its logprobs, when the deltas brought
         none, are recorded as the item's tokens (a delta record without text)."""
-        self._recorder.provider_event(self.ordinal, "response.output_text.done", raw)
+        self._verbatim("response.output_text.done", raw)
         output = self._find(_str(data, "item_id"), data.get("output_index"))
         if output is None or output.tokens or not _has_tokens(data):
             return False
@@ -328,16 +328,22 @@ class Response:
         """Handle one event; True once the response completed. Raises ProviderError on failure."""
         data = event.data
         if data is None:
-            self._recorder.provider_event(self.ordinal, _clip(event.type), event.raw)
+            self._verbatim(_clip(event.type), event.raw)
             raise ProviderError(
                 "malformed_event",
                 f"the provider sent an event that is not a JSON object ({_clip(event.type, 100)})",
             )
         handler = _HANDLERS.get(event.type)
         if handler is None:
-            self._recorder.provider_event(self.ordinal, _str(data, "type"), event.raw)
+            self._verbatim(_clip(event.type), event.raw)
             return False
         return handler(self, data, event.raw)
+
+    def _verbatim(self, event_type: str, raw: str) -> None:
+        """Keep an event as the provider sent it. An event a dialect derived from another
+        (a Chat chunk's Responses events) has no bytes of its own: its source was kept."""
+        if raw:
+            self._recorder.provider_event(self.ordinal, event_type, raw)
 
     def _on_created(self, data: dict[str, Any], raw: str) -> bool:
         self.response_id = _str(data.get("response"), "id") or self.response_id
@@ -348,7 +354,7 @@ class Response:
     def _on_item_added(self, data: dict[str, Any], raw: str) -> bool:
         item = data.get("item")
         if not isinstance(item, dict):
-            self._recorder.provider_event(self.ordinal, "response.output_item.added", raw)
+            self._verbatim("response.output_item.added", raw)
             return False
         provider_id = _str(item, "id")
         item_type = _str(item, "type") or "message"
@@ -381,13 +387,13 @@ class Response:
 
     def _on_unplaced_delta(self, data: dict[str, Any], raw: str) -> bool:
         # A delta for an item that was never announced: kept verbatim, nobody to show it to.
-        self._recorder.provider_event(self.ordinal, _str(data, "type"), raw)
+        self._verbatim(_str(data, "type"), raw)
         return False
 
     def _on_item_done(self, data: dict[str, Any], raw: str) -> bool:
         item = data.get("item")
         if not isinstance(item, dict):
-            self._recorder.provider_event(self.ordinal, "response.output_item.done", raw)
+            self._verbatim("response.output_item.done", raw)
             return False
         provider_id = _str(item, "id")
         item_type = _str(item, "type") or "message"
@@ -487,13 +493,16 @@ class Response:
             self._emit_delta(output, kind, rest)
 
     def _on_completed(self, data: dict[str, Any], raw: str) -> bool:
-        self._recorder.provider_event(self.ordinal, "response.completed", raw)
+        self._verbatim("response.completed", raw)
         self._take_prompt_tokens(data)
-        self._take_response(data)
+        response = self._take_response(data)
+        if isinstance(response, dict) and response.get("status") == "incomplete":
+            # vLLM ends a max_output_tokens cut this way: the same as `response.incomplete`.
+            return self._incomplete(response)
         return True
 
     def _on_failed(self, data: dict[str, Any], raw: str) -> bool:
-        self._recorder.provider_event(self.ordinal, "response.failed", raw)
+        self._verbatim("response.failed", raw)
         response = self._take_response(data)
         error = response.get("error") if isinstance(response, dict) else None
         raise ProviderError(
@@ -504,11 +513,18 @@ class Response:
         )
 
     def _on_incomplete(self, data: dict[str, Any], raw: str) -> bool:
-        self._recorder.provider_event(self.ordinal, "response.incomplete", raw)
-        response = self._take_response(data)
+        self._verbatim("response.incomplete", raw)
+        return self._incomplete(self._take_response(data))
+
+    def _incomplete(self, response: Any) -> bool:
+        """A response that ended early. Cut at the output limit, it is an answer (True: the
+        call completed, its stop reason LENGTH, what was accepted kept); for any other
+        reason (a content filter) the provider withheld it: ProviderError."""
         details = response.get("incomplete_details") if isinstance(response, dict) else None
         why = _str(details, "reason") or "unknown reason"
         self.incomplete_reason = f"response.incomplete:{why}"
+        if why in LENGTH_REASONS:
+            return True
         raise ProviderError(
             "response_incomplete",
             f"the provider ended the response incomplete: {why}",
@@ -516,7 +532,7 @@ class Response:
         )
 
     def _on_error(self, data: dict[str, Any], raw: str) -> bool:
-        self._recorder.provider_event(self.ordinal, "error", raw)
+        self._verbatim("error", raw)
         nested = data.get("error")
         source = nested if isinstance(nested, dict) else data
         raise ProviderError(

@@ -11,6 +11,7 @@ import grpc
 
 from agent_server.agent import Agent
 from agent_server.config import Settings
+from agent_server.dialects import dialect_named, unsupported_fields
 from agent_server.local_model import LocalModel
 from agent_server.provider import ProviderClient
 from agent_server.service import SERVICE_NAME, AgentService
@@ -57,6 +58,7 @@ class AgentServer:
         self._stopping: asyncio.Task[None] | None = None
         # The Prometheus endpoint, when --metrics-listen asked for one.
         self.metrics: MetricsServer | None = None
+        self.named_providers: list[ProviderClient] = []
 
     @classmethod
     async def start(cls, settings: Settings) -> AgentServer:
@@ -87,8 +89,21 @@ class AgentServer:
             settings.api_key,
             settings.stream_idle_timeout,
             max_connections=settings.provider_max_connections,
+            dialect=dialect_named(settings.provider_api),
         )
-        agent = Agent(settings, provider)
+        named = {
+            named.name: ProviderClient(
+                named.url,
+                named.api_key,
+                settings.stream_idle_timeout,
+                max_connections=settings.provider_max_connections,
+                dialect=dialect_named(named.api),
+                name=named.name,
+                unsupported=unsupported_fields(named.capabilities),
+            )
+            for named in settings.providers
+        }
+        agent = Agent(settings, provider, named)
         service = AgentService(agent)
 
         def register(server: grpc.aio.Server) -> None:
@@ -100,6 +115,8 @@ class AgentServer:
             )
         except BaseException:
             await provider.aclose()
+            for client in named.values():
+                await client.aclose()
             if local_model is not None:
                 await local_model.stop()
             if metrics is not None:
@@ -107,6 +124,7 @@ class AgentServer:
             raise
         server = cls(settings, agent, provider, grpc_server, local_model)
         server.metrics = metrics
+        server.named_providers = list(named.values())
         return server
 
     @property
@@ -135,6 +153,8 @@ class AgentServer:
         finally:
             await self._grpc.stop(_STOP_GRACE)
             await self._provider.aclose()
+            for client in self.named_providers:
+                await client.aclose()
             if self._local_model is not None:
                 await self._local_model.stop()
             if self.metrics is not None:

@@ -68,6 +68,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                 list(request.tools),
                 sampling=sampling_from(request),
                 capture=capture_from(request),
+                provider=request.provider,
             )
             return agent_pb2.StartThreadResponse(thread=thread.to_proto())
         raise AssertionError("unreachable")

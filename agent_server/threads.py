@@ -13,6 +13,7 @@ from google.protobuf import timestamp_pb2
 
 from agent_server import telemetry
 from agent_server.events import MAX_DELTA_CHARS, EventBuffer
+from agent_server.provider import ProviderClient
 from agent_server.recorder import Recorder
 from agent_server.tools import SubmittedOutput, Tool, ToolCall
 from agent_server.training import Sampling, TokenCapture, fill_thread
@@ -114,6 +115,10 @@ class Thread:
     closing: asyncio.Task[None] | None = None
     sampling: Sampling = field(default_factory=Sampling)
     capture: TokenCapture = field(default_factory=TokenCapture)
+    # Optional request fields the provider refused (best effort): left out from then on.
+    refused_fields: frozenset[str] = frozenset()
+    # Where its requests go; None until the agent sets it (tests may leave it).
+    provider: ProviderClient | None = None
     # Set on a thread made by ForkThread.
     fork: agent_pb2.ForkOrigin | None = None
     # How long the history was when each turn ended: what a fork after that turn shares.
@@ -161,6 +166,11 @@ class Thread:
             tools=[tool.to_proto() for tool in self.tools],
         )
         fill_thread(thread, self.sampling, self.capture)
+        if self.provider is not None:
+            thread.provider = self.provider.name
+            thread.provider_api = self.provider.dialect.name
+            thread.provider_url = self.provider.display_url
+        thread.refused_fields.extend(sorted(self.refused_fields))
         if self.fork is not None:
             thread.fork.CopyFrom(self.fork)
         if with_turns:

@@ -11,6 +11,9 @@ from rollout.agent.v1 import agent_pb2
 from trace_reducer import LOGPROBS_INCLUDE
 
 MAX_TOP_LOGPROBS = 20
+# Request fields for token data that a provider may not know: asked for as the thread's
+# policy says (`OptionalFieldPolicy`), never at the cost of a turn by surprise.
+OPTIONAL_FIELDS = ("return_token_ids", "top_logprobs", "logprobs", "include")
 MAX_POLICY_VERSION_CHARS = 256
 
 
@@ -22,6 +25,10 @@ class Sampling:
     top_p: float | None = None
     max_output_tokens: int | None = None
     policy_version: str = ""
+    # `tool_choice` as the Responses API spells it ("auto", "none", "required", or
+    # {"type": "function", "name": N}); None: the provider's default.
+    tool_choice: str | dict[str, str] | None = None
+    parallel_tool_calls: bool | None = None
 
     def overridden(self, other: Sampling) -> Sampling:
         """These settings with whatever `other` sets in their place (a turn's overrides)."""
@@ -33,6 +40,10 @@ class Sampling:
             if other.max_output_tokens is None
             else other.max_output_tokens,
             policy_version=other.policy_version or self.policy_version,
+            tool_choice=self.tool_choice if other.tool_choice is None else other.tool_choice,
+            parallel_tool_calls=self.parallel_tool_calls
+            if other.parallel_tool_calls is None
+            else other.parallel_tool_calls,
         )
 
 
@@ -43,6 +54,19 @@ class TokenCapture:
     logprobs: bool = False
     top_logprobs: int = 0
     token_ids: bool = False
+    # A provider's refusal of one of these fails the turn (else the field is dropped).
+    required: bool = False
+
+    def without(self, refused: frozenset[str]) -> TokenCapture:
+        """The capture once the provider refused the named request fields."""
+        return replace(
+            self,
+            logprobs=self.logprobs and not refused & {"logprobs", "include"},
+            top_logprobs=0
+            if refused & {"top_logprobs", "logprobs", "include"}
+            else self.top_logprobs,
+            token_ids=self.token_ids and "return_token_ids" not in refused,
+        )
 
     def request_fields(self) -> dict[str, Any]:
         fields: dict[str, Any] = {}
@@ -80,7 +104,42 @@ def sampling_from(
             f"policy_version must be at most {MAX_POLICY_VERSION_CHARS} printable characters",
             field="policy_version",
         )
-    return Sampling(temperature, top_p, limit, version)
+    choice = _tool_choice(request.tool_choice) if request.HasField("tool_choice") else None
+    parallel = _optional(request, "parallel_tool_calls")
+    return Sampling(temperature, top_p, limit, version, choice, parallel)
+
+
+_MODES = {
+    agent_pb2.TOOL_CHOICE_MODE_AUTO: "auto",
+    agent_pb2.TOOL_CHOICE_MODE_NONE: "none",
+    agent_pb2.TOOL_CHOICE_MODE_REQUIRED: "required",
+}
+
+
+def _tool_choice(choice: agent_pb2.ToolChoice) -> str | dict[str, str] | None:
+    if choice.mode == agent_pb2.TOOL_CHOICE_MODE_FUNCTION:
+        if not choice.function_name:
+            raise InvalidSamplingError(
+                "tool_choice FUNCTION needs a function_name", field="tool_choice"
+            )
+        return {"type": "function", "name": choice.function_name}
+    if choice.function_name:
+        raise InvalidSamplingError(
+            "tool_choice.function_name goes with mode FUNCTION only", field="tool_choice"
+        )
+    return _MODES.get(choice.mode)
+
+
+def tool_choice_proto(choice: str | dict[str, str] | None) -> agent_pb2.ToolChoice | None:
+    """A Responses `tool_choice` as GetThread shows it."""
+    if choice is None:
+        return None
+    if isinstance(choice, dict):
+        return agent_pb2.ToolChoice(
+            mode=agent_pb2.TOOL_CHOICE_MODE_FUNCTION, function_name=choice.get("name", "")
+        )
+    modes = {name: mode for mode, name in _MODES.items()}
+    return agent_pb2.ToolChoice(mode=modes[choice])
 
 
 def capture_from(request: agent_pb2.StartThreadRequest) -> TokenCapture:
@@ -92,6 +151,7 @@ def capture_from(request: agent_pb2.StartThreadRequest) -> TokenCapture:
         logprobs=request.capture_logprobs or request.top_logprobs > 0,
         top_logprobs=request.top_logprobs,
         token_ids=request.request_token_ids,
+        required=request.optional_fields == agent_pb2.OPTIONAL_FIELD_POLICY_REQUIRED,
     )
 
 
@@ -104,6 +164,10 @@ def request_fields(sampling: Sampling, capture: TokenCapture) -> dict[str, Any]:
         fields["top_p"] = sampling.top_p
     if sampling.max_output_tokens is not None:
         fields["max_output_tokens"] = sampling.max_output_tokens
+    if sampling.tool_choice is not None:
+        fields["tool_choice"] = sampling.tool_choice
+    if sampling.parallel_tool_calls is not None:
+        fields["parallel_tool_calls"] = sampling.parallel_tool_calls
     return fields
 
 
@@ -119,6 +183,16 @@ def fill_thread(thread: agent_pb2.Thread, sampling: Sampling, capture: TokenCapt
     if sampling.max_output_tokens is not None:
         thread.max_output_tokens = sampling.max_output_tokens
     thread.policy_version = sampling.policy_version
+    choice = tool_choice_proto(sampling.tool_choice)
+    if choice is not None:
+        thread.tool_choice.CopyFrom(choice)
+    if sampling.parallel_tool_calls is not None:
+        thread.parallel_tool_calls = sampling.parallel_tool_calls
+    thread.optional_fields = (
+        agent_pb2.OPTIONAL_FIELD_POLICY_REQUIRED
+        if capture.required
+        else agent_pb2.OPTIONAL_FIELD_POLICY_BEST_EFFORT
+    )
 
 
 def settings_from_request(

@@ -29,7 +29,7 @@ from agent_server.tools import (
     ToolCall,
     output_item,
 )
-from agent_server.training import request_fields
+from agent_server.training import OPTIONAL_FIELDS, TokenCapture, request_fields
 from rollout.agent.v1 import agent_pb2
 from rollout.trace.v1 import common_pb2
 from trace_reducer import classify_stop
@@ -259,7 +259,17 @@ class TurnRunner:
             except ProviderError as error:
                 response = self._response
                 accepted = response.accepted if response is not None else 0
-                will_retry = (
+                refused = self._refused(error, accepted)
+                if refused and self._thread.capture.required:
+                    error = ProviderError(
+                        "optional_field_refused",
+                        f"the provider refused {', '.join(refused)}, which this thread requires: "
+                        f"{error.message}",
+                        http_status=error.http_status,
+                        reason=error.reason,
+                    )
+                    refused = []
+                will_retry = bool(refused) or (
                     error.retryable and accepted == 0 and attempt <= self._settings.max_retries
                 )
                 self._end_call(
@@ -273,7 +283,34 @@ class TurnRunner:
                 )
                 if not will_retry:
                     return _Failure(error)
+                if refused:
+                    # Best effort: the same request at once without what the provider refused.
+                    self._thread.refused_fields |= frozenset(refused)
+                    continue
                 await asyncio.sleep(self._backoff(attempt, error.retry_after))
+
+    def _capture(self) -> TokenCapture:
+        """The thread's token capture without what the provider refused or, best effort,
+        is known not to offer."""
+        thread = self._thread
+        capture = thread.capture
+        left_out = thread.refused_fields
+        if not capture.required:
+            left_out |= self._provider.unsupported
+        return capture.without(left_out)
+
+    def _refused(self, error: ProviderError, accepted: int) -> list[str]:
+        """The optional fields a provider's refusal of the request is about: the ones its
+        answer names, else every one the request carried ([] for any other failure)."""
+        if accepted or error.http_status not in (400, 422):
+            return []
+        sent = request_fields(self._turn.sampling, self._capture())
+        wire = self._provider.dialect.envelope(sent)
+        carried = [name for name in OPTIONAL_FIELDS if name in sent or name in wire]
+        if not carried:
+            return []
+        named = [name for name in carried if name in error.message]
+        return named or carried
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
         if retry_after is not None:
@@ -289,11 +326,12 @@ class TurnRunner:
             envelope["instructions"] = thread.instructions
         if thread.tools:
             envelope["tools"] = [tool.request_entry() for tool in thread.tools]
-        envelope.update(request_fields(self._turn.sampling, thread.capture))
-        return envelope
+        envelope.update(request_fields(self._turn.sampling, self._capture()))
+        return self._provider.dialect.envelope(envelope)
 
     async def _attempt(self, attempt: int) -> None:
         thread = self._thread
+        dialect = self._provider.dialect
         envelope = self._envelope()
         input_items = list(thread.history)
         call_id = new_call_id()
@@ -306,10 +344,13 @@ class TurnRunner:
             envelope=envelope,
             input_items=input_items,
             policy_version=self._turn.sampling.policy_version,
+            # The Responses API is the trace's default spelling: recorded as ''.
+            provider_api="" if dialect.name == "responses" else dialect.name,
         )
         response = self._response = Response(ordinal, thread, self._turn.id, self._on_tool_call)
         telemetry.call_started(self._turn.id)
-        async with self._provider.batches(call_id, {**envelope, "input": input_items}) as reader:
+        body = dialect.body(envelope, thread.instructions, input_items)
+        async with self._provider.batches(call_id, body) as reader:
             while batch := await reader.next():
                 if response.on_batch(batch):
                     break
@@ -320,7 +361,10 @@ class TurnRunner:
                     retryable=True,
                     reason="stream_ended",
                 )
-        self._end_call(common_pb2.EXECUTION_STATUS_COMPLETED, "response.completed")
+        self._end_call(
+            common_pb2.EXECUTION_STATUS_COMPLETED,
+            response.incomplete_reason or "response.completed",
+        )
 
     def _end_call(
         self,

@@ -177,12 +177,14 @@ async def test_idle_stream_times_out(provider: ScriptedProvider, start_agent: St
 async def test_incomplete_and_error_events_fail_the_turn(
     provider: ScriptedProvider, agent: Harness
 ) -> None:
+    # Withheld by a filter (not cut at the output limit, which is an answer: see
+    # test_training_tokens), the response fails the turn.
     provider.queue(
         sse(
             created(),
             {
                 "type": "response.incomplete",
-                "response": {"id": "resp-1", "incomplete_details": {"reason": "max_output_tokens"}},
+                "response": {"id": "resp-1", "incomplete_details": {"reason": "content_filter"}},
             },
         )
     )
@@ -193,7 +195,7 @@ async def test_incomplete_and_error_events_fail_the_turn(
     incomplete = await events.turn_completed(first.id)
     assert incomplete.status == agent_pb2.TURN_STATUS_FAILED
     assert incomplete.error.code == "response_incomplete"
-    assert "max_output_tokens" in incomplete.error.message
+    assert "content_filter" in incomplete.error.message
     second = await agent.start_turn(thread.id, "two")
     error = await events.turn_completed(second.id)
     assert (error.error.code, error.error.message) == ("rate_limit_exceeded", "slow down")

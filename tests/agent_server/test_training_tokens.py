@@ -144,10 +144,12 @@ async def test_capture_off_asks_for_nothing_and_records_no_tokens(local: Harness
 async def test_max_output_tokens_stops_at_length_and_keeps_the_tokens(local: Harness) -> None:
     thread = await local.start_thread(capture_logprobs=True, request_token_ids=True)
     turn = await run_turn(local, thread.id, "say a lot", max_output_tokens=9)
-    assert turn.status == agent_pb2.TURN_STATUS_FAILED
-    assert turn.error.code == "response_incomplete"
+    # A truncated answer is still an answer: the turn completes, the call says LENGTH.
+    assert turn.status == agent_pb2.TURN_STATUS_COMPLETED
     rollout = await closed(local, thread)
     [call] = rollout.inference_calls.values()
+    assert call.execution.status == common_pb2.EXECUTION_STATUS_COMPLETED
+    assert call.end_reason == "response.incomplete:max_output_tokens"
     assert call.stop_reason == common_pb2.STOP_REASON_LENGTH
     assert call.sampling.max_output_tokens == 9
     assert call.output_tokens.count == 9

@@ -16,7 +16,7 @@ from trace_reducer import replay_bundle
 
 duckdb = pytest.importorskip("duckdb", reason="the tables tests need duckdb (dev extra)")
 tables_module = pytest.importorskip(
-    "trace_reducer._tables", reason="--tables needs pyarrow (the batch extra)"
+    "trace_reducer.batch._tables", reason="--tables needs pyarrow (the batch extra)"
 )
 SCHEMAS = tables_module.SCHEMAS
 

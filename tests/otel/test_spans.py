@@ -33,8 +33,8 @@ from tests.otel.conftest import (
     truncate_inside,
 )
 from trace_reducer import export_otlp, replay_bundle
-from trace_reducer._genai import BundleDetails, plan_trace
-from trace_reducer._otel import plan_spans
+from trace_reducer.export._genai import BundleDetails, plan_trace
+from trace_reducer.export._otel import plan_spans
 
 CONTENT_KEYS = {
     "gen_ai.system_instructions",

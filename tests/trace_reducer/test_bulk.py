@@ -1,6 +1,6 @@
 """Delta runs read in bulk give exactly what reading frame by frame gives, whatever the frames.
 
-Runs of text deltas are checked and parsed a run at a time (trace_reducer._bulk); these tests
+Runs of text deltas are checked and parsed a run at a time (trace_reducer.bundle._bulk); these tests
 put every way a frame can look like a delta and not be one (or be one written oddly) into such
 runs and compare the records, the integrity and the reduced state with a frame-by-frame read.
 """
@@ -22,7 +22,7 @@ from trace_reducer import (
     encode_record,
     encode_varint,
 )
-from trace_reducer._bulk import DeltaRun, frames_crc_ok
+from trace_reducer.bundle._bulk import DeltaRun, frames_crc_ok
 
 FUZZ_RUNS = int(os.environ.get("FUZZ_BULK_ITERATIONS", "300"))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rollout.trace.v1 import record_pb2
-from trace_reducer._framing import (
+from trace_reducer.bundle._framing import (
     CRC_TAG,
     MAX_RECORD_BYTES,
     RecordTooLargeError,

@@ -123,7 +123,7 @@ def _reduce_bytes(data: bytes, rng: random.Random, *, bulk: bool = True) -> stat
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory: pytest.TempPathFactory) -> bytes:
     root = tmp_path_factory.mktemp("fuzz")
-    # Replies long enough that their deltas are read as runs (trace_reducer._bulk).
+    # Replies long enough that their deltas are read as runs (trace_reducer.bundle._bulk).
     bundle = write_conversation(root, Shape(turns=3, deltas_per_turn=30))
     return (bundle / "trace.binpb").read_bytes()
 

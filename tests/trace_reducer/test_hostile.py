@@ -23,7 +23,7 @@ from trace_reducer import (
     replay_bundle,
     state_to_json,
 )
-from trace_reducer._payloads import UNPARSED_PAYLOAD_BUDGET
+from trace_reducer.bundle._payloads import UNPARSED_PAYLOAD_BUDGET
 
 from .bundles import BundleBuilder, one_turn_bundle, user_item
 from .process import peak_bytes, read_bytes_of_process

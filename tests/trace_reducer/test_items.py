@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from rollout.trace.v1 import state_pb2
-from trace_reducer._items import ItemInfo, ThreadItems, parse_item
+from trace_reducer.reduce._items import ItemInfo, ThreadItems, parse_item
 
 
 def info(item: object) -> ItemInfo:

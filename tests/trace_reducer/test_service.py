@@ -19,8 +19,8 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from grpc_common import ERROR_DOMAIN, GrpcServer
 from rollout.reducer.v1 import reducer_pb2, reducer_pb2_grpc
 from rollout.trace.v1 import record_pb2, state_pb2
-from trace_reducer import Reducer, replay_bundle, service
-from trace_reducer.service import SERVICE_NAME, ReducerService, add_to_server
+from trace_reducer import Reducer, replay_bundle
+from trace_reducer.service import SERVICE_NAME, ReducerService, _service, add_to_server
 
 from .bundles import BundleBuilder, one_turn_bundle
 from .process import read_bytes_of_process
@@ -229,7 +229,7 @@ async def test_unexpected_errors_are_internal_without_details(
     def explode(path: object) -> state_pb2.RolloutTrace:
         raise RuntimeError("secret internals")
 
-    monkeypatch.setattr(service, "replay_reader", explode)
+    monkeypatch.setattr(_service, "replay_reader", explode)
     bundle = one_turn_bundle(served.root)
     code, info, message = await refused(served.stub.ReduceBundle(reduce_request(bundle.name)))
     assert (code, info.reason) == (grpc.StatusCode.INTERNAL, "INTERNAL")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from rollout.trace.v1 import record_pb2
 from trace_reducer import VIEW_FILE_NAME, replay_bundle, request_body, write_view
-from trace_reducer._view import _delta
+from trace_reducer.view._view import _delta
 
 from .bundles import (
     CANCELLED,

@@ -29,8 +29,8 @@ from tests.agent_server.scripted_provider import (
     text_delta,
 )
 from trace_reducer import replay_bundle, request_body, write_view
-from trace_reducer._payloads import PayloadStore
-from trace_reducer._view import ViewData, save_view
+from trace_reducer.bundle._payloads import PayloadStore
+from trace_reducer.view._view import ViewData, save_view
 
 from .bundles import COMPLETED, BundleBuilder, as_input, assistant_output, user_item
 from .live import scripted_agent

@@ -27,9 +27,9 @@ from tests.agent_server.scripted_provider import (
     text_delta,
 )
 from trace_reducer import WatchUpdate, follow_bundle, replay_bundle
-from trace_reducer._framing import decode_varint
-from trace_reducer._live import LiveTranscript
-from trace_reducer._watch import MIN_UPDATE_INTERVAL, _could_start_header
+from trace_reducer.bundle._framing import decode_varint
+from trace_reducer.view._live import LiveTranscript
+from trace_reducer.view._watch import MIN_UPDATE_INTERVAL, _could_start_header
 
 from .bundles import (
     COMPLETED,

@@ -116,6 +116,63 @@ TOOL_CALL_STATUS_CANCELLED: ToolCallStatus.ValueType  # 4
 """The turn was interrupted or ended before its output came."""
 Global___ToolCallStatus: _TypeAlias = ToolCallStatus  # noqa: Y015
 
+class _ToolChoiceMode:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ToolChoiceModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ToolChoiceMode.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    TOOL_CHOICE_MODE_UNSPECIFIED: _ToolChoiceMode.ValueType  # 0
+    TOOL_CHOICE_MODE_AUTO: _ToolChoiceMode.ValueType  # 1
+    """The model decides."""
+    TOOL_CHOICE_MODE_NONE: _ToolChoiceMode.ValueType  # 2
+    """No tool call."""
+    TOOL_CHOICE_MODE_REQUIRED: _ToolChoiceMode.ValueType  # 3
+    """At least one tool call."""
+    TOOL_CHOICE_MODE_FUNCTION: _ToolChoiceMode.ValueType  # 4
+    """A call of function_name."""
+
+class ToolChoiceMode(_ToolChoiceMode, metaclass=_ToolChoiceModeEnumTypeWrapper): ...
+
+TOOL_CHOICE_MODE_UNSPECIFIED: ToolChoiceMode.ValueType  # 0
+TOOL_CHOICE_MODE_AUTO: ToolChoiceMode.ValueType  # 1
+"""The model decides."""
+TOOL_CHOICE_MODE_NONE: ToolChoiceMode.ValueType  # 2
+"""No tool call."""
+TOOL_CHOICE_MODE_REQUIRED: ToolChoiceMode.ValueType  # 3
+"""At least one tool call."""
+TOOL_CHOICE_MODE_FUNCTION: ToolChoiceMode.ValueType  # 4
+"""A call of function_name."""
+Global___ToolChoiceMode: _TypeAlias = ToolChoiceMode  # noqa: Y015
+
+class _OptionalFieldPolicy:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _OptionalFieldPolicyEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_OptionalFieldPolicy.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    OPTIONAL_FIELD_POLICY_UNSPECIFIED: _OptionalFieldPolicy.ValueType  # 0
+    """Best effort (the default)."""
+    OPTIONAL_FIELD_POLICY_BEST_EFFORT: _OptionalFieldPolicy.ValueType  # 1
+    """A refused field is dropped from the thread's requests and the call is sent again without
+    it; the trace shows the refused attempt, and the tokens of later calls are not exact.
+    """
+    OPTIONAL_FIELD_POLICY_REQUIRED: _OptionalFieldPolicy.ValueType  # 2
+    """A refused field fails the turn, with an error that names it and the provider's answer."""
+
+class OptionalFieldPolicy(_OptionalFieldPolicy, metaclass=_OptionalFieldPolicyEnumTypeWrapper):
+    """How a thread treats the optional fields it asks a provider for."""
+
+OPTIONAL_FIELD_POLICY_UNSPECIFIED: OptionalFieldPolicy.ValueType  # 0
+"""Best effort (the default)."""
+OPTIONAL_FIELD_POLICY_BEST_EFFORT: OptionalFieldPolicy.ValueType  # 1
+"""A refused field is dropped from the thread's requests and the call is sent again without
+it; the trace shows the refused attempt, and the tokens of later calls are not exact.
+"""
+OPTIONAL_FIELD_POLICY_REQUIRED: OptionalFieldPolicy.ValueType  # 2
+"""A refused field fails the turn, with an error that names it and the provider's answer."""
+Global___OptionalFieldPolicy: _TypeAlias = OptionalFieldPolicy  # noqa: Y015
+
 @_typing.final
 class FunctionTool(_message.Message):
     """A function the model may call; the client runs it and submits its output."""
@@ -213,6 +270,13 @@ class Thread(_message.Message):
     MAX_OUTPUT_TOKENS_FIELD_NUMBER: _builtins.int
     POLICY_VERSION_FIELD_NUMBER: _builtins.int
     FORK_FIELD_NUMBER: _builtins.int
+    TOOL_CHOICE_FIELD_NUMBER: _builtins.int
+    PARALLEL_TOOL_CALLS_FIELD_NUMBER: _builtins.int
+    PROVIDER_FIELD_NUMBER: _builtins.int
+    PROVIDER_API_FIELD_NUMBER: _builtins.int
+    PROVIDER_URL_FIELD_NUMBER: _builtins.int
+    OPTIONAL_FIELDS_FIELD_NUMBER: _builtins.int
+    REFUSED_FIELDS_FIELD_NUMBER: _builtins.int
     RECORDED_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     model: _builtins.str
@@ -234,6 +298,14 @@ class Thread(_message.Message):
     top_p: _builtins.float
     max_output_tokens: _builtins.int
     policy_version: _builtins.str
+    parallel_tool_calls: _builtins.bool
+    provider: _builtins.str
+    """The provider the thread's requests go to: its name (empty: the server's default), the
+    API it speaks (`responses` or `chat`) and its base URL (without credentials).
+    """
+    provider_api: _builtins.str
+    provider_url: _builtins.str
+    optional_fields: Global___OptionalFieldPolicy.ValueType
     recorded: _builtins.bool
     """The thread is not held by this server: ListThreads found it under the trace root (its
     status is CLOSED and its turns are not listed).
@@ -253,6 +325,12 @@ class Thread(_message.Message):
     @_builtins.property
     def fork(self) -> Global___ForkOrigin:
         """Set on a thread made by ForkThread."""
+
+    @_builtins.property
+    def tool_choice(self) -> Global___ToolChoice: ...
+    @_builtins.property
+    def refused_fields(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Optional fields the provider refused, dropped from the thread's requests since."""
 
     def __init__(
         self,
@@ -277,20 +355,31 @@ class Thread(_message.Message):
         max_output_tokens: _builtins.int | None = ...,
         policy_version: _builtins.str = ...,
         fork: Global___ForkOrigin | None = ...,
+        tool_choice: Global___ToolChoice | None = ...,
+        parallel_tool_calls: _builtins.bool | None = ...,
+        provider: _builtins.str = ...,
+        provider_api: _builtins.str = ...,
+        provider_url: _builtins.str = ...,
+        optional_fields: Global___OptionalFieldPolicy.ValueType = ...,
+        refused_fields: _abc.Iterable[_builtins.str] | None = ...,
         recorded: _builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens", "_temperature", b"_temperature", "_top_p", b"_top_p", "closed_at", b"closed_at", "created_at", b"created_at", "fork", b"fork", "max_output_tokens", b"max_output_tokens", "temperature", b"temperature", "top_p", b"top_p"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens", "_parallel_tool_calls", b"_parallel_tool_calls", "_temperature", b"_temperature", "_top_p", b"_top_p", "closed_at", b"closed_at", "created_at", b"created_at", "fork", b"fork", "max_output_tokens", b"max_output_tokens", "parallel_tool_calls", b"parallel_tool_calls", "temperature", b"temperature", "tool_choice", b"tool_choice", "top_p", b"top_p"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens", "_temperature", b"_temperature", "_top_p", b"_top_p", "bundle_path", b"bundle_path", "capture_logprobs", b"capture_logprobs", "closed_at", b"closed_at", "created_at", b"created_at", "fork", b"fork", "id", b"id", "max_output_tokens", b"max_output_tokens", "metadata", b"metadata", "model", b"model", "policy_version", b"policy_version", "recorded", b"recorded", "recording_error", b"recording_error", "recording_status", b"recording_status", "request_token_ids", b"request_token_ids", "status", b"status", "temperature", b"temperature", "tools", b"tools", "top_logprobs", b"top_logprobs", "top_p", b"top_p", "turn_count", b"turn_count", "turns", b"turns"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens", "_parallel_tool_calls", b"_parallel_tool_calls", "_temperature", b"_temperature", "_top_p", b"_top_p", "bundle_path", b"bundle_path", "capture_logprobs", b"capture_logprobs", "closed_at", b"closed_at", "created_at", b"created_at", "fork", b"fork", "id", b"id", "max_output_tokens", b"max_output_tokens", "metadata", b"metadata", "model", b"model", "optional_fields", b"optional_fields", "parallel_tool_calls", b"parallel_tool_calls", "policy_version", b"policy_version", "provider", b"provider", "provider_api", b"provider_api", "provider_url", b"provider_url", "recorded", b"recorded", "recording_error", b"recording_error", "recording_status", b"recording_status", "refused_fields", b"refused_fields", "request_token_ids", b"request_token_ids", "status", b"status", "temperature", b"temperature", "tool_choice", b"tool_choice", "tools", b"tools", "top_logprobs", b"top_logprobs", "top_p", b"top_p", "turn_count", b"turn_count", "turns", b"turns"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_output_tokens: _TypeAlias = _typing.Literal["max_output_tokens"]  # noqa: Y015
     _WhichOneofArgType__max_output_tokens: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens"]  # noqa: Y015
+    _WhichOneofReturnType__parallel_tool_calls: _TypeAlias = _typing.Literal["parallel_tool_calls"]  # noqa: Y015
+    _WhichOneofArgType__parallel_tool_calls: _TypeAlias = _typing.Literal["_parallel_tool_calls", b"_parallel_tool_calls"]  # noqa: Y015
     _WhichOneofReturnType__temperature: _TypeAlias = _typing.Literal["temperature"]  # noqa: Y015
     _WhichOneofArgType__temperature: _TypeAlias = _typing.Literal["_temperature", b"_temperature"]  # noqa: Y015
     _WhichOneofReturnType__top_p: _TypeAlias = _typing.Literal["top_p"]  # noqa: Y015
     _WhichOneofArgType__top_p: _TypeAlias = _typing.Literal["_top_p", b"_top_p"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_output_tokens) -> _WhichOneofReturnType__max_output_tokens | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__parallel_tool_calls) -> _WhichOneofReturnType__parallel_tool_calls | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__temperature) -> _WhichOneofReturnType__temperature | None: ...
     @_typing.overload
@@ -889,6 +978,10 @@ class StartThreadRequest(_message.Message):
     TOP_P_FIELD_NUMBER: _builtins.int
     MAX_OUTPUT_TOKENS_FIELD_NUMBER: _builtins.int
     POLICY_VERSION_FIELD_NUMBER: _builtins.int
+    TOOL_CHOICE_FIELD_NUMBER: _builtins.int
+    PARALLEL_TOOL_CALLS_FIELD_NUMBER: _builtins.int
+    PROVIDER_FIELD_NUMBER: _builtins.int
+    OPTIONAL_FIELDS_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     """The provider model; the server's default when empty."""
     instructions: _builtins.str
@@ -908,11 +1001,29 @@ class StartThreadRequest(_message.Message):
     max_output_tokens: _builtins.int
     policy_version: _builtins.str
     """The policy (weights) version the client samples with; recorded with every request."""
+    parallel_tool_calls: _builtins.bool
+    """Whether the model may call several tools in one response (`parallel_tool_calls`); unset:
+    the provider's default. A turn may override it.
+    """
+    provider: _builtins.str
+    """The named provider (a `[providers.NAME]` table of the server's config) the thread's
+    requests go to; empty: the server's default provider.
+    """
+    optional_fields: Global___OptionalFieldPolicy.ValueType
+    """What happens when the provider refuses an optional token field the thread asked for
+    (`return_token_ids`, `logprobs`, `top_logprobs`); unset: best effort.
+    """
     @_builtins.property
     def metadata(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     @_builtins.property
     def tools(self) -> _containers.RepeatedCompositeFieldContainer[Global___FunctionTool]:
         """Functions every inference request of the thread offers the model (at most 128)."""
+
+    @_builtins.property
+    def tool_choice(self) -> Global___ToolChoice:
+        """Whether and which tools the model must call (`tool_choice`); unset: the provider's
+        default (auto). A turn may override it.
+        """
 
     def __init__(
         self,
@@ -928,13 +1039,19 @@ class StartThreadRequest(_message.Message):
         top_p: _builtins.float | None = ...,
         max_output_tokens: _builtins.int | None = ...,
         policy_version: _builtins.str = ...,
+        tool_choice: Global___ToolChoice | None = ...,
+        parallel_tool_calls: _builtins.bool | None = ...,
+        provider: _builtins.str = ...,
+        optional_fields: Global___OptionalFieldPolicy.ValueType = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens", "_temperature", b"_temperature", "_top_p", b"_top_p", "max_output_tokens", b"max_output_tokens", "temperature", b"temperature", "top_p", b"top_p"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens", "_parallel_tool_calls", b"_parallel_tool_calls", "_temperature", b"_temperature", "_top_p", b"_top_p", "max_output_tokens", b"max_output_tokens", "parallel_tool_calls", b"parallel_tool_calls", "temperature", b"temperature", "tool_choice", b"tool_choice", "top_p", b"top_p"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens", "_temperature", b"_temperature", "_top_p", b"_top_p", "capture_logprobs", b"capture_logprobs", "instructions", b"instructions", "max_output_tokens", b"max_output_tokens", "metadata", b"metadata", "model", b"model", "policy_version", b"policy_version", "request_token_ids", b"request_token_ids", "temperature", b"temperature", "tools", b"tools", "top_logprobs", b"top_logprobs", "top_p", b"top_p"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens", "_parallel_tool_calls", b"_parallel_tool_calls", "_temperature", b"_temperature", "_top_p", b"_top_p", "capture_logprobs", b"capture_logprobs", "instructions", b"instructions", "max_output_tokens", b"max_output_tokens", "metadata", b"metadata", "model", b"model", "optional_fields", b"optional_fields", "parallel_tool_calls", b"parallel_tool_calls", "policy_version", b"policy_version", "provider", b"provider", "request_token_ids", b"request_token_ids", "temperature", b"temperature", "tool_choice", b"tool_choice", "tools", b"tools", "top_logprobs", b"top_logprobs", "top_p", b"top_p"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_output_tokens: _TypeAlias = _typing.Literal["max_output_tokens"]  # noqa: Y015
     _WhichOneofArgType__max_output_tokens: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens"]  # noqa: Y015
+    _WhichOneofReturnType__parallel_tool_calls: _TypeAlias = _typing.Literal["parallel_tool_calls"]  # noqa: Y015
+    _WhichOneofArgType__parallel_tool_calls: _TypeAlias = _typing.Literal["_parallel_tool_calls", b"_parallel_tool_calls"]  # noqa: Y015
     _WhichOneofReturnType__temperature: _TypeAlias = _typing.Literal["temperature"]  # noqa: Y015
     _WhichOneofArgType__temperature: _TypeAlias = _typing.Literal["_temperature", b"_temperature"]  # noqa: Y015
     _WhichOneofReturnType__top_p: _TypeAlias = _typing.Literal["top_p"]  # noqa: Y015
@@ -942,11 +1059,38 @@ class StartThreadRequest(_message.Message):
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_output_tokens) -> _WhichOneofReturnType__max_output_tokens | None: ...
     @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__parallel_tool_calls) -> _WhichOneofReturnType__parallel_tool_calls | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__temperature) -> _WhichOneofReturnType__temperature | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__top_p) -> _WhichOneofReturnType__top_p | None: ...
 
 Global___StartThreadRequest: _TypeAlias = StartThreadRequest  # noqa: Y015
+
+@_typing.final
+class ToolChoice(_message.Message):
+    """Which tools the model must call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODE_FIELD_NUMBER: _builtins.int
+    FUNCTION_NAME_FIELD_NUMBER: _builtins.int
+    mode: Global___ToolChoiceMode.ValueType
+    function_name: _builtins.str
+    """The function the model must call (mode FUNCTION)."""
+    def __init__(
+        self,
+        *,
+        mode: Global___ToolChoiceMode.ValueType = ...,
+        function_name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["function_name", b"function_name", "mode", b"mode"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolChoice: _TypeAlias = ToolChoice  # noqa: Y015
 
 @_typing.final
 class StartThreadResponse(_message.Message):
@@ -978,14 +1122,21 @@ class StartTurnRequest(_message.Message):
     TOP_P_FIELD_NUMBER: _builtins.int
     MAX_OUTPUT_TOKENS_FIELD_NUMBER: _builtins.int
     POLICY_VERSION_FIELD_NUMBER: _builtins.int
+    TOOL_CHOICE_FIELD_NUMBER: _builtins.int
+    PARALLEL_TOOL_CALLS_FIELD_NUMBER: _builtins.int
     thread_id: _builtins.str
     temperature: _builtins.float
     """Override the thread's sampling settings and policy_version for this turn's requests."""
     top_p: _builtins.float
     max_output_tokens: _builtins.int
     policy_version: _builtins.str
+    parallel_tool_calls: _builtins.bool
     @_builtins.property
     def input(self) -> _containers.RepeatedCompositeFieldContainer[Global___UserInput]: ...
+    @_builtins.property
+    def tool_choice(self) -> Global___ToolChoice:
+        """Override the thread's tool_choice and parallel_tool_calls for this turn's requests."""
+
     def __init__(
         self,
         *,
@@ -995,19 +1146,25 @@ class StartTurnRequest(_message.Message):
         top_p: _builtins.float | None = ...,
         max_output_tokens: _builtins.int | None = ...,
         policy_version: _builtins.str = ...,
+        tool_choice: Global___ToolChoice | None = ...,
+        parallel_tool_calls: _builtins.bool | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens", "_temperature", b"_temperature", "_top_p", b"_top_p", "max_output_tokens", b"max_output_tokens", "temperature", b"temperature", "top_p", b"top_p"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens", "_parallel_tool_calls", b"_parallel_tool_calls", "_temperature", b"_temperature", "_top_p", b"_top_p", "max_output_tokens", b"max_output_tokens", "parallel_tool_calls", b"parallel_tool_calls", "temperature", b"temperature", "tool_choice", b"tool_choice", "top_p", b"top_p"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens", "_temperature", b"_temperature", "_top_p", b"_top_p", "input", b"input", "max_output_tokens", b"max_output_tokens", "policy_version", b"policy_version", "temperature", b"temperature", "thread_id", b"thread_id", "top_p", b"top_p"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens", "_parallel_tool_calls", b"_parallel_tool_calls", "_temperature", b"_temperature", "_top_p", b"_top_p", "input", b"input", "max_output_tokens", b"max_output_tokens", "parallel_tool_calls", b"parallel_tool_calls", "policy_version", b"policy_version", "temperature", b"temperature", "thread_id", b"thread_id", "tool_choice", b"tool_choice", "top_p", b"top_p"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_output_tokens: _TypeAlias = _typing.Literal["max_output_tokens"]  # noqa: Y015
     _WhichOneofArgType__max_output_tokens: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens"]  # noqa: Y015
+    _WhichOneofReturnType__parallel_tool_calls: _TypeAlias = _typing.Literal["parallel_tool_calls"]  # noqa: Y015
+    _WhichOneofArgType__parallel_tool_calls: _TypeAlias = _typing.Literal["_parallel_tool_calls", b"_parallel_tool_calls"]  # noqa: Y015
     _WhichOneofReturnType__temperature: _TypeAlias = _typing.Literal["temperature"]  # noqa: Y015
     _WhichOneofArgType__temperature: _TypeAlias = _typing.Literal["_temperature", b"_temperature"]  # noqa: Y015
     _WhichOneofReturnType__top_p: _TypeAlias = _typing.Literal["top_p"]  # noqa: Y015
     _WhichOneofArgType__top_p: _TypeAlias = _typing.Literal["_top_p", b"_top_p"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_output_tokens) -> _WhichOneofReturnType__max_output_tokens | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__parallel_tool_calls) -> _WhichOneofReturnType__parallel_tool_calls | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__temperature) -> _WhichOneofReturnType__temperature | None: ...
     @_typing.overload

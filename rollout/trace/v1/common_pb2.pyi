@@ -113,6 +113,36 @@ TOKEN_SOURCE_LOGPROBS: TokenSource.ValueType  # 2
 """Derived: the provider gave token strings and logprobs but no ids; the ids are absent."""
 Global___TokenSource: _TypeAlias = TokenSource  # noqa: Y015
 
+class _TokenDrift:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _TokenDriftEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TokenDrift.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    TOKEN_DRIFT_UNSPECIFIED: _TokenDrift.ValueType  # 0
+    """Nothing to compare: the thread's first call with ids, or no prompt ids."""
+    TOKEN_DRIFT_EXACT: _TokenDrift.ValueType  # 1
+    """The prompt starts with every held token: the engine saw what it sampled."""
+    TOKEN_DRIFT_REALIGN: _TokenDrift.ValueType  # 2
+    """The prompt departs inside the previous call's output (the engine re-tokenized it)."""
+    TOKEN_DRIFT_FORK: _TokenDrift.ValueType  # 3
+    """The prompt departs before the previous call's output: the context itself changed."""
+
+class TokenDrift(_TokenDrift, metaclass=_TokenDriftEnumTypeWrapper):
+    """How an inference call's prompt ids continue the thread's held tokens: the previous call's
+    prompt ids followed by every output id it streamed (a fork's first call: its parent's).
+    """
+
+TOKEN_DRIFT_UNSPECIFIED: TokenDrift.ValueType  # 0
+"""Nothing to compare: the thread's first call with ids, or no prompt ids."""
+TOKEN_DRIFT_EXACT: TokenDrift.ValueType  # 1
+"""The prompt starts with every held token: the engine saw what it sampled."""
+TOKEN_DRIFT_REALIGN: TokenDrift.ValueType  # 2
+"""The prompt departs inside the previous call's output (the engine re-tokenized it)."""
+TOKEN_DRIFT_FORK: TokenDrift.ValueType  # 3
+"""The prompt departs before the previous call's output: the context itself changed."""
+Global___TokenDrift: _TypeAlias = TokenDrift  # noqa: Y015
+
 @_typing.final
 class TokenUsage(_message.Message):
     """Token counts reported by the provider for one response."""

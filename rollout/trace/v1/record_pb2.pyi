@@ -404,6 +404,7 @@ class InferenceStarted(_message.Message):
     INPUT_PAYLOAD_IDS_FIELD_NUMBER: _builtins.int
     INPUT_PREFIX_COUNT_FIELD_NUMBER: _builtins.int
     POLICY_VERSION_FIELD_NUMBER: _builtins.int
+    PROVIDER_API_FIELD_NUMBER: _builtins.int
     call: _builtins.int
     turn: _builtins.int
     inference_call_id: _builtins.str
@@ -422,6 +423,11 @@ class InferenceStarted(_message.Message):
     """
     policy_version: _builtins.str
     """The policy (model weights) version the client said it sampled with."""
+    provider_api: _builtins.str
+    """The API the request spoke: empty for the Responses API (the envelope plus `input`),
+    `chat` for Chat Completions (the envelope plus `messages`: the thread's instructions and
+    these input items as trace_reducer.chat_messages translates them).
+    """
     @_builtins.property
     def input_payload_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """The `input` array of the request after its first `input_prefix_count` items, one payload
@@ -441,10 +447,11 @@ class InferenceStarted(_message.Message):
         input_payload_ids: _abc.Iterable[_builtins.str] | None = ...,
         input_prefix_count: _builtins.int = ...,
         policy_version: _builtins.str = ...,
+        provider_api: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "call", b"call", "inference_call_id", b"inference_call_id", "input_payload_ids", b"input_payload_ids", "input_prefix_count", b"input_prefix_count", "model", b"model", "policy_version", b"policy_version", "provider_base_url", b"provider_base_url", "request_envelope_payload_id", b"request_envelope_payload_id", "turn", b"turn"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "call", b"call", "inference_call_id", b"inference_call_id", "input_payload_ids", b"input_payload_ids", "input_prefix_count", b"input_prefix_count", "model", b"model", "policy_version", b"policy_version", "provider_api", b"provider_api", "provider_base_url", b"provider_base_url", "request_envelope_payload_id", b"request_envelope_payload_id", "turn", b"turn"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -948,6 +955,8 @@ class PromptTokens(_message.Message):
     CALL_FIELD_NUMBER: _builtins.int
     IDS_FIELD_NUMBER: _builtins.int
     PREFIX_COUNT_FIELD_NUMBER: _builtins.int
+    DRIFT_FIELD_NUMBER: _builtins.int
+    HELD_COUNT_FIELD_NUMBER: _builtins.int
     call: _builtins.int
     prefix_count: _builtins.int
     """How many leading ids are the thread's held tokens: the previous call's prompt followed by
@@ -955,6 +964,10 @@ class PromptTokens(_message.Message):
     named in thread_forked). A conversation re-sends its history; this keeps the record
     proportional to what is new.
     """
+    drift: _common_pb2.TokenDrift.ValueType
+    """How the prompt continues the held tokens; where it departs is prefix_count."""
+    held_count: _builtins.int
+    """How many tokens were held when the prompt came."""
     @_builtins.property
     def ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """The ids after the first `prefix_count`."""
@@ -965,10 +978,12 @@ class PromptTokens(_message.Message):
         call: _builtins.int = ...,
         ids: _abc.Iterable[_builtins.int] | None = ...,
         prefix_count: _builtins.int = ...,
+        drift: _common_pb2.TokenDrift.ValueType = ...,
+        held_count: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "ids", b"ids", "prefix_count", b"prefix_count"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "drift", b"drift", "held_count", b"held_count", "ids", b"ids", "prefix_count", b"prefix_count"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -857,6 +857,9 @@ class InferenceCall(_message.Message):
     SAMPLING_FIELD_NUMBER: _builtins.int
     POLICY_VERSION_FIELD_NUMBER: _builtins.int
     STOP_REASON_FIELD_NUMBER: _builtins.int
+    TOKEN_DRIFT_FIELD_NUMBER: _builtins.int
+    DRIFT_POSITION_FIELD_NUMBER: _builtins.int
+    HELD_TOKEN_COUNT_FIELD_NUMBER: _builtins.int
     inference_call_id: _builtins.str
     thread_id: _builtins.str
     turn_id: _builtins.str
@@ -878,6 +881,12 @@ class InferenceCall(_message.Message):
     request_prefix_count: _builtins.int
     policy_version: _builtins.str
     stop_reason: _common_pb2.StopReason.ValueType
+    token_drift: _common_pb2.TokenDrift.ValueType
+    """How the prompt ids continued the thread's held tokens (EXACT, REALIGN, FORK), the
+    position of the first id that differs (when one does) and how many were held.
+    """
+    drift_position: _builtins.int
+    held_token_count: _builtins.int
     @_builtins.property
     def execution(self) -> Global___Execution: ...
     @_builtins.property
@@ -937,10 +946,13 @@ class InferenceCall(_message.Message):
         sampling: _common_pb2.SamplingSettings | None = ...,
         policy_version: _builtins.str = ...,
         stop_reason: _common_pb2.StopReason.ValueType = ...,
+        token_drift: _common_pb2.TokenDrift.ValueType = ...,
+        drift_position: _builtins.int = ...,
+        held_token_count: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "execution", b"execution", "output_tokens", b"output_tokens", "sampling", b"sampling", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "discarded_outputs", b"discarded_outputs", "end_reason", b"end_reason", "error", b"error", "execution", b"execution", "inference_call_id", b"inference_call_id", "input_payload_ids", b"input_payload_ids", "model", b"model", "output_payload_ids", b"output_payload_ids", "output_tokens", b"output_tokens", "policy_version", b"policy_version", "prompt_token_ids", b"prompt_token_ids", "provider_base_url", b"provider_base_url", "request_envelope_payload_id", b"request_envelope_payload_id", "request_item_ids", b"request_item_ids", "request_prefix_call_id", b"request_prefix_call_id", "request_prefix_count", b"request_prefix_count", "response_id", b"response_id", "response_item_ids", b"response_item_ids", "sampling", b"sampling", "stop_reason", b"stop_reason", "thread_id", b"thread_id", "turn_id", b"turn_id", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "discarded_outputs", b"discarded_outputs", "drift_position", b"drift_position", "end_reason", b"end_reason", "error", b"error", "execution", b"execution", "held_token_count", b"held_token_count", "inference_call_id", b"inference_call_id", "input_payload_ids", b"input_payload_ids", "model", b"model", "output_payload_ids", b"output_payload_ids", "output_tokens", b"output_tokens", "policy_version", b"policy_version", "prompt_token_ids", b"prompt_token_ids", "provider_base_url", b"provider_base_url", "request_envelope_payload_id", b"request_envelope_payload_id", "request_item_ids", b"request_item_ids", "request_prefix_call_id", b"request_prefix_call_id", "request_prefix_count", b"request_prefix_count", "response_id", b"response_id", "response_item_ids", b"response_item_ids", "sampling", b"sampling", "stop_reason", b"stop_reason", "thread_id", b"thread_id", "token_drift", b"token_drift", "turn_id", b"turn_id", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file rollout/agent/v1/agent.proto.
  */
 export const file_rollout_agent_v1_agent: GenFile = /*@__PURE__*/
-  fileDesc("Chxyb2xsb3V0L2FnZW50L3YxL2FnZW50LnByb3RvEhByb2xsb3V0LmFnZW50LnYxIloKDEZ1bmN0aW9uVG9vbBIMCgRuYW1lGAEgASgJEhMKC2Rlc2NyaXB0aW9uGAIgASgJEhcKD3BhcmFtZXRlcnNfanNvbhgDIAEoCRIOCgZzdHJpY3QYBCABKAgiJgoJVXNlcklucHV0Eg4KBHRleHQYASABKAlIAEIJCgdjb250ZW50IpIGCgZUaHJlYWQSCgoCaWQYASABKAkSDQoFbW9kZWwYAiABKAkSLgoGc3RhdHVzGAMgASgOMh4ucm9sbG91dC5hZ2VudC52MS5UaHJlYWRTdGF0dXMSLgoKY3JlYXRlZF9hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEwoLYnVuZGxlX3BhdGgYBSABKAkSJQoFdHVybnMYBiADKAsyFi5yb2xsb3V0LmFnZW50LnYxLlR1cm4SOwoQcmVjb3JkaW5nX3N0YXR1cxgHIAEoDjIhLnJvbGxvdXQuYWdlbnQudjEuUmVjb3JkaW5nU3RhdHVzEhcKD3JlY29yZGluZ19lcnJvchgIIAEoCRI4CghtZXRhZGF0YRgJIAMoCzImLnJvbGxvdXQuYWdlbnQudjEuVGhyZWFkLk1ldGFkYXRhRW50cnkSEgoKdHVybl9jb3VudBgLIAEoDRItCgljbG9zZWRfYXQYDCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi0KBXRvb2xzGAogAygLMh4ucm9sbG91dC5hZ2VudC52MS5GdW5jdGlvblRvb2wSGAoQY2FwdHVyZV9sb2dwcm9icxgUIAEoCBIUCgx0b3BfbG9ncHJvYnMYFSABKA0SGQoRcmVxdWVzdF90b2tlbl9pZHMYFiABKAgSGAoLdGVtcGVyYXR1cmUYFyABKAFIAIgBARISCgV0b3BfcBgYIAEoAUgBiAEBEh4KEW1heF9vdXRwdXRfdG9rZW5zGBkgASgNSAKIAQESFgoOcG9saWN5X3ZlcnNpb24YGiABKAkSKgoEZm9yaxgbIAEoCzIcLnJvbGxvdXQuYWdlbnQudjEuRm9ya09yaWdpbhIRCghyZWNvcmRlZBiqASABKAgaLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBQg4KDF90ZW1wZXJhdHVyZUIICgZfdG9wX3BCFAoSX21heF9vdXRwdXRfdG9rZW5zInsKCkZvcmtPcmlnaW4SGAoQcGFyZW50X3RocmVhZF9pZBgBIAEoCRIVCg1hZnRlcl90dXJuX2lkGAIgASgJEhAKCGdyb3VwX2lkGAMgASgJEhgKEHJlcGV0aXRpb25faW5kZXgYBCABKA0SEAoHcmVzdW1lZBiqASABKAgicAoMVHVyblRvb2xDYWxsEg8KB2l0ZW1faWQYASABKAkSDwoHY2FsbF9pZBgCIAEoCRIMCgRuYW1lGAMgASgJEjAKBnN0YXR1cxgEIAEoDjIgLnJvbGxvdXQuYWdlbnQudjEuVG9vbENhbGxTdGF0dXMiPwoJVHVybkVycm9yEg8KB21lc3NhZ2UYASABKAkSDAoEY29kZRgCIAEoCRITCgtodHRwX3N0YXR1cxgDIAEoDSKVAgoEVHVybhIKCgJpZBgBIAEoCRIRCgl0aHJlYWRfaWQYAiABKAkSLAoGc3RhdHVzGAMgASgOMhwucm9sbG91dC5hZ2VudC52MS5UdXJuU3RhdHVzEioKBWVycm9yGAQgASgLMhsucm9sbG91dC5hZ2VudC52MS5UdXJuRXJyb3ISLgoKc3RhcnRlZF9hdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMAoMY29tcGxldGVkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIyCgp0b29sX2NhbGxzGAcgAygLMh4ucm9sbG91dC5hZ2VudC52MS5UdXJuVG9vbENhbGwiZQoESXRlbRIKCgJpZBgBIAEoCRIMCgR0eXBlGAIgASgJEgwKBHJvbGUYAyABKAkSDAoEdGV4dBgEIAEoCRIWCg50ZXh0X2luX2RlbHRhcxgFIAEoCBIPCgdyZWZ1c2FsGAYgASgJIjgKEFR1cm5TdGFydGVkRXZlbnQSJAoEdHVybhgBIAEoCzIWLnJvbGxvdXQuYWdlbnQudjEuVHVybiI4ChBJdGVtU3RhcnRlZEV2ZW50EiQKBGl0ZW0YASABKAsyFi5yb2xsb3V0LmFnZW50LnYxLkl0ZW0iSQoWQWdlbnRNZXNzYWdlRGVsdGFFdmVudBIPCgdpdGVtX2lkGAEgASgJEg0KBWRlbHRhGAIgASgJEg8KB3JlZnVzYWwYAyABKAgiOgoSSXRlbUNvbXBsZXRlZEV2ZW50EiQKBGl0ZW0YASABKAsyFi5yb2xsb3V0LmFnZW50LnYxLkl0ZW0iOgoSVHVybkNvbXBsZXRlZEV2ZW50EiQKBHR1cm4YASABKAsyFi5yb2xsb3V0LmFnZW50LnYxLlR1cm4iPwoKRXJyb3JFdmVudBIPCgdtZXNzYWdlGAEgASgJEhIKCndpbGxfcmV0cnkYAiABKAgSDAoEY29kZRgDIAEoCSJ4ChZUb29sQ2FsbFJlcXVlc3RlZEV2ZW50Eg8KB2l0ZW1faWQYASABKAkSDwoHY2FsbF9pZBgCIAEoCRIMCgRuYW1lGAMgASgJEhEKCWFyZ3VtZW50cxgEIAEoCRIbChNhcmd1bWVudHNfaW5fZGVsdGFzGAUgASgIIksKFlRvb2xDYWxsQ29tcGxldGVkRXZlbnQSDwoHY2FsbF9pZBgBIAEoCRIOCgZvdXRwdXQYAiABKAkSEAoIaXNfZXJyb3IYAyABKAgiTgobVG9vbENhbGxBcmd1bWVudHNEZWx0YUV2ZW50Eg8KB2l0ZW1faWQYASABKAkSDwoHY2FsbF9pZBgCIAEoCRINCgVkZWx0YRgDIAEoCSJEChxUdXJuQXdhaXRpbmdUb29sT3V0cHV0c0V2ZW50EiQKBHR1cm4YASABKAsyFi5yb2xsb3V0LmFnZW50LnYxLlR1cm4iNQoTUmVhc29uaW5nRGVsdGFFdmVudBIPCgdpdGVtX2lkGAEgASgJEg0KBWRlbHRhGAIgASgJIlQKD1Rva2VuVXNhZ2VFdmVudBIUCgxpbnB1dF90b2tlbnMYASABKAQSFQoNb3V0cHV0X3Rva2VucxgCIAEoBBIUCgx0b3RhbF90b2tlbnMYAyABKAQimgcKC1RocmVhZEV2ZW50Eg0KBWluZGV4GAEgASgEEigKBHRpbWUYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCXRocmVhZF9pZBgDIAEoCRIPCgd0dXJuX2lkGAQgASgJEjoKDHR1cm5fc3RhcnRlZBgFIAEoCzIiLnJvbGxvdXQuYWdlbnQudjEuVHVyblN0YXJ0ZWRFdmVudEgAEjoKDGl0ZW1fc3RhcnRlZBgGIAEoCzIiLnJvbGxvdXQuYWdlbnQudjEuSXRlbVN0YXJ0ZWRFdmVudEgAEkcKE2FnZW50X21lc3NhZ2VfZGVsdGEYByABKAsyKC5yb2xsb3V0LmFnZW50LnYxLkFnZW50TWVzc2FnZURlbHRhRXZlbnRIABI+Cg5pdGVtX2NvbXBsZXRlZBgIIAEoCzIkLnJvbGxvdXQuYWdlbnQudjEuSXRlbUNvbXBsZXRlZEV2ZW50SAASPgoOdHVybl9jb21wbGV0ZWQYCSABKAsyJC5yb2xsb3V0LmFnZW50LnYxLlR1cm5Db21wbGV0ZWRFdmVudEgAEi0KBWVycm9yGAogASgLMhwucm9sbG91dC5hZ2VudC52MS5FcnJvckV2ZW50SAASOAoLdG9rZW5fdXNhZ2UYCyABKAsyIS5yb2xsb3V0LmFnZW50LnYxLlRva2VuVXNhZ2VFdmVudEgAEkcKE3Rvb2xfY2FsbF9yZXF1ZXN0ZWQYDCABKAsyKC5yb2xsb3V0LmFnZW50LnYxLlRvb2xDYWxsUmVxdWVzdGVkRXZlbnRIABJHChN0b29sX2NhbGxfY29tcGxldGVkGA0gASgLMigucm9sbG91dC5hZ2VudC52MS5Ub29sQ2FsbENvbXBsZXRlZEV2ZW50SAASUgoZdG9vbF9jYWxsX2FyZ3VtZW50c19kZWx0YRgOIAEoCzItLnJvbGxvdXQuYWdlbnQudjEuVG9vbENhbGxBcmd1bWVudHNEZWx0YUV2ZW50SAASQAoPcmVhc29uaW5nX2RlbHRhGA8gASgLMiUucm9sbG91dC5hZ2VudC52MS5SZWFzb25pbmdEZWx0YUV2ZW50SAASVAoadHVybl9hd2FpdGluZ190b29sX291dHB1dHMYECABKAsyLi5yb2xsb3V0LmFnZW50LnYxLlR1cm5Bd2FpdGluZ1Rvb2xPdXRwdXRzRXZlbnRIAEIGCgRraW5kIsADChJTdGFydFRocmVhZFJlcXVlc3QSDQoFbW9kZWwYASABKAkSFAoMaW5zdHJ1Y3Rpb25zGAIgASgJEkQKCG1ldGFkYXRhGAMgAygLMjIucm9sbG91dC5hZ2VudC52MS5TdGFydFRocmVhZFJlcXVlc3QuTWV0YWRhdGFFbnRyeRItCgV0b29scxgEIAMoCzIeLnJvbGxvdXQuYWdlbnQudjEuRnVuY3Rpb25Ub29sEhgKEGNhcHR1cmVfbG9ncHJvYnMYBSABKAgSFAoMdG9wX2xvZ3Byb2JzGAYgASgNEhkKEXJlcXVlc3RfdG9rZW5faWRzGAcgASgIEhgKC3RlbXBlcmF0dXJlGAggASgBSACIAQESEgoFdG9wX3AYCSABKAFIAYgBARIeChFtYXhfb3V0cHV0X3Rva2VucxgKIAEoDUgCiAEBEhYKDnBvbGljeV92ZXJzaW9uGAsgASgJGi8KDU1ldGFkYXRhRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4AUIOCgxfdGVtcGVyYXR1cmVCCAoGX3RvcF9wQhQKEl9tYXhfb3V0cHV0X3Rva2VucyI/ChNTdGFydFRocmVhZFJlc3BvbnNlEigKBnRocmVhZBgBIAEoCzIYLnJvbGxvdXQuYWdlbnQudjEuVGhyZWFkIucBChBTdGFydFR1cm5SZXF1ZXN0EhEKCXRocmVhZF9pZBgBIAEoCRIqCgVpbnB1dBgCIAMoCzIbLnJvbGxvdXQuYWdlbnQudjEuVXNlcklucHV0EhgKC3RlbXBlcmF0dXJlGBQgASgBSACIAQESEgoFdG9wX3AYFSABKAFIAYgBARIeChFtYXhfb3V0cHV0X3Rva2VucxgWIAEoDUgCiAEBEhYKDnBvbGljeV92ZXJzaW9uGBcgASgJQg4KDF90ZW1wZXJhdHVyZUIICgZfdG9wX3BCFAoSX21heF9vdXRwdXRfdG9rZW5zIjkKEVN0YXJ0VHVyblJlc3BvbnNlEiQKBHR1cm4YASABKAsyFi5yb2xsb3V0LmFnZW50LnYxLlR1cm4iNgoQSW50ZXJydXB0UmVxdWVzdBIRCgl0aHJlYWRfaWQYASABKAkSDwoHdHVybl9pZBgCIAEoCSI5ChFJbnRlcnJ1cHRSZXNwb25zZRIkCgR0dXJuGAEgASgLMhYucm9sbG91dC5hZ2VudC52MS5UdXJuIj0KE1N0cmVhbUV2ZW50c1JlcXVlc3QSEQoJdGhyZWFkX2lkGAEgASgJEhMKC2FmdGVyX2luZGV4GAIgASgEIkQKFFN0cmVhbUV2ZW50c1Jlc3BvbnNlEiwKBWV2ZW50GAEgASgLMh0ucm9sbG91dC5hZ2VudC52MS5UaHJlYWRFdmVudCIlChBHZXRUaHJlYWRSZXF1ZXN0EhEKCXRocmVhZF9pZBgBIAEoCSI9ChFHZXRUaHJlYWRSZXNwb25zZRIoCgZ0aHJlYWQYASABKAsyGC5yb2xsb3V0LmFnZW50LnYxLlRocmVhZCKGAQoSTGlzdFRocmVhZHNSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoDRISCgpwYWdlX3Rva2VuGAIgASgJEi4KBnN0YXR1cxgDIAEoDjIeLnJvbGxvdXQuYWdlbnQudjEuVGhyZWFkU3RhdHVzEhkKEGluY2x1ZGVfcmVjb3JkZWQYqgEgASgIIlkKE0xpc3RUaHJlYWRzUmVzcG9uc2USKQoHdGhyZWFkcxgBIAMoCzIYLnJvbGxvdXQuYWdlbnQudjEuVGhyZWFkEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSInChJDbG9zZVRocmVhZFJlcXVlc3QSEQoJdGhyZWFkX2lkGAEgASgJIj8KE0Nsb3NlVGhyZWFkUmVzcG9uc2USKAoGdGhyZWFkGAEgASgLMhgucm9sbG91dC5hZ2VudC52MS5UaHJlYWQiPwoKVG9vbE91dHB1dBIPCgdjYWxsX2lkGAEgASgJEg4KBm91dHB1dBgCIAEoCRIQCghpc19lcnJvchgDIAEoCCJtChhTdWJtaXRUb29sT3V0cHV0c1JlcXVlc3QSEQoJdGhyZWFkX2lkGAEgASgJEg8KB3R1cm5faWQYAiABKAkSLQoHb3V0cHV0cxgDIAMoCzIcLnJvbGxvdXQuYWdlbnQudjEuVG9vbE91dHB1dCJBChlTdWJtaXRUb29sT3V0cHV0c1Jlc3BvbnNlEiQKBHR1cm4YASABKAsyFi5yb2xsb3V0LmFnZW50LnYxLlR1cm4idAoRRm9ya1RocmVhZFJlcXVlc3QSEQoJdGhyZWFkX2lkGAEgASgJEhUKDWFmdGVyX3R1cm5faWQYAiABKAkSDQoFY291bnQYAyABKA0SEAoIZ3JvdXBfaWQYBCABKAkSFAoLYnVuZGxlX3BhdGgYqgEgASgJIj8KEkZvcmtUaHJlYWRSZXNwb25zZRIpCgd0aHJlYWRzGAEgAygLMhgucm9sbG91dC5hZ2VudC52MS5UaHJlYWQi/wEKE1JlY29yZFJld2FyZFJlcXVlc3QSEQoJdGhyZWFkX2lkGAEgASgJEg8KB3R1cm5faWQYAiABKAkSDwoHaXRlbV9pZBgDIAEoCRIMCgRuYW1lGAQgASgJEg0KBXZhbHVlGAUgASgBEg4KBndlaWdodBgGIAEoARIOCgZzb3VyY2UYByABKAkSRQoIbWV0YWRhdGEYCCADKAsyMy5yb2xsb3V0LmFnZW50LnYxLlJlY29yZFJld2FyZFJlcXVlc3QuTWV0YWRhdGFFbnRyeRovCg1NZXRhZGF0YUVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiOAoUUmVjb3JkUmV3YXJkUmVzcG9uc2USEwoLYnVuZGxlX3BhdGgYASABKAkSCwoDc2VxGAIgASgEIlQKE1Jlc3VtZVRocmVhZFJlcXVlc3QSEQoJdGhyZWFkX2lkGAEgASgJEhMKC2J1bmRsZV9wYXRoGAIgASgJEhUKDWFmdGVyX3R1cm5faWQYAyABKAkiQAoUUmVzdW1lVGhyZWFkUmVzcG9uc2USKAoGdGhyZWFkGAEgASgLMhgucm9sbG91dC5hZ2VudC52MS5UaHJlYWQqYQoMVGhyZWFkU3RhdHVzEh0KGVRIUkVBRF9TVEFUVVNfVU5TUEVDSUZJRUQQABIYChRUSFJFQURfU1RBVFVTX0FDVElWRRABEhgKFFRIUkVBRF9TVEFUVVNfQ0xPU0VEEAIqpAEKD1JlY29yZGluZ1N0YXR1cxIgChxSRUNPUkRJTkdfU1RBVFVTX1VOU1BFQ0lGSUVEEAASGAoUUkVDT1JESU5HX1NUQVRVU19PRkYQARIbChdSRUNPUkRJTkdfU1RBVFVTX0FDVElWRRACEhsKF1JFQ09SRElOR19TVEFUVVNfRkFJTEVEEAMSGwoXUkVDT1JESU5HX1NUQVRVU19DTE9TRUQQBCq9AQoKVHVyblN0YXR1cxIbChdUVVJOX1NUQVRVU19VTlNQRUNJRklFRBAAEhsKF1RVUk5fU1RBVFVTX0lOX1BST0dSRVNTEAESGQoVVFVSTl9TVEFUVVNfQ09NUExFVEVEEAISGwoXVFVSTl9TVEFUVVNfSU5URVJSVVBURUQQAxIWChJUVVJOX1NUQVRVU19GQUlMRUQQBBIlCiFUVVJOX1NUQVRVU19BV0FJVElOR19UT09MX09VVFBVVFMQBSqtAQoOVG9vbENhbGxTdGF0dXMSIAocVE9PTF9DQUxMX1NUQVRVU19VTlNQRUNJRklFRBAAEhwKGFRPT0xfQ0FMTF9TVEFUVVNfUEVORElORxABEh4KGlRPT0xfQ0FMTF9TVEFUVVNfQ09NUExFVEVEEAISGwoXVE9PTF9DQUxMX1NUQVRVU19GQUlMRUQQAxIeChpUT09MX0NBTExfU1RBVFVTX0NBTkNFTExFRBAEMooICgxBZ2VudFNlcnZpY2USWgoLU3RhcnRUaHJlYWQSJC5yb2xsb3V0LmFnZW50LnYxLlN0YXJ0VGhyZWFkUmVxdWVzdBolLnJvbGxvdXQuYWdlbnQudjEuU3RhcnRUaHJlYWRSZXNwb25zZRJUCglTdGFydFR1cm4SIi5yb2xsb3V0LmFnZW50LnYxLlN0YXJ0VHVyblJlcXVlc3QaIy5yb2xsb3V0LmFnZW50LnYxLlN0YXJ0VHVyblJlc3BvbnNlElQKCUludGVycnVwdBIiLnJvbGxvdXQuYWdlbnQudjEuSW50ZXJydXB0UmVxdWVzdBojLnJvbGxvdXQuYWdlbnQudjEuSW50ZXJydXB0UmVzcG9uc2USXwoMU3RyZWFtRXZlbnRzEiUucm9sbG91dC5hZ2VudC52MS5TdHJlYW1FdmVudHNSZXF1ZXN0GiYucm9sbG91dC5hZ2VudC52MS5TdHJlYW1FdmVudHNSZXNwb25zZTABElQKCUdldFRocmVhZBIiLnJvbGxvdXQuYWdlbnQudjEuR2V0VGhyZWFkUmVxdWVzdBojLnJvbGxvdXQuYWdlbnQudjEuR2V0VGhyZWFkUmVzcG9uc2USWgoLTGlzdFRocmVhZHMSJC5yb2xsb3V0LmFnZW50LnYxLkxpc3RUaHJlYWRzUmVxdWVzdBolLnJvbGxvdXQuYWdlbnQudjEuTGlzdFRocmVhZHNSZXNwb25zZRJaCgtDbG9zZVRocmVhZBIkLnJvbGxvdXQuYWdlbnQudjEuQ2xvc2VUaHJlYWRSZXF1ZXN0GiUucm9sbG91dC5hZ2VudC52MS5DbG9zZVRocmVhZFJlc3BvbnNlEmwKEVN1Ym1pdFRvb2xPdXRwdXRzEioucm9sbG91dC5hZ2VudC52MS5TdWJtaXRUb29sT3V0cHV0c1JlcXVlc3QaKy5yb2xsb3V0LmFnZW50LnYxLlN1Ym1pdFRvb2xPdXRwdXRzUmVzcG9uc2USVwoKRm9ya1RocmVhZBIjLnJvbGxvdXQuYWdlbnQudjEuRm9ya1RocmVhZFJlcXVlc3QaJC5yb2xsb3V0LmFnZW50LnYxLkZvcmtUaHJlYWRSZXNwb25zZRJdCgxSZWNvcmRSZXdhcmQSJS5yb2xsb3V0LmFnZW50LnYxLlJlY29yZFJld2FyZFJlcXVlc3QaJi5yb2xsb3V0LmFnZW50LnYxLlJlY29yZFJld2FyZFJlc3BvbnNlEl0KDFJlc3VtZVRocmVhZBIlLnJvbGxvdXQuYWdlbnQudjEuUmVzdW1lVGhyZWFkUmVxdWVzdBomLnJvbGxvdXQuYWdlbnQudjEuUmVzdW1lVGhyZWFkUmVzcG9uc2VCVgoQcm9sbG91dC5hZ2VudC52MVABWi1yb2xsb3V0LXRyYWNlL2dlbi9nby9yb2xsb3V0L2FnZW50L3YxO2FnZW50djGqAhBSb2xsb3V0LkFnZW50LlYxYgZwcm90bzM", [file_google_protobuf_timestamp]);
+  fileDesc("Chxyb2xsb3V0L2FnZW50L3YxL2FnZW50LnByb3RvEhByb2xsb3V0LmFnZW50LnYxIloKDEZ1bmN0aW9uVG9vbBIMCgRuYW1lGAEgASgJEhMKC2Rlc2NyaXB0aW9uGAIgASgJEhcKD3BhcmFtZXRlcnNfanNvbhgDIAEoCRIOCgZzdHJpY3QYBCABKAgiJgoJVXNlcklucHV0Eg4KBHRleHQYASABKAlIAEIJCgdjb250ZW50IpUICgZUaHJlYWQSCgoCaWQYASABKAkSDQoFbW9kZWwYAiABKAkSLgoGc3RhdHVzGAMgASgOMh4ucm9sbG91dC5hZ2VudC52MS5UaHJlYWRTdGF0dXMSLgoKY3JlYXRlZF9hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEwoLYnVuZGxlX3BhdGgYBSABKAkSJQoFdHVybnMYBiADKAsyFi5yb2xsb3V0LmFnZW50LnYxLlR1cm4SOwoQcmVjb3JkaW5nX3N0YXR1cxgHIAEoDjIhLnJvbGxvdXQuYWdlbnQudjEuUmVjb3JkaW5nU3RhdHVzEhcKD3JlY29yZGluZ19lcnJvchgIIAEoCRI4CghtZXRhZGF0YRgJIAMoCzImLnJvbGxvdXQuYWdlbnQudjEuVGhyZWFkLk1ldGFkYXRhRW50cnkSEgoKdHVybl9jb3VudBgLIAEoDRItCgljbG9zZWRfYXQYDCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi0KBXRvb2xzGAogAygLMh4ucm9sbG91dC5hZ2VudC52MS5GdW5jdGlvblRvb2wSGAoQY2FwdHVyZV9sb2dwcm9icxgUIAEoCBIUCgx0b3BfbG9ncHJvYnMYFSABKA0SGQoRcmVxdWVzdF90b2tlbl9pZHMYFiABKAgSGAoLdGVtcGVyYXR1cmUYFyABKAFIAIgBARISCgV0b3BfcBgYIAEoAUgBiAEBEh4KEW1heF9vdXRwdXRfdG9rZW5zGBkgASgNSAKIAQESFgoOcG9saWN5X3ZlcnNpb24YGiABKAkSKgoEZm9yaxgbIAEoCzIcLnJvbGxvdXQuYWdlbnQudjEuRm9ya09yaWdpbhIxCgt0b29sX2Nob2ljZRh4IAEoCzIcLnJvbGxvdXQuYWdlbnQudjEuVG9vbENob2ljZRIgChNwYXJhbGxlbF90b29sX2NhbGxzGHkgASgISAOIAQESEAoIcHJvdmlkZXIYeiABKAkSFAoMcHJvdmlkZXJfYXBpGHsgASgJEhQKDHByb3ZpZGVyX3VybBh8IAEoCRI+Cg9vcHRpb25hbF9maWVsZHMYfSABKA4yJS5yb2xsb3V0LmFnZW50LnYxLk9wdGlvbmFsRmllbGRQb2xpY3kSFgoOcmVmdXNlZF9maWVsZHMYfiADKAkSEQoIcmVjb3JkZWQYqgEgASgIGi8KDU1ldGFkYXRhRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4AUIOCgxfdGVtcGVyYXR1cmVCCAoGX3RvcF9wQhQKEl9tYXhfb3V0cHV0X3Rva2Vuc0IWChRfcGFyYWxsZWxfdG9vbF9jYWxscyJ7CgpGb3JrT3JpZ2luEhgKEHBhcmVudF90aHJlYWRfaWQYASABKAkSFQoNYWZ0ZXJfdHVybl9pZBgCIAEoCRIQCghncm91cF9pZBgDIAEoCRIYChByZXBldGl0aW9uX2luZGV4GAQgASgNEhAKB3Jlc3VtZWQYqgEgASgIInAKDFR1cm5Ub29sQ2FsbBIPCgdpdGVtX2lkGAEgASgJEg8KB2NhbGxfaWQYAiABKAkSDAoEbmFtZRgDIAEoCRIwCgZzdGF0dXMYBCABKA4yIC5yb2xsb3V0LmFnZW50LnYxLlRvb2xDYWxsU3RhdHVzIj8KCVR1cm5FcnJvchIPCgdtZXNzYWdlGAEgASgJEgwKBGNvZGUYAiABKAkSEwoLaHR0cF9zdGF0dXMYAyABKA0ilQIKBFR1cm4SCgoCaWQYASABKAkSEQoJdGhyZWFkX2lkGAIgASgJEiwKBnN0YXR1cxgDIAEoDjIcLnJvbGxvdXQuYWdlbnQudjEuVHVyblN0YXR1cxIqCgVlcnJvchgEIAEoCzIbLnJvbGxvdXQuYWdlbnQudjEuVHVybkVycm9yEi4KCnN0YXJ0ZWRfYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjAKDGNvbXBsZXRlZF9hdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoKdG9vbF9jYWxscxgHIAMoCzIeLnJvbGxvdXQuYWdlbnQudjEuVHVyblRvb2xDYWxsImUKBEl0ZW0SCgoCaWQYASABKAkSDAoEdHlwZRgCIAEoCRIMCgRyb2xlGAMgASgJEgwKBHRleHQYBCABKAkSFgoOdGV4dF9pbl9kZWx0YXMYBSABKAgSDwoHcmVmdXNhbBgGIAEoCSI4ChBUdXJuU3RhcnRlZEV2ZW50EiQKBHR1cm4YASABKAsyFi5yb2xsb3V0LmFnZW50LnYxLlR1cm4iOAoQSXRlbVN0YXJ0ZWRFdmVudBIkCgRpdGVtGAEgASgLMhYucm9sbG91dC5hZ2VudC52MS5JdGVtIkkKFkFnZW50TWVzc2FnZURlbHRhRXZlbnQSDwoHaXRlbV9pZBgBIAEoCRINCgVkZWx0YRgCIAEoCRIPCgdyZWZ1c2FsGAMgASgIIjoKEkl0ZW1Db21wbGV0ZWRFdmVudBIkCgRpdGVtGAEgASgLMhYucm9sbG91dC5hZ2VudC52MS5JdGVtIjoKElR1cm5Db21wbGV0ZWRFdmVudBIkCgR0dXJuGAEgASgLMhYucm9sbG91dC5hZ2VudC52MS5UdXJuIj8KCkVycm9yRXZlbnQSDwoHbWVzc2FnZRgBIAEoCRISCgp3aWxsX3JldHJ5GAIgASgIEgwKBGNvZGUYAyABKAkieAoWVG9vbENhbGxSZXF1ZXN0ZWRFdmVudBIPCgdpdGVtX2lkGAEgASgJEg8KB2NhbGxfaWQYAiABKAkSDAoEbmFtZRgDIAEoCRIRCglhcmd1bWVudHMYBCABKAkSGwoTYXJndW1lbnRzX2luX2RlbHRhcxgFIAEoCCJLChZUb29sQ2FsbENvbXBsZXRlZEV2ZW50Eg8KB2NhbGxfaWQYASABKAkSDgoGb3V0cHV0GAIgASgJEhAKCGlzX2Vycm9yGAMgASgIIk4KG1Rvb2xDYWxsQXJndW1lbnRzRGVsdGFFdmVudBIPCgdpdGVtX2lkGAEgASgJEg8KB2NhbGxfaWQYAiABKAkSDQoFZGVsdGEYAyABKAkiRAocVHVybkF3YWl0aW5nVG9vbE91dHB1dHNFdmVudBIkCgR0dXJuGAEgASgLMhYucm9sbG91dC5hZ2VudC52MS5UdXJuIjUKE1JlYXNvbmluZ0RlbHRhRXZlbnQSDwoHaXRlbV9pZBgBIAEoCRINCgVkZWx0YRgCIAEoCSJUCg9Ub2tlblVzYWdlRXZlbnQSFAoMaW5wdXRfdG9rZW5zGAEgASgEEhUKDW91dHB1dF90b2tlbnMYAiABKAQSFAoMdG90YWxfdG9rZW5zGAMgASgEIpoHCgtUaHJlYWRFdmVudBINCgVpbmRleBgBIAEoBBIoCgR0aW1lGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIRCgl0aHJlYWRfaWQYAyABKAkSDwoHdHVybl9pZBgEIAEoCRI6Cgx0dXJuX3N0YXJ0ZWQYBSABKAsyIi5yb2xsb3V0LmFnZW50LnYxLlR1cm5TdGFydGVkRXZlbnRIABI6CgxpdGVtX3N0YXJ0ZWQYBiABKAsyIi5yb2xsb3V0LmFnZW50LnYxLkl0ZW1TdGFydGVkRXZlbnRIABJHChNhZ2VudF9tZXNzYWdlX2RlbHRhGAcgASgLMigucm9sbG91dC5hZ2VudC52MS5BZ2VudE1lc3NhZ2VEZWx0YUV2ZW50SAASPgoOaXRlbV9jb21wbGV0ZWQYCCABKAsyJC5yb2xsb3V0LmFnZW50LnYxLkl0ZW1Db21wbGV0ZWRFdmVudEgAEj4KDnR1cm5fY29tcGxldGVkGAkgASgLMiQucm9sbG91dC5hZ2VudC52MS5UdXJuQ29tcGxldGVkRXZlbnRIABItCgVlcnJvchgKIAEoCzIcLnJvbGxvdXQuYWdlbnQudjEuRXJyb3JFdmVudEgAEjgKC3Rva2VuX3VzYWdlGAsgASgLMiEucm9sbG91dC5hZ2VudC52MS5Ub2tlblVzYWdlRXZlbnRIABJHChN0b29sX2NhbGxfcmVxdWVzdGVkGAwgASgLMigucm9sbG91dC5hZ2VudC52MS5Ub29sQ2FsbFJlcXVlc3RlZEV2ZW50SAASRwoTdG9vbF9jYWxsX2NvbXBsZXRlZBgNIAEoCzIoLnJvbGxvdXQuYWdlbnQudjEuVG9vbENhbGxDb21wbGV0ZWRFdmVudEgAElIKGXRvb2xfY2FsbF9hcmd1bWVudHNfZGVsdGEYDiABKAsyLS5yb2xsb3V0LmFnZW50LnYxLlRvb2xDYWxsQXJndW1lbnRzRGVsdGFFdmVudEgAEkAKD3JlYXNvbmluZ19kZWx0YRgPIAEoCzIlLnJvbGxvdXQuYWdlbnQudjEuUmVhc29uaW5nRGVsdGFFdmVudEgAElQKGnR1cm5fYXdhaXRpbmdfdG9vbF9vdXRwdXRzGBAgASgLMi4ucm9sbG91dC5hZ2VudC52MS5UdXJuQXdhaXRpbmdUb29sT3V0cHV0c0V2ZW50SABCBgoEa2luZCL/BAoSU3RhcnRUaHJlYWRSZXF1ZXN0Eg0KBW1vZGVsGAEgASgJEhQKDGluc3RydWN0aW9ucxgCIAEoCRJECghtZXRhZGF0YRgDIAMoCzIyLnJvbGxvdXQuYWdlbnQudjEuU3RhcnRUaHJlYWRSZXF1ZXN0Lk1ldGFkYXRhRW50cnkSLQoFdG9vbHMYBCADKAsyHi5yb2xsb3V0LmFnZW50LnYxLkZ1bmN0aW9uVG9vbBIYChBjYXB0dXJlX2xvZ3Byb2JzGAUgASgIEhQKDHRvcF9sb2dwcm9icxgGIAEoDRIZChFyZXF1ZXN0X3Rva2VuX2lkcxgHIAEoCBIYCgt0ZW1wZXJhdHVyZRgIIAEoAUgAiAEBEhIKBXRvcF9wGAkgASgBSAGIAQESHgoRbWF4X291dHB1dF90b2tlbnMYCiABKA1IAogBARIWCg5wb2xpY3lfdmVyc2lvbhgLIAEoCRIxCgt0b29sX2Nob2ljZRh4IAEoCzIcLnJvbGxvdXQuYWdlbnQudjEuVG9vbENob2ljZRIgChNwYXJhbGxlbF90b29sX2NhbGxzGHkgASgISAOIAQESEAoIcHJvdmlkZXIYeiABKAkSPgoPb3B0aW9uYWxfZmllbGRzGHsgASgOMiUucm9sbG91dC5hZ2VudC52MS5PcHRpb25hbEZpZWxkUG9saWN5Gi8KDU1ldGFkYXRhRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4AUIOCgxfdGVtcGVyYXR1cmVCCAoGX3RvcF9wQhQKEl9tYXhfb3V0cHV0X3Rva2Vuc0IWChRfcGFyYWxsZWxfdG9vbF9jYWxscyJTCgpUb29sQ2hvaWNlEi4KBG1vZGUYASABKA4yIC5yb2xsb3V0LmFnZW50LnYxLlRvb2xDaG9pY2VNb2RlEhUKDWZ1bmN0aW9uX25hbWUYAiABKAkiPwoTU3RhcnRUaHJlYWRSZXNwb25zZRIoCgZ0aHJlYWQYASABKAsyGC5yb2xsb3V0LmFnZW50LnYxLlRocmVhZCLUAgoQU3RhcnRUdXJuUmVxdWVzdBIRCgl0aHJlYWRfaWQYASABKAkSKgoFaW5wdXQYAiADKAsyGy5yb2xsb3V0LmFnZW50LnYxLlVzZXJJbnB1dBIYCgt0ZW1wZXJhdHVyZRgUIAEoAUgAiAEBEhIKBXRvcF9wGBUgASgBSAGIAQESHgoRbWF4X291dHB1dF90b2tlbnMYFiABKA1IAogBARIWCg5wb2xpY3lfdmVyc2lvbhgXIAEoCRIxCgt0b29sX2Nob2ljZRh4IAEoCzIcLnJvbGxvdXQuYWdlbnQudjEuVG9vbENob2ljZRIgChNwYXJhbGxlbF90b29sX2NhbGxzGHkgASgISAOIAQFCDgoMX3RlbXBlcmF0dXJlQggKBl90b3BfcEIUChJfbWF4X291dHB1dF90b2tlbnNCFgoUX3BhcmFsbGVsX3Rvb2xfY2FsbHMiOQoRU3RhcnRUdXJuUmVzcG9uc2USJAoEdHVybhgBIAEoCzIWLnJvbGxvdXQuYWdlbnQudjEuVHVybiI2ChBJbnRlcnJ1cHRSZXF1ZXN0EhEKCXRocmVhZF9pZBgBIAEoCRIPCgd0dXJuX2lkGAIgASgJIjkKEUludGVycnVwdFJlc3BvbnNlEiQKBHR1cm4YASABKAsyFi5yb2xsb3V0LmFnZW50LnYxLlR1cm4iPQoTU3RyZWFtRXZlbnRzUmVxdWVzdBIRCgl0aHJlYWRfaWQYASABKAkSEwoLYWZ0ZXJfaW5kZXgYAiABKAQiRAoUU3RyZWFtRXZlbnRzUmVzcG9uc2USLAoFZXZlbnQYASABKAsyHS5yb2xsb3V0LmFnZW50LnYxLlRocmVhZEV2ZW50IiUKEEdldFRocmVhZFJlcXVlc3QSEQoJdGhyZWFkX2lkGAEgASgJIj0KEUdldFRocmVhZFJlc3BvbnNlEigKBnRocmVhZBgBIAEoCzIYLnJvbGxvdXQuYWdlbnQudjEuVGhyZWFkIoYBChJMaXN0VGhyZWFkc1JlcXVlc3QSEQoJcGFnZV9zaXplGAEgASgNEhIKCnBhZ2VfdG9rZW4YAiABKAkSLgoGc3RhdHVzGAMgASgOMh4ucm9sbG91dC5hZ2VudC52MS5UaHJlYWRTdGF0dXMSGQoQaW5jbHVkZV9yZWNvcmRlZBiqASABKAgiWQoTTGlzdFRocmVhZHNSZXNwb25zZRIpCgd0aHJlYWRzGAEgAygLMhgucm9sbG91dC5hZ2VudC52MS5UaHJlYWQSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIicKEkNsb3NlVGhyZWFkUmVxdWVzdBIRCgl0aHJlYWRfaWQYASABKAkiPwoTQ2xvc2VUaHJlYWRSZXNwb25zZRIoCgZ0aHJlYWQYASABKAsyGC5yb2xsb3V0LmFnZW50LnYxLlRocmVhZCI/CgpUb29sT3V0cHV0Eg8KB2NhbGxfaWQYASABKAkSDgoGb3V0cHV0GAIgASgJEhAKCGlzX2Vycm9yGAMgASgIIm0KGFN1Ym1pdFRvb2xPdXRwdXRzUmVxdWVzdBIRCgl0aHJlYWRfaWQYASABKAkSDwoHdHVybl9pZBgCIAEoCRItCgdvdXRwdXRzGAMgAygLMhwucm9sbG91dC5hZ2VudC52MS5Ub29sT3V0cHV0IkEKGVN1Ym1pdFRvb2xPdXRwdXRzUmVzcG9uc2USJAoEdHVybhgBIAEoCzIWLnJvbGxvdXQuYWdlbnQudjEuVHVybiJ0ChFGb3JrVGhyZWFkUmVxdWVzdBIRCgl0aHJlYWRfaWQYASABKAkSFQoNYWZ0ZXJfdHVybl9pZBgCIAEoCRINCgVjb3VudBgDIAEoDRIQCghncm91cF9pZBgEIAEoCRIUCgtidW5kbGVfcGF0aBiqASABKAkiPwoSRm9ya1RocmVhZFJlc3BvbnNlEikKB3RocmVhZHMYASADKAsyGC5yb2xsb3V0LmFnZW50LnYxLlRocmVhZCL/AQoTUmVjb3JkUmV3YXJkUmVxdWVzdBIRCgl0aHJlYWRfaWQYASABKAkSDwoHdHVybl9pZBgCIAEoCRIPCgdpdGVtX2lkGAMgASgJEgwKBG5hbWUYBCABKAkSDQoFdmFsdWUYBSABKAESDgoGd2VpZ2h0GAYgASgBEg4KBnNvdXJjZRgHIAEoCRJFCghtZXRhZGF0YRgIIAMoCzIzLnJvbGxvdXQuYWdlbnQudjEuUmVjb3JkUmV3YXJkUmVxdWVzdC5NZXRhZGF0YUVudHJ5Gi8KDU1ldGFkYXRhRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASI4ChRSZWNvcmRSZXdhcmRSZXNwb25zZRITCgtidW5kbGVfcGF0aBgBIAEoCRILCgNzZXEYAiABKAQiVAoTUmVzdW1lVGhyZWFkUmVxdWVzdBIRCgl0aHJlYWRfaWQYASABKAkSEwoLYnVuZGxlX3BhdGgYAiABKAkSFQoNYWZ0ZXJfdHVybl9pZBgDIAEoCSJAChRSZXN1bWVUaHJlYWRSZXNwb25zZRIoCgZ0aHJlYWQYASABKAsyGC5yb2xsb3V0LmFnZW50LnYxLlRocmVhZCphCgxUaHJlYWRTdGF0dXMSHQoZVEhSRUFEX1NUQVRVU19VTlNQRUNJRklFRBAAEhgKFFRIUkVBRF9TVEFUVVNfQUNUSVZFEAESGAoUVEhSRUFEX1NUQVRVU19DTE9TRUQQAiqkAQoPUmVjb3JkaW5nU3RhdHVzEiAKHFJFQ09SRElOR19TVEFUVVNfVU5TUEVDSUZJRUQQABIYChRSRUNPUkRJTkdfU1RBVFVTX09GRhABEhsKF1JFQ09SRElOR19TVEFUVVNfQUNUSVZFEAISGwoXUkVDT1JESU5HX1NUQVRVU19GQUlMRUQQAxIbChdSRUNPUkRJTkdfU1RBVFVTX0NMT1NFRBAEKr0BCgpUdXJuU3RhdHVzEhsKF1RVUk5fU1RBVFVTX1VOU1BFQ0lGSUVEEAASGwoXVFVSTl9TVEFUVVNfSU5fUFJPR1JFU1MQARIZChVUVVJOX1NUQVRVU19DT01QTEVURUQQAhIbChdUVVJOX1NUQVRVU19JTlRFUlJVUFRFRBADEhYKElRVUk5fU1RBVFVTX0ZBSUxFRBAEEiUKIVRVUk5fU1RBVFVTX0FXQUlUSU5HX1RPT0xfT1VUUFVUUxAFKq0BCg5Ub29sQ2FsbFN0YXR1cxIgChxUT09MX0NBTExfU1RBVFVTX1VOU1BFQ0lGSUVEEAASHAoYVE9PTF9DQUxMX1NUQVRVU19QRU5ESU5HEAESHgoaVE9PTF9DQUxMX1NUQVRVU19DT01QTEVURUQQAhIbChdUT09MX0NBTExfU1RBVFVTX0ZBSUxFRBADEh4KGlRPT0xfQ0FMTF9TVEFUVVNfQ0FOQ0VMTEVEEAQqpgEKDlRvb2xDaG9pY2VNb2RlEiAKHFRPT0xfQ0hPSUNFX01PREVfVU5TUEVDSUZJRUQQABIZChVUT09MX0NIT0lDRV9NT0RFX0FVVE8QARIZChVUT09MX0NIT0lDRV9NT0RFX05PTkUQAhIdChlUT09MX0NIT0lDRV9NT0RFX1JFUVVJUkVEEAMSHQoZVE9PTF9DSE9JQ0VfTU9ERV9GVU5DVElPThAEKocBChNPcHRpb25hbEZpZWxkUG9saWN5EiUKIU9QVElPTkFMX0ZJRUxEX1BPTElDWV9VTlNQRUNJRklFRBAAEiUKIU9QVElPTkFMX0ZJRUxEX1BPTElDWV9CRVNUX0VGRk9SVBABEiIKHk9QVElPTkFMX0ZJRUxEX1BPTElDWV9SRVFVSVJFRBACMooICgxBZ2VudFNlcnZpY2USWgoLU3RhcnRUaHJlYWQSJC5yb2xsb3V0LmFnZW50LnYxLlN0YXJ0VGhyZWFkUmVxdWVzdBolLnJvbGxvdXQuYWdlbnQudjEuU3RhcnRUaHJlYWRSZXNwb25zZRJUCglTdGFydFR1cm4SIi5yb2xsb3V0LmFnZW50LnYxLlN0YXJ0VHVyblJlcXVlc3QaIy5yb2xsb3V0LmFnZW50LnYxLlN0YXJ0VHVyblJlc3BvbnNlElQKCUludGVycnVwdBIiLnJvbGxvdXQuYWdlbnQudjEuSW50ZXJydXB0UmVxdWVzdBojLnJvbGxvdXQuYWdlbnQudjEuSW50ZXJydXB0UmVzcG9uc2USXwoMU3RyZWFtRXZlbnRzEiUucm9sbG91dC5hZ2VudC52MS5TdHJlYW1FdmVudHNSZXF1ZXN0GiYucm9sbG91dC5hZ2VudC52MS5TdHJlYW1FdmVudHNSZXNwb25zZTABElQKCUdldFRocmVhZBIiLnJvbGxvdXQuYWdlbnQudjEuR2V0VGhyZWFkUmVxdWVzdBojLnJvbGxvdXQuYWdlbnQudjEuR2V0VGhyZWFkUmVzcG9uc2USWgoLTGlzdFRocmVhZHMSJC5yb2xsb3V0LmFnZW50LnYxLkxpc3RUaHJlYWRzUmVxdWVzdBolLnJvbGxvdXQuYWdlbnQudjEuTGlzdFRocmVhZHNSZXNwb25zZRJaCgtDbG9zZVRocmVhZBIkLnJvbGxvdXQuYWdlbnQudjEuQ2xvc2VUaHJlYWRSZXF1ZXN0GiUucm9sbG91dC5hZ2VudC52MS5DbG9zZVRocmVhZFJlc3BvbnNlEmwKEVN1Ym1pdFRvb2xPdXRwdXRzEioucm9sbG91dC5hZ2VudC52MS5TdWJtaXRUb29sT3V0cHV0c1JlcXVlc3QaKy5yb2xsb3V0LmFnZW50LnYxLlN1Ym1pdFRvb2xPdXRwdXRzUmVzcG9uc2USVwoKRm9ya1RocmVhZBIjLnJvbGxvdXQuYWdlbnQudjEuRm9ya1RocmVhZFJlcXVlc3QaJC5yb2xsb3V0LmFnZW50LnYxLkZvcmtUaHJlYWRSZXNwb25zZRJdCgxSZWNvcmRSZXdhcmQSJS5yb2xsb3V0LmFnZW50LnYxLlJlY29yZFJld2FyZFJlcXVlc3QaJi5yb2xsb3V0LmFnZW50LnYxLlJlY29yZFJld2FyZFJlc3BvbnNlEl0KDFJlc3VtZVRocmVhZBIlLnJvbGxvdXQuYWdlbnQudjEuUmVzdW1lVGhyZWFkUmVxdWVzdBomLnJvbGxvdXQuYWdlbnQudjEuUmVzdW1lVGhyZWFkUmVzcG9uc2VCVgoQcm9sbG91dC5hZ2VudC52MVABWi1yb2xsb3V0LXRyYWNlL2dlbi9nby9yb2xsb3V0L2FnZW50L3YxO2FnZW50djGqAhBSb2xsb3V0LkFnZW50LlYxYgZwcm90bzM", [file_google_protobuf_timestamp]);
 
 /**
  * A function the model may call; the client runs it and submits its output.
@@ -191,6 +191,46 @@ export type Thread = Message<"rollout.agent.v1.Thread"> & {
    * @generated from field: rollout.agent.v1.ForkOrigin fork = 27;
    */
   fork?: ForkOrigin | undefined;
+
+  /**
+   * @generated from field: rollout.agent.v1.ToolChoice tool_choice = 120;
+   */
+  toolChoice?: ToolChoice | undefined;
+
+  /**
+   * @generated from field: optional bool parallel_tool_calls = 121;
+   */
+  parallelToolCalls?: boolean | undefined;
+
+  /**
+   * The provider the thread's requests go to: its name (empty: the server's default), the
+   * API it speaks (`responses` or `chat`) and its base URL (without credentials).
+   *
+   * @generated from field: string provider = 122;
+   */
+  provider: string;
+
+  /**
+   * @generated from field: string provider_api = 123;
+   */
+  providerApi: string;
+
+  /**
+   * @generated from field: string provider_url = 124;
+   */
+  providerUrl: string;
+
+  /**
+   * @generated from field: rollout.agent.v1.OptionalFieldPolicy optional_fields = 125;
+   */
+  optionalFields: OptionalFieldPolicy;
+
+  /**
+   * Optional fields the provider refused, dropped from the thread's requests since.
+   *
+   * @generated from field: repeated string refused_fields = 126;
+   */
+  refusedFields: string[];
 
   /**
    * The thread is not held by this server: ListThreads found it under the trace root (its
@@ -909,6 +949,38 @@ export type StartThreadRequest = Message<"rollout.agent.v1.StartThreadRequest"> 
    * @generated from field: string policy_version = 11;
    */
   policyVersion: string;
+
+  /**
+   * Whether and which tools the model must call (`tool_choice`); unset: the provider's
+   * default (auto). A turn may override it.
+   *
+   * @generated from field: rollout.agent.v1.ToolChoice tool_choice = 120;
+   */
+  toolChoice?: ToolChoice | undefined;
+
+  /**
+   * Whether the model may call several tools in one response (`parallel_tool_calls`); unset:
+   * the provider's default. A turn may override it.
+   *
+   * @generated from field: optional bool parallel_tool_calls = 121;
+   */
+  parallelToolCalls?: boolean | undefined;
+
+  /**
+   * The named provider (a `[providers.NAME]` table of the server's config) the thread's
+   * requests go to; empty: the server's default provider.
+   *
+   * @generated from field: string provider = 122;
+   */
+  provider: string;
+
+  /**
+   * What happens when the provider refuses an optional token field the thread asked for
+   * (`return_token_ids`, `logprobs`, `top_logprobs`); unset: best effort.
+   *
+   * @generated from field: rollout.agent.v1.OptionalFieldPolicy optional_fields = 123;
+   */
+  optionalFields: OptionalFieldPolicy;
 };
 
 /**
@@ -917,6 +989,32 @@ export type StartThreadRequest = Message<"rollout.agent.v1.StartThreadRequest"> 
  */
 export const StartThreadRequestSchema: GenMessage<StartThreadRequest> = /*@__PURE__*/
   messageDesc(file_rollout_agent_v1_agent, 21);
+
+/**
+ * Which tools the model must call.
+ *
+ * @generated from message rollout.agent.v1.ToolChoice
+ */
+export type ToolChoice = Message<"rollout.agent.v1.ToolChoice"> & {
+  /**
+   * @generated from field: rollout.agent.v1.ToolChoiceMode mode = 1;
+   */
+  mode: ToolChoiceMode;
+
+  /**
+   * The function the model must call (mode FUNCTION).
+   *
+   * @generated from field: string function_name = 2;
+   */
+  functionName: string;
+};
+
+/**
+ * Describes the message rollout.agent.v1.ToolChoice.
+ * Use `create(ToolChoiceSchema)` to create a new message.
+ */
+export const ToolChoiceSchema: GenMessage<ToolChoice> = /*@__PURE__*/
+  messageDesc(file_rollout_agent_v1_agent, 22);
 
 /**
  * @generated from message rollout.agent.v1.StartThreadResponse
@@ -933,7 +1031,7 @@ export type StartThreadResponse = Message<"rollout.agent.v1.StartThreadResponse"
  * Use `create(StartThreadResponseSchema)` to create a new message.
  */
 export const StartThreadResponseSchema: GenMessage<StartThreadResponse> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 22);
+  messageDesc(file_rollout_agent_v1_agent, 23);
 
 /**
  * @generated from message rollout.agent.v1.StartTurnRequest
@@ -970,6 +1068,18 @@ export type StartTurnRequest = Message<"rollout.agent.v1.StartTurnRequest"> & {
    * @generated from field: string policy_version = 23;
    */
   policyVersion: string;
+
+  /**
+   * Override the thread's tool_choice and parallel_tool_calls for this turn's requests.
+   *
+   * @generated from field: rollout.agent.v1.ToolChoice tool_choice = 120;
+   */
+  toolChoice?: ToolChoice | undefined;
+
+  /**
+   * @generated from field: optional bool parallel_tool_calls = 121;
+   */
+  parallelToolCalls?: boolean | undefined;
 };
 
 /**
@@ -977,7 +1087,7 @@ export type StartTurnRequest = Message<"rollout.agent.v1.StartTurnRequest"> & {
  * Use `create(StartTurnRequestSchema)` to create a new message.
  */
 export const StartTurnRequestSchema: GenMessage<StartTurnRequest> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 23);
+  messageDesc(file_rollout_agent_v1_agent, 24);
 
 /**
  * @generated from message rollout.agent.v1.StartTurnResponse
@@ -994,7 +1104,7 @@ export type StartTurnResponse = Message<"rollout.agent.v1.StartTurnResponse"> & 
  * Use `create(StartTurnResponseSchema)` to create a new message.
  */
 export const StartTurnResponseSchema: GenMessage<StartTurnResponse> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 24);
+  messageDesc(file_rollout_agent_v1_agent, 25);
 
 /**
  * @generated from message rollout.agent.v1.InterruptRequest
@@ -1016,7 +1126,7 @@ export type InterruptRequest = Message<"rollout.agent.v1.InterruptRequest"> & {
  * Use `create(InterruptRequestSchema)` to create a new message.
  */
 export const InterruptRequestSchema: GenMessage<InterruptRequest> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 25);
+  messageDesc(file_rollout_agent_v1_agent, 26);
 
 /**
  * @generated from message rollout.agent.v1.InterruptResponse
@@ -1033,7 +1143,7 @@ export type InterruptResponse = Message<"rollout.agent.v1.InterruptResponse"> & 
  * Use `create(InterruptResponseSchema)` to create a new message.
  */
 export const InterruptResponseSchema: GenMessage<InterruptResponse> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 26);
+  messageDesc(file_rollout_agent_v1_agent, 27);
 
 /**
  * @generated from message rollout.agent.v1.StreamEventsRequest
@@ -1057,7 +1167,7 @@ export type StreamEventsRequest = Message<"rollout.agent.v1.StreamEventsRequest"
  * Use `create(StreamEventsRequestSchema)` to create a new message.
  */
 export const StreamEventsRequestSchema: GenMessage<StreamEventsRequest> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 27);
+  messageDesc(file_rollout_agent_v1_agent, 28);
 
 /**
  * @generated from message rollout.agent.v1.StreamEventsResponse
@@ -1074,7 +1184,7 @@ export type StreamEventsResponse = Message<"rollout.agent.v1.StreamEventsRespons
  * Use `create(StreamEventsResponseSchema)` to create a new message.
  */
 export const StreamEventsResponseSchema: GenMessage<StreamEventsResponse> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 28);
+  messageDesc(file_rollout_agent_v1_agent, 29);
 
 /**
  * @generated from message rollout.agent.v1.GetThreadRequest
@@ -1091,7 +1201,7 @@ export type GetThreadRequest = Message<"rollout.agent.v1.GetThreadRequest"> & {
  * Use `create(GetThreadRequestSchema)` to create a new message.
  */
 export const GetThreadRequestSchema: GenMessage<GetThreadRequest> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 29);
+  messageDesc(file_rollout_agent_v1_agent, 30);
 
 /**
  * @generated from message rollout.agent.v1.GetThreadResponse
@@ -1108,7 +1218,7 @@ export type GetThreadResponse = Message<"rollout.agent.v1.GetThreadResponse"> & 
  * Use `create(GetThreadResponseSchema)` to create a new message.
  */
 export const GetThreadResponseSchema: GenMessage<GetThreadResponse> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 30);
+  messageDesc(file_rollout_agent_v1_agent, 31);
 
 /**
  * @generated from message rollout.agent.v1.ListThreadsRequest
@@ -1149,7 +1259,7 @@ export type ListThreadsRequest = Message<"rollout.agent.v1.ListThreadsRequest"> 
  * Use `create(ListThreadsRequestSchema)` to create a new message.
  */
 export const ListThreadsRequestSchema: GenMessage<ListThreadsRequest> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 31);
+  messageDesc(file_rollout_agent_v1_agent, 32);
 
 /**
  * @generated from message rollout.agent.v1.ListThreadsResponse
@@ -1173,7 +1283,7 @@ export type ListThreadsResponse = Message<"rollout.agent.v1.ListThreadsResponse"
  * Use `create(ListThreadsResponseSchema)` to create a new message.
  */
 export const ListThreadsResponseSchema: GenMessage<ListThreadsResponse> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 32);
+  messageDesc(file_rollout_agent_v1_agent, 33);
 
 /**
  * @generated from message rollout.agent.v1.CloseThreadRequest
@@ -1190,7 +1300,7 @@ export type CloseThreadRequest = Message<"rollout.agent.v1.CloseThreadRequest"> 
  * Use `create(CloseThreadRequestSchema)` to create a new message.
  */
 export const CloseThreadRequestSchema: GenMessage<CloseThreadRequest> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 33);
+  messageDesc(file_rollout_agent_v1_agent, 34);
 
 /**
  * @generated from message rollout.agent.v1.CloseThreadResponse
@@ -1207,7 +1317,7 @@ export type CloseThreadResponse = Message<"rollout.agent.v1.CloseThreadResponse"
  * Use `create(CloseThreadResponseSchema)` to create a new message.
  */
 export const CloseThreadResponseSchema: GenMessage<CloseThreadResponse> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 34);
+  messageDesc(file_rollout_agent_v1_agent, 35);
 
 /**
  * The output of one tool call.
@@ -1240,7 +1350,7 @@ export type ToolOutput = Message<"rollout.agent.v1.ToolOutput"> & {
  * Use `create(ToolOutputSchema)` to create a new message.
  */
 export const ToolOutputSchema: GenMessage<ToolOutput> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 35);
+  messageDesc(file_rollout_agent_v1_agent, 36);
 
 /**
  * @generated from message rollout.agent.v1.SubmitToolOutputsRequest
@@ -1269,7 +1379,7 @@ export type SubmitToolOutputsRequest = Message<"rollout.agent.v1.SubmitToolOutpu
  * Use `create(SubmitToolOutputsRequestSchema)` to create a new message.
  */
 export const SubmitToolOutputsRequestSchema: GenMessage<SubmitToolOutputsRequest> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 36);
+  messageDesc(file_rollout_agent_v1_agent, 37);
 
 /**
  * @generated from message rollout.agent.v1.SubmitToolOutputsResponse
@@ -1286,7 +1396,7 @@ export type SubmitToolOutputsResponse = Message<"rollout.agent.v1.SubmitToolOutp
  * Use `create(SubmitToolOutputsResponseSchema)` to create a new message.
  */
 export const SubmitToolOutputsResponseSchema: GenMessage<SubmitToolOutputsResponse> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 37);
+  messageDesc(file_rollout_agent_v1_agent, 38);
 
 /**
  * @generated from message rollout.agent.v1.ForkThreadRequest
@@ -1333,7 +1443,7 @@ export type ForkThreadRequest = Message<"rollout.agent.v1.ForkThreadRequest"> & 
  * Use `create(ForkThreadRequestSchema)` to create a new message.
  */
 export const ForkThreadRequestSchema: GenMessage<ForkThreadRequest> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 38);
+  messageDesc(file_rollout_agent_v1_agent, 39);
 
 /**
  * @generated from message rollout.agent.v1.ForkThreadResponse
@@ -1352,7 +1462,7 @@ export type ForkThreadResponse = Message<"rollout.agent.v1.ForkThreadResponse"> 
  * Use `create(ForkThreadResponseSchema)` to create a new message.
  */
 export const ForkThreadResponseSchema: GenMessage<ForkThreadResponse> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 39);
+  messageDesc(file_rollout_agent_v1_agent, 40);
 
 /**
  * @generated from message rollout.agent.v1.RecordRewardRequest
@@ -1408,7 +1518,7 @@ export type RecordRewardRequest = Message<"rollout.agent.v1.RecordRewardRequest"
  * Use `create(RecordRewardRequestSchema)` to create a new message.
  */
 export const RecordRewardRequestSchema: GenMessage<RecordRewardRequest> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 40);
+  messageDesc(file_rollout_agent_v1_agent, 41);
 
 /**
  * @generated from message rollout.agent.v1.RecordRewardResponse
@@ -1434,7 +1544,7 @@ export type RecordRewardResponse = Message<"rollout.agent.v1.RecordRewardRespons
  * Use `create(RecordRewardResponseSchema)` to create a new message.
  */
 export const RecordRewardResponseSchema: GenMessage<RecordRewardResponse> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 41);
+  messageDesc(file_rollout_agent_v1_agent, 42);
 
 /**
  * @generated from message rollout.agent.v1.ResumeThreadRequest
@@ -1467,7 +1577,7 @@ export type ResumeThreadRequest = Message<"rollout.agent.v1.ResumeThreadRequest"
  * Use `create(ResumeThreadRequestSchema)` to create a new message.
  */
 export const ResumeThreadRequestSchema: GenMessage<ResumeThreadRequest> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 42);
+  messageDesc(file_rollout_agent_v1_agent, 43);
 
 /**
  * @generated from message rollout.agent.v1.ResumeThreadResponse
@@ -1484,7 +1594,7 @@ export type ResumeThreadResponse = Message<"rollout.agent.v1.ResumeThreadRespons
  * Use `create(ResumeThreadResponseSchema)` to create a new message.
  */
 export const ResumeThreadResponseSchema: GenMessage<ResumeThreadResponse> = /*@__PURE__*/
-  messageDesc(file_rollout_agent_v1_agent, 43);
+  messageDesc(file_rollout_agent_v1_agent, 44);
 
 /**
  * @generated from enum rollout.agent.v1.ThreadStatus
@@ -1638,6 +1748,85 @@ export enum ToolCallStatus {
  */
 export const ToolCallStatusSchema: GenEnum<ToolCallStatus> = /*@__PURE__*/
   enumDesc(file_rollout_agent_v1_agent, 3);
+
+/**
+ * @generated from enum rollout.agent.v1.ToolChoiceMode
+ */
+export enum ToolChoiceMode {
+  /**
+   * @generated from enum value: TOOL_CHOICE_MODE_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * The model decides.
+   *
+   * @generated from enum value: TOOL_CHOICE_MODE_AUTO = 1;
+   */
+  AUTO = 1,
+
+  /**
+   * No tool call.
+   *
+   * @generated from enum value: TOOL_CHOICE_MODE_NONE = 2;
+   */
+  NONE = 2,
+
+  /**
+   * At least one tool call.
+   *
+   * @generated from enum value: TOOL_CHOICE_MODE_REQUIRED = 3;
+   */
+  REQUIRED = 3,
+
+  /**
+   * A call of function_name.
+   *
+   * @generated from enum value: TOOL_CHOICE_MODE_FUNCTION = 4;
+   */
+  FUNCTION = 4,
+}
+
+/**
+ * Describes the enum rollout.agent.v1.ToolChoiceMode.
+ */
+export const ToolChoiceModeSchema: GenEnum<ToolChoiceMode> = /*@__PURE__*/
+  enumDesc(file_rollout_agent_v1_agent, 4);
+
+/**
+ * How a thread treats the optional fields it asks a provider for.
+ *
+ * @generated from enum rollout.agent.v1.OptionalFieldPolicy
+ */
+export enum OptionalFieldPolicy {
+  /**
+   * Best effort (the default).
+   *
+   * @generated from enum value: OPTIONAL_FIELD_POLICY_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * A refused field is dropped from the thread's requests and the call is sent again without
+   * it; the trace shows the refused attempt, and the tokens of later calls are not exact.
+   *
+   * @generated from enum value: OPTIONAL_FIELD_POLICY_BEST_EFFORT = 1;
+   */
+  BEST_EFFORT = 1,
+
+  /**
+   * A refused field fails the turn, with an error that names it and the provider's answer.
+   *
+   * @generated from enum value: OPTIONAL_FIELD_POLICY_REQUIRED = 2;
+   */
+  REQUIRED = 2,
+}
+
+/**
+ * Describes the enum rollout.agent.v1.OptionalFieldPolicy.
+ */
+export const OptionalFieldPolicySchema: GenEnum<OptionalFieldPolicy> = /*@__PURE__*/
+  enumDesc(file_rollout_agent_v1_agent, 5);
 
 /**
  * Runs conversations with an LLM as threads of turns and streams what happens.

@@ -1,0 +1,232 @@
+"""Where reduce-all finds bundles and puts state.json: a local tree or an fsspec URL."""
+
+from __future__ import annotations
+
+import functools
+import os
+import posixpath
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, BinaryIO, Protocol
+
+from google.protobuf import json_format
+
+from rollout.trace.v1 import state_pb2
+
+from ..bundle._errors import BundleNotFoundError, NotABundleError
+from ..bundle._layout import REWARDS_FILE_NAME, STATE_FILE_NAME, TRACE_FILE_NAME
+from ..reduce._state_json import state_to_json, write_state_json
+
+StorageOptions = tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class BundleEntry:
+    """A bundle directory found under the root, with what the listing said about it."""
+
+    location: str
+    trace_mtime: float | None
+    state_mtime: float | None
+    # Rewards are recorded beside a bundle after the fact: a listing must see them change.
+    rewards_mtime: float | None = None
+
+    @property
+    def state_is_fresh(self) -> bool:
+        # Object stores keep whole seconds, so "as new as" counts: a state.json written in the
+        # same second as the upload it reduced is not stale. A live bundle never gets a
+        # state.json, so nothing appended later can hide behind that second.
+        return (
+            self.trace_mtime is not None
+            and self.state_mtime is not None
+            and self.state_mtime >= self.trace_mtime
+        )
+
+
+class Store(Protocol):
+    """The operations reduce-all needs, whatever holds the bundles."""
+
+    root: str
+    # Only this process sees the bundles (memory://): no worker process can reduce them.
+    process_local: bool
+
+    def discover(self, warn: Callable[[str], None]) -> list[BundleEntry]: ...
+
+    def display(self, location: str) -> str: ...
+
+    def open_trace(self, location: str) -> BinaryIO: ...
+
+    def trace_mtime(self, location: str) -> float | None: ...
+
+    def write_state(self, location: str, trace: state_pb2.RolloutTrace) -> None: ...
+
+    def read_state(self, location: str) -> state_pb2.RolloutTrace: ...
+
+
+def is_url(root: str) -> bool:
+    return "://" in root
+
+
+class LocalStore:
+    """Bundles in a local directory tree; state.json through write_state_json (atomic)."""
+
+    process_local = False
+
+    def __init__(self, root: str) -> None:
+        self.root = os.path.abspath(root)
+
+    def discover(self, warn: Callable[[str], None]) -> list[BundleEntry]:
+        if not os.path.exists(self.root):
+            raise BundleNotFoundError(f"no such file or directory: {self.root}")
+        if not os.path.isdir(self.root):
+            raise NotABundleError(f"not a directory: {self.root}")
+
+        def unreadable(error: OSError) -> None:
+            warn(f"cannot list {error.filename}: {error.strerror or error}")
+
+        entries = []
+        for directory, _, files in os.walk(self.root, onerror=unreadable):
+            if TRACE_FILE_NAME not in files:
+                continue
+            entries.append(
+                BundleEntry(
+                    directory,
+                    _stat_mtime(os.path.join(directory, TRACE_FILE_NAME)),
+                    _stat_mtime(os.path.join(directory, STATE_FILE_NAME))
+                    if STATE_FILE_NAME in files
+                    else None,
+                    _stat_mtime(os.path.join(directory, REWARDS_FILE_NAME))
+                    if REWARDS_FILE_NAME in files
+                    else None,
+                )
+            )
+        entries.sort(key=lambda entry: entry.location)
+        return entries
+
+    def display(self, location: str) -> str:
+        return location
+
+    def open_trace(self, location: str) -> BinaryIO:
+        return open(os.path.join(location, TRACE_FILE_NAME), "rb", buffering=0)
+
+    def trace_mtime(self, location: str) -> float | None:
+        return _stat_mtime(os.path.join(location, TRACE_FILE_NAME))
+
+    def write_state(self, location: str, trace: state_pb2.RolloutTrace) -> None:
+        write_state_json(trace, os.path.join(location, STATE_FILE_NAME))
+
+    def read_state(self, location: str) -> state_pb2.RolloutTrace:
+        with open(os.path.join(location, STATE_FILE_NAME), encoding="utf-8") as file:
+            return json_format.Parse(file.read(), state_pb2.RolloutTrace())
+
+
+class FsspecStore:
+    """Bundles behind an fsspec URL (s3://, memory://, ...).
+
+    state.json is written with one put: object stores make an object visible whole or not at
+    all, which is the atomicity a reader needs.
+    """
+
+    def __init__(self, url: str, options: StorageOptions) -> None:
+        import fsspec  # only URL roots need it
+
+        self.root = url
+        self.fs, self.path = fsspec.core.url_to_fs(url, **dict(options))
+        self.path = self.path.rstrip("/")
+        self.process_local = "memory" in _protocols(self.fs)
+
+    def discover(self, warn: Callable[[str], None]) -> list[BundleEntry]:
+        found: dict[str, dict[str, Any]] = self.fs.find(self.path, withdirs=False, detail=True)
+        states: dict[str, float | None] = {}
+        traces: dict[str, float | None] = {}
+        rewards: dict[str, float | None] = {}
+        for name, info in found.items():
+            directory, base = posixpath.split(name.rstrip("/"))
+            if base == TRACE_FILE_NAME:
+                traces[directory] = _info_mtime(info)
+            elif base == STATE_FILE_NAME:
+                states[directory] = _info_mtime(info)
+            elif base == REWARDS_FILE_NAME:
+                rewards[directory] = _info_mtime(info)
+        return [
+            BundleEntry(directory, mtime, states.get(directory), rewards.get(directory))
+            for directory, mtime in sorted(traces.items())
+        ]
+
+    def display(self, location: str) -> str:
+        return str(self.fs.unstrip_protocol(location))
+
+    def open_trace(self, location: str) -> BinaryIO:
+        opened: BinaryIO = self.fs.open(f"{location}/{TRACE_FILE_NAME}", "rb")
+        return opened
+
+    def trace_mtime(self, location: str) -> float | None:
+        path = f"{location}/{TRACE_FILE_NAME}"
+        self.fs.invalidate_cache(path)
+        try:
+            return _info_mtime(self.fs.info(path))
+        except FileNotFoundError:
+            return None
+
+    def write_state(self, location: str, trace: state_pb2.RolloutTrace) -> None:
+        self.fs.pipe_file(f"{location}/{STATE_FILE_NAME}", state_to_json(trace).encode("utf-8"))
+
+    def read_state(self, location: str) -> state_pb2.RolloutTrace:
+        data = self.fs.cat_file(f"{location}/{STATE_FILE_NAME}")
+        return json_format.Parse(data.decode("utf-8"), state_pb2.RolloutTrace())
+
+
+@functools.lru_cache(maxsize=8)
+def open_store(root: str, options: StorageOptions = ()) -> Store:
+    """The store for root; cached so a worker process opens each once, not once per bundle."""
+    if root.startswith("file://"):
+        return LocalStore(root.removeprefix("file://"))
+    if is_url(root):
+        return FsspecStore(root, options)
+    return LocalStore(root)
+
+
+def recently_modified(store: Store, location: str, window: float) -> bool:
+    """Whether the bundle's trace.binpb changed within the last `window` seconds."""
+    mtime = store.trace_mtime(location)
+    return mtime is not None and time.time() - mtime < window
+
+
+def parse_storage_options(pairs: list[str]) -> StorageOptions:
+    """KEY=VALUE flags as fsspec keyword arguments (strings; fsspec coerces what it needs)."""
+    options = []
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--storage-option expects KEY=VALUE, got {pair!r}")
+        options.append((key, value))
+    return tuple(options)
+
+
+def _protocols(fs: Any) -> tuple[str, ...]:
+    protocol = fs.protocol
+    return (protocol,) if isinstance(protocol, str) else tuple(protocol)
+
+
+def _stat_mtime(path: str) -> float | None:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return None
+
+
+def _info_mtime(info: dict[str, Any]) -> float | None:
+    # Each fsspec implementation names its modification time differently.
+    for key in ("mtime", "LastModified", "last_modified", "updated", "modified", "created"):
+        value = info.get(key)
+        if isinstance(value, datetime):
+            return value.timestamp()
+        if isinstance(value, int | float):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+            except ValueError:
+                continue
+    return None

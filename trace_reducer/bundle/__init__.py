@@ -1,0 +1,89 @@
+"""What reads and writes a bundle's bytes: layout, framing, payloads, the reader and the writer."""
+
+from ._confine import BundlePathError, BundleRoot, OutsideRootError
+from ._errors import (
+    BundleError,
+    BundleNotFoundError,
+    CorruptBundleError,
+    NotABundleError,
+    RecordingError,
+    RecordOutOfRangeError,
+    ReductionError,
+    describe_os_error,
+)
+from ._framing import (
+    MAX_RECORD_BYTES,
+    RecordTooLargeError,
+    decode_varint,
+    encode_record,
+    encode_varint,
+)
+from ._integrity import describe_integrity, integrity_name, require_reducible
+from ._layout import REWARDS_FILE_NAME, STATE_FILE_NAME, TRACE_FILE_NAME
+from ._payloads import canonical_json, payload_id
+from ._reader import BundleReader, FrameDecoder, read_bundle, resolve_trace_file
+from ._records import RecordBuilder, RecordSink
+from ._rewards import (
+    RewardError,
+    RewardInput,
+    append_reward,
+    attach_rewards,
+    check_reward,
+    read_rewards,
+)
+from ._tokens import (
+    LENGTH_REASONS,
+    LOGPROBS_INCLUDE,
+    classify_stop,
+    delta_tokens,
+    sampling_settings,
+)
+from ._version import __version__
+from ._writer import FORMAT_VERSION, BundleWriter
+
+__all__ = [
+    "FORMAT_VERSION",
+    "LENGTH_REASONS",
+    "LOGPROBS_INCLUDE",
+    "MAX_RECORD_BYTES",
+    "REWARDS_FILE_NAME",
+    "STATE_FILE_NAME",
+    "TRACE_FILE_NAME",
+    "BundleError",
+    "BundleNotFoundError",
+    "BundlePathError",
+    "BundleReader",
+    "BundleRoot",
+    "BundleWriter",
+    "CorruptBundleError",
+    "FrameDecoder",
+    "NotABundleError",
+    "OutsideRootError",
+    "RecordBuilder",
+    "RecordOutOfRangeError",
+    "RecordSink",
+    "RecordTooLargeError",
+    "RecordingError",
+    "ReductionError",
+    "RewardError",
+    "RewardInput",
+    "__version__",
+    "append_reward",
+    "attach_rewards",
+    "canonical_json",
+    "check_reward",
+    "classify_stop",
+    "decode_varint",
+    "delta_tokens",
+    "describe_integrity",
+    "describe_os_error",
+    "encode_record",
+    "encode_varint",
+    "integrity_name",
+    "payload_id",
+    "read_bundle",
+    "read_rewards",
+    "require_reducible",
+    "resolve_trace_file",
+    "sampling_settings",
+]

@@ -1,0 +1,7 @@
+"""`python -m trace_reducer.cli`: the same command as `trace-reducer`."""
+
+import sys
+
+from ._main import main
+
+sys.exit(main())

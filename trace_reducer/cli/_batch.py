@@ -1,0 +1,205 @@
+"""The `trace-reducer reduce-all` command: flags, engine choice, tables, summary, exit code."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Any
+
+from ..batch._batch import (
+    BatchOptions,
+    BundleResult,
+    Engine,
+    InlineEngine,
+    PoolEngine,
+    drive,
+    plan,
+)
+from ..batch._report import Tally, progress_for, summary
+from ..batch._storage import Store, is_url, open_store, parse_storage_options
+from ..bundle._errors import BundleError
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+def add_parser(commands: Any) -> None:
+    """Register reduce-all on the trace-reducer command's subparsers."""
+    parser = commands.add_parser(
+        "reduce-all",
+        help="reduce every bundle under a directory or URL, optionally into Parquet tables",
+        description=(
+            "Find every bundle (a directory holding trace.binpb) under ROOT, reduce each to its "
+            "state.json in parallel, and print a summary. Exit 1 when a bundle is corrupt "
+            "(unless --salvage) or could not be reduced."
+        ),
+    )
+    parser.add_argument("root", help="a directory, or an fsspec URL (s3://bucket/prefix, ...)")
+    parser.add_argument(
+        "--jobs",
+        type=_positive_int,
+        metavar="N",
+        help="worker processes (default: the CPU count; with --ray: the cluster's CPUs)",
+    )
+    parser.add_argument(
+        "--force", action="store_true", help="reduce bundles whose state.json is up to date too"
+    )
+    parser.add_argument(
+        "--salvage", action="store_true", help="reduce corrupt bundles up to the damage"
+    )
+    parser.add_argument(
+        "--tables", metavar="DIR", help="write Parquet tables here (a directory or URL)"
+    )
+    parser.add_argument(
+        "--ray",
+        nargs="?",
+        const="local",
+        metavar="ADDRESS",
+        help="run on Ray: bare starts a local Ray; 'auto' or HOST:PORT joins a cluster",
+    )
+    parser.add_argument(
+        "--live-window",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="an unfinished bundle modified this recently is live, not damaged (10)",
+    )
+    parser.add_argument(
+        "--storage-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="fsspec option for URL roots and tables, e.g. endpoint_url=http://...",
+    )
+    parser.set_defaults(run=run)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _warn(message: str) -> None:
+    print(f"trace-reducer: warning: {message}", file=sys.stderr, flush=True)
+
+
+def _missing_extra(error: ImportError) -> BundleError:
+    return BundleError(
+        f"reduce-all needs the batch extra ({error.name} is missing): "
+        "pip install 'rollout-trace[batch]'"
+    )
+
+
+def _engine(args: argparse.Namespace, store: Store) -> Engine:
+    if store.process_local:
+        return InlineEngine()
+    if args.ray is None:
+        return PoolEngine(args.jobs or os.cpu_count() or 1)
+    from ..batch._ray import RayEngine, RayUnavailableError  # an optional extra
+
+    try:
+        return RayEngine(args.ray, args.jobs)
+    except RayUnavailableError as error:
+        raise BundleError(str(error)) from error
+    except Exception as error:  # Ray's own errors, as one line
+        where = "a local Ray" if args.ray == "local" else f"Ray at {args.ray}"
+        raise BundleError(f"cannot start or join {where}: {error}") from error
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        storage_options = parse_storage_options(args.storage_option)
+    except ValueError as error:
+        raise BundleError(str(error)) from error
+    options = BatchOptions(
+        root=args.root,
+        storage_options=storage_options,
+        force=args.force,
+        salvage=args.salvage,
+        tables=args.tables is not None,
+        live_window=args.live_window,
+    )
+    try:
+        store = open_store(options.root, storage_options)
+    except ImportError as error:
+        if error.name is None:  # fsspec's own "install gcsfs to access ..." message
+            raise BundleError(f"cannot open {args.root}: {error}") from error
+        raise _missing_extra(error) from error
+    except ValueError as error:
+        raise BundleError(f"cannot open {args.root}: {error}") from error
+    if store.process_local and args.ray is not None:
+        raise BundleError(f"--ray cannot reach {args.root}: it exists in this process only")
+    try:
+        entries = store.discover(_warn)
+    except BundleError:
+        raise
+    except Exception as error:
+        raise BundleError(f"cannot list {args.root}: {error}") from error
+    root = store.display(store.root) if is_url(options.root) else store.root
+    if not entries:
+        raise BundleError(f"no trace bundles (directories holding trace.binpb) under {root}")
+    tasks, skipped = plan(entries, options)
+
+    sink = None
+    if args.tables is not None:
+        try:
+            from ..batch._tables import TableSink  # pyarrow: an optional extra
+        except ImportError as error:
+            raise _missing_extra(error) from error
+        sink = TableSink(args.tables, dict(storage_options))
+
+    engine = _engine(args, store) if tasks else None
+    tally = Tally()
+
+    def emit(result: BundleResult) -> None:
+        tally.add(result)
+        if sink is not None and result.rows is not None:
+            sink.add(result.day, result.rows)
+            result.rows = None
+
+    interrupted = False
+    table_rows = None
+    table_error = ""
+    started = time.perf_counter()
+    try:
+        if engine is not None:
+            drive(engine, tasks, options, progress_for(sys.stderr), emit)
+        if sink is not None:
+            try:
+                table_rows = sink.commit()
+            except OSError as error:
+                table_error = str(error.strerror or error)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        if sink is not None and table_rows is None:
+            sink.abort()
+    seconds = time.perf_counter() - started
+    restarts = getattr(engine, "restarts", 0)
+    if restarts:
+        _warn(f"a worker process died; the pool was restarted {restarts} time(s)")
+    lines = summary(
+        tally,
+        root=root,
+        found=len(entries),
+        skipped=skipped,
+        seconds=seconds,
+        engine=engine.name if engine is not None else "nothing to reduce",
+        slots=engine.slots if engine is not None else 0,
+        tables=args.tables,
+        table_rows=table_rows,
+        interrupted=interrupted,
+    )
+    print("\n".join(lines), flush=True)
+    if interrupted:
+        return EXIT_INTERRUPTED
+    if table_error:
+        _warn(f"cannot write the tables to {args.tables}: {table_error}")
+        return EXIT_FAILED
+    return EXIT_FAILED if tally.failing else EXIT_OK

@@ -1,0 +1,547 @@
+"""The `trace-reducer` command: reduce, dump, view or watch a bundle; serve gRPC."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+import webbrowser
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from google.protobuf import json_format, text_format
+
+from rollout.trace.v1 import record_pb2, state_pb2
+
+from ..bundle._errors import (
+    BundleError,
+    CorruptBundleError,
+    RecordOutOfRangeError,
+    ReductionError,
+    describe_os_error,
+)
+from ..bundle._framing import DEFAULT_MAX_UPLOAD_BYTES
+from ..bundle._integrity import describe_integrity, integrity_name, require_reducible
+from ..bundle._layout import STATE_FILE_NAME, TRACE_FILE_NAME
+from ..bundle._reader import read_bundle, resolve_trace_file
+from ..bundle._version import __version__
+from ..reduce._replay import replay_bundle
+from ..reduce._requests import request_body
+from ..reduce._state_json import iter_state_json, write_state_json
+from ._batch import add_parser as add_reduce_all_parser
+from ._list import add_parser as add_list_parser
+from ._training import add_parsers as add_training_parsers
+
+if TYPE_CHECKING:
+    from grpc_common import AccessControl
+
+PROG = "trace-reducer"
+DEFAULT_LISTEN = "127.0.0.1:50052"
+_PREVIEW_CHARS = 60
+_FIELDS_CHARS = 240
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+class _CommandError(Exception):
+    """Ends the command with one line on stderr and an exit code."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _warn(message: str) -> None:
+    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+
+
+# -- reduce -----------------------------------------------------------------------------------
+
+
+def _reduce(args: argparse.Namespace) -> int:
+    trace_file = resolve_trace_file(args.bundle)
+    # Held compact either way: the complete form is written a call at a time from it.
+    trace = replay_bundle(trace_file, parents=args.parent, compact=True)
+    expand = not args.compact
+    integrity = trace.integrity
+    try:
+        require_reducible(integrity, salvage=args.salvage, source=args.bundle)
+    except CorruptBundleError as error:
+        # The reader's detail names the byte offset and the seq of the bad frame.
+        raise _CommandError(
+            f"{error} (--salvage reduces the records before it)", EXIT_FAILED
+        ) from error
+    status = integrity.status
+    if status == state_pb2.INTEGRITY_STATUS_CORRUPT:
+        _warn(
+            f"warning: corrupt bundle {args.bundle}: {integrity.detail}; salvaged "
+            f"{integrity.records_read} records before it"
+        )
+    elif status != state_pb2.INTEGRITY_STATUS_CLEAN:
+        _warn(
+            f"warning: {integrity_name(status).lower()} bundle {args.bundle}: "
+            f"{integrity.detail}; reduced {integrity.records_read} records"
+        )
+    if args.stdout:
+        for piece in iter_state_json(trace, expand=expand):
+            sys.stdout.write(piece)
+        sys.stdout.flush()
+        return EXIT_OK
+    target = Path(args.output) if args.output else trace_file.parent / STATE_FILE_NAME
+    print(write_state_json(trace, target, expand=expand), flush=True)
+    return EXIT_OK
+
+
+# -- dump -------------------------------------------------------------------------------------
+
+
+def _abbreviate(text: str, limit: int) -> str:
+    return text if len(text) <= limit else f"{text[: limit - 1]}…"
+
+
+def _describe(record: record_pb2.TraceRecord, body: str | None) -> str:
+    if body is None:
+        return "(unknown body)"
+    if body == "payload":
+        payload = record.payload
+        preview = _abbreviate(payload.data.decode("utf-8", "replace"), _PREVIEW_CHARS)
+        chunk = (
+            f" chunk {payload.chunk_index + 1}/{payload.chunk_count}"
+            if payload.chunk_count > 1
+            else ""
+        )
+        names = record_pb2.PayloadKind.DESCRIPTOR.values_by_number
+        # A kind from a newer writer has no name here: its number says what there is.
+        known = names.get(payload.kind)
+        kind = known.name.removeprefix("PAYLOAD_KIND_") if known else str(payload.kind)
+        return (
+            f"{payload.payload_id} {kind} {payload.media_type!r} {len(payload.data)} bytes"
+            f"{chunk} {json.dumps(preview, ensure_ascii=False)}"
+        )
+    fields = text_format.MessageToString(getattr(record, body), as_one_line=True, as_utf8=True)
+    return _abbreviate(fields, _FIELDS_CHARS)
+
+
+def _dump(args: argparse.Namespace) -> int:
+    out = sys.stdout
+    with read_bundle(args.bundle) as reader:
+        for record in reader:
+            body = record.WhichOneof("body")
+            if args.json:
+                line = json.dumps(
+                    json_format.MessageToDict(record, preserving_proto_field_name=True),
+                    ensure_ascii=False,
+                    sort_keys=True,
+                )
+            else:
+                seconds = record.time_us / 1_000_000
+                line = (
+                    f"{record.seq:>7} {seconds:>12.6f}s {body or '?':<19} {_describe(record, body)}"
+                )
+            out.write(line + "\n")
+        integrity = reader.integrity
+    out.flush()
+    require_reducible(integrity, salvage=True, source=args.bundle)
+    print(f"integrity: {describe_integrity(integrity)}", file=sys.stderr, flush=True)
+    return EXIT_OK
+
+
+# -- request ----------------------------------------------------------------------------------
+
+
+def _request(args: argparse.Namespace) -> int:
+    body = request_body(args.bundle, args.inference_call_id)
+    if args.pretty:
+        text = json.dumps(json.loads(body), indent=2, ensure_ascii=False) + "\n"
+        # A lone surrogate cannot be UTF-8; its backslash form is the JSON escape it came as.
+        sys.stdout.buffer.write(text.encode("utf-8", "backslashreplace"))
+    else:
+        sys.stdout.buffer.write(body + b"\n")
+    sys.stdout.flush()
+    return EXIT_OK
+
+
+# -- export-otlp ------------------------------------------------------------------------------
+
+
+def _export_otlp(args: argparse.Namespace) -> int:
+    try:
+        # The OpenTelemetry SDK is an optional extra; the other commands never import it.
+        from ..export._otel import ExportConfigError, ExportFailedError, export_otlp
+    except ImportError as error:
+        raise _CommandError(
+            f"export-otlp needs the otel extra (pip install 'rollout-trace[otel]'): {error}",
+            EXIT_FAILED,
+        ) from error
+    # The exporters log each retry and failure; the one line below says what matters.
+    logging.getLogger("opentelemetry").addHandler(logging.NullHandler())
+    try:
+        exported = export_otlp(
+            args.bundles,
+            endpoint=args.endpoint,
+            protocol=args.protocol,
+            headers=args.header,
+            include_content=args.include_content,
+            salvage=args.salvage,
+            timeout=args.timeout,
+        )
+    except CorruptBundleError as error:
+        raise _CommandError(
+            f"{error} (--salvage exports the records before it)", EXIT_FAILED
+        ) from error
+    except ExportConfigError as error:
+        raise _CommandError(str(error), EXIT_USAGE) from error
+    except ExportFailedError as error:
+        raise _CommandError(str(error), EXIT_FAILED) from error
+    for one in exported:
+        if one.integrity != "CLEAN":
+            _warn(f"warning: {one.integrity.lower()} bundle {one.bundle}: exported what it holds")
+        print(f"exported {one.spans} spans of {one.bundle} as trace {one.trace_id}", flush=True)
+    return EXIT_OK
+
+
+# -- view -------------------------------------------------------------------------------------
+
+
+def _view(args: argparse.Namespace) -> int:
+    from ..view._view import VIEW_FILE_NAME, reduce_for_view, save_view
+
+    source = Path(args.bundle)
+    if source.is_dir() and not (source / TRACE_FILE_NAME).exists():
+        if not _holds_bundles(source):
+            raise BundleError(
+                f"not a trace bundle (no {TRACE_FILE_NAME}), nor a root of bundles: {source}"
+            )
+        return _view_root(args)
+    trace_file = resolve_trace_file(args.bundle)
+    data = reduce_for_view(trace_file)
+    integrity = data.trace.integrity
+    require_reducible(integrity, salvage=True, source=args.bundle)
+    if integrity.status != state_pb2.INTEGRITY_STATUS_CLEAN:
+        _warn(
+            f"warning: {integrity_name(integrity.status).lower()} bundle {args.bundle}: "
+            f"{integrity.detail}; showing the {integrity.records_read} records before it"
+        )
+    target = Path(args.output) if args.output else trace_file.parent / VIEW_FILE_NAME
+    path = save_view(data, target, title=f"rollout {trace_file.parent.name}")
+    print(path, flush=True)
+    if args.open and not webbrowser.open(path.resolve().as_uri()):
+        _warn(f"no browser could be started; open {path} yourself")
+    return EXIT_OK
+
+
+def _holds_bundles(root: Path) -> bool:
+    """Whether a directory is a root of bundles: it holds some, or nothing yet (a trace root
+    before its first recording); a directory of other files is neither bundle nor root."""
+    empty = True
+    for _, _, files in os.walk(root):
+        if TRACE_FILE_NAME in files:
+            return True
+        empty = empty and not files
+    return empty
+
+
+def _view_root(args: argparse.Namespace) -> int:
+    """A directory of bundles: a static site with -o, else the served viewer."""
+    from ..view._site import write_site
+
+    if args.output:
+        index = write_site(args.bundle, args.output)
+        print(index, flush=True)
+        return EXIT_OK
+    host, _, port_text = args.listen.rpartition(":")
+    host = host.strip("[]")
+    if not host or not port_text.isdigit():
+        raise _CommandError(f"--listen expects HOST:PORT, got {args.listen!r}", EXIT_USAGE)
+    token: str | None = None
+    from ..view._site import is_loopback
+
+    if args.token_env:
+        token = os.environ.get(args.token_env) or None
+        if token is None:
+            raise _CommandError(
+                f"--token-env {args.token_env}: the variable is not set", EXIT_USAGE
+            )
+    elif not is_loopback(host):
+        import secrets
+
+        token = secrets.token_urlsafe(24)
+    return asyncio.run(_serve_site(args.bundle, host, int(port_text), token, args.open))
+
+
+async def _serve_site(root: str, host: str, port: int, token: str | None, open_page: bool) -> int:
+    from grpc_common import install_signal_handlers
+
+    from ..view._site import SiteServer
+
+    server = SiteServer(root, token)
+    address = await server.start(host, port)
+    stop = asyncio.Event()
+    install_signal_handlers(stop.set)
+    shown = f"{address}?token={token}" if token else address
+    print(f"serving {shown}", flush=True)
+    if open_page and not webbrowser.open(shown):
+        _warn(f"no browser could be started; open {shown} yourself")
+    try:
+        await stop.wait()
+    finally:
+        await server.stop()
+    return EXIT_OK
+
+
+# -- watch ------------------------------------------------------------------------------------
+
+
+def _watch(args: argparse.Namespace) -> int:
+    from ..view._live import LiveTranscript, follow_and_print
+
+    trace_file = resolve_trace_file(args.bundle)
+    printer = LiveTranscript(sys.stdout)
+    try:
+        trace = asyncio.run(follow_and_print(trace_file, printer))
+    except KeyboardInterrupt:
+        printer.close_line()
+        sys.stdout.flush()
+        raise _CommandError(
+            f"stopped watching {args.bundle} (interrupted) after {printer.records_read} "
+            "records; the recording had not completed",
+            EXIT_INTERRUPTED,
+        ) from None
+    try:
+        require_reducible(trace.integrity, salvage=False, source=args.bundle)
+    except CorruptBundleError as error:
+        raise _CommandError(str(error), EXIT_FAILED) from error
+    integrity = trace.integrity
+    print(f"recording complete: {integrity.records_read} records", flush=True)
+    return EXIT_OK
+
+
+# -- serve ------------------------------------------------------------------------------------
+
+
+async def _serve_async(
+    listen: str, bundle_root: str, access: AccessControl, max_upload_bytes: int
+) -> int:
+    # gRPC's server side takes a noticeable time to import; reduce and dump do not need it.
+    from grpc_common import GrpcServer, install_signal_handlers
+
+    from ..service._service import SERVICE_NAME, ReducerService, add_to_server
+
+    service = ReducerService(bundle_root, max_upload_bytes=max_upload_bytes)
+    try:
+        server = await GrpcServer.start(
+            listen,
+            lambda grpc_server: add_to_server(service, grpc_server),
+            [SERVICE_NAME],
+            access,
+        )
+    except ValueError as error:
+        raise _CommandError(f"--listen: {error}", EXIT_USAGE) from error
+    stop = asyncio.Event()
+    install_signal_handlers(stop.set)
+    print(f"listening on {server.address}", flush=True)
+    await stop.wait()
+    await server.stop(grace=5.0)
+    return EXIT_OK
+
+
+def _serve(args: argparse.Namespace) -> int:
+    root = args.bundle_root or os.getcwd()
+    if not os.path.isdir(root):
+        raise _CommandError(f"--bundle-root is not a directory: {root}", EXIT_USAGE)
+    from grpc_common import AccessControl
+
+    try:
+        access = AccessControl.load(
+            token_env=args.auth_token_env, tls_cert=args.tls_cert, tls_key=args.tls_key
+        )
+    except ValueError as error:
+        raise _CommandError(str(error), EXIT_USAGE) from error
+    if args.max_upload_bytes < 1:
+        raise _CommandError("--max-upload-bytes must be a positive number of bytes", EXIT_USAGE)
+    return asyncio.run(_serve_async(args.listen, root, access, args.max_upload_bytes))
+
+
+# -- entry point ------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Replay rollout-trace bundles into their reduced state."
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    reduce = commands.add_parser("reduce", help="write the reduced state of a bundle as JSON")
+    reduce.add_argument("bundle", help="bundle directory or its trace.binpb")
+    target = reduce.add_mutually_exclusive_group()
+    target.add_argument(
+        "-o", "--output", metavar="PATH", help="write here, not <bundle>/state.json"
+    )
+    target.add_argument("--stdout", action="store_true", help="print the JSON instead")
+    reduce.add_argument(
+        "--salvage", action="store_true", help="reduce a corrupt bundle up to the damage"
+    )
+    reduce.add_argument(
+        "--compact",
+        action="store_true",
+        help="each request as a prefix of the previous one plus its new items "
+        "(InferenceCall.request_prefix_call_id/_count): linear in the conversation",
+    )
+    reduce.add_argument(
+        "--parent",
+        action="append",
+        default=[],
+        metavar="BUNDLE",
+        help="a fork's parent bundle when it is not beside the fork (repeatable)",
+    )
+    reduce.set_defaults(run=_reduce)
+
+    add_reduce_all_parser(commands)
+    add_list_parser(commands)
+
+    dump = commands.add_parser("dump", help="print the records of a bundle, one per line")
+    dump.add_argument("bundle", help="bundle directory or its trace.binpb")
+    dump.add_argument("--json", action="store_true", help="JSON lines instead of text")
+    dump.set_defaults(run=_dump)
+
+    request = commands.add_parser(
+        "request", help="print the exact JSON body an inference call sent to the provider"
+    )
+    request.add_argument("bundle", help="bundle directory or its trace.binpb")
+    request.add_argument("inference_call_id", help="as in the reduced state's inference_calls")
+    request.add_argument("--pretty", action="store_true", help="indent the JSON")
+    request.set_defaults(run=_request)
+
+    export = commands.add_parser(
+        "export-otlp",
+        help="send bundles as OpenTelemetry GenAI spans to an OTLP receiver",
+        description="Exit codes: 0 sent, 1 the receiver did not take the spans, a corrupt "
+        "bundle without --salvage, or records that contradict each other; 2 bad input "
+        "(bundle, endpoint, protocol, header, timeout).",
+    )
+    export.add_argument("bundles", nargs="+", metavar="bundle", help="bundle directory or file")
+    export.add_argument(
+        "--endpoint",
+        metavar="URL",
+        help="OTLP receiver (default: OTEL_EXPORTER_OTLP_ENDPOINT, else localhost:4317 for "
+        "grpc, localhost:4318/v1/traces for http/protobuf)",
+    )
+    export.add_argument("--protocol", choices=["grpc", "http/protobuf"], default="grpc")
+    export.add_argument(
+        "--header",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="send this header (repeatable; default: OTEL_EXPORTER_OTLP_HEADERS)",
+    )
+    export.add_argument(
+        "--include-content",
+        action="store_true",
+        help="add instructions, messages and tool arguments and results to the spans",
+    )
+    export.add_argument(
+        "--salvage", action="store_true", help="export a corrupt bundle up to the damage"
+    )
+    export.add_argument(
+        "--timeout", type=float, default=10.0, metavar="SECONDS", help="per send, with retries"
+    )
+    export.set_defaults(run=_export_otlp)
+
+    add_training_parsers(commands)
+
+    view = commands.add_parser(
+        "view",
+        help="a bundle's self-contained HTML page; or, for a directory of bundles, serve "
+        "the run list (or write it as a static site with -o DIR)",
+    )
+    view.add_argument(
+        "bundle", help="bundle directory or its trace.binpb, or a root holding bundles"
+    )
+    view.add_argument(
+        "-o",
+        "--output",
+        metavar="PATH",
+        help="write here, not <bundle>/view.html; for a root: the site's directory",
+    )
+    view.add_argument("--open", action="store_true", help="open the page in a web browser")
+    view.add_argument(
+        "--listen",
+        default="127.0.0.1:8765",
+        metavar="HOST:PORT",
+        help="where a root is served (127.0.0.1:8765); off loopback a token is required",
+    )
+    view.add_argument(
+        "--token-env",
+        metavar="NAME",
+        help="the served viewer's token from this environment variable (default: made up "
+        "when not on loopback, printed in the address)",
+    )
+    view.set_defaults(run=_view)
+
+    watch = commands.add_parser(
+        "watch", help="print a bundle's transcript live as it is written, until it completes"
+    )
+    watch.add_argument("bundle", help="bundle directory or its trace.binpb")
+    watch.set_defaults(run=_watch)
+
+    serve = commands.add_parser("serve", help="run the ReducerService gRPC server")
+    serve.add_argument("--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT")
+    serve.add_argument("--bundle-root", metavar="DIR", help="bundles are read under here (cwd)")
+    serve.add_argument(
+        "--auth-token-env",
+        metavar="NAME",
+        help="require `authorization: Bearer <token>` on every RPC but health checks; "
+        "the token is read from the environment variable NAME",
+    )
+    serve.add_argument("--tls-cert", type=Path, metavar="PATH", help="PEM certificate chain")
+    serve.add_argument("--tls-key", type=Path, metavar="PATH", help="PEM private key")
+    serve.add_argument(
+        "--max-upload-bytes",
+        type=int,
+        default=DEFAULT_MAX_UPLOAD_BYTES,
+        metavar="N",
+        help="ReduceRecords refuses larger uploads with RESOURCE_EXHAUSTED "
+        f"(default {DEFAULT_MAX_UPLOAD_BYTES})",
+    )
+    serve.set_defaults(run=_serve)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; never lets a traceback out."""
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.run(args)
+    except _CommandError as failure:
+        _warn(str(failure))
+        return failure.code
+    except BundleError as error:
+        _warn(str(error))
+        return EXIT_USAGE
+    except RecordOutOfRangeError as error:
+        _warn(f"record out of range: {error}")
+        return EXIT_FAILED
+    except ReductionError as error:
+        _warn(f"records contradict each other: {error}")
+        return EXIT_FAILED
+    except BrokenPipeError:
+        # The reader went away (`| head`); say nothing more to it.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAILED
+    except OSError as error:
+        _warn(describe_os_error(error))
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return 130
+    except Exception as error:  # noqa: BLE001 - the edge: nothing may escape as a traceback
+        _warn(f"internal error: {type(error).__name__}: {error}")
+        return EXIT_FAILED
+    return code

@@ -1,0 +1,140 @@
+"""`trace-reducer reward` and `trace-reducer export-rl`: rewards after the fact, samples out."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from ..bundle._errors import BundleError, CorruptBundleError
+from ..bundle._reader import resolve_trace_file
+from ..bundle._rewards import RewardError, RewardInput, append_reward, check_reward
+from ..export._rl import FORMATS, ExportError, export_rl
+from ..reduce._replay import replay_bundle
+
+PROG = "trace-reducer"
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def _say(message: str) -> None:
+    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+
+
+def _metadata(pairs: list[str]) -> dict[str, str] | None:
+    metadata = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            return None
+        metadata[key] = value
+    return metadata
+
+
+def _reward(args: argparse.Namespace) -> int:
+    bundle = resolve_trace_file(args.bundle).parent
+    trace = replay_bundle(bundle)
+    metadata = _metadata(args.metadata)
+    if metadata is None:
+        _say("--metadata takes KEY=VALUE")
+        return EXIT_USAGE
+    reward = RewardInput(
+        thread_id=trace.root_thread_id,
+        turn_id=args.turn or "",
+        item_id=args.item or "",
+        name=args.name,
+        value=args.value,
+        weight=args.weight,
+        source=args.source,
+        metadata=metadata,
+        recorded_by=f"{PROG} reward",
+    )
+    try:
+        check_reward(reward)
+    except RewardError as error:
+        _say(str(error))
+        return EXIT_USAGE
+    if reward.turn_id and reward.turn_id not in trace.turns:
+        _say(f"{args.bundle} has no turn {reward.turn_id!r}")
+        return EXIT_USAGE
+    if reward.item_id and not any(
+        item.responses_item_id == reward.item_id
+        and (not reward.turn_id or item.turn_id == reward.turn_id)
+        for item in trace.conversation_items.values()
+    ):
+        _say(f"{args.bundle} has no item {reward.item_id!r}")
+        return EXIT_USAGE
+    try:
+        seq = append_reward(bundle, reward, trace_id=trace.trace_id)
+    except RewardError as error:
+        _say(str(error))
+        return EXIT_FAILED
+    target = reward.item_id or reward.turn_id or reward.thread_id
+    print(f"recorded {reward.name}={reward.value:g} for {target} as seq {seq}", flush=True)
+    return EXIT_OK
+
+
+def _export(args: argparse.Namespace) -> int:
+    try:
+        exported = export_rl(
+            args.paths, fmt=args.format, out_dir=args.out, parents=args.parent, salvage=args.salvage
+        )
+    except CorruptBundleError as error:
+        _say(f"{error} (--salvage exports the records before it)")
+        return EXIT_FAILED
+    except ExportError as error:
+        _say(str(error))
+        return EXIT_FAILED
+    for warning in exported.warnings:
+        _say(f"warning: {warning}")
+    if exported.left_out:
+        _say(
+            f"warning: {len(exported.left_out)} sample(s) without exact tokens are not in "
+            f"{exported.path.name} (never re-tokenized; --format jsonl keeps their messages)"
+        )
+    print(
+        f"wrote {exported.samples - len(exported.left_out)} samples "
+        f"({exported.exact} with exact tokens) to {exported.path}",
+        flush=True,
+    )
+    return EXIT_OK
+
+
+def add_parsers(commands: Any) -> None:
+    """Register `reward` and `export-rl` on the CLI's subcommands."""
+    reward = commands.add_parser(
+        "reward",
+        help="record a reward for a bundle's thread, turn or item (in its rewards.binpb)",
+        description="Exit codes: 0 recorded; 1 the sidecar cannot be written or is corrupt; "
+        "2 bad input (bundle, name, value, turn, item).",
+    )
+    reward.add_argument("bundle", help="bundle directory or its trace.binpb")
+    reward.add_argument("--name", required=True)
+    reward.add_argument("--value", required=True, type=float)
+    reward.add_argument("--turn", metavar="TURN_ID", help="a turn of the thread (default: all)")
+    reward.add_argument("--item", metavar="ITEM_ID", help="an item id as events show it")
+    reward.add_argument("--weight", type=float, default=0.0)
+    reward.add_argument("--source", default="")
+    reward.add_argument("--metadata", action="append", default=[], metavar="KEY=VALUE")
+    reward.set_defaults(run=_reward)
+
+    export = commands.add_parser(
+        "export-rl",
+        help="write one training sample per thread: tokens, loss masks, logprobs, rewards",
+        description="Exit codes: 0 written; 1 a corrupt bundle without --salvage, records "
+        "that contradict each other, an unwritable output; 2 bad input.",
+    )
+    export.add_argument("paths", nargs="+", metavar="bundle-or-root")
+    export.add_argument("--format", required=True, choices=FORMATS)
+    export.add_argument("--out", required=True, metavar="DIR")
+    export.add_argument(
+        "--parent",
+        action="append",
+        default=[],
+        metavar="BUNDLE",
+        help="a parent bundle of forks that is not beside them (repeatable)",
+    )
+    export.add_argument("--salvage", action="store_true", help="export corrupt bundles' records")
+    export.set_defaults(run=_export)
+
+
+__all__ = ["BundleError", "add_parsers"]

@@ -1,0 +1,706 @@
+"""`export-rl`: one training sample per thread, with the engine's own tokens, loss masks,
+logprobs, group, rewards and stop reason, in the shapes verl, SkyRL and ART load."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rollout.trace.v1 import common_pb2, record_pb2, state_pb2
+
+from ..bundle._bulk import DeltaRun
+from ..bundle._errors import BundleError, NotABundleError
+from ..bundle._integrity import integrity_name, require_reducible
+from ..bundle._layout import TRACE_FILE_NAME
+from ..bundle._reader import read_bundle, resolve_trace_file
+from ..bundle._rewards import attach_rewards
+from ..reduce._forks import BundleForkResolver
+from ..reduce._reducer import Reducer
+
+FORMATS = ("jsonl", "verl", "skyrl", "art")
+FILE_NAMES = {
+    "jsonl": "samples.jsonl",
+    "verl": "verl.parquet",
+    "skyrl": "skyrl.parquet",
+    "art": "art.jsonl",
+}
+CLEAN, REALIGN, FORK = "CLEAN", "REALIGN", "FORK"
+_DRIFT_RANK = {CLEAN: 0, REALIGN: 1, FORK: 2}
+_FINISH = {
+    common_pb2.STOP_REASON_COMPLETED: "stop",
+    common_pb2.STOP_REASON_LENGTH: "length",
+}
+_ROLES = {
+    state_pb2.CONVERSATION_ROLE_USER: "user",
+    state_pb2.CONVERSATION_ROLE_ASSISTANT: "assistant",
+    state_pb2.CONVERSATION_ROLE_SYSTEM: "system",
+    state_pb2.CONVERSATION_ROLE_DEVELOPER: "developer",
+    state_pb2.CONVERSATION_ROLE_TOOL: "tool",
+}
+
+
+class ExportError(Exception):
+    """The export cannot be written (pyarrow missing, an unwritable output directory)."""
+
+
+def stop_name(reason: common_pb2.StopReason.ValueType) -> str:
+    """`completed`, `length`, `interrupted`, `provider_error`, `infra_error` ('' unknown)."""
+    if not reason:
+        return ""
+    return common_pb2.StopReason.Name(reason).removeprefix("STOP_REASON_").lower()
+
+
+# -- finding and reducing bundles ---------------------------------------------------------------
+
+
+def find_bundles(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
+    """Bundle directories: each path a bundle, or a trace root holding bundles."""
+    found: list[Path] = []
+    for given in paths:
+        path = Path(given)
+        if path.is_dir() and not (path / TRACE_FILE_NAME).exists():
+            inside = sorted(p for p in path.iterdir() if (p / TRACE_FILE_NAME).is_file())
+            if not inside:
+                raise NotABundleError(f"not a bundle and no bundles in it: {path}")
+            found.extend(inside)
+        else:
+            found.append(resolve_trace_file(path).parent)
+    unique: dict[Path, None] = {}
+    for bundle in found:
+        unique.setdefault(bundle.resolve(), None)
+    return list(unique)
+
+
+def reduce_all(
+    bundles: Sequence[Path], *, parents: Iterable[str | os.PathLike[str]] = (), salvage: bool
+) -> list[tuple[Path, state_pb2.RolloutTrace, str]]:
+    """Each bundle's reduced state (rewards attached) and its thread's instructions; forks
+    resolve against the bundles given, the explicit parents and their siblings, each parent
+    reduced once."""
+    resolver = BundleForkResolver(None, [*bundles, *parents])
+    traces = []
+    for bundle in bundles:
+        resolver.add_root(bundle.parent)
+        instructions: dict[str, bytes] = {}
+        with read_bundle(bundle) as reader:
+            reducer = Reducer(forks=resolver)
+            for batch in reader.batches():
+                for record in batch:
+                    if isinstance(record, DeltaRun):
+                        continue  # text deltas read in bulk: no payload among them
+                    if (
+                        record.WhichOneof("body") == "payload"
+                        and record.payload.kind == record_pb2.PAYLOAD_KIND_INSTRUCTIONS
+                        and record.payload.chunk_count <= 1
+                    ):
+                        instructions[record.payload.payload_id] = record.payload.data
+                reducer.apply_many(batch)
+            reducer.set_integrity(reader.integrity)
+        trace = reducer.state()
+        require_reducible(trace.integrity, salvage=salvage, source=str(bundle))
+        attach_rewards(trace, bundle)
+        thread = trace.threads.get(trace.root_thread_id)
+        pid = thread.instructions_payload_id if thread is not None else ""
+        data = instructions.get(pid) if pid else None
+        if pid and data is None and reducer.parent is not None:
+            data = reducer.parent.payload(pid)
+        traces.append((bundle, trace, (data or b"").decode("utf-8", "replace")))
+    return traces
+
+
+# -- one sample ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Sample:
+    """One thread as a trainer sees it."""
+
+    bundle: str
+    trace: state_pb2.RolloutTrace
+    thread_id: str
+    group_id: str
+    repetition_index: int
+    messages: list[dict[str, Any]]
+    tokens: str  # "exact" or "absent"
+    token_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float | None] = field(default_factory=list)
+    prompt_length: int = 0
+    drift: str = CLEAN
+    drift_events: list[dict[str, Any]] = field(default_factory=list)
+    rewards: list[dict[str, Any]] = field(default_factory=list)
+    reward: float | None = None
+    stop_reason: str = ""
+    policy_version: str = ""
+    policy_versions: list[str] = field(default_factory=list)
+    calls: list[state_pb2.InferenceCall] = field(default_factory=list)
+    absent_reason: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "thread_id": self.thread_id,
+            "trace_id": self.trace.trace_id,
+            "bundle": self.bundle,
+            "group_id": self.group_id,
+            "repetition_index": self.repetition_index,
+            "messages": self.messages,
+            "tokens": self.tokens,
+            "tokens_absent_reason": self.absent_reason,
+            "token_ids": self.token_ids,
+            "loss_mask": self.loss_mask,
+            "logprobs": self.logprobs,
+            "prompt_length": self.prompt_length,
+            "drift": self.drift,
+            "drift_events": self.drift_events,
+            "rewards": self.rewards,
+            "reward": self.reward,
+            "stop_reason": self.stop_reason,
+            "policy_version": self.policy_version,
+            "policy_versions": self.policy_versions,
+            "integrity": integrity_name(self.trace.integrity.status),
+            "recording_complete": self.trace.recording_complete,
+        }
+
+
+def _thread_calls(trace: state_pb2.RolloutTrace, thread_id: str) -> list[state_pb2.InferenceCall]:
+    thread = trace.threads[thread_id]
+    calls = []
+    for turn_id in thread.turn_ids:
+        for call_id in trace.turns[turn_id].inference_call_ids:
+            calls.append(trace.inference_calls[call_id])
+    return calls
+
+
+def _producer(item: state_pb2.ConversationItem) -> str:
+    if item.HasField("inherited"):
+        return "inherited"
+    kinds = [ref.WhichOneof("producer") for ref in item.produced_by]
+    if "inference" in kinds:
+        return "model"
+    if "tool" in kinds:
+        return "tool"
+    return "user"
+
+
+def _message(item: state_pb2.ConversationItem) -> dict[str, Any]:
+    message: dict[str, Any] = {
+        "item_id": item.item_id,
+        "responses_item_id": item.responses_item_id,
+        "role": _ROLES.get(item.role, "user"),
+        "kind": state_pb2.ItemKind.Name(item.kind).removeprefix("ITEM_KIND_").lower(),
+        "content": item.output
+        if item.kind == state_pb2.ITEM_KIND_FUNCTION_CALL_OUTPUT
+        else "".join(part.text for part in item.content),
+        "turn_id": item.turn_id,
+        "produced_by": _producer(item),
+        # Model output of this thread is what a loss is taken on; a fork's inherited prefix
+        # and every input are context.
+        "loss_mask": 1 if _producer(item) == "model" else 0,
+        "token_span": None,
+    }
+    if item.kind == state_pb2.ITEM_KIND_FUNCTION_CALL:
+        message.update(name=item.name, arguments=item.arguments, call_id=item.call_id)
+    elif item.kind == state_pb2.ITEM_KIND_FUNCTION_CALL_OUTPUT:
+        message["call_id"] = item.call_id
+    return message
+
+
+def _rewards(trace: state_pb2.RolloutTrace) -> tuple[list[dict[str, Any]], float | None]:
+    rewards = []
+    total = weights = 0.0
+    for reward in trace.rewards:
+        rewards.append(
+            {
+                "name": reward.name,
+                "value": reward.value,
+                "weight": reward.weight,
+                "source": reward.source,
+                "metadata": dict(reward.metadata),
+                "turn_id": reward.target.turn_id,
+                "item_id": reward.target.item_id,
+                "conversation_item_id": reward.target.conversation_item_id,
+                "found": reward.target.found,
+            }
+        )
+        weight = reward.weight or 1.0
+        total += reward.value * weight
+        weights += weight
+    return rewards, (total / weights if weights else None)
+
+
+def _common_prefix(held: Sequence[int], prompt: Sequence[int]) -> int:
+    limit = min(len(held), len(prompt))
+    index = 0
+    while index < limit and held[index] == prompt[index]:
+        index += 1
+    return index
+
+
+def build_sample(
+    bundle: Path, trace: state_pb2.RolloutTrace, instructions: str = ""
+) -> Sample | None:
+    """The sample of a bundle's thread; None for a thread without inference calls."""
+    thread_id = trace.root_thread_id
+    if thread_id not in trace.threads:
+        return None
+    calls = _thread_calls(trace, thread_id)
+    if not calls:
+        return None
+    thread = trace.threads[thread_id]
+    messages = [_message(trace.conversation_items[i]) for i in thread.conversation_item_ids]
+    if instructions:
+        # The thread's instructions, as the system message they are to the model.
+        messages.insert(
+            0,
+            {
+                "item_id": "",
+                "responses_item_id": "",
+                "role": "system",
+                "kind": "instructions",
+                "content": instructions,
+                "turn_id": "",
+                "produced_by": "instructions",
+                "loss_mask": 0,
+                "token_span": None,
+            },
+        )
+    rewards, reward = _rewards(trace)
+    versions = list(dict.fromkeys(call.policy_version for call in calls if call.policy_version))
+    sample = Sample(
+        bundle=bundle.name,
+        trace=trace,
+        thread_id=thread_id,
+        # A thread that was not forked is a group of one.
+        group_id=trace.fork.group_id or thread_id,
+        repetition_index=trace.fork.repetition_index,
+        messages=messages,
+        tokens="absent",
+        rewards=rewards,
+        reward=reward,
+        stop_reason=stop_name(calls[-1].stop_reason),
+        policy_version=calls[-1].policy_version,
+        policy_versions=versions,
+        calls=calls,
+    )
+    _fill_tokens(sample, calls, {m["item_id"]: m for m in messages if m["item_id"]})
+    return sample
+
+
+def _fill_tokens(
+    sample: Sample, calls: list[state_pb2.InferenceCall], messages: dict[str, dict[str, Any]]
+) -> None:
+    """The flat sequence from the engine's own ids: each prompt as the engine saw it, each
+    accepted output as it was sampled (mask 1); never re-tokenized. When a prompt does not
+    extend the tokens held so far, the prompt wins from where they part (mask 0 there) and
+    the sample records the drift."""
+    used = [call for call in calls if call.response_item_ids or call.output_tokens.count]
+    for call in used:
+        if not call.prompt_token_ids:
+            sample.absent_reason = f"inference call {call.inference_call_id} has no prompt ids"
+            return
+        if not call.output_tokens.exact:
+            sample.absent_reason = (
+                f"inference call {call.inference_call_id} has no exact output token ids"
+            )
+            return
+    if not used:
+        sample.absent_reason = "no inference call produced output"
+        return
+    ids: list[int] = []
+    mask: list[int] = []
+    logprobs: list[float | None] = []
+    output_start = 0
+    seen_items: set[str] = set()
+    for index, call in enumerate(used):
+        prompt = list(call.prompt_token_ids)
+        common = _common_prefix(ids, prompt)
+        if ids and common < len(ids):
+            kind = REALIGN if common >= output_start else FORK
+            lost = sum(mask[common:])
+            sample.drift_events.append(
+                {
+                    "call_index": index,
+                    "inference_call_id": call.inference_call_id,
+                    "kind": kind,
+                    "position": common,
+                    "held_tokens": len(ids),
+                    "unmasked_tokens": lost,
+                }
+            )
+            if _DRIFT_RANK[kind] > _DRIFT_RANK[sample.drift]:
+                sample.drift = kind
+            del ids[common:], mask[common:], logprobs[common:]
+            for message in messages.values():
+                span = message["token_span"]
+                if span is not None and span[1] > common:
+                    message["token_span"] = None
+        start = len(ids)
+        ids.extend(prompt[common:])
+        mask.extend([0] * (len(prompt) - common))
+        logprobs.extend([None] * (len(prompt) - common))
+        # The request's new inputs arrived with the tokens just added.
+        for item_id in call.request_item_ids:
+            if item_id not in seen_items:
+                seen_items.add(item_id)
+                arrived = messages.get(item_id)
+                if arrived is not None and len(ids) > start:
+                    arrived["token_span"] = [start, len(ids)]
+        output_start = len(ids)
+        tokens = call.output_tokens
+        for span in tokens.spans:
+            if not span.item_id:
+                # Never completed: the next prompt does not have it.
+                continue
+            begin = len(ids)
+            ids.extend(tokens.ids[span.start : span.start + span.count])
+            mask.extend([1] * span.count)
+            if tokens.logprobs:
+                logprobs.extend(
+                    None if math.isnan(value) else float(value)
+                    for value in tokens.logprobs[span.start : span.start + span.count]
+                )
+            else:
+                logprobs.extend([None] * span.count)
+            seen_items.add(span.item_id)
+            produced = messages.get(span.item_id)
+            if produced is not None:
+                produced["token_span"] = [begin, len(ids)]
+    sample.tokens = "exact"
+    sample.token_ids, sample.loss_mask, sample.logprobs = ids, mask, logprobs
+    sample.prompt_length = mask.index(1) if 1 in mask else len(ids)
+
+
+# -- formats ------------------------------------------------------------------------------------
+
+
+def _floats(values: Sequence[float | None]) -> list[float]:
+    return [0.0 if value is None else value for value in values]
+
+
+def _extra(sample: Sample) -> str:
+    return json.dumps(
+        {
+            "thread_id": sample.thread_id,
+            "trace_id": sample.trace.trace_id,
+            "bundle": sample.bundle,
+            "repetition_index": sample.repetition_index,
+            "stop_reason": sample.stop_reason,
+            "policy_version": sample.policy_version,
+            "drift": sample.drift,
+            "drift_events": sample.drift_events,
+            "rewards": sample.rewards,
+            "messages": sample.messages,
+        },
+        ensure_ascii=False,
+        sort_keys=True,
+    )
+
+
+def _verl_rows(samples: list[Sample]) -> dict[str, list[Any]]:
+    exact = [s for s in samples if s.tokens == "exact"]
+    return {
+        "uid": [s.group_id for s in exact],
+        "prompt_ids": [s.token_ids[: s.prompt_length] for s in exact],
+        "response_ids": [s.token_ids[s.prompt_length :] for s in exact],
+        "response_mask": [s.loss_mask[s.prompt_length :] for s in exact],
+        "response_logprobs": [_floats(s.logprobs[s.prompt_length :]) for s in exact],
+        "reward_score": [s.reward for s in exact],
+        "num_turns": [len(s.messages) for s in exact],
+        "extra_info": [_extra(s) for s in exact],
+    }
+
+
+def _skyrl_rows(samples: list[Sample]) -> dict[str, list[Any]]:
+    exact = [s for s in samples if s.tokens == "exact"]
+    return {
+        "prompt_token_ids": [s.token_ids[: s.prompt_length] for s in exact],
+        "response_ids": [s.token_ids[s.prompt_length :] for s in exact],
+        "rewards": [s.reward for s in exact],
+        "loss_masks": [s.loss_mask[s.prompt_length :] for s in exact],
+        "stop_reasons": [s.stop_reason for s in exact],
+        "rollout_logprobs": [_floats(s.logprobs[s.prompt_length :]) for s in exact],
+        "trajectory_ids": [
+            {"instance_id": s.group_id, "repetition_id": s.repetition_index} for s in exact
+        ],
+        "extra_info": [_extra(s) for s in exact],
+    }
+
+
+def _choice_logprobs(call: state_pb2.InferenceCall, item_ids: set[str]) -> list[dict[str, Any]]:
+    tokens = call.output_tokens
+    if not tokens.logprobs:
+        return []
+    tops: list[int] = []
+    running = 0
+    for count in tokens.top_counts:
+        tops.append(running)
+        running += count
+    content = []
+    for span in tokens.spans:
+        if span.item_id not in item_ids:
+            continue
+        for index in range(span.start, span.start + span.count):
+            text = tokens.texts[index] if tokens.texts else ""
+            entry: dict[str, Any] = {
+                "token": text,
+                "logprob": float(tokens.logprobs[index]),
+                "bytes": list(text.encode()),
+                "top_logprobs": [],
+            }
+            if tokens.top_counts:
+                first = tops[index]
+                for alt in range(first, first + tokens.top_counts[index]):
+                    alt_text = tokens.top_texts[alt]
+                    entry["top_logprobs"].append(
+                        {
+                            "token": alt_text,
+                            "logprob": float(tokens.top_logprobs[alt]),
+                            "bytes": list(alt_text.encode()),
+                        }
+                    )
+            content.append(entry)
+    return content
+
+
+def _art_trajectory(sample: Sample) -> dict[str, Any]:
+    """ART's Trajectory: plain messages for context, an OpenAI Choice (trainable) for each
+    inference call's accepted output of this thread, with its logprobs."""
+    trace = sample.trace
+    by_call: dict[str, list[dict[str, Any]]] = {}
+
+    def call_of(message: dict[str, Any]) -> str:
+        if message["produced_by"] != "model":
+            return ""
+        item = trace.conversation_items[message["item_id"]]
+        refs = [r.inference.inference_call_id for r in item.produced_by if r.HasField("inference")]
+        return refs[0] if refs else ""
+
+    for message in sample.messages:
+        if call_of(message):
+            by_call.setdefault(call_of(message), []).append(message)
+    calls = {call.inference_call_id: call for call in sample.calls}
+    out: list[dict[str, Any]] = []
+    emitted: set[str] = set()
+    for message in sample.messages:
+        call_id = call_of(message)
+        if call_id:
+            if call_id in emitted:
+                continue
+            emitted.add(call_id)
+            group = by_call[call_id]
+            call = calls[call_id]
+            texts = [m["content"] for m in group if m["kind"] == "message"]
+            tool_calls = [
+                {
+                    "id": m["call_id"],
+                    "type": "function",
+                    "function": {"name": m["name"], "arguments": m["arguments"]},
+                }
+                for m in group
+                if m["kind"] == "function_call"
+            ]
+            assistant: dict[str, Any] = {"role": "assistant", "content": "".join(texts) or None}
+            if tool_calls:
+                assistant["tool_calls"] = tool_calls
+            logprobs = _choice_logprobs(call, {m["item_id"] for m in group})
+            out.append(
+                {
+                    "finish_reason": "tool_calls"
+                    if tool_calls
+                    else _FINISH.get(call.stop_reason, "stop"),
+                    "index": 0,
+                    "message": assistant,
+                    "logprobs": {"content": logprobs} if logprobs else None,
+                }
+            )
+        elif message["kind"] == "function_call_output":
+            out.append(
+                {"role": "tool", "tool_call_id": message["call_id"], "content": message["content"]}
+            )
+        elif message["kind"] == "function_call":
+            # An inherited call: context, as the assistant message that made it.
+            out.append(
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": message["call_id"],
+                            "type": "function",
+                            "function": {
+                                "name": message["name"],
+                                "arguments": message["arguments"],
+                            },
+                        }
+                    ],
+                }
+            )
+        else:
+            out.append({"role": message["role"], "content": message["content"]})
+    return {
+        "messages_and_choices": out,
+        "tools": None,
+        "additional_histories": [],
+        "reward": sample.reward if sample.reward is not None else 0.0,
+        "metrics": {"reward_recorded": sample.reward is not None},
+        "metadata": {
+            "thread_id": sample.thread_id,
+            "group_id": sample.group_id,
+            "repetition_index": sample.repetition_index,
+            "stop_reason": sample.stop_reason,
+            "policy_version": sample.policy_version,
+            "tokens": sample.tokens,
+            "drift": sample.drift,
+        },
+        "logs": [],
+    }
+
+
+def _art_groups(samples: list[Sample]) -> list[dict[str, Any]]:
+    groups: dict[str, list[Sample]] = {}
+    for sample in samples:
+        groups.setdefault(sample.group_id, []).append(sample)
+    return [
+        {
+            "trajectories": [
+                _art_trajectory(s) for s in sorted(members, key=lambda s: s.repetition_index)
+            ],
+            "exceptions": [],
+            "metadata": {"group_id": group_id},
+            "metrics": {},
+            "logs": [],
+        }
+        for group_id, members in groups.items()
+    ]
+
+
+def _write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
+    with path.open("w", encoding="utf-8") as out:
+        for row in rows:
+            out.write(json.dumps(row, ensure_ascii=False, sort_keys=True, allow_nan=False) + "\n")
+
+
+def _write_parquet(path: Path, columns: dict[str, list[Any]], schema: Any) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pydict(columns, schema=schema)
+    pq.write_table(table, path)
+
+
+def parquet_schema(fmt: str) -> Any:
+    """The Arrow schema of a Parquet format's file (docs/training.md documents it)."""
+    import pyarrow as pa
+
+    ids = pa.list_(pa.int64())
+    floats = pa.list_(pa.float32())
+    if fmt == "verl":
+        return pa.schema(
+            [
+                ("uid", pa.string()),
+                ("prompt_ids", ids),
+                ("response_ids", ids),
+                ("response_mask", ids),
+                ("response_logprobs", floats),
+                ("reward_score", pa.float64()),
+                ("num_turns", pa.int64()),
+                ("extra_info", pa.string()),
+            ]
+        )
+    if fmt == "skyrl":
+        return pa.schema(
+            [
+                ("prompt_token_ids", ids),
+                ("response_ids", ids),
+                ("rewards", pa.float64()),
+                ("loss_masks", ids),
+                ("stop_reasons", pa.string()),
+                ("rollout_logprobs", floats),
+                (
+                    "trajectory_ids",
+                    pa.struct([("instance_id", pa.string()), ("repetition_id", pa.int64())]),
+                ),
+                ("extra_info", pa.string()),
+            ]
+        )
+    raise ValueError(f"{fmt} is not a Parquet format")
+
+
+@dataclass(frozen=True)
+class Exported:
+    """What export_rl wrote."""
+
+    path: Path
+    samples: int
+    exact: int
+    skipped_threads: int
+    left_out: list[str]
+    warnings: list[str]
+
+
+def export_rl(
+    paths: Iterable[str | os.PathLike[str]],
+    *,
+    fmt: str,
+    out_dir: str | os.PathLike[str],
+    parents: Iterable[str | os.PathLike[str]] = (),
+    salvage: bool = False,
+) -> Exported:
+    """Write the samples of the bundles under `paths` in format `fmt` into out_dir.
+
+    Raises BundleError for paths that hold no bundle (or a corrupt one, unless salvaging),
+    ReductionError for contradicting records, ExportError when the file cannot be written.
+    """
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
+    bundles = find_bundles(paths)
+    warnings: list[str] = []
+    samples: list[Sample] = []
+    skipped = 0
+    for bundle, trace, instructions in reduce_all(bundles, parents=parents, salvage=salvage):
+        if trace.integrity.status != state_pb2.INTEGRITY_STATUS_CLEAN or trace.integrity.detail:
+            warnings.append(
+                f"{integrity_name(trace.integrity.status).lower()} bundle {bundle.name}: "
+                f"{trace.integrity.detail or 'exported what it holds'}"
+            )
+        sample = build_sample(bundle, trace, instructions)
+        if sample is None:
+            skipped += 1
+        else:
+            samples.append(sample)
+    target_dir = Path(out_dir)
+    try:
+        target_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ExportError(f"cannot create {target_dir}: {error.strerror}") from error
+    target = target_dir / FILE_NAMES[fmt]
+    left_out = [s.thread_id for s in samples if s.tokens != "exact"]
+    try:
+        if fmt == "jsonl":
+            _write_jsonl(target, (s.to_json() for s in samples))
+            left_out = []
+        elif fmt == "art":
+            _write_jsonl(target, _art_groups(samples))
+            left_out = []
+        else:
+            try:
+                schema = parquet_schema(fmt)
+            except ImportError as error:
+                raise ExportError(
+                    f"--format {fmt} writes Parquet and needs pyarrow "
+                    f"(pip install 'rollout-trace[training]'): {error}"
+                ) from error
+            rows = _verl_rows(samples) if fmt == "verl" else _skyrl_rows(samples)
+            _write_parquet(target, rows, schema)
+    except OSError as error:
+        raise ExportError(f"cannot write {target}: {error.strerror or error}") from error
+    exact = sum(1 for s in samples if s.tokens == "exact")
+    return Exported(target, len(samples), exact, skipped, left_out, warnings)
+
+
+__all__ = ["FORMATS", "BundleError", "ExportError", "Exported", "export_rl"]

@@ -1,0 +1,291 @@
+"""Conversation items: parsing payload JSON, normalising it, matching requests to history."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import dataclass
+
+from rollout.trace.v1 import state_pb2
+
+from ..bundle._payloads import canonical_json
+
+_ROLES: dict[str, state_pb2.ConversationRole.ValueType] = {
+    "user": state_pb2.CONVERSATION_ROLE_USER,
+    "assistant": state_pb2.CONVERSATION_ROLE_ASSISTANT,
+    "system": state_pb2.CONVERSATION_ROLE_SYSTEM,
+    "developer": state_pb2.CONVERSATION_ROLE_DEVELOPER,
+    "tool": state_pb2.CONVERSATION_ROLE_TOOL,
+}
+
+_KINDS: dict[str, state_pb2.ItemKind.ValueType] = {
+    "message": state_pb2.ITEM_KIND_MESSAGE,
+    "function_call": state_pb2.ITEM_KIND_FUNCTION_CALL,
+    "function_call_output": state_pb2.ITEM_KIND_FUNCTION_CALL_OUTPUT,
+    "reasoning": state_pb2.ITEM_KIND_REASONING,
+}
+
+# Deeper items are opaque: real ones nest a few levels, and walking (or re-encoding) a
+# crafted one thousands of levels deep would exhaust the interpreter's stack.
+MAX_ITEM_DEPTH = 200
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+# Fields that change between the provider's copy of an item and the copy sent back as input
+# without changing what the model sees.
+_VOLATILE_FIELDS = frozenset({"id", "status"})
+
+
+@dataclass(frozen=True, slots=True)
+class ItemInfo:
+    """What the reducer needs to know about one Responses API item."""
+
+    key: Hashable
+    """Normalised content: equal keys mean the model saw the same thing."""
+    responses_item_id: str
+    role: state_pb2.ConversationRole.ValueType
+    kind: state_pb2.ItemKind.ValueType
+    content: tuple[tuple[str, str], ...]
+    call_id: str
+    # A function call's name and arguments; a function call output's text.
+    name: str = ""
+    arguments: str = ""
+    output: str = ""
+
+    def fill(self, item: state_pb2.ConversationItem) -> None:
+        """Copy role, kind, content and the function-call fields into a conversation item."""
+        item.role = self.role
+        item.kind = self.kind
+        item.call_id = self.call_id
+        item.name = self.name
+        item.arguments = self.arguments
+        item.output = self.output
+        for part_type, text in self.content:
+            item.content.add(type=part_type, text=text)
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _normalise_part(part: object) -> object:
+    # Text parts collect annotations and logprobs on the way out that are not sent back in;
+    # other parts (images, files) are only distinguishable by all of their fields.
+    if isinstance(part, dict) and "text" in part:
+        return {"type": part.get("type", ""), "text": part["text"]}
+    return part
+
+
+def _parts(value: object, default_type: str) -> tuple[tuple[str, str], ...]:
+    if isinstance(value, str):
+        return ((default_type, value),)
+    if not isinstance(value, list):
+        return ()
+    # A refusal part carries its text under `refusal`, not `text`.
+    return tuple(
+        (_text(part.get("type")), _text(part.get("text", part.get("refusal"))))
+        for part in value
+        if isinstance(part, dict)
+    )
+
+
+def _opaque(key: str) -> ItemInfo:
+    return ItemInfo(
+        key, "", state_pb2.CONVERSATION_ROLE_UNSPECIFIED, state_pb2.ITEM_KIND_OTHER, (), ""
+    )
+
+
+def _depth_exceeds(value: object, limit: int) -> bool:
+    """Whether containers nest more than limit deep below value."""
+    if isinstance(value, dict):
+        children: Iterable[object] = value.values()
+    elif isinstance(value, list):
+        children = value
+    else:
+        return False
+    if limit == 0:
+        return True
+    return any(
+        isinstance(child, dict | list) and _depth_exceeds(child, limit - 1) for child in children
+    )
+
+
+def _without_lone_surrogates(value: object) -> object:
+    """value with every lone surrogate (a JSON `\\udc00` escape) in its strings as U+FFFD."""
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [_without_lone_surrogates(child) for child in value]
+    if isinstance(value, dict):
+        return {
+            _LONE_SURROGATE.sub("\ufffd", key): _without_lone_surrogates(child)
+            for key, child in value.items()
+        }
+    return value
+
+
+def parse_item(data: bytes) -> ItemInfo:
+    """Describe one item from its JSON bytes; never raises.
+
+    Text is valid Unicode: bytes that are not UTF-8 and lone surrogates become U+FFFD. What is
+    not a JSON object, or nests deeper than MAX_ITEM_DEPTH, is an opaque item: no role, kind
+    OTHER, no content, matched by its bytes.
+    """
+    text = data.decode("utf-8", "replace")
+    try:
+        parsed: object = json.loads(text)
+    except (ValueError, RecursionError):
+        return _opaque(text)
+    if _depth_exceeds(parsed, MAX_ITEM_DEPTH):
+        return _opaque(text)
+    # Only an escape can spell a lone surrogate (bytes that would were replaced above); a
+    # payload without a backslash, most of them, is not even searched.
+    if b"\\" in data and _SURROGATE_ESCAPE.search(data):
+        parsed = _without_lone_surrogates(parsed)
+    if not isinstance(parsed, dict):
+        return _opaque(_canonical(parsed))
+    normalised = {k: v for k, v in parsed.items() if k not in _VOLATILE_FIELDS}
+    item_type = parsed.get("type")
+    if item_type is None and "role" in parsed:
+        # The short input form {"role", "content"} is a message.
+        item_type = "message"
+        normalised["type"] = item_type
+    content = parsed.get("content")
+    if isinstance(content, str):
+        normalised["content"] = [{"type": "input_text", "text": content}]
+    elif isinstance(content, list):
+        normalised["content"] = [_normalise_part(part) for part in content]
+    kind = state_pb2.ITEM_KIND_OTHER
+    if isinstance(item_type, str):
+        kind = _KINDS.get(item_type, kind)
+    role = _ROLES.get(_text(parsed.get("role")), state_pb2.CONVERSATION_ROLE_UNSPECIFIED)
+    if role == state_pb2.CONVERSATION_ROLE_UNSPECIFIED and kind == (
+        state_pb2.ITEM_KIND_FUNCTION_CALL_OUTPUT
+    ):
+        role = state_pb2.CONVERSATION_ROLE_TOOL
+    if kind == state_pb2.ITEM_KIND_REASONING:
+        parts = _parts(parsed.get("summary"), "summary_text")
+    else:
+        parts = _parts(content, "input_text")
+    return ItemInfo(
+        key=_frozen(normalised),
+        responses_item_id=_text(parsed.get("id")),
+        role=role,
+        kind=kind,
+        content=parts,
+        call_id=_text(parsed.get("call_id")),
+        name=_text(parsed.get("name")),
+        arguments=_text(parsed.get("arguments")),
+        output=_output_text(parsed.get("output")),
+    )
+
+
+def _frozen(value: object) -> Hashable:
+    """A JSON value as nested tuples: equal exactly when their canonical JSON is.
+
+    Cheaper than encoding it (text is kept, not copied); numbers and booleans carry their type,
+    as JSON tells 1, 1.0 and true apart where Python does not.
+    """
+    if isinstance(value, str) or value is None:
+        return value
+    if isinstance(value, dict):
+        return ("{", tuple(sorted((key, _frozen(child)) for key, child in value.items())))
+    if isinstance(value, list):
+        return ("[", tuple(_frozen(child) for child in value))
+    if isinstance(value, float):
+        return ("f", repr(value))
+    return ("b" if isinstance(value, bool) else "i", value)
+
+
+def _output_text(value: object) -> str:
+    """A function call output's text: the string, or the text of its parts."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "".join(_text(part.get("text")) for part in value if isinstance(part, dict))
+    return ""
+
+
+def _canonical(value: object) -> str:
+    return canonical_json(value).decode("ascii")
+
+
+class ThreadItems:
+    """The conversation items of one thread, indexed for matching the next request's input."""
+
+    __slots__ = ("_by_key", "_by_responses_id", "_in_request", "_previous_ids", "_previous_keys")
+
+    def __init__(self) -> None:
+        self._by_key: dict[Hashable, list[str]] = {}
+        self._by_responses_id: dict[str, list[str]] = {}
+        # The previous request: the key and the matched item id of each of its inputs, and the
+        # same ids as a set. Each request changes them in place from where it departs from the
+        # previous one, so a long conversation costs what its new inputs cost.
+        self._previous_keys: list[Hashable] = []
+        self._previous_ids: list[str] = []
+        self._in_request: set[str] = set()
+
+    def register(self, item_id: str, key: Hashable, responses_item_id: str) -> None:
+        """Make an item of the thread findable by its content and its Responses id."""
+        self._by_key.setdefault(key, []).append(item_id)
+        if responses_item_id:
+            self._by_responses_id.setdefault(responses_item_id, []).append(item_id)
+
+    def previous_ids(self, count: int) -> list[str]:
+        """The item ids of the first `count` inputs of the previous request."""
+        return self._previous_ids[:count]
+
+    def match_request(
+        self, inputs: Sequence[ItemInfo], new_item: Callable[[int], str], *, known: int = 0
+    ) -> list[str]:
+        """The item ids of `inputs`, in order; new_item(index) creates (and registers) the rest.
+
+        The request is the first `known` inputs of the previous request, which `inputs` leaves
+        out (indexes count from there), then `inputs`; those known ones are the previous
+        request's items, and only the ids of `inputs` are returned.
+
+        Tried in order for each input: the same content at the same position of the previous
+        request; an item not yet in this request whose Responses id is the input's `id`; the
+        first-seen such item with the same content; otherwise a new item.
+        """
+        previous_ids = self._previous_ids
+        previous_keys = self._previous_keys
+        if known > len(previous_ids):
+            raise ValueError(f"{known} known inputs, the previous request had fewer")
+        in_request = self._in_request
+        # Where this request departs from the previous one, the rest of that one is no longer
+        # in it; those positions still count for the first rule.
+        tail_ids = previous_ids[known:]
+        tail_keys = previous_keys[known:]
+        del previous_ids[known:]
+        del previous_keys[known:]
+        in_request.difference_update(tail_ids)
+        matched: list[str] = []
+        for index, info in enumerate(inputs):
+            item_id = None
+            if index < len(tail_ids):
+                candidate = tail_ids[index]
+                if tail_keys[index] == info.key and candidate not in in_request:
+                    item_id = candidate
+            if item_id is None and info.responses_item_id:
+                item_id = _first_unused(
+                    self._by_responses_id.get(info.responses_item_id), in_request
+                )
+            if item_id is None:
+                item_id = _first_unused(self._by_key.get(info.key), in_request)
+            if item_id is None:
+                item_id = new_item(index)
+            in_request.add(item_id)
+            matched.append(item_id)
+            previous_keys.append(info.key)
+        previous_ids.extend(matched)
+        return matched
+
+
+def _first_unused(candidates: list[str] | None, used: set[str]) -> str | None:
+    if candidates:
+        for candidate in candidates:
+            if candidate not in used:
+                return candidate
+    return None

@@ -1,0 +1,51 @@
+"""replay_bundle: a whole bundle file through the reader and the reducer."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+from rollout.trace.v1 import state_pb2
+
+from ..bundle._reader import BundleReader, read_bundle
+from ..bundle._rewards import attach_rewards
+from ._forks import BundleForkResolver, ForkResolver
+from ._reducer import Reducer
+
+
+def replay_bundle(
+    path: str | os.PathLike[str],
+    *,
+    parents: Iterable[str | os.PathLike[str]] = (),
+    compact: bool = False,
+) -> state_pb2.RolloutTrace:
+    """Reduce a whole bundle (its directory or trace.binpb) up to its first damage, with the
+    rewards of its rewards.binpb.
+
+    A fork's shared prefix is read from its parent bundle: one of `parents`, or the bundle
+    beside it under the same trace root; when neither has it, integrity says so. compact: the
+    state's compact form (Reducer.state).
+    Raises BundleError when path is missing or not a bundle, ReductionError when its records
+    contradict each other; damage is reported in the state's integrity, never raised.
+    """
+    with read_bundle(path) as reader:
+        forks = BundleForkResolver(reader.bundle_dir, parents)
+        return replay_reader(reader, forks=forks, compact=compact)
+
+
+def replay_reader(
+    reader: BundleReader,
+    *,
+    forks: ForkResolver | None = None,
+    compact: bool = False,
+    rewards_dir_fd: int | None = None,
+) -> state_pb2.RolloutTrace:
+    """replay_bundle on a bundle already open for reading; its rewards.binpb is read beside it
+    (through rewards_dir_fd, the bundle directory's descriptor, when given)."""
+    reducer = Reducer(forks=forks)
+    for batch in reader.batches():
+        reducer.apply_many(batch)
+    reducer.set_integrity(reader.integrity)
+    trace = reducer.state(compact=compact)
+    attach_rewards(trace, reader.bundle_dir, dir_fd=rewards_dir_fd)
+    return trace
