@@ -16,6 +16,7 @@ from bench import (
     agent_bench,
     batch_bench,
     grpc_floor,
+    list_bench,
     provider_floor,
     reducer_bench,
     training_bench,
@@ -391,6 +392,28 @@ def training(root: Path) -> list[Row]:
     ]
 
 
+def p9(root: Path) -> list[Row]:
+    count = int(os.environ.get("BENCH_LIST_BUNDLES", "100000"))
+    result = list_bench.measure_list(root, count)
+    warm = statistics.median(result.warm)
+    floor = statistics.median(result.floor)
+    return [
+        Row(
+            "P9",
+            f"`trace-reducer list --json` over {count:,} bundles (hard links of "
+            f"{result.templates} server-made ones), warm: the index only; cold (each reduced "
+            f"once) {result.cold_seconds:.0f} s; one bundle changed "
+            f"{list_bench.spread(result.changed)}",
+            f"{warm:.2f} s",
+            "seconds, not minutes; reduces only what is stale",
+            warm < 30,
+            spread=list_bench.spread(result.warm),
+            beside=f"floor (walk + stat, same interpreter) {list_bench.spread(result.floor)}: "
+            f"{warm / floor:.2f}x",
+        )
+    ]
+
+
 BENCHES: dict[str, Callable[[Path], list[Row]]] = {
     "p1": p1,
     "p2": p2,
@@ -402,6 +425,7 @@ BENCHES: dict[str, Callable[[Path], list[Row]]] = {
     "v1": v1,
     "batch": batch,
     "training": training,
+    "p9": p9,
 }
 
 

@@ -88,7 +88,7 @@ def add_parser(commands: Any) -> None:
         default="started",
         metavar="KEY",
         help="started (default), duration, tokens, turns, calls, status, model or "
-        "reward:NAME; -KEY for descending",
+        "reward:NAME; --sort=-KEY for descending",
     )
     parser.add_argument("--limit", type=int, metavar="N", help="at most N runs")
     parser.add_argument("--json", action="store_true", help="JSON lines, one run each")
