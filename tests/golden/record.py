@@ -1,5 +1,8 @@
 """Records the golden corpus: `python -m tests.golden.record` (then commit `tests/golden/`).
 
+`python -m tests.golden.record --states` keeps the bundles and writes only their states again:
+for a change that is meant to show in `state.json` (a new field), with the diff reviewed.
+
 Real threads on the real agent server (its local model for tokens, tools and forks; a scripted
 provider for a failed and an interrupted turn), rewards through RecordReward, then damaged
 copies (a torn tail, a corrupt frame, a torn rewards file). Each bundle's `state.json` as
@@ -12,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -205,16 +209,10 @@ def _damaged(bundles: Path, plain_name: str) -> list[str]:
     return [corrupt.name]
 
 
-def main() -> None:
-    with tempfile.TemporaryDirectory() as scratch:
-        root = Path(scratch) / "traces"
-        plain = asyncio.run(_record_local(root))
-        asyncio.run(_record_scripted(root))
-        shutil.rmtree(BUNDLES, ignore_errors=True)
-        shutil.rmtree(STATES, ignore_errors=True)
-        shutil.copytree(root, BUNDLES)
-    salvage = _damaged(BUNDLES, plain)
-    SALVAGE_FILE.write_text(json.dumps(sorted(salvage), indent=2) + "\n")
+def write_states() -> None:
+    """Each bundle's state as `trace-reducer reduce` writes it, the corpus root marked."""
+    salvage = set(json.loads(SALVAGE_FILE.read_text()))
+    shutil.rmtree(STATES, ignore_errors=True)
     STATES.mkdir()
     for bundle in sorted(BUNDLES.iterdir()):
         flags = ["--salvage"] if bundle.name in salvage else []
@@ -222,8 +220,21 @@ def main() -> None:
         code = trace_reducer(["reduce", str(bundle), "-o", str(out), *flags])
         assert code == 0, (bundle.name, code)
         out.write_bytes(out.read_bytes().replace(str(BUNDLES).encode(), ROOT_MARK.encode()))
+
+
+def main(argv: list[str]) -> None:
+    if argv != ["--states"]:
+        with tempfile.TemporaryDirectory() as scratch:
+            root = Path(scratch) / "traces"
+            plain = asyncio.run(_record_local(root))
+            asyncio.run(_record_scripted(root))
+            shutil.rmtree(BUNDLES, ignore_errors=True)
+            shutil.copytree(root, BUNDLES)
+        salvage = _damaged(BUNDLES, plain)
+        SALVAGE_FILE.write_text(json.dumps(sorted(salvage), indent=2) + "\n")
+    write_states()
     print(f"{len(list(BUNDLES.iterdir()))} bundles in {BUNDLES}")
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -53,4 +53,5 @@ def test_reduce_writes_the_recorded_bytes(corpus: Path, name: str) -> None:
     assert trace_reducer(["reduce", str(corpus / name), *flags]) == 0
     written = (corpus / name / STATE_FILE_NAME).read_bytes()
     written = written.replace(str(corpus).encode(), ROOT_MARK.encode())
+    # A change meant to show in state.json: `python -m tests.golden.record --states`, and review.
     assert written == (STATES / f"{name}.json").read_bytes()

@@ -150,7 +150,8 @@ def test_a_removed_file_fails_the_writer_at_the_next_sync(tmp_path: Path) -> Non
 
 _KILL_AT_HEADER = """
 import os, signal, sys
-from trace_reducer import BundleWriter, _writer
+from trace_reducer import BundleWriter
+from trace_reducer.bundle import _writer
 
 real_write = os.write
 
