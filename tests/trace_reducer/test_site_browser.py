@@ -28,7 +28,7 @@ import pytest
 pytest.importorskip(
     "playwright.sync_api", reason="needs the viewer-tests extra (make installs it into .venv)"
 )
-from playwright.sync_api import Browser, Dialog, Page, sync_playwright
+from playwright.sync_api import Browser, Dialog, Page
 from playwright.sync_api import Error as PlaywrightError
 
 from agent_server.config import Settings
@@ -38,22 +38,11 @@ from tests.agent_server.conftest import Harness, clean_env
 from tests.agent_server.scripted_provider import answer
 
 from .live import scripted_agent
+
+# Skips this module too where Chromium is missing; the same browser, launched once a module.
+from .test_view_browser import browser  # noqa: F401 - a fixture
 from .test_watch import frame_ends
 
-CHROMIUM = Path("/usr/bin/chromium")
-if not CHROMIUM.exists():
-    pytest.skip(
-        "needs Debian's chromium at /usr/bin/chromium (`make test-backends` installs it)",
-        allow_module_level=True,
-    )
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 BIN = Path(sys.executable).parent
 ROOT_DIR = Path(__file__).resolve().parents[2]
 
@@ -216,19 +205,6 @@ def recorded(tmp_path_factory: pytest.TempPathFactory, canary: Canary) -> Record
     return asyncio.run(_record(tmp_path_factory.mktemp("site") / "traces", canary.url))
 
 
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browser]:
-    home = tmp_path_factory.mktemp("chromium-home")
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(
-            executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, env={**os.environ, "HOME": str(home)}
-        )
-        try:
-            yield chromium
-        finally:
-            chromium.close()
-
-
 @contextlib.contextmanager
 def served(root: Path, *extra: str, **env: str) -> Iterator[str]:
     """`trace-reducer view ROOT --listen 127.0.0.1:0` as a user runs it; its address."""
@@ -266,7 +242,7 @@ OpenPage = Callable[[str], Watched]
 
 
 @pytest.fixture
-def open_page(browser: Browser) -> Iterator[OpenPage]:
+def open_page(browser: Browser) -> Iterator[OpenPage]:  # noqa: F811 - the fixture
     pages: list[Watched] = []
 
     def opener(url: str) -> Watched:
