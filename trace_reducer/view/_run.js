@@ -115,7 +115,7 @@
         el("td", {}, shortId(id)), el("td", {}, call.model), el("td", {}, String(call.attempt)),
         el("td", {}, settings || "\u2014"), el("td", { class: "policy" }, extra.policy_version || "\u2014"),
         el("td", { class: "stop" }, extra.stop_reason || call.end_reason || "\u2014"),
-        el("td", { class: "drift" }, extra.drift === null || extra.drift === undefined ? "\u2014" : typeof extra.drift === "string" ? extra.drift : JSON.stringify(extra.drift)));
+        el("td", { class: "drift" }, extra.drift ? `${extra.drift.check}${extra.drift.check === "EXACT" ? "" : " at token " + extra.drift.position} of ${extra.drift.held} held` : "\u2014"));
     });
     return section("calls", "Inference calls", el("table", { class: "calls" },
       el("tr", {}, ["call", "model", "attempt", "sampling", "policy version", "stop reason", "drift"].map((h) => el("th", {}, h))), rows));

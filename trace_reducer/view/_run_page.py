@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from google.protobuf import json_format, timestamp_pb2
+from google.protobuf import timestamp_pb2
 
 from rollout.trace.v1 import common_pb2, state_pb2
 
@@ -40,21 +40,15 @@ def _sampling(call: state_pb2.InferenceCall) -> dict[str, Any]:
     return found
 
 
-def _drift(call: state_pb2.InferenceCall) -> Any:
-    """A call's drift check, when this schema records one (the engines' token ids)."""
-    descriptor = call.DESCRIPTOR.fields_by_name.get("drift")
-    if descriptor is None:
+def _drift(call: state_pb2.InferenceCall) -> dict[str, Any] | None:
+    """How the call's prompt ids continued the thread's held tokens, when it was checked."""
+    if not call.token_drift:
         return None
-    # Typed as Any: the field may come from a newer schema than the one checked here.
-    message: Any = call
-    value = message.drift
-    if descriptor.message_type is not None:
-        return (
-            json_format.MessageToDict(value, preserving_proto_field_name=True)
-            if message.HasField("drift")
-            else None
-        )
-    return str(value) if value else None
+    return {
+        "check": common_pb2.TokenDrift.Name(call.token_drift).removeprefix("TOKEN_DRIFT_"),
+        "position": call.drift_position,
+        "held": call.held_token_count,
+    }
 
 
 def _stop(call: state_pb2.InferenceCall) -> str:
