@@ -5,21 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..batch._listing import (
-    RunFilter,
-    check_sort_key,
-    format_table,
-    list_runs,
-    parse_reward_filter,
-    parse_since,
-    public_run,
-    sort_runs,
-    split_values,
-)
-from ..batch._storage import parse_storage_options
 from ..bundle._errors import BundleError
+
+if TYPE_CHECKING:
+    from ..batch._listing import RunFilter
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -60,6 +51,9 @@ def add_filter_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_filter(args: argparse.Namespace) -> RunFilter:
     """The filter the flags describe; ValueError names a bad flag."""
+    # Imported when a listing runs, not for every command's start.
+    from ..batch._listing import RunFilter, parse_reward_filter, parse_since, split_values
+
     return RunFilter(
         statuses=split_values(args.status),
         integrities=split_values(args.integrity),
@@ -103,6 +97,9 @@ def add_parser(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..batch._listing import check_sort_key, format_table, list_runs, public_run, sort_runs
+    from ..batch._storage import parse_storage_options
+
     try:
         chosen = run_filter(args)
         sort_key = check_sort_key(args.sort)
