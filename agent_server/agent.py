@@ -71,11 +71,11 @@ from trace_reducer import (
     append_reward,
     canonical_json,
     check_reward,
-    find_thread_bundle,
     list_recorded,
     load_recorded,
     payload_id,
     replay_bundle,
+    thread_bundles,
 )
 
 MAX_INPUT_BYTES = 1024 * 1024
@@ -269,7 +269,9 @@ class Agent:
             thread.history = [dict(item) for item in fork[2]]
         self._threads[thread_id] = thread
         self._forget_closed()
-        telemetry.thread_started(thread)
+        telemetry.thread_started(
+            thread.id, model=thread.model, bundle_path=thread.recorder.bundle_path
+        )
         return thread
 
     def _forget_closed(self) -> None:
@@ -570,12 +572,11 @@ class Agent:
         missing = ThreadNotFoundError(f"no thread {thread_id!r}", thread_id=thread_id)
         if root is None:
             raise missing
-        name = find_thread_bundle(root, thread_id)
-        if name is None:
+        candidates = thread_bundles(root, thread_id)
+        if not candidates:
             raise missing
-        bundle_dir = root / name
         try:
-            trace = replay_bundle(bundle_dir)
+            trace = replay_bundle(candidates[-1])
         except (BundleError, ReductionError) as error:
             raise missing from error
         if trace.root_thread_id != thread_id:
@@ -592,7 +593,7 @@ class Agent:
             raise ItemNotFoundError(
                 f"thread {thread_id!r} has no item {reward.item_id!r}", item_id=reward.item_id
             )
-        return bundle_dir, trace.trace_id
+        return candidates[-1], trace.trace_id
 
     def start_turn(
         self, thread_id: str, texts: Sequence[str], sampling: Sampling | None = None
@@ -728,7 +729,9 @@ class Agent:
             await thread.running.interrupt(requested_by)
         await thread.recorder.finish(status, reason)
         thread.mark_closed()
-        telemetry.thread_closed(thread, reason)
+        telemetry.thread_closed(
+            thread.id, reason, turns=len(thread.turns), recording=thread.recorder.status
+        )
         self._closed.append((time.monotonic(), thread.id))
         self._forget_closed()
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from agent_server import _config_file, logs
-from grpc_common import AccessControl, split_listen
+from grpc_common import AccessControl, add_access_arguments, split_listen
 
 _T = TypeVar("_T")
 
@@ -207,14 +207,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="TOML file of settings named like these flags (env ROLLOUT_CONFIG); "
         "flags and environment variables win over it",
     )
-    parser.add_argument(
-        "--auth-token-env",
-        metavar="NAME",
-        help="require `authorization: Bearer <token>` on every RPC but health checks; "
-        "the token is read from the environment variable NAME",
-    )
-    parser.add_argument("--tls-cert", type=Path, metavar="PATH", help="PEM certificate chain")
-    parser.add_argument("--tls-key", type=Path, metavar="PATH", help="PEM private key")
+    add_access_arguments(parser)
     parser.add_argument(
         "--metrics-listen",
         metavar="HOST:PORT",

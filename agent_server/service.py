@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator
+from types import TracebackType
 
 import grpc
 
@@ -25,23 +25,37 @@ SERVICE_NAME = agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name
 Context = grpc.aio.ServicerContext[object, object]
 
 
-@contextlib.asynccontextmanager
-async def _translated(context: Context, rpc: str) -> AsyncIterator[None]:
-    """Domain errors become their status; anything unexpected becomes INTERNAL, logged."""
-    try:
-        yield
-    except AgentError as error:
-        await abort_with(context, error)
-    except (asyncio.CancelledError, grpc.aio.AbortError):
-        raise
-    except Exception:
-        log.exception("%s failed unexpectedly", rpc)
-        await grpc_common.abort(
-            context,
-            grpc.StatusCode.INTERNAL,
-            "INTERNAL",
-            f"{rpc} failed with an internal error; the server log has the details",
-        )
+class _translated:  # noqa: N801 - used as `async with _translated(...)`, like a function
+    """Domain errors become their status; anything unexpected becomes INTERNAL, logged.
+
+    Its __aexit__ never swallows an exception (it returns None): each RPC's `async with`
+    block ends in its return, and nothing after it is reachable."""
+
+    def __init__(self, context: Context, rpc: str) -> None:
+        self._context = context
+        self._rpc = rpc
+
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if error is None or isinstance(error, asyncio.CancelledError | grpc.aio.AbortError):
+            return
+        if isinstance(error, AgentError):
+            await abort_with(self._context, error)
+        if isinstance(error, Exception):
+            log.error("%s failed unexpectedly", self._rpc, exc_info=error)
+            await grpc_common.abort(
+                self._context,
+                grpc.StatusCode.INTERNAL,
+                "INTERNAL",
+                f"{self._rpc} failed with an internal error; the server log has the details",
+            )
 
 
 def _texts(inputs: list[agent_pb2.UserInput]) -> list[str]:
@@ -71,7 +85,6 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                 provider=request.provider,
             )
             return agent_pb2.StartThreadResponse(thread=thread.to_proto())
-        raise AssertionError("unreachable")
 
     async def StartTurn(  # noqa: N802
         self, request: agent_pb2.StartTurnRequest, context: Context
@@ -81,7 +94,6 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                 request.thread_id, _texts(list(request.input)), sampling_from(request)
             )
             return agent_pb2.StartTurnResponse(turn=turn.to_proto())
-        raise AssertionError("unreachable")
 
     async def Interrupt(  # noqa: N802
         self, request: agent_pb2.InterruptRequest, context: Context
@@ -89,7 +101,6 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         async with _translated(context, "Interrupt"):
             turn = await self._agent.interrupt(request.thread_id, request.turn_id, context.peer())
             return agent_pb2.InterruptResponse(turn=turn.to_proto())
-        raise AssertionError("unreachable")
 
     async def StreamEvents(  # noqa: N802
         self, request: agent_pb2.StreamEventsRequest, context: Context
@@ -106,7 +117,6 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             return agent_pb2.GetThreadResponse(
                 thread=self._agent.thread(request.thread_id).to_proto()
             )
-        raise AssertionError("unreachable")
 
     async def ListThreads(  # noqa: N802
         self, request: agent_pb2.ListThreadsRequest, context: Context
@@ -127,7 +137,6 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                 ],
                 next_page_token=next_token,
             )
-        raise AssertionError("unreachable")
 
     async def SubmitToolOutputs(  # noqa: N802
         self, request: agent_pb2.SubmitToolOutputsRequest, context: Context
@@ -141,7 +150,6 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                 request.thread_id, request.turn_id, outputs, context.peer()
             )
             return agent_pb2.SubmitToolOutputsResponse(turn=turn.to_proto())
-        raise AssertionError("unreachable")
 
     async def CloseThread(  # noqa: N802
         self, request: agent_pb2.CloseThreadRequest, context: Context
@@ -149,7 +157,6 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         async with _translated(context, "CloseThread"):
             thread = await self._agent.close_thread(request.thread_id)
             return agent_pb2.CloseThreadResponse(thread=thread.to_proto())
-        raise AssertionError("unreachable")
 
     async def ForkThread(  # noqa: N802
         self, request: agent_pb2.ForkThreadRequest, context: Context
@@ -163,7 +170,6 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                 request.bundle_path,
             )
             return agent_pb2.ForkThreadResponse(threads=[t.to_proto() for t in threads])
-        raise AssertionError("unreachable")
 
     async def ResumeThread(  # noqa: N802
         self, request: agent_pb2.ResumeThreadRequest, context: Context
@@ -193,4 +199,3 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                 )
             )
             return agent_pb2.RecordRewardResponse(bundle_path=bundle, seq=seq)
-        raise AssertionError("unreachable")

@@ -20,8 +20,6 @@ from rollout.trace.v1 import common_pb2
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
-    from agent_server.threads import Thread
-
 log = logging.getLogger("agent_server")
 
 REGISTRY = CollectorRegistry()
@@ -109,37 +107,32 @@ def _info(message: str, **fields: Any) -> None:
     log.info(message, extra={"fields": fields})
 
 
-def thread_started(thread: Thread) -> None:
+def thread_started(thread_id: str, *, model: str, bundle_path: str) -> None:
     THREADS.inc()
     THREADS_ACTIVE.inc()
-    _info(
-        "thread started",
-        thread=thread.id,
-        model=thread.model,
-        bundle=thread.recorder.bundle_path or "off",
-    )
+    _info("thread started", thread=thread_id, model=model, bundle=bundle_path or "off")
 
 
-def thread_closed(thread: Thread, reason: str) -> None:
+def thread_closed(
+    thread_id: str, reason: str, *, turns: int, recording: agent_pb2.RecordingStatus.ValueType
+) -> None:
     THREADS_ACTIVE.dec()
     _info(
         "thread closed",
-        thread=thread.id,
+        thread=thread_id,
         reason=reason,
-        turns=len(thread.turns),
-        recording=agent_pb2.RecordingStatus.Name(thread.recorder.status).removeprefix(
-            "RECORDING_STATUS_"
-        ),
+        turns=turns,
+        recording=agent_pb2.RecordingStatus.Name(recording).removeprefix("RECORDING_STATUS_"),
     )
 
 
-def on_event(thread: Thread, event: agent_pb2.ThreadEvent) -> None:
+def on_event(thread_id: str, event: agent_pb2.ThreadEvent) -> None:
     """Every event the thread publishes (deltas come through on_delta instead)."""
     kind = event.WhichOneof("kind")
     if kind == "turn_started":
         TURNS_ACTIVE.inc()
-        _turns[event.turn_id] = _TurnStats(thread.id, time.monotonic())
-        _info("turn started", thread=thread.id, turn=event.turn_id)
+        _turns[event.turn_id] = _TurnStats(thread_id, time.monotonic())
+        _info("turn started", thread=thread_id, turn=event.turn_id)
     elif kind == "token_usage":
         usage = event.token_usage
         TOKENS.labels("input").inc(usage.input_tokens)
@@ -149,12 +142,12 @@ def on_event(thread: Thread, event: agent_pb2.ThreadEvent) -> None:
             stats.input_tokens += usage.input_tokens
             stats.output_tokens += usage.output_tokens
     elif kind == "error":
-        _provider_failed(thread, event)
+        _provider_failed(thread_id, event)
     elif kind == "turn_completed":
-        _turn_ended(thread, event)
+        _turn_ended(thread_id, event)
 
 
-def _provider_failed(thread: Thread, event: agent_pb2.ThreadEvent) -> None:
+def _provider_failed(thread_id: str, event: agent_pb2.ThreadEvent) -> None:
     error = event.error
     stats = _turns.get(event.turn_id)
     if error.will_retry:
@@ -163,7 +156,7 @@ def _provider_failed(thread: Thread, event: agent_pb2.ThreadEvent) -> None:
         "provider call failed" + ("; retrying" if error.will_retry else ""),
         extra={
             "fields": {
-                "thread": thread.id,
+                "thread": thread_id,
                 "turn": event.turn_id,
                 "attempt": stats.calls if stats else 0,
                 "code": error.code,
@@ -174,12 +167,12 @@ def _provider_failed(thread: Thread, event: agent_pb2.ThreadEvent) -> None:
     )
 
 
-def _turn_ended(thread: Thread, event: agent_pb2.ThreadEvent) -> None:
+def _turn_ended(thread_id: str, event: agent_pb2.ThreadEvent) -> None:
     turn = event.turn_completed.turn
     status = _status_name(turn.status)
     TURNS.labels(status).inc()
     stats = _turns.pop(event.turn_id, None)
-    fields: dict[str, Any] = {"thread": thread.id, "turn": event.turn_id, "status": status}
+    fields: dict[str, Any] = {"thread": thread_id, "turn": event.turn_id, "status": status}
     if stats is not None:
         TURNS_ACTIVE.dec()
         duration = time.monotonic() - stats.started

@@ -204,7 +204,7 @@ class Thread:
         nanos = time.time_ns()
         event.time.seconds, event.time.nanos = divmod(nanos, 1_000_000_000)
         self.events.publish(event)
-        telemetry.on_event(self, event)
+        telemetry.on_event(self.id, event)
 
 
 def recorded_thread(summary: RecordedSummary) -> agent_pb2.Thread:

@@ -40,9 +40,21 @@ _MAX_BACKOFF = 60.0
 INTERRUPTED_REASON = "interrupted"
 
 
+class TurnFailedError(Exception):
+    """A turn failed for a reason that is not the provider's: its tools looped past the
+    limit, a tool output never came, or the server failed (no HTTP status: no call made it)."""
+
+    http_status = 0
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
 @dataclass(frozen=True)
 class _Failure:
-    error: ProviderError
+    error: ProviderError | TurnFailedError
 
 
 class _Completed:
@@ -172,7 +184,7 @@ class TurnRunner:
                 return
             except Exception as error:
                 log.exception("turn %s failed unexpectedly", self._turn.id)
-                internal = ProviderError("internal", f"internal error: {type(error).__name__}")
+                internal = TurnFailedError("internal", f"internal error: {type(error).__name__}")
                 self._end_call(
                     common_pb2.EXECUTION_STATUS_FAILED, "internal", self._trace_error(internal)
                 )
@@ -192,7 +204,7 @@ class TurnRunner:
             rounds += 1
             if rounds > self._settings.max_tool_rounds:
                 return _Failure(
-                    ProviderError(
+                    TurnFailedError(
                         "max_tool_rounds",
                         f"the model asked for tools in more than {self._settings.max_tool_rounds} "
                         "rounds of this turn",
@@ -211,7 +223,7 @@ class TurnRunner:
                     await asyncio.wait_for(self._answered.wait(), timeout)
                 except TimeoutError:
                     return _Failure(
-                        ProviderError(
+                        TurnFailedError(
                             "tool_output_timeout",
                             f"no output for every tool call came within {timeout:g} s",
                         )
@@ -395,7 +407,7 @@ class TurnRunner:
     # -- endings -------------------------------------------------------------------------------
 
     @staticmethod
-    def _trace_error(error: ProviderError) -> common_pb2.TraceError:
+    def _trace_error(error: ProviderError | TurnFailedError) -> common_pb2.TraceError:
         return common_pb2.TraceError(
             code=error.code, message=error.message, http_status=error.http_status
         )

@@ -46,6 +46,7 @@ from .bundle import (
     require_reducible,
     resolve_trace_file,
     sampling_settings,
+    thread_bundles,
 )
 from .export import RL_FORMATS, Exported, ExportError, build_sample, export_rl
 from .reduce import (
@@ -58,7 +59,6 @@ from .reduce import (
     TurnNotRecordedError,
     chat_messages,
     expand_request_items,
-    find_thread_bundle,
     iter_state_json,
     list_recorded,
     load_recorded,
@@ -139,7 +139,6 @@ __all__ = [
     "expand_request_items",
     "export_otlp",
     "export_rl",
-    "find_thread_bundle",
     "follow_bundle",
     "integrity_name",
     "iter_state_json",
@@ -154,6 +153,7 @@ __all__ = [
     "resolve_trace_file",
     "sampling_settings",
     "state_to_json",
+    "thread_bundles",
     "write_state_json",
     "write_view",
 ]

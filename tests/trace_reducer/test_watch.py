@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -78,7 +79,7 @@ class Follow:
         self._changed = asyncio.Event()
         self.task = asyncio.create_task(self._pump(path, options))
 
-    async def _pump(self, path: Path, options: dict[str, float]) -> None:
+    async def _pump(self, path: Path, options: dict[str, Any]) -> None:
         try:
             async with contextlib.aclosing(follow_bundle(path, **options)) as updates:
                 async for update in updates:

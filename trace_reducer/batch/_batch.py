@@ -22,7 +22,7 @@ from ..bundle._errors import BundleError, CorruptBundleError, ReductionError, de
 from ..bundle._integrity import integrity_name, require_reducible
 from ..bundle._layout import TRACE_FILE_NAME
 from ..bundle._reader import BundleReader
-from ..reduce._reducer import Reducer
+from ..reduce._pass import reduce_reader
 from ._rows import Packed, bundle_day, bundle_rows
 from ._storage import BundleEntry, StorageOptions, Store, open_store, recently_modified
 
@@ -84,13 +84,13 @@ class BundleResult:
 
 
 def replay_from_store(store: Store, location: str) -> state_pb2.RolloutTrace:
-    # replay_bundle's loop, over a file the store opened (a local file or an object).
-    reducer = Reducer()
+    # What `trace-reducer reduce` does, over a file the store opened (a local file or an
+    # object): the fork's parent found beside it, the rewards beside it attached.
     with BundleReader(Path(location, TRACE_FILE_NAME), store.open_trace(location)) as reader:
-        for batch in reader.batches():
-            reducer.apply_many(batch)
-        reducer.set_integrity(reader.integrity)
-    return reducer.state()
+        reduced = reduce_reader(
+            reader, forks=store.fork_resolver(location), rewards=store.read_rewards(location)
+        )
+    return reduced.trace
 
 
 def reduce_one(task: BundleTask, options: BatchOptions) -> BundleResult:

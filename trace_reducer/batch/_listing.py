@@ -20,8 +20,6 @@ from typing import Any
 from rollout.trace.v1 import common_pb2, state_pb2
 
 from ..bundle._errors import BundleError, ReductionError
-from ..bundle._rewards import attach_rewards
-from ..reduce._replay import replay_bundle
 from ._storage import BundleEntry, LocalStore, Store, open_store
 
 __all__ = [
@@ -213,13 +211,9 @@ def _reduce(store: Store, entry: BundleEntry) -> state_pb2.RolloutTrace:
             trace = store.read_state(entry.location)
         except Exception:  # noqa: BLE001 - an unreadable state.json is rebuilt from the bundle
             trace = None
-    if trace is None and isinstance(store, LocalStore):
-        # With the fork's parent beside it read too, and the rewards.
-        return replay_bundle(entry.location)
     if trace is None:
+        # The fork's parent found beside it, the rewards beside it attached, as reduce-all.
         trace = replay_from_store(store, entry.location)
-    if not trace.rewards and isinstance(store, LocalStore):
-        attach_rewards(trace, Path(entry.location))
     return trace
 
 

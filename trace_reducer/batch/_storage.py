@@ -9,14 +9,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
 from google.protobuf import json_format
 
-from rollout.trace.v1 import state_pb2
+from rollout.trace.v1 import record_pb2, state_pb2
 
 from ..bundle._errors import BundleNotFoundError, NotABundleError
 from ..bundle._layout import REWARDS_FILE_NAME, STATE_FILE_NAME, TRACE_FILE_NAME
+from ..bundle._reader import BundleReader
+from ..bundle._rewards import RewardFile, decode_rewards, read_rewards
+from ..reduce._forks import BundleForkResolver, is_bundle_name
+from ..reduce._parents import ForkResolver
 from ..reduce._state_json import state_to_json, write_state_json
 
 StorageOptions = tuple[tuple[str, str], ...]
@@ -29,7 +34,8 @@ class BundleEntry:
     location: str
     trace_mtime: float | None
     state_mtime: float | None
-    # Rewards are recorded beside a bundle after the fact: a listing must see them change.
+    # A reward recorded after the last reduce makes the state.json stale too; one in the same
+    # tick of the clock as the state.json might have missed it, so only a later state counts.
     rewards_mtime: float | None = None
 
     @property
@@ -41,6 +47,7 @@ class BundleEntry:
             self.trace_mtime is not None
             and self.state_mtime is not None
             and self.state_mtime >= self.trace_mtime
+            and (self.rewards_mtime is None or self.state_mtime > self.rewards_mtime)
         )
 
 
@@ -62,6 +69,10 @@ class Store(Protocol):
     def write_state(self, location: str, trace: state_pb2.RolloutTrace) -> None: ...
 
     def read_state(self, location: str) -> state_pb2.RolloutTrace: ...
+
+    def read_rewards(self, location: str) -> RewardFile: ...
+
+    def fork_resolver(self, location: str) -> ForkResolver: ...
 
 
 def is_url(root: str) -> bool:
@@ -120,6 +131,13 @@ class LocalStore:
         with open(os.path.join(location, STATE_FILE_NAME), encoding="utf-8") as file:
             return json_format.Parse(file.read(), state_pb2.RolloutTrace())
 
+    def read_rewards(self, location: str) -> RewardFile:
+        return read_rewards(Path(location))
+
+    def fork_resolver(self, location: str) -> ForkResolver:
+        # The resolver `trace-reducer reduce` uses: parents beside the bundle.
+        return BundleForkResolver(Path(location))
+
 
 class FsspecStore:
     """Bundles behind an fsspec URL (s3://, memory://, ...).
@@ -175,6 +193,37 @@ class FsspecStore:
     def read_state(self, location: str) -> state_pb2.RolloutTrace:
         data = self.fs.cat_file(f"{location}/{STATE_FILE_NAME}")
         return json_format.Parse(data.decode("utf-8"), state_pb2.RolloutTrace())
+
+    def read_rewards(self, location: str) -> RewardFile:
+        try:
+            data: bytes = self.fs.cat_file(f"{location}/{REWARDS_FILE_NAME}")
+        except FileNotFoundError:
+            return RewardFile([], "")
+        return decode_rewards(data)
+
+    def fork_resolver(self, location: str) -> ForkResolver:
+        return _StoreForkResolver(self, location)
+
+
+class _StoreForkResolver(BundleForkResolver):
+    """Parents beside a bundle in an fsspec store: the sibling the fork names."""
+
+    def __init__(self, store: FsspecStore, location: str) -> None:
+        super().__init__(None)
+        self._store = store
+        self._directory = posixpath.dirname(location)
+
+    def _locate(self, forked: record_pb2.ThreadForked) -> Path | None:
+        if not is_bundle_name(forked.parent_bundle):
+            return None
+        sibling = posixpath.join(self._directory, forked.parent_bundle)
+        if not self._store.fs.exists(f"{sibling}/{TRACE_FILE_NAME}"):
+            return None
+        return Path(sibling)
+
+    def _open(self, path: Path) -> BundleReader:
+        location = path.as_posix()
+        return BundleReader(Path(location, TRACE_FILE_NAME), self._store.open_trace(location))
 
 
 @functools.lru_cache(maxsize=8)

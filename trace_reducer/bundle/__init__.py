@@ -19,7 +19,7 @@ from ._framing import (
     encode_varint,
 )
 from ._integrity import describe_integrity, integrity_name, require_reducible
-from ._layout import REWARDS_FILE_NAME, STATE_FILE_NAME, TRACE_FILE_NAME
+from ._layout import REWARDS_FILE_NAME, STATE_FILE_NAME, TRACE_FILE_NAME, thread_bundles
 from ._payloads import canonical_json, payload_id
 from ._reader import BundleReader, FrameDecoder, read_bundle, resolve_trace_file
 from ._records import RecordBuilder, RecordSink
@@ -86,4 +86,5 @@ __all__ = [
     "require_reducible",
     "resolve_trace_file",
     "sampling_settings",
+    "thread_bundles",
 ]

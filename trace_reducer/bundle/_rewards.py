@@ -193,6 +193,11 @@ def read_rewards(bundle_dir: Path, *, dir_fd: int | None = None) -> RewardFile:
         return RewardFile([], "")
     except OSError as error:
         return RewardFile([], f"{REWARDS_FILE_NAME}: {describe_os_error(error, path)}")
+    return decode_rewards(data)
+
+
+def decode_rewards(data: bytes) -> RewardFile:
+    """The rewards in a rewards.binpb's bytes, up to any damage (said in `problem`)."""
     decoder = FrameDecoder()
     records = decoder.feed(data)
     integrity = decoder.finish()
@@ -230,7 +235,12 @@ def attach_rewards(
     trace: state_pb2.RolloutTrace, bundle_dir: Path, *, dir_fd: int | None = None
 ) -> None:
     """Add the bundle's rewards to its reduced state, each with the target it resolves to."""
-    found = read_rewards(bundle_dir, dir_fd=dir_fd)
+    add_rewards(trace, read_rewards(bundle_dir, dir_fd=dir_fd))
+
+
+def add_rewards(trace: state_pb2.RolloutTrace, found: RewardFile) -> None:
+    """Add rewards read from a sidecar to a reduced state, each with the target it resolves
+    to; a damaged sidecar's problem joins the state's integrity detail."""
     for seq, recorded in found.rewards:
         reward = trace.rewards.add(
             name=recorded.name,

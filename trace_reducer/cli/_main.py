@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from google.protobuf import json_format, text_format
 
+from grpc_common import add_access_arguments
 from rollout.trace.v1 import record_pb2, state_pb2
 
 from ..bundle._errors import (
@@ -495,14 +496,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="run the ReducerService gRPC server")
     serve.add_argument("--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT")
     serve.add_argument("--bundle-root", metavar="DIR", help="bundles are read under here (cwd)")
-    serve.add_argument(
-        "--auth-token-env",
-        metavar="NAME",
-        help="require `authorization: Bearer <token>` on every RPC but health checks; "
-        "the token is read from the environment variable NAME",
-    )
-    serve.add_argument("--tls-cert", type=Path, metavar="PATH", help="PEM certificate chain")
-    serve.add_argument("--tls-key", type=Path, metavar="PATH", help="PEM private key")
+    add_access_arguments(serve)
     serve.add_argument(
         "--max-upload-bytes",
         type=int,

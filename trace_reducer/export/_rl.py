@@ -13,14 +13,12 @@ from typing import Any
 
 from rollout.trace.v1 import common_pb2, record_pb2, state_pb2
 
-from ..bundle._bulk import DeltaRun
 from ..bundle._errors import BundleError, NotABundleError
 from ..bundle._integrity import integrity_name, require_reducible
 from ..bundle._layout import TRACE_FILE_NAME
 from ..bundle._reader import read_bundle, resolve_trace_file
-from ..bundle._rewards import attach_rewards
 from ..reduce._forks import BundleForkResolver
-from ..reduce._reducer import Reducer
+from ..reduce._pass import reduce_reader
 
 FORMATS = ("jsonl", "verl", "skyrl", "art")
 FILE_NAMES = {
@@ -87,28 +85,24 @@ def reduce_all(
     for bundle in bundles:
         resolver.add_root(bundle.parent)
         instructions: dict[str, bytes] = {}
+
+        def keep(record: record_pb2.TraceRecord, found: dict[str, bytes] = instructions) -> None:
+            if (
+                record.WhichOneof("body") == "payload"
+                and record.payload.kind == record_pb2.PAYLOAD_KIND_INSTRUCTIONS
+                and record.payload.chunk_count <= 1
+            ):
+                found[record.payload.payload_id] = record.payload.data
+
         with read_bundle(bundle) as reader:
-            reducer = Reducer(forks=resolver)
-            for batch in reader.batches():
-                for record in batch:
-                    if isinstance(record, DeltaRun):
-                        continue  # text deltas read in bulk: no payload among them
-                    if (
-                        record.WhichOneof("body") == "payload"
-                        and record.payload.kind == record_pb2.PAYLOAD_KIND_INSTRUCTIONS
-                        and record.payload.chunk_count <= 1
-                    ):
-                        instructions[record.payload.payload_id] = record.payload.data
-                reducer.apply_many(batch)
-            reducer.set_integrity(reader.integrity)
-        trace = reducer.state()
+            reduced = reduce_reader(reader, forks=resolver, on_record=keep)
+        trace = reduced.trace
         require_reducible(trace.integrity, salvage=salvage, source=str(bundle))
-        attach_rewards(trace, bundle)
         thread = trace.threads.get(trace.root_thread_id)
         pid = thread.instructions_payload_id if thread is not None else ""
         data = instructions.get(pid) if pid else None
-        if pid and data is None and reducer.parent is not None:
-            data = reducer.parent.payload(pid)
+        if pid and data is None and reduced.parent is not None:
+            data = reduced.parent.payload(pid)
         traces.append((bundle, trace, (data or b"").decode("utf-8", "replace")))
     return traces
 

@@ -7,7 +7,6 @@ from ._recorded import (
     RecordedThread,
     TurnNotEndedError,
     TurnNotRecordedError,
-    find_thread_bundle,
     list_recorded,
     load_recorded,
 )
@@ -26,7 +25,6 @@ __all__ = [
     "TurnNotRecordedError",
     "chat_messages",
     "expand_request_items",
-    "find_thread_bundle",
     "iter_state_json",
     "list_recorded",
     "load_recorded",

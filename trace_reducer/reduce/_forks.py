@@ -1,92 +1,23 @@
-"""Forked threads: finding a fork's parent bundle and what the fork shares with it."""
+"""BundleForkResolver: finds a fork's parent bundle beside it or among those given, and
+reduces it once (through the one pass), for the reducer to ask through ForkResolver."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
 
-from rollout.trace.v1 import record_pb2, state_pb2
+from rollout.trace.v1 import record_pb2
 
-from ..bundle._bulk import DeltaRun
 from ..bundle._errors import BundleError, ReductionError
-from ..bundle._layout import TRACE_FILE_NAME
-from ..bundle._payloads import PayloadError, PayloadStore
+from ..bundle._layout import TRACE_FILE_NAME, thread_bundles
+from ..bundle._payloads import PayloadStore
 from ..bundle._reader import BundleReader, read_bundle, resolve_trace_file
-
-if TYPE_CHECKING:
-    from ._reducer import Reducer
-
-
-class ParentBundle:
-    """A fork's parent, reduced: its payloads (and its own parent's) and its items."""
-
-    def __init__(
-        self,
-        path: Path,
-        trace: state_pb2.RolloutTrace,
-        payloads: PayloadStore,
-        grandparent: ParentBundle | None,
-    ) -> None:
-        self.path = path
-        self.trace = trace
-        self._payloads = payloads
-        self._grandparent = grandparent
-
-    def payload(self, pid: str) -> bytes | None:
-        """The bytes of payload `pid`, from this bundle or the bundles it forked from."""
-        try:
-            return self._payloads.get(pid)
-        except PayloadError:
-            return self._grandparent.payload(pid) if self._grandparent is not None else None
-
-    def payload_ids(self) -> frozenset[str]:
-        """Every payload id `payload` answers: this bundle's and its ancestors'."""
-        own = self._payloads.ids()
-        return own | self._grandparent.payload_ids() if self._grandparent is not None else own
-
-    def prefix_items(self, payload_ids: Sequence[str]) -> list[state_pb2.ConversationItem | None]:
-        """The parent's conversation items a fork's prefix names, in order: for each payload
-        id the first of the parent's items with that payload not taken yet."""
-        thread = self.trace.threads.get(self.trace.root_thread_id)
-        order = list(thread.conversation_item_ids) if thread is not None else []
-        by_payload: dict[str, list[str]] = {}
-        for item_id in order:
-            item = self.trace.conversation_items[item_id]
-            by_payload.setdefault(item.payload_id, []).append(item_id)
-        found: list[state_pb2.ConversationItem | None] = []
-        for pid in payload_ids:
-            candidates = by_payload.get(pid)
-            found.append(self.trace.conversation_items[candidates.pop(0)] if candidates else None)
-        return found
+from ._parents import ParentBundle
+from ._pass import keeping_payloads, reduce_reader
 
 
-def fork_chain(
-    forked: record_pb2.ThreadForked, parent: ParentBundle | None
-) -> list[state_pb2.ForkLink]:
-    """The threads a fork's history came through, its parent first: each with where it came
-    from in turn (as far as the parent bundles were read)."""
-    link = state_pb2.ForkLink(thread_id=forked.parent_thread_id, bundle=forked.parent_bundle)
-    if parent is None or not parent.trace.HasField("fork"):
-        return [link]
-    origin = parent.trace.fork
-    link.parent_thread_id = origin.parent_thread_id
-    link.after_turn_id = origin.after_turn_id
-    link.group_id = origin.group_id
-    link.repetition_index = origin.repetition_index
-    link.resumed = origin.resumed
-    return [link, *origin.ancestors]
-
-
-class ForkResolver(Protocol):
-    """What the reducer asks when a bundle turns out to be a fork."""
-
-    def resolve(self, forked: record_pb2.ThreadForked) -> ParentBundle | None:
-        """The parent bundle of a fork, reduced; None when it cannot be found or read."""
-
-
-def _safe_name(name: str) -> bool:
+def is_bundle_name(name: str) -> bool:
     return bool(name) and "/" not in name and "\0" not in name and name not in {".", ".."}
 
 
@@ -118,14 +49,13 @@ class BundleForkResolver:
         if explicit is not None:
             return explicit
         for root in self._roots:
-            if _safe_name(forked.parent_bundle):
+            if is_bundle_name(forked.parent_bundle):
                 candidate = root / forked.parent_bundle
                 if (candidate / TRACE_FILE_NAME).is_file():
                     return candidate
-            if _safe_name(wanted) and "*" not in wanted and "?" not in wanted:
-                for candidate in sorted(root.glob(f"*-{wanted}")):
-                    if (candidate / TRACE_FILE_NAME).is_file():
-                        return candidate
+            found = thread_bundles(root, wanted)
+            if found:
+                return found[0]
         return None
 
     def _explicit_by_thread(self) -> dict[str, Path]:
@@ -144,6 +74,10 @@ class BundleForkResolver:
                     continue
         return self._explicit_ids
 
+    def _open(self, path: Path) -> BundleReader:
+        """The parent's records; a resolver over another store opens them there."""
+        return read_bundle(path)
+
     def _load(self, path: Path) -> ParentBundle | None:
         key = path.resolve()
         if key in self._loaded:
@@ -154,7 +88,7 @@ class BundleForkResolver:
         self._loading.add(key)
         try:
             try:
-                with read_bundle(path) as reader:
+                with self._open(path) as reader:
                     parent = self.reduce_whole(reader)
             except (BundleError, ReductionError, OSError):
                 self._loaded[key] = None
@@ -169,19 +103,9 @@ class BundleForkResolver:
         history), its own parents resolved through this resolver.
 
         Raises BundleError, ReductionError or OSError."""
-        from ._reducer import Reducer
-
-        reducer: Reducer = Reducer(forks=self)
+        # Every payload: a fork may share any part of its parent's history.
         payloads = PayloadStore(budget=None)
-        for batch in reader.batches():
-            for record in batch:
-                if isinstance(record, DeltaRun):
-                    continue
-                if record.WhichOneof("body") == "payload":
-                    try:
-                        payloads.add(record.payload)
-                    except PayloadError:
-                        continue
-            reducer.apply_many(batch)
-        reducer.set_integrity(reader.integrity)
-        return ParentBundle(reader.bundle_dir, reducer.state(), payloads, reducer.parent)
+        reduced = reduce_reader(
+            reader, forks=self, rewards=None, on_record=keeping_payloads(payloads)
+        )
+        return ParentBundle(reader.bundle_dir, reduced.trace, payloads, reduced.parent)

@@ -15,21 +15,20 @@ from rollout.trace.v1 import common_pb2, record_pb2, state_pb2
 
 from ..bundle._confine import BundleRoot, OutsideRootError
 from ..bundle._errors import BundleError, BundleNotFoundError, ReductionError
-from ..bundle._layout import TRACE_FILE_NAME
+from ..bundle._layout import TRACE_FILE_NAME, thread_bundles
 from ..bundle._reader import BundleReader
-from ._forks import BundleForkResolver, ParentBundle
+from ._forks import BundleForkResolver
+from ._parents import ParentBundle
 
 __all__ = [
     "RecordedSummary",
     "RecordedThread",
     "TurnNotEndedError",
     "TurnNotRecordedError",
-    "find_thread_bundle",
     "list_recorded",
     "load_recorded",
 ]
 
-_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
 _RUNNING = common_pb2.EXECUTION_STATUS_RUNNING
 
 
@@ -54,15 +53,6 @@ def _bundle_names(root: Path) -> list[str]:
     return sorted(
         entry.name for entry in entries if entry.is_dir(follow_symlinks=False) and "-" in entry.name
     )
-
-
-def find_thread_bundle(root: Path, thread_id: str) -> str | None:
-    """The name of thread_id's bundle directly under root (the newest when several), or None."""
-    if not thread_id or not set(thread_id) <= _ID_CHARS:
-        return None
-    suffix = f"-{thread_id}"
-    names = [name for name in _bundle_names(root) if name.endswith(suffix)]
-    return names[-1] if names else None
 
 
 @dataclass(frozen=True)
@@ -166,10 +156,10 @@ def load_recorded(root: Path, *, thread_id: str = "", bundle_path: str = "") -> 
     if bundle_path:
         name = bundle_path
     else:
-        found = find_thread_bundle(root, thread_id)
-        if found is None:
+        found = thread_bundles(root, thread_id)
+        if not found:
             raise BundleNotFoundError(f"no recorded thread {thread_id!r} under the trace root")
-        name = found
+        name = found[-1].name
     reader, bundle_dir = _open(confined_root, name)
     with reader:
         if bundle_dir.parent != Path(confined_root.path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Container, Iterable
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 from google.protobuf import timestamp_pb2
 
@@ -15,11 +15,8 @@ from ..bundle._errors import RecordOutOfRangeError, ReductionError
 from ..bundle._payloads import PayloadError, PayloadStore
 from ..bundle._tokens import TokenAccumulator, classify_stop, sampling_settings
 from ._compact import expand_request_items
-from ._forks import fork_chain
 from ._items import ItemInfo, ThreadItems, parse_item
-
-if TYPE_CHECKING:
-    from ._forks import ForkResolver, ParentBundle
+from ._parents import ForkResolver, ParentBundle, fork_chain
 
 _RUNNING = common_pb2.EXECUTION_STATUS_RUNNING
 _JOIN_EVERY = 256

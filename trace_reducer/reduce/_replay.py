@@ -8,9 +8,10 @@ from collections.abc import Iterable
 from rollout.trace.v1 import state_pb2
 
 from ..bundle._reader import BundleReader, read_bundle
-from ..bundle._rewards import attach_rewards
-from ._forks import BundleForkResolver, ForkResolver
-from ._reducer import Reducer
+from ..bundle._rewards import read_rewards
+from ._forks import BundleForkResolver
+from ._parents import ForkResolver
+from ._pass import reduce_reader
 
 
 def replay_bundle(
@@ -42,10 +43,5 @@ def replay_reader(
 ) -> state_pb2.RolloutTrace:
     """replay_bundle on a bundle already open for reading; its rewards.binpb is read beside it
     (through rewards_dir_fd, the bundle directory's descriptor, when given)."""
-    reducer = Reducer(forks=forks)
-    for batch in reader.batches():
-        reducer.apply_many(batch)
-    reducer.set_integrity(reader.integrity)
-    trace = reducer.state(compact=compact)
-    attach_rewards(trace, reader.bundle_dir, dir_fd=rewards_dir_fd)
-    return trace
+    rewards = read_rewards(reader.bundle_dir, dir_fd=rewards_dir_fd)
+    return reduce_reader(reader, forks=forks, rewards=rewards, compact=compact).trace

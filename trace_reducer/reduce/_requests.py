@@ -9,7 +9,8 @@ from ..bundle._errors import BundleError
 from ..bundle._payloads import PayloadError, PayloadStore, canonical_json, resolve_inputs
 from ..bundle._reader import read_bundle
 from ._chat import CHAT_API, chat_messages
-from ._forks import BundleForkResolver, ParentBundle
+from ._forks import BundleForkResolver
+from ._parents import ParentBundle
 
 
 class RequestNotFoundError(BundleError):

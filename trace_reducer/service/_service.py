@@ -112,7 +112,9 @@ class ReducerService(reducer_pb2_grpc.ReducerServiceServicer):
             # Opened once under the root, as for ReduceBundle; the follower reads that file.
             bundle = self._open(request.bundle)
             try:
-                follow = follow_bundle(bundle.trace, Path(bundle.display_dir))
+                follow = follow_bundle(
+                    bundle.trace, Path(bundle.display_dir), rewards_dir_fd=bundle.dir_fd
+                )
                 async with contextlib.aclosing(follow) as updates:
                     async for update in updates:
                         if update.final:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
 import html
 import json
@@ -18,15 +17,15 @@ from typing import Any
 
 from google.protobuf import timestamp_pb2
 
-from rollout.trace.v1 import common_pb2, record_pb2, state_pb2
+from rollout.trace.v1 import common_pb2, state_pb2
 
-from ..bundle._bulk import DeltaRun
 from ..bundle._errors import NotABundleError
 from ..bundle._payloads import PayloadError, PayloadStore, canonical_json
 from ..bundle._reader import BundleReader, read_bundle, resolve_trace_file
-from ..bundle._rewards import attach_rewards
-from ..reduce._forks import BundleForkResolver, ParentBundle
-from ..reduce._reducer import Reducer
+from ..bundle._rewards import read_rewards
+from ..reduce._forks import BundleForkResolver
+from ..reduce._parents import ParentBundle
+from ..reduce._pass import keeping_payloads, reduce_reader
 from ._run_page import RunLinks, rollout_extras
 
 VIEW_FILE_NAME = "view.html"
@@ -80,24 +79,16 @@ def reduce_for_view(path: str | os.PathLike[str]) -> ViewData:
 
 def reduce_reader_for_view(reader: BundleReader, *, dir_fd: int | None = None) -> ViewData:
     """reduce_for_view on a bundle already open (its rewards read through dir_fd if given)."""
-    payloads = PayloadStore(budget=None)
-    reducer = Reducer(forks=BundleForkResolver(reader.bundle_dir))
-    for batch in reader.batches():
-        for record in batch:
-            if not isinstance(record, DeltaRun) and record.HasField("payload"):
-                _keep(payloads, record.payload)
-        reducer.apply_many(batch)
-    reducer.set_integrity(reader.integrity)
-    trace = reducer.state()
-    attach_rewards(trace, reader.bundle_dir, dir_fd=dir_fd)
-    return ViewData(trace, payloads, reducer.parent)
-
-
-def _keep(payloads: PayloadStore, payload: record_pb2.Payload) -> None:
     # Every kind: payloads are deduplicated by content, so an input item may be the bytes an
     # output item was first written as.
-    with contextlib.suppress(PayloadError):  # the reducer reports it; the view loses a body
-        payloads.add(payload)
+    payloads = PayloadStore(budget=None)
+    reduced = reduce_reader(
+        reader,
+        forks=BundleForkResolver(reader.bundle_dir),
+        rewards=read_rewards(reader.bundle_dir, dir_fd=dir_fd),
+        on_record=keeping_payloads(payloads),
+    )
+    return ViewData(reduced.trace, payloads, reduced.parent)
 
 
 def _ms(stamp: timestamp_pb2.Timestamp, base: timestamp_pb2.Timestamp) -> float | None:

@@ -14,7 +14,9 @@ from typing import Any, BinaryIO, TypeVar
 from rollout.trace.v1 import state_pb2
 
 from ..bundle._reader import TRUNCATED, UNCLOSED, FrameDecoder, Integrity
+from ..bundle._rewards import read_rewards
 from ..reduce._forks import BundleForkResolver
+from ..reduce._pass import settle
 from ..reduce._reducer import Reducer
 
 # The file is followed by polling its size: portable, and at this pace costs nothing measurable.
@@ -44,13 +46,17 @@ class WatchUpdate:
 class _Follower:
     """The decoding half, run in a worker thread one step at a time."""
 
-    def __init__(self, trace_file: Path | BinaryIO, bundle_dir: Path | None) -> None:
+    def __init__(
+        self, trace_file: Path | BinaryIO, bundle_dir: Path | None, rewards_dir_fd: int | None
+    ) -> None:
         # A file already open (the service opens it under its root) is read as it is.
         if isinstance(trace_file, Path):
             self.source: BinaryIO = trace_file.open("rb", buffering=0)
             bundle_dir = bundle_dir or trace_file.parent
         else:
             self.source = trace_file
+        self.bundle_dir = bundle_dir
+        self.rewards_dir_fd = rewards_dir_fd
         self.decoder = FrameDecoder()
         # A fork's parent is read from beside it, as replay_bundle does.
         self.reducer = Reducer(forks=BundleForkResolver(bundle_dir))
@@ -87,8 +93,12 @@ class _Follower:
                 bytes_read=integrity.bad_frame_offset or integrity.bytes_read,
                 detail="being written: no footer yet",
             )
-        self.reducer.set_integrity(integrity)
-        return WatchUpdate(self.reducer.state(), integrity.records_read, self.final)
+        # The final state is replay_bundle's: with the rewards recorded beside the bundle.
+        rewards = None
+        if self.final and self.bundle_dir is not None:
+            rewards = read_rewards(self.bundle_dir, dir_fd=self.rewards_dir_fd)
+        trace = settle(self.reducer, integrity, rewards)
+        return WatchUpdate(trace, integrity.records_read, self.final)
 
 
 def _over(integrity: Integrity, head: bytes) -> bool:
@@ -118,6 +128,7 @@ async def follow_bundle(
     *,
     poll_interval: float = POLL_INTERVAL,
     min_interval: float = MIN_UPDATE_INTERVAL,
+    rewards_dir_fd: int | None = None,
 ) -> AsyncGenerator[WatchUpdate, None]:
     """Updates of a bundle's reduced state as its trace.binpb grows, until the footer.
 
@@ -126,10 +137,11 @@ async def follow_bundle(
     or at the first bad frame (CORRUPT). A bundle without a footer is followed until the caller
     stops iterating. Raises ReductionError when records contradict each other, OSError when the
     file cannot be read. trace_file may be a file already open (then bundle_dir says where a
-    fork's parent is looked for).
+    fork's parent is looked for, and rewards_dir_fd, if given, the descriptor of that
+    directory the final state's rewards are read through).
     """
     source = Path(trace_file) if isinstance(trace_file, str | os.PathLike) else trace_file
-    follower = await asyncio.to_thread(_Follower, source, bundle_dir)
+    follower = await asyncio.to_thread(_Follower, source, bundle_dir, rewards_dir_fd)
     in_flight: asyncio.Future[Any] | None = None
 
     async def run(step: Callable[[], _T]) -> _T:

@@ -1,0 +1,20 @@
+"""The access flags both servers take, declared once: `--auth-token-env`, `--tls-cert`,
+`--tls-key` (what AccessControl.load reads). Imports no gRPC: every command builds its parser."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_access_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the access flags to a server command's parser (dests auth_token_env, tls_cert,
+    tls_key)."""
+    parser.add_argument(
+        "--auth-token-env",
+        metavar="NAME",
+        help="require `authorization: Bearer <token>` on every RPC but health checks; "
+        "the token is read from the environment variable NAME",
+    )
+    parser.add_argument("--tls-cert", type=Path, metavar="PATH", help="PEM certificate chain")
+    parser.add_argument("--tls-key", type=Path, metavar="PATH", help="PEM private key")

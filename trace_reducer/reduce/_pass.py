@@ -1,0 +1,88 @@
+"""The one read-and-reduce pass: a bundle's records through the reducer, its fork's parent
+and its rewards taken into account here. Every consumer reduces a bundle through it."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rollout.trace.v1 import record_pb2, state_pb2
+
+from ..bundle._bulk import DeltaRun
+from ..bundle._payloads import PayloadError, PayloadStore
+from ..bundle._reader import BundleReader, Integrity
+from ..bundle._rewards import RewardFile, add_rewards, read_rewards
+from ._parents import ForkResolver, ParentBundle
+from ._reducer import Reducer
+
+
+@dataclass
+class Reduced:
+    """A bundle reduced: its state and, for a fork, the parent it was resolved against."""
+
+    trace: state_pb2.RolloutTrace
+    parent: ParentBundle | None
+
+
+class _Beside:
+    """The default reward source: the rewards.binpb beside the bundle read."""
+
+
+BESIDE = _Beside()
+
+
+def keeping_payloads(store: PayloadStore) -> Callable[[record_pb2.TraceRecord], None]:
+    """An on_record that keeps every payload in `store` (a fork may share any of them, a
+    page may show any); one that does not fit is the reducer's to report, not this one's."""
+
+    def keep(record: record_pb2.TraceRecord) -> None:
+        if record.WhichOneof("body") == "payload":
+            with contextlib.suppress(PayloadError):
+                store.add(record.payload)
+
+    return keep
+
+
+def reduce_reader(
+    reader: BundleReader,
+    *,
+    forks: ForkResolver | None,
+    rewards: RewardFile | _Beside | None = BESIDE,
+    compact: bool = False,
+    on_record: Callable[[record_pb2.TraceRecord], None] | None = None,
+) -> Reduced:
+    """Reduce every record `reader` yields, up to the first damage.
+
+    forks: asked for a fork's parent (None: a fork's shared prefix stays unresolved).
+    rewards: the rewards to attach; by default those of the rewards.binpb beside the bundle;
+    None: none (a fork's parent, whose rewards are its own). on_record: shown every record but
+    the text deltas read in bulk (payloads a consumer keeps, say). compact: Reducer.state's
+    compact form.
+    """
+    reducer = Reducer(forks=forks)
+    for batch in reader.batches():
+        if on_record is not None:
+            for record in batch:
+                if not isinstance(record, DeltaRun):
+                    on_record(record)
+        reducer.apply_many(batch)
+    if isinstance(rewards, _Beside):
+        rewards = read_rewards(reader.bundle_dir)
+    return Reduced(settle(reducer, reader.integrity, rewards, compact=compact), reducer.parent)
+
+
+def settle(
+    reducer: Reducer,
+    integrity: Integrity,
+    rewards: RewardFile | None,
+    *,
+    compact: bool = False,
+) -> state_pb2.RolloutTrace:
+    """The state once the records are in: their integrity set, the rewards attached. The end
+    of reduce_reader, and of a follower that reduced the records as they were written."""
+    reducer.set_integrity(integrity)
+    trace = reducer.state(compact=compact)
+    if rewards is not None:
+        add_rewards(trace, rewards)
+    return trace
