@@ -9,7 +9,7 @@ TS_STAMP := $(TS)/node_modules/.installed
 NPM_CACHE ?= $(or $(TMPDIR),/tmp)/rollout-trace-npm-cache
 
 .PHONY: demo test check lint protos check-protos ts-protos check-ts-protos check-breaking \
-	pytest test-ts test-backends fuzz bench clean
+	pytest test-ts test-backends engine vllm fuzz bench clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -55,6 +55,16 @@ check: check-protos check-ts-protos check-breaking lint
 # What the tests drive beyond Python packages (Chromium from the OS packages), where missing.
 test-backends:
 	scripts/test-backends.sh
+
+# vLLM's CPU build in its own venv and SmolLM2-135M converted for it, once per machine, under
+# $${XDG_CACHE_HOME:-~/.cache}/rollout-trace (the test session does it too, in the background,
+# when it starts the engine).
+engine:
+	scripts/engine-setup.sh
+
+# vLLM serving SmolLM2-135M on 127.0.0.1:8000 (VLLM_PORT to change it), in the foreground.
+vllm:
+	scripts/vllm-serve.sh $${VLLM_PORT:-8000}
 
 pytest: $(STAMP) test-backends
 	$(BIN)/pytest -q

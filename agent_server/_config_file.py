@@ -31,6 +31,9 @@ KEYS: dict[str, type] = {
     "metrics-listen": str,
     "log-level": str,
     "log-format": str,
+    # `agent-server gateway` only.
+    "gateway-listen": str,
+    "session-idle-timeout": float,
 }
 
 

@@ -73,7 +73,8 @@ async def _converse(address: str) -> Path:
                     await second.interrupt()
         print(f"\n[turn 4: interrupted mid-stream by the client: {second.status_name}]")
         closed = await thread.close()
-        print(f"[thread {agent_pb2.ThreadStatus.Name(closed.status)}]")
+        status = agent_pb2.ThreadStatus.Name(closed.status).removeprefix("THREAD_STATUS_")
+        print(f"[thread {status}]")
         return Path(closed.bundle_path)
 
 

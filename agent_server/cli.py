@@ -13,6 +13,8 @@ from pathlib import Path
 
 from agent_server import _chat, _demo, _health, config, logs
 from agent_server.config import ConfigError, Settings
+from agent_server.gateway import _settings as gateway_settings
+from agent_server.gateway._settings import GatewaySettings
 from agent_server.server import AgentServer
 from grpc_common import install_signal_handlers
 from trace_reducer import __version__
@@ -39,6 +41,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     config.add_demo_arguments(demo)
     demo.set_defaults(run=_demo_command)
+    gateway = commands.add_parser(
+        "gateway",
+        help="serve an OpenAI-compatible HTTP gateway that records every call it forwards",
+    )
+    gateway_settings.add_arguments(gateway)
     chat = commands.add_parser("chat", help="talk to a running agent server from the terminal")
     _chat.add_arguments(chat)
     health = commands.add_parser(
@@ -54,6 +61,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _chat.run(args)
     if args.command == "health":
         return _health.run(args)
+    if args.command == "gateway":
+        return _gateway_command(args)
     try:
         settings = config.from_args(args)
     except ConfigError as error:
@@ -85,6 +94,48 @@ async def _serve(settings: Settings) -> int:
     await stop.wait()
     log.info("shutting down")
     await server.stop()
+    log.info("stopped")
+    return EXIT_OK
+
+
+def _gateway_command(args: argparse.Namespace) -> int:
+    # Imported here: `agent-server --help` and the other commands do without aiohttp's server.
+    from agent_server import gateway
+
+    try:
+        settings = gateway.from_args(args)
+    except ConfigError as error:
+        print(f"{PROG}: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    logs.configure(settings.agent.log_level, settings.agent.log_format)
+    try:
+        return asyncio.run(_run_gateway(settings))
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except Exception as error:  # noqa: BLE001 - the last line of defence: no traceback for users
+        print(f"{PROG}: {error or type(error).__name__}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+async def _run_gateway(settings: GatewaySettings) -> int:
+    from agent_server.gateway import Gateway
+    from agent_server.server import trace_root_problem
+
+    problem = trace_root_problem(settings.trace_root)
+    if problem:
+        log.warning("%s; sessions will answer 503 until it is fixed", problem)
+    try:
+        gateway = await Gateway.start(settings)
+    except OSError as error:
+        print(f"{PROG}: {error}", file=sys.stderr)
+        return EXIT_FAILED
+    stop = asyncio.Event()
+    install_signal_handlers(stop.set)
+    log.info("gateway at %s, upstream %s", gateway.url, gateway.upstream_url)
+    print(f"listening on {gateway.url}", flush=True)
+    await stop.wait()
+    log.info("shutting down")
+    await gateway.stop()
     log.info("stopped")
     return EXIT_OK
 

@@ -9,8 +9,8 @@ import json
 import re
 import uuid
 import zlib
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol
 
 from agent_server import toy_tokens
 from agent_server.loopback_http import HttpRequest, HttpResponse, LoopbackHttpServer
@@ -149,13 +149,19 @@ def reply_words(user_text: str) -> list[str]:
 class LocalModel:
     """Serves POST /responses with `stream: true` on 127.0.0.1, like the Responses API."""
 
-    def __init__(self, word_delay: float) -> None:
+    def __init__(self, word_delay: float, *, full_protocol: bool = False) -> None:
         self._word_delay = word_delay
+        # The whole protocol (content parts, `.done` events, the output repeated in
+        # response.completed, non-streamed answers), as the real API speaks it to clients that
+        # rely on it (behind the gateway); the agent server needs none of it.
+        self._full = full_protocol
         self._http: LoopbackHttpServer | None = None
 
     @classmethod
-    async def start(cls, word_delay: float, port: int = 0) -> LocalModel:
-        model = cls(word_delay)
+    async def start(
+        cls, word_delay: float, port: int = 0, *, full_protocol: bool = False
+    ) -> LocalModel:
+        model = cls(word_delay, full_protocol=full_protocol)
         model._http = await LoopbackHttpServer.start(model._handle, port=port)
         return model
 
@@ -180,7 +186,11 @@ class LocalModel:
         except ValueError:
             await _error(response, 400, "invalid_json", "the request body is not valid JSON")
             return
-        if not isinstance(body, dict) or body.get("stream") is not True:
+        whole = isinstance(body, dict) and self._full and not body.get("stream")
+        if isinstance(body, dict) and self._full and isinstance(body.get("input"), str):
+            # The API's short form: one user message.
+            body["input"] = [{"role": "user", "content": body["input"]}]
+        if not isinstance(body, dict) or (body.get("stream") is not True and not whole):
             await _error(response, 400, "invalid_request", "only `stream: true` is supported")
             return
         chat = route == "/chat/completions"
@@ -190,18 +200,38 @@ class LocalModel:
         prompt = toy_tokens.render_prompt(body.get("instructions"), body.get("input"))
         sampler = _Sampler.for_request(body, len(prompt), request.headers.get(_CALL_HEADER, ""))
         if chat:
-            await _ChatStream(response, body, prompt, sampler, self._word_delay).run()
-        else:
-            await self._stream(response, body, prompt, sampler)
+            target = _ChatCollector(response) if whole else response
+            await _ChatStream(target, body, prompt, sampler, self._word_delay).run()
+            if whole:
+                assert isinstance(target, _ChatCollector)
+                await target.answer()
+            return
+        if whole:
+            await self._answer_whole(response, body, prompt, sampler)
+            return
+        send = numbered_events(response)
+        await response.start()
+        await self._stream(_full_protocol(send) if self._full else send, body, prompt, sampler)
+
+    async def _answer_whole(
+        self, response: HttpResponse, body: dict[str, Any], prompt: list[int], sampler: _Sampler
+    ) -> None:
+        """A non-streamed answer: the response object the stream's last event carries."""
+        final: dict[str, Any] = {}
+
+        async def keep(event_type: str, **fields: Any) -> None:
+            if isinstance(fields.get("response"), dict):
+                final.update(fields["response"])
+
+        await self._stream(_full_protocol(keep), body, prompt, sampler)
+        await response.send(200, json.dumps(final).encode())
 
     async def _stream(
-        self, response: HttpResponse, body: dict[str, Any], prompt: list[int], sampler: _Sampler
+        self, send: _Send, body: dict[str, Any], prompt: list[int], sampler: _Sampler
     ) -> None:
         model = str(body.get("model", ""))
         response_id = f"resp_{uuid.uuid4().hex}"
-        send = numbered_events(response)
         envelope = {"id": response_id, "object": "response", "model": model}
-        await response.start()
         created: dict[str, Any] = {**envelope, "status": "in_progress"}
         if sampler.token_ids:
             # vLLM's extension: the prompt as the engine tokenized it.
@@ -319,6 +349,45 @@ class LocalModel:
 
 
 _CALL_HEADER = "x-rollout-inference-call-id"
+
+
+def _full_protocol(send: _Send) -> _Send:
+    """send, with the events and fields the agent server does without: a message's content
+    part added and done around its deltas, its text's `.done`, and the output items repeated
+    in the terminal event's response."""
+    output: list[Any] = []
+    texts: dict[int, list[str]] = {}
+
+    async def full(event_type: str, **fields: Any) -> None:
+        item = fields.get("item")
+        index = fields.get("output_index", 0)
+        is_message = isinstance(item, dict) and item.get("type") == "message"
+        if event_type == "response.output_item.done" and is_message:
+            assert isinstance(item, dict)
+            text = "".join(texts.pop(index, []))
+            where = {"item_id": item["id"], "output_index": index, "content_index": 0}
+            part = {"type": "output_text", "text": text, "annotations": []}
+            await send("response.output_text.done", **where, text=text)
+            await send("response.content_part.done", **where, part=part)
+        if event_type == "response.output_text.delta":
+            texts.setdefault(index, []).append(fields.get("delta", ""))
+        if event_type == "response.output_item.done":
+            output.append(item)
+        if event_type in ("response.completed", "response.incomplete"):
+            fields["response"] = {**fields["response"], "output": list(output)}
+        await send(event_type, **fields)
+        if event_type == "response.output_item.added" and is_message:
+            assert isinstance(item, dict)
+            part = {"type": "output_text", "text": "", "annotations": []}
+            await send(
+                "response.content_part.added",
+                item_id=item["id"],
+                output_index=index,
+                content_index=0,
+                part=part,
+            )
+
+    return full
 
 
 def _chunks(arguments: str, words: list[str]) -> list[str]:
@@ -483,12 +552,20 @@ def _responses_body(chat: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+class _ChunkSink(Protocol):
+    """Where a chat stream's chunks go: the HTTP response, or a collector of them."""
+
+    async def start(self) -> None: ...
+
+    async def event(self, data: Mapping[str, Any] | str) -> None: ...
+
+
 class _ChatStream:
     """One streamed chat completion, shaped as vLLM streams it."""
 
     def __init__(
         self,
-        response: HttpResponse,
+        response: _ChunkSink,
         body: dict[str, Any],
         prompt: list[int],
         sampler: _Sampler,
@@ -592,6 +669,72 @@ class _ChatStream:
                     return
                 if self._delay:
                     await asyncio.sleep(self._delay)
+
+
+class _ChatCollector:
+    """Takes a chat stream's chunks in place of the HTTP response and answers with the whole
+    `chat.completion` they add up to (a non-streamed request)."""
+
+    def __init__(self, response: HttpResponse) -> None:
+        self._response = response
+        self._first: dict[str, Any] = {}
+        self._content: list[str] = []
+        self._calls: dict[int, dict[str, Any]] = {}
+        self._finish: Any = None
+        self._usage: Any = None
+        # vLLM's whole answer carries the ids too: the prompt's, and the choice's output.
+        self._token_ids: list[int] = []
+        self._logprobs: list[Any] = []
+
+    async def start(self) -> None:
+        return None
+
+    async def event(self, data: Mapping[str, Any] | str) -> None:
+        if not isinstance(data, dict):
+            return  # [DONE]
+        self._first = self._first or data
+        if data.get("usage"):
+            self._usage = data["usage"]
+        for choice in data.get("choices") or []:
+            delta = choice.get("delta") or {}
+            if delta.get("content"):
+                self._content.append(delta["content"])
+            for call in delta.get("tool_calls") or []:
+                held = self._calls.setdefault(
+                    call["index"], {"type": "function", "function": {"name": "", "arguments": ""}}
+                )
+                if "id" in call:
+                    held["id"] = call["id"]
+                function = call.get("function") or {}
+                held["function"]["name"] += function.get("name", "")
+                held["function"]["arguments"] += function.get("arguments", "")
+            self._finish = choice.get("finish_reason") or self._finish
+            self._token_ids.extend(choice.get("token_ids") or [])
+            self._logprobs.extend((choice.get("logprobs") or {}).get("content") or [])
+
+    async def answer(self) -> None:
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(self._content) or None}
+        if self._calls:
+            message["tool_calls"] = [self._calls[index] for index in sorted(self._calls)]
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": message,
+            "finish_reason": self._finish,
+            "logprobs": {"content": self._logprobs} if self._logprobs else None,
+        }
+        whole: dict[str, Any] = {
+            "id": self._first.get("id", ""),
+            "object": "chat.completion",
+            "created": 0,
+            "model": self._first.get("model", ""),
+            "choices": [choice],
+        }
+        if "prompt_token_ids" in self._first:
+            whole["prompt_token_ids"] = self._first["prompt_token_ids"]
+            choice["token_ids"] = self._token_ids
+        if self._usage is not None:
+            whole["usage"] = self._usage
+        await self._response.send(200, json.dumps(whole).encode())
 
 
 async def _error(response: HttpResponse, status: int, code: str, message: str) -> None:

@@ -128,6 +128,56 @@ def redact_url(url: str) -> str:
     return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, ""))
 
 
+def url_secrets(base_url: str, api_key: Secret | None) -> list[str]:
+    """Everything a message must never show: the key, the URL's password and query values."""
+    parts = urllib.parse.urlsplit(base_url)
+    return [
+        secret
+        for secret in (
+            api_key.reveal() if api_key is not None else "",
+            urllib.parse.unquote(parts.password or ""),
+            *(value for _, value in urllib.parse.parse_qsl(parts.query)),
+        )
+        if secret
+    ]
+
+
+def pooled_client(
+    idle_timeout: float, connect_timeout: float, max_connections: int
+) -> httpx.AsyncClient:
+    """The HTTP client of one provider: the idle timeout is its read timeout."""
+    limits = httpx.Limits(
+        max_connections=max_connections,
+        max_keepalive_connections=min(max_connections, _MAX_KEEPALIVE),
+    )
+    return httpx.AsyncClient(
+        # A turn beyond max_connections waits for a connection as long as it would wait
+        # to connect, then fails its attempt (retried like any connection failure).
+        timeout=httpx.Timeout(
+            connect=connect_timeout,
+            read=idle_timeout,
+            write=connect_timeout,
+            pool=connect_timeout,
+        ),
+        follow_redirects=False,
+        limits=limits,
+        trust_env=False,
+        # aiohttp's C parser reads a stream for half the CPU of httpcore's (measured in
+        # bench/); httpx stays the API, and httpx-sse the SSE parser.
+        transport=AiohttpTransport(limits=limits, trust_env=False),
+    )
+
+
+def redact_httpx_log(base_url: str, safe: Callable[[str], str]) -> _RedactingFilter | None:
+    """httpx logs every request's URL (at INFO): credentials in it must not reach a log. The
+    filter installed, when the URL has any (remove it from the `httpx` logger when done)."""
+    if redact_url(base_url) == base_url:
+        return None
+    log_filter = _RedactingFilter(safe)
+    logging.getLogger("httpx").addFilter(log_filter)
+    return log_filter
+
+
 def _endpoint(base_url: str, route: str) -> tuple[str, httpx.BasicAuth | None]:
     """`{base_url}{route}` (before any query), and the URL's user info as Basic auth."""
     parts = urllib.parse.urlsplit(base_url)
@@ -168,42 +218,9 @@ class ProviderClient:
         self._endpoint, self._auth = _endpoint(self.base_url, dialect.path)
         self._api_key = api_key
         self._client_limit = max_connections
-        # Everything a message must never show: the key, and the URL's password and query values.
-        parts = urllib.parse.urlsplit(self.base_url)
-        self._secrets = [
-            secret
-            for secret in (
-                api_key.reveal() if api_key is not None else "",
-                urllib.parse.unquote(parts.password or ""),
-                *(value for _, value in urllib.parse.parse_qsl(parts.query)),
-            )
-            if secret
-        ]
-        limits = httpx.Limits(
-            max_connections=max_connections,
-            max_keepalive_connections=min(max_connections, _MAX_KEEPALIVE),
-        )
-        self._client = httpx.AsyncClient(
-            # A turn beyond max_connections waits for a connection as long as it would wait
-            # to connect, then fails its attempt (retried like any connection failure).
-            timeout=httpx.Timeout(
-                connect=connect_timeout,
-                read=idle_timeout,
-                write=connect_timeout,
-                pool=connect_timeout,
-            ),
-            follow_redirects=False,
-            limits=limits,
-            trust_env=False,
-            # aiohttp's C parser reads a stream for half the CPU of httpcore's (measured in
-            # bench/); httpx stays the API, and httpx-sse the SSE parser.
-            transport=AiohttpTransport(limits=limits, trust_env=False),
-        )
-        # httpx logs every request's URL (at INFO): credentials in it must not reach a log.
-        self._log_filter: _RedactingFilter | None = None
-        if self.display_url != self.base_url:
-            self._log_filter = _RedactingFilter(self._safe)
-            logging.getLogger("httpx").addFilter(self._log_filter)
+        self._secrets = url_secrets(self.base_url, api_key)
+        self._client = pooled_client(idle_timeout, connect_timeout, max_connections)
+        self._log_filter = redact_httpx_log(self.base_url, self._safe)
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -465,12 +482,21 @@ def _cleaned(data: dict[str, Any]) -> dict[str, Any] | None:
 
 
 async def _http_error(response: httpx.Response) -> ProviderError:
-    status = response.status_code
     body = b""
     async for chunk in response.aiter_bytes():
         body += chunk
         if len(body) >= _ERROR_BODY_LIMIT:
             break
+    return http_error(
+        response.status_code, body, response.reason_phrase, response.headers.get("retry-after")
+    )
+
+
+def http_error(
+    status: int, body: bytes, reason_phrase: str = "", retry_after: str | None = None
+) -> ProviderError:
+    """The ProviderError of an HTTP error answer: its code and message from an OpenAI-style
+    error body when there is one."""
     code, message = f"http_{status}", body[:2000].decode("utf-8", "replace").strip()
     try:
         parsed = json.loads(body)
@@ -482,10 +508,10 @@ async def _http_error(response: httpx.Response) -> ProviderError:
         message = str(error.get("message") or message)
     return ProviderError(
         code,
-        f"provider answered HTTP {status}: {message or response.reason_phrase}",
+        f"provider answered HTTP {status}: {message or reason_phrase}",
         http_status=status,
         retryable=status == 429 or status >= 500,
-        retry_after=_retry_after(response.headers.get("retry-after")),
+        retry_after=_retry_after(retry_after),
     )
 
 

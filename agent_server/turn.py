@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 import uuid
@@ -29,7 +30,7 @@ from agent_server.tools import (
     ToolCall,
     output_item,
 )
-from agent_server.training import OPTIONAL_FIELDS, TokenCapture, request_fields
+from agent_server.training import OPTIONAL_FIELDS, Sampling, TokenCapture, request_fields
 from rollout.agent.v1 import agent_pb2
 from rollout.trace.v1 import common_pb2
 from trace_reducer import classify_stop
@@ -88,6 +89,9 @@ class TurnRunner:
         # The tool calls of the current round, and what wakes the task once all are answered.
         self._round: list[ToolCall] = []
         self._answered = asyncio.Event()
+        # Tool rounds the turn has had: a tool_choice that forces a call holds for its first
+        # request only, or the model could never answer with the tools' outputs.
+        self._tool_rounds = 0
 
     @property
     def turn(self) -> Turn:
@@ -230,6 +234,7 @@ class TurnRunner:
                     )
                 self._turn.status = agent_pb2.TURN_STATUS_IN_PROGRESS
             self._close_round()
+            self._tool_rounds += 1
 
     def _on_tool_call(self, call: ToolCall) -> None:
         self._round.append(call)
@@ -301,6 +306,15 @@ class TurnRunner:
                     continue
                 await asyncio.sleep(self._backoff(attempt, error.retry_after))
 
+    def _sampling(self) -> Sampling:
+        """The turn's settings for its next request: after a tool round, a tool_choice that
+        forces a call (`required`, a named function) becomes `auto`."""
+        sampling = self._turn.sampling
+        forcing = sampling.tool_choice == "required" or isinstance(sampling.tool_choice, dict)
+        if self._tool_rounds and forcing:
+            return dataclasses.replace(sampling, tool_choice="auto")
+        return sampling
+
     def _capture(self) -> TokenCapture:
         """The thread's token capture without what the provider refused or, best effort,
         is known not to offer."""
@@ -316,7 +330,7 @@ class TurnRunner:
         answer names, else every one the request carried ([] for any other failure)."""
         if accepted or error.http_status not in (400, 422):
             return []
-        sent = request_fields(self._turn.sampling, self._capture())
+        sent = request_fields(self._sampling(), self._capture())
         wire = self._provider.dialect.envelope(sent)
         carried = [name for name in OPTIONAL_FIELDS if name in sent or name in wire]
         if not carried:
@@ -338,7 +352,7 @@ class TurnRunner:
             envelope["instructions"] = thread.instructions
         if thread.tools:
             envelope["tools"] = [tool.request_entry() for tool in thread.tools]
-        envelope.update(request_fields(self._turn.sampling, self._capture()))
+        envelope.update(request_fields(self._sampling(), self._capture()))
         return self._provider.dialect.envelope(envelope)
 
     async def _attempt(self, attempt: int) -> None:

@@ -15,6 +15,8 @@ from pathlib import Path
 from bench import (
     agent_bench,
     batch_bench,
+    engine_bench,
+    gateway_bench,
     grpc_floor,
     list_bench,
     provider_floor,
@@ -414,6 +416,98 @@ def p9(root: Path) -> list[Row]:
     ]
 
 
+def gateway(root: Path) -> list[Row]:
+    """P7: the gateway beside the same client straight to the same upstream."""
+    result = gateway_bench.measure_p7(root)
+    s = gateway_bench.summary(result)
+    rows = []
+    for concurrency in (1, 100):
+        added_p50 = s[f"gateway_{concurrency}_p50"] - s[f"direct_{concurrency}_p50"]
+        added_p99 = s[f"gateway_{concurrency}_p99"] - s[f"direct_{concurrency}_p99"]
+        added_first = s[f"gateway_{concurrency}_first"] - s[f"direct_{concurrency}_first"]
+        failures = s[f"gateway_{concurrency}_failures"] + s[f"direct_{concurrency}_failures"]
+        rows.append(
+            Row(
+                "P7",
+                f"{concurrency} concurrent stream(s): ms added per chunk (p50 / p99) and to the "
+                "first chunk, through the recording gateway",
+                f"{added_p50:+.2f} / {added_p99:+.2f} ms per chunk; {added_first:+.2f} ms first",
+                "p99 added <= 2 ms per chunk at 100 streams" if concurrency == 100 else "-",
+                # Both percentiles: a p99 below the direct one on a loaded machine is noise.
+                failures == 0 and (concurrency != 100 or max(added_p50, added_p99) <= 2.0),
+                beside=f"direct p50 {s[f'direct_{concurrency}_p50']:.2f} / p99 "
+                f"{s[f'direct_{concurrency}_p99']:.2f} ms; gateway p50 "
+                f"{s[f'gateway_{concurrency}_p50']:.2f} / p99 "
+                f"{s[f'gateway_{concurrency}_p99']:.2f} ms",
+            )
+        )
+    cpu = result.gateway_cpu_us_per_chunk
+    rows.append(
+        Row(
+            "P7",
+            "gateway CPU per forwarded chunk (100 streams, recording)",
+            f"{statistics.median(cpu):.0f} us",
+            "-",
+            True,
+            spread=f"{min(cpu):.0f} to {max(cpu):.0f} us",
+        )
+    )
+    per_cpu = result.calls_per_gateway_cpu_second
+    through = result.calls_per_second["gateway"]
+    direct = result.calls_per_second["direct"]
+    rows.append(
+        Row(
+            "P7",
+            "small non-streamed calls per gateway CPU-second (16 clients, recording)",
+            f"{statistics.median(per_cpu):,.0f} calls/s per core",
+            ">= 200 calls/s per core",
+            statistics.median(per_cpu) >= 200,
+            spread=f"{min(per_cpu):,.0f} to {max(per_cpu):,.0f}",
+            beside=f"{statistics.median(through):,.0f} calls/s through the gateway, "
+            f"{statistics.median(direct):,.0f} straight to the upstream",
+        )
+    )
+    return rows
+
+
+def p8(root: Path) -> list[Row]:
+    result = engine_bench.measure(root)
+    rows = []
+    for api in engine_bench.APIS:
+        direct, agent = result.direct[api], result.agent[api]
+        ttft_ratios = [a.ttft / d.ttft for a, d in zip(agent, direct, strict=True)]
+        rate_ratios = [a.rate / d.rate for a, d in zip(agent, direct, strict=True) if d.rate]
+        ttft, rate = statistics.median(ttft_ratios), statistics.median(rate_ratios)
+        ms = [a.ttft * 1e3 for a in agent]
+        peer_ms = [d.ttft * 1e3 for d in direct]
+        rows.append(
+            Row(
+                "P8",
+                f"time to first token and decode rate through the agent server ({api} dialect, "
+                f"recording on) vs straight to the same vLLM, {engine_bench.MAX_TOKENS}-token "
+                f"answers, {engine_bench.ROUNDS} alternating rounds",
+                f"TTFT ratio {ttft:.3f}; decode-rate ratio {rate:.3f}; server CPU "
+                f"{_spread(result.cpu_us_per_delta[api], ' us')} per delta",
+                "TTFT <= 1.05x; decode rate unchanged",
+                ttft <= 1.05 and rate >= 0.95,
+                f"TTFT {_spread(ms, ' ms')}; ratios {min(ttft_ratios):.3f}-{max(ttft_ratios):.3f}",
+                f"engine alone: TTFT {_spread(peer_ms, ' ms')}, "
+                f"{statistics.median(d.rate for d in direct):.1f} tokens/s",
+            )
+        )
+    if result.engine_start is not None:
+        rows.append(
+            Row(
+                "P8",
+                "vLLM start (scripts/vllm-serve.sh to /health)",
+                f"{result.engine_start:.0f} s",
+                "(reference)",
+                True,
+            )
+        )
+    return rows
+
+
 BENCHES: dict[str, Callable[[Path], list[Row]]] = {
     "p1": p1,
     "p2": p2,
@@ -426,6 +520,8 @@ BENCHES: dict[str, Callable[[Path], list[Row]]] = {
     "batch": batch,
     "training": training,
     "p9": p9,
+    "gateway": gateway,
+    "engine": p8,
 }
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import time
 import uuid
 
@@ -32,8 +33,15 @@ class StampedModel:
             words = (words * (self._reply_length // len(words) + 1))[: self._reply_length]
         response_id = f"resp_{uuid.uuid4().hex}"
         item_id = f"msg_{uuid.uuid4().hex}"
-        send = numbered_events(response)
         envelope = {"id": response_id, "object": "response", "model": body.get("model", "")}
+        if body.get("stream") is not True:
+            # P7's small non-streamed call: the whole response object at once.
+            part = {"type": "output_text", "text": " ".join(words), "annotations": []}
+            item = {"id": item_id, "type": "message", "role": "assistant", "content": [part]}
+            whole = {**envelope, "status": "completed", "output": [item]}
+            await response.send(200, json.dumps(whole).encode())
+            return
+        send = numbered_events(response)
         await response.start()
         await send("response.created", response={**envelope, "status": "in_progress"})
         item = {"id": item_id, "type": "message", "role": "assistant"}

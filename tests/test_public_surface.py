@@ -76,6 +76,12 @@ AGENT_COMMANDS = {
     "demo": {"--local-word-delay", "--trace-root"},
     "chat": {"--address", "--auth-token-env", "--instructions", "--model", "--tls", "--tls-ca"},
     "health": {"--address", "--timeout", "--tls", "--tls-ca"},
+    "gateway": {
+        "--api-key-env", "--auth-token-env", "--config", "--listen", "--local-word-delay",
+        "--log-format", "--log-level", "--provider-max-connections", "--session-idle-timeout",
+        "--stream-idle-timeout", "--tls-cert", "--tls-key", "--token-ids", "--trace-root",
+        "--upstream",
+    },
 }  # fmt: skip
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2

@@ -332,7 +332,8 @@ async def test_reasoning_parallel_calls_and_a_mid_stream_error_chunk(
     assert [m["role"] for m in second["messages"]] == ["user", "assistant", "tool", "tool"]
     assert [c["id"] for c in second["messages"][1]["tool_calls"]] == ["call_a", "call_b"]
     rollout = await closed(agent, thread)
-    first_call = next(c for c in rollout.inference_calls.values() if c.attempt == 1)
+    # Both calls are attempt 1 of their request: the turn's own order says which came first.
+    first_call = rollout.inference_calls[rollout.turns[reply.turn.id].inference_call_ids[0]]
     kinds = [rollout.conversation_items[i].kind for i in first_call.response_item_ids]
     assert kinds == [
         state_pb2.ITEM_KIND_REASONING,

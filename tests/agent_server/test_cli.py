@@ -154,6 +154,9 @@ async def test_demo_runs_and_reduces_its_bundle(tmp_path: Path) -> None:
     assert statuses == ["EXECUTION_STATUS_CANCELLED", "EXECUTION_STATUS_COMPLETED"]
     assert "tool call lookup" in text
     assert "[turn 3: interrupted while awaiting a tool output: INTERRUPTED]" in text
+    # A person reads the word, not the raw enum name (docs/vocabulary.md).
+    assert "[thread CLOSED]" in text
+    assert "THREAD_STATUS_" not in text
 
 
 # Where the server dies: (what it streams, then what the client has seen when the kill comes).

@@ -131,7 +131,7 @@ async def test_every_format_reads_back_against_its_documented_schema(
     assert [s["reward"] for s in group] == [0.0, 1.0, 0.0, 1.0]
     for sample in group:
         assert sample["tokens"] == "exact"
-        assert sample["drift"] == "CLEAN"
+        assert sample["drift"] == "EXACT"
         assert sample["stop_reason"] == "completed"
         ids, mask = sample["token_ids"], sample["loss_mask"]
         assert len(ids) == len(mask) == len(sample["logprobs"])
@@ -215,7 +215,7 @@ async def test_a_tool_round_trip_masks_the_tool_output(local: Harness, tmp_path:
     assert code == 0, err
     [sample] = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert sample["tokens"] == "exact"
-    assert sample["drift"] == "CLEAN"
+    assert sample["drift"] == "EXACT"
     ids, mask = sample["token_ids"], sample["loss_mask"]
     arguments = next(m for m in sample["messages"] if m["kind"] == "function_call")["arguments"]
     [reply] = [m for m in sample["messages"] if m["role"] == "assistant" and m["kind"] == "message"]

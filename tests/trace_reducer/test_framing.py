@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from rollout.trace.v1 import record_pb2
+from trace_reducer.bundle._errors import RecordTooLargeError
 from trace_reducer.bundle._framing import (
     CRC_TAG,
     MAX_RECORD_BYTES,
-    RecordTooLargeError,
     decode_varint,
     encode_record,
     encode_varint,

@@ -65,7 +65,7 @@ def test_prompts_that_extend_the_held_tokens_are_clean(tmp_path: Path) -> None:
     assert list(trace.inference_calls["call-1"].prompt_token_ids) == [1, 2, 3, 4, 5, 6, 7]
     sample = build_sample(bundle, trace)
     assert sample is not None
-    assert sample.drift == "CLEAN"
+    assert sample.drift == "EXACT"
     assert sample.token_ids == [1, 2, 3, 4, 5, 6, 7, 8, 9]
     assert sample.loss_mask == [0, 0, 0, 1, 1, 0, 0, 1, 1]
     assert sample.logprobs == [None, None, None, -0.5, -0.5, None, None, -0.5, -0.5]

@@ -6,13 +6,10 @@ import logging
 import os
 from typing import Any
 
+from ..bundle._errors import RayUnavailableError
 from ._batch import BatchOptions, Chunk, Done, Handle, reduce_chunk
 
 LOCAL = "local"
-
-
-class RayUnavailableError(Exception):
-    """The ray extra is not installed."""
 
 
 class RayEngine:

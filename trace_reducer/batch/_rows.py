@@ -10,6 +10,8 @@ from google.protobuf import timestamp_pb2
 
 from rollout.trace.v1 import common_pb2, state_pb2
 
+from ..bundle._names import EXECUTION_WORDS, INTEGRITY_WORDS, enum_words
+
 Row = dict[str, Any]
 # Rows as they travel from a worker to the driver: values in column order (no repeated keys
 # to pickle), by table.
@@ -167,14 +169,12 @@ TABLES = tuple(COLUMNS)
 NAMES = {table: [name for name, _ in columns] for table, columns in COLUMNS.items()}
 
 
-def _enum_names(values: Iterable[tuple[str, int]], prefix: str) -> dict[int, str]:
-    return {number: name.removeprefix(prefix) for name, number in values}
-
-
-_EXECUTION = _enum_names(common_pb2.ExecutionStatus.items(), "EXECUTION_STATUS_")
-_INTEGRITY = _enum_names(state_pb2.IntegrityStatus.items(), "INTEGRITY_STATUS_")
-_ROLE = _enum_names(state_pb2.ConversationRole.items(), "CONVERSATION_ROLE_")
-_KIND = _enum_names(state_pb2.ItemKind.items(), "ITEM_KIND_")
+_EXECUTION = EXECUTION_WORDS
+_INTEGRITY = INTEGRITY_WORDS
+# The tables' columns hold the enum's own names (USER, FUNCTION_CALL): SQL compares them as the
+# proto spells them.
+_ROLE = enum_words(state_pb2.ConversationRole.items(), "CONVERSATION_ROLE_")
+_KIND = enum_words(state_pb2.ItemKind.items(), "ITEM_KIND_")
 
 
 def _micros(stamp: timestamp_pb2.Timestamp) -> int:

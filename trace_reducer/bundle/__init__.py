@@ -1,30 +1,27 @@
 """What reads and writes a bundle's bytes: layout, framing, payloads, the reader and the writer."""
 
-from ._confine import BundlePathError, BundleRoot, OutsideRootError
+from ._confine import BundleRoot
 from ._errors import (
     BundleError,
     BundleNotFoundError,
+    BundlePathError,
     CorruptBundleError,
     NotABundleError,
+    OutsideRootError,
     RecordingError,
     RecordOutOfRangeError,
+    RecordTooLargeError,
     ReductionError,
+    RewardError,
     describe_os_error,
 )
-from ._framing import (
-    MAX_RECORD_BYTES,
-    RecordTooLargeError,
-    decode_varint,
-    encode_record,
-    encode_varint,
-)
+from ._framing import MAX_RECORD_BYTES, decode_varint, encode_record, encode_varint
 from ._integrity import describe_integrity, integrity_name, require_reducible
 from ._layout import REWARDS_FILE_NAME, STATE_FILE_NAME, TRACE_FILE_NAME, thread_bundles
 from ._payloads import canonical_json, payload_id
 from ._reader import BundleReader, FrameDecoder, read_bundle, resolve_trace_file
 from ._records import RecordBuilder, RecordSink
 from ._rewards import (
-    RewardError,
     RewardInput,
     append_reward,
     attach_rewards,

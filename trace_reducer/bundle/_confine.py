@@ -14,7 +14,13 @@ import stat
 from types import TracebackType
 from typing import BinaryIO
 
-from ._errors import BundleError, BundleNotFoundError, NotABundleError
+from ._errors import (
+    BundleError,
+    BundleNotFoundError,
+    BundlePathError,
+    NotABundleError,
+    OutsideRootError,
+)
 from ._layout import TRACE_FILE_NAME
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -22,14 +28,6 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 # Linux's PATH_MAX: no longer path names a file, so it is refused before touching the disk.
 MAX_PATH_BYTES = 4096
-
-
-class BundlePathError(BundleError):
-    """The bundle path is malformed: empty, with a NUL byte, or too long."""
-
-
-class OutsideRootError(BundleError):
-    """The bundle path leads outside the root, or through a symbolic link."""
 
 
 class ConfinedBundle:

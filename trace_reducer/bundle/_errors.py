@@ -1,4 +1,27 @@
-"""The errors a caller of trace_reducer meets, and the one way an OSError is put into words."""
+"""Every exception trace_reducer raises, in one tree, and the one way an OSError is put into
+words. Each is imported where it is raised from here; the tree:
+
+    BundleError                     the path given is not a readable trace bundle
+    ├── BundleNotFoundError         nothing at the path
+    ├── NotABundleError             no trace.binpb, or no header in it
+    ├── CorruptBundleError          CORRUPT and not salvaging (carries the integrity)
+    ├── BundlePathError             a malformed path (ReducerService)
+    ├── OutsideRootError            a path outside the root or through a symlink (ReducerService)
+    └── RequestNotFoundError        no inference call with that id (`request`)
+    ReductionError                  records contradict each other
+    └── RecordOutOfRangeError       a value the state cannot hold (a time past year 9999)
+    RecordingError                  a bundle could not be created or written
+    RewardError                     a reward that cannot be recorded (`reason`: a code)
+    PayloadError (ValueError)       payload records that do not fit together
+    RecordTooLargeError (ValueError)  a record over MAX_RECORD_BYTES once framed
+    ExportError                     the RL export cannot be written
+    ExportConfigError (ValueError)  an OTLP endpoint, protocol, header or timeout unusable
+    ExportFailedError               the OTLP receiver did not take the spans
+    RayUnavailableError             `--ray` without the ray extra
+
+The ValueError ones are bad values handed in by code; the others are what a command or a
+service turns into its exit code or status (cli/_main.py, service/_service.py, batch/_batch.py).
+"""
 
 from __future__ import annotations
 
@@ -27,6 +50,18 @@ class CorruptBundleError(BundleError):
         self.integrity = integrity
 
 
+class BundlePathError(BundleError):
+    """The bundle path is malformed: empty, with a NUL byte, or too long."""
+
+
+class OutsideRootError(BundleError):
+    """The bundle path leads outside the root, or through a symbolic link."""
+
+
+class RequestNotFoundError(BundleError):
+    """The bundle has no inference call with the id asked for."""
+
+
 class RecordingError(Exception):
     """A bundle could not be created or written; the message is the cause."""
 
@@ -37,6 +72,38 @@ class ReductionError(Exception):
 
 class RecordOutOfRangeError(ReductionError):
     """A record holds a value the state cannot: a time outside the years 1-9999."""
+
+
+class RewardError(Exception):
+    """A reward that cannot be recorded; `reason` is an UPPER_SNAKE code for services."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class PayloadError(ValueError):
+    """Payload records that do not fit together."""
+
+
+class RecordTooLargeError(ValueError):
+    """A record would exceed MAX_RECORD_BYTES once framed."""
+
+
+class ExportError(Exception):
+    """The export cannot be written (pyarrow missing, an unwritable output directory)."""
+
+
+class ExportConfigError(ValueError):
+    """An endpoint, protocol, header or timeout the export cannot use."""
+
+
+class ExportFailedError(Exception):
+    """The receiver could not be reached or did not accept the spans."""
+
+
+class RayUnavailableError(Exception):
+    """The ray extra is not installed."""
 
 
 def describe_os_error(error: OSError, path: str | os.PathLike[str] | None = None) -> str:

@@ -8,6 +8,8 @@ import google_crc32c
 
 from rollout.trace.v1 import record_pb2
 
+from ._errors import RecordTooLargeError
+
 # Go's protodelim reader refuses larger messages by default; staying under it keeps bundles
 # readable everywhere.
 MAX_RECORD_BYTES = 4 * 1024 * 1024
@@ -23,10 +25,6 @@ CRC_TRAILER_BYTES = 5
 CRC_FIELD = struct.Struct("<BI")
 
 _MAX_VARINT_BYTES = 10
-
-
-class RecordTooLargeError(ValueError):
-    """A record would exceed MAX_RECORD_BYTES once framed."""
 
 
 def encode_varint(value: int) -> bytes:

@@ -5,11 +5,12 @@ from __future__ import annotations
 from rollout.trace.v1 import state_pb2
 
 from ._errors import CorruptBundleError, NotABundleError
+from ._names import integrity_word
 
 
 def integrity_name(status: state_pb2.IntegrityStatus.ValueType) -> str:
     """`CLEAN`, `UNCLOSED`, `TRUNCATED` or `CORRUPT`."""
-    return state_pb2.IntegrityStatus.Name(status).removeprefix("INTEGRITY_STATUS_")
+    return integrity_word(status)
 
 
 def describe_integrity(integrity: state_pb2.Integrity) -> str:

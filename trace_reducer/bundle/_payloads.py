@@ -8,9 +8,7 @@ from typing import Any
 
 from rollout.trace.v1 import record_pb2
 
-
-class PayloadError(ValueError):
-    """Payload records that do not fit together."""
+from ._errors import PayloadError
 
 
 def canonical_json(obj: Any) -> bytes:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from rollout.trace.v1 import record_pb2, state_pb2
 
-from ._errors import describe_os_error
+from ._errors import RewardError, describe_os_error
 from ._framing import encode_record
 from ._layout import REWARDS_FILE_NAME
 from ._reader import CLEAN, CORRUPT, TRUNCATED, UNCLOSED, FrameDecoder
@@ -27,14 +27,6 @@ MAX_METADATA_ENTRIES = 64
 MAX_METADATA_KEY_CHARS = 128
 MAX_METADATA_VALUE_CHARS = 4096
 _READ_BYTES = 1 << 16
-
-
-class RewardError(Exception):
-    """A reward that cannot be recorded; `reason` is an UPPER_SNAKE code for services."""
-
-    def __init__(self, message: str, reason: str) -> None:
-        super().__init__(message)
-        self.reason = reason
 
 
 @dataclass(frozen=True)

@@ -71,7 +71,8 @@ class BundleWriter:
             if not root.is_dir():
                 # mkdir -p would turn a typo into a silent new tree; a missing root is created,
                 # anything else that is not a directory is the user's to fix.
-                if root.exists():
+                # Checked again: another writer (a second gateway) may just have made it.
+                if root.exists() and not root.is_dir():
                     raise RecordingError(f"trace root is not a directory: {root}")
                 root.mkdir(mode=0o700, parents=True, exist_ok=True)
             # mkdtemp makes the directory 0700, as a bundle's is.

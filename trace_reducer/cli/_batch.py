@@ -101,7 +101,8 @@ def _engine(args: argparse.Namespace, store: Store) -> Engine:
         return InlineEngine()
     if args.ray is None:
         return PoolEngine(args.jobs or os.cpu_count() or 1)
-    from ..batch._ray import RayEngine, RayUnavailableError  # an optional extra
+    from ..batch._ray import RayEngine  # an optional extra
+    from ..bundle._errors import RayUnavailableError
 
     try:
         return RayEngine(args.ray, args.jobs)

@@ -175,7 +175,8 @@ def _request(args: argparse.Namespace) -> int:
 def _export_otlp(args: argparse.Namespace) -> int:
     try:
         # The OpenTelemetry SDK is an optional extra; the other commands never import it.
-        from ..export._otel import ExportConfigError, ExportFailedError, export_otlp
+        from ..bundle._errors import ExportConfigError, ExportFailedError
+        from ..export._otel import export_otlp
     except ImportError as error:
         raise _CommandError(
             f"export-otlp needs the otel extra (pip install 'rollout-trace[otel]'): {error}",

@@ -6,9 +6,9 @@ import argparse
 import sys
 from typing import Any
 
-from ..bundle._errors import BundleError, CorruptBundleError
+from ..bundle._errors import BundleError, CorruptBundleError, RewardError
 from ..bundle._reader import resolve_trace_file
-from ..bundle._rewards import RewardError, RewardInput, append_reward, check_reward
+from ..bundle._rewards import RewardInput, append_reward, check_reward
 from ..export._rl import FORMATS, ExportError, export_rl
 from ..reduce._replay import replay_bundle
 
@@ -91,9 +91,16 @@ def _export(args: argparse.Namespace) -> int:
             f"warning: {len(exported.left_out)} sample(s) without exact tokens are not in "
             f"{exported.path.name} (never re-tokenized; --format jsonl keeps their messages)"
         )
+    if exported.drifted:
+        _say(
+            f"warning: {exported.drifted} sample(s) drifted: in {exported.drifted_calls} "
+            "inference call(s) the engine's prompt departed from the tokens it had sampled; "
+            "their ids are kept as the engine saw them and the departed stretch is masked out "
+            "(each sample's drift_events says where)"
+        )
     print(
         f"wrote {exported.samples - len(exported.left_out)} samples "
-        f"({exported.exact} with exact tokens) to {exported.path}",
+        f"({exported.exact} with exact tokens, {exported.drifted} drifted) to {exported.path}",
         flush=True,
     )
     return EXIT_OK

@@ -6,7 +6,8 @@ from ._rl import FORMATS as RL_FORMATS
 from ._rl import Exported, ExportError, build_sample, export_rl
 
 if TYPE_CHECKING:
-    from ._otel import ExportConfigError, ExportedBundle, ExportFailedError, export_otlp
+    from ..bundle._errors import ExportConfigError, ExportFailedError
+    from ._otel import ExportedBundle, export_otlp
 
 # The OTLP export needs the optional `otel` extra: it is imported on first use only.
 OTEL_NAMES = frozenset({"ExportConfigError", "ExportFailedError", "ExportedBundle", "export_otlp"})

@@ -16,8 +16,10 @@ from google.protobuf import timestamp_pb2
 from rollout.trace.v1 import common_pb2, state_pb2
 
 from ..bundle._bulk import DeltaRun
+from ..bundle._errors import PayloadError
 from ..bundle._integrity import integrity_name
-from ..bundle._payloads import PayloadError, PayloadStore
+from ..bundle._names import KIND_WORDS, ROLE_WORDS, execution_word
+from ..bundle._payloads import PayloadStore
 from ..bundle._reader import read_bundle
 
 AttributeValue = str | bool | int | float | list[str]
@@ -47,13 +49,7 @@ _PROVIDER_HOSTS = (
     ("api.perplexity.ai", "perplexity"),
 )
 _DEFAULT_PROVIDER = "openai"
-_ROLES = {
-    state_pb2.CONVERSATION_ROLE_USER: "user",
-    state_pb2.CONVERSATION_ROLE_ASSISTANT: "assistant",
-    state_pb2.CONVERSATION_ROLE_SYSTEM: "system",
-    state_pb2.CONVERSATION_ROLE_DEVELOPER: "developer",
-    state_pb2.CONVERSATION_ROLE_TOOL: "tool",
-}
+
 _HEX_TRACE_ID = re.compile(r"[0-9a-f]{32}")
 
 
@@ -191,7 +187,7 @@ def _ns(stamp: timestamp_pb2.Timestamp) -> int:
 
 
 def _status_name(status: common_pb2.ExecutionStatus.ValueType) -> str:
-    return common_pb2.ExecutionStatus.Name(status).removeprefix("EXECUTION_STATUS_")
+    return execution_word(status)
 
 
 # -- content in the conventions' message shape ------------------------------------------------
@@ -227,14 +223,14 @@ def _parts(item: state_pb2.ConversationItem) -> list[dict[str, Any]]:
         else:
             parts.append({"type": part.type or "unknown"})
     if not parts and kind not in (state_pb2.ITEM_KIND_MESSAGE, state_pb2.ITEM_KIND_UNSPECIFIED):
-        parts.append({"type": state_pb2.ItemKind.Name(kind).removeprefix("ITEM_KIND_").lower()})
+        parts.append({"type": KIND_WORDS.get(kind, "unspecified")})
     return parts
 
 
 def _role(item: state_pb2.ConversationItem) -> str:
     if item.kind == state_pb2.ITEM_KIND_FUNCTION_CALL_OUTPUT:
         return "tool"
-    return _ROLES.get(item.role, "assistant")
+    return ROLE_WORDS.get(item.role, "assistant")
 
 
 def _dumps(value: Any) -> str:

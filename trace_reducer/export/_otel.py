@@ -23,6 +23,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from rollout.trace.v1 import state_pb2
 
+from ..bundle._errors import ExportConfigError, ExportFailedError
 from ..bundle._integrity import integrity_name, require_reducible
 from ..bundle._version import __version__
 from ..reduce._replay import replay_bundle
@@ -41,14 +42,6 @@ _SPAN_OVERHEAD_BYTES = 128
 _HEADER_KEY = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _DETAIL_CHARS = 400
 _HTTP_CAUSE_LOGGER = "opentelemetry.exporter.otlp.proto.http.cause"
-
-
-class ExportConfigError(ValueError):
-    """An endpoint, protocol, header or timeout the export cannot use."""
-
-
-class ExportFailedError(Exception):
-    """The receiver could not be reached or did not accept the spans."""
 
 
 @dataclass(frozen=True)

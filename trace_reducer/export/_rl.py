@@ -13,9 +13,10 @@ from typing import Any
 
 from rollout.trace.v1 import common_pb2, record_pb2, state_pb2
 
-from ..bundle._errors import BundleError, NotABundleError
+from ..bundle._errors import BundleError, ExportError, NotABundleError
 from ..bundle._integrity import integrity_name, require_reducible
 from ..bundle._layout import TRACE_FILE_NAME
+from ..bundle._names import KIND_WORDS, ROLE_WORDS, STOP_WORDS
 from ..bundle._reader import read_bundle, resolve_trace_file
 from ..reduce._forks import BundleForkResolver
 from ..reduce._pass import reduce_reader
@@ -27,30 +28,20 @@ FILE_NAMES = {
     "skyrl": "skyrl.parquet",
     "art": "art.jsonl",
 }
-CLEAN, REALIGN, FORK = "CLEAN", "REALIGN", "FORK"
-_DRIFT_RANK = {CLEAN: 0, REALIGN: 1, FORK: 2}
+# The drift vocabulary of common_pb2.TokenDrift, the same words the reduced state uses.
+EXACT, REALIGN, FORK = "EXACT", "REALIGN", "FORK"
+_DRIFT_RANK = {EXACT: 0, REALIGN: 1, FORK: 2}
 _FINISH = {
     common_pb2.STOP_REASON_COMPLETED: "stop",
     common_pb2.STOP_REASON_LENGTH: "length",
 }
-_ROLES = {
-    state_pb2.CONVERSATION_ROLE_USER: "user",
-    state_pb2.CONVERSATION_ROLE_ASSISTANT: "assistant",
-    state_pb2.CONVERSATION_ROLE_SYSTEM: "system",
-    state_pb2.CONVERSATION_ROLE_DEVELOPER: "developer",
-    state_pb2.CONVERSATION_ROLE_TOOL: "tool",
-}
-
-
-class ExportError(Exception):
-    """The export cannot be written (pyarrow missing, an unwritable output directory)."""
 
 
 def stop_name(reason: common_pb2.StopReason.ValueType) -> str:
     """`completed`, `length`, `interrupted`, `provider_error`, `infra_error` ('' unknown)."""
     if not reason:
         return ""
-    return common_pb2.StopReason.Name(reason).removeprefix("STOP_REASON_").lower()
+    return STOP_WORDS.get(reason, "")
 
 
 # -- finding and reducing bundles ---------------------------------------------------------------
@@ -125,7 +116,7 @@ class Sample:
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float | None] = field(default_factory=list)
     prompt_length: int = 0
-    drift: str = CLEAN
+    drift: str = EXACT
     drift_events: list[dict[str, Any]] = field(default_factory=list)
     rewards: list[dict[str, Any]] = field(default_factory=list)
     reward: float | None = None
@@ -185,8 +176,8 @@ def _message(item: state_pb2.ConversationItem) -> dict[str, Any]:
     message: dict[str, Any] = {
         "item_id": item.item_id,
         "responses_item_id": item.responses_item_id,
-        "role": _ROLES.get(item.role, "user"),
-        "kind": state_pb2.ItemKind.Name(item.kind).removeprefix("ITEM_KIND_").lower(),
+        "role": ROLE_WORDS.get(item.role, "user"),
+        "kind": KIND_WORDS.get(item.kind, "unspecified"),
         "content": item.output
         if item.kind == state_pb2.ITEM_KIND_FUNCTION_CALL_OUTPUT
         else "".join(part.text for part in item.content),
@@ -635,6 +626,11 @@ class Exported:
     skipped_threads: int
     left_out: list[str]
     warnings: list[str]
+    # Samples with exact tokens whose prompts departed from the held tokens (REALIGN or FORK),
+    # and how many inference calls did so: their ids stay the engine's, the departed stretch
+    # masked out.
+    drifted: int = 0
+    drifted_calls: int = 0
 
 
 def export_rl(
@@ -693,8 +689,18 @@ def export_rl(
             _write_parquet(target, rows, schema)
     except OSError as error:
         raise ExportError(f"cannot write {target}: {error.strerror or error}") from error
-    exact = sum(1 for s in samples if s.tokens == "exact")
-    return Exported(target, len(samples), exact, skipped, left_out, warnings)
+    exact = [s for s in samples if s.tokens == "exact"]
+    drifted = [s for s in exact if s.drift != EXACT]
+    return Exported(
+        target,
+        len(samples),
+        len(exact),
+        skipped,
+        left_out,
+        warnings,
+        drifted=len(drifted),
+        drifted_calls=sum(len(s.drift_events) for s in drifted),
+    )
 
 
 __all__ = ["FORMATS", "BundleError", "ExportError", "Exported", "export_rl"]

@@ -1,5 +1,6 @@
 """The reducer and what it builds: items, the compact form, forks, requests, state JSON."""
 
+from ..bundle._errors import RequestNotFoundError
 from ._chat import CHAT_API, chat_messages
 from ._compact import expand_request_items
 from ._recorded import (
@@ -12,7 +13,7 @@ from ._recorded import (
 )
 from ._reducer import Reducer
 from ._replay import replay_bundle
-from ._requests import RequestNotFoundError, request_body
+from ._requests import request_body
 from ._state_json import iter_state_json, state_to_json, write_state_json
 
 __all__ = [

@@ -12,7 +12,8 @@ from typing import Protocol
 
 from rollout.trace.v1 import record_pb2, state_pb2
 
-from ..bundle._payloads import PayloadError, PayloadStore
+from ..bundle._errors import PayloadError
+from ..bundle._payloads import PayloadStore
 
 
 class ParentBundle:

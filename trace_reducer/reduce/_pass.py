@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from rollout.trace.v1 import record_pb2, state_pb2
 
 from ..bundle._bulk import DeltaRun
-from ..bundle._payloads import PayloadError, PayloadStore
+from ..bundle._errors import PayloadError
+from ..bundle._payloads import PayloadStore
 from ..bundle._reader import BundleReader, Integrity
 from ..bundle._rewards import RewardFile, add_rewards, read_rewards
 from ._parents import ForkResolver, ParentBundle

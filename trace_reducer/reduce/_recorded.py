@@ -13,8 +13,8 @@ from typing import Any
 
 from rollout.trace.v1 import common_pb2, record_pb2, state_pb2
 
-from ..bundle._confine import BundleRoot, OutsideRootError
-from ..bundle._errors import BundleError, BundleNotFoundError, ReductionError
+from ..bundle._confine import BundleRoot
+from ..bundle._errors import BundleError, BundleNotFoundError, OutsideRootError, ReductionError
 from ..bundle._layout import TRACE_FILE_NAME, thread_bundles
 from ..bundle._reader import BundleReader
 from ._forks import BundleForkResolver

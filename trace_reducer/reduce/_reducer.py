@@ -11,8 +11,8 @@ from google.protobuf import timestamp_pb2
 from rollout.trace.v1 import common_pb2, record_pb2, state_pb2
 
 from ..bundle._bulk import DeltaRun
-from ..bundle._errors import RecordOutOfRangeError, ReductionError
-from ..bundle._payloads import PayloadError, PayloadStore
+from ..bundle._errors import PayloadError, RecordOutOfRangeError, ReductionError
+from ..bundle._payloads import PayloadStore
 from ..bundle._tokens import TokenAccumulator, classify_stop, sampling_settings
 from ._compact import expand_request_items
 from ._items import ItemInfo, ThreadItems, parse_item

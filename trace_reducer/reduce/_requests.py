@@ -5,16 +5,12 @@ from __future__ import annotations
 import json
 import os
 
-from ..bundle._errors import BundleError
-from ..bundle._payloads import PayloadError, PayloadStore, canonical_json, resolve_inputs
+from ..bundle._errors import BundleError, PayloadError, RequestNotFoundError
+from ..bundle._payloads import PayloadStore, canonical_json, resolve_inputs
 from ..bundle._reader import read_bundle
 from ._chat import CHAT_API, chat_messages
 from ._forks import BundleForkResolver
 from ._parents import ParentBundle
-
-
-class RequestNotFoundError(BundleError):
-    """The bundle has no inference call with the id asked for."""
 
 
 def request_body(path: str | os.PathLike[str], inference_call_id: str) -> bytes:

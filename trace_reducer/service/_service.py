@@ -36,12 +36,14 @@ import grpc
 from grpc_common import abort
 from rollout.reducer.v1 import reducer_pb2, reducer_pb2_grpc
 
-from ..bundle._confine import BundlePathError, BundleRoot, ConfinedBundle, OutsideRootError
+from ..bundle._confine import BundleRoot, ConfinedBundle
 from ..bundle._errors import (
     BundleError,
     BundleNotFoundError,
+    BundlePathError,
     CorruptBundleError,
     NotABundleError,
+    OutsideRootError,
     RecordOutOfRangeError,
     ReductionError,
     describe_os_error,

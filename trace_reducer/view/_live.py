@@ -10,6 +10,7 @@ from google.protobuf import timestamp_pb2
 
 from rollout.trace.v1 import common_pb2, state_pb2
 
+from ..bundle._names import ROLE_WORDS, execution_word
 from ._watch import WatchUpdate, follow_bundle
 
 _RUNNING = common_pb2.EXECUTION_STATUS_RUNNING
@@ -18,7 +19,7 @@ _UNSPECIFIED = common_pb2.EXECUTION_STATUS_UNSPECIFIED
 
 def status_name(status: common_pb2.ExecutionStatus.ValueType) -> str:
     """COMPLETED, FAILED, ... as a person reads it."""
-    return common_pb2.ExecutionStatus.Name(status).removeprefix("EXECUTION_STATUS_")
+    return execution_word(status)
 
 
 def _seconds(stamp: timestamp_pb2.Timestamp) -> float:
@@ -62,7 +63,7 @@ def item_label(item: state_pb2.ConversationItem) -> str:
         return "tool output"
     if kind == state_pb2.ITEM_KIND_REASONING:
         return "reasoning"
-    role = state_pb2.ConversationRole.Name(item.role).removeprefix("CONVERSATION_ROLE_").lower()
+    role = ROLE_WORDS.get(item.role, "unspecified")
     label = "item" if role == "unspecified" else role
     if any(part.type == "refusal" for part in item.content):
         label += " (refusal)"

@@ -19,8 +19,9 @@ from google.protobuf import timestamp_pb2
 
 from rollout.trace.v1 import common_pb2, state_pb2
 
-from ..bundle._errors import NotABundleError
-from ..bundle._payloads import PayloadError, PayloadStore, canonical_json
+from ..bundle._errors import NotABundleError, PayloadError
+from ..bundle._names import KIND_WORDS, ROLE_WORDS, execution_word, integrity_word
+from ..bundle._payloads import PayloadStore, canonical_json
 from ..bundle._reader import BundleReader, read_bundle, resolve_trace_file
 from ..bundle._rewards import read_rewards
 from ..reduce._forks import BundleForkResolver
@@ -33,17 +34,6 @@ VIEW_FILE_NAME = "view.html"
 # Turns per page of the transcript and the timeline; the page builds only what it shows.
 PAGE_TURNS = 25
 
-_ROLE_NAMES = {
-    value: name.removeprefix("CONVERSATION_ROLE_").lower()
-    for name, value in state_pb2.ConversationRole.items()
-}
-_KIND_NAMES = {
-    value: name.removeprefix("ITEM_KIND_").lower() for name, value in state_pb2.ItemKind.items()
-}
-_STATUS_NAMES = {
-    value: name.removeprefix("EXECUTION_STATUS_")
-    for name, value in common_pb2.ExecutionStatus.items()
-}
 # Flow entries of a turn that share a seq: inputs a request brought, the call, what it dropped,
 # then an interrupt.
 _ITEM, _CALL, _DISCARDED, _INTERRUPT = 0, 1, 2, 3
@@ -130,7 +120,7 @@ class _PageBuilder:
 
     def execution(self, execution: state_pb2.Execution) -> dict[str, Any]:
         return {
-            "status": _STATUS_NAMES.get(execution.status, "UNSPECIFIED"),
+            "status": execution_word(execution.status),
             "start": self.time(execution.started_at),
             "end": self.time(execution.ended_at),
             "start_seq": execution.started_seq,
@@ -154,9 +144,7 @@ class _PageBuilder:
                 "duration": self.time(trace.ended_at),
                 "recording_complete": trace.recording_complete,
                 "integrity": {
-                    "status": state_pb2.IntegrityStatus.Name(integrity.status).removeprefix(
-                        "INTEGRITY_STATUS_"
-                    ),
+                    "status": integrity_word(integrity.status),
                     "detail": integrity.detail,
                     "records_read": integrity.records_read,
                     "bytes_read": integrity.bytes_read,
@@ -232,8 +220,8 @@ class _PageBuilder:
             "id": item.item_id,
             "thread": item.thread_id,
             "turn": item.turn_id,
-            "role": _ROLE_NAMES.get(item.role, "unspecified"),
-            "kind": _KIND_NAMES.get(item.kind, "unspecified"),
+            "role": ROLE_WORDS.get(item.role, "unspecified"),
+            "kind": KIND_WORDS.get(item.kind, "unspecified"),
             "parts": [[part.type, part.text] for part in item.content],
             "rid": item.responses_item_id,
             "by": producers,

@@ -1,0 +1,325 @@
+"""What the gateway needs to know of each API a client speaks: its conversation, hints, records.
+
+Whatever the client speaks, the trace holds Responses API items (as the agent server's does), so
+every reader works on gateway bundles unchanged: a Chat request's `messages` become the items
+`trace_reducer.chat_messages` turns back into the same messages, and the upstream's chunks are
+recorded through the agent server's Chat dialect (`agent_server.chat_completions`)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+from agent_server import chat_completions
+from agent_server.gateway._sessions import Session, SessionKey
+from agent_server.gateway._sse import SseEvent
+from agent_server.provider import Decode, ProviderEvent, parse_event
+from agent_server.response import Response
+from rollout.trace.v1 import common_pb2
+from trace_reducer import CHAT_API, canonical_json, chat_messages
+
+# Item fields that change between the provider's answer and the client's echo of it.
+_VOLATILE = frozenset({"id", "status", "annotations", "logprobs"})
+
+
+def _text(content: Any) -> str:
+    """The text of a content string or list of parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            part.get("text") or part.get("refusal") or ""
+            for part in content
+            if isinstance(part, dict) and isinstance(part.get("text") or part.get("refusal"), str)
+        )
+    return ""
+
+
+def _json(value: Any) -> str:
+    return canonical_json(value).decode("ascii")
+
+
+class CallRecorder:
+    """One call's upstream answer, recorded through the agent server's own Response handler
+    (the events a dialect's decoder makes of the stream, or of a whole answer)."""
+
+    def __init__(self, dialect: Dialect, session: Session, ordinal: int, turn_id: str) -> None:
+        self._dialect = dialect
+        self._response = Response(ordinal, session.thread, turn_id, session.on_tool_call)
+        self._decode = dialect.decoder()
+        self._history = session.thread.history
+        self._mark = len(self._history)
+
+    @property
+    def response_id(self) -> str:
+        return self._response.response_id
+
+    @property
+    def usage(self) -> common_pb2.TokenUsage | None:
+        return self._response.usage
+
+    @property
+    def incomplete_reason(self) -> str:
+        return self._response.incomplete_reason
+
+    def on_events(self, events: Sequence[SseEvent]) -> bool:
+        """Record streamed events; True once a terminal one came. Raises ProviderError on a
+        failure event (after recording it)."""
+        batch = [found for event in events for found in self._decode(event.event, event.data)]
+        return bool(batch) and self._response.on_batch(batch)
+
+    def on_body(self, body: Any, raw: str) -> None:
+        """Record a whole (non-streamed) answer. Raises ProviderError when it says it failed."""
+        self._response.on_batch(self._dialect.body_events(body, raw))
+
+    def output_fingerprints(self) -> list[str]:
+        """The accepted output, fingerprinted as the client will send it back."""
+        return self._dialect.output_fingerprints(self._history[self._mark :])
+
+
+class Dialect(Protocol):
+    """One client API: how its requests carry the conversation, how its answers are recorded."""
+
+    name: str
+    # The path under the base URL, e.g. "/responses".
+    path: str
+    # `inference_started.provider_api`: how the reducer rebuilds the request body.
+    provider_api: str
+
+    def entries(self, body: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The conversation as the client sent it (input items, or messages)."""
+
+    def items(self, entries: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """Those entries as Responses items (what the trace records)."""
+
+    def envelope(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """The request body without its conversation."""
+
+    def fingerprint(self, entry: Mapping[str, Any]) -> str:
+        """What stays the same when a client sends an entry back."""
+
+    def output_fingerprints(self, items: Sequence[Mapping[str, Any]]) -> list[str]:
+        """Accepted output items, fingerprinted as the client will send them back."""
+
+    def hint(self, body: Mapping[str, Any], sessions: Any) -> SessionKey | None:
+        """The session a request's own fields name, if any."""
+
+    def decoder(self) -> Decode:
+        """A fresh decoder of one stream's SSE events."""
+
+    def body_events(self, body: Any, raw: str) -> list[ProviderEvent]:
+        """The events a whole answer amounts to, itself first (kept verbatim)."""
+
+
+def starts_turn(item: Mapping[str, Any]) -> bool:
+    """A user message starts a turn (tool outputs continue one)."""
+    kind = item.get("type") or ("message" if "role" in item else "")
+    return kind == "message" and item.get("role") == "user"
+
+
+def tool_output(item: Mapping[str, Any]) -> str | None:
+    """The call id a function call output answers."""
+    call_id = item.get("call_id")
+    if item.get("type") == "function_call_output" and isinstance(call_id, str):
+        return call_id
+    return None
+
+
+def _cache_key_hint(body: Mapping[str, Any]) -> SessionKey | None:
+    cache_key = body.get("prompt_cache_key")
+    if isinstance(cache_key, str) and cache_key:
+        # Coding agents (Codex) set it to their conversation's id.
+        return SessionKey(f"prompt_cache_key:{cache_key}", "hint:prompt_cache_key")
+    return None
+
+
+class ResponsesDialect:
+    """The Responses API: `input` items, `previous_response_id`, response events."""
+
+    name = "responses"
+    path = "/responses"
+    provider_api = ""
+
+    def entries(self, body: Mapping[str, Any]) -> list[dict[str, Any]]:
+        value = body.get("input")
+        if isinstance(value, str):
+            return [{"role": "user", "content": value}]
+        if isinstance(value, list):
+            return [item if isinstance(item, dict) else {"value": item} for item in value]
+        return []
+
+    def items(self, entries: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        return [dict(entry) for entry in entries]
+
+    def envelope(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        return {key: value for key, value in body.items() if key != "input"}
+
+    def fingerprint(self, entry: Mapping[str, Any]) -> str:
+        kind = entry.get("type") or ("message" if "role" in entry else "")
+        if kind == "message":
+            return _json(["message", entry.get("role"), _text(entry.get("content"))])
+        if kind == "function_call":
+            return _json(["call", entry.get("call_id"), entry.get("name"), entry.get("arguments")])
+        if kind == "function_call_output":
+            return _json(["output", entry.get("call_id"), _text(entry.get("output"))])
+        return _json({k: v for k, v in entry.items() if k not in _VOLATILE})
+
+    def output_fingerprints(self, items: Sequence[Mapping[str, Any]]) -> list[str]:
+        return [self.fingerprint(item) for item in items]
+
+    def hint(self, body: Mapping[str, Any], sessions: Any) -> SessionKey | None:
+        previous = body.get("previous_response_id")
+        if isinstance(previous, str) and previous:
+            session = sessions.by_response(previous)
+            if session is not None:
+                return SessionKey(session.key, "hint:previous_response_id")
+        conversation = body.get("conversation")
+        if isinstance(conversation, dict):
+            conversation = conversation.get("id")
+        if isinstance(conversation, str) and conversation:
+            return SessionKey(f"conversation:{conversation}", "hint:conversation")
+        return _cache_key_hint(body)
+
+    def decoder(self) -> Decode:
+        def decode(sse_event: str, raw: str) -> list[ProviderEvent]:
+            # A Responses stream has no `[DONE]`; some servers send one anyway.
+            return (
+                [] if raw.strip() == chat_completions.DONE_DATA else [parse_event(sse_event, raw)]
+            )
+
+        return decode
+
+    def body_events(self, body: Any, raw: str) -> list[ProviderEvent]:
+        if not isinstance(body, dict):
+            return [ProviderEvent("response.completed", None, raw)]
+        events = [ProviderEvent("response.created", {"response": {"id": body.get("id")}}, "")]
+        output = body.get("output")
+        for index, item in enumerate(output if isinstance(output, list) else []):
+            if not isinstance(item, dict):
+                continue
+            placed = {"output_index": index, "item": item}
+            events.append(ProviderEvent("response.output_item.added", placed, ""))
+            events.append(ProviderEvent("response.output_item.done", placed, ""))
+        status = body.get("status")
+        terminal = {"failed": "response.failed", "incomplete": "response.incomplete"}.get(
+            status if isinstance(status, str) else "", "response.completed"
+        )
+        # The body itself is what the trace keeps verbatim, as the terminal event's data.
+        events.append(ProviderEvent(terminal, {"type": terminal, "response": body}, raw))
+        return events
+
+
+class ChatDialect:
+    """Chat Completions: `messages`, chunks recorded through the agent server's Chat dialect."""
+
+    name = "chat"
+    path = chat_completions.PATH
+    provider_api = CHAT_API
+
+    def entries(self, body: Mapping[str, Any]) -> list[dict[str, Any]]:
+        value = body.get("messages")
+        if isinstance(value, list):
+            return [entry if isinstance(entry, dict) else {"value": entry} for entry in value]
+        return []
+
+    def items(self, entries: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """Messages as Responses items: `chat_messages("", items)` gives the messages back
+        (their text; parts other than text are kept as the message's content list)."""
+        items: list[dict[str, Any]] = []
+        for message in entries:
+            role = message.get("role")
+            if role == "tool":
+                items.append(
+                    {
+                        "type": "function_call_output",
+                        "call_id": str(message.get("tool_call_id", "")),
+                        "output": _text(message.get("content")),
+                    }
+                )
+                continue
+            content = message.get("content")
+            calls = message.get("tool_calls")
+            if content is not None or not calls:
+                items.append({"type": "message", "role": role, "content": content or ""})
+            for call in calls if isinstance(calls, list) else []:
+                function = call.get("function") if isinstance(call, dict) else None
+                if not isinstance(function, dict):
+                    continue
+                items.append(
+                    {
+                        "type": "function_call",
+                        "call_id": str(call.get("id", "")),
+                        "name": str(function.get("name", "")),
+                        "arguments": str(function.get("arguments", "")),
+                    }
+                )
+        return items
+
+    def envelope(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        return {key: value for key, value in body.items() if key != "messages"}
+
+    def fingerprint(self, entry: Mapping[str, Any]) -> str:
+        calls = entry.get("tool_calls")
+        return _json(
+            [
+                entry.get("role"),
+                _text(entry.get("content")),
+                entry.get("tool_call_id"),
+                [
+                    [
+                        c.get("id"),
+                        (c.get("function") or {}).get("name"),
+                        (c.get("function") or {}).get("arguments"),
+                    ]
+                    for c in (calls if isinstance(calls, list) else [])
+                    if isinstance(c, dict)
+                ],
+            ]
+        )
+
+    def output_fingerprints(self, items: Sequence[Mapping[str, Any]]) -> list[str]:
+        return [self.fingerprint(message) for message in chat_messages("", items)]
+
+    def hint(self, body: Mapping[str, Any], sessions: Any) -> SessionKey | None:
+        return _cache_key_hint(body)
+
+    def decoder(self) -> Decode:
+        return chat_completions.CHAT.decoder()
+
+    def body_events(self, body: Any, raw: str) -> list[ProviderEvent]:
+        """A whole `chat.completion`: kept verbatim, then read as the one chunk it amounts to."""
+        if not isinstance(body, dict):
+            return [ProviderEvent("chat.completion", None, raw)]
+        events = [ProviderEvent("chat.completion", body, raw)]
+        mapper = chat_completions.ChunkMapper()
+        chunk = {key: value for key, value in body.items() if key != "choices"}
+        choices = []
+        for choice in body.get("choices") or []:
+            if not isinstance(choice, dict):
+                continue
+            message = dict(choice.get("message") or {})
+            calls = message.get("tool_calls")
+            if isinstance(calls, list):
+                message["tool_calls"] = [
+                    {**call, "index": index}
+                    for index, call in enumerate(calls)
+                    if isinstance(call, dict)
+                ]
+            choices.append({**choice, "delta": message})
+        chunk["choices"] = choices
+        mapped = [*mapper.chunk(chunk), *mapper.done()]
+        events.extend(ProviderEvent(m.type, m.data, "") for m in mapped)
+        return events
+
+
+RESPONSES = ResponsesDialect()
+CHAT = ChatDialect()
+
+
+def loads(raw: bytes) -> Any:
+    """JSON of a request or response body; None when it is not JSON."""
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        return None

@@ -1,0 +1,791 @@
+"""The gateway's HTTP server: each upstream event recorded, then forwarded as it came."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import os
+import ssl
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+from aiohttp import web
+
+from agent_server.gateway._dialects import (
+    CHAT,
+    RESPONSES,
+    CallRecorder,
+    Dialect,
+    loads,
+    starts_turn,
+    tool_output,
+)
+from agent_server.gateway._sessions import (
+    CANCELLED,
+    SOURCE_HEADER,
+    SOURCE_NEW,
+    SOURCE_PATH,
+    Session,
+    SessionKey,
+    Sessions,
+)
+from agent_server.gateway._settings import GatewaySettings
+from agent_server.gateway._sse import SseEvent, SseSplitter
+from agent_server.gateway._upstream import HOP_HEADERS, Upstream
+from agent_server.local_model import LocalModel
+from agent_server.provider import ProviderError, http_error
+from agent_server.recorder import Recorder
+from agent_server.turn import new_call_id
+from grpc_common import split_listen
+from rollout.agent.v1 import agent_pb2
+from rollout.trace.v1 import common_pb2
+from trace_reducer import (
+    RecordingError,
+    RewardError,
+    RewardInput,
+    append_reward,
+    check_reward,
+    classify_stop,
+)
+
+log = logging.getLogger(__name__)
+
+SESSION_HEADER = "x-rollout-session"
+THREAD_HEADER = "x-rollout-thread-id"
+_ERROR_BODY_LIMIT = 1024 * 1024
+# Running calls get this long to finish when the gateway stops; then they are cancelled.
+_STOP_GRACE = 2.0
+COMPLETED = common_pb2.EXECUTION_STATUS_COMPLETED
+FAILED = common_pb2.EXECUTION_STATUS_FAILED
+_RECORDING = agent_pb2.RECORDING_STATUS_ACTIVE
+_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+# Hook for a live exporter (OTLP): told of every finished call, after it is recorded.
+CallObserver = Callable[[Session, str, common_pb2.ExecutionStatus.ValueType], None]
+
+
+def error_response(status: int, code: str, message: str, kind: str = "") -> web.Response:
+    """An OpenAI-style error body, as the SDKs parse it."""
+    body = {"error": {"message": message, "type": kind or _error_type(status), "code": code}}
+    return web.json_response(body, status=status)
+
+
+def _error_type(status: int) -> str:
+    if status == 401:
+        return "authentication_error"
+    if status == 404:
+        return "not_found_error"
+    if status < 500:
+        return "invalid_request_error"
+    return "server_error"
+
+
+class _ClientGoneError(Exception):
+    """The client closed its connection while the answer was being forwarded."""
+
+
+class Gateway:
+    """`await Gateway.start(settings)`, then `.url`, then `await .stop()`."""
+
+    def __init__(self, settings: GatewaySettings) -> None:
+        self.settings = settings
+        self.sessions = Sessions(settings.trace_root, settings.session_idle_timeout)
+        self._upstream: Upstream | None = None
+        self._local_model: LocalModel | None = None
+        self._runner: web.AppRunner | None = None
+        self._site: web.TCPSite | None = None
+        self._token = settings.agent.access.token
+        self._scheme = "http"
+        self.port = 0
+        self.host = ""
+        self._stopping: asyncio.Task[None] | None = None
+        self.observers: list[CallObserver] = []
+
+    # -- life ----------------------------------------------------------------------------------
+
+    @classmethod
+    async def start(cls, settings: GatewaySettings) -> Gateway:
+        gateway = cls(settings)
+        await gateway._start()
+        return gateway
+
+    async def _start(self) -> None:
+        agent = self.settings.agent
+        base_url = agent.provider_url
+        if base_url is None:
+            self._local_model = await LocalModel.start(agent.local_word_delay, full_protocol=True)
+            base_url = self._local_model.url
+            log.info("no --upstream given: using the built-in local model at %s", base_url)
+        self._upstream = Upstream(
+            base_url,
+            agent.api_key,
+            agent.stream_idle_timeout,
+            max_connections=agent.provider_max_connections,
+        )
+        app = web.Application(
+            client_max_size=self.settings.max_request_bytes, middlewares=[self._guard]
+        )
+        for prefix in ("", "/s/{session}"):
+            app.router.add_post(f"{prefix}/v1/responses", self._responses_call)
+            app.router.add_post(f"{prefix}/v1/chat/completions", self._chat_call)
+            app.router.add_get(f"{prefix}/v1/models", self._models)
+        app.router.add_post("/rollout/v1/sessions/{session}/close", self._close_session)
+        app.router.add_get("/rollout/v1/sessions", self._list_sessions)
+        app.router.add_post("/rollout/v1/rewards", self._reward)
+        app.router.add_route("*", "/{tail:.*}", self._not_found)
+        # A client that goes away cancels its handler, and so its upstream request.
+        self._runner = web.AppRunner(
+            app, handler_cancellation=True, access_log=None, shutdown_timeout=_STOP_GRACE
+        )
+        await self._runner.setup()
+        host, port = split_listen(self.settings.listen)
+        self._site = web.TCPSite(self._runner, host, port, ssl_context=self._ssl_context())
+        try:
+            await self._site.start()
+        except BaseException:
+            await self._close_parts()
+            raise
+        server = self._site._server
+        assert server is not None
+        sockets = getattr(server, "sockets", None) or []
+        self.host, self.port = host, sockets[0].getsockname()[1] if sockets else port
+        self.sessions.start()
+
+    def _ssl_context(self) -> ssl.SSLContext | None:
+        access = self.settings.agent.access
+        if access.tls_cert is None or access.tls_key is None:
+            return None
+        self._scheme = "https"
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        # The ssl module loads a chain only from files: written private, read, removed.
+        with tempfile.TemporaryDirectory(prefix="rollout-gateway-tls-") as folder:
+            cert, key = Path(folder, "cert.pem"), Path(folder, "key.pem")
+            for path, data in ((cert, access.tls_cert), (key, access.tls_key)):
+                descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(descriptor, "wb") as file:
+                    file.write(data)
+            context.load_cert_chain(cert, key)
+        return context
+
+    @property
+    def url(self) -> str:
+        """The base URL clients use (`OPENAI_BASE_URL`)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self._scheme}://{host}:{self.port}/v1"
+
+    @property
+    def upstream_url(self) -> str:
+        assert self._upstream is not None
+        return self._upstream.display_url
+
+    async def stop(self) -> None:
+        """Stop taking requests, cancel the running ones (recorded CANCELLED), finish every
+        session's bundle. Every caller waits for the same one."""
+        if self._stopping is None:
+            self._stopping = asyncio.create_task(self._stop())
+        await asyncio.shield(self._stopping)
+
+    async def _stop(self) -> None:
+        try:
+            if self._site is not None:
+                await self._site.stop()
+            if self._runner is not None:
+                await self._runner.cleanup()
+        finally:
+            await self.sessions.close_all("shutdown")
+            await self._close_parts()
+
+    async def _close_parts(self) -> None:
+        if self._upstream is not None:
+            await self._upstream.aclose()
+        if self._local_model is not None:
+            await self._local_model.stop()
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    @web.middleware
+    async def _guard(self, request: web.Request, handler: _Handler) -> web.StreamResponse:
+        """The clients' bearer token; no exception reaches a client as a traceback."""
+        if self._token is not None:
+            given = request.headers.get("Authorization", "")
+            scheme, _, token = given.partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(
+                token.strip().encode(), self._token.encode()
+            ):
+                return error_response(
+                    401, "invalid_api_key", "the gateway needs `Authorization: Bearer <token>`"
+                )
+        try:
+            return await handler(request)
+        except web.HTTPException as error:
+            if error.status == 413:
+                return error_response(
+                    413,
+                    "request_too_large",
+                    f"the request body is over {self.settings.max_request_bytes} bytes",
+                )
+            raise
+        except (ConnectionResetError, _ClientGoneError):
+            raise
+        except Exception:  # logged; the client gets a clean 500 (no traceback)
+            log.exception("gateway request %s %s failed", request.method, request.path)
+            return error_response(500, "internal_error", "internal gateway error")
+
+    async def _not_found(self, request: web.Request) -> web.Response:
+        return error_response(
+            404, "not_found", f"the gateway serves no {request.method} {request.path}"
+        )
+
+    # -- upstream calls ------------------------------------------------------------------------
+
+    async def _models(self, request: web.Request) -> web.StreamResponse:
+        upstream = self._upstream
+        assert upstream is not None
+        headers = upstream.headers_for(request.headers, "", request.headers.get("Authorization"))
+        headers.pop("x-rollout-inference-call-id", None)
+        try:
+            answer = await upstream.open("GET", "/models", headers, None)
+        except ProviderError as error:
+            return error_response(502, error.code, error.message)
+        try:
+            body = await answer.aread()
+        except httpx.HTTPError as error:
+            return error_response(502, "upstream_unreachable", upstream.safe(str(error)))
+        finally:
+            await answer.aclose()
+        return web.Response(status=answer.status_code, body=body, headers=_client_headers(answer))
+
+    async def _responses_call(self, request: web.Request) -> web.StreamResponse:
+        return await self._call(request, RESPONSES)
+
+    async def _chat_call(self, request: web.Request) -> web.StreamResponse:
+        return await self._call(request, CHAT)
+
+    async def _call(self, request: web.Request, dialect: Dialect) -> web.StreamResponse:
+        raw = await request.read()
+        body = loads(raw)
+        if not isinstance(body, dict):
+            return error_response(400, "invalid_json", "the request body must be a JSON object")
+        entries = dialect.entries(body)
+        model = body.get("model") if isinstance(body.get("model"), str) else ""
+        try:
+            session = await self._session_for(request, dialect, body, entries, str(model))
+        except RecordingError as error:
+            return error_response(
+                503, "recording_unavailable", f"failed to start rollout recording: {error}"
+            )
+        session.calls_running += 1
+        session.last_used = time.monotonic()
+        try:
+            return await self._record_and_forward(request, dialect, session, body, raw, entries)
+        finally:
+            session.calls_running -= 1
+            session.last_used = time.monotonic()
+
+    async def _session_for(
+        self,
+        request: web.Request,
+        dialect: Dialect,
+        body: dict[str, Any],
+        entries: list[dict[str, Any]],
+        model: str,
+    ) -> Session:
+        """The session a request belongs to (see docs/gateway.md for the rule)."""
+        named = request.headers.get(SESSION_HEADER, "").strip()
+        if named:
+            key, reason = (
+                SessionKey(named, SOURCE_HEADER),
+                f"new key in the {SESSION_HEADER} header",
+            )
+        elif request.match_info.get("session"):
+            key = SessionKey(request.match_info["session"], SOURCE_PATH)
+            reason = "new key in the /s/{session}/ path prefix"
+        else:
+            hinted = _header_hint(request) or dialect.hint(body, self.sessions)
+            continued = None
+            if hinted is None:
+                fingerprints = [dialect.fingerprint(entry) for entry in entries]
+                continued = self.sessions.continuing(fingerprints)
+            if hinted is not None:
+                key = hinted
+                reason = f"new key in the request's {hinted.source.partition(':')[2]}"
+            elif continued is not None:
+                return continued
+            else:
+                key = SessionKey(f"auto-{uuid.uuid4().hex}", SOURCE_NEW)
+                reason = (
+                    "no session header, path prefix or hint, and the input extends no open "
+                    "session's last request and response"
+                )
+        session, _ = await self.sessions.get_or_create(key, model=model, reason=reason)
+        return session
+
+    def _place(self, dialect: Dialect, session: Session, entries: list[dict[str, Any]]) -> int:
+        """Start or continue the session's turn for a request; its turn's ordinal.
+
+        New entries are those past what the request shares with the last exchange: a user
+        message among them starts a turn; tool outputs continue the current one."""
+        fingerprints = [dialect.fingerprint(entry) for entry in entries]
+        shared = 0
+        for mine, theirs in zip(session.exchange, fingerprints, strict=False):
+            if mine != theirs:
+                break
+            shared += 1
+        new = dialect.items(entries[shared:])
+        for item in new:
+            call_id = tool_output(item)
+            if call_id is not None:
+                session.tool_output(call_id, item)
+        if session.turn is None or any(starts_turn(item) for item in new):
+            opening = [item for item in new if not tool_output(item)] or new
+            session.begin_turn(opening)
+        assert session.turn is not None
+        return session.turn.ordinal
+
+    async def _record_and_forward(
+        self,
+        request: web.Request,
+        dialect: Dialect,
+        session: Session,
+        body: dict[str, Any],
+        raw: bytes,
+        entries: list[dict[str, Any]],
+    ) -> web.StreamResponse:
+        upstream = self._upstream
+        assert upstream is not None
+        recorder = session.recorder
+        turn_ordinal = self._place(dialect, session, entries)
+        # With --token-ids a Chat upstream is asked for the engine's ids; a client that did
+        # not ask for them never sees them.
+        strip = False
+        if self.settings.token_ids and dialect is CHAT and body.get("return_token_ids") is None:
+            body = {**body, "return_token_ids": True}
+            raw = json.dumps(body).encode()
+            strip = True
+        assert session.turn is not None
+        call_id = new_call_id()
+        ordinal = recorder.inference_started(
+            turn_ordinal,
+            call_id=call_id,
+            attempt=1,
+            model=str(body.get("model", "")),
+            provider_base_url=upstream.display_url,
+            envelope=dialect.envelope(body),
+            input_items=dialect.items(entries),
+            provider_api=dialect.provider_api,
+        )
+        if recorder.status != _RECORDING:
+            return _recording_failed(_stopped(recorder))
+        call = CallRecorder(dialect, session, ordinal, session.turn.id)
+        outcome = _Outcome(call)
+        outcome.strip = strip
+        headers = upstream.headers_for(
+            request.headers,
+            call_id,
+            request.headers.get("Authorization") if self._token is None else None,
+        )
+        answer: httpx.Response | None = None
+        try:
+            try:
+                answer = await upstream.open("POST", dialect.path, headers, raw)
+            except ProviderError as error:
+                outcome.fail(error)
+                self._end(session, call, ordinal, outcome)
+                return error_response(502, error.code, error.message)
+            if answer.status_code >= 400:
+                return await self._forward_error(session, call, ordinal, outcome, answer)
+            if answer.headers.get("content-type", "").startswith("text/event-stream"):
+                return await self._forward_stream(request, session, call, ordinal, outcome, answer)
+            return await self._forward_body(session, call, ordinal, outcome, answer)
+        except asyncio.CancelledError:
+            # The client went away (or the gateway is stopping): the upstream request ends too.
+            outcome.cancel(self._cancel_reason())
+            self._end(session, call, ordinal, outcome)
+            raise
+        finally:
+            if answer is not None:
+                await asyncio.shield(answer.aclose())
+            fingerprints = tuple(dialect.fingerprint(entry) for entry in entries)
+            self.sessions.exchanged(
+                session, fingerprints + tuple(call.output_fingerprints()), call.response_id
+            )
+            if session.calls_running == 1:
+                # The accepted items were wanted for this exchange only: a long session must
+                # not hold its whole conversation (the client holds it, and the bundle).
+                session.thread.history.clear()
+
+    async def _forward_error(
+        self,
+        session: Session,
+        call: CallRecorder,
+        ordinal: int,
+        outcome: _Outcome,
+        answer: httpx.Response,
+    ) -> web.StreamResponse:
+        body = await _read_limited(answer)
+        error = http_error(
+            answer.status_code, body, answer.reason_phrase, answer.headers.get("retry-after")
+        )
+        session.recorder.provider_event(ordinal, "http_error", body.decode("utf-8", "replace"))
+        outcome.fail(error)
+        self._end(session, call, ordinal, outcome)
+        if session.recorder.status != _RECORDING:
+            return _recording_failed(_stopped(session.recorder))
+        return self._answer(session, answer, body)
+
+    async def _forward_body(
+        self,
+        session: Session,
+        call: CallRecorder,
+        ordinal: int,
+        outcome: _Outcome,
+        answer: httpx.Response,
+    ) -> web.StreamResponse:
+        try:
+            body = await answer.aread()
+        except httpx.HTTPError as error:
+            outcome.fail(ProviderError("connection_error", f"upstream body lost: {error}"))
+            self._end(session, call, ordinal, outcome)
+            return error_response(502, "upstream_unreachable", "the upstream answer broke off")
+        text = body.decode("utf-8", "replace")
+        try:
+            call.on_body(loads(body), text)
+            outcome.complete()
+        except ProviderError as error:
+            outcome.fail(error)
+        self._end(session, call, ordinal, outcome)
+        if session.recorder.status != _RECORDING:
+            return _recording_failed(_stopped(session.recorder))
+        if outcome.strip:
+            parsed = loads(body)
+            if isinstance(parsed, dict):
+                body = json.dumps(_strip_ids(parsed)).encode()
+        return self._answer(session, answer, body)
+
+    def _answer(self, session: Session, answer: httpx.Response, body: bytes) -> web.Response:
+        headers = _client_headers(answer)
+        _tag(headers, session)
+        return web.Response(status=answer.status_code, body=body, headers=headers)
+
+    async def _forward_stream(
+        self,
+        request: web.Request,
+        session: Session,
+        call: CallRecorder,
+        ordinal: int,
+        outcome: _Outcome,
+        answer: httpx.Response,
+    ) -> web.StreamResponse:
+        headers = _client_headers(answer)
+        _tag(headers, session)
+        response = web.StreamResponse(status=answer.status_code, headers=headers)
+        recorder = session.recorder
+        splitter = SseSplitter()
+        terminal = False
+        try:
+            await response.prepare(request)
+            async for chunk in answer.aiter_bytes():
+                ready, events = splitter.feed(chunk)
+                if events and not outcome.over:
+                    try:
+                        terminal = call.on_events(events) or terminal
+                        if terminal:
+                            outcome.complete()
+                    except ProviderError as error:
+                        outcome.fail(error)
+                if recorder.status != _RECORDING:
+                    # Nothing unrecorded goes out: the client is told why, and the call ends.
+                    await _write(response, _recording_failed_event(_stopped(recorder)))
+                    outcome.fail(ProviderError("recording_failed", _stopped(recorder)))
+                    return response
+                if ready:
+                    await _write(response, _without_ids(events) if outcome.strip else ready)
+            rest = splitter.rest()
+            if rest:
+                await _write(response, rest)
+            if not outcome.over:
+                outcome.fail(
+                    ProviderError(
+                        "stream_ended",
+                        "the upstream stream ended without a terminal event",
+                        reason="stream_ended",
+                    )
+                )
+            await response.write_eof()
+        except _ClientGoneError:
+            outcome.cancel("client_disconnected")
+        except asyncio.CancelledError:
+            outcome.cancel(self._cancel_reason())
+            raise
+        except httpx.ReadTimeout:
+            outcome.fail(
+                ProviderError(
+                    "stream_idle_timeout",
+                    "the upstream stream was idle too long",
+                    reason="stream_idle_timeout",
+                )
+            )
+            _drop_connection(request)
+        except httpx.HTTPError as error:
+            outcome.fail(
+                ProviderError(
+                    "connection_error", f"the upstream stream broke: {upstream_text(error)}"
+                )
+            )
+            _drop_connection(request)
+        finally:
+            if not outcome.ended:
+                self._end(session, call, ordinal, outcome)
+        return response
+
+    def _cancel_reason(self) -> str:
+        return "client_disconnected" if self._stopping is None else "shutdown"
+
+    def _end(self, session: Session, call: CallRecorder, ordinal: int, outcome: _Outcome) -> None:
+        """Record the call's inference_ended (once), then tell the observers."""
+        if outcome.ended:
+            return
+        outcome.ended = True
+        status = outcome.status
+        error = outcome.error
+        trace_error = None
+        if error is not None:
+            trace_error = common_pb2.TraceError(
+                code=error.code, message=error.message, http_status=error.http_status
+            )
+        stop = classify_stop(
+            status,
+            reason=call.incomplete_reason or outcome.reason,
+            error_code=error.code if error is not None else "",
+            http_status=error.http_status if error is not None else 0,
+        )
+        session.recorder.inference_ended(
+            ordinal,
+            status,
+            reason=outcome.reason,
+            response_id=call.response_id,
+            usage=call.usage,
+            error=trace_error,
+            stop_reason=stop,
+        )
+        for observer in self.observers:
+            observer(session, call.response_id, status)
+
+    # -- the gateway's own endpoints -----------------------------------------------------------
+
+    async def _close_session(self, request: web.Request) -> web.Response:
+        key = request.match_info["session"]
+        session = self.sessions.find(key)
+        if session is None:
+            closed = self.sessions.closed(key)
+            if closed is None:
+                return error_response(404, "session_not_found", f"no session {key!r}")
+        else:
+            closed = await self.sessions.close(session, "closed by client")
+        return web.json_response(
+            {
+                "session": closed.key,
+                "thread_id": closed.thread_id,
+                "bundle_path": closed.bundle_path,
+                "status": "closed",
+            }
+        )
+
+    async def _list_sessions(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "sessions": [
+                    {
+                        "session": session.key,
+                        "thread_id": session.thread.id,
+                        "bundle_path": session.recorder.bundle_path,
+                        "turns": session.turn_count,
+                        "calls_running": session.calls_running,
+                    }
+                    for session in self.sessions.open
+                ]
+            }
+        )
+
+    async def _reward(self, request: web.Request) -> web.Response:
+        """POST {session | thread_id, name, value, turn_id?, item_id?, weight?, source?,
+        metadata?}: one reward beside the session's bundle (the RecordReward sidecar)."""
+        body = loads(await request.read())
+        if not isinstance(body, dict):
+            return error_response(400, "invalid_json", "the request body must be a JSON object")
+        key = body.get("session")
+        found = self.sessions.find(key) if isinstance(key, str) else None
+        closed = self.sessions.closed(key) if isinstance(key, str) and found is None else None
+        if found is not None:
+            thread_id = found.thread.id
+            bundle, trace_id = found.recorder.bundle_path, found.recorder.trace_id
+        elif closed is not None:
+            thread_id, bundle, trace_id = closed.thread_id, closed.bundle_path, closed.trace_id
+        else:
+            return error_response(404, "session_not_found", f"no session {key!r}")
+        try:
+            reward = RewardInput(
+                thread_id=thread_id,
+                name=_field(body, "name", str, ""),
+                value=float(_field(body, "value", (int, float), float("nan"))),
+                turn_id=_field(body, "turn_id", str, ""),
+                item_id=_field(body, "item_id", str, ""),
+                weight=float(_field(body, "weight", (int, float), 0.0)),
+                source=_field(body, "source", str, ""),
+                metadata={str(k): str(v) for k, v in _field(body, "metadata", dict, {}).items()},
+                recorded_by="gateway",
+            )
+            check_reward(reward)
+            if found is not None and reward.turn_id and reward.turn_id not in found.thread.turns:
+                return error_response(404, "turn_not_found", f"no turn {reward.turn_id!r}")
+            if (
+                found is not None
+                and reward.item_id
+                and reward.item_id not in found.thread.accepted_items
+            ):
+                return error_response(404, "item_not_found", f"no item {reward.item_id!r}")
+            seq = await asyncio.to_thread(append_reward, Path(bundle), reward, trace_id=trace_id)
+        except RewardError as error:
+            return error_response(400, error.reason.lower(), str(error))
+        except TypeError as error:
+            return error_response(400, "invalid_reward", str(error))
+        return web.json_response({"thread_id": thread_id, "bundle_path": bundle, "seq": seq})
+
+
+class _Outcome:
+    """How a call ended, decided once: completed, failed with an error, or cancelled."""
+
+    def __init__(self, call: CallRecorder) -> None:
+        self.call = call
+        self.status: common_pb2.ExecutionStatus.ValueType = common_pb2.EXECUTION_STATUS_RUNNING
+        self.reason = ""
+        self.error: ProviderError | None = None
+        self.ended = False
+        # The client gets the upstream's answer without the token ids the gateway asked for.
+        self.strip = False
+
+    @property
+    def over(self) -> bool:
+        return self.status != common_pb2.EXECUTION_STATUS_RUNNING
+
+    def complete(self) -> None:
+        if not self.over:
+            self.status, self.reason = COMPLETED, "response.completed"
+
+    def fail(self, error: ProviderError) -> None:
+        if not self.over:
+            self.status, self.reason, self.error = FAILED, error.reason, error
+
+    def cancel(self, reason: str) -> None:
+        if not self.over:
+            self.status, self.reason = CANCELLED, reason
+
+
+def _field(body: dict[str, Any], name: str, kind: Any, default: Any) -> Any:
+    value = body.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise TypeError(f"{name} has the wrong type")
+    return value
+
+
+def _strip_ids(data: dict[str, Any]) -> dict[str, Any]:
+    """A chunk or completion without the engine's token ids (vLLM's `return_token_ids`)."""
+    data.pop("prompt_token_ids", None)
+    for choice in data.get("choices") or []:
+        if isinstance(choice, dict):
+            choice.pop("token_ids", None)
+    return data
+
+
+def _without_ids(events: list[SseEvent]) -> bytes:
+    """The events again, their token ids taken out (the only bytes the gateway rewrites)."""
+    out = []
+    for event in events:
+        data = loads(event.data.encode())
+        text = json.dumps(_strip_ids(data)) if isinstance(data, dict) else event.data
+        head = f"event: {event.event}\n" if event.event else ""
+        out.append(f"{head}data: {text}\n\n")
+    return "".join(out).encode()
+
+
+def _client_headers(answer: httpx.Response) -> dict[str, str]:
+    """The upstream's headers as the client gets them (hop-by-hop ones are the gateway's)."""
+    return {
+        name: value for name, value in answer.headers.items() if name.lower() not in HOP_HEADERS
+    }
+
+
+def _tag(headers: dict[str, str], session: Session) -> None:
+    headers[SESSION_HEADER] = session.key
+    headers[THREAD_HEADER] = session.thread.id
+
+
+# Headers coding agents send with every request of one conversation (Codex: both, the same id).
+_HINT_HEADERS = ("session_id", "conversation_id")
+
+
+def _header_hint(request: web.Request) -> SessionKey | None:
+    for name in _HINT_HEADERS:
+        value = request.headers.get(name, "").strip()
+        if value:
+            return SessionKey(f"{name}:{value}", f"hint:{name}")
+    return None
+
+
+def _stopped(recorder: Recorder) -> str:
+    """Why a session's recording takes no more records: its failure, or its close."""
+    return recorder.error or "the session was closed while the call ran"
+
+
+def _recording_failed(cause: str) -> web.Response:
+    return error_response(
+        503,
+        "recording_failed",
+        f"the gateway could not record this call, so it forwards nothing: {cause}",
+    )
+
+
+def _recording_failed_event(cause: str) -> bytes:
+    data = {
+        "type": "error",
+        "code": "recording_failed",
+        "message": f"the gateway could not record the rest of this call: {cause}",
+        "error": {"code": "recording_failed", "message": f"recording failed: {cause}"},
+    }
+    return f"event: error\ndata: {json.dumps(data)}\n\n".encode()
+
+
+async def _write(response: web.StreamResponse, data: bytes) -> None:
+    try:
+        await response.write(data)
+    except (ConnectionResetError, RuntimeError) as error:
+        raise _ClientGoneError() from error
+
+
+def _drop_connection(request: web.Request) -> None:
+    """End the client's connection without a clean end of stream: the answer broke off."""
+    transport = request.transport
+    if transport is not None:
+        transport.close()
+
+
+def upstream_text(error: Exception) -> str:
+    return str(error) or type(error).__name__
+
+
+async def _read_limited(answer: httpx.Response) -> bytes:
+    body = b""
+    with contextlib.suppress(httpx.HTTPError):
+        async for chunk in answer.aiter_bytes():
+            body += chunk
+            if len(body) >= _ERROR_BODY_LIMIT:
+                break
+    return body

@@ -1,0 +1,272 @@
+"""Sessions: one bundle each, found by key, hint or continuation; turns; idle close."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections import Counter, OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent_server.events import EventBuffer
+from agent_server.recorder import Recorder
+from agent_server.threads import Thread, Turn
+from agent_server.tools import TRACE_STATUS, ToolCall
+from rollout.agent.v1 import agent_pb2
+from rollout.trace.v1 import common_pb2
+from trace_reducer import RecordingError
+
+log = logging.getLogger(__name__)
+
+# The gateway's threads never have a subscriber: a few events kept is enough.
+_EVENT_CAPACITY = 16
+# Closed sessions remembered for rewards by session key.
+_CLOSED_KEPT = 4096
+COMPLETED = common_pb2.EXECUTION_STATUS_COMPLETED
+CANCELLED = common_pb2.EXECUTION_STATUS_CANCELLED
+
+# Where a session's key came from (thread metadata `gateway.session_source`).
+SOURCE_HEADER = "header"
+SOURCE_PATH = "path"
+SOURCE_CONTINUATION = "continuation"
+SOURCE_NEW = "new"
+
+
+@dataclass(frozen=True)
+class SessionKey:
+    """Which session a request names, and how it named it (source 'hint:NAME' for hints)."""
+
+    key: str
+    source: str
+
+
+@dataclass(frozen=True)
+class ClosedSession:
+    """What a closed session leaves behind: where its bundle is."""
+
+    key: str
+    thread_id: str
+    bundle_path: str
+    trace_id: str
+
+
+@dataclass
+class Session:
+    """One session: a thread with one bundle; its current turn; its last exchange."""
+
+    key: str
+    thread: Thread
+    last_used: float = field(default_factory=time.monotonic)
+    turn: Turn | None = None
+    turn_count: int = 0
+    # Fingerprints of the last call's input followed by its accepted output: what a request
+    # continuing the session starts with.
+    exchange: tuple[str, ...] = ()
+    # Function calls the model made whose outputs have not come back yet, by call_id.
+    pending_tools: dict[str, ToolCall] = field(default_factory=dict)
+    calls_running: int = 0
+    closed: bool = False
+
+    @property
+    def recorder(self) -> Recorder:
+        return self.thread.recorder
+
+    def begin_turn(self, items: Sequence[dict[str, Any]]) -> Turn:
+        """End the current turn (its unanswered tool calls cancelled) and start one."""
+        self.end_turn(COMPLETED)
+        self.turn_count += 1
+        turn_id = f"turn_{uuid.uuid4().hex}"
+        ordinal = self.recorder.turn_started(turn_id, list(items))
+        turn = Turn(id=turn_id, thread_id=self.thread.id, ordinal=ordinal)
+        self.thread.turns[turn_id] = turn
+        self.turn = turn
+        return turn
+
+    def end_turn(self, status: common_pb2.ExecutionStatus.ValueType) -> None:
+        turn, self.turn = self.turn, None
+        if turn is None:
+            return
+        for call in self.pending_tools.values():
+            call.status = agent_pb2.TOOL_CALL_STATUS_CANCELLED
+            self.recorder.tool_call_ended(
+                call.ordinal,
+                TRACE_STATUS[call.status],
+                error=common_pb2.TraceError(
+                    code="no_tool_output",
+                    message="the client sent no output for this call before the turn ended",
+                ),
+            )
+        self.pending_tools.clear()
+        self.recorder.turn_ended(turn.ordinal, status)
+        turn.end(
+            agent_pb2.TURN_STATUS_COMPLETED
+            if status == COMPLETED
+            else agent_pb2.TURN_STATUS_INTERRUPTED
+        )
+
+    def on_tool_call(self, call: ToolCall) -> None:
+        """An accepted function call: pending until a request brings its output."""
+        self.pending_tools[call.call_id] = call
+        if self.turn is not None:
+            self.turn.tool_calls.append(call)
+
+    def tool_output(self, call_id: str, item: dict[str, Any]) -> None:
+        """A request brought a function call's output: the tool call ends with it."""
+        call = self.pending_tools.pop(call_id, None)
+        if call is None:
+            return
+        call.output = item
+        call.status = agent_pb2.TOOL_CALL_STATUS_COMPLETED
+        self.recorder.tool_output_submitted(
+            call.ordinal, output_item=item, is_error=False, submitted_by="gateway client"
+        )
+        self.recorder.tool_call_ended(call.ordinal, TRACE_STATUS[call.status])
+
+
+class Sessions:
+    """The open sessions of one gateway: by key, by response id, by their last exchange."""
+
+    def __init__(self, trace_root: Path, idle_timeout: float) -> None:
+        self._root = trace_root
+        self._idle_timeout = idle_timeout
+        self._by_key: dict[str, Session] = {}
+        self._by_response: dict[str, Session] = {}
+        # Sessions by their last exchange; the lengths present, to look prefixes up.
+        self._by_exchange: dict[tuple[str, ...], Session] = {}
+        self._lengths: Counter[int] = Counter()
+        self._closed: OrderedDict[str, ClosedSession] = OrderedDict()
+        self._creating: dict[str, asyncio.Task[Session]] = {}
+        self._reaper: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._reaper = asyncio.create_task(self._reap(), name="gateway idle sessions")
+
+    @property
+    def open(self) -> list[Session]:
+        return list(self._by_key.values())
+
+    def find(self, key: str) -> Session | None:
+        return self._by_key.get(key)
+
+    def closed(self, key: str) -> ClosedSession | None:
+        return self._closed.get(key)
+
+    def by_response(self, response_id: str) -> Session | None:
+        return self._by_response.get(response_id)
+
+    def continuing(self, fingerprints: Sequence[str]) -> Session | None:
+        """The open session whose last exchange the request's input extends (longest first)."""
+        for length in sorted(self._lengths, reverse=True):
+            if 0 < length < len(fingerprints):
+                found = self._by_exchange.get(tuple(fingerprints[:length]))
+                if found is not None and not found.closed:
+                    return found
+        return None
+
+    async def get_or_create(
+        self, key: SessionKey, *, model: str, reason: str
+    ) -> tuple[Session, bool]:
+        """The open session of key, or a new one (its bundle created; RecordingError when it
+        cannot be). Concurrent first requests of one key share one creation."""
+        existing = self._by_key.get(key.key)
+        if existing is not None:
+            return existing, False
+        creating = self._creating.get(key.key)
+        if creating is None:
+            creating = asyncio.create_task(self._create(key, model, reason))
+            self._creating[key.key] = creating
+            try:
+                session = await asyncio.shield(creating)
+            finally:
+                self._creating.pop(key.key, None)
+            return session, True
+        return await asyncio.shield(creating), False
+
+    async def _create(self, key: SessionKey, model: str, reason: str) -> Session:
+        thread_id = f"thread_{uuid.uuid4().hex}"
+        metadata = {
+            "gateway.session": key.key,
+            "gateway.session_source": key.source,
+            "gateway.session_reason": reason,
+        }
+        recorder = await Recorder.start(
+            self._root, thread_id, model=model, instructions="", metadata=metadata
+        )
+        thread = Thread(
+            id=thread_id,
+            model=model,
+            instructions="",
+            metadata=metadata,
+            recorder=recorder,
+            events=EventBuffer(_EVENT_CAPACITY),
+        )
+        session = Session(key=key.key, thread=thread)
+        self._by_key[key.key] = session
+        log.info("session %s started (thread %s, %s): %s", key.key, thread_id, key.source, reason)
+        return session
+
+    def exchanged(self, session: Session, fingerprints: tuple[str, ...], response_id: str) -> None:
+        """Remember a finished call's input and output: the next request may extend it."""
+        if session.closed:
+            return
+        self._unindex(session)
+        session.exchange = fingerprints
+        if fingerprints:
+            self._by_exchange[fingerprints] = session
+            self._lengths[len(fingerprints)] += 1
+        if response_id:
+            self._by_response[response_id] = session
+
+    def _unindex(self, session: Session) -> None:
+        if session.exchange and self._by_exchange.get(session.exchange) is session:
+            del self._by_exchange[session.exchange]
+            self._lengths[len(session.exchange)] -= 1
+            if not self._lengths[len(session.exchange)]:
+                del self._lengths[len(session.exchange)]
+
+    async def close(self, session: Session, reason: str) -> ClosedSession:
+        """End the turn, record thread_ended and the footer; forget the session."""
+        if not session.closed:
+            session.closed = True
+            self._unindex(session)
+            if self._by_key.get(session.key) is session:
+                del self._by_key[session.key]
+            for response_id in [r for r, s in self._by_response.items() if s is session]:
+                del self._by_response[response_id]
+            session.end_turn(COMPLETED)
+            await session.recorder.finish(COMPLETED, reason)
+            session.thread.mark_closed()
+            self._closed[session.key] = ClosedSession(
+                session.key,
+                session.thread.id,
+                session.recorder.bundle_path,
+                session.recorder.trace_id,
+            )
+            while len(self._closed) > _CLOSED_KEPT:
+                self._closed.popitem(last=False)
+            log.info("session %s closed (%s)", session.key, reason)
+        return self._closed[session.key]
+
+    async def close_all(self, reason: str) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            await asyncio.wait([self._reaper])
+        for session in list(self._by_key.values()):
+            await self.close(session, reason)
+
+    async def _reap(self) -> None:
+        """Close the sessions no request has used for the idle timeout."""
+        period = min(max(self._idle_timeout / 4, 0.05), 30.0)
+        while True:
+            await asyncio.sleep(period)
+            deadline = time.monotonic() - self._idle_timeout
+            for session in list(self._by_key.values()):
+                if session.calls_running == 0 and session.last_used < deadline:
+                    try:
+                        await self.close(session, "idle")
+                    except RecordingError:
+                        log.exception("closing idle session %s failed", session.key)

@@ -1,0 +1,150 @@
+"""The gateway's settings: the agent server's provider, recording and access ones, and its own."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agent_server import _config_file, config, logs
+from agent_server.config import ConfigError, Settings
+from grpc_common import add_access_arguments, split_listen
+
+DEFAULT_LISTEN = "127.0.0.1:8090"
+DEFAULT_SESSION_IDLE_TIMEOUT = 600.0
+DEFAULT_MAX_REQUEST_BYTES = 32 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    """What `agent-server gateway` runs with. `agent` is the one settings object of the agent
+    server (upstream URL as its provider URL, API key, trace root, timeouts, access control,
+    logging); the rest is the gateway's own."""
+
+    agent: Settings
+    listen: str = DEFAULT_LISTEN
+    # A session no request has touched for this long is closed (its bundle finished).
+    session_idle_timeout: float = DEFAULT_SESSION_IDLE_TIMEOUT
+    # Ask a Chat Completions upstream for the engine's token ids and record them.
+    token_ids: bool = False
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+
+    def __post_init__(self) -> None:
+        if self.session_idle_timeout <= 0:
+            raise ConfigError("--session-idle-timeout must be more than 0 seconds")
+        if self.max_request_bytes < 1024:
+            raise ConfigError("--max-request-bytes must be at least 1024")
+        try:
+            split_listen(self.listen)
+        except ValueError as error:
+            raise ConfigError(f"--listen: {error}") from error
+        if self.agent.trace_root is None:
+            raise ConfigError(
+                "--trace-root is required: the gateway exists to record (env ROLLOUT_TRACE_ROOT)"
+            )
+
+    @property
+    def trace_root(self) -> Path:
+        assert self.agent.trace_root is not None
+        return self.agent.trace_root
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of `agent-server gateway`."""
+    parser.add_argument(
+        "--listen", help=f"HTTP address HOST:PORT the clients call (default {DEFAULT_LISTEN})"
+    )
+    parser.add_argument(
+        "--upstream",
+        metavar="URL",
+        help="the OpenAI-compatible base URL requests go to, e.g. http://127.0.0.1:8000/v1 "
+        "(env ROLLOUT_PROVIDER_URL; default: the built-in local model)",
+    )
+    parser.add_argument(
+        "--trace-root", help="record every session under this directory (env ROLLOUT_TRACE_ROOT)"
+    )
+    parser.add_argument(
+        "--api-key-env",
+        help="NAME of the environment variable holding the upstream's API key "
+        f"(default {config.DEFAULT_API_KEY_ENV})",
+    )
+    parser.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="the agent server's TOML settings file (env ROLLOUT_CONFIG); flags win over it",
+    )
+    parser.add_argument(
+        "--stream-idle-timeout",
+        type=float,
+        help="seconds without upstream data before a call fails "
+        f"(default {config.DEFAULT_STREAM_IDLE_TIMEOUT:g})",
+    )
+    parser.add_argument(
+        "--session-idle-timeout",
+        type=float,
+        help="seconds without a request before a session's bundle is finished "
+        f"(default {DEFAULT_SESSION_IDLE_TIMEOUT:g})",
+    )
+    parser.add_argument(
+        "--provider-max-connections",
+        type=int,
+        help="upstream connections open at once "
+        f"(default {config.DEFAULT_PROVIDER_MAX_CONNECTIONS})",
+    )
+    parser.add_argument(
+        "--token-ids",
+        action="store_true",
+        default=None,
+        help="ask a Chat Completions upstream for the engine's token ids and record them",
+    )
+    add_access_arguments(parser)
+    parser.add_argument(
+        "--local-word-delay",
+        type=float,
+        help="seconds between words of the built-in local model "
+        f"(default {config.DEFAULT_WORD_DELAY})",
+    )
+    parser.add_argument(
+        "--log-level", choices=logs.LEVELS, help="default info (env ROLLOUT_LOG_LEVEL)"
+    )
+    parser.add_argument(
+        "--log-format", choices=logs.FORMATS, help="text or JSON lines on stderr (default text)"
+    )
+
+
+def from_args(
+    args: argparse.Namespace, environ: Mapping[str, str] | None = None
+) -> GatewaySettings:
+    """Build the settings: the agent server's from the flags they share (the upstream is its
+    provider URL), then the gateway's own. Raises ConfigError."""
+    shared = argparse.Namespace(**vars(args))
+    shared.provider_url = args.upstream
+    # `--listen` is the gateway's HTTP address, not the agent server's gRPC one.
+    shared.listen = None
+    agent = config.from_args(shared, environ)
+    env = os.environ if environ is None else environ
+    config_path = args.config or env.get("ROLLOUT_CONFIG")
+    try:
+        file = _config_file.load(Path(str(config_path))) if config_path else {}
+    except _config_file.ConfigFileError as error:
+        raise ConfigError(str(error)) from error
+    return GatewaySettings(
+        agent=agent,
+        listen=args.listen or file.get("gateway_listen") or DEFAULT_LISTEN,
+        session_idle_timeout=_pick(
+            args.session_idle_timeout,
+            file.get("session_idle_timeout"),
+            DEFAULT_SESSION_IDLE_TIMEOUT,
+        ),
+        token_ids=bool(args.token_ids) if args.token_ids is not None else False,
+    )
+
+
+def _pick(flag: Any, file: Any, default: Any) -> Any:
+    if flag is not None:
+        return flag
+    return default if file is None else file

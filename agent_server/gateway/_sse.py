@@ -1,0 +1,89 @@
+"""Server-Sent Events cut out of a byte stream as it arrives, the bytes kept as they came."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# An event ends at a blank line; any of the three line endings SSE allows may end it.
+_TERMINATORS = (b"\r\n\r\n", b"\n\n", b"\r\r")
+# Only these end a line in SSE (str.splitlines would also cut at U+2028 inside a JSON string).
+_LINES = re.compile("\r\n|\r|\n")
+
+
+@dataclass(frozen=True)
+class SseEvent:
+    """One dispatched event: its `event:` name ('' when it had none) and its joined data."""
+
+    event: str
+    data: str
+
+
+class SseSplitter:
+    """feed(chunk) -> (the bytes that end on an event boundary, the events they hold).
+
+    What follows the last complete event is kept for the next chunk: the gateway forwards a
+    client only bytes whose events it has recorded. The held tail is bounded by one event."""
+
+    def __init__(self) -> None:
+        # The bytes after the last complete event, in the pieces they came in: an event larger
+        # than a read is joined once, when it is complete, never copied at every read.
+        self._held: list[bytes] = []
+        self._tail = b""
+
+    @property
+    def held(self) -> int:
+        return sum(map(len, self._held))
+
+    def feed(self, chunk: bytes) -> tuple[bytes, list[SseEvent]]:
+        # A terminator may straddle the previous read and this one: look from 3 bytes back.
+        window = self._tail + chunk
+        end = 0
+        for terminator in _TERMINATORS:
+            found = window.rfind(terminator)
+            if found >= 0:
+                end = max(end, found + len(terminator))
+        end -= len(self._tail)
+        if end <= 0:
+            self._held.append(chunk)
+            self._tail = window[-3:]
+            return b"", []
+        if self._held:
+            self._held.append(chunk[:end])
+            complete = b"".join(self._held)
+        else:
+            complete = chunk[:end]
+        rest = chunk[end:]
+        self._held = [rest] if rest else []
+        self._tail = rest[-3:]
+        return complete, parse_events(complete)
+
+    def rest(self) -> bytes:
+        """What the stream ended with after its last complete event (a torn event)."""
+        rest = b"".join(self._held)
+        self._held, self._tail = [], b""
+        return rest
+
+
+def parse_events(block: bytes) -> list[SseEvent]:
+    """The events of complete SSE text; a block with no `data:` dispatches nothing."""
+    events: list[SseEvent] = []
+    name = ""
+    data: list[str] = []
+    text = block.decode("utf-8", "replace")
+    for line in _LINES.split(text) if "\r" in text else text.split("\n"):
+        if not line:
+            if data:
+                events.append(SseEvent(name, "\n".join(data)))
+            name, data = "", []
+            continue
+        field, _, value = line.partition(":")
+        if value.startswith(" "):
+            value = value[1:]
+        if field == "data":
+            data.append(value)
+        elif field == "event":
+            name = value
+    if data:
+        events.append(SseEvent(name, "\n".join(data)))
+    return events

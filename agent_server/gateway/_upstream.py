@@ -1,0 +1,139 @@
+"""The upstream: one OpenAI-compatible base URL, its key, one pooled HTTP client."""
+
+from __future__ import annotations
+
+import logging
+import urllib.parse
+from collections.abc import Mapping
+
+import aiohttp
+import httpx
+
+from agent_server.config import Secret
+from agent_server.provider import (
+    CALL_ID_HEADER,
+    ProviderError,
+    _endpoint,
+    pooled_client,
+    redact_httpx_log,
+    redact_url,
+    url_secrets,
+)
+
+# What one hop's HTTP says about its own connection, never passed on (RFC 9110 7.6.1), and
+# what the gateway sets itself.
+HOP_HEADERS = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "content-length",
+        "content-encoding",
+        "host",
+    }
+)
+# Client headers that stay at the gateway: its credentials and its own routing headers.
+_PRIVATE_HEADERS = frozenset({"authorization", "cookie", "accept-encoding", "api-key"})
+_GATEWAY_PREFIX = "x-rollout-"
+
+
+class Upstream:
+    """Sends a client's request to `{base_url}{path}`, streamed back as it comes."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: Secret | None,
+        idle_timeout: float,
+        *,
+        connect_timeout: float = 30.0,
+        max_connections: int = 1024,
+    ) -> None:
+        base_url = base_url.rstrip("/")
+        # The URL's user info becomes Basic auth, as for the agent's provider.
+        endpoint, self._auth = _endpoint(base_url, "")
+        parts = urllib.parse.urlsplit(endpoint)
+        self._base = urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
+        self._query = parts.query
+        self._url = base_url
+        self.display_url = redact_url(base_url)
+        self._api_key = api_key
+        self._secrets = url_secrets(base_url, api_key)
+        self._client = pooled_client(idle_timeout, connect_timeout, max_connections)
+        self._log_filter = redact_httpx_log(base_url, self.safe)
+
+    @property
+    def has_key(self) -> bool:
+        return self._api_key is not None
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+        if self._log_filter is not None:
+            logging.getLogger("httpx").removeFilter(self._log_filter)
+
+    def safe(self, text: str) -> str:
+        """Text with the upstream's key and URL credentials taken out."""
+        text = text.replace(self._url, self.display_url)
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
+
+    def headers_for(
+        self, client_headers: Mapping[str, str], call_id: str, client_authorization: str | None
+    ) -> dict[str, str]:
+        """The client's headers as the upstream gets them: hop-by-hop, credentials and the
+        gateway's own headers dropped; the upstream's key (or, without one, the client's own
+        Authorization when the gateway asks clients for no token of its own)."""
+        headers = {
+            name: value
+            for name, value in client_headers.items()
+            if (lower := name.lower()) not in HOP_HEADERS
+            and lower not in _PRIVATE_HEADERS
+            and not lower.startswith(_GATEWAY_PREFIX)
+        }
+        headers[CALL_ID_HEADER] = call_id
+        # The gateway reads what it forwards: no compression it would have to undo.
+        headers["Accept-Encoding"] = "identity"
+        if self._api_key is not None:
+            headers["Authorization"] = f"Bearer {self._api_key.reveal()}"
+        elif client_authorization:
+            headers["Authorization"] = client_authorization
+        return headers
+
+    async def open(
+        self, method: str, path: str, headers: Mapping[str, str], content: bytes | None
+    ) -> httpx.Response:
+        """The upstream's response, its body not read yet (close it with `aclose`). Raises
+        ProviderError when the request cannot be sent or answered."""
+        url = self._base + path
+        if self._query:
+            url = f"{url}?{self._query}"
+        request = self._client.build_request(method, url, headers=headers, content=content)
+        if self._auth is not None:
+            request = next(self._auth.auth_flow(request))
+        try:
+            return await self._client.send(request, stream=True)
+        except httpx.TimeoutException as error:
+            raise ProviderError(
+                "upstream_timeout", f"timed out reaching the upstream: {self._describe(error)}"
+            ) from error
+        except (httpx.TransportError, aiohttp.ClientError) as error:
+            raise ProviderError(
+                "upstream_unreachable", f"the upstream connection failed: {self._describe(error)}"
+            ) from error
+        except (httpx.HTTPError, ValueError) as error:
+            raise ProviderError(
+                "request_not_sent",
+                "the request could not be sent upstream: a header or the URL is not valid HTTP",
+            ) from error
+
+    def _describe(self, error: Exception) -> str:
+        if isinstance(error, httpx.LocalProtocolError):
+            return "the request could not be sent (a header is not valid HTTP)"
+        return self.safe(str(error) or type(error).__name__)

@@ -1,0 +1,36 @@
+"""Session-wide: the real engine (vLLM) for tests marked `engine`, started once, early."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.engine import ENGINE
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Engine tests run last, and the engine starts now: it comes up while the rest runs."""
+    engine = [item for item in items if item.get_closest_marker("engine")]
+    if not engine:
+        return
+    items[:] = [item for item in items if not item.get_closest_marker("engine")] + engine
+    ENGINE.start()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    ENGINE.stop()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if ENGINE.ready_after is not None:
+        terminalreporter.write_line(
+            f"vLLM (SmolLM2-135M, CPU) was ready {ENGINE.ready_after:.0f} s after it was started"
+        )
+
+
+@pytest.fixture(scope="session")
+def vllm_url() -> str:
+    """The session engine's `/v1` base URL, once it answers `/health`."""
+    try:
+        return ENGINE.url()
+    except RuntimeError as error:
+        pytest.fail(str(error), pytrace=False)

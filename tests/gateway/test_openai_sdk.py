@@ -1,0 +1,202 @@
+"""The unmodified `openai` SDK, only its base URL pointed at the gateway: every call recorded."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from openai.types.responses import ResponseTextDeltaEvent
+
+from agent_server.gateway import Gateway
+from rollout.trace.v1 import common_pb2, state_pb2
+from tests.agent_server.scripted_provider import ScriptedProvider, answer
+from tests.gateway.conftest import (
+    StartGateway,
+    bundles,
+    calls,
+    items_text,
+    only_trace,
+    reduce_all,
+)
+from trace_reducer import request_body
+
+COMPLETED = common_pb2.EXECUTION_STATUS_COMPLETED
+FAILED = common_pb2.EXECUTION_STATUS_FAILED
+
+
+def _root(gateway: Gateway) -> Path:
+    return gateway.settings.trace_root
+
+
+async def test_async_responses_whole_and_streamed(gateway: Gateway) -> None:
+    client = openai.AsyncOpenAI(base_url=gateway.url, api_key="unused", max_retries=0)
+    whole = await client.responses.create(model="local", input="hello gateway")
+    assert whole.output_text
+    # The client sends back the answer as it got it and a new message: the same session, a
+    # second turn.
+    streamed_text: list[str] = []
+    history: list[Any] = [
+        {"role": "user", "content": "hello gateway"},
+        *(item.model_dump(exclude_none=True) for item in whole.output),
+        {"role": "user", "content": "and again"},
+    ]
+    stream = await client.responses.create(model="local", input=history, stream=True)
+    async for event in stream:
+        if isinstance(event, ResponseTextDeltaEvent):
+            streamed_text.append(event.delta)
+    await gateway.stop()
+    trace = only_trace(_root(gateway))
+    assert trace.integrity.status == state_pb2.INTEGRITY_STATUS_CLEAN
+    first, second = calls(trace)
+    assert (first.execution.status, second.execution.status) == (COMPLETED, COMPLETED)
+    assert items_text(trace, first.response_item_ids) == whole.output_text
+    assert items_text(trace, second.response_item_ids) == "".join(streamed_text)
+    assert len(trace.turns) == 2
+    # The second request's input is the first exchange plus the new message.
+    assert list(second.request_item_ids[:2]) == [*first.request_item_ids, *first.response_item_ids]
+
+
+async def test_sync_client_and_its_stream_helper(gateway: Gateway) -> None:
+    # The sync client blocks its thread: it runs on a worker while the gateway serves here.
+    def call() -> tuple[str, str]:
+        client = openai.OpenAI(base_url=gateway.url, api_key="unused", max_retries=0)
+        whole = client.responses.create(model="local", input="sync hello")
+        with client.responses.stream(model="local", input="helper hello") as stream:
+            for _ in stream:
+                pass
+            final = stream.get_final_response()
+        return whole.output_text, final.output_text
+
+    whole_text, helper_text = await asyncio.to_thread(call)
+    await gateway.stop()
+    traces = reduce_all(_root(gateway))
+    recorded = sorted(items_text(t, calls(t)[0].response_item_ids) for t in traces)
+    assert recorded == sorted([whole_text, helper_text])
+    assert all(t.integrity.status == state_pb2.INTEGRITY_STATUS_CLEAN for t in traces)
+
+
+async def test_upstream_error_reaches_the_sdk_as_its_error_class(
+    start_gateway: StartGateway, provider: ScriptedProvider
+) -> None:
+    gateway = await start_gateway(provider.url)
+    provider.queue_error(500, {"error": {"message": "engine fell over", "code": "server_error"}})
+    provider.queue_error(429, {"error": {"message": "slow down", "code": "rate_limited"}})
+    provider.queue_error(400, {"error": {"message": "bad field", "code": "invalid_value"}})
+    client = openai.AsyncOpenAI(base_url=gateway.url, api_key="unused", max_retries=0)
+    with pytest.raises(openai.InternalServerError, match="engine fell over"):
+        await client.responses.create(model="m", input="one")
+    with pytest.raises(openai.RateLimitError, match="slow down"):
+        await client.responses.create(model="m", input="two", stream=True)
+    with pytest.raises(openai.BadRequestError, match="bad field") as caught:
+        await client.responses.create(model="m", input="three")
+    assert caught.value.code == "invalid_value"
+    await gateway.stop()
+    failures = [
+        (call.execution.status, call.error.http_status, call.error.code)
+        for trace in reduce_all(_root(gateway))
+        for call in calls(trace)
+    ]
+    assert sorted(failures) == sorted(
+        [
+            (FAILED, 500, "server_error"),
+            (FAILED, 429, "rate_limited"),
+            (FAILED, 400, "invalid_value"),
+        ]
+    )
+
+
+async def test_stream_bytes_pass_through_unchanged(
+    start_gateway: StartGateway, provider: ScriptedProvider
+) -> None:
+    gateway = await start_gateway(provider.url)
+    script = answer("exactly these bytes", response_id="resp-pass")
+    provider.queue(script)
+    client = openai.AsyncOpenAI(base_url=gateway.url, api_key="unused", max_retries=0)
+    raw = await client.responses.with_raw_response.create(model="m", input="x", stream=True)
+    body = b"".join([chunk async for chunk in raw.http_response.aiter_bytes()])
+    assert body == script.encode()
+    assert raw.http_response.headers["content-type"].startswith("text/event-stream")
+    assert raw.http_response.headers["x-rollout-thread-id"].startswith("thread_")
+
+
+async def test_async_chat_whole_and_streamed(gateway: Gateway) -> None:
+    client = openai.AsyncOpenAI(base_url=gateway.url, api_key="unused", max_retries=0)
+    messages: list[Any] = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "hello chat"},
+    ]
+    whole = await client.chat.completions.create(model="local", messages=messages)
+    answer = whole.choices[0].message.content
+    assert answer
+    messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": "more"}]
+    pieces = []
+    stream = await client.chat.completions.create(
+        model="local", messages=messages, stream=True, stream_options={"include_usage": True}
+    )
+    async for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            pieces.append(chunk.choices[0].delta.content)
+    await gateway.stop()
+    trace = only_trace(_root(gateway))
+    assert trace.integrity.status == state_pb2.INTEGRITY_STATUS_CLEAN
+    first, second = calls(trace)
+    assert items_text(trace, first.response_item_ids) == answer
+    assert items_text(trace, second.response_item_ids) == "".join(pieces)
+    assert second.usage.output_tokens > 0
+    assert len(trace.turns) == 2
+    # The exact messages each call sent come back from the trace.
+    (bundle,) = bundles(_root(gateway))
+    sent = json.loads(request_body(bundle, second.inference_call_id))
+    assert sent["messages"] == messages
+    assert sent["stream"] is True
+
+
+async def test_sync_chat_and_its_stream_helper(gateway: Gateway) -> None:
+    def call() -> tuple[str, str]:
+        client = openai.OpenAI(base_url=gateway.url, api_key="unused", max_retries=0)
+        whole = client.chat.completions.create(
+            model="local", messages=[{"role": "user", "content": "sync chat"}]
+        )
+        with client.chat.completions.stream(
+            model="local", messages=[{"role": "user", "content": "helper chat"}]
+        ) as stream:
+            for _ in stream:
+                pass
+            final = stream.get_final_completion()
+        return whole.choices[0].message.content or "", final.choices[0].message.content or ""
+
+    whole_text, helper_text = await asyncio.to_thread(call)
+    await gateway.stop()
+    traces = reduce_all(_root(gateway))
+    recorded = sorted(items_text(t, calls(t)[0].response_item_ids) for t in traces)
+    assert recorded == sorted([whole_text, helper_text])
+
+
+async def test_token_ids_are_recorded_and_kept_from_a_client_that_did_not_ask(
+    start_gateway: StartGateway,
+) -> None:
+    gateway = await start_gateway(token_ids=True)
+    messages: list[Any] = [{"role": "user", "content": "count my tokens"}]
+    async with httpx.AsyncClient(base_url=gateway.url) as http:
+        first = await http.post("/chat/completions", json={"model": "m", "messages": messages})
+        assert "token_ids" not in first.text
+        answer = first.json()["choices"][0]["message"]["content"]
+        messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": "more"}]
+        body = {"model": "m", "messages": messages, "stream": True}
+        async with http.stream("POST", "/chat/completions", json=body) as streamed:
+            raw = b"".join([chunk async for chunk in streamed.aiter_bytes()])
+    assert b"token_ids" not in raw
+    assert b"[DONE]" in raw
+    await gateway.stop()
+    trace = only_trace(_root(gateway))
+    one, two = calls(trace)
+    for call in (one, two):
+        assert call.prompt_token_ids
+        assert call.output_tokens.exact
+        assert call.output_tokens.ids
+    assert two.token_drift != common_pb2.TOKEN_DRIFT_UNSPECIFIED

@@ -1,0 +1,240 @@
+"""Sessions: keys from a header, a path prefix, hints or continuation; closes; rewards; access."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from aiohttp import web
+
+from agent_server.gateway import Gateway
+from rollout.trace.v1 import common_pb2, state_pb2
+from tests.gateway.conftest import StartGateway, bundles, calls, reduce_all
+from trace_reducer import read_rewards, replay_bundle
+
+CLEAN = state_pb2.INTEGRITY_STATUS_CLEAN
+
+
+def _client(gateway: Gateway, **headers: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(
+        base_url=gateway.url, api_key="unused", max_retries=0, default_headers=headers or None
+    )
+
+
+def _metadata(path: Path) -> dict[str, str]:
+    trace = replay_bundle(path)
+    (thread,) = trace.threads.values()
+    return dict(thread.metadata)
+
+
+async def test_a_header_names_the_session(gateway: Gateway) -> None:
+    one = _client(gateway, **{"x-rollout-session": "run-1"})
+    other = _client(gateway, **{"x-rollout-session": "run-2"})
+    await one.responses.create(model="m", input="first")
+    await one.responses.create(model="m", input="unrelated, same session")
+    await other.responses.create(model="m", input="another run")
+    await gateway.stop()
+    found = {
+        _metadata(path)["gateway.session"]: path for path in bundles(gateway.settings.trace_root)
+    }
+    assert sorted(found) == ["run-1", "run-2"]
+    assert _metadata(found["run-1"])["gateway.session_source"] == "header"
+    assert len(calls(replay_bundle(found["run-1"]))) == 2
+
+
+async def test_a_path_prefix_names_the_session(gateway: Gateway) -> None:
+    base = gateway.url.removesuffix("/v1") + "/s/job-7/v1"
+    client = openai.AsyncOpenAI(base_url=base, api_key="unused", max_retries=0)
+    await client.responses.create(model="m", input="a")
+    await client.responses.create(model="m", input="b")
+    await gateway.stop()
+    (path,) = bundles(gateway.settings.trace_root)
+    assert _metadata(path)["gateway.session"] == "job-7"
+    assert _metadata(path)["gateway.session_source"] == "path"
+    assert len(replay_bundle(path).turns) == 2
+
+
+async def test_continuation_without_a_key_and_why_a_session_started(gateway: Gateway) -> None:
+    client = _client(gateway)
+    first = await client.responses.create(model="m", input="start here")
+    echo = [item.model_dump(exclude_none=True) for item in first.output]
+    history: list[Any] = [{"role": "user", "content": "start here"}, *echo]
+    await client.responses.create(model="m", input=[*history, {"role": "user", "content": "more"}])
+    # Input that extends nothing open: a session of its own.
+    await client.responses.create(model="m", input="something else entirely")
+    await gateway.stop()
+    traces = reduce_all(gateway.settings.trace_root)
+    assert sorted(len(calls(t)) for t in traces) == [1, 2]
+    for trace in traces:
+        (thread,) = trace.threads.values()
+        assert thread.metadata["gateway.session_source"] == "new"
+        assert "extends no open session" in thread.metadata["gateway.session_reason"]
+
+
+async def test_previous_response_id_continues_its_session(gateway: Gateway) -> None:
+    client = _client(gateway)
+    first = await client.responses.create(model="m", input="remember me")
+    await client.responses.create(model="m", input="what did I say?", previous_response_id=first.id)
+    await gateway.stop()
+    (trace,) = reduce_all(gateway.settings.trace_root)
+    assert len(calls(trace)) == 2
+    assert len(trace.turns) == 2
+
+
+async def test_a_coding_agents_session_header_is_a_hint(gateway: Gateway) -> None:
+    client = _client(gateway, session_id="0195-conversation")
+    await client.responses.create(model="m", input="first")
+    await client.responses.create(model="m", input="second, unrelated input")
+    await gateway.stop()
+    (path,) = bundles(gateway.settings.trace_root)
+    assert _metadata(path)["gateway.session_source"] == "hint:session_id"
+
+
+async def _closed(path: Path) -> state_pb2.RolloutTrace:
+    """The bundle once its footer is written (the idle sweep closes it on its own schedule)."""
+    async with asyncio.timeout(20):
+        while True:
+            trace = replay_bundle(path)
+            if trace.integrity.status == CLEAN:
+                return trace
+            await asyncio.sleep(0.05)
+
+
+async def test_an_idle_session_is_closed(start_gateway: StartGateway) -> None:
+    gateway = await start_gateway(session_idle_timeout=0.2)
+    await _client(gateway).responses.create(model="m", input="then silence")
+    (path,) = bundles(gateway.settings.trace_root)
+    trace = await _closed(path)
+    (thread,) = trace.threads.values()
+    assert thread.execution.status == common_pb2.EXECUTION_STATUS_COMPLETED
+    assert gateway.sessions.open == []
+
+
+async def test_close_endpoint_finishes_the_bundle(gateway: Gateway) -> None:
+    client = _client(gateway, **{"x-rollout-session": "to-close"})
+    await client.responses.create(model="m", input="bye")
+    async with httpx.AsyncClient(base_url=gateway.url.removesuffix("/v1")) as http:
+        answer = await http.post("/rollout/v1/sessions/to-close/close")
+        assert answer.status_code == 200
+        body = answer.json()
+        assert replay_bundle(Path(body["bundle_path"])).integrity.status == CLEAN
+        again = await http.post("/rollout/v1/sessions/to-close/close")
+        assert again.json()["bundle_path"] == body["bundle_path"]
+        missing = await http.post("/rollout/v1/sessions/never/close")
+        assert missing.status_code == 404
+        assert missing.json()["error"]["code"] == "session_not_found"
+
+
+async def test_shutdown_closes_every_session_cleanly(gateway: Gateway) -> None:
+    for key in ("a", "b", "c"):
+        await _client(gateway, **{"x-rollout-session": key}).responses.create(model="m", input=key)
+    await gateway.stop()
+    traces = reduce_all(gateway.settings.trace_root)
+    assert [t.integrity.status for t in traces] == [CLEAN] * 3
+
+
+async def test_two_gateways_share_one_trace_root(
+    start_gateway: StartGateway, tmp_path: Path
+) -> None:
+    root = tmp_path / "shared"
+    first = await start_gateway(trace_root=root)
+    second = await start_gateway(trace_root=root)
+    # What a load balancer with affinity on the key does: each key always to the same one.
+    results = await asyncio.gather(
+        *(
+            _client(gateway, **{"x-rollout-session": f"{name}-{n}"}).responses.create(
+                model="m", input=f"{name} {n}"
+            )
+            for gateway, name in ((first, "left"), (second, "right"))
+            for n in range(3)
+        )
+    )
+    assert all(result.output_text for result in results)
+    await first.stop()
+    await second.stop()
+    traces = reduce_all(root)
+    keys = sorted(next(iter(t.threads.values())).metadata["gateway.session"] for t in traces)
+    assert keys == sorted(f"{name}-{n}" for name in ("left", "right") for n in range(3))
+    assert all(t.integrity.status == CLEAN for t in traces)
+
+
+async def test_rewards_over_http(gateway: Gateway) -> None:
+    client = _client(gateway, **{"x-rollout-session": "scored"})
+    reply = await client.responses.create(model="m", input="grade me")
+    async with httpx.AsyncClient(base_url=gateway.url.removesuffix("/v1")) as http:
+        ok = await http.post(
+            "/rollout/v1/rewards",
+            json={"session": "scored", "name": "pass", "value": 1.0, "item_id": reply.output[0].id},
+        )
+        assert ok.status_code == 200, ok.text
+        bad = await http.post("/rollout/v1/rewards", json={"session": "scored", "name": "x"})
+        assert bad.status_code == 400
+        nobody = await http.post(
+            "/rollout/v1/rewards", json={"session": "nope", "name": "x", "value": 1}
+        )
+        assert nobody.status_code == 404
+        unknown = await http.post(
+            "/rollout/v1/rewards",
+            json={"session": "scored", "name": "x", "value": 1, "item_id": "msg_nobody"},
+        )
+        assert unknown.status_code == 404
+    rewards = read_rewards(Path(ok.json()["bundle_path"]))
+    assert [(r.name, r.value, r.item_id) for _, r in rewards.rewards] == [
+        ("pass", 1.0, reply.output[0].id)
+    ]
+
+
+async def test_the_gateway_token_is_required_and_never_recorded(
+    start_gateway: StartGateway,
+) -> None:
+    from grpc_common import AccessControl
+
+    token = "gw-secret-token-123"
+    gateway = await start_gateway(access=AccessControl(token=token))
+    with_token = openai.AsyncOpenAI(base_url=gateway.url, api_key=token, max_retries=0)
+    without = openai.AsyncOpenAI(base_url=gateway.url, api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as refused:
+        await without.responses.create(model="m", input="let me in")
+    assert refused.value.status_code == 401
+    await with_token.responses.create(model="m", input="let me in")
+    await gateway.stop()
+    for path in bundles(gateway.settings.trace_root):
+        assert token.encode() not in (path / "trace.binpb").read_bytes()
+
+
+async def test_unknown_paths_get_an_openai_style_404(gateway: Gateway) -> None:
+    async with httpx.AsyncClient(base_url=gateway.url) as http:
+        answer = await http.post("/embeddings", json={"input": "x"})
+    assert answer.status_code == 404
+    assert answer.json()["error"]["type"] == "not_found_error"
+
+
+async def test_models_are_forwarded(start_gateway: StartGateway) -> None:
+    seen: list[str] = []
+
+    async def models(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("Authorization", ""))
+        return web.json_response(
+            {"object": "list", "data": [{"id": "engine-1", "object": "model"}]}
+        )
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        from agent_server.config import Secret
+
+        gateway = await start_gateway(f"http://127.0.0.1:{port}/v1", api_key=Secret("upstream-key"))
+        listed = await _client(gateway).models.list()
+        assert [model.id for model in listed.data] == ["engine-1"]
+        assert seen == ["Bearer upstream-key"]
+    finally:
+        await runner.cleanup()

@@ -1,0 +1,49 @@
+"""The one set of enum-to-word maps: how a value of the schema's enums reads as a word.
+
+Every surface that shows an enum to a person or writes it as text (the viewer, `watch`, the
+tables, the OTel spans, the RL export, the CLI) takes its word from here; docs/vocabulary.md
+says which surface shows which.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from rollout.trace.v1 import common_pb2, state_pb2
+
+
+def enum_words(
+    values: Iterable[tuple[str, int]], prefix: str, *, lower: bool = False
+) -> dict[int, str]:
+    """Each value's name without the enum's prefix (`EXECUTION_STATUS_COMPLETED` → `COMPLETED`)."""
+    return {
+        number: name.removeprefix(prefix).lower() if lower else name.removeprefix(prefix)
+        for name, number in values
+    }
+
+
+# COMPLETED, FAILED, CANCELLED, RUNNING, UNSPECIFIED.
+EXECUTION_WORDS = enum_words(common_pb2.ExecutionStatus.items(), "EXECUTION_STATUS_")
+# CLEAN, UNCLOSED, TRUNCATED, CORRUPT, UNSPECIFIED.
+INTEGRITY_WORDS = enum_words(state_pb2.IntegrityStatus.items(), "INTEGRITY_STATUS_")
+# user, assistant, system, developer, tool: the words the Responses and Chat APIs use (no
+# word for UNSPECIFIED: each surface says what an item without a role is shown as).
+ROLE_WORDS = {
+    number: word
+    for number, word in enum_words(
+        state_pb2.ConversationRole.items(), "CONVERSATION_ROLE_", lower=True
+    ).items()
+    if number != state_pb2.CONVERSATION_ROLE_UNSPECIFIED
+}
+# message, function_call, function_call_output, reasoning, ... and unspecified.
+KIND_WORDS = enum_words(state_pb2.ItemKind.items(), "ITEM_KIND_", lower=True)
+# completed, length, interrupted, provider_error, infra_error, ... and unspecified.
+STOP_WORDS = enum_words(common_pb2.StopReason.items(), "STOP_REASON_", lower=True)
+
+
+def execution_word(status: common_pb2.ExecutionStatus.ValueType) -> str:
+    return EXECUTION_WORDS.get(status, "UNSPECIFIED")
+
+
+def integrity_word(status: state_pb2.IntegrityStatus.ValueType) -> str:
+    return INTEGRITY_WORDS.get(status, "UNSPECIFIED")
