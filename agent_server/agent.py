@@ -9,7 +9,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import grpc
@@ -17,9 +17,11 @@ import grpc
 from agent_server import telemetry
 from agent_server.config import Settings
 from agent_server.errors import (
+    BundlePathDeniedError,
     EmptyInputError,
     InputTooLargeError,
     InstructionsTooLargeError,
+    InvalidBundlePathError,
     InvalidForkCountError,
     InvalidGroupIdError,
     InvalidModelError,
@@ -30,10 +32,12 @@ from agent_server.errors import (
     MetadataTooLargeError,
     MissingThreadIdError,
     MissingTurnIdError,
+    RecordedThreadUnreadableError,
     RecordingOffError,
     RecordingStartFailedError,
     RewardsUnavailableError,
     ShuttingDownError,
+    ThreadActiveError,
     ThreadClosedError,
     ThreadNotFoundError,
     TurnAlreadyRunningError,
@@ -46,19 +50,30 @@ from agent_server.events import EventBuffer
 from agent_server.provider import ProviderClient
 from agent_server.recorder import ForkSeed, Recorder
 from agent_server.threads import Thread, Turn
-from agent_server.tools import SubmittedOutput, Tool, parse_tools
-from agent_server.training import Sampling, TokenCapture
+from agent_server.tools import SubmittedOutput, Tool, parse_tools, tools_from_request
+from agent_server.training import Sampling, TokenCapture, settings_from_request
 from agent_server.turn import TurnRunner
 from rollout.agent.v1 import agent_pb2
 from rollout.trace.v1 import common_pb2
 from trace_reducer import (
     BundleError,
+    BundleNotFoundError,
+    BundlePathError,
+    OutsideRootError,
+    RecordedSummary,
     RecordingError,
     ReductionError,
     RewardError,
     RewardInput,
+    StoredThread,
+    TurnNotEndedError,
+    TurnNotRecordedError,
     append_reward,
+    canonical_json,
     check_reward,
+    list_recorded,
+    load_recorded,
+    payload_id,
     replay_bundle,
     thread_bundles,
 )
@@ -101,6 +116,39 @@ class _ThreadSpec:
     capture: TokenCapture
     fork: tuple[ForkSeed, agent_pb2.ForkOrigin, list[dict[str, object]]] | None = None
     provider: str = ""
+
+
+@dataclass(frozen=True)
+class _Origin:
+    """The thread a fork or resume continues, as of one of its turns."""
+
+    thread_id: str
+    spec: _ThreadSpec
+    bundle: str
+    trace_id: str
+    after_turn_id: str
+    shared_turns: int
+    history: list[dict[str, object]]
+    # The payloads the parent's bundle (and those it refers to) holds.
+    payloads: frozenset[str]
+    parent_call_id: str = ""
+    parent_tokens: Sequence[int] = ()
+
+
+def _load_recorded(root: Path, thread_id: str, bundle_path: str) -> StoredThread:
+    """The recorded thread, its lookup's failures as the agent's errors."""
+    try:
+        return load_recorded(root, thread_id=thread_id, bundle_path=bundle_path)
+    except BundleNotFoundError as error:
+        if bundle_path:
+            raise ThreadNotFoundError(str(error), bundle_path=bundle_path) from error
+        raise ThreadNotFoundError(f"no thread {thread_id!r}", thread_id=thread_id) from error
+    except OutsideRootError as error:
+        raise BundlePathDeniedError(str(error)) from error
+    except BundlePathError as error:
+        raise InvalidBundlePathError(str(error)) from error
+    except (BundleError, ReductionError) as error:
+        raise RecordedThreadUnreadableError(str(error)) from error
 
 
 class Agent:
@@ -239,26 +287,42 @@ class Agent:
             _, thread_id = closed.popleft()
             self._threads.pop(thread_id, None)
 
-    def list_threads(
-        self, page_size: int, page_token: str, status: agent_pb2.ThreadStatus.ValueType
-    ) -> tuple[list[Thread], str]:
-        """One page of threads, oldest first, and the token of the next page ('' at the end)."""
+    async def list_threads(
+        self,
+        page_size: int,
+        page_token: str,
+        status: agent_pb2.ThreadStatus.ValueType,
+        include_recorded: bool = False,
+    ) -> tuple[list[Thread | RecordedSummary], str]:
+        """One page of threads, oldest first, and the token of the next page ('' at the end);
+        with include_recorded, after those in memory, those only under the trace root."""
         self.check_serving()
         self._forget_closed()
-        after = _decode_page_token(page_token)
+        after, after_bundle = _decode_page_token(page_token)
         size = min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
-        page: list[Thread] = []
-        more = False
-        for thread in self._threads.values():
-            if thread.seq <= after:
-                continue
-            if status and thread.status != status:
-                continue
-            if len(page) == size:
-                more = True
-                break
-            page.append(thread)
-        return page, _encode_page_token(page[-1].seq) if more else ""
+        page: list[Thread | RecordedSummary] = []
+        if after_bundle is None:
+            for thread in self._threads.values():
+                if thread.seq <= after:
+                    continue
+                if status and thread.status != status:
+                    continue
+                if len(page) == size:
+                    return page, _encode_page_token(page[-1])
+                page.append(thread)
+        root = self._settings.trace_root
+        if not include_recorded or root is None or status == agent_pb2.THREAD_STATUS_ACTIVE:
+            return page, ""
+        # One more than fits tells whether a next page exists.
+        wanted = size - len(page) + 1
+        held = frozenset(self._threads)
+        recorded = await asyncio.to_thread(
+            lambda: list(
+                itertools.islice(list_recorded(root, after=after_bundle or "", skip=held), wanted)
+            )
+        )
+        page.extend(recorded[: wanted - 1])
+        return page, _encode_page_token(page[-1]) if len(recorded) == wanted else ""
 
     def thread(self, thread_id: str) -> Thread:
         self.check_serving()
@@ -271,11 +335,13 @@ class Agent:
         return thread
 
     async def fork_thread(
-        self, thread_id: str, after_turn_id: str, count: int, group_id: str
+        self, thread_id: str, after_turn_id: str, count: int, group_id: str, bundle_path: str = ""
     ) -> list[Thread]:
         """`count` new threads continuing thread_id's history as of after_turn_id (its end when
-        empty); each bundle refers to the parent's for what they share."""
-        parent = self.thread(thread_id)
+        empty); each bundle refers to the parent's for what they share. A thread the server
+        holds open forks from memory; a closed one, one it no longer holds, or one named by
+        bundle_path, from its bundle under the trace root."""
+        self.check_serving()
         if not 1 <= count <= MAX_FORKS:
             raise InvalidForkCountError(
                 f"count must be 1 to {MAX_FORKS}, not {count}", limit=str(MAX_FORKS)
@@ -284,8 +350,39 @@ class Agent:
             raise InvalidGroupIdError(
                 f"group_id must be at most {MAX_GROUP_ID_CHARS} printable characters"
             )
-        if parent.closed or parent.closing is not None:
-            raise ThreadClosedError(f"thread {thread_id!r} is closed", thread_id=thread_id)
+        held = self._held(thread_id) if not bundle_path else None
+        if held is not None and not (held.closed or held.closing is not None):
+            origin = self._origin_in_memory(held, after_turn_id)
+        else:
+            origin = await self._origin_recorded(thread_id, bundle_path, after_turn_id, held)
+        return await self._spawn(origin, count, group_id or f"group_{uuid.uuid4().hex}")
+
+    async def resume_thread(self, thread_id: str, bundle_path: str, after_turn_id: str) -> Thread:
+        """A new thread going on with a closed or recorded thread's conversation after
+        after_turn_id (its last ended turn when empty), its bundle linked to the old one."""
+        self.check_serving()
+        if not thread_id and not bundle_path:
+            raise MissingThreadIdError("thread_id or bundle_path is required")
+        held = self._held(thread_id) if not bundle_path else None
+        if held is not None and not held.closed:
+            raise ThreadActiveError(
+                f"thread {thread_id!r} is still open: StartTurn continues it (ForkThread "
+                "branches it)",
+                thread_id=thread_id,
+            )
+        origin = await self._origin_recorded(thread_id, bundle_path, after_turn_id, held)
+        (thread,) = await self._spawn(origin, 1, "", resumed=True)
+        return thread
+
+    def _held(self, thread_id: str) -> Thread | None:
+        if not thread_id:
+            raise MissingThreadIdError("thread_id is required")
+        self._forget_closed()
+        return self._threads.get(thread_id)
+
+    def _origin_in_memory(self, parent: Thread, after_turn_id: str) -> _Origin:
+        """What forking an open thread after after_turn_id continues, from its history."""
+        thread_id = parent.id
         turn_ids = list(parent.turns)
         if after_turn_id:
             turn = parent.turns.get(after_turn_id)
@@ -308,45 +405,111 @@ class Agent:
                 )
             shared = list(parent.history)
             after_turn_id = turn_ids[-1] if turn_ids else ""
-        group = group_id or f"group_{uuid.uuid4().hex}"
-        shared_turns = turn_ids.index(after_turn_id) + 1 if after_turn_id else 0
-        bundle = Path(parent.recorder.bundle_path).name if parent.recorder.bundle_path else ""
-        payloads = parent.recorder.payload_ids
         parent_call_id, parent_tokens = parent.recorder.held_tokens()
+        return _Origin(
+            thread_id=thread_id,
+            spec=_ThreadSpec(
+                parent.model,
+                parent.instructions,
+                parent.metadata,
+                parent.tools,
+                parent.sampling,
+                parent.capture,
+                provider=parent.provider.name if parent.provider is not None else "",
+            ),
+            bundle=Path(parent.recorder.bundle_path).name if parent.recorder.bundle_path else "",
+            trace_id=parent.recorder.trace_id,
+            after_turn_id=after_turn_id,
+            shared_turns=turn_ids.index(after_turn_id) + 1 if after_turn_id else 0,
+            history=shared,
+            payloads=parent.recorder.payload_ids,
+            parent_call_id=parent_call_id,
+            parent_tokens=parent_tokens,
+        )
+
+    async def _origin_recorded(
+        self, thread_id: str, bundle_path: str, after_turn_id: str, held: Thread | None
+    ) -> _Origin:
+        """What continuing a thread from its bundle continues: the history, tools and
+        settings its records hold (the latest request's, for tools and settings)."""
+        root = self._settings.trace_root
+        if held is not None and not held.recorder.bundle_path:
+            raise RecordingOffError(
+                f"thread {thread_id!r} is closed and was not recorded: nothing is left to "
+                "continue it from",
+                thread_id=thread_id,
+            )
+        if root is None:
+            if bundle_path:
+                raise RecordingOffError("bundle_path needs a trace root (recording is off)")
+            raise ThreadNotFoundError(f"no thread {thread_id!r}", thread_id=thread_id)
+        name = Path(held.recorder.bundle_path).name if held is not None else bundle_path
+        recorded = await asyncio.to_thread(
+            _load_recorded, root, thread_id if not bundle_path else "", name
+        )
+        try:
+            after_turn_id, shared_turns, history = recorded.continue_after(after_turn_id)
+        except TurnNotEndedError as error:
+            raise TurnAlreadyRunningError(str(error), turn_id=error.turn_id) from error
+        except TurnNotRecordedError as error:
+            raise TurnNotFoundError(str(error), turn_id=error.turn_id) from error
+        except (BundleError, ValueError) as error:
+            raise RecordedThreadUnreadableError(str(error)) from error
+        envelope, policy_version = recorded.last_request()
+        sampling, capture = settings_from_request(envelope, policy_version)
+        thread = recorded.thread
+        return _Origin(
+            thread_id=recorded.thread_id,
+            spec=_ThreadSpec(
+                thread.model,
+                recorded.instructions(),
+                dict(thread.metadata),
+                tools_from_request(envelope.get("tools")),
+                sampling,
+                capture,
+            ),
+            bundle=recorded.bundle_dir.name,
+            trace_id=recorded.trace.trace_id,
+            after_turn_id=after_turn_id,
+            shared_turns=shared_turns,
+            history=history,
+            payloads=recorded.payload_ids(),
+        )
+
+    async def _spawn(
+        self, origin: _Origin, count: int, group: str, *, resumed: bool = False
+    ) -> list[Thread]:
+        """Start `count` threads continuing origin, all or none."""
+        # Refer to the parent's payloads only when it holds every one the prefix needs.
+        needed = {payload_id(canonical_json(item)) for item in origin.history}
+        payloads = origin.payloads if needed <= origin.payloads else frozenset()
         forks: list[Thread] = []
         try:
             for index in range(count):
-                origin = agent_pb2.ForkOrigin(
-                    parent_thread_id=thread_id,
-                    after_turn_id=after_turn_id,
+                fork = agent_pb2.ForkOrigin(
+                    parent_thread_id=origin.thread_id,
+                    after_turn_id=origin.after_turn_id,
                     group_id=group,
                     repetition_index=index,
+                    resumed=resumed,
                 )
                 seed = ForkSeed(
-                    parent_thread_id=thread_id,
-                    parent_bundle=bundle,
-                    parent_trace_id=parent.recorder.trace_id,
-                    after_turn_id=after_turn_id,
+                    parent_thread_id=origin.thread_id,
+                    parent_bundle=origin.bundle,
+                    parent_trace_id=origin.trace_id,
+                    after_turn_id=origin.after_turn_id,
                     group_id=group,
                     repetition_index=index,
-                    shared_turns=shared_turns,
-                    prefix_items=shared,
+                    shared_turns=origin.shared_turns,
+                    prefix_items=origin.history,
                     parent_payloads=payloads,
-                    parent_call_id=parent_call_id,
-                    parent_tokens=parent_tokens,
+                    parent_call_id=origin.parent_call_id,
+                    parent_tokens=origin.parent_tokens,
+                    resumed=resumed,
                 )
                 forks.append(
                     await self._shielded_start(
-                        _ThreadSpec(
-                            parent.model,
-                            parent.instructions,
-                            parent.metadata,
-                            parent.tools,
-                            parent.sampling,
-                            parent.capture,
-                            (seed, origin, shared),
-                            parent.provider.name if parent.provider is not None else "",
-                        )
+                        replace(origin.spec, fork=(seed, fork, origin.history))
                     )
                 )
         except BaseException:
@@ -410,7 +573,7 @@ class Agent:
         thread_id = reward.thread_id
         root = self._settings.trace_root
         missing = ThreadNotFoundError(f"no thread {thread_id!r}", thread_id=thread_id)
-        if root is None or not set(thread_id) <= _ID_CHARS:
+        if root is None:
             raise missing
         candidates = thread_bundles(root, thread_id)
         if not candidates:
@@ -583,21 +746,23 @@ class Agent:
         self._forget_closed()
 
 
-_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
+def _encode_page_token(last: Thread | RecordedSummary) -> str:
+    # Threads in memory are paged by creation order, then recorded ones by bundle name.
+    text = f"after:{last.seq}" if isinstance(last, Thread) else f"bundle:{last.bundle_name}"
+    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
 
 
-def _encode_page_token(seq: int) -> str:
-    return base64.urlsafe_b64encode(f"after:{seq}".encode()).decode().rstrip("=")
-
-
-def _decode_page_token(token: str) -> int:
+def _decode_page_token(token: str) -> tuple[int, str | None]:
+    """(the last thread's seq in memory, the last recorded bundle's name or None)."""
     if not token:
-        return 0
+        return 0, None
     try:
         text = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
         prefix, _, value = text.partition(":")
         if prefix == "after" and value.isdigit():
-            return int(value)
+            return int(value), None
+        if prefix == "bundle" and value:
+            return 0, value
     except (ValueError, UnicodeDecodeError):
         pass
     raise InvalidPageTokenError("page_token is not one this server handed out")

@@ -85,6 +85,7 @@ NUMBER_SETTINGS: dict[str, Bounds] = {
     "provider_max_connections": Bounds(1, integer=True, high=_MAX_COUNT),
     "max_tool_rounds": Bounds(0, integer=True, high=_MAX_COUNT),
     "tool_output_timeout": Bounds(0, exclusive=True, high=_MAX_SECONDS, unit="seconds"),
+    "replay_branch_at": Bounds(0, integer=True, high=_MAX_COUNT),
 }
 
 
@@ -231,8 +232,6 @@ class Settings:
             raise ConfigError(
                 f"--replay-on-divergence must be one of {', '.join(REPLAY_ON_DIVERGENCE)}"
             )
-        if self.replay_branch_at < 0:
-            raise ConfigError("--replay-branch-at must be a call number, 1 or more")
         if self.replay_from is None and (
             self.replay_branch_at or self.replay_on_divergence != "fail"
         ):

@@ -142,6 +142,27 @@ class ThreadClosedError(AgentError):
     reason = "THREAD_CLOSED"
 
 
+class ThreadActiveError(AgentError):
+    reason = "THREAD_ACTIVE"
+
+
+class BundlePathDeniedError(AgentError):
+    """A bundle path outside the trace root, or through a symbolic link."""
+
+    code = grpc.StatusCode.PERMISSION_DENIED
+    reason = "BUNDLE_PATH_DENIED"
+
+
+class InvalidBundlePathError(InvalidArgumentError):
+    reason = "INVALID_BUNDLE_PATH"
+
+
+class RecordedThreadUnreadableError(AgentError):
+    """The recorded thread's bundle cannot be continued (not a bundle, corrupt, no thread)."""
+
+    reason = "RECORDED_THREAD_UNREADABLE"
+
+
 class TurnAlreadyRunningError(AgentError):
     reason = "TURN_ALREADY_RUNNING"
 

@@ -50,6 +50,8 @@ class ForkSeed:
     # The parent's latest inference call and its held tokens (see RecordBuilder.held_tokens).
     parent_call_id: str = ""
     parent_tokens: Sequence[int] = ()
+    # ResumeThread: the conversation continued rather than sampled.
+    resumed: bool = False
 
 
 class Recorder:
@@ -117,6 +119,7 @@ class Recorder:
                         parent_call_id=fork.parent_call_id,
                         # Without the parent's bundle, its tokens cannot be referred to.
                         parent_tokens=() if copy else fork.parent_tokens,
+                        resumed=fork.resumed,
                     )
                 builder.thread_started(
                     thread_id, model=model, instructions=instructions, metadata=metadata

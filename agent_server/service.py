@@ -18,6 +18,7 @@ from agent_server.errors import (
     abort_with,
 )
 from agent_server.events import DEFAULT_FLUSH_WINDOW_MS, MAX_FLUSH_WINDOW_MS
+from agent_server.threads import Thread, recorded_thread
 from agent_server.tools import SubmittedOutput
 from agent_server.training import capture_from, sampling_from
 from rollout.agent.v1 import agent_pb2, agent_pb2_grpc
@@ -139,11 +140,19 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         self, request: agent_pb2.ListThreadsRequest, context: Context
     ) -> agent_pb2.ListThreadsResponse:
         async with _translated(context, "ListThreads"):
-            threads, next_token = self._agent.list_threads(
-                request.page_size, request.page_token, request.status
+            threads, next_token = await self._agent.list_threads(
+                request.page_size,
+                request.page_token,
+                request.status,
+                request.include_recorded,
             )
             return agent_pb2.ListThreadsResponse(
-                threads=[thread.to_proto(with_turns=False) for thread in threads],
+                threads=[
+                    thread.to_proto(with_turns=False)
+                    if isinstance(thread, Thread)
+                    else recorded_thread(thread)
+                    for thread in threads
+                ],
                 next_page_token=next_token,
             )
 
@@ -172,9 +181,23 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
     ) -> agent_pb2.ForkThreadResponse:
         async with _translated(context, "ForkThread"):
             threads = await self._agent.fork_thread(
-                request.thread_id, request.after_turn_id, request.count, request.group_id
+                request.thread_id,
+                request.after_turn_id,
+                request.count,
+                request.group_id,
+                request.bundle_path,
             )
             return agent_pb2.ForkThreadResponse(threads=[t.to_proto() for t in threads])
+
+    async def ResumeThread(  # noqa: N802
+        self, request: agent_pb2.ResumeThreadRequest, context: Context
+    ) -> agent_pb2.ResumeThreadResponse:
+        async with _translated(context, "ResumeThread"):
+            thread = await self._agent.resume_thread(
+                request.thread_id, request.bundle_path, request.after_turn_id
+            )
+            return agent_pb2.ResumeThreadResponse(thread=thread.to_proto())
+        raise AssertionError("unreachable")
 
     async def RecordReward(  # noqa: N802
         self, request: agent_pb2.RecordRewardRequest, context: Context

@@ -18,6 +18,7 @@ from agent_server.recorder import Recorder
 from agent_server.tools import SubmittedOutput, Tool, ToolCall
 from agent_server.training import Sampling, TokenCapture, fill_thread
 from rollout.agent.v1 import agent_pb2
+from trace_reducer import RecordedSummary
 
 TurnStatus: TypeAlias = agent_pb2.TurnStatus.ValueType
 
@@ -213,3 +214,29 @@ class Thread:
         event.time.seconds, event.time.nanos = divmod(nanos, 1_000_000_000)
         self.events.publish(event)
         telemetry.on_event(self.id, event)
+
+
+def recorded_thread(summary: RecordedSummary) -> agent_pb2.Thread:
+    """A thread only its bundle knows, as ListThreads shows it."""
+    thread = agent_pb2.Thread(
+        id=summary.thread_id,
+        model=summary.model,
+        status=agent_pb2.THREAD_STATUS_CLOSED,
+        created_at=timestamp(summary.created_at),
+        bundle_path=str(summary.bundle_dir),
+        recording_status=agent_pb2.RECORDING_STATUS_CLOSED,
+        metadata=summary.metadata,
+        recorded=True,
+    )
+    fork = summary.fork
+    if fork is not None:
+        thread.fork.CopyFrom(
+            agent_pb2.ForkOrigin(
+                parent_thread_id=fork.parent_thread_id,
+                after_turn_id=fork.after_turn_id,
+                group_id=fork.group_id,
+                repetition_index=fork.repetition_index,
+                resumed=fork.resumed,
+            )
+        )
+    return thread

@@ -159,3 +159,19 @@ class ToolCall:
 
 def new_tool_call_id() -> str:
     return f"tool_{uuid.uuid4().hex}"
+
+
+def tools_from_request(entries: object) -> tuple[Tool, ...]:
+    """A recorded request's `tools` as the thread's tools again (its function tools, checked
+    as when they were declared)."""
+    declared = [
+        agent_pb2.FunctionTool(
+            name=str(entry.get("name", "")),
+            description=str(entry.get("description") or ""),
+            parameters_json=json.dumps(entry.get("parameters") or _NO_PARAMETERS),
+            strict=bool(entry.get("strict")),
+        )
+        for entry in (entries if isinstance(entries, list) else [])
+        if isinstance(entry, dict) and entry.get("type") == "function"
+    ]
+    return parse_tools(declared)

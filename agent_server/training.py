@@ -193,3 +193,33 @@ def fill_thread(thread: agent_pb2.Thread, sampling: Sampling, capture: TokenCapt
         if capture.required
         else agent_pb2.OPTIONAL_FIELD_POLICY_BEST_EFFORT
     )
+
+
+def settings_from_request(
+    envelope: dict[str, Any], policy_version: str
+) -> tuple[Sampling, TokenCapture]:
+    """The sampling settings and token capture a recorded request asked for (request_fields
+    read back), with the policy version it was recorded with."""
+
+    def number(name: str) -> float | None:
+        value = envelope.get(name)
+        return (
+            float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+        )
+
+    limit = envelope.get("max_output_tokens")
+    include = envelope.get("include")
+    top = envelope.get("top_logprobs")
+    top_logprobs = top if isinstance(top, int) and not isinstance(top, bool) and top > 0 else 0
+    sampling = Sampling(
+        temperature=number("temperature"),
+        top_p=number("top_p"),
+        max_output_tokens=limit if isinstance(limit, int) and not isinstance(limit, bool) else None,
+        policy_version=policy_version,
+    )
+    capture = TokenCapture(
+        logprobs=isinstance(include, list) and LOGPROBS_INCLUDE in include,
+        top_logprobs=min(top_logprobs, MAX_TOP_LOGPROBS),
+        token_ids=envelope.get("return_token_ids") is True,
+    )
+    return sampling, capture

@@ -19,6 +19,7 @@ from bench import (
     batch_bench,
     engine_bench,
     gateway_bench,
+    list_bench,
     provider_floor,
     reducer_bench,
     replay_bench,
@@ -524,6 +525,28 @@ def p11(root: Path) -> list[Row]:
     ]
 
 
+def p9(root: Path) -> list[Row]:
+    count = int(os.environ.get("BENCH_LIST_BUNDLES", "100000"))
+    result = list_bench.measure_list(root, count)
+    warm = statistics.median(result.warm)
+    floor = statistics.median(result.floor)
+    return [
+        Row(
+            "P9",
+            f"`trace-reducer list --json` over {count:,} bundles (hard links of "
+            f"{result.templates} server-made ones), warm: the index only; cold (each reduced "
+            f"once) {result.cold_seconds:.0f} s; one bundle changed "
+            f"{list_bench.spread(result.changed)}",
+            f"{warm:.2f} s",
+            "seconds, not minutes; reduces only what is stale",
+            warm < 30,
+            spread=list_bench.spread(result.warm),
+            beside=f"floor (walk + stat, same interpreter) {list_bench.spread(result.floor)}: "
+            f"{warm / floor:.2f}x",
+        )
+    ]
+
+
 def gateway(root: Path) -> list[Row]:
     """P7: the gateway beside the same client straight to the same upstream."""
     result = gateway_bench.measure_p7(root)
@@ -629,6 +652,7 @@ BENCHES: dict[str, Callable[[Path], list[Row]]] = {
     "training": training,
     "startup": startup,
     "replay": p11,
+    "p9": p9,
     "gateway": gateway,
     "engine": p8,
 }

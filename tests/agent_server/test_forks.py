@@ -172,7 +172,7 @@ async def test_a_fork_without_its_parent_says_so_and_resolves_when_given_it(
 
 async def test_fork_thread_refuses_bad_arguments(local: Harness, start_agent: StartAgent) -> None:
     parent = await local.start_thread()
-    turn = await run_turn(local, parent.id, "hi")
+    await run_turn(local, parent.id, "hi")
     cases = [
         (agent_pb2.ForkThreadRequest(thread_id=parent.id, count=0), "INVALID_FORK_COUNT"),
         (agent_pb2.ForkThreadRequest(thread_id=parent.id, count=65), "INVALID_FORK_COUNT"),
@@ -207,12 +207,6 @@ async def test_fork_thread_refuses_bad_arguments(local: Harness, start_agent: St
     assert error_reason(busy.value) == "TURN_ALREADY_RUNNING"
     await paced.stub.Interrupt(agent_pb2.InterruptRequest(thread_id=slow.id, turn_id=running.id))
     await events.turn_completed(running.id)
-    await local.stub.CloseThread(agent_pb2.CloseThreadRequest(thread_id=parent.id))
-    with pytest.raises(grpc.aio.AioRpcError) as gone:
-        await local.stub.ForkThread(
-            agent_pb2.ForkThreadRequest(thread_id=parent.id, count=1, after_turn_id=turn.id)
-        )
-    assert error_reason(gone.value) == "THREAD_CLOSED"
 
 
 async def test_kill_9_mid_fork_leaves_every_fork_reducible(tmp_path: Path) -> None:

@@ -261,7 +261,7 @@ def test_completed_turns_render_as_text(
     assert page.evaluate("typeof window.__pwned") == "undefined"
     assert page.locator("img").count() == 0
     assert page.locator("#transcript b").count() == 0
-    assert page.locator("script").count() == 3
+    assert page.locator("script").count() == 4
     assert_statuses_shown(page, trace)
     # Read by colour as well as by text: a completed status is green, a cancelled one is not.
     colour = page.eval_on_selector(".turn h2 .status", "e => getComputedStyle(e).backgroundColor")

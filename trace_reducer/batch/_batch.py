@@ -83,7 +83,7 @@ class BundleResult:
     rows: Packed | None = None
 
 
-def _replay(store: Store, location: str) -> state_pb2.RolloutTrace:
+def replay_from_store(store: Store, location: str) -> state_pb2.RolloutTrace:
     # What `trace-reducer reduce` does, over a file the store opened (a local file or an
     # object): the fork's parent found beside it, the rewards beside it attached.
     with BundleReader(Path(location, TRACE_FILE_NAME), store.open_trace(location)) as reader:
@@ -110,7 +110,7 @@ def reduce_one(task: BundleTask, options: BatchOptions) -> BundleResult:
         if trace is not None:
             outcome = Outcome.UP_TO_DATE
         else:
-            trace = _replay(store, task.location)
+            trace = replay_from_store(store, task.location)
             outcome = _decide(store, task.location, trace, options)
             if outcome in (Outcome.REDUCED, Outcome.SALVAGED):
                 store.write_state(task.location, trace)

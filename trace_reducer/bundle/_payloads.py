@@ -126,6 +126,10 @@ class PayloadStore:
         """Whether the complete bytes of payload pid are here."""
         return isinstance(self._held.get(pid), bytes)
 
+    def ids(self) -> frozenset[str]:
+        """The ids of the complete payloads held."""
+        return frozenset(pid for pid, data in self._held.items() if isinstance(data, bytes))
+
     def discard(self, pid: str) -> None:
         """Forget a payload whose bytes are no longer needed (its parsed form is kept)."""
         if pid in self._held:

@@ -112,10 +112,12 @@ class RecordBuilder:
         copy_prefix: bool,
         parent_call_id: str = "",
         parent_tokens: Sequence[int] = (),
+        resumed: bool = False,
     ) -> None:
         """The thread about to start continues another's history `prefix_items`: recorded by
         payload id only (the parent's bundle has them) unless copy_prefix; the thread's first
-        request then records them as its input prefix. Call it before thread_started."""
+        request then records them as its input prefix. Call it before thread_started.
+        resumed: the parent's conversation goes on here (ResumeThread), not as a sample."""
         ids = [
             self.json_payload(item, record_pb2.PAYLOAD_KIND_INPUT_ITEM)
             if copy_prefix
@@ -138,6 +140,7 @@ class RecordBuilder:
                     shared_turns=shared_turns,
                     parent_call_id=parent_call_id if parent_tokens else "",
                     parent_token_count=len(parent_tokens),
+                    resumed=resumed,
                 )
             )
         )

@@ -27,7 +27,7 @@ from ..bundle._errors import (
 )
 from ..bundle._framing import DEFAULT_MAX_UPLOAD_BYTES
 from ..bundle._integrity import describe_integrity, integrity_name, require_reducible
-from ..bundle._layout import STATE_FILE_NAME
+from ..bundle._layout import STATE_FILE_NAME, TRACE_FILE_NAME
 from ..bundle._reader import read_bundle, resolve_trace_file
 from ..bundle._version import __version__
 from ..reduce._replay import replay_bundle
@@ -35,6 +35,7 @@ from ..reduce._requests import request_body
 from ..reduce._state_json import iter_state_json, write_state_json
 from ._batch import add_parser as add_reduce_all_parser
 from ._diff import add_parser as add_diff_parser
+from ._list import add_parser as add_list_parser
 from ._training import add_parsers as add_training_parsers
 
 if TYPE_CHECKING:
@@ -222,6 +223,13 @@ def _exported(one: ExportedBundle) -> None:
 def _view(args: argparse.Namespace) -> int:
     from ..view._view import VIEW_FILE_NAME, reduce_for_view, save_view
 
+    source = Path(args.bundle)
+    if source.is_dir() and not (source / TRACE_FILE_NAME).exists():
+        if not _holds_bundles(source):
+            raise BundleError(
+                f"not a trace bundle (no {TRACE_FILE_NAME}), nor a root of bundles: {source}"
+            )
+        return _view_root(args)
     trace_file = resolve_trace_file(args.bundle)
     data = reduce_for_view(trace_file)
     integrity = data.trace.integrity
@@ -236,6 +244,65 @@ def _view(args: argparse.Namespace) -> int:
     print(path, flush=True)
     if args.open and not webbrowser.open(path.resolve().as_uri()):
         _warn(f"no browser could be started; open {path} yourself")
+    return EXIT_OK
+
+
+def _holds_bundles(root: Path) -> bool:
+    """Whether a directory is a root of bundles: it holds some, or nothing yet (a trace root
+    before its first recording); a directory of other files is neither bundle nor root."""
+    empty = True
+    for _, _, files in os.walk(root):
+        if TRACE_FILE_NAME in files:
+            return True
+        empty = empty and not files
+    return empty
+
+
+def _view_root(args: argparse.Namespace) -> int:
+    """A directory of bundles: a static site with -o, else the served viewer."""
+    from ..view._site import write_site
+
+    if args.output:
+        index = write_site(args.bundle, args.output)
+        print(index, flush=True)
+        return EXIT_OK
+    host, _, port_text = args.listen.rpartition(":")
+    host = host.strip("[]")
+    if not host or not port_text.isdigit():
+        raise _CommandError(f"--listen expects HOST:PORT, got {args.listen!r}", EXIT_USAGE)
+    token: str | None = None
+    from ..view._site import is_loopback
+
+    if args.token_env:
+        token = os.environ.get(args.token_env) or None
+        if token is None:
+            raise _CommandError(
+                f"--token-env {args.token_env}: the variable is not set", EXIT_USAGE
+            )
+    elif not is_loopback(host):
+        import secrets
+
+        token = secrets.token_urlsafe(24)
+    return asyncio.run(_serve_site(args.bundle, host, int(port_text), token, args.open))
+
+
+async def _serve_site(root: str, host: str, port: int, token: str | None, open_page: bool) -> int:
+    from grpc_common import install_signal_handlers
+
+    from ..view._site import SiteServer
+
+    server = SiteServer(root, token)
+    address = await server.start(host, port)
+    stop = asyncio.Event()
+    install_signal_handlers(stop.set)
+    shown = f"{address}?token={token}" if token else address
+    print(f"serving {shown}", flush=True)
+    if open_page and not webbrowser.open(shown):
+        _warn(f"no browser could be started; open {shown} yourself")
+    try:
+        await stop.wait()
+    finally:
+        await server.stop()
     return EXIT_OK
 
 
@@ -386,6 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
     reduce.set_defaults(run=_reduce)
 
     add_reduce_all_parser(commands)
+    add_list_parser(commands)
 
     dump = commands.add_parser("dump", help="print the records of a bundle, one per line")
     dump.add_argument("bundle", help="bundle directory or its trace.binpb")
@@ -452,11 +520,32 @@ def build_parser() -> argparse.ArgumentParser:
     add_diff_parser(commands)
 
     view = commands.add_parser(
-        "view", help="write one self-contained HTML page showing the bundle, print its path"
+        "view",
+        help="a bundle's self-contained HTML page; or, for a directory of bundles, serve "
+        "the run list (or write it as a static site with -o DIR)",
     )
-    view.add_argument("bundle", help="bundle directory or its trace.binpb")
-    view.add_argument("-o", "--output", metavar="FILE", help="write here, not <bundle>/view.html")
+    view.add_argument(
+        "bundle", help="bundle directory or its trace.binpb, or a root holding bundles"
+    )
+    view.add_argument(
+        "-o",
+        "--output",
+        metavar="PATH",
+        help="write here, not <bundle>/view.html; for a root: the site's directory",
+    )
     view.add_argument("--open", action="store_true", help="open the page in a web browser")
+    view.add_argument(
+        "--listen",
+        default="127.0.0.1:8765",
+        metavar="HOST:PORT",
+        help="where a root is served (127.0.0.1:8765); off loopback a token is required",
+    )
+    view.add_argument(
+        "--token-env",
+        metavar="NAME",
+        help="the served viewer's token from this environment variable (default: made up "
+        "when not on loopback, printed in the address)",
+    )
     view.set_defaults(run=_view)
 
     watch = commands.add_parser(

@@ -25,6 +25,14 @@ from ._reducer import Reducer
 from ._replay import replay_bundle
 from ._requests import request_body
 from ._state_json import iter_state_json, state_to_json, write_state_json
+from ._stored import (
+    RecordedSummary,
+    StoredThread,
+    TurnNotEndedError,
+    TurnNotRecordedError,
+    list_recorded,
+    load_recorded,
+)
 
 __all__ = [
     "CHAT_API",
@@ -32,10 +40,14 @@ __all__ = [
     "REPLAY_IGNORED_ITEM_FIELDS",
     "Difference",
     "RecordedCall",
+    "RecordedSummary",
     "RecordedThread",
     "Reducer",
     "RequestNotFoundError",
     "RunDiff",
+    "StoredThread",
+    "TurnNotEndedError",
+    "TurnNotRecordedError",
     "body_diff",
     "bundle_paths",
     "chat_messages",
@@ -43,6 +55,8 @@ __all__ = [
     "diff_runs",
     "expand_request_items",
     "iter_state_json",
+    "list_recorded",
+    "load_recorded",
     "read_recorded",
     "read_recorded_thread",
     "replay_bundle",

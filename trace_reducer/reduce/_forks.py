@@ -170,3 +170,15 @@ class BundleForkResolver:
         return ParentBundle(
             path, reduced.trace, payloads if payloads is not None else store, reduced.parent, items
         )
+
+    def reduce_whole(self, reader: BundleReader) -> ParentBundle:
+        """Reduce an open bundle keeping every payload (a fork may share any part of its
+        history), its own parents resolved through this resolver.
+
+        Raises BundleError, ReductionError or OSError."""
+        # Every payload: a fork may share any part of its parent's history.
+        payloads = PayloadStore(budget=None)
+        reduced = reduce_reader(
+            reader, forks=self, rewards=None, on_record=keeping_payloads(payloads)
+        )
+        return ParentBundle(reader.bundle_dir, reduced.trace, payloads, reduced.parent)

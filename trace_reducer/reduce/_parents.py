@@ -57,6 +57,10 @@ class ParentBundle:
                 return info
         return None
 
+    def payload_ids(self) -> frozenset[str]:
+        """Every payload id `payload` answers: this bundle's and its ancestors'."""
+        return frozenset().union(*(node._payloads.ids() for node in self._chain()))
+
     def prefix_items(self, payload_ids: Sequence[str]) -> list[state_pb2.ConversationItem | None]:
         """The parent's conversation items a fork's prefix names, in order: for each payload
         id the first of the parent's items with that payload not taken yet."""
@@ -84,6 +88,23 @@ def fork_payload(payloads: PayloadStore, parent: ParentBundle | None, pid: str) 
         if data is None:
             raise
         return data
+
+
+def fork_chain(
+    forked: record_pb2.ThreadForked, parent: ParentBundle | None
+) -> list[state_pb2.ForkLink]:
+    """The threads a fork's history came through, its parent first: each with where it came
+    from in turn (as far as the parent bundles were read)."""
+    link = state_pb2.ForkLink(thread_id=forked.parent_thread_id, bundle=forked.parent_bundle)
+    if parent is None or not parent.trace.HasField("fork"):
+        return [link]
+    origin = parent.trace.fork
+    link.parent_thread_id = origin.parent_thread_id
+    link.after_turn_id = origin.after_turn_id
+    link.group_id = origin.group_id
+    link.repetition_index = origin.repetition_index
+    link.resumed = origin.resumed
+    return [link, *origin.ancestors]
 
 
 class ForkResolver(Protocol):

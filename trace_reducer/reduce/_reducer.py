@@ -16,7 +16,7 @@ from ..bundle._payloads import PayloadStore
 from ..bundle._tokens import TokenAccumulator, classify_stop, sampling_settings
 from ._compact import expand_request_items
 from ._items import ItemInfo, ThreadItems, parse_item
-from ._parents import ForkResolver, ParentBundle
+from ._parents import ForkResolver, ParentBundle, fork_chain
 
 _RUNNING = common_pb2.EXECUTION_STATUS_RUNNING
 _JOIN_EVERY = 256
@@ -592,7 +592,9 @@ class Reducer:
             # A copied prefix needs no parent.
             resolved=parent is not None or body.prefix_copied,
             resolved_from=str(parent.path) if parent is not None else "",
+            resumed=body.resumed,
         )
+        self._fork.ancestors.extend(fork_chain(body, parent))
         self._fork_prefix = list(body.prefix_payload_ids)
         self._fork_seq = record.seq
         self._fork_tokens = []

@@ -110,6 +110,72 @@
     return el("div", {}, node, more);
   }
 
+  // Markdown for the model's replies, built as DOM nodes from text: no bundle text is ever
+  // parsed as HTML, a link is followed only when clicked (http, https, mailto), and an image is
+  // never loaded (it shows as its alt text and address).
+  function mdInline(text) {
+    const out = [];
+    const pattern = /(`[^`]+`)|(!?)\[([^\]]*)\]\(([^)\s]*)[^)]*\)|\*\*([^*]+)\*\*|\*([^*\s][^*]*)\*|(?<![A-Za-z0-9])_([^_]+)_(?![A-Za-z0-9])/g;
+    let last = 0;
+    for (const m of text.matchAll(pattern)) {
+      if (m.index > last) out.push(text.slice(last, m.index));
+      if (m[1]) out.push(el("code", {}, m[1].slice(1, -1)));
+      else if (m[2] === "!") out.push(el("span", { class: "md-image", title: m[4] }, `[image: ${m[3] || "no description"}] ${m[4]}`));
+      else if (m[3] !== undefined && m[4] !== undefined) {
+        out.push(/^(https?:|mailto:)/i.test(m[4])
+          ? el("a", { class: "md-link", href: m[4], rel: "noopener noreferrer nofollow", target: "_blank", referrerpolicy: "no-referrer" }, m[3])
+          : el("span", { class: "md-link", title: m[4] }, m[3]));
+      } else if (m[5]) out.push(el("strong", {}, m[5]));
+      else if (m[6]) out.push(el("em", {}, m[6]));
+      else if (m[7]) out.push(el("em", {}, m[7]));
+      last = m.index + m[0].length;
+    }
+    if (last < text.length) out.push(text.slice(last));
+    return out;
+  }
+
+  function markdown(text) {
+    if (text.length > LONG_TEXT) return textBlock(text);
+    const root = el("div", { class: "text md" });
+    const lines = text.split("\n");
+    let i = 0;
+    const special = (line) => /^(```|#{1,6}\s|\s*[-*+]\s+|\s*\d+[.)]\s+|>\s?)/.test(line);
+    while (i < lines.length) {
+      const line = lines[i];
+      if (/^```/.test(line)) {
+        const code = [];
+        for (i++; i < lines.length && !/^```/.test(lines[i]); i++) code.push(lines[i]);
+        i++;
+        root.appendChild(el("pre", { class: "md-code" }, code.join("\n")));
+      } else if (/^#{1,6}\s/.test(line)) {
+        const level = Math.min(6, line.indexOf(" ") + 2);
+        root.appendChild(el("h" + level, { class: "md-heading" }, mdInline(line.replace(/^#+\s+/, ""))));
+        i++;
+      } else if (/^\s*([-*+]|\d+[.)])\s+/.test(line)) {
+        const ordered = /^\s*\d/.test(line);
+        const list = el(ordered ? "ol" : "ul", {});
+        for (; i < lines.length && /^\s*([-*+]|\d+[.)])\s+/.test(lines[i]); i++) {
+          list.appendChild(el("li", {}, mdInline(lines[i].replace(/^\s*([-*+]|\d+[.)])\s+/, ""))));
+        }
+        root.appendChild(list);
+      } else if (/^>\s?/.test(line)) {
+        const quote = [];
+        for (; i < lines.length && /^>\s?/.test(lines[i]); i++) quote.push(lines[i].replace(/^>\s?/, ""));
+        root.appendChild(el("blockquote", {}, mdInline(quote.join(" "))));
+      } else if (!line.trim()) {
+        i++;
+      } else {
+        const para = el("p", {});
+        for (let first = true; i < lines.length && lines[i].trim() && !special(lines[i]); i++, first = false) {
+          if (!first) para.appendChild(el("br", {}));
+          add(para, mdInline(lines[i]));
+        }
+        root.appendChild(para);
+      }
+    }
+    return root;
+  }
+
   function jump(label, tab, turnId, targetId) {
     return el("a", { class: "jump", onclick: () => show(tab, turnId, targetId) }, label);
   }
@@ -183,7 +249,7 @@
       else if (type && type !== "output_text" && type !== "input_text" && type !== "summary_text") {
         node.appendChild(el("div", { class: "id" }, type));
       }
-      node.appendChild(textBlock(text));
+      node.appendChild(item.role === "assistant" && type === "output_text" ? markdown(text) : textBlock(text));
       return node;
     });
   }

@@ -22,9 +22,12 @@ from rollout.trace.v1 import common_pb2, state_pb2
 from ..bundle._errors import NotABundleError, PayloadError
 from ..bundle._names import KIND_WORDS, ROLE_WORDS, execution_word, integrity_word
 from ..bundle._payloads import PayloadStore, canonical_json
-from ..bundle._reader import read_bundle, resolve_trace_file
+from ..bundle._reader import BundleReader, read_bundle, resolve_trace_file
+from ..bundle._rewards import read_rewards
 from ..reduce._forks import BundleForkResolver
+from ..reduce._parents import ParentBundle
 from ..reduce._pass import keeping_payloads, reduce_reader
+from ._run_page import RunLinks, rollout_extras
 
 VIEW_FILE_NAME = "view.html"
 
@@ -44,17 +47,38 @@ class ViewData:
 
     trace: state_pb2.RolloutTrace
     payloads: PayloadStore
+    # A fork's parent: the payloads of the history the fork shares.
+    parent: ParentBundle | None = None
+
+    def payload(self, pid: str) -> bytes:
+        """A payload of the bundle or of the bundles it forked from; PayloadError if none."""
+        try:
+            return self.payloads.get(pid)
+        except PayloadError:
+            data = self.parent.payload(pid) if self.parent is not None else None
+            if data is None:
+                raise
+            return data
 
 
 def reduce_for_view(path: str | os.PathLike[str]) -> ViewData:
     """Reduce a bundle of any integrity (up to its damage) in one pass, keeping its payloads."""
+    with read_bundle(path) as reader:
+        return reduce_reader_for_view(reader)
+
+
+def reduce_reader_for_view(reader: BundleReader, *, dir_fd: int | None = None) -> ViewData:
+    """reduce_for_view on a bundle already open (its rewards read through dir_fd if given)."""
     # Every kind: payloads are deduplicated by content, so an input item may be the bytes an
     # output item was first written as.
     payloads = PayloadStore(budget=None)
-    with read_bundle(path) as reader:
-        forks = BundleForkResolver(reader.bundle_dir)
-        reduced = reduce_reader(reader, forks=forks, on_record=keeping_payloads(payloads))
-    return ViewData(reduced.trace, payloads)
+    reduced = reduce_reader(
+        reader,
+        forks=BundleForkResolver(reader.bundle_dir, every_payload=True),
+        rewards=read_rewards(reader.bundle_dir, dir_fd=dir_fd),
+        on_record=keeping_payloads(payloads),
+    )
+    return ViewData(reduced.trace, payloads, reduced.parent)
 
 
 def _ms(stamp: timestamp_pb2.Timestamp, base: timestamp_pb2.Timestamp) -> float | None:
@@ -86,7 +110,7 @@ class _PageBuilder:
 
     def __init__(self, data: ViewData) -> None:
         self.trace = data.trace
-        self.store = data.payloads
+        self.store = data
         self.base = data.trace.started_at
         self.envelopes: dict[str, list[str] | None] = {}
         self.inputs: dict[str, str | None] = {}
@@ -167,7 +191,7 @@ class _PageBuilder:
         instructions = ""
         if thread.instructions_payload_id:
             try:
-                instructions = self.store.get(thread.instructions_payload_id).decode(
+                instructions = self.store.payload(thread.instructions_payload_id).decode(
                     "utf-8", "replace"
                 )
             except PayloadError:
@@ -317,7 +341,7 @@ class _PageBuilder:
     def _input(self, pid: str) -> None:
         if pid not in self.inputs:
             try:
-                self.inputs[pid] = canonical_json(json.loads(self.store.get(pid))).decode()
+                self.inputs[pid] = canonical_json(json.loads(self.store.payload(pid))).decode()
             except (PayloadError, ValueError):
                 self.inputs[pid] = None  # the page says the body cannot be rebuilt
 
@@ -326,7 +350,7 @@ class _PageBuilder:
         if pid not in self.envelopes:
             self.envelopes[pid] = None
             try:
-                request = json.loads(self.store.get(pid))
+                request = json.loads(self.store.payload(pid))
             except (PayloadError, ValueError):
                 return None
             if not isinstance(request, dict):
@@ -355,17 +379,34 @@ def _asset(name: str) -> str:
     return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
 
 
-def render_view(data: ViewData, title: str = "") -> str:
-    """The page for a reduced bundle, as HTML text with everything inline."""
+def script_hash(script: str) -> str:
+    """The CSP source that lets exactly this inline script run."""
+    return f"'sha256-{base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()}'"
+
+
+def render_view(
+    data: ViewData,
+    title: str = "",
+    *,
+    links: RunLinks | None = None,
+    live_url: str | None = None,
+) -> str:
+    """The page for a reduced bundle, as HTML text with everything inline. links: related
+    runs' pages (a site's); live_url: where a served page hears of the bundle's growth."""
     page, payloads = _PageBuilder(data).build()
+    page["rollout"] = rollout_extras(data.trace, links)
+    page["live"] = live_url
     script = _asset("_view.js")
-    digest = base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()
+    run_script = _asset("_run.js")
     values = {
         "TITLE": html.escape(title or f"rollout {data.trace.root_thread_id}"),
         "STYLE": _asset("_view.css"),
-        # Only this script may run, even if some text ever slipped through as markup.
-        "SCRIPT_HASH": f"sha256-{digest}",
+        # Only these scripts may run, even if some text ever slipped through as markup.
+        "SCRIPT_HASH": f"{script_hash(script)} {script_hash(run_script)}",
+        # A static page fetches nothing; a served one asks its own server for updates.
+        "CONNECT": "'self'" if live_url else "'none'",
         "SCRIPT": script,
+        "RUN_SCRIPT": run_script,
         "DATA": _script_json(page),
         "PAYLOADS": _script_json(payloads),
     }
@@ -373,10 +414,16 @@ def render_view(data: ViewData, title: str = "") -> str:
     return _PLACEHOLDER.sub(lambda match: values[match[1]], _asset("_view.html"))
 
 
-def save_view(data: ViewData, target: str | os.PathLike[str], title: str = "") -> Path:
+def save_view(
+    data: ViewData,
+    target: str | os.PathLike[str],
+    title: str = "",
+    *,
+    links: RunLinks | None = None,
+) -> Path:
     """Write the page of data to target (mode 0600), replacing it whole; return the path."""
     path = Path(target)
-    text = render_view(data, title)
+    text = render_view(data, title, links=links)
     # Written aside and renamed, so a browser reloading it never sees half a page.
     temp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     try:

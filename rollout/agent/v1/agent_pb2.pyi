@@ -277,6 +277,7 @@ class Thread(_message.Message):
     PROVIDER_URL_FIELD_NUMBER: _builtins.int
     OPTIONAL_FIELDS_FIELD_NUMBER: _builtins.int
     REFUSED_FIELDS_FIELD_NUMBER: _builtins.int
+    RECORDED_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     model: _builtins.str
     status: Global___ThreadStatus.ValueType
@@ -305,6 +306,10 @@ class Thread(_message.Message):
     provider_api: _builtins.str
     provider_url: _builtins.str
     optional_fields: Global___OptionalFieldPolicy.ValueType
+    recorded: _builtins.bool
+    """The thread is not held by this server: ListThreads found it under the trace root (its
+    status is CLOSED and its turns are not listed).
+    """
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -357,10 +362,11 @@ class Thread(_message.Message):
         provider_url: _builtins.str = ...,
         optional_fields: Global___OptionalFieldPolicy.ValueType = ...,
         refused_fields: _abc.Iterable[_builtins.str] | None = ...,
+        recorded: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens", "_parallel_tool_calls", b"_parallel_tool_calls", "_temperature", b"_temperature", "_top_p", b"_top_p", "closed_at", b"closed_at", "created_at", b"created_at", "fork", b"fork", "max_output_tokens", b"max_output_tokens", "parallel_tool_calls", b"parallel_tool_calls", "temperature", b"temperature", "tool_choice", b"tool_choice", "top_p", b"top_p"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens", "_parallel_tool_calls", b"_parallel_tool_calls", "_temperature", b"_temperature", "_top_p", b"_top_p", "bundle_path", b"bundle_path", "capture_logprobs", b"capture_logprobs", "closed_at", b"closed_at", "created_at", b"created_at", "fork", b"fork", "id", b"id", "max_output_tokens", b"max_output_tokens", "metadata", b"metadata", "model", b"model", "optional_fields", b"optional_fields", "parallel_tool_calls", b"parallel_tool_calls", "policy_version", b"policy_version", "provider", b"provider", "provider_api", b"provider_api", "provider_url", b"provider_url", "recording_error", b"recording_error", "recording_status", b"recording_status", "refused_fields", b"refused_fields", "request_token_ids", b"request_token_ids", "status", b"status", "temperature", b"temperature", "tool_choice", b"tool_choice", "tools", b"tools", "top_logprobs", b"top_logprobs", "top_p", b"top_p", "turn_count", b"turn_count", "turns", b"turns"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens", "_parallel_tool_calls", b"_parallel_tool_calls", "_temperature", b"_temperature", "_top_p", b"_top_p", "bundle_path", b"bundle_path", "capture_logprobs", b"capture_logprobs", "closed_at", b"closed_at", "created_at", b"created_at", "fork", b"fork", "id", b"id", "max_output_tokens", b"max_output_tokens", "metadata", b"metadata", "model", b"model", "optional_fields", b"optional_fields", "parallel_tool_calls", b"parallel_tool_calls", "policy_version", b"policy_version", "provider", b"provider", "provider_api", b"provider_api", "provider_url", b"provider_url", "recorded", b"recorded", "recording_error", b"recording_error", "recording_status", b"recording_status", "refused_fields", b"refused_fields", "request_token_ids", b"request_token_ids", "status", b"status", "temperature", b"temperature", "tool_choice", b"tool_choice", "tools", b"tools", "top_logprobs", b"top_logprobs", "top_p", b"top_p", "turn_count", b"turn_count", "turns", b"turns"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_output_tokens: _TypeAlias = _typing.Literal["max_output_tokens"]  # noqa: Y015
     _WhichOneofArgType__max_output_tokens: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens"]  # noqa: Y015
@@ -391,12 +397,15 @@ class ForkOrigin(_message.Message):
     AFTER_TURN_ID_FIELD_NUMBER: _builtins.int
     GROUP_ID_FIELD_NUMBER: _builtins.int
     REPETITION_INDEX_FIELD_NUMBER: _builtins.int
+    RESUMED_FIELD_NUMBER: _builtins.int
     parent_thread_id: _builtins.str
     after_turn_id: _builtins.str
     """The parent's turn it continues after; empty when the parent had no turn."""
     group_id: _builtins.str
     repetition_index: _builtins.int
     """0, 1, ... among the threads of one ForkThread."""
+    resumed: _builtins.bool
+    """Made by ResumeThread: the same conversation continued, not a sample of a group."""
     def __init__(
         self,
         *,
@@ -404,10 +413,11 @@ class ForkOrigin(_message.Message):
         after_turn_id: _builtins.str = ...,
         group_id: _builtins.str = ...,
         repetition_index: _builtins.int = ...,
+        resumed: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_turn_id", b"after_turn_id", "group_id", b"group_id", "parent_thread_id", b"parent_thread_id", "repetition_index", b"repetition_index"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_turn_id", b"after_turn_id", "group_id", b"group_id", "parent_thread_id", b"parent_thread_id", "repetition_index", b"repetition_index", "resumed", b"resumed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1324,22 +1334,28 @@ class ListThreadsRequest(_message.Message):
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     STATUS_FIELD_NUMBER: _builtins.int
+    INCLUDE_RECORDED_FIELD_NUMBER: _builtins.int
     page_size: _builtins.int
     """At most this many threads per page; 0 means 100, and more than 1000 is taken as 1000."""
     page_token: _builtins.str
     """next_page_token of the previous page; empty for the first."""
     status: Global___ThreadStatus.ValueType
     """Only threads with this status; THREAD_STATUS_UNSPECIFIED lists every one."""
+    include_recorded: _builtins.bool
+    """After the threads in memory, the threads recorded under the trace root that this server
+    no longer holds (closed and forgotten, or from an earlier run), oldest bundle first.
+    """
     def __init__(
         self,
         *,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
         status: Global___ThreadStatus.ValueType = ...,
+        include_recorded: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["include_recorded", b"include_recorded", "page_size", b"page_size", "page_token", b"page_token", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1493,6 +1509,7 @@ class ForkThreadRequest(_message.Message):
     AFTER_TURN_ID_FIELD_NUMBER: _builtins.int
     COUNT_FIELD_NUMBER: _builtins.int
     GROUP_ID_FIELD_NUMBER: _builtins.int
+    BUNDLE_PATH_FIELD_NUMBER: _builtins.int
     thread_id: _builtins.str
     after_turn_id: _builtins.str
     """The turn the new threads continue after; empty: the thread's current end."""
@@ -1500,6 +1517,11 @@ class ForkThreadRequest(_message.Message):
     """How many threads to make, 1-64."""
     group_id: _builtins.str
     """Shared by the new threads (GRPO's group); empty: one is made up."""
+    bundle_path: _builtins.str
+    """The parent's bundle, when the server does not hold the thread: a path under the trace
+    root (relative to it, or absolute through it; no symbolic link is followed). Empty: a
+    thread the server no longer holds is looked up by thread_id under the trace root.
+    """
     def __init__(
         self,
         *,
@@ -1507,10 +1529,11 @@ class ForkThreadRequest(_message.Message):
         after_turn_id: _builtins.str = ...,
         count: _builtins.int = ...,
         group_id: _builtins.str = ...,
+        bundle_path: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_turn_id", b"after_turn_id", "count", b"count", "group_id", b"group_id", "thread_id", b"thread_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_turn_id", b"after_turn_id", "bundle_path", b"bundle_path", "count", b"count", "group_id", b"group_id", "thread_id", b"thread_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1624,3 +1647,51 @@ class RecordRewardResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RecordRewardResponse: _TypeAlias = RecordRewardResponse  # noqa: Y015
+
+@_typing.final
+class ResumeThreadRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    THREAD_ID_FIELD_NUMBER: _builtins.int
+    BUNDLE_PATH_FIELD_NUMBER: _builtins.int
+    AFTER_TURN_ID_FIELD_NUMBER: _builtins.int
+    thread_id: _builtins.str
+    """The thread to continue (found in memory when closed there, else under the trace root)."""
+    bundle_path: _builtins.str
+    """Its bundle instead, as in ForkThreadRequest.bundle_path; then thread_id may be empty."""
+    after_turn_id: _builtins.str
+    """Continue after this turn; empty: after the last turn that ended."""
+    def __init__(
+        self,
+        *,
+        thread_id: _builtins.str = ...,
+        bundle_path: _builtins.str = ...,
+        after_turn_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_turn_id", b"after_turn_id", "bundle_path", b"bundle_path", "thread_id", b"thread_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResumeThreadRequest: _TypeAlias = ResumeThreadRequest  # noqa: Y015
+
+@_typing.final
+class ResumeThreadResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    THREAD_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def thread(self) -> Global___Thread: ...
+    def __init__(
+        self,
+        *,
+        thread: Global___Thread | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["thread", b"thread"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["thread", b"thread"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResumeThreadResponse: _TypeAlias = ResumeThreadResponse  # noqa: Y015

@@ -85,6 +85,11 @@ class AgentServiceStub:
                 request_serializer=rollout_dot_agent_dot_v1_dot_agent__pb2.RecordRewardRequest.SerializeToString,
                 response_deserializer=rollout_dot_agent_dot_v1_dot_agent__pb2.RecordRewardResponse.FromString,
                 _registered_method=True)
+        self.ResumeThread = channel.unary_unary(
+                '/rollout.agent.v1.AgentService/ResumeThread',
+                request_serializer=rollout_dot_agent_dot_v1_dot_agent__pb2.ResumeThreadRequest.SerializeToString,
+                response_deserializer=rollout_dot_agent_dot_v1_dot_agent__pb2.ResumeThreadResponse.FromString,
+                _registered_method=True)
 
 
 class AgentServiceServicer:
@@ -162,6 +167,15 @@ class AgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ResumeThread(self, request, context):
+        """Continues a closed or recorded thread's conversation in a new thread whose bundle refers
+        to the old one for the history, as a fork's does; works across server restarts (the old
+        thread is found by id under the trace root, or by its bundle path there).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -214,6 +228,11 @@ def add_AgentServiceServicer_to_server(servicer, server):
                     servicer.RecordReward,
                     request_deserializer=rollout_dot_agent_dot_v1_dot_agent__pb2.RecordRewardRequest.FromString,
                     response_serializer=rollout_dot_agent_dot_v1_dot_agent__pb2.RecordRewardResponse.SerializeToString,
+            ),
+            'ResumeThread': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeThread,
+                    request_deserializer=rollout_dot_agent_dot_v1_dot_agent__pb2.ResumeThreadRequest.FromString,
+                    response_serializer=rollout_dot_agent_dot_v1_dot_agent__pb2.ResumeThreadResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -487,6 +506,33 @@ class AgentService:
             '/rollout.agent.v1.AgentService/RecordReward',
             rollout_dot_agent_dot_v1_dot_agent__pb2.RecordRewardRequest.SerializeToString,
             rollout_dot_agent_dot_v1_dot_agent__pb2.RecordRewardResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeThread(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollout.agent.v1.AgentService/ResumeThread',
+            rollout_dot_agent_dot_v1_dot_agent__pb2.ResumeThreadRequest.SerializeToString,
+            rollout_dot_agent_dot_v1_dot_agent__pb2.ResumeThreadResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -56,6 +56,11 @@ class AgentServiceStub:
     """Records a reward for a thread, a turn or an item, in the bundle's rewards.binpb sidecar;
     works on closed threads too (found by thread id under the trace root).
     """
+    ResumeThread: _grpc.UnaryUnaryMultiCallable[_agent_pb2.ResumeThreadRequest, _agent_pb2.ResumeThreadResponse]
+    """Continues a closed or recorded thread's conversation in a new thread whose bundle refers
+    to the old one for the history, as a fork's does; works across server restarts (the old
+    thread is found by id under the trace root, or by its bundle path there).
+    """
 
 @_typing.type_check_only
 class AgentServiceAsyncStub(AgentServiceStub):
@@ -84,6 +89,11 @@ class AgentServiceAsyncStub(AgentServiceStub):
     RecordReward: _aio.UnaryUnaryMultiCallable[_agent_pb2.RecordRewardRequest, _agent_pb2.RecordRewardResponse]  # type: ignore[assignment]
     """Records a reward for a thread, a turn or an item, in the bundle's rewards.binpb sidecar;
     works on closed threads too (found by thread id under the trace root).
+    """
+    ResumeThread: _aio.UnaryUnaryMultiCallable[_agent_pb2.ResumeThreadRequest, _agent_pb2.ResumeThreadResponse]  # type: ignore[assignment]
+    """Continues a closed or recorded thread's conversation in a new thread whose bundle refers
+    to the old one for the history, as a fork's does; works across server restarts (the old
+    thread is found by id under the trace root, or by its bundle path there).
     """
 
 class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -170,6 +180,17 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_agent_pb2.RecordRewardResponse, _abc.Awaitable[_agent_pb2.RecordRewardResponse]]:
         """Records a reward for a thread, a turn or an item, in the bundle's rewards.binpb sidecar;
         works on closed threads too (found by thread id under the trace root).
+        """
+
+    @_abc_1.abstractmethod
+    def ResumeThread(
+        self,
+        request: _agent_pb2.ResumeThreadRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_agent_pb2.ResumeThreadResponse, _abc.Awaitable[_agent_pb2.ResumeThreadResponse]]:
+        """Continues a closed or recorded thread's conversation in a new thread whose bundle refers
+        to the old one for the history, as a fork's does; works across server restarts (the old
+        thread is found by id under the trace root, or by its bundle path there).
         """
 
 def add_AgentServiceServicer_to_server(servicer: AgentServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -891,6 +891,7 @@ class ThreadForked(_message.Message):
     SHARED_TURNS_FIELD_NUMBER: _builtins.int
     PARENT_CALL_ID_FIELD_NUMBER: _builtins.int
     PARENT_TOKEN_COUNT_FIELD_NUMBER: _builtins.int
+    RESUMED_FIELD_NUMBER: _builtins.int
     parent_thread_id: _builtins.str
     parent_bundle: _builtins.str
     """The parent's bundle directory name, a sibling of this bundle under the same trace root;
@@ -918,6 +919,8 @@ class ThreadForked(_message.Message):
     """
     parent_token_count: _builtins.int
     """How many held tokens that is (0: none)."""
+    resumed: _builtins.bool
+    """Made by ResumeThread: the parent's conversation continued (group_id is then empty)."""
     @_builtins.property
     def prefix_payload_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """The payload ids of the shared history, in order: the first request's input prefix."""
@@ -937,10 +940,11 @@ class ThreadForked(_message.Message):
         shared_turns: _builtins.int = ...,
         parent_call_id: _builtins.str = ...,
         parent_token_count: _builtins.int = ...,
+        resumed: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_turn_id", b"after_turn_id", "group_id", b"group_id", "last_shared_item_id", b"last_shared_item_id", "parent_bundle", b"parent_bundle", "parent_call_id", b"parent_call_id", "parent_thread_id", b"parent_thread_id", "parent_token_count", b"parent_token_count", "parent_trace_id", b"parent_trace_id", "prefix_copied", b"prefix_copied", "prefix_payload_ids", b"prefix_payload_ids", "repetition_index", b"repetition_index", "shared_turns", b"shared_turns"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_turn_id", b"after_turn_id", "group_id", b"group_id", "last_shared_item_id", b"last_shared_item_id", "parent_bundle", b"parent_bundle", "parent_call_id", b"parent_call_id", "parent_thread_id", b"parent_thread_id", "parent_token_count", b"parent_token_count", "parent_trace_id", b"parent_trace_id", "prefix_copied", b"prefix_copied", "prefix_payload_ids", b"prefix_payload_ids", "repetition_index", b"repetition_index", "resumed", b"resumed", "shared_turns", b"shared_turns"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

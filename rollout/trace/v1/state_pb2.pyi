@@ -297,6 +297,8 @@ class Fork(_message.Message):
     SHARED_ITEMS_FIELD_NUMBER: _builtins.int
     RESOLVED_FIELD_NUMBER: _builtins.int
     RESOLVED_FROM_FIELD_NUMBER: _builtins.int
+    RESUMED_FIELD_NUMBER: _builtins.int
+    ANCESTORS_FIELD_NUMBER: _builtins.int
     parent_thread_id: _builtins.str
     parent_bundle: _builtins.str
     parent_trace_id: _builtins.str
@@ -312,6 +314,14 @@ class Fork(_message.Message):
     """
     resolved_from: _builtins.str
     """The parent bundle that was read, as a path, when resolved."""
+    resumed: _builtins.bool
+    """The thread continues its parent's conversation (ResumeThread) rather than sampling it."""
+    @_builtins.property
+    def ancestors(self) -> _containers.RepeatedCompositeFieldContainer[Global___ForkLink]:
+        """The parent's own origins, nearest first: the whole chain of forks and resumes this
+        thread's history went through (as far as the parent bundles could be read).
+        """
+
     def __init__(
         self,
         *,
@@ -325,14 +335,56 @@ class Fork(_message.Message):
         shared_items: _builtins.int = ...,
         resolved: _builtins.bool = ...,
         resolved_from: _builtins.str = ...,
+        resumed: _builtins.bool = ...,
+        ancestors: _abc.Iterable[Global___ForkLink] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_turn_id", b"after_turn_id", "group_id", b"group_id", "last_shared_item_id", b"last_shared_item_id", "parent_bundle", b"parent_bundle", "parent_thread_id", b"parent_thread_id", "parent_trace_id", b"parent_trace_id", "repetition_index", b"repetition_index", "resolved", b"resolved", "resolved_from", b"resolved_from", "shared_items", b"shared_items"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_turn_id", b"after_turn_id", "ancestors", b"ancestors", "group_id", b"group_id", "last_shared_item_id", b"last_shared_item_id", "parent_bundle", b"parent_bundle", "parent_thread_id", b"parent_thread_id", "parent_trace_id", b"parent_trace_id", "repetition_index", b"repetition_index", "resolved", b"resolved", "resolved_from", b"resolved_from", "resumed", b"resumed", "shared_items", b"shared_items"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Fork: _TypeAlias = Fork  # noqa: Y015
+
+@_typing.final
+class ForkLink(_message.Message):
+    """One step up a fork chain: a thread that another continued or forked."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    THREAD_ID_FIELD_NUMBER: _builtins.int
+    BUNDLE_FIELD_NUMBER: _builtins.int
+    PARENT_THREAD_ID_FIELD_NUMBER: _builtins.int
+    AFTER_TURN_ID_FIELD_NUMBER: _builtins.int
+    GROUP_ID_FIELD_NUMBER: _builtins.int
+    REPETITION_INDEX_FIELD_NUMBER: _builtins.int
+    RESUMED_FIELD_NUMBER: _builtins.int
+    thread_id: _builtins.str
+    bundle: _builtins.str
+    parent_thread_id: _builtins.str
+    """Where that thread itself came from (empty for the chain's root)."""
+    after_turn_id: _builtins.str
+    group_id: _builtins.str
+    repetition_index: _builtins.int
+    resumed: _builtins.bool
+    def __init__(
+        self,
+        *,
+        thread_id: _builtins.str = ...,
+        bundle: _builtins.str = ...,
+        parent_thread_id: _builtins.str = ...,
+        after_turn_id: _builtins.str = ...,
+        group_id: _builtins.str = ...,
+        repetition_index: _builtins.int = ...,
+        resumed: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_turn_id", b"after_turn_id", "bundle", b"bundle", "group_id", b"group_id", "parent_thread_id", b"parent_thread_id", "repetition_index", b"repetition_index", "resumed", b"resumed", "thread_id", b"thread_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForkLink: _TypeAlias = ForkLink  # noqa: Y015
 
 @_typing.final
 class RewardTarget(_message.Message):

@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file rollout/trace/v1/state.proto.
  */
 export const file_rollout_trace_v1_state: GenFile = /*@__PURE__*/
-  fileDesc("Chxyb2xsb3V0L3RyYWNlL3YxL3N0YXRlLnByb3RvEhByb2xsb3V0LnRyYWNlLnYxItMICgxSb2xsb3V0VHJhY2USEAoIdHJhY2VfaWQYASABKAkSFgoOcm9vdF90aHJlYWRfaWQYAiABKAkSLgoKc3RhcnRlZF9hdBgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoIZW5kZWRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhoKEnJlY29yZGluZ19jb21wbGV0ZRgFIAEoCBIuCglpbnRlZ3JpdHkYBiABKAsyGy5yb2xsb3V0LnRyYWNlLnYxLkludGVncml0eRI8Cgd0aHJlYWRzGAcgAygLMisucm9sbG91dC50cmFjZS52MS5Sb2xsb3V0VHJhY2UuVGhyZWFkc0VudHJ5EjgKBXR1cm5zGAggAygLMikucm9sbG91dC50cmFjZS52MS5Sb2xsb3V0VHJhY2UuVHVybnNFbnRyeRJLCg9pbmZlcmVuY2VfY2FsbHMYCSADKAsyMi5yb2xsb3V0LnRyYWNlLnYxLlJvbGxvdXRUcmFjZS5JbmZlcmVuY2VDYWxsc0VudHJ5ElEKEmNvbnZlcnNhdGlvbl9pdGVtcxgKIAMoCzI1LnJvbGxvdXQudHJhY2UudjEuUm9sbG91dFRyYWNlLkNvbnZlcnNhdGlvbkl0ZW1zRW50cnkSFQoNcHJvZHVjZXJfbmFtZRgLIAEoCRIYChBwcm9kdWNlcl92ZXJzaW9uGAwgASgJEkEKCnRvb2xfY2FsbHMYDSADKAsyLS5yb2xsb3V0LnRyYWNlLnYxLlJvbGxvdXRUcmFjZS5Ub29sQ2FsbHNFbnRyeRIkCgRmb3JrGBQgASgLMhYucm9sbG91dC50cmFjZS52MS5Gb3JrEikKB3Jld2FyZHMYFSADKAsyGC5yb2xsb3V0LnRyYWNlLnYxLlJld2FyZBpICgxUaHJlYWRzRW50cnkSCwoDa2V5GAEgASgJEicKBXZhbHVlGAIgASgLMhgucm9sbG91dC50cmFjZS52MS5UaHJlYWQ6AjgBGkQKClR1cm5zRW50cnkSCwoDa2V5GAEgASgJEiUKBXZhbHVlGAIgASgLMhYucm9sbG91dC50cmFjZS52MS5UdXJuOgI4ARpWChNJbmZlcmVuY2VDYWxsc0VudHJ5EgsKA2tleRgBIAEoCRIuCgV2YWx1ZRgCIAEoCzIfLnJvbGxvdXQudHJhY2UudjEuSW5mZXJlbmNlQ2FsbDoCOAEaXAoWQ29udmVyc2F0aW9uSXRlbXNFbnRyeRILCgNrZXkYASABKAkSMQoFdmFsdWUYAiABKAsyIi5yb2xsb3V0LnRyYWNlLnYxLkNvbnZlcnNhdGlvbkl0ZW06AjgBGkwKDlRvb2xDYWxsc0VudHJ5EgsKA2tleRgBIAEoCRIpCgV2YWx1ZRgCIAEoCzIaLnJvbGxvdXQudHJhY2UudjEuVG9vbENhbGw6AjgBIu8BCgRGb3JrEhgKEHBhcmVudF90aHJlYWRfaWQYASABKAkSFQoNcGFyZW50X2J1bmRsZRgCIAEoCRIXCg9wYXJlbnRfdHJhY2VfaWQYAyABKAkSFQoNYWZ0ZXJfdHVybl9pZBgEIAEoCRIbChNsYXN0X3NoYXJlZF9pdGVtX2lkGAUgASgJEhAKCGdyb3VwX2lkGAYgASgJEhgKEHJlcGV0aXRpb25faW5kZXgYByABKA0SFAoMc2hhcmVkX2l0ZW1zGAggASgNEhAKCHJlc29sdmVkGAkgASgIEhUKDXJlc29sdmVkX2Zyb20YCiABKAkicAoMUmV3YXJkVGFyZ2V0EhEKCXRocmVhZF9pZBgBIAEoCRIPCgd0dXJuX2lkGAIgASgJEg8KB2l0ZW1faWQYAyABKAkSHAoUY29udmVyc2F0aW9uX2l0ZW1faWQYBCABKAkSDQoFZm91bmQYBSABKAgiswIKBlJld2FyZBIuCgZ0YXJnZXQYASABKAsyHi5yb2xsb3V0LnRyYWNlLnYxLlJld2FyZFRhcmdldBIMCgRuYW1lGAIgASgJEg0KBXZhbHVlGAMgASgBEg4KBndlaWdodBgEIAEoARIOCgZzb3VyY2UYBSABKAkSOAoIbWV0YWRhdGEYBiADKAsyJi5yb2xsb3V0LnRyYWNlLnYxLlJld2FyZC5NZXRhZGF0YUVudHJ5Ei8KC3JlY29yZGVkX2F0GAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBITCgtyZWNvcmRlZF9ieRgIIAEoCRILCgNzZXEYCSABKAQaLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIoMCCgxPdXRwdXRUb2tlbnMSCwoDaWRzGAEgAygNEhAKCGxvZ3Byb2JzGAIgAygCEg0KBXRleHRzGAMgAygJEhIKCnRvcF9jb3VudHMYBCADKA0SEQoJdG9wX3RleHRzGAUgAygJEhQKDHRvcF9sb2dwcm9icxgGIAMoAhIPCgd0b3BfaWRzGAcgAygNEi0KBnNvdXJjZRgIIAEoDjIdLnJvbGxvdXQudHJhY2UudjEuVG9rZW5Tb3VyY2USDQoFZXhhY3QYCSABKAgSKgoFc3BhbnMYCiADKAsyGy5yb2xsb3V0LnRyYWNlLnYxLlRva2VuU3BhbhINCgVjb3VudBgLIAEoDSI6CglUb2tlblNwYW4SDwoHaXRlbV9pZBgBIAEoCRINCgVzdGFydBgCIAEoDRINCgVjb3VudBgDIAEoDSLbAQoJSW50ZWdyaXR5EjEKBnN0YXR1cxgBIAEoDjIhLnJvbGxvdXQudHJhY2UudjEuSW50ZWdyaXR5U3RhdHVzEhQKDHJlY29yZHNfcmVhZBgCIAEoBBISCgpieXRlc19yZWFkGAMgASgEEg4KBmRldGFpbBgEIAEoCRIYChBiYWRfZnJhbWVfb2Zmc2V0GAUgASgEEhUKDWJhZF9mcmFtZV9zZXEYBiABKAQSFwoPdW5rbm93bl9yZWNvcmRzGAcgASgEEhcKD2ZvcmtfdW5yZXNvbHZlZBgeIAEoCCLEAQoJRXhlY3V0aW9uEjEKBnN0YXR1cxgBIAEoDjIhLnJvbGxvdXQudHJhY2UudjEuRXhlY3V0aW9uU3RhdHVzEi4KCnN0YXJ0ZWRfYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiwKCGVuZGVkX2F0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBITCgtzdGFydGVkX3NlcRgEIAEoBBIRCgllbmRlZF9zZXEYBSABKAQilwIKBlRocmVhZBIRCgl0aHJlYWRfaWQYASABKAkSDQoFbW9kZWwYAiABKAkSLgoJZXhlY3V0aW9uGAMgASgLMhsucm9sbG91dC50cmFjZS52MS5FeGVjdXRpb24SEAoIdHVybl9pZHMYBCADKAkSHQoVY29udmVyc2F0aW9uX2l0ZW1faWRzGAUgAygJEjgKCG1ldGFkYXRhGAYgAygLMiYucm9sbG91dC50cmFjZS52MS5UaHJlYWQuTWV0YWRhdGFFbnRyeRIfChdpbnN0cnVjdGlvbnNfcGF5bG9hZF9pZBgHIAEoCRovCg1NZXRhZGF0YUVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiYAoJSW50ZXJydXB0EhQKDHJlcXVlc3RlZF9ieRgBIAEoCRIwCgxyZXF1ZXN0ZWRfYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEgsKA3NlcRgDIAEoBCKYAgoEVHVybhIPCgd0dXJuX2lkGAEgASgJEhEKCXRocmVhZF9pZBgCIAEoCRIuCglleGVjdXRpb24YAyABKAsyGy5yb2xsb3V0LnRyYWNlLnYxLkV4ZWN1dGlvbhIaChJpbmZlcmVuY2VfY2FsbF9pZHMYBCADKAkSFgoOaW5wdXRfaXRlbV9pZHMYBSADKAkSLgoJaW50ZXJydXB0GAYgASgLMhsucm9sbG91dC50cmFjZS52MS5JbnRlcnJ1cHQSKwoFZXJyb3IYByABKAsyHC5yb2xsb3V0LnRyYWNlLnYxLlRyYWNlRXJyb3ISFQoNdG9vbF9jYWxsX2lkcxgIIAMoCRIUCgt0cmFjZXBhcmVudBiMASABKAkiVAoPRGlzY2FyZGVkT3V0cHV0EhgKEHByb3ZpZGVyX2l0ZW1faWQYASABKAkSEQoJaXRlbV90eXBlGAIgASgJEhQKDHBhcnRpYWxfdGV4dBgDIAEoCSKABwoNSW5mZXJlbmNlQ2FsbBIZChFpbmZlcmVuY2VfY2FsbF9pZBgBIAEoCRIRCgl0aHJlYWRfaWQYAiABKAkSDwoHdHVybl9pZBgDIAEoCRIPCgdhdHRlbXB0GAQgASgNEi4KCWV4ZWN1dGlvbhgFIAEoCzIbLnJvbGxvdXQudHJhY2UudjEuRXhlY3V0aW9uEg0KBW1vZGVsGAYgASgJEhkKEXByb3ZpZGVyX2Jhc2VfdXJsGAcgASgJEhMKC3Jlc3BvbnNlX2lkGAggASgJEhgKEHJlcXVlc3RfaXRlbV9pZHMYCSADKAkSGQoRcmVzcG9uc2VfaXRlbV9pZHMYCiADKAkSPAoRZGlzY2FyZGVkX291dHB1dHMYCyADKAsyIS5yb2xsb3V0LnRyYWNlLnYxLkRpc2NhcmRlZE91dHB1dBIrCgV1c2FnZRgMIAEoCzIcLnJvbGxvdXQudHJhY2UudjEuVG9rZW5Vc2FnZRIrCgVlcnJvchgNIAEoCzIcLnJvbGxvdXQudHJhY2UudjEuVHJhY2VFcnJvchISCgplbmRfcmVhc29uGA4gASgJEiMKG3JlcXVlc3RfZW52ZWxvcGVfcGF5bG9hZF9pZBgPIAEoCRIZChFpbnB1dF9wYXlsb2FkX2lkcxgQIAMoCRIaChJvdXRwdXRfcGF5bG9hZF9pZHMYESADKAkSHgoWcmVxdWVzdF9wcmVmaXhfY2FsbF9pZBgSIAEoCRIcChRyZXF1ZXN0X3ByZWZpeF9jb3VudBgTIAEoDRI1Cg1vdXRwdXRfdG9rZW5zGB4gASgLMh4ucm9sbG91dC50cmFjZS52MS5PdXRwdXRUb2tlbnMSGAoQcHJvbXB0X3Rva2VuX2lkcxgfIAMoDRI0CghzYW1wbGluZxggIAEoCzIiLnJvbGxvdXQudHJhY2UudjEuU2FtcGxpbmdTZXR0aW5ncxIWCg5wb2xpY3lfdmVyc2lvbhghIAEoCRIxCgtzdG9wX3JlYXNvbhgiIAEoDjIcLnJvbGxvdXQudHJhY2UudjEuU3RvcFJlYXNvbhIxCgt0b2tlbl9kcmlmdBh4IAEoDjIcLnJvbGxvdXQudHJhY2UudjEuVG9rZW5EcmlmdBIWCg5kcmlmdF9wb3NpdGlvbhh5IAEoDRIYChBoZWxkX3Rva2VuX2NvdW50GHogASgNIikKC0NvbnRlbnRQYXJ0EgwKBHR5cGUYASABKAkSDAoEdGV4dBgCIAEoCSIuChFJbmZlcmVuY2VQcm9kdWNlchIZChFpbmZlcmVuY2VfY2FsbF9pZBgBIAEoCSIkChFVc2VySW5wdXRQcm9kdWNlchIPCgd0dXJuX2lkGAEgASgJIiQKDFRvb2xQcm9kdWNlchIUCgx0b29sX2NhbGxfaWQYASABKAkivgEKC1Byb2R1Y2VyUmVmEjgKCWluZmVyZW5jZRgBIAEoCzIjLnJvbGxvdXQudHJhY2UudjEuSW5mZXJlbmNlUHJvZHVjZXJIABI5Cgp1c2VyX2lucHV0GAIgASgLMiMucm9sbG91dC50cmFjZS52MS5Vc2VySW5wdXRQcm9kdWNlckgAEi4KBHRvb2wYAyABKAsyHi5yb2xsb3V0LnRyYWNlLnYxLlRvb2xQcm9kdWNlckgAQgoKCHByb2R1Y2VyIvcDChBDb252ZXJzYXRpb25JdGVtEg8KB2l0ZW1faWQYASABKAkSEQoJdGhyZWFkX2lkGAIgASgJEg8KB3R1cm5faWQYAyABKAkSMAoEcm9sZRgEIAEoDjIiLnJvbGxvdXQudHJhY2UudjEuQ29udmVyc2F0aW9uUm9sZRIoCgRraW5kGAUgASgOMhoucm9sbG91dC50cmFjZS52MS5JdGVtS2luZBIuCgdjb250ZW50GAYgAygLMh0ucm9sbG91dC50cmFjZS52MS5Db250ZW50UGFydBIPCgdjYWxsX2lkGAcgASgJEhkKEXJlc3BvbnNlc19pdGVtX2lkGAggASgJEjIKC3Byb2R1Y2VkX2J5GAkgAygLMh0ucm9sbG91dC50cmFjZS52MS5Qcm9kdWNlclJlZhIxCg1maXJzdF9zZWVuX2F0GAogASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIWCg5maXJzdF9zZWVuX3NlcRgLIAEoBBISCgpwYXlsb2FkX2lkGAwgASgJEgwKBG5hbWUYDSABKAkSEQoJYXJndW1lbnRzGA4gASgJEg4KBm91dHB1dBgPIAEoCRIyCglpbmhlcml0ZWQYHiABKAsyHy5yb2xsb3V0LnRyYWNlLnYxLkluaGVyaXRlZEl0ZW0iQQoNSW5oZXJpdGVkSXRlbRIYChBwYXJlbnRfdGhyZWFkX2lkGAEgASgJEhYKDnBhcmVudF9pdGVtX2lkGAIgASgJIvcCCghUb29sQ2FsbBIUCgx0b29sX2NhbGxfaWQYASABKAkSDwoHY2FsbF9pZBgCIAEoCRIMCgRuYW1lGAMgASgJEhEKCXRocmVhZF9pZBgEIAEoCRIPCgd0dXJuX2lkGAUgASgJEiYKHnJlcXVlc3RlZF9ieV9pbmZlcmVuY2VfY2FsbF9pZBgGIAEoCRIUCgxjYWxsX2l0ZW1faWQYByABKAkSFgoOb3V0cHV0X2l0ZW1faWQYCCABKAkSLgoJZXhlY3V0aW9uGAkgASgLMhsucm9sbG91dC50cmFjZS52MS5FeGVjdXRpb24SEAoIaXNfZXJyb3IYCiABKAgSHAoUYXJndW1lbnRzX3BheWxvYWRfaWQYCyABKAkSGQoRb3V0cHV0X3BheWxvYWRfaWQYDCABKAkSFAoMc3VibWl0dGVkX2J5GA0gASgJEisKBWVycm9yGA4gASgLMhwucm9sbG91dC50cmFjZS52MS5UcmFjZUVycm9yKqwBCg9JbnRlZ3JpdHlTdGF0dXMSIAocSU5URUdSSVRZX1NUQVRVU19VTlNQRUNJRklFRBAAEhoKFklOVEVHUklUWV9TVEFUVVNfQ0xFQU4QARIdChlJTlRFR1JJVFlfU1RBVFVTX1VOQ0xPU0VEEAISHgoaSU5URUdSSVRZX1NUQVRVU19UUlVOQ0FURUQQAxIcChhJTlRFR1JJVFlfU1RBVFVTX0NPUlJVUFQQBCrNAQoQQ29udmVyc2F0aW9uUm9sZRIhCh1DT05WRVJTQVRJT05fUk9MRV9VTlNQRUNJRklFRBAAEhoKFkNPTlZFUlNBVElPTl9ST0xFX1VTRVIQARIfChtDT05WRVJTQVRJT05fUk9MRV9BU1NJU1RBTlQQAhIcChhDT05WRVJTQVRJT05fUk9MRV9TWVNURU0QAxIfChtDT05WRVJTQVRJT05fUk9MRV9ERVZFTE9QRVIQBBIaChZDT05WRVJTQVRJT05fUk9MRV9UT09MEAUqqwEKCEl0ZW1LaW5kEhkKFUlURU1fS0lORF9VTlNQRUNJRklFRBAAEhUKEUlURU1fS0lORF9NRVNTQUdFEAESGwoXSVRFTV9LSU5EX0ZVTkNUSU9OX0NBTEwQAhIiCh5JVEVNX0tJTkRfRlVOQ1RJT05fQ0FMTF9PVVRQVVQQAxIXChNJVEVNX0tJTkRfUkVBU09OSU5HEAQSEwoPSVRFTV9LSU5EX09USEVSEAVCVgoQcm9sbG91dC50cmFjZS52MVABWi1yb2xsb3V0LXRyYWNlL2dlbi9nby9yb2xsb3V0L3RyYWNlL3YxO3RyYWNldjGqAhBSb2xsb3V0LlRyYWNlLlYxYgZwcm90bzM", [file_google_protobuf_timestamp, file_rollout_trace_v1_common]);
+  fileDesc("Chxyb2xsb3V0L3RyYWNlL3YxL3N0YXRlLnByb3RvEhByb2xsb3V0LnRyYWNlLnYxItMICgxSb2xsb3V0VHJhY2USEAoIdHJhY2VfaWQYASABKAkSFgoOcm9vdF90aHJlYWRfaWQYAiABKAkSLgoKc3RhcnRlZF9hdBgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoIZW5kZWRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhoKEnJlY29yZGluZ19jb21wbGV0ZRgFIAEoCBIuCglpbnRlZ3JpdHkYBiABKAsyGy5yb2xsb3V0LnRyYWNlLnYxLkludGVncml0eRI8Cgd0aHJlYWRzGAcgAygLMisucm9sbG91dC50cmFjZS52MS5Sb2xsb3V0VHJhY2UuVGhyZWFkc0VudHJ5EjgKBXR1cm5zGAggAygLMikucm9sbG91dC50cmFjZS52MS5Sb2xsb3V0VHJhY2UuVHVybnNFbnRyeRJLCg9pbmZlcmVuY2VfY2FsbHMYCSADKAsyMi5yb2xsb3V0LnRyYWNlLnYxLlJvbGxvdXRUcmFjZS5JbmZlcmVuY2VDYWxsc0VudHJ5ElEKEmNvbnZlcnNhdGlvbl9pdGVtcxgKIAMoCzI1LnJvbGxvdXQudHJhY2UudjEuUm9sbG91dFRyYWNlLkNvbnZlcnNhdGlvbkl0ZW1zRW50cnkSFQoNcHJvZHVjZXJfbmFtZRgLIAEoCRIYChBwcm9kdWNlcl92ZXJzaW9uGAwgASgJEkEKCnRvb2xfY2FsbHMYDSADKAsyLS5yb2xsb3V0LnRyYWNlLnYxLlJvbGxvdXRUcmFjZS5Ub29sQ2FsbHNFbnRyeRIkCgRmb3JrGBQgASgLMhYucm9sbG91dC50cmFjZS52MS5Gb3JrEikKB3Jld2FyZHMYFSADKAsyGC5yb2xsb3V0LnRyYWNlLnYxLlJld2FyZBpICgxUaHJlYWRzRW50cnkSCwoDa2V5GAEgASgJEicKBXZhbHVlGAIgASgLMhgucm9sbG91dC50cmFjZS52MS5UaHJlYWQ6AjgBGkQKClR1cm5zRW50cnkSCwoDa2V5GAEgASgJEiUKBXZhbHVlGAIgASgLMhYucm9sbG91dC50cmFjZS52MS5UdXJuOgI4ARpWChNJbmZlcmVuY2VDYWxsc0VudHJ5EgsKA2tleRgBIAEoCRIuCgV2YWx1ZRgCIAEoCzIfLnJvbGxvdXQudHJhY2UudjEuSW5mZXJlbmNlQ2FsbDoCOAEaXAoWQ29udmVyc2F0aW9uSXRlbXNFbnRyeRILCgNrZXkYASABKAkSMQoFdmFsdWUYAiABKAsyIi5yb2xsb3V0LnRyYWNlLnYxLkNvbnZlcnNhdGlvbkl0ZW06AjgBGkwKDlRvb2xDYWxsc0VudHJ5EgsKA2tleRgBIAEoCRIpCgV2YWx1ZRgCIAEoCzIaLnJvbGxvdXQudHJhY2UudjEuVG9vbENhbGw6AjgBIrECCgRGb3JrEhgKEHBhcmVudF90aHJlYWRfaWQYASABKAkSFQoNcGFyZW50X2J1bmRsZRgCIAEoCRIXCg9wYXJlbnRfdHJhY2VfaWQYAyABKAkSFQoNYWZ0ZXJfdHVybl9pZBgEIAEoCRIbChNsYXN0X3NoYXJlZF9pdGVtX2lkGAUgASgJEhAKCGdyb3VwX2lkGAYgASgJEhgKEHJlcGV0aXRpb25faW5kZXgYByABKA0SFAoMc2hhcmVkX2l0ZW1zGAggASgNEhAKCHJlc29sdmVkGAkgASgIEhUKDXJlc29sdmVkX2Zyb20YCiABKAkSEAoHcmVzdW1lZBiqASABKAgSLgoJYW5jZXN0b3JzGKsBIAMoCzIaLnJvbGxvdXQudHJhY2UudjEuRm9ya0xpbmsimwEKCEZvcmtMaW5rEhEKCXRocmVhZF9pZBgBIAEoCRIOCgZidW5kbGUYAiABKAkSGAoQcGFyZW50X3RocmVhZF9pZBgDIAEoCRIVCg1hZnRlcl90dXJuX2lkGAQgASgJEhAKCGdyb3VwX2lkGAUgASgJEhgKEHJlcGV0aXRpb25faW5kZXgYBiABKA0SDwoHcmVzdW1lZBgHIAEoCCJwCgxSZXdhcmRUYXJnZXQSEQoJdGhyZWFkX2lkGAEgASgJEg8KB3R1cm5faWQYAiABKAkSDwoHaXRlbV9pZBgDIAEoCRIcChRjb252ZXJzYXRpb25faXRlbV9pZBgEIAEoCRINCgVmb3VuZBgFIAEoCCKzAgoGUmV3YXJkEi4KBnRhcmdldBgBIAEoCzIeLnJvbGxvdXQudHJhY2UudjEuUmV3YXJkVGFyZ2V0EgwKBG5hbWUYAiABKAkSDQoFdmFsdWUYAyABKAESDgoGd2VpZ2h0GAQgASgBEg4KBnNvdXJjZRgFIAEoCRI4CghtZXRhZGF0YRgGIAMoCzImLnJvbGxvdXQudHJhY2UudjEuUmV3YXJkLk1ldGFkYXRhRW50cnkSLwoLcmVjb3JkZWRfYXQYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhMKC3JlY29yZGVkX2J5GAggASgJEgsKA3NlcRgJIAEoBBovCg1NZXRhZGF0YUVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEigwIKDE91dHB1dFRva2VucxILCgNpZHMYASADKA0SEAoIbG9ncHJvYnMYAiADKAISDQoFdGV4dHMYAyADKAkSEgoKdG9wX2NvdW50cxgEIAMoDRIRCgl0b3BfdGV4dHMYBSADKAkSFAoMdG9wX2xvZ3Byb2JzGAYgAygCEg8KB3RvcF9pZHMYByADKA0SLQoGc291cmNlGAggASgOMh0ucm9sbG91dC50cmFjZS52MS5Ub2tlblNvdXJjZRINCgVleGFjdBgJIAEoCBIqCgVzcGFucxgKIAMoCzIbLnJvbGxvdXQudHJhY2UudjEuVG9rZW5TcGFuEg0KBWNvdW50GAsgASgNIjoKCVRva2VuU3BhbhIPCgdpdGVtX2lkGAEgASgJEg0KBXN0YXJ0GAIgASgNEg0KBWNvdW50GAMgASgNItsBCglJbnRlZ3JpdHkSMQoGc3RhdHVzGAEgASgOMiEucm9sbG91dC50cmFjZS52MS5JbnRlZ3JpdHlTdGF0dXMSFAoMcmVjb3Jkc19yZWFkGAIgASgEEhIKCmJ5dGVzX3JlYWQYAyABKAQSDgoGZGV0YWlsGAQgASgJEhgKEGJhZF9mcmFtZV9vZmZzZXQYBSABKAQSFQoNYmFkX2ZyYW1lX3NlcRgGIAEoBBIXCg91bmtub3duX3JlY29yZHMYByABKAQSFwoPZm9ya191bnJlc29sdmVkGB4gASgIIsQBCglFeGVjdXRpb24SMQoGc3RhdHVzGAEgASgOMiEucm9sbG91dC50cmFjZS52MS5FeGVjdXRpb25TdGF0dXMSLgoKc3RhcnRlZF9hdBgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoIZW5kZWRfYXQYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhMKC3N0YXJ0ZWRfc2VxGAQgASgEEhEKCWVuZGVkX3NlcRgFIAEoBCKXAgoGVGhyZWFkEhEKCXRocmVhZF9pZBgBIAEoCRINCgVtb2RlbBgCIAEoCRIuCglleGVjdXRpb24YAyABKAsyGy5yb2xsb3V0LnRyYWNlLnYxLkV4ZWN1dGlvbhIQCgh0dXJuX2lkcxgEIAMoCRIdChVjb252ZXJzYXRpb25faXRlbV9pZHMYBSADKAkSOAoIbWV0YWRhdGEYBiADKAsyJi5yb2xsb3V0LnRyYWNlLnYxLlRocmVhZC5NZXRhZGF0YUVudHJ5Eh8KF2luc3RydWN0aW9uc19wYXlsb2FkX2lkGAcgASgJGi8KDU1ldGFkYXRhRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASJgCglJbnRlcnJ1cHQSFAoMcmVxdWVzdGVkX2J5GAEgASgJEjAKDHJlcXVlc3RlZF9hdBgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASCwoDc2VxGAMgASgEIpgCCgRUdXJuEg8KB3R1cm5faWQYASABKAkSEQoJdGhyZWFkX2lkGAIgASgJEi4KCWV4ZWN1dGlvbhgDIAEoCzIbLnJvbGxvdXQudHJhY2UudjEuRXhlY3V0aW9uEhoKEmluZmVyZW5jZV9jYWxsX2lkcxgEIAMoCRIWCg5pbnB1dF9pdGVtX2lkcxgFIAMoCRIuCglpbnRlcnJ1cHQYBiABKAsyGy5yb2xsb3V0LnRyYWNlLnYxLkludGVycnVwdBIrCgVlcnJvchgHIAEoCzIcLnJvbGxvdXQudHJhY2UudjEuVHJhY2VFcnJvchIVCg10b29sX2NhbGxfaWRzGAggAygJEhQKC3RyYWNlcGFyZW50GIwBIAEoCSJUCg9EaXNjYXJkZWRPdXRwdXQSGAoQcHJvdmlkZXJfaXRlbV9pZBgBIAEoCRIRCglpdGVtX3R5cGUYAiABKAkSFAoMcGFydGlhbF90ZXh0GAMgASgJIoAHCg1JbmZlcmVuY2VDYWxsEhkKEWluZmVyZW5jZV9jYWxsX2lkGAEgASgJEhEKCXRocmVhZF9pZBgCIAEoCRIPCgd0dXJuX2lkGAMgASgJEg8KB2F0dGVtcHQYBCABKA0SLgoJZXhlY3V0aW9uGAUgASgLMhsucm9sbG91dC50cmFjZS52MS5FeGVjdXRpb24SDQoFbW9kZWwYBiABKAkSGQoRcHJvdmlkZXJfYmFzZV91cmwYByABKAkSEwoLcmVzcG9uc2VfaWQYCCABKAkSGAoQcmVxdWVzdF9pdGVtX2lkcxgJIAMoCRIZChFyZXNwb25zZV9pdGVtX2lkcxgKIAMoCRI8ChFkaXNjYXJkZWRfb3V0cHV0cxgLIAMoCzIhLnJvbGxvdXQudHJhY2UudjEuRGlzY2FyZGVkT3V0cHV0EisKBXVzYWdlGAwgASgLMhwucm9sbG91dC50cmFjZS52MS5Ub2tlblVzYWdlEisKBWVycm9yGA0gASgLMhwucm9sbG91dC50cmFjZS52MS5UcmFjZUVycm9yEhIKCmVuZF9yZWFzb24YDiABKAkSIwobcmVxdWVzdF9lbnZlbG9wZV9wYXlsb2FkX2lkGA8gASgJEhkKEWlucHV0X3BheWxvYWRfaWRzGBAgAygJEhoKEm91dHB1dF9wYXlsb2FkX2lkcxgRIAMoCRIeChZyZXF1ZXN0X3ByZWZpeF9jYWxsX2lkGBIgASgJEhwKFHJlcXVlc3RfcHJlZml4X2NvdW50GBMgASgNEjUKDW91dHB1dF90b2tlbnMYHiABKAsyHi5yb2xsb3V0LnRyYWNlLnYxLk91dHB1dFRva2VucxIYChBwcm9tcHRfdG9rZW5faWRzGB8gAygNEjQKCHNhbXBsaW5nGCAgASgLMiIucm9sbG91dC50cmFjZS52MS5TYW1wbGluZ1NldHRpbmdzEhYKDnBvbGljeV92ZXJzaW9uGCEgASgJEjEKC3N0b3BfcmVhc29uGCIgASgOMhwucm9sbG91dC50cmFjZS52MS5TdG9wUmVhc29uEjEKC3Rva2VuX2RyaWZ0GHggASgOMhwucm9sbG91dC50cmFjZS52MS5Ub2tlbkRyaWZ0EhYKDmRyaWZ0X3Bvc2l0aW9uGHkgASgNEhgKEGhlbGRfdG9rZW5fY291bnQYeiABKA0iKQoLQ29udGVudFBhcnQSDAoEdHlwZRgBIAEoCRIMCgR0ZXh0GAIgASgJIi4KEUluZmVyZW5jZVByb2R1Y2VyEhkKEWluZmVyZW5jZV9jYWxsX2lkGAEgASgJIiQKEVVzZXJJbnB1dFByb2R1Y2VyEg8KB3R1cm5faWQYASABKAkiJAoMVG9vbFByb2R1Y2VyEhQKDHRvb2xfY2FsbF9pZBgBIAEoCSK+AQoLUHJvZHVjZXJSZWYSOAoJaW5mZXJlbmNlGAEgASgLMiMucm9sbG91dC50cmFjZS52MS5JbmZlcmVuY2VQcm9kdWNlckgAEjkKCnVzZXJfaW5wdXQYAiABKAsyIy5yb2xsb3V0LnRyYWNlLnYxLlVzZXJJbnB1dFByb2R1Y2VySAASLgoEdG9vbBgDIAEoCzIeLnJvbGxvdXQudHJhY2UudjEuVG9vbFByb2R1Y2VySABCCgoIcHJvZHVjZXIi9wMKEENvbnZlcnNhdGlvbkl0ZW0SDwoHaXRlbV9pZBgBIAEoCRIRCgl0aHJlYWRfaWQYAiABKAkSDwoHdHVybl9pZBgDIAEoCRIwCgRyb2xlGAQgASgOMiIucm9sbG91dC50cmFjZS52MS5Db252ZXJzYXRpb25Sb2xlEigKBGtpbmQYBSABKA4yGi5yb2xsb3V0LnRyYWNlLnYxLkl0ZW1LaW5kEi4KB2NvbnRlbnQYBiADKAsyHS5yb2xsb3V0LnRyYWNlLnYxLkNvbnRlbnRQYXJ0Eg8KB2NhbGxfaWQYByABKAkSGQoRcmVzcG9uc2VzX2l0ZW1faWQYCCABKAkSMgoLcHJvZHVjZWRfYnkYCSADKAsyHS5yb2xsb3V0LnRyYWNlLnYxLlByb2R1Y2VyUmVmEjEKDWZpcnN0X3NlZW5fYXQYCiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhYKDmZpcnN0X3NlZW5fc2VxGAsgASgEEhIKCnBheWxvYWRfaWQYDCABKAkSDAoEbmFtZRgNIAEoCRIRCglhcmd1bWVudHMYDiABKAkSDgoGb3V0cHV0GA8gASgJEjIKCWluaGVyaXRlZBgeIAEoCzIfLnJvbGxvdXQudHJhY2UudjEuSW5oZXJpdGVkSXRlbSJBCg1Jbmhlcml0ZWRJdGVtEhgKEHBhcmVudF90aHJlYWRfaWQYASABKAkSFgoOcGFyZW50X2l0ZW1faWQYAiABKAki9wIKCFRvb2xDYWxsEhQKDHRvb2xfY2FsbF9pZBgBIAEoCRIPCgdjYWxsX2lkGAIgASgJEgwKBG5hbWUYAyABKAkSEQoJdGhyZWFkX2lkGAQgASgJEg8KB3R1cm5faWQYBSABKAkSJgoecmVxdWVzdGVkX2J5X2luZmVyZW5jZV9jYWxsX2lkGAYgASgJEhQKDGNhbGxfaXRlbV9pZBgHIAEoCRIWCg5vdXRwdXRfaXRlbV9pZBgIIAEoCRIuCglleGVjdXRpb24YCSABKAsyGy5yb2xsb3V0LnRyYWNlLnYxLkV4ZWN1dGlvbhIQCghpc19lcnJvchgKIAEoCBIcChRhcmd1bWVudHNfcGF5bG9hZF9pZBgLIAEoCRIZChFvdXRwdXRfcGF5bG9hZF9pZBgMIAEoCRIUCgxzdWJtaXR0ZWRfYnkYDSABKAkSKwoFZXJyb3IYDiABKAsyHC5yb2xsb3V0LnRyYWNlLnYxLlRyYWNlRXJyb3IqrAEKD0ludGVncml0eVN0YXR1cxIgChxJTlRFR1JJVFlfU1RBVFVTX1VOU1BFQ0lGSUVEEAASGgoWSU5URUdSSVRZX1NUQVRVU19DTEVBThABEh0KGUlOVEVHUklUWV9TVEFUVVNfVU5DTE9TRUQQAhIeChpJTlRFR1JJVFlfU1RBVFVTX1RSVU5DQVRFRBADEhwKGElOVEVHUklUWV9TVEFUVVNfQ09SUlVQVBAEKs0BChBDb252ZXJzYXRpb25Sb2xlEiEKHUNPTlZFUlNBVElPTl9ST0xFX1VOU1BFQ0lGSUVEEAASGgoWQ09OVkVSU0FUSU9OX1JPTEVfVVNFUhABEh8KG0NPTlZFUlNBVElPTl9ST0xFX0FTU0lTVEFOVBACEhwKGENPTlZFUlNBVElPTl9ST0xFX1NZU1RFTRADEh8KG0NPTlZFUlNBVElPTl9ST0xFX0RFVkVMT1BFUhAEEhoKFkNPTlZFUlNBVElPTl9ST0xFX1RPT0wQBSqrAQoISXRlbUtpbmQSGQoVSVRFTV9LSU5EX1VOU1BFQ0lGSUVEEAASFQoRSVRFTV9LSU5EX01FU1NBR0UQARIbChdJVEVNX0tJTkRfRlVOQ1RJT05fQ0FMTBACEiIKHklURU1fS0lORF9GVU5DVElPTl9DQUxMX09VVFBVVBADEhcKE0lURU1fS0lORF9SRUFTT05JTkcQBBITCg9JVEVNX0tJTkRfT1RIRVIQBUJWChByb2xsb3V0LnRyYWNlLnYxUAFaLXJvbGxvdXQtdHJhY2UvZ2VuL2dvL3JvbGxvdXQvdHJhY2UvdjE7dHJhY2V2MaoCEFJvbGxvdXQuVHJhY2UuVjFiBnByb3RvMw", [file_google_protobuf_timestamp, file_rollout_trace_v1_common]);
 
 /**
  * The reduced state of one bundle: what happened, with provenance and status.
@@ -173,6 +173,21 @@ export type Fork = Message<"rollout.trace.v1.Fork"> & {
    * @generated from field: string resolved_from = 10;
    */
   resolvedFrom: string;
+
+  /**
+   * The thread continues its parent's conversation (ResumeThread) rather than sampling it.
+   *
+   * @generated from field: bool resumed = 170;
+   */
+  resumed: boolean;
+
+  /**
+   * The parent's own origins, nearest first: the whole chain of forks and resumes this
+   * thread's history went through (as far as the parent bundles could be read).
+   *
+   * @generated from field: repeated rollout.trace.v1.ForkLink ancestors = 171;
+   */
+  ancestors: ForkLink[];
 };
 
 /**
@@ -181,6 +196,57 @@ export type Fork = Message<"rollout.trace.v1.Fork"> & {
  */
 export const ForkSchema: GenMessage<Fork> = /*@__PURE__*/
   messageDesc(file_rollout_trace_v1_state, 1);
+
+/**
+ * One step up a fork chain: a thread that another continued or forked.
+ *
+ * @generated from message rollout.trace.v1.ForkLink
+ */
+export type ForkLink = Message<"rollout.trace.v1.ForkLink"> & {
+  /**
+   * @generated from field: string thread_id = 1;
+   */
+  threadId: string;
+
+  /**
+   * @generated from field: string bundle = 2;
+   */
+  bundle: string;
+
+  /**
+   * Where that thread itself came from (empty for the chain's root).
+   *
+   * @generated from field: string parent_thread_id = 3;
+   */
+  parentThreadId: string;
+
+  /**
+   * @generated from field: string after_turn_id = 4;
+   */
+  afterTurnId: string;
+
+  /**
+   * @generated from field: string group_id = 5;
+   */
+  groupId: string;
+
+  /**
+   * @generated from field: uint32 repetition_index = 6;
+   */
+  repetitionIndex: number;
+
+  /**
+   * @generated from field: bool resumed = 7;
+   */
+  resumed: boolean;
+};
+
+/**
+ * Describes the message rollout.trace.v1.ForkLink.
+ * Use `create(ForkLinkSchema)` to create a new message.
+ */
+export const ForkLinkSchema: GenMessage<ForkLink> = /*@__PURE__*/
+  messageDesc(file_rollout_trace_v1_state, 2);
 
 /**
  * What a reward is for.
@@ -225,7 +291,7 @@ export type RewardTarget = Message<"rollout.trace.v1.RewardTarget"> & {
  * Use `create(RewardTargetSchema)` to create a new message.
  */
 export const RewardTargetSchema: GenMessage<RewardTarget> = /*@__PURE__*/
-  messageDesc(file_rollout_trace_v1_state, 2);
+  messageDesc(file_rollout_trace_v1_state, 3);
 
 /**
  * @generated from message rollout.trace.v1.Reward
@@ -284,7 +350,7 @@ export type Reward = Message<"rollout.trace.v1.Reward"> & {
  * Use `create(RewardSchema)` to create a new message.
  */
 export const RewardSchema: GenMessage<Reward> = /*@__PURE__*/
-  messageDesc(file_rollout_trace_v1_state, 3);
+  messageDesc(file_rollout_trace_v1_state, 4);
 
 /**
  * The tokens of one inference call's output, as packed columns, in the order they arrived.
@@ -363,7 +429,7 @@ export type OutputTokens = Message<"rollout.trace.v1.OutputTokens"> & {
  * Use `create(OutputTokensSchema)` to create a new message.
  */
 export const OutputTokensSchema: GenMessage<OutputTokens> = /*@__PURE__*/
-  messageDesc(file_rollout_trace_v1_state, 4);
+  messageDesc(file_rollout_trace_v1_state, 5);
 
 /**
  * A run of an inference call's output tokens that belongs to one output item.
@@ -394,7 +460,7 @@ export type TokenSpan = Message<"rollout.trace.v1.TokenSpan"> & {
  * Use `create(TokenSpanSchema)` to create a new message.
  */
 export const TokenSpanSchema: GenMessage<TokenSpan> = /*@__PURE__*/
-  messageDesc(file_rollout_trace_v1_state, 5);
+  messageDesc(file_rollout_trace_v1_state, 6);
 
 /**
  * @generated from message rollout.trace.v1.Integrity
@@ -452,7 +518,7 @@ export type Integrity = Message<"rollout.trace.v1.Integrity"> & {
  * Use `create(IntegritySchema)` to create a new message.
  */
 export const IntegritySchema: GenMessage<Integrity> = /*@__PURE__*/
-  messageDesc(file_rollout_trace_v1_state, 6);
+  messageDesc(file_rollout_trace_v1_state, 7);
 
 /**
  * One execution window.
@@ -491,7 +557,7 @@ export type Execution = Message<"rollout.trace.v1.Execution"> & {
  * Use `create(ExecutionSchema)` to create a new message.
  */
 export const ExecutionSchema: GenMessage<Execution> = /*@__PURE__*/
-  messageDesc(file_rollout_trace_v1_state, 7);
+  messageDesc(file_rollout_trace_v1_state, 8);
 
 /**
  * @generated from message rollout.trace.v1.Thread
@@ -540,7 +606,7 @@ export type Thread = Message<"rollout.trace.v1.Thread"> & {
  * Use `create(ThreadSchema)` to create a new message.
  */
 export const ThreadSchema: GenMessage<Thread> = /*@__PURE__*/
-  messageDesc(file_rollout_trace_v1_state, 8);
+  messageDesc(file_rollout_trace_v1_state, 9);
 
 /**
  * Who asked to interrupt a turn, and when.
@@ -569,7 +635,7 @@ export type Interrupt = Message<"rollout.trace.v1.Interrupt"> & {
  * Use `create(InterruptSchema)` to create a new message.
  */
 export const InterruptSchema: GenMessage<Interrupt> = /*@__PURE__*/
-  messageDesc(file_rollout_trace_v1_state, 9);
+  messageDesc(file_rollout_trace_v1_state, 10);
 
 /**
  * @generated from message rollout.trace.v1.Turn
@@ -630,7 +696,7 @@ export type Turn = Message<"rollout.trace.v1.Turn"> & {
  * Use `create(TurnSchema)` to create a new message.
  */
 export const TurnSchema: GenMessage<Turn> = /*@__PURE__*/
-  messageDesc(file_rollout_trace_v1_state, 10);
+  messageDesc(file_rollout_trace_v1_state, 11);
 
 /**
  * An output item that started streaming but was never completed.
@@ -659,7 +725,7 @@ export type DiscardedOutput = Message<"rollout.trace.v1.DiscardedOutput"> & {
  * Use `create(DiscardedOutputSchema)` to create a new message.
  */
 export const DiscardedOutputSchema: GenMessage<DiscardedOutput> = /*@__PURE__*/
-  messageDesc(file_rollout_trace_v1_state, 11);
+  messageDesc(file_rollout_trace_v1_state, 12);
 
 /**
  * @generated from message rollout.trace.v1.InferenceCall
@@ -827,7 +893,7 @@ export type InferenceCall = Message<"rollout.trace.v1.InferenceCall"> & {
  * Use `create(InferenceCallSchema)` to create a new message.
  */
 export const InferenceCallSchema: GenMessage<InferenceCall> = /*@__PURE__*/
-  messageDesc(file_rollout_trace_v1_state, 12);
+  messageDesc(file_rollout_trace_v1_state, 13);
 
 /**
  * @generated from message rollout.trace.v1.ContentPart
@@ -851,7 +917,7 @@ export type ContentPart = Message<"rollout.trace.v1.ContentPart"> & {
  * Use `create(ContentPartSchema)` to create a new message.
  */
 export const ContentPartSchema: GenMessage<ContentPart> = /*@__PURE__*/
-  messageDesc(file_rollout_trace_v1_state, 13);
+  messageDesc(file_rollout_trace_v1_state, 14);
 
 /**
  * @generated from message rollout.trace.v1.InferenceProducer
@@ -868,7 +934,7 @@ export type InferenceProducer = Message<"rollout.trace.v1.InferenceProducer"> & 
  * Use `create(InferenceProducerSchema)` to create a new message.
  */
 export const InferenceProducerSchema: GenMessage<InferenceProducer> = /*@__PURE__*/
-  messageDesc(file_rollout_trace_v1_state, 14);
+  messageDesc(file_rollout_trace_v1_state, 15);
 
 /**
  * @generated from message rollout.trace.v1.UserInputProducer
@@ -885,7 +951,7 @@ export type UserInputProducer = Message<"rollout.trace.v1.UserInputProducer"> & 
  * Use `create(UserInputProducerSchema)` to create a new message.
  */
 export const UserInputProducerSchema: GenMessage<UserInputProducer> = /*@__PURE__*/
-  messageDesc(file_rollout_trace_v1_state, 15);
+  messageDesc(file_rollout_trace_v1_state, 16);
 
 /**
  * @generated from message rollout.trace.v1.ToolProducer
@@ -902,7 +968,7 @@ export type ToolProducer = Message<"rollout.trace.v1.ToolProducer"> & {
  * Use `create(ToolProducerSchema)` to create a new message.
  */
 export const ToolProducerSchema: GenMessage<ToolProducer> = /*@__PURE__*/
-  messageDesc(file_rollout_trace_v1_state, 16);
+  messageDesc(file_rollout_trace_v1_state, 17);
 
 /**
  * What brought an item into the conversation.
@@ -939,7 +1005,7 @@ export type ProducerRef = Message<"rollout.trace.v1.ProducerRef"> & {
  * Use `create(ProducerRefSchema)` to create a new message.
  */
 export const ProducerRefSchema: GenMessage<ProducerRef> = /*@__PURE__*/
-  messageDesc(file_rollout_trace_v1_state, 17);
+  messageDesc(file_rollout_trace_v1_state, 18);
 
 /**
  * @generated from message rollout.trace.v1.ConversationItem
@@ -1045,7 +1111,7 @@ export type ConversationItem = Message<"rollout.trace.v1.ConversationItem"> & {
  * Use `create(ConversationItemSchema)` to create a new message.
  */
 export const ConversationItemSchema: GenMessage<ConversationItem> = /*@__PURE__*/
-  messageDesc(file_rollout_trace_v1_state, 18);
+  messageDesc(file_rollout_trace_v1_state, 19);
 
 /**
  * @generated from message rollout.trace.v1.InheritedItem
@@ -1069,7 +1135,7 @@ export type InheritedItem = Message<"rollout.trace.v1.InheritedItem"> & {
  * Use `create(InheritedItemSchema)` to create a new message.
  */
 export const InheritedItemSchema: GenMessage<InheritedItem> = /*@__PURE__*/
-  messageDesc(file_rollout_trace_v1_state, 19);
+  messageDesc(file_rollout_trace_v1_state, 20);
 
 /**
  * One function tool call: requested by an inference call, answered by a client.
@@ -1166,7 +1232,7 @@ export type ToolCall = Message<"rollout.trace.v1.ToolCall"> & {
  * Use `create(ToolCallSchema)` to create a new message.
  */
 export const ToolCallSchema: GenMessage<ToolCall> = /*@__PURE__*/
-  messageDesc(file_rollout_trace_v1_state, 20);
+  messageDesc(file_rollout_trace_v1_state, 21);
 
 /**
  * How a bundle ends.

@@ -1,0 +1,64 @@
+"""`trace-reducer list` over a large root: cold (every bundle reduced once), warm (the index
+only), one bundle changed; beside the floor of finding the bundles at all (walk and stat)."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.batch_bench import make_bundles
+
+TRACE_REDUCER = str(Path(sys.executable).parent / "trace-reducer")
+# The floor: the same interpreter finding every bundle and its files' times, nothing else.
+FLOOR = (
+    "import sys; from trace_reducer.batch._storage import LocalStore; "
+    "LocalStore(sys.argv[1]).discover(print)"
+)
+
+
+@dataclass
+class ListResult:
+    bundles: int
+    templates: int
+    cold_seconds: float
+    warm: list[float] = field(default_factory=list)
+    floor: list[float] = field(default_factory=list)
+    changed: list[float] = field(default_factory=list)
+
+
+def _timed(argv: list[str]) -> float:
+    started = time.perf_counter()
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - started
+
+
+def spread(values: list[float]) -> str:
+    return f"{min(values):.2f} / {statistics.median(values):.2f} / {max(values):.2f} s"
+
+
+def measure_list(root: Path, bundles: int, templates: int = 200, rounds: int = 3) -> ListResult:
+    made = root / "list-templates"
+    make_bundles(made, templates)
+    sources = sorted(made.glob("*/trace.binpb"))
+    runs = root / "list-root"
+    runs.mkdir()
+    # Hard links of server-made bundles: each is a real bundle to reduce, made in seconds.
+    for index in range(bundles):
+        bundle = runs / f"20260101T000000Z-thread_{index:032x}"
+        bundle.mkdir()
+        os.link(sources[index % len(sources)], bundle / "trace.binpb")
+    listing = [TRACE_REDUCER, "list", str(runs), "--json"]
+    result = ListResult(bundles, templates, _timed(listing))
+    for _ in range(rounds):
+        result.warm.append(_timed(listing))
+        result.floor.append(_timed([sys.executable, "-c", FLOOR, str(runs)]))
+    changed = runs / "20260101T000000Z-thread_00000000000000000000000000000000" / "trace.binpb"
+    for _ in range(rounds):
+        os.utime(changed)
+        result.changed.append(_timed(listing))
+    return result

@@ -1,0 +1,151 @@
+"""`trace-reducer list` over the golden corpus (forks, rewards, tools, failed, interrupted,
+torn, corrupt): a line per bundle, the filters, --json, and the index that keeps a warm listing
+from reading any bundle."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trace_reducer import RewardInput, append_reward
+from trace_reducer.batch._listing import INDEX_FILE_NAME, list_runs
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "bundles"
+TRACE_REDUCER = str(Path(sys.executable).parent / "trace-reducer")
+OLD = 1_700_000_000
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    target = tmp_path / "runs"
+    shutil.copytree(GOLDEN, target)
+    # Copies are new files: make them as old as the recordings, so none counts as live.
+    for path in target.rglob("*.binpb"):
+        os.utime(path, (OLD, OLD))
+    return target
+
+
+def run_list(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([TRACE_REDUCER, "list", *args], capture_output=True, text=True)
+
+
+def listed(*args: str) -> list[dict[str, object]]:
+    done = run_list(*args, "--json")
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+def names(runs: list[dict[str, object]]) -> set[str]:
+    return {Path(str(run["bundle"])).name.split("-", 1)[-1] for run in runs}
+
+
+def test_a_line_per_bundle_with_its_status_integrity_and_rewards(root: Path) -> None:
+    done = run_list(str(root))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].split() == [
+        "THREAD", "MODEL", "STATUS", "TURNS", "CALLS", "TOOLS", "TOKENS", "REWARDS",
+        "INTEGRITY", "STARTED", "DURATION",
+    ]  # fmt: skip
+    assert len(lines) == 1 + len(list(GOLDEN.iterdir()))
+    runs = {Path(str(r["bundle"])).name: r for r in listed(str(root))}
+    assert runs["damaged-corrupt"]["integrity"] == "corrupt"
+    assert runs["damaged-torn"]["integrity"] == "truncated"
+    assert {r["status"] for r in runs.values()} >= {"completed", "failed", "cancelled"}
+    rewarded = [r for r in runs.values() if r["rewards"] == {"concise": 0.25, "helpful": 0.5}]
+    assert rewarded
+    forks = [r for r in runs.values() if r["fork"]]
+    assert {f["fork"]["group_id"] for f in forks} >= {"group-a", "group-b"}  # type: ignore[index]
+    assert all("text" not in r for r in runs.values())
+
+
+def test_filters(root: Path) -> None:
+    every = listed(str(root))
+    assert [r["status"] for r in listed(str(root), "--status", "failed")] == ["failed"]
+    damaged = listed(str(root), "--integrity", "corrupt,truncated")
+    assert {r["integrity"] for r in damaged} == {"corrupt", "truncated"}
+    assert [r["rewards"] for r in listed(str(root), "--reward", "correct>=1")] == [{"correct": 1}]
+    assert len(listed(str(root), "--reward", "correct<1")) == 1
+    assert len(listed(str(root), "--reward", "helpful>=0.5", "--reward", "concise<0.3")) >= 1
+    assert {r["model"] for r in listed(str(root), "--model", "MODEL-A")} == {"model-a"}
+    assert [r["tools"] for r in listed(str(root), "--tool", "lookup")] == [["lookup"]]
+    assert len(listed(str(root), "--since", "2000-01-01")) == len(every)
+    assert listed(str(root), "--since", "2099-01-01T00:00:00Z") == []
+    assert len(listed(str(root), "--since", "100000d")) == len(every)
+    texts = listed(str(root), "--text", "local-echo")
+    assert 0 < len(texts) < len(every)
+    top = listed(str(root), "--sort=-tokens", "--limit", "1")
+    assert top[0]["tokens"] == max((r["tokens"] for r in every), key=lambda t: t["total"])  # type: ignore[index]
+
+
+def test_a_warm_listing_reads_no_bundle_and_a_changed_one_is_read_again(root: Path) -> None:
+    first = list_runs(str(root))
+    assert (first.reduced, first.cached) == (len(first.runs), 0)
+    assert (root / INDEX_FILE_NAME).stat().st_mode & 0o777 == 0o600
+    again = list_runs(str(root))
+    assert (again.reduced, again.cached) == (0, len(first.runs))
+    assert again.runs == first.runs
+    target = next(r for r in first.runs if r["tools"] and not r["rewards"])
+    trace = json.loads(
+        subprocess.run(
+            [TRACE_REDUCER, "reduce", "--stdout", str(target["bundle"])],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
+    append_reward(
+        Path(str(target["bundle"])),
+        RewardInput(thread_id=str(trace["root_thread_id"]), name="late", value=2.0),
+        trace_id=str(trace["trace_id"]),
+    )
+    changed = list_runs(str(root))
+    assert (changed.reduced, changed.cached) == (1, len(first.runs) - 1)
+    after = next(r for r in changed.runs if r["bundle"] == target["bundle"])
+    assert after["rewards"] == {"late": 2.0}
+    # reduce-all's fresh state.json is read rather than the bundle reduced.
+    removed = next(r for r in first.runs if r["integrity"] == "clean")
+    subprocess.run(
+        [TRACE_REDUCER, "reduce", str(removed["bundle"])], check=True, capture_output=True
+    )
+    shutil.rmtree(root / Path(str(target["bundle"])).name)
+    final = list_runs(str(root))
+    assert len(final.runs) == len(first.runs) - 1
+    assert final.reduced == 1
+
+
+def test_bad_input_is_one_line_and_exit_2(root: Path, tmp_path: Path) -> None:
+    file = tmp_path / "file"
+    file.write_text("x")
+    cases = [
+        [str(tmp_path / "missing")],
+        [str(file)],
+        [str(root), "--reward", "score"],
+        [str(root), "--reward", "score>=high"],
+        [str(root), "--since", "yesterday"],
+        [str(root), "--sort", "nonsense"],
+    ]
+    for args in cases:
+        done = run_list(*args)
+        assert done.returncode == 2, (args, done)
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert "Traceback" not in done.stderr
+
+
+def test_a_url_root(root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fsspec = pytest.importorskip("fsspec")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    memory = fsspec.filesystem("memory")
+    for path in root.rglob("trace.binpb"):
+        memory.pipe_file(f"/golden/{path.parent.name}/trace.binpb", path.read_bytes())
+    runs = list_runs("memory://golden")
+    assert len(runs.runs) == len(list(GOLDEN.iterdir()))
+    assert {r["integrity"] for r in runs.runs} >= {"clean", "corrupt", "truncated"}
+    assert list_runs("memory://golden").reduced == 0
+    assert any((tmp_path / "cache" / "rollout-trace").iterdir())

@@ -1,0 +1,124 @@
+"""The `trace-reducer list` command: flags, filters, the table or JSON lines."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import TYPE_CHECKING, Any
+
+from ..bundle._errors import BundleError
+
+if TYPE_CHECKING:
+    from ..batch._listing import RunFilter
+
+EXIT_OK = 0
+EXIT_USAGE = 2
+
+
+def add_filter_arguments(parser: argparse.ArgumentParser) -> None:
+    """The filters `list` takes (the served viewer's list offers the same in the page)."""
+    parser.add_argument(
+        "--status",
+        action="append",
+        default=[],
+        metavar="STATUS",
+        help="completed, failed, cancelled, running, live or unreadable (repeatable, or a,b)",
+    )
+    parser.add_argument(
+        "--integrity",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="clean, unclosed, truncated or corrupt (repeatable, or a,b)",
+    )
+    parser.add_argument("--model", action="append", default=[], metavar="MODEL")
+    parser.add_argument(
+        "--reward",
+        action="append",
+        default=[],
+        metavar="KEY>=X",
+        help="runs whose reward KEY compares so (>=, <=, >, <, =, !=); repeatable",
+    )
+    parser.add_argument("--since", metavar="WHEN", help="started at or after: ISO time or 2h, 7d")
+    parser.add_argument(
+        "--tool", action="append", default=[], metavar="NAME", help="runs that called this tool"
+    )
+    parser.add_argument(
+        "--text", metavar="TEXT", help="runs whose id, model, metadata or messages contain it"
+    )
+
+
+def run_filter(args: argparse.Namespace) -> RunFilter:
+    """The filter the flags describe; ValueError names a bad flag."""
+    # Imported when a listing runs, not for every command's start.
+    from ..batch._listing import RunFilter, parse_reward_filter, parse_since, split_values
+
+    return RunFilter(
+        statuses=split_values(args.status),
+        integrities=split_values(args.integrity),
+        models=split_values(args.model),
+        rewards=tuple(parse_reward_filter(text) for text in args.reward),
+        since=parse_since(args.since) if args.since else None,
+        tools=frozenset(args.tool),
+        text=args.text or "",
+    )
+
+
+def add_parser(commands: Any) -> None:
+    parser = commands.add_parser(
+        "list",
+        help="one line per bundle under a directory or URL: status, tokens, rewards, integrity",
+        description=(
+            "List every bundle under ROOT. Summaries are kept in an index (ROOT/.trace-list.json, "
+            "or the user's cache for a URL root): only bundles changed since are read, from "
+            "reduce-all's state.json when it is fresh."
+        ),
+    )
+    parser.add_argument("root", help="a directory, or an fsspec URL (s3://bucket/prefix, ...)")
+    add_filter_arguments(parser)
+    parser.add_argument(
+        "--sort",
+        default="started",
+        metavar="KEY",
+        help="started (default), duration, tokens, turns, calls, status, model or "
+        "reward:NAME; --sort=-KEY for descending",
+    )
+    parser.add_argument("--limit", type=int, metavar="N", help="at most N runs")
+    parser.add_argument("--json", action="store_true", help="JSON lines, one run each")
+    parser.add_argument(
+        "--storage-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="fsspec option for URL roots, e.g. endpoint_url=http://...",
+    )
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..batch._listing import check_sort_key, format_table, list_runs, public_run, sort_runs
+    from ..batch._storage import parse_storage_options
+
+    try:
+        chosen = run_filter(args)
+        sort_key = check_sort_key(args.sort)
+        options = parse_storage_options(args.storage_option)
+    except ValueError as error:
+        raise BundleError(str(error)) from error
+    if args.limit is not None and args.limit < 0:
+        raise BundleError("--limit must be 0 or more")
+
+    def warn(message: str) -> None:
+        print(f"trace-reducer: warning: {message}", file=sys.stderr, flush=True)
+
+    listing = list_runs(args.root, storage_options=options, warn=warn)
+    runs = sort_runs([r for r in listing.runs if chosen.matches(r)], sort_key)
+    if args.limit is not None:
+        runs = runs[: args.limit]
+    if args.json:
+        for entry in runs:
+            print(json.dumps(public_run(entry), ensure_ascii=False, separators=(",", ":")))
+    else:
+        print(format_table(runs))
+    return EXIT_OK

@@ -1,0 +1,164 @@
+"use strict";
+// The run list: search, filters and sorting over the runs embedded in #list-data; a served
+// list asks its server for the runs again every few seconds, so live runs move on their own.
+// Bundle text reaches the page only as text nodes.
+(function () {
+  const DATA = JSON.parse(document.getElementById("list-data").textContent);
+  let runs = DATA.runs;
+  const state = { text: "", status: "", integrity: "", model: "", reward: "", sort: "started", descending: true };
+  const POLL_MS = 2000;
+
+  function el(tag, props, ...children) {
+    const node = document.createElement(tag);
+    for (const [key, value] of Object.entries(props || {})) {
+      if (value === null || value === undefined || value === false) continue;
+      if (key === "class") node.className = value;
+      else node.setAttribute(key, String(value));
+    }
+    for (const child of children.flat(Infinity)) {
+      if (child === null || child === undefined || child === false) continue;
+      node.appendChild(typeof child === "string" || typeof child === "number" ? document.createTextNode(String(child)) : child);
+    }
+    return node;
+  }
+
+  function shortId(id) {
+    const text = String(id || "");
+    const match = /^([a-z]+_)?([0-9a-f]{12,})$/i.exec(text);
+    return el("span", { class: "short-id mono", title: text, "data-full": text }, match ? (match[1] || "") + match[2].slice(0, 8) + "\u2026" : text);
+  }
+
+  function rewardFilter(text) {
+    const m = /^\s*([^<>=!\s]+)\s*(>=|<=|!=|==|=|>|<)\s*(-?[0-9.eE+-]+)\s*$/.exec(text);
+    if (!m) return null;
+    const value = Number(m[3]);
+    if (Number.isNaN(value)) return null;
+    const compare = { ">=": (a, b) => a >= b, "<=": (a, b) => a <= b, ">": (a, b) => a > b, "<": (a, b) => a < b,
+      "=": (a, b) => a === b, "==": (a, b) => a === b, "!=": (a, b) => a !== b }[m[2]];
+    return (run) => run.rewards[m[1]] !== undefined && compare(run.rewards[m[1]], value);
+  }
+
+  function matches(run) {
+    if (state.status && run.status !== state.status) return false;
+    if (state.integrity && run.integrity !== state.integrity) return false;
+    if (state.model && run.model !== state.model) return false;
+    if (state.reward) {
+      const test = rewardFilter(state.reward);
+      if (test && !test(run)) return false;
+    }
+    if (state.text) {
+      const needle = state.text.toLowerCase();
+      const hay = [run.thread_id, run.model, run.bundle, run.text, ...Object.values(run.metadata || {}), ...(run.tools || [])];
+      if (!hay.some((v) => String(v || "").toLowerCase().includes(needle))) return false;
+    }
+    return true;
+  }
+
+  function sortValue(run, key) {
+    if (key.startsWith("reward:")) return run.rewards[key.slice(7)];
+    if (key === "tokens") return run.tokens.total;
+    if (key === "reward") {
+      const values = Object.values(run.rewards);
+      return values.length ? values[0] : undefined;
+    }
+    return run[key];
+  }
+
+  function sorted(list) {
+    const key = state.sort;
+    const present = list.filter((r) => sortValue(r, key) !== undefined && sortValue(r, key) !== null && sortValue(r, key) !== "");
+    const missing = list.filter((r) => !present.includes(r));
+    present.sort((a, b) => {
+      const x = sortValue(a, key), y = sortValue(b, key);
+      const order = x < y ? -1 : x > y ? 1 : 0;
+      return state.descending ? -order : order;
+    });
+    return present.concat(missing);
+  }
+
+  function options(id, label, values) {
+    const select = el("select", { id, "aria-label": label }, el("option", { value: "" }, `any ${label}`),
+      [...values].sort().map((v) => el("option", { value: v }, v)));
+    select.value = state[id] || "";
+    select.addEventListener("change", () => { state[id] = select.value; draw(); });
+    return select;
+  }
+
+  function filters() {
+    const search = el("input", { id: "search", type: "search", placeholder: "search ids, models, metadata, messages", size: "40" });
+    search.value = state.text;
+    search.addEventListener("input", () => { state.text = search.value; draw(); });
+    const reward = el("input", { id: "reward", type: "text", placeholder: "reward, e.g. score<0.5", size: "18" });
+    reward.value = state.reward;
+    reward.addEventListener("input", () => { state.reward = reward.value; draw(); });
+    document.getElementById("filters").replaceChildren(search, " ",
+      options("status", "status", new Set(runs.map((r) => r.status))), " ",
+      options("integrity", "integrity", new Set(runs.map((r) => r.integrity).filter(Boolean))), " ",
+      options("model", "model", new Set(runs.map((r) => r.model).filter(Boolean))), " ", reward,
+      el("span", { id: "count", class: "note" }));
+  }
+
+  const COLUMNS = [
+    ["thread_id", "thread"], ["model", "model"], ["status", "status"], ["turns", "turns"], ["calls", "calls"],
+    ["tool_calls", "tool calls"], ["tokens", "tokens"], ["reward", "rewards"], ["integrity", "integrity"],
+    ["started", "started"], ["duration", "duration"],
+  ];
+
+  function cell(run, key) {
+    switch (key) {
+      case "thread_id": {
+        const label = run.thread_id ? shortId(run.thread_id) : el("span", { class: "mono" }, run.bundle);
+        return el("td", {}, el("a", { class: "run-link", href: run.href }, label),
+          run.fork ? el("span", { class: "note" }, run.fork.resumed ? " resumed" : ` fork #${run.fork.repetition_index}`) : "");
+      }
+      case "tokens": return el("td", { class: "num" }, run.tokens.total.toLocaleString());
+      case "reward": return el("td", { class: "rewards" }, Object.entries(run.rewards).map(([k, v]) => el("span", { class: "reward-chip" }, `${k}=${Number.isInteger(v) ? v : v.toPrecision(3)}`)));
+      case "status": return el("td", {}, el("span", { class: `status st-${run.status}` }, run.status), run.error ? el("div", { class: "error" }, run.error) : "");
+      case "duration": return el("td", { class: "num" }, run.duration === null ? "\u2014" : `${run.duration.toFixed(1)}s`);
+      case "started": return el("td", {}, run.started ? run.started.slice(0, 19).replace("T", " ") : "\u2014");
+      default: return el("td", {}, String(run[key] === undefined || run[key] === "" ? "\u2014" : run[key]));
+    }
+  }
+
+  function draw() {
+    const shown = sorted(runs.filter(matches));
+    const head = el("tr", {}, COLUMNS.map(([key, label]) => {
+      const th = el("th", { "data-sort": key, "aria-sort": state.sort === key ? (state.descending ? "descending" : "ascending") : null },
+        label, state.sort === key ? (state.descending ? " \u25bc" : " \u25b2") : "");
+      th.addEventListener("click", () => {
+        if (state.sort === key) state.descending = !state.descending;
+        else { state.sort = key; state.descending = key === "started"; }
+        draw();
+      });
+      return th;
+    }));
+    const body = shown.map((run) => el("tr", { class: `run st-${run.status}`, "data-thread": run.thread_id, "data-bundle": run.bundle },
+      COLUMNS.map(([key]) => cell(run, key))));
+    document.getElementById("main").replaceChildren(el("table", { id: "runs" }, el("thead", {}, head), el("tbody", {}, body)));
+    const count = document.getElementById("count");
+    if (count) count.textContent = ` ${shown.length} of ${runs.length} runs`;
+  }
+
+  async function poll() {
+    try {
+      const response = await fetch("api/runs", { credentials: "same-origin", cache: "no-store" });
+      if (response.ok) {
+        const fresh = (await response.json()).runs;
+        if (JSON.stringify(fresh) !== JSON.stringify(runs)) {
+          runs = fresh;
+          filters();
+          draw();
+          document.body.dataset.updates = String(Number(document.body.dataset.updates || 0) + 1);
+        }
+      }
+    } catch (e) {
+      // The server went away; the list stays as it was.
+    }
+    setTimeout(poll, POLL_MS);
+  }
+
+  filters();
+  draw();
+  document.body.dataset.ready = "true";
+  if (DATA.served) setTimeout(poll, POLL_MS);
+})();

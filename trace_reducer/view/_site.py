@@ -1,0 +1,297 @@
+"""`trace-reducer view ROOT`: the runs under a root as a list with search, filters and sorting,
+each opening its run page — served (live as bundles are written) or written as a static site."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import html
+import ipaddress
+import json
+import os
+import re
+import sys
+import urllib.parse
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+from ..batch._listing import list_runs, public_run
+from ..bundle._confine import BundleRoot
+from ..bundle._errors import BundleError, ReductionError
+from ..bundle._layout import TRACE_FILE_NAME
+from ..bundle._reader import BundleReader
+from ._view import (
+    _PLACEHOLDER,
+    _asset,
+    _script_json,
+    reduce_reader_for_view,
+    render_view,
+    save_view,
+    script_hash,
+)
+
+__all__ = ["SiteServer", "is_loopback", "write_site"]
+
+# The list page carries this much of each run's text for its search box.
+PAGE_TEXT_CHARS = 1000
+TOKEN_COOKIE = "trace_view_token"  # noqa: S105 - the name of the cookie, not a secret
+_SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _relative(root: str, bundle: str) -> str:
+    return os.path.relpath(bundle, root)
+
+
+def _page_runs(root: str, href: Callable[[str], str]) -> list[dict[str, Any]]:
+    """The runs as the list page shows them, each with the link to its page."""
+    runs = []
+    for run in list_runs(root).runs:
+        entry = public_run(run)
+        entry["text"] = run["text"][:PAGE_TEXT_CHARS]
+        entry["href"] = href(_relative(root, run["bundle"]))
+        runs.append(entry)
+    return runs
+
+
+def _links(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """What a run page needs to link its parent, children and group: every run by thread id."""
+    by_thread: dict[str, Any] = {}
+    for run in runs:
+        if not run["thread_id"]:
+            continue
+        fork = run["fork"] or {}
+        by_thread[run["thread_id"]] = {
+            "href": run["href"],
+            "status": run["status"],
+            "rewards": run["rewards"],
+            "parent_thread_id": fork.get("parent_thread_id", ""),
+            "group_id": fork.get("group_id", ""),
+            "repetition_index": fork.get("repetition_index", 0),
+        }
+    return {"runs": by_thread}
+
+
+def render_list(runs: list[dict[str, Any]], *, served: bool, title: str) -> str:
+    script = _asset("_list.js")
+    values = {
+        "TITLE": html.escape(title),
+        "STYLE": _asset("_view.css"),
+        "SCRIPT_HASH": script_hash(script),
+        "CONNECT": "'self'" if served else "'none'",
+        "SCRIPT": script,
+        "DATA": _script_json({"runs": runs, "served": served}),
+    }
+    return _PLACEHOLDER.sub(lambda match: values[match[1]], _asset("_list.html"))
+
+
+def _static_name(relative: str) -> str:
+    return _SAFE_NAME.sub("_", relative.replace(os.sep, "__")) + ".html"
+
+
+def write_site(root: str, output: str | os.PathLike[str]) -> Path:
+    """The list (index.html) and every run's page (runs/*.html) under output, for reading
+    offline: relative links, nothing fetched. Returns the index's path."""
+    target = Path(output)
+    (target / "runs").mkdir(parents=True, exist_ok=True, mode=0o700)
+    runs = _page_runs(root, lambda relative: f"runs/{_static_name(relative)}")
+    links = _links(runs)
+    # A run page sits one level down: its links to other runs are siblings.
+    page_links = {
+        "runs": {
+            thread: {**info, "href": info["href"].removeprefix("runs/")}
+            for thread, info in links["runs"].items()
+        }
+    }
+    confined = BundleRoot(root)
+    for run in runs:
+        relative = _relative(root, run["bundle"])
+        try:
+            data = _reduce_confined(confined, relative)
+        except (BundleError, ReductionError, OSError):
+            continue
+        save_view(
+            data, target / "runs" / _static_name(relative), f"rollout {relative}", links=page_links
+        )
+    index = target / "index.html"
+    index.write_text(
+        render_list(runs, served=False, title=f"rollouts under {root}"), encoding="utf-8"
+    )
+    index.chmod(0o600)
+    return index
+
+
+def _reduce_confined(root: BundleRoot, relative: str) -> Any:
+    bundle = root.open(relative)
+    try:
+        reader = BundleReader(Path(bundle.display_dir) / TRACE_FILE_NAME, bundle.trace)
+        return reduce_reader_for_view(reader, dir_fd=bundle.dir_fd)
+    finally:
+        bundle.close()
+
+
+class SiteServer:
+    """The served viewer: `/` the list, `/run/<bundle>` a run page, `/api/runs` the list as
+    JSON, `/api/watch/<bundle>` a run's growth as server-sent events. Bound elsewhere than
+    loopback, every request needs the token (once in the URL, then a cookie)."""
+
+    def __init__(self, root: str, token: str | None) -> None:
+        self.root = os.path.abspath(root)
+        self._confined = BundleRoot(self.root)
+        self._token = token
+        self._runner: Any = None
+        self.address = ""
+
+    async def start(self, host: str, port: int) -> str:
+        from aiohttp import web
+
+        @web.middleware
+        async def guard(request: Any, handler: Any) -> Any:
+            return await self._guard(request, handler)
+
+        app = web.Application(middlewares=[guard])
+        app.router.add_get("/", self._list)
+        app.router.add_get("/api/runs", self._api_runs)
+        app.router.add_get("/run/{bundle:.+}", self._run)
+        app.router.add_get("/api/watch/{bundle:.+}", self._watch)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port, reuse_port=False)
+        await site.start()
+        bound = self._runner.addresses[0]
+        shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
+        self.address = f"http://{shown}:{bound[1]}/"
+        return self.address
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    # -- the token ---------------------------------------------------------------------------
+
+    async def _guard(self, request: Any, handler: Any) -> Any:
+        from aiohttp import web
+
+        if self._token is not None:
+            given = request.query.get("token")
+            if given is not None and hmac.compare_digest(given, self._token):
+                # Into a cookie, and out of the address bar (and any Referer).
+                rest = {k: v for k, v in request.query.items() if k != "token"}
+                response = web.Response(
+                    status=302, headers={"Location": str(request.rel_url.with_query(rest))}
+                )
+                response.set_cookie(
+                    TOKEN_COOKIE, self._token, httponly=True, samesite="Strict", path="/"
+                )
+                return response
+            cookie = request.cookies.get(TOKEN_COOKIE, "")
+            if not hmac.compare_digest(cookie, self._token):
+                return web.Response(
+                    status=401, text="this viewer needs its token: open the address it printed\n"
+                )
+        try:
+            response = await handler(request)
+        except web.HTTPException:
+            raise
+        except Exception as error:  # noqa: BLE001 - one line for the reader, never a traceback
+            print(
+                f"trace-reducer: error: {request.path}: {type(error).__name__}: {error}",
+                file=sys.stderr,
+                flush=True,
+            )
+            return web.Response(status=500, text="the viewer failed on this request\n")
+        if not response.prepared:  # an event stream set its own headers when it began
+            response.headers.setdefault("X-Content-Type-Options", "nosniff")
+            response.headers.setdefault("Referrer-Policy", "no-referrer")
+            response.headers.setdefault("Cache-Control", "no-store")
+        return response
+
+    # -- handlers ------------------------------------------------------------------------------
+
+    def _runs(self) -> list[dict[str, Any]]:
+        return _page_runs(
+            self.root, lambda relative: "run/" + urllib.parse.quote(relative, safe="/")
+        )
+
+    async def _list(self, request: Any) -> Any:
+        from aiohttp import web
+
+        runs = await asyncio.to_thread(self._runs)
+        text = render_list(runs, served=True, title=f"rollouts under {self.root}")
+        return web.Response(text=text, content_type="text/html")
+
+    async def _api_runs(self, request: Any) -> Any:
+        from aiohttp import web
+
+        runs = await asyncio.to_thread(self._runs)
+        return web.json_response({"runs": runs})
+
+    async def _run(self, request: Any) -> Any:
+        from aiohttp import web
+
+        relative = request.match_info["bundle"]
+        try:
+            data = await asyncio.to_thread(_reduce_confined, self._confined, relative)
+            runs = await asyncio.to_thread(self._runs)
+        except BundleError as error:
+            return web.Response(status=404, text=f"{error}\n")
+        except ReductionError as error:
+            return web.Response(status=422, text=f"records contradict each other: {error}\n")
+        # Links from /run/<bundle> to /run/<other>: relative to this page's directory.
+        depth = relative.count("/")
+        up = "../" * (depth + 1)
+        links = _links([{**run, "href": up + run["href"]} for run in runs])
+        live = None
+        if not data.trace.recording_complete:
+            live = up + "api/watch/" + urllib.parse.quote(relative, safe="/")
+        page = render_view(data, f"rollout {relative}", links=links, live_url=live)
+        return web.Response(text=page, content_type="text/html")
+
+    async def _watch(self, request: Any) -> Any:
+        from aiohttp import web
+
+        from ._watch import follow_bundle
+
+        relative = request.match_info["bundle"]
+        try:
+            bundle = await asyncio.to_thread(self._confined.open, relative)
+        except BundleError as error:
+            return web.Response(status=404, text=f"{error}\n")
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-store",
+                "X-Content-Type-Options": "nosniff",
+            }
+        )
+        try:
+            bundle.release_directory()
+            await response.prepare(request)
+            async for update in _updates(follow_bundle(bundle.trace, Path(bundle.display_dir))):
+                records, final = update
+                data = json.dumps({"records": records, "final": final})
+                await response.write(f"data: {data}\n\n".encode())
+                if final:
+                    break
+        except (ConnectionResetError, ReductionError, OSError):
+            pass
+        finally:
+            bundle.trace.close()
+        return response
+
+
+async def _updates(updates: Any) -> AsyncIterator[tuple[int, bool]]:
+    try:
+        async for update in updates:
+            yield update.records_read, update.final
+    finally:
+        await updates.aclose()
