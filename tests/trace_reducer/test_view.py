@@ -223,3 +223,21 @@ def test_contradicting_records_exit_1(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert_one_clean_line(result.stderr)
     assert "unknown inference call ordinal 9" in result.stderr
+
+
+def test_the_thread_badge_is_its_last_turns_outcome(tmp_path: Path) -> None:
+    from tests.golden.record import BUNDLES
+
+    # The golden corpus's thread whose only turn failed (its recording closed cleanly).
+    failed = next(
+        path
+        for path in sorted(BUNDLES.iterdir())
+        if replay_bundle(path).threads[replay_bundle(path).root_thread_id].metadata.get("corpus")
+        == "failed"
+    )
+    copy = tmp_path / failed.name
+    copy.mkdir()
+    (copy / "trace.binpb").write_bytes((failed / "trace.binpb").read_bytes())
+    data = page_data(write_view(copy).read_text(encoding="utf-8"), "view-data")
+    assert isinstance(data, dict)
+    assert [thread["status"] for thread in data["threads"]] == ["FAILED"]

@@ -196,7 +196,7 @@ class _PageBuilder:
                 )
             except PayloadError:
                 instructions = ""
-        return {
+        entry = {
             "id": thread.thread_id,
             "model": thread.model,
             **self.execution(thread.execution),
@@ -205,6 +205,12 @@ class _PageBuilder:
             "turns": list(thread.turn_ids),
             "item_count": len(thread.conversation_item_ids),
         }
+        last = self.trace.turns.get(thread.turn_ids[-1]) if thread.turn_ids else None
+        if last is not None and thread.execution.status != common_pb2.EXECUTION_STATUS_RUNNING:
+            # A person reads the badge as how the thread went: the outcome of its last turn,
+            # not that its recording was closed cleanly (docs/vocabulary.md).
+            entry["status"] = execution_word(last.execution.status)
+        return entry
 
     def item(self, item: state_pb2.ConversationItem) -> dict[str, Any]:
         producers: list[list[str]] = []
