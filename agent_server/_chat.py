@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -65,17 +66,26 @@ def run(args: argparse.Namespace) -> int:
             return _fail(f"--auth-token-env names {args.auth_token_env}, which is unset or empty")
     tls: bool | Path = args.tls_ca if args.tls_ca is not None else bool(args.tls)
     _enable_line_editing()
+    # Ctrl-C must reach the main thread, which waits at the prompt in a read that only a signal
+    # delivered to it wakes: the threads the client starts (its event loop, gRPC's own, made by
+    # its first call) inherit a mask with SIGINT blocked, so the kernel never hands it to them.
+    ctrl_c = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        client = SyncAgentClient(args.address, token=token, tls=tls)
-    except RolloutError as error:
-        return _fail(str(error))
-    with client:
+        try:
+            client = SyncAgentClient(args.address, token=token, tls=tls)
+        except RolloutError as error:
+            return _fail(str(error))
         try:
             thread = client.start_thread(model=args.model, instructions=args.instructions)
         except UnavailableError as error:
+            client.close()
             return _fail(f"cannot reach {args.address}: {error.message}", EXIT_FAILED)
         except RpcError as error:
+            client.close()
             return _fail(str(error), EXIT_FAILED)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, ctrl_c)
+    with client:
         print(f"connected to {args.address}: thread {thread.id} on model {thread.model}")
         print(HELP)
         try:
