@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import os
 import signal
 import sys
-from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING
 
 # Only the defaults here: `chat --help` must not load gRPC; run() loads the client.
@@ -16,7 +17,7 @@ from rollout_client import ADDRESS_ENV, DEFAULT_ADDRESS, address_from_env
 
 if TYPE_CHECKING:
     from rollout.agent.v1 import agent_pb2
-    from rollout_client import SyncThread
+    from rollout_client import SyncThread, SyncTurn
 
 PROG = "agent-server chat"
 HELP = "Type a message and press Enter. Ctrl-C interrupts a reply; /quit (or Ctrl-D) ends the chat."
@@ -51,7 +52,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from grpc_common import header_secret
-    from rollout_client import RolloutError, RpcError, SyncAgentClient, UnavailableError
 
     token = None
     if args.auth_token_env:
@@ -66,10 +66,21 @@ def run(args: argparse.Namespace) -> int:
             return _fail(f"--auth-token-env names {args.auth_token_env}, which is unset or empty")
     tls: bool | Path = args.tls_ca if args.tls_ca is not None else bool(args.tls)
     _enable_line_editing()
+    ctrl_c = _CtrlC()
+    previous_handler = signal.signal(signal.SIGINT, ctrl_c)
+    try:
+        return _chat(args, token, tls, ctrl_c)
+    finally:
+        signal.signal(signal.SIGINT, previous_handler)
+
+
+def _chat(args: argparse.Namespace, token: str | None, tls: bool | Path, ctrl_c: _CtrlC) -> int:
+    from rollout_client import RolloutError, RpcError, SyncAgentClient, UnavailableError
+
     # Ctrl-C must reach the main thread, which waits at the prompt in a read that only a signal
     # delivered to it wakes: the threads the client starts (its event loop, gRPC's own, made by
     # its first call) inherit a mask with SIGINT blocked, so the kernel never hands it to them.
-    ctrl_c = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         try:
             client = SyncAgentClient(args.address, token=token, tls=tls)
@@ -84,12 +95,13 @@ def run(args: argparse.Namespace) -> int:
             client.close()
             return _fail(str(error), EXIT_FAILED)
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, ctrl_c)
+        # A Ctrl-C pressed meanwhile arrives now, with no prompt and no turn: it is ignored.
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     with client:
         print(f"connected to {args.address}: thread {thread.id} on model {thread.model}")
         print(HELP)
         try:
-            _converse(thread)
+            _converse(thread, ctrl_c)
             closed = thread.close()
         except RpcError as error:
             return _fail(f"lost the server: {error}", EXIT_FAILED)
@@ -100,11 +112,58 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _converse(thread: SyncThread) -> None:
+class _CtrlC:
+    """SIGINT's handler for the chat: at the prompt Ctrl-C raises, during a reply it interrupts.
+
+    During a reply the handler never raises: a KeyboardInterrupt could land anywhere (inside a
+    print, between two calls) and escape as a traceback. It asks the server to interrupt the
+    turn instead, without waiting, and the reply's events run to their end as usual.
+    """
+
+    def __init__(self) -> None:
+        self.at_prompt = False
+        self._turn: SyncTurn | None = None
+        self._started = False
+        self._pressed = False
+        self._asked: concurrent.futures.Future[agent_pb2.Turn] | None = None
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        if self.at_prompt:
+            # Disarmed before raising: a second Ctrl-C meanwhile cannot raise outside the try.
+            self.at_prompt = False
+            raise KeyboardInterrupt
+        self._pressed = True
+        if self._turn is not None and self._started:
+            self._ask()
+
+    def replying(self, turn: SyncTurn) -> None:
+        self._turn, self._started, self._pressed, self._asked = turn, False, False, None
+
+    def started(self) -> None:
+        self._started = True
+        if self._pressed:
+            self._ask()
+
+    def done(self) -> None:
+        self._turn = None
+        if self._asked is not None:
+            # The interrupt may have come too late (the turn had ended): nothing to report.
+            with contextlib.suppress(Exception):
+                self._asked.result()
+
+    def _ask(self) -> None:
+        if self._asked is None and self._turn is not None:
+            self._asked = self._turn.interrupt_nowait()
+
+
+def _converse(thread: SyncThread, ctrl_c: _CtrlC) -> None:
     while True:
         try:
+            ctrl_c.at_prompt = True
             line = input("you> ")
+            ctrl_c.at_prompt = False
         except EOFError:
+            ctrl_c.at_prompt = False
             print()
             return
         except KeyboardInterrupt:
@@ -116,37 +175,30 @@ def _converse(thread: SyncThread) -> None:
         if text == "/help":
             print(HELP)
         elif text:
-            _reply(thread, text)
+            _reply(thread, text, ctrl_c)
 
 
-def _reply(thread: SyncThread, text: str) -> None:
+def _reply(thread: SyncThread, text: str, ctrl_c: _CtrlC) -> None:
     """Stream the reply to text; Ctrl-C interrupts it, and its events still run to the end."""
     from rollout.agent.v1 import agent_pb2
     from rollout_client import RpcError, UnavailableError
 
     turn = thread.run_turn(text)
+    ctrl_c.replying(turn)
     try:
-        interrupting = _despite_ctrl_c(turn.start)
-    except UnavailableError:
-        raise
-    except RpcError as error:
-        print(f"[not sent: {error.message} ({error.reason})]")
-        return
-    print("assistant> ", end="", flush=True)
-    if interrupting:
-        _despite_ctrl_c(turn.interrupt)
-    events = iter(turn)
-    while True:
         try:
-            event = next(events)
-        except StopIteration:
-            break
-        except KeyboardInterrupt:
-            if not interrupting:
-                interrupting = True
-                _despite_ctrl_c(turn.interrupt)
-            continue
-        _show(event)
+            turn.start()
+        except UnavailableError:
+            raise
+        except RpcError as error:
+            print(f"[not sent: {error.message} ({error.reason})]")
+            return
+        ctrl_c.started()
+        print("assistant> ", end="", flush=True)
+        for event in turn:
+            _show(event)
+    finally:
+        ctrl_c.done()
     result = turn.result
     print()
     if result is None:
@@ -155,17 +207,6 @@ def _reply(thread: SyncThread, text: str) -> None:
         print(f"[failed: {result.error.code}: {result.error.message}]")
     else:
         print(f"[{turn.status_name.lower()}]")
-
-
-def _despite_ctrl_c(call: Callable[[], object]) -> bool:
-    """Run call() (which may be repeated) to its end; whether Ctrl-C was pressed meanwhile."""
-    pressed = False
-    while True:
-        try:
-            call()
-            return pressed
-        except KeyboardInterrupt:
-            pressed = True
 
 
 def _show(event: agent_pb2.ThreadEvent) -> None:

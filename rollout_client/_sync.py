@@ -256,6 +256,10 @@ class SyncTurn:
     def interrupt(self) -> agent_pb2.Turn:
         return self._loop.run(self.turn.interrupt())
 
+    def interrupt_nowait(self) -> concurrent.futures.Future[agent_pb2.Turn]:
+        """Ask for the interrupt without waiting for it: safe from a signal handler."""
+        return self._loop.submit(self.turn.interrupt())
+
     def submit_tool_output(
         self, call_id: str, output: str, *, is_error: bool = False
     ) -> agent_pb2.Turn:
