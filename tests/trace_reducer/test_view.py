@@ -76,9 +76,9 @@ def test_writes_one_page_next_to_the_bundle(tmp_path: Path) -> None:
 def test_untrusted_text_never_leaves_the_data_block(tmp_path: Path) -> None:
     bundle = two_turn_bundle(tmp_path)
     page = write_view(bundle).read_text(encoding="utf-8")
-    # Exactly the page's own four scripts (two data blocks, the page and its rollout panel):
-    # the text's </script> did not end a block early.
-    assert page.count("<script") == 4
+    # Exactly the page's own five scripts (two data blocks, the shared helpers, the page and
+    # its rollout panel): the text's </script> did not end a block early.
+    assert page.count("<script") == 5
     assert page.count("</script>") == 4
     data = page_data(page, "view-data")
     assert isinstance(data, dict)

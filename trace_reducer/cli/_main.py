@@ -18,6 +18,7 @@ from google.protobuf import json_format, text_format
 from grpc_common import add_access_arguments
 from rollout.trace.v1 import record_pb2, state_pb2
 
+from ..bundle._discover import holds_bundles
 from ..bundle._errors import (
     BundleError,
     CorruptBundleError,
@@ -225,7 +226,7 @@ def _view(args: argparse.Namespace) -> int:
 
     source = Path(args.bundle)
     if source.is_dir() and not (source / TRACE_FILE_NAME).exists():
-        if not _holds_bundles(source):
+        if not holds_bundles(source):
             raise BundleError(
                 f"not a trace bundle (no {TRACE_FILE_NAME}), nor a root of bundles: {source}"
             )
@@ -245,17 +246,6 @@ def _view(args: argparse.Namespace) -> int:
     if args.open and not webbrowser.open(path.resolve().as_uri()):
         _warn(f"no browser could be started; open {path} yourself")
     return EXIT_OK
-
-
-def _holds_bundles(root: Path) -> bool:
-    """Whether a directory is a root of bundles: it holds some, or nothing yet (a trace root
-    before its first recording); a directory of other files is neither bundle nor root."""
-    empty = True
-    for _, _, files in os.walk(root):
-        if TRACE_FILE_NAME in files:
-            return True
-        empty = empty and not files
-    return empty
 
 
 def _view_root(args: argparse.Namespace) -> int:
