@@ -29,7 +29,7 @@ from ..reduce._state_json import state_to_json, write_state_json
 StorageOptions = tuple[tuple[str, str], ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class BundleEntry:
     """A bundle directory found under the root, with what the listing said about it."""
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -97,7 +96,7 @@ def add_parser(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..batch._listing import check_sort_key, format_table, list_runs, public_run, sort_runs
+    from ..batch._listing import check_sort_key, format_table, list_runs, run_line, sort_runs
     from ..batch._storage import parse_storage_options
 
     try:
@@ -117,8 +116,11 @@ def run(args: argparse.Namespace) -> int:
     if args.limit is not None:
         runs = runs[: args.limit]
     if args.json:
-        for entry in runs:
-            print(json.dumps(public_run(entry), ensure_ascii=False, separators=(",", ":")))
+        # The lines the index keeps, written as they are (a changed or live run's anew).
+        out = sys.stdout
+        for start in range(0, len(runs), 4096):
+            out.write("".join(f"{run_line(entry)}\n" for entry in runs[start : start + 4096]))
+        out.flush()
     else:
         print(format_table(runs))
     return EXIT_OK
