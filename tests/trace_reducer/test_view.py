@@ -241,3 +241,27 @@ def test_the_thread_badge_is_its_last_turns_outcome(tmp_path: Path) -> None:
     data = page_data(write_view(copy).read_text(encoding="utf-8"), "view-data")
     assert isinstance(data, dict)
     assert [thread["status"] for thread in data["threads"]] == ["FAILED"]
+
+
+def test_the_pages_share_one_copy_of_the_helpers(tmp_path: Path) -> None:
+    from importlib import resources
+
+    from trace_reducer.view._site import render_list
+    from trace_reducer.view._view import script_hash
+
+    assets = resources.files("trace_reducer.view")
+    shared = assets.joinpath("_page.js").read_text(encoding="utf-8")
+    for name in ("_list.js", "_run.js", "_view.js"):
+        script = assets.joinpath(name).read_text(encoding="utf-8")
+        for helper in ("function el(", "function shortId(", "function payloads(", "function add("):
+            assert helper not in script, f"{name} defines its own {helper}"
+    bundle = one_turn_bundle(tmp_path)
+    pages = [
+        write_view(bundle).read_text(encoding="utf-8"),
+        render_list([], served=False, title="runs"),
+    ]
+    for page in pages:
+        # Inlined once, ahead of the page's own script, and allowed to run by its hash.
+        assert page.count(shared) == 1
+        assert page.index(shared) < page.index("})();\n</script>")
+        assert script_hash(shared) in page
