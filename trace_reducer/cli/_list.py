@@ -7,12 +7,10 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from ..bundle._errors import BundleError
+from ._common import EXIT_OK, add_storage_option_argument, warn
 
 if TYPE_CHECKING:
     from ..batch._listing import RunFilter
-
-EXIT_OK = 0
-EXIT_USAGE = 2
 
 
 def add_filter_arguments(parser: argparse.ArgumentParser) -> None:
@@ -85,13 +83,7 @@ def add_parser(commands: Any) -> None:
     )
     parser.add_argument("--limit", type=int, metavar="N", help="at most N runs")
     parser.add_argument("--json", action="store_true", help="JSON lines, one run each")
-    parser.add_argument(
-        "--storage-option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="fsspec option for URL roots, e.g. endpoint_url=http://...",
-    )
+    add_storage_option_argument(parser, "URL roots")
     parser.set_defaults(run=run)
 
 
@@ -107,9 +99,6 @@ def run(args: argparse.Namespace) -> int:
         raise BundleError(str(error)) from error
     if args.limit is not None and args.limit < 0:
         raise BundleError("--limit must be 0 or more")
-
-    def warn(message: str) -> None:
-        print(f"trace-reducer: warning: {message}", file=sys.stderr, flush=True)
 
     listing = list_runs(args.root, storage_options=options, warn=warn)
     runs = sort_runs([r for r in listing.runs if chosen.matches(r)], sort_key)
