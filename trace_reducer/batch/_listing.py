@@ -255,29 +255,12 @@ def _index_path(store: Store, root: str) -> Path:
     return cache / "rollout-trace" / f"list-{digest}.json"
 
 
-class _Texts:
-    """The search texts of an index, parsed on first use: most listings search no text."""
-
-    def __init__(self, data: str = "") -> None:
-        self._data = data
-        self._texts: dict[str, str] | None = None if data else {}
-
-    def all(self) -> dict[str, str]:
-        if self._texts is None:
-            try:
-                texts = json.loads(self._data)
-            except ValueError:
-                texts = {}
-            self._texts = (
-                {k: v for k, v in texts.items() if type(v) is str}
-                if isinstance(texts, dict)
-                else {}
-            )
-            self._data = ""
-        return self._texts
-
-    def get(self, location: str) -> str:
-        return self.all().get(location, "")
+def _text_of(raw: str) -> str:
+    try:
+        text = json.loads(raw)
+    except ValueError:
+        return ""
+    return text if type(text) is str else ""
 
 
 @dataclass
@@ -285,14 +268,14 @@ class RunIndex:
     """The summaries of a root's bundles, each with the file times it was made from.
 
     One file of lines: `{"version", "entries": [[bundle, times, status, integrity, started],
-    ...]}`; then each entry's run as the JSON line `list --json` prints (without `live`), as
-    it is, so that a listing reads them without decoding them; then `{bundle: search text}`,
-    the bulk of the file, parsed only when a search or a page asks for a text."""
+    ...]}`; then each entry's run as the JSON line `list --json` prints (without `live`); then
+    each entry's search text as a JSON string, the bulk of the file. The lines are kept as they
+    are: a listing decodes a run's line only when a filter or the table asks for a field, a
+    text only when a search or a page does, and an index saved again writes them back as read."""
 
     path: Path
-    # bundle: [times, [json line, status, integrity, started]]
+    # bundle: [times, [json line, status, integrity, started], search text as JSON]
     entries: dict[str, list[Any]] = field(default_factory=dict)
-    texts: _Texts = field(default_factory=_Texts)
     changed: bool = False
 
     @classmethod
@@ -309,36 +292,37 @@ class RunIndex:
         if not isinstance(top, dict) or top.get("version") != _INDEX_VERSION:
             return cls(path)
         heads = top.get("entries")
-        if not isinstance(heads, list) or len(lines) < len(heads) + 2:
+        if not isinstance(heads, list) or len(lines) < 2 * len(heads) + 1:
             return cls(path)
+        count = len(heads)
         entries: dict[str, list[Any]] = {}
-        for head, line in zip(heads, lines[1:], strict=False):
+        runs, texts = lines[1 : count + 1], lines[count + 1 : 2 * count + 1]
+        for head, line, text in zip(heads, runs, texts, strict=True):
             if type(head) is list and len(head) == 5 and type(head[0]) is str:
                 location, times, status, integrity, started = head
-                entries[location] = [times, [line, status, integrity, started]]
-        return cls(path, entries, _Texts(lines[len(heads) + 1]))
+                entries[location] = [times, [line, status, integrity, started], text]
+        return cls(path, entries)
 
-    def get(self, location: str, key: list[float | None]) -> list[str] | None:
-        """What is kept for the bundle if it was made from files with these times."""
+    def get(self, location: str, key: list[float | None]) -> tuple[list[str], str] | None:
+        """What is kept for the bundle (its fields, its text as JSON) if it was made from
+        files with these times."""
         kept = self.entries.get(location)
         if kept is None or kept[0] != key:
             return None
         fields: list[str] = kept[1]
         line, status, integrity, started = fields
-        if type(status) is str and type(integrity) is str and type(started) is str:
-            return fields if line.startswith("{") and line.endswith("}") else None
+        shaped = type(status) is str and type(integrity) is str and type(started) is str
+        if shaped and line.startswith("{") and line.endswith("}"):
+            return fields, kept[2]
         return None
 
     def keep(self, location: str, key: list[float | None], run: Run) -> None:
-        self.entries[location] = [key, run.kept()]
-        self.texts.all()[location] = run.text
+        self.entries[location] = [key, run.kept(), _JSON.encode(run.text)]
         self.changed = True
 
     def forget(self, locations: Iterable[str]) -> None:
-        texts = self.texts.all()
         for location in locations:
             del self.entries[location]
-            texts.pop(location, None)
             self.changed = True
 
     def save(self) -> None:
@@ -346,11 +330,11 @@ class RunIndex:
         if not self.changed:
             return
         temp = self.path.with_name(f".{self.path.name}.{uuid.uuid4().hex}.tmp")
-        texts = self.texts.all()
         heads = [
             [location, key, status, integrity, started]
-            for location, (key, (_, status, integrity, started)) in self.entries.items()
+            for location, (key, (_, status, integrity, started), _) in self.entries.items()
         ]
+        kept = self.entries.values()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -358,11 +342,8 @@ class RunIndex:
                 # JSON holds no raw newline: each line is one JSON text.
                 out.write(_JSON.encode({"version": _INDEX_VERSION, "entries": heads}))
                 out.write("\n")
-                for _, (line, *_) in self.entries.values():
-                    out.write(line)
-                    out.write("\n")
-                out.write(_JSON.encode({k: texts.get(k, "") for k in self.entries}))
-                out.write("\n")
+                out.writelines(f"{fields[0]}\n" for _, fields, _ in kept)
+                out.writelines(f"{text}\n" for _, _, text in kept)
             os.replace(temp, self.path)
         except OSError:
             temp.unlink(missing_ok=True)
@@ -441,8 +422,10 @@ def _list_runs(
         kept = index.get(entry.location, key)
         if kept is not None:
             cached += 1
-            text = functools.partial(index.texts.get, entry.location)
-            run = Run(kept, text, live=live and kept[2] in _MAYBE_LIVE)
+            fields, text = kept
+            run = Run(
+                fields, functools.partial(_text_of, text), live=live and fields[2] in _MAYBE_LIVE
+            )
         else:
             bundle = store.display(entry.location)
             try:
