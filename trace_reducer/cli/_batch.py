@@ -13,18 +13,40 @@ from ..batch._batch import (
     BundleResult,
     Engine,
     InlineEngine,
+    Outcome,
     PoolEngine,
     drive,
     plan,
 )
-from ..batch._report import Tally, progress_for, summary
+from ..batch._report import Tally, summary
 from ..batch._storage import Store, is_url, open_store, parse_storage_options
 from ..bundle._errors import BundleError
+from ._progress import Progress, progress_for
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+
+
+class _Listener:
+    """The batch driver's results as progress."""
+
+    def __init__(self, progress: Progress) -> None:
+        self._progress = progress
+
+    def started(self, total: int) -> None:
+        self._progress.started(total)
+
+    def advanced(self, results: list[BundleResult]) -> None:
+        bad = sum(r.outcome in (Outcome.CORRUPT, Outcome.FAILED) for r in results)
+        self._progress.advanced(len(results), bad)
+
+    def tick(self) -> None:
+        self._progress.tick()
+
+    def finished(self) -> None:
+        self._progress.finished()
 
 
 def add_parser(commands: Any) -> None:
@@ -170,7 +192,8 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     try:
         if engine is not None:
-            drive(engine, tasks, options, progress_for(sys.stderr), emit)
+            progress = _Listener(progress_for("reduce-all", eager=True))
+            drive(engine, tasks, options, progress, emit)
         if sink is not None:
             try:
                 table_rows = sink.commit()
