@@ -180,8 +180,13 @@ async def _run_gateway(settings: GatewaySettings) -> int:
     problem = trace_root_problem(settings.trace_root)
     if problem:
         log.warning("%s; sessions will answer 503 until it is fixed", problem)
+    from agent_server.config import ConfigError
+
     try:
         gateway = await Gateway.start(settings)
+    except ConfigError as error:  # --otlp-endpoint's settings, checked by the exporter
+        print(f"{PROG}: {error}", file=sys.stderr)
+        return EXIT_USAGE
     except OSError as error:
         print(f"{PROG}: {error}", file=sys.stderr)
         return EXIT_FAILED
