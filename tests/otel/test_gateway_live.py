@@ -98,6 +98,10 @@ async def test_calls_and_turns_go_out_live_under_the_callers_traceparent(tmp_pat
                     {"role": "user", "content": "Again."},
                 ],
                 extra_headers=session,
+                max_tokens=3,
+                temperature=0.5,
+                seed=7,
+                stop=["\n\n"],
             )
             sent = await _until(received, "turn")
             assert not any(span.name == "invoke_agent" for span in sent)
@@ -131,8 +135,13 @@ async def test_calls_and_turns_go_out_live_under_the_callers_traceparent(tmp_pat
     assert 0 <= streamed["gen_ai.response.time_to_first_chunk"] < _WAIT
     unstreamed = _attributes(next(s for s in sent if s.parent_span_id == other.span_id))
     assert unstreamed["gen_ai.response.model"] == _MODEL
-    assert unstreamed["gen_ai.response.finish_reasons"] == ["stop"]
+    # Cut at max_tokens: the engine's `length`, though the call completed.
+    assert unstreamed["gen_ai.response.finish_reasons"] == ["length"]
     assert "gen_ai.request.stream" not in unstreamed
+    assert unstreamed["gen_ai.request.max_tokens"] == 3
+    assert unstreamed["gen_ai.request.temperature"] == 0.5
+    assert unstreamed["gen_ai.request.seed"] == 7
+    assert unstreamed["gen_ai.request.stop_sequences"] == ["\n\n"]
     assert "gen_ai.response.time_to_first_chunk" not in unstreamed
     # No content without the opt-in.
     assert not any(key.startswith("gen_ai.input") for key in streamed)

@@ -53,7 +53,7 @@ class LineProgress:
         *,
         interval: float = INTERVAL_SECONDS,
         bad_word: str = "corrupt or failed",
-        eager: bool = True,
+        eager: bool = False,
     ) -> None:
         self._stream = stream
         self._label = label

@@ -678,14 +678,31 @@ def _request_attributes(envelope: Mapping[str, Any]) -> Attributes:
     attributes: Attributes = {}
     if envelope.get("stream") is True:
         attributes["gen_ai.request.stream"] = True
+    # The Responses API's names, then Chat Completions' (a gateway's Chat envelope).
     for key, name in (
         ("max_output_tokens", "gen_ai.request.max_tokens"),
+        ("max_completion_tokens", "gen_ai.request.max_tokens"),
+        ("max_tokens", "gen_ai.request.max_tokens"),
         ("temperature", "gen_ai.request.temperature"),
         ("top_p", "gen_ai.request.top_p"),
+        ("top_k", "gen_ai.request.top_k"),
+        ("frequency_penalty", "gen_ai.request.frequency_penalty"),
+        ("presence_penalty", "gen_ai.request.presence_penalty"),
+        ("seed", "gen_ai.request.seed"),
     ):
         value = envelope.get(key)
-        if isinstance(value, int | float) and not isinstance(value, bool):
+        if name in attributes or isinstance(value, bool):
+            continue
+        if isinstance(value, int | float):
             attributes[name] = value
+    choices = envelope.get("n")
+    if isinstance(choices, int) and not isinstance(choices, bool) and choices != 1:
+        attributes["gen_ai.request.choice.count"] = choices
+    stop = envelope.get("stop")
+    if isinstance(stop, str):
+        stop = [stop]
+    if isinstance(stop, list) and stop and all(isinstance(one, str) for one in stop):
+        attributes["gen_ai.request.stop_sequences"] = list(stop)
     return attributes
 
 
