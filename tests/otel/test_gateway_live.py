@@ -172,3 +172,27 @@ async def test_the_content_opt_in_comes_from_the_conventions_variable(
     attributes = _attributes(chat)
     assert '"Say hello."' in attributes["gen_ai.input.messages"]
     assert '"role":"assistant"' in attributes["gen_ai.output.messages"]
+
+
+def test_serve_and_gateway_take_the_same_otlp_flags() -> None:
+    import argparse
+
+    from agent_server import config
+    from agent_server.gateway import _settings
+
+    flags = [
+        "--otlp-endpoint", "http://127.0.0.1:4317", "--otlp-protocol", "grpc",
+        "--otlp-header", "k=v", "--otlp-include-content",
+    ]  # fmt: skip
+    serve = argparse.ArgumentParser()
+    config.add_serve_arguments(serve)
+    gateway = argparse.ArgumentParser()
+    _settings.add_arguments(gateway)
+    served = config.from_args(serve.parse_args(flags), {})
+    gated = _settings.from_args(gateway.parse_args([*flags, "--trace-root", "t"]), {}).agent
+    for settings in (served, gated):
+        assert settings.otlp_endpoint == "http://127.0.0.1:4317"
+        assert settings.otlp_headers == ("k=v",)
+        assert settings.otlp_include_content is True
+    # Without the flag, the conventions' variable decides (None here).
+    assert config.from_args(serve.parse_args([]), {}).otlp_include_content is None
