@@ -124,7 +124,6 @@ class Gateway:
 
     async def _start(self) -> None:
         agent = self.settings.agent
-        self._live_export = telemetry.start_live_export(agent)
         base_url = agent.provider_url
         if base_url is None:
             self._local_model = await LocalModel.start(agent.local_word_delay, full_protocol=True)
@@ -155,6 +154,8 @@ class Gateway:
         host, port = split_listen(self.settings.listen)
         self._site = web.TCPSite(self._runner, host, port, ssl_context=self._ssl_context())
         try:
+            # Before the first request can come; stopped with the rest if the start fails.
+            self._live_export = telemetry.start_live_export(agent)
             await self._site.start()
         except BaseException:
             await self._close_parts()
