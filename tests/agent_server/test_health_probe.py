@@ -9,7 +9,8 @@ from pathlib import Path
 
 import grpc
 import pytest
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
 
 from agent_server._health import SERVING_STATUS, serving_status
 
@@ -18,7 +19,7 @@ Status = health_pb2.HealthCheckResponse.ServingStatus
 
 
 def test_the_status_table_is_the_protos() -> None:
-    assert SERVING_STATUS == tuple(Status.Name(value) for value in sorted(Status.values()))
+    assert tuple(Status.Name(value) for value in sorted(Status.values())) == SERVING_STATUS
 
 
 @pytest.mark.parametrize("value", sorted(Status.values()))
@@ -49,7 +50,7 @@ async def _probe(address: str) -> tuple[int, str, str]:
 
 
 async def test_the_probe_reports_what_a_real_health_service_says() -> None:
-    service = health.aio.HealthServicer()
+    service = HealthServicer()
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     health_pb2_grpc.add_HealthServicer_to_server(service, server)
     port = server.add_insecure_port("127.0.0.1:0")
