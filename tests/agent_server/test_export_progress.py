@@ -8,6 +8,7 @@ import asyncio
 import fcntl
 import os
 import pty
+import socket
 import struct
 import subprocess
 import sys
@@ -140,10 +141,13 @@ def bundles_under(root: Path) -> list[str]:
 async def test_export_otlp_shows_its_reduction_on_a_terminal(root: Path) -> None:
     pytest.importorskip("opentelemetry.sdk", reason="export-otlp needs the otel extra")
     bundles = bundles_under(root)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{probe.getsockname()[1]}"
     # A closed port: the bar comes before the first send, which then fails in one line.
     code, out, terminal = await asyncio.to_thread(
         run_on_terminal,
-        "export-otlp", *bundles, "--endpoint", "http://127.0.0.1:9", "--timeout", "1",
+        "export-otlp", *bundles, "--endpoint", closed, "--timeout", "1",
     )  # fmt: skip
     assert code == 1, terminal
     assert "export-otlp: reducing" in terminal
@@ -153,7 +157,7 @@ async def test_export_otlp_shows_its_reduction_on_a_terminal(root: Path) -> None
     assert out == ""
     code, _, terminal = await asyncio.to_thread(
         run_on_terminal,
-        "export-otlp", *bundles, "--endpoint", "http://127.0.0.1:9", "--timeout", "1", "--quiet",
+        "export-otlp", *bundles, "--endpoint", closed, "--timeout", "1", "--quiet",
     )  # fmt: skip
     assert code == 1
     assert "reducing" not in terminal
