@@ -77,6 +77,8 @@ def run_on_terminal(*args: str) -> tuple[int, str, str]:
     return code, out.decode(), seen.decode(errors="replace")
 
 
+# Three exports, two of them starting worker processes: a hang guard for a busy machine.
+@pytest.mark.timeout(240)
 async def test_jobs_write_the_same_samples_as_one_process(root: Path, tmp_path: Path) -> None:
     outputs = {}
     for jobs in ("1", "2", "3"):
@@ -110,6 +112,7 @@ async def test_bad_jobs_is_usage(root: Path, tmp_path: Path) -> None:
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.timeout(180)
 @pytest.mark.parametrize("jobs", ["1", "2"])
 async def test_export_rl_shows_a_bar_on_a_terminal(root: Path, tmp_path: Path, jobs: str) -> None:
     code, out, terminal = await asyncio.to_thread(
