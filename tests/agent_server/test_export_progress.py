@@ -90,7 +90,7 @@ async def test_jobs_write_the_same_samples_as_one_process(root: Path, tmp_path: 
         )  # fmt: skip
         out, err = await process.communicate()
         assert process.returncode == 0, err.decode()
-        # Into a pipe and short: stderr says nothing, stdout is the one summary line.
+        # Into a pipe: no progress on stderr, stdout the one summary line.
         assert err.decode() == ""
         assert out.decode().startswith("wrote 7 samples (5 with exact tokens"), out
         outputs[jobs] = (out_dir / "samples.jsonl").read_bytes()

@@ -1,5 +1,5 @@
-"""The long commands' progress into a pipe: lines only for runs that outlast the interval
-(reduce-all's eager lines at the start and the end too), nothing with --quiet."""
+"""The long commands' progress away from a terminal: reduce-all's lines (at the start, every
+few seconds, at the end), the exports' silence, nothing with --quiet."""
 
 from __future__ import annotations
 
@@ -8,19 +8,10 @@ import io
 from trace_reducer.cli._progress import LineProgress, NoProgress, progress_for
 
 
-def test_a_short_run_into_a_pipe_prints_nothing() -> None:
-    stream = io.StringIO()
-    progress = LineProgress(stream, "export-rl", interval=3600)
-    progress.started(3)
-    progress.advanced(3)
-    progress.finished()
-    assert stream.getvalue() == ""
-
-
-def test_a_long_run_prints_as_it_goes_and_closes_with_a_last_line() -> None:
+def test_lines_open_advance_and_close_a_run() -> None:
     stream = io.StringIO()
     # Every advance outlasts an interval of 0: each prints, as each 5 s would.
-    progress = LineProgress(stream, "export-rl", interval=0)
+    progress = LineProgress(stream, "reduce-all", interval=0)
     progress.started(4)
     progress.advanced(1)
     progress.advanced(3, bad=1)
@@ -28,24 +19,29 @@ def test_a_long_run_prints_as_it_goes_and_closes_with_a_last_line() -> None:
     progress.finished()  # idempotent: an error path and the normal end both call it
     lines = stream.getvalue().splitlines()
     assert [line.split(" bundles")[0] for line in lines] == [
-        "export-rl: 1/4",
-        "export-rl: 4/4",
-        "export-rl: 4/4",
+        "reduce-all: 0/4",
+        "reduce-all: 1/4",
+        "reduce-all: 4/4",
+        "reduce-all: 4/4",
     ]
     assert lines[-1].endswith("1 corrupt or failed")
 
 
-def test_eager_lines_open_and_close_every_run() -> None:
+def test_between_intervals_only_the_start_and_the_end_print() -> None:
     stream = io.StringIO()
-    progress = LineProgress(stream, "reduce-all", interval=3600, eager=True)
+    progress = LineProgress(stream, "reduce-all", interval=3600)
     progress.started(2)
     progress.advanced(2)
     progress.finished()
     lines = stream.getvalue().splitlines()
+    assert len(lines) == 2
     assert lines[0].startswith("reduce-all: 0/2 bundles (0%)")
     assert lines[1].startswith("reduce-all: 2/2 bundles (100%)")
 
 
-def test_quiet_and_pipes_choose_their_display() -> None:
-    assert isinstance(progress_for("x", quiet=True, stream=io.StringIO()), NoProgress)
-    assert isinstance(progress_for("x", stream=io.StringIO()), LineProgress)
+def test_each_command_and_stream_gets_its_display() -> None:
+    pipe = io.StringIO()
+    assert isinstance(progress_for("reduce-all", lines_into_pipes=True, stream=pipe), LineProgress)
+    # The exports into a pipe: what a script reads is only what the command has to say.
+    assert isinstance(progress_for("export-rl", stream=pipe), NoProgress)
+    assert isinstance(progress_for("x", quiet=True, lines_into_pipes=True, stream=pipe), NoProgress)

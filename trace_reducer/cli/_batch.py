@@ -192,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     try:
         if engine is not None:
-            progress = _Listener(progress_for("reduce-all", eager=True))
+            progress = _Listener(progress_for("reduce-all", lines_into_pipes=True))
             drive(engine, tasks, options, progress, emit)
         if sink is not None:
             try:

@@ -23,7 +23,7 @@ class Progress(Protocol):
 
 
 class NoProgress:
-    """For `--quiet`, and for short runs into a pipe."""
+    """For `--quiet`, and for the exports into a pipe."""
 
     def started(self, total: int) -> None:
         pass
@@ -39,12 +39,8 @@ class NoProgress:
 
 
 class LineProgress:
-    """A line every few seconds, for logs and pipes (no terminal to redraw a bar on).
-
-    `eager` prints a line at the start and at the end whatever the run's length (reduce-all,
-    whose log is the run's record); otherwise only a run that outlasts the interval prints,
-    so a short command's stderr holds only what it has to say.
-    """
+    """A line at the start, every few seconds and at the end, for reduce-all's logs and pipes
+    (no terminal to redraw a bar on)."""
 
     def __init__(
         self,
@@ -53,14 +49,11 @@ class LineProgress:
         *,
         interval: float = INTERVAL_SECONDS,
         bad_word: str = "corrupt or failed",
-        eager: bool = False,
     ) -> None:
         self._stream = stream
         self._label = label
         self._interval = interval
         self._bad_word = bad_word
-        self._eager = eager
-        self._printed = False
         self._finished = False
         self._total = 0
         self._done = 0
@@ -71,8 +64,7 @@ class LineProgress:
     def started(self, total: int) -> None:
         self._total = total
         self._started = self._last = time.monotonic()
-        if self._eager:
-            self._line()
+        self._line()
 
     def advanced(self, count: int = 1, bad: int = 0) -> None:
         self._done += count
@@ -89,11 +81,9 @@ class LineProgress:
         if self._finished:
             return
         self._finished = True
-        if self._eager or self._printed:
-            self._line()
+        self._line()
 
     def _line(self) -> None:
-        self._printed = True
         elapsed = time.monotonic() - self._started
         rate = self._done / elapsed if elapsed > 0 else 0.0
         share = self._done / self._total if self._total else 1.0
@@ -172,18 +162,21 @@ def progress_for(
     label: str,
     *,
     quiet: bool = False,
-    eager: bool = False,
+    lines_into_pipes: bool = False,
     bad_word: str = "corrupt or failed",
     stream: TextIO | None = None,
 ) -> Progress:
-    """The progress display for a command: a bar on a terminal, lines into a pipe (every few
-    seconds; `eager` adds one at the start and the end), nothing with `quiet`."""
+    """The progress display for a command: a bar on a terminal; into a pipe, lines when
+    `lines_into_pipes` (reduce-all's log), else nothing (what a script reads stays what the
+    command has to say); nothing with `quiet`."""
     out = sys.stderr if stream is None else stream
     if quiet:
         return NoProgress()
     if out.isatty():
         return BarProgress(out, label, bad_word=bad_word)
-    return LineProgress(out, label, bad_word=bad_word, eager=eager)
+    if lines_into_pipes:
+        return LineProgress(out, label, bad_word=bad_word)
+    return NoProgress()
 
 
 __all__ = ["BarProgress", "LineProgress", "NoProgress", "Progress", "progress_for"]

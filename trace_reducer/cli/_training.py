@@ -166,7 +166,7 @@ def add_parsers(commands: Any) -> None:
     export.add_argument(
         "--quiet",
         action="store_true",
-        help="no progress on stderr (shown as a bar on a terminal, every 5 s into a pipe)",
+        help="no progress bar on stderr (shown on a terminal only)",
     )
     export.set_defaults(run=_export)
 
