@@ -4,17 +4,27 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
+import importlib.util
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import logging
+
     from agent_server.config import Settings
     from agent_server.gateway._settings import GatewaySettings
 
 PROG = "agent-server"
-log = logging.getLogger("agent_server")
+
+
+def _log() -> logging.Logger:
+    # logging costs a tenth of `--help`'s start-up; only the servers log.
+    import logging
+
+    return logging.getLogger("agent_server")
+
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -50,8 +60,8 @@ _COMMANDS = {
 
 
 class _Version(argparse.Action):
-    """`--version`, read from the installed package's metadata: importing trace_reducer for
-    its __version__ would load the whole reducer."""
+    """`--version`, read from the version's one source file without importing trace_reducer
+    (which would load the whole reducer) or the installed metadata (a scan of site-packages)."""
 
     def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
         super().__init__(
@@ -59,14 +69,24 @@ class _Version(argparse.Action):
         )
 
     def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
-        from importlib import metadata
-
-        try:
-            version = metadata.version("rollout-trace")
-        except metadata.PackageNotFoundError:  # a source tree that was never installed
-            from trace_reducer.bundle._version import __version__ as version
-        print(f"{PROG} {version}")  # on stdout, as argparse's own version action does
+        print(f"{PROG} {_package_version()}")  # on stdout, as argparse's own version action does
         parser.exit()
+
+
+def _package_version() -> str:
+    # find_spec locates a top-level package without running its __init__.
+    spec = importlib.util.find_spec("trace_reducer")
+    locations = spec.submodule_search_locations if spec is not None else None
+    if locations:
+        path = Path(next(iter(locations)), "bundle", "_version.py")
+        source = importlib.util.spec_from_file_location("_rollout_trace_version", path)
+        if source is not None and source.loader is not None:
+            module = importlib.util.module_from_spec(source)
+            source.loader.exec_module(module)
+            return str(module.__version__)
+    from trace_reducer.bundle._version import __version__
+
+    return __version__
 
 
 def _parser(command: str | None) -> argparse.ArgumentParser:
@@ -139,12 +159,12 @@ async def _serve(settings: Settings) -> int:
         return EXIT_FAILED
     stop = asyncio.Event()
     install_signal_handlers(stop.set)
-    log.info("listening on %s", server.address)
+    _log().info("listening on %s", server.address)
     print(f"listening on {server.address}", flush=True)
     await stop.wait()
-    log.info("shutting down")
+    _log().info("shutting down")
     await server.stop()
-    log.info("stopped")
+    _log().info("stopped")
     return EXIT_OK
 
 
@@ -179,20 +199,25 @@ async def _run_gateway(settings: GatewaySettings) -> int:
 
     problem = trace_root_problem(settings.trace_root)
     if problem:
-        log.warning("%s; sessions will answer 503 until it is fixed", problem)
+        _log().warning("%s; sessions will answer 503 until it is fixed", problem)
+    from agent_server.config import ConfigError
+
     try:
         gateway = await Gateway.start(settings)
+    except ConfigError as error:  # --otlp-endpoint's settings, checked by the exporter
+        print(f"{PROG}: {error}", file=sys.stderr)
+        return EXIT_USAGE
     except OSError as error:
         print(f"{PROG}: {error}", file=sys.stderr)
         return EXIT_FAILED
     stop = asyncio.Event()
     install_signal_handlers(stop.set)
-    log.info("gateway at %s, upstream %s", gateway.url, gateway.upstream_url)
+    _log().info("gateway at %s, upstream %s", gateway.url, gateway.upstream_url)
     print(f"listening on {gateway.url}", flush=True)
     await stop.wait()
-    log.info("shutting down")
+    _log().info("shutting down")
     await gateway.stop()
-    log.info("stopped")
+    _log().info("stopped")
     return EXIT_OK
 
 

@@ -179,6 +179,8 @@ class Settings:
     otlp_endpoint: str | None = None
     otlp_protocol: str | None = None
     otlp_headers: tuple[str, ...] = field(default=(), repr=False)
+    # None: OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT decides, as for export-otlp.
+    otlp_include_content: bool | None = None
     log_level: str = "info"
     log_format: str = "text"
     # A bundle, or a directory of bundles, whose recorded provider streams answer every
@@ -300,23 +302,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="HOST:PORT",
         help="serve Prometheus metrics at http://HOST:PORT/metrics (env ROLLOUT_METRICS_LISTEN)",
     )
-    parser.add_argument(
-        "--otlp-endpoint",
-        metavar="URL",
-        help="send each turn's OpenTelemetry spans to this OTLP receiver as the turn ends, in "
-        "the background (the spans of `trace-reducer export-otlp`; needs the otel extra)",
-    )
-    parser.add_argument(
-        "--otlp-protocol",
-        choices=("grpc", "http/protobuf"),
-        help="default OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL, else grpc",
-    )
-    parser.add_argument(
-        "--otlp-header",
-        action="append",
-        metavar="KEY=VALUE",
-        help="a header on every export (repeatable; default OTEL_EXPORTER_OTLP_[TRACES_]HEADERS)",
-    )
+    add_otlp_arguments(parser)
     parser.add_argument(
         "--log-level", choices=logs.LEVELS, help="default info (env ROLLOUT_LOG_LEVEL)"
     )
@@ -437,6 +423,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_otlp_arguments(parser: argparse.ArgumentParser) -> None:
+    """The live OTLP export's flags, declared once for `serve` and `gateway`."""
+    parser.add_argument(
+        "--otlp-endpoint",
+        metavar="URL",
+        help="send each turn's OpenTelemetry spans to this OTLP receiver as the turn ends, in "
+        "the background (the spans of `trace-reducer export-otlp`; needs the otel extra)",
+    )
+    parser.add_argument(
+        "--otlp-protocol",
+        choices=("grpc", "http/protobuf"),
+        help="default OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL, else grpc",
+    )
+    parser.add_argument(
+        "--otlp-header",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a header on every export (repeatable; default OTEL_EXPORTER_OTLP_[TRACES_]HEADERS)",
+    )
+    parser.add_argument(
+        "--otlp-include-content",
+        action="store_true",
+        default=None,
+        help="add messages, instructions and tool arguments to the spans (default "
+        "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT, else off)",
+    )
+
+
 def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Settings:
     """Build Settings: each from its flag, else its environment variable, else the --config
     file, else the default."""
@@ -511,6 +525,7 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
         otlp_endpoint=pick("otlp_endpoint"),
         otlp_protocol=pick("otlp_protocol"),
         otlp_headers=tuple(pick("otlp_header") or ()),
+        otlp_include_content=pick("otlp_include_content"),
         log_level=pick("log_level", "ROLLOUT_LOG_LEVEL") or "info",
         log_format=pick("log_format", "ROLLOUT_LOG_FORMAT") or "text",
         replay_from=Path(replay_from) if replay_from else None,

@@ -1,44 +1,35 @@
-"""A minimal asyncio HTTP/1.1 server on loopback that streams Server-Sent Events."""
+"""The loopback HTTP server of the built-in models and test providers, on aiohttp's server:
+a handler writes each response whole or as a stream of Server-Sent Events, and can stall,
+break or drop it the way a misbehaving provider would."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 log = logging.getLogger(__name__)
+# aiohttp logs a malformed request with its traceback after answering it 400; on a loopback
+# port of the agent's own, that is noise in the server's log, never a fault of the server.
+_SERVER_LOG = logging.getLogger(f"{__name__}.server")
+_SERVER_LOG.setLevel(logging.CRITICAL)
 
-MAX_HEADER_BYTES = 64 * 1024
 MAX_BODY_BYTES = 64 * 1024 * 1024
-_REASONS = {
-    200: "OK",
-    400: "Bad Request",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    411: "Length Required",
-    413: "Content Too Large",
-    429: "Too Many Requests",
-    500: "Internal Server Error",
-    502: "Bad Gateway",
-    503: "Service Unavailable",
-}
-
-
-class HttpProtocolError(Exception):
-    """The client sent something this server does not speak."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
+# A stop ends open streams almost at once (a test provider's stalled stream would hold it;
+# aiohttp reads 0 as no limit).
+_STOP_GRACE = 0.05
 
 
 @dataclass(frozen=True)
 class HttpRequest:
     method: str
+    # The path with its query string, as the request line had it.
     path: str
     # Header names are lower-cased.
     headers: Mapping[str, str]
@@ -49,18 +40,12 @@ class HttpRequest:
 
 
 class HttpResponse:
-    """Writes one response: whole (send) or streamed in chunks (start, write/event, finish)."""
+    """Writes one response: whole (send) or streamed in chunks (start, write/event, finish);
+    `reset` drops the connection mid-way, as a broken provider does."""
 
-    def __init__(
-        self,
-        writer: asyncio.StreamWriter,
-        *,
-        keep_alive: bool = False,
-        reader: asyncio.StreamReader | None = None,
-    ) -> None:
-        self._writer = writer
-        self._reader = reader
-        self.keep_alive = keep_alive
+    def __init__(self, request: web.Request) -> None:
+        self._request = request
+        self._response: web.StreamResponse | None = None
         self.started = False
         self.finished = False
 
@@ -72,11 +57,17 @@ class HttpResponse:
         content_type: str = "application/json",
         headers: Mapping[str, str] | None = None,
     ) -> None:
-        all_headers = {"Content-Type": content_type, "Content-Length": str(len(body))}
-        all_headers.update(headers or {})
-        self._writer.write(self._head(status, all_headers) + body)
-        self.started = self.finished = True
-        await self._writer.drain()
+        from aiohttp import web
+
+        response = web.StreamResponse(status=status, headers=headers)
+        response.content_type = content_type
+        response.content_length = len(body)
+        self._response = response
+        self.started = True
+        await response.prepare(self._request)
+        await response.write(body)
+        await response.write_eof()
+        self.finished = True
 
     async def start(
         self,
@@ -85,21 +76,21 @@ class HttpResponse:
         content_type: str = "text/event-stream",
         headers: Mapping[str, str] | None = None,
     ) -> None:
-        all_headers = {
-            "Content-Type": content_type,
-            "Transfer-Encoding": "chunked",
-            "Cache-Control": "no-store",
-        }
-        all_headers.update(headers or {})
-        self._writer.write(self._head(status, all_headers))
+        from aiohttp import web
+
+        response = web.StreamResponse(status=status, headers=headers)
+        response.content_type = content_type
+        response.headers.setdefault("Cache-Control", "no-store")
+        response.enable_chunked_encoding()
+        self._response = response
         self.started = True
-        await self._writer.drain()
+        await response.prepare(self._request)
 
     async def write(self, data: bytes) -> None:
         if not data:
             return
-        self._writer.write(b"%x\r\n%s\r\n" % (len(data), data))
-        await self._writer.drain()
+        assert self._response is not None, "start() first"
+        await self._response.write(data)
 
     async def event(self, data: Mapping[str, Any] | str, *, event: str | None = None) -> None:
         """Send one SSE event; a mapping is sent as compact JSON."""
@@ -109,35 +100,37 @@ class HttpResponse:
         await self.write(("\n".join(lines) + "\n\n").encode())
 
     async def finish(self) -> None:
-        if self.started and not self.finished:
+        if self.started and not self.finished and self._response is not None:
             self.finished = True
-            self._writer.write(b"0\r\n\r\n")
-            await self._writer.drain()
+            await self._response.write_eof()
 
     async def wait_disconnected(self) -> None:
         """Return once the client has closed the connection (a stream held open until then).
 
-        Whatever it sends meanwhile is dropped: no client sends a request before the
-        response it waits for."""
-        if self._reader is None:
-            await self._writer.wait_closed()
-            return
-        with contextlib.suppress(ConnectionError):
-            while await self._reader.read(65536):
-                pass
+        aiohttp cancels the handler of a connection that closes: the wait ends there, and the
+        cancellation with it (what follows is the handler's own cleanup)."""
+        try:
+            await asyncio.get_running_loop().create_future()
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
 
     def reset(self) -> None:
         """Drop the connection without finishing the response (a broken stream)."""
         self.finished = True
-        self.keep_alive = False
-        self._writer.transport.abort()
+        transport = self._request.transport
+        if transport is not None:
+            transport.abort()
 
-    def _head(self, status: int, headers: Mapping[str, str]) -> bytes:
-        lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}"]
-        lines.extend(f"{name}: {value}" for name, value in headers.items())
-        if not self.keep_alive:
-            lines.append("Connection: close")
-        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    def result(self) -> web.StreamResponse:
+        """What the aiohttp handler returns once the handler above is done."""
+        from aiohttp import web
+
+        if self._response is None:
+            # Dropped before a byte was sent: there is no response to give.
+            return web.Response(status=500, text="no response")
+        return self._response
 
 
 Handler = Callable[[HttpRequest, HttpResponse], Awaitable[None]]
@@ -188,14 +181,14 @@ async def json_post(
 
 
 class LoopbackHttpServer:
-    """HTTP/1.1 with keep-alive; the handler writes each response. Requests are kept in
-    `requests` only with keep_requests (a long-running server would keep every conversation)."""
+    """aiohttp's HTTP/1.1 server (keep-alive, bodies up to 64 MiB) with one handler for every
+    method and path. Requests are kept in `requests` only with keep_requests (a long-running
+    server would keep every conversation)."""
 
     def __init__(self, handler: Handler, *, keep_requests: bool = False) -> None:
         self._handler = handler
         self._keep_requests = keep_requests
-        self._server: asyncio.Server | None = None
-        self._connections: set[asyncio.Task[None]] = set()
+        self._runner: web.AppRunner | None = None
         self.requests: list[HttpRequest] = []
         self.host = "127.0.0.1"
         self.port = 0
@@ -209,9 +202,30 @@ class LoopbackHttpServer:
         *,
         keep_requests: bool = False,
     ) -> LoopbackHttpServer:
+        # Imported here: a server that talks to a real provider starts none of this.
+        from aiohttp import web
+
         server = cls(handler, keep_requests=keep_requests)
-        server._server = await asyncio.start_server(server._on_connection, host, port, backlog=1024)
-        server.host, server.port = server._server.sockets[0].getsockname()[:2]
+        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        app.router.add_route("*", "/{tail:.*}", server._serve)
+        # A client that goes away cancels its handler, as a provider stops generating.
+        runner = web.AppRunner(
+            app,
+            handler_cancellation=True,
+            access_log=None,
+            logger=_SERVER_LOG,
+            shutdown_timeout=_STOP_GRACE,
+        )
+        await runner.setup()
+        site = web.TCPSite(runner, host, port, backlog=1024)
+        try:
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        server._runner = runner
+        address = runner.addresses[0]
+        server.host, server.port = address[0], address[1]
         return server
 
     @property
@@ -220,87 +234,42 @@ class LoopbackHttpServer:
 
     async def stop(self) -> None:
         """Stop listening and end every open connection, streaming ones included."""
-        if self._server is not None:
-            self._server.close()
-        for task in list(self._connections):
-            task.cancel()
-        for task in list(self._connections):
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        if self._server is not None:
-            await self._server.wait_closed()
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
 
-    async def _on_connection(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        """Serve requests on one connection, one after the other, while both sides keep it."""
-        task = asyncio.current_task()
-        assert task is not None
-        self._connections.add(task)
+    async def _serve(self, raw: web.Request) -> web.StreamResponse:
+        request = HttpRequest(
+            method=raw.method,
+            path=raw.path_qs,
+            headers={name.lower(): value for name, value in raw.headers.items()},
+            body=await raw.read(),
+        )
+        if self._keep_requests:
+            self.requests.append(request)
+        response = HttpResponse(raw)
         try:
-            while await self._serve_one(reader, writer):
-                pass
-        except asyncio.CancelledError:
-            # stop() ends open streams this way; asyncio's stream callback would log a
-            # cancelled connection task as an error.
-            pass
-        finally:
-            self._connections.discard(task)
-            writer.close()
-            with contextlib.suppress(ConnectionError, asyncio.CancelledError):
-                await writer.wait_closed()
-
-    async def _serve_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-        """One request and its response; True when the connection may carry another."""
-        response = HttpResponse(writer, reader=reader)
-        try:
-            request = await _read_request(reader)
-            response.keep_alive = request.headers.get("connection", "").lower() != "close"
-            if self._keep_requests:
-                self.requests.append(request)
             await self._handler(request, response)
             await response.finish()
-            return response.keep_alive and response.finished
-        except HttpProtocolError as exc:
-            if not response.started:
-                response.keep_alive = False
-                await response.send(exc.status, str(exc).encode(), content_type="text/plain")
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
+        except (ConnectionError, asyncio.CancelledError):
+            response.reset()
+            raise
         except Exception:
             log.exception("loopback HTTP handler failed")
             if not response.started:
-                response.keep_alive = False
-                with contextlib.suppress(ConnectionError):
-                    await response.send(500, b"internal error", content_type="text/plain")
-        return False
+                from aiohttp import web
+
+                return web.Response(status=500, text="internal error")
+            response.reset()
+        return response.result()
 
 
-async def _read_request(reader: asyncio.StreamReader) -> HttpRequest:
-    try:
-        head = await reader.readuntil(b"\r\n\r\n")
-    except asyncio.LimitOverrunError as exc:
-        raise HttpProtocolError(400, "request head too large") from exc
-    if len(head) > MAX_HEADER_BYTES:
-        raise HttpProtocolError(400, "request head too large")
-    request_line, *header_lines = head[:-4].decode("latin-1").split("\r\n")
-    parts = request_line.split(" ")
-    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-        raise HttpProtocolError(400, "malformed request line")
-    method, path, _ = parts
-    headers: dict[str, str] = {}
-    for line in header_lines:
-        name, sep, value = line.partition(":")
-        if not sep:
-            raise HttpProtocolError(400, "malformed header line")
-        headers[name.strip().lower()] = value.strip()
-    if "chunked" in headers.get("transfer-encoding", "").lower():
-        raise HttpProtocolError(411, "chunked request bodies are not supported")
-    length_text = headers.get("content-length", "0")
-    if not length_text.isdigit():
-        raise HttpProtocolError(400, "bad Content-Length")
-    length = int(length_text)
-    if length > MAX_BODY_BYTES:
-        raise HttpProtocolError(413, "request body too large")
-    body = await reader.readexactly(length) if length else b""
-    return HttpRequest(method=method, path=path, headers=headers, body=body)
+__all__ = [
+    "Handler",
+    "HttpRequest",
+    "HttpResponse",
+    "LoopbackHttpServer",
+    "json_post",
+    "posted_route",
+    "send_error",
+]

@@ -87,7 +87,7 @@ class AgentServer:
                 )
         for warning in settings.warnings():
             log.warning("%s", warning)
-        live = _live_export(settings)
+        live = telemetry.start_live_export(settings)
         metrics = (
             MetricsServer.start(settings.metrics_listen, telemetry.REGISTRY)
             if settings.metrics_listen
@@ -148,9 +148,7 @@ class AgentServer:
                 await local_model.stop()
             if metrics is not None:
                 metrics.stop()
-            if live is not None:
-                telemetry.install_live_export(None)
-                await asyncio.to_thread(live.shutdown, _STOP_GRACE)
+            await telemetry.stop_live_export(live, _STOP_GRACE)
             raise
         server = cls(settings, agent, provider, grpc_server, local_model)
         server.metrics = metrics
@@ -196,41 +194,11 @@ class AgentServer:
                 await self._local_model.stop()
             if self.metrics is not None:
                 await asyncio.to_thread(self.metrics.stop)
-            if self.live_export is not None:
-                telemetry.install_live_export(None)
-                # What is queued goes out, within the grace a stop allows.
-                await asyncio.to_thread(self.live_export.shutdown, _STOP_GRACE)
+            # What is queued goes out, within the grace a stop allows.
+            await telemetry.stop_live_export(self.live_export, _STOP_GRACE)
 
     async def wait_for_termination(self) -> None:
         await self._grpc.wait_for_termination()
-
-
-def _live_export(settings: Settings) -> LiveExport | None:
-    """The live OTLP export --otlp-endpoint asks for, installed as telemetry's hook.
-
-    Raises ConfigError for an endpoint, protocol or header the exporter cannot use."""
-    if settings.otlp_endpoint is None:
-        return None
-    try:
-        from trace_reducer.bundle._errors import ExportConfigError
-        from trace_reducer.export._live import LiveExport
-    except ImportError as error:
-        raise ConfigError(
-            "--otlp-endpoint needs the otel extra: pip install 'rollout-trace[otel]'"
-        ) from error
-    try:
-        live = LiveExport.to_otlp(
-            settings.otlp_endpoint,
-            settings.otlp_protocol,
-            settings.otlp_headers,
-            on_drop=telemetry.otlp_spans_dropped,
-            on_export=telemetry.otlp_spans_exported,
-        )
-    except ExportConfigError as error:
-        raise ConfigError(f"--otlp-endpoint: {error}") from error
-    telemetry.install_live_export(live)
-    log.info("exporting each turn's spans to %s", settings.otlp_endpoint)
-    return live
 
 
 async def _start_replay(settings: Settings) -> ReplayModel:

@@ -6,6 +6,7 @@ metrics live in one registry per process (`REGISTRY`), served by grpc_common.Met
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import platform
 import time
@@ -23,6 +24,7 @@ from prometheus_client import (
     disable_created_metrics,
 )
 
+from agent_server.config import ConfigError, Settings
 from rollout.agent.v1 import agent_pb2
 from rollout.trace.v1 import common_pb2
 from trace_reducer.bundle._version import __version__
@@ -122,6 +124,43 @@ _live_export: LiveExport | None = None
 def install_live_export(live: LiveExport | None) -> None:
     global _live_export
     _live_export = live
+
+
+def start_live_export(settings: Settings) -> LiveExport | None:
+    """The live OTLP export --otlp-endpoint asks for (serve and gateway alike), installed as
+    the hook below. Raises ConfigError for an endpoint, protocol or header the exporter
+    cannot use, or without the otel extra."""
+    if settings.otlp_endpoint is None:
+        return None
+    try:
+        from trace_reducer.bundle._errors import ExportConfigError
+        from trace_reducer.export._live import LiveExport
+    except ImportError as error:
+        raise ConfigError(
+            "--otlp-endpoint needs the otel extra: pip install 'rollout-trace[otel]'"
+        ) from error
+    try:
+        live = LiveExport.to_otlp(
+            settings.otlp_endpoint,
+            settings.otlp_protocol,
+            settings.otlp_headers,
+            include_content=settings.otlp_include_content,
+            on_drop=otlp_spans_dropped,
+            on_export=otlp_spans_exported,
+        )
+    except ExportConfigError as error:
+        raise ConfigError(f"--otlp-endpoint: {error}") from error
+    install_live_export(live)
+    log.info("exporting each turn's spans to %s", settings.otlp_endpoint)
+    return live
+
+
+async def stop_live_export(live: LiveExport | None, grace: float) -> None:
+    """Uninstall the hook and send what is queued, waiting up to `grace` seconds."""
+    if live is None:
+        return
+    install_live_export(None)
+    await asyncio.to_thread(live.shutdown, grace)
 
 
 def bundle_advanced(bundle_path: str, *, ended: bool = False) -> None:

@@ -14,6 +14,9 @@ from bench._harness import AGENT_SERVER, agent_server_argv, spawn
 
 # The floor: the same interpreter starting and exiting, nothing imported.
 FLOOR = "python -c pass"
+# The probe's own floor: a gRPC call cannot be made without importing grpc (its C core and
+# the asyncio it loads), whatever the client does around it.
+GRPC_FLOOR = 'python -c "import grpc"'
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,7 @@ def measure(rounds: int = 9) -> dict[str, Timing]:
     with spawn(agent_server_argv(trace_root=None)) as server:
         commands: dict[str, list[str]] = {
             FLOOR: [sys.executable, "-c", "pass"],
+            GRPC_FLOOR: [sys.executable, "-c", "import grpc"],
             "agent-server --help": [AGENT_SERVER, "--help"],
             "agent-server --version": [AGENT_SERVER, "--version"],
             "agent-server health": [AGENT_SERVER, "health", "--address", server.address],

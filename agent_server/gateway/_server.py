@@ -14,11 +14,12 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from aiohttp import web
 
+from agent_server import telemetry
 from agent_server.gateway._dialects import (
     CHAT,
     RESPONSES,
@@ -61,6 +62,9 @@ log = logging.getLogger(__name__)
 SESSION_HEADER = "x-rollout-session"
 THREAD_HEADER = "x-rollout-thread-id"
 _ERROR_BODY_LIMIT = 1024 * 1024
+if TYPE_CHECKING:
+    from trace_reducer.export._live import LiveExport
+
 # Running calls get this long to finish when the gateway stops; then they are cancelled.
 _STOP_GRACE = 2.0
 COMPLETED = common_pb2.EXECUTION_STATUS_COMPLETED
@@ -108,6 +112,7 @@ class Gateway:
         self.host = ""
         self._stopping: asyncio.Task[None] | None = None
         self.observers: list[CallObserver] = []
+        self._live_export: LiveExport | None = None
 
     # -- life ----------------------------------------------------------------------------------
 
@@ -149,6 +154,8 @@ class Gateway:
         host, port = split_listen(self.settings.listen)
         self._site = web.TCPSite(self._runner, host, port, ssl_context=self._ssl_context())
         try:
+            # Before the first request can come; stopped with the rest if the start fails.
+            self._live_export = telemetry.start_live_export(agent)
             await self._site.start()
         except BaseException:
             await self._close_parts()
@@ -208,6 +215,9 @@ class Gateway:
             await self._upstream.aclose()
         if self._local_model is not None:
             await self._local_model.stop()
+        # After the sessions' bundles are finished: what is queued goes out.
+        live, self._live_export = self._live_export, None
+        await telemetry.stop_live_export(live, _STOP_GRACE)
 
     # -- plumbing ------------------------------------------------------------------------------
 
@@ -328,7 +338,13 @@ class Gateway:
         session, _ = await self.sessions.get_or_create(key, model=model, reason=reason)
         return session
 
-    def _place(self, dialect: Dialect, session: Session, entries: list[dict[str, Any]]) -> int:
+    def _place(
+        self,
+        dialect: Dialect,
+        session: Session,
+        entries: list[dict[str, Any]],
+        traceparent: str = "",
+    ) -> int:
         """Start or continue the session's turn for a request; its turn's ordinal.
 
         New entries are those past what the request shares with the last exchange: a user
@@ -346,7 +362,7 @@ class Gateway:
                 session.tool_output(call_id, item)
         if session.turn is None or any(starts_turn(item) for item in new):
             opening = [item for item in new if not tool_output(item)] or new
-            session.begin_turn(opening)
+            session.begin_turn(opening, traceparent)
         assert session.turn is not None
         return session.turn.ordinal
 
@@ -362,7 +378,9 @@ class Gateway:
         upstream = self._upstream
         assert upstream is not None
         recorder = session.recorder
-        turn_ordinal = self._place(dialect, session, entries)
+        # The caller's W3C trace context becomes the parent of the turn this request starts.
+        traceparent = request.headers.get("traceparent", "").strip()
+        turn_ordinal = self._place(dialect, session, entries, traceparent)
         # With --token-ids a Chat upstream is asked for the engine's ids; a client that did
         # not ask for them never sees them.
         strip = False
@@ -576,6 +594,8 @@ class Gateway:
             error=trace_error,
             stop_reason=stop,
         )
+        # The call's span can go out (a live OTLP export); its turn's waits for the turn.
+        telemetry.bundle_advanced(session.recorder.bundle_path)
         for observer in self.observers:
             observer(session, call.response_id, status)
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent_server import telemetry
 from agent_server.events import EventBuffer
 from agent_server.recorder import Recorder
 from agent_server.threads import Thread, Turn
@@ -75,12 +76,13 @@ class Session:
     def recorder(self) -> Recorder:
         return self.thread.recorder
 
-    def begin_turn(self, items: Sequence[dict[str, Any]]) -> Turn:
-        """End the current turn (its unanswered tool calls cancelled) and start one."""
+    def begin_turn(self, items: Sequence[dict[str, Any]], traceparent: str = "") -> Turn:
+        """End the current turn (its unanswered tool calls cancelled) and start one; a W3C
+        `traceparent` the request carried makes the turn's spans children of the caller's."""
         self.end_turn(COMPLETED)
         self.turn_count += 1
         turn_id = f"turn_{uuid.uuid4().hex}"
-        ordinal = self.recorder.turn_started(turn_id, list(items))
+        ordinal = self.recorder.turn_started(turn_id, list(items), traceparent)
         turn = Turn(id=turn_id, thread_id=self.thread.id, ordinal=ordinal)
         self.thread.turns[turn_id] = turn
         self.turn = turn
@@ -102,6 +104,8 @@ class Session:
             )
         self.pending_tools.clear()
         self.recorder.turn_ended(turn.ordinal, status)
+        # The turn's spans can go out (a live OTLP export): its records are written.
+        telemetry.bundle_advanced(self.recorder.bundle_path)
         turn.end(
             agent_pb2.TURN_STATUS_COMPLETED
             if status == COMPLETED

@@ -108,6 +108,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds between words of the built-in local model "
         f"(default {config.DEFAULT_WORD_DELAY})",
     )
+    config.add_otlp_arguments(parser)
     parser.add_argument(
         "--log-level", choices=logs.LEVELS, help="default info (env ROLLOUT_LOG_LEVEL)"
     )

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import heapq
-import sys
-import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, TextIO
 
 from ._batch import BundleResult, Outcome
 
@@ -123,79 +120,3 @@ def summary(
 
 def _plural(count: int, noun: str) -> str:
     return f"{count:,} {noun}{'' if count == 1 else 's'}"
-
-
-class PlainProgress:
-    """A line every few seconds, for logs and pipes (no terminal to redraw a bar on)."""
-
-    def __init__(self, stream: TextIO, interval: float = 5.0) -> None:
-        self._stream = stream
-        self._interval = interval
-        self._total = 0
-        self._done = 0
-        self._bad = 0
-        self._started = time.monotonic()
-        self._last = self._started
-
-    def started(self, total: int) -> None:
-        self._total = total
-        self._started = self._last = time.monotonic()
-        self._line()
-
-    def advanced(self, results: list[BundleResult]) -> None:
-        self._done += len(results)
-        self._bad += sum(r.outcome in (Outcome.CORRUPT, Outcome.FAILED) for r in results)
-
-    def tick(self) -> None:
-        now = time.monotonic()
-        if now - self._last >= self._interval:
-            self._last = now
-            self._line()
-
-    def finished(self) -> None:
-        self._line()
-
-    def _line(self) -> None:
-        elapsed = time.monotonic() - self._started
-        rate = self._done / elapsed if elapsed > 0 else 0.0
-        share = self._done / self._total if self._total else 1.0
-        print(
-            f"reduce-all: {self._done:,}/{self._total:,} bundles ({share:.0%}), "
-            f"{rate:,.0f} bundles/s, {self._bad:,} corrupt or failed",
-            file=self._stream,
-            flush=True,
-        )
-
-
-class BarProgress:
-    """tqdm's bar on a terminal."""
-
-    def __init__(self, stream: TextIO) -> None:
-        self._stream = stream
-        self._bar: Any = None
-        self._bad = 0
-
-    def started(self, total: int) -> None:
-        from tqdm import tqdm  # only a terminal needs it
-
-        self._bar = tqdm(
-            total=total, unit="bundle", desc="reduce-all", file=self._stream, dynamic_ncols=True
-        )
-
-    def advanced(self, results: list[BundleResult]) -> None:
-        bad = sum(r.outcome in (Outcome.CORRUPT, Outcome.FAILED) for r in results)
-        if bad:
-            self._bad += bad
-            self._bar.set_postfix_str(f"{self._bad} corrupt or failed", refresh=False)
-        self._bar.update(len(results))
-
-    def tick(self) -> None:
-        self._bar.refresh()
-
-    def finished(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-
-
-def progress_for(stream: TextIO = sys.stderr) -> PlainProgress | BarProgress:
-    return BarProgress(stream) if stream.isatty() else PlainProgress(stream)

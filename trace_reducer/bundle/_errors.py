@@ -49,6 +49,10 @@ class CorruptBundleError(BundleError):
         super().__init__(message)
         self.integrity = integrity
 
+    def __reduce__(self) -> tuple[type[CorruptBundleError], tuple[str, state_pb2.Integrity]]:
+        # Raised in a worker process, it crosses back to the parent by pickle.
+        return type(self), (str(self), self.integrity)
+
 
 class BundlePathError(BundleError):
     """The bundle path is malformed: empty, with a NUL byte, or too long."""

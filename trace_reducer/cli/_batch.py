@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from typing import Any
 
@@ -13,11 +12,12 @@ from ..batch._batch import (
     BundleResult,
     Engine,
     InlineEngine,
+    Outcome,
     PoolEngine,
     drive,
     plan,
 )
-from ..batch._report import Tally, progress_for, summary
+from ..batch._report import Tally, summary
 from ..batch._storage import Store, is_url, open_store, parse_storage_options
 from ..bundle._errors import BundleError
 from ._common import (
@@ -27,6 +27,27 @@ from ._common import (
     add_storage_option_argument,
     warn,
 )
+from ._progress import Progress, progress_for
+
+
+class _Listener:
+    """The batch driver's results as progress."""
+
+    def __init__(self, progress: Progress) -> None:
+        self._progress = progress
+
+    def started(self, total: int) -> None:
+        self._progress.started(total)
+
+    def advanced(self, results: list[BundleResult]) -> None:
+        bad = sum(r.outcome in (Outcome.CORRUPT, Outcome.FAILED) for r in results)
+        self._progress.advanced(len(results), bad)
+
+    def tick(self) -> None:
+        self._progress.tick()
+
+    def finished(self) -> None:
+        self._progress.finished()
 
 
 def add_parser(commands: Any) -> None:
@@ -162,7 +183,8 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     try:
         if engine is not None:
-            drive(engine, tasks, options, progress_for(sys.stderr), emit)
+            progress = _Listener(progress_for("reduce-all", lines_into_pipes=True))
+            drive(engine, tasks, options, progress, emit)
         if sink is not None:
             try:
                 table_rows = sink.commit()

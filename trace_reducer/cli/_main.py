@@ -38,6 +38,7 @@ from ._batch import add_parser as add_reduce_all_parser
 from ._common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, PROG, say
 from ._diff import add_parser as add_diff_parser
 from ._list import add_parser as add_list_parser
+from ._progress import progress_for
 from ._training import add_parsers as add_training_parsers
 
 if TYPE_CHECKING:
@@ -179,6 +180,12 @@ def _export_otlp(args: argparse.Namespace) -> int:
         ) from error
     # The exporters log each retry and failure; the one line below says what matters.
     logging.getLogger("opentelemetry").addHandler(logging.NullHandler())
+    reducing = progress_for("export-otlp: reducing", quiet=args.quiet)
+
+    def sent(one: ExportedBundle) -> None:
+        reducing.finished()  # every bundle is reduced before the first is sent
+        _exported(one)
+
     try:
         export_otlp(
             args.bundles,
@@ -188,7 +195,9 @@ def _export_otlp(args: argparse.Namespace) -> int:
             include_content=args.include_content,
             salvage=args.salvage,
             timeout=args.timeout,
-            progress=_exported,
+            progress=sent,
+            started=reducing.started,
+            reduced=reducing.advanced,
         )
     except CorruptBundleError as error:
         raise _CommandError(
@@ -198,6 +207,8 @@ def _export_otlp(args: argparse.Namespace) -> int:
         raise _CommandError(str(error), EXIT_USAGE) from error
     except ExportFailedError as error:
         raise _CommandError(str(error), EXIT_FAILED) from error
+    finally:
+        reducing.finished()
     return EXIT_OK
 
 
@@ -482,7 +493,9 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument(
         "--include-content",
         action="store_true",
-        help="add instructions, messages and tool arguments and results to the spans",
+        default=None,
+        help="add instructions, messages and tool arguments and results to the spans "
+        "(default: OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true|span_only, else off)",
     )
     export.add_argument(
         "--salvage", action="store_true", help="export a corrupt bundle up to the damage"
@@ -494,6 +507,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="per send, with retries (default: OTEL_EXPORTER_OTLP_[TRACES_]TIMEOUT, in "
         "milliseconds, else 10 s)",
+    )
+    export.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress bar on stderr (shown on a terminal only)",
     )
     export.set_defaults(run=_export_otlp)
 

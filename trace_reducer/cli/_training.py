@@ -12,6 +12,7 @@ from ..export._rl import FORMATS, ExportError, export_rl
 from ..reduce._replay import replay_bundle
 from ._common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PROG
 from ._common import say as _say
+from ._progress import progress_for
 
 
 def _metadata(pairs: list[str]) -> dict[str, str] | None:
@@ -68,10 +69,24 @@ def _reward(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
+    if args.jobs < 1:
+        _say("--jobs must be at least 1")
+        return EXIT_USAGE
+    progress = progress_for("export-rl", quiet=args.quiet)
     try:
-        exported = export_rl(
-            args.paths, fmt=args.format, out_dir=args.out, parents=args.parent, salvage=args.salvage
-        )
+        try:
+            exported = export_rl(
+                args.paths,
+                fmt=args.format,
+                out_dir=args.out,
+                parents=args.parent,
+                salvage=args.salvage,
+                jobs=args.jobs,
+                started=progress.started,
+                progress=progress.advanced,
+            )
+        finally:
+            progress.finished()
     except CorruptBundleError as error:
         _say(f"{error} (--salvage exports the records before it)")
         return EXIT_FAILED
@@ -135,6 +150,18 @@ def add_parsers(commands: Any) -> None:
         help="a parent bundle of forks that is not beside them (repeatable)",
     )
     export.add_argument("--salvage", action="store_true", help="export corrupt bundles' records")
+    export.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="processes reducing bundles (default 1; a fork's parent is reduced once per process)",
+    )
+    export.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress bar on stderr (shown on a terminal only)",
+    )
     export.set_defaults(run=_export)
 
 

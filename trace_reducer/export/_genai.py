@@ -33,8 +33,36 @@ _CANCELLED = common_pb2.EXECUTION_STATUS_CANCELLED
 
 # Provider events whose `response` object names the model that answered and why it stopped.
 _TERMINAL_EVENTS = frozenset({"response.completed", "response.failed", "response.incomplete"})
+# Chat Completions keeps its chunks (and a whole completion) verbatim: they name the model
+# and carry the choice's finish reason.
+_CHAT_EVENTS = frozenset({"chat.completion.chunk", "chat.completion"})
+_CHAT_FINISH_REASON = re.compile(r'"finish_reason"\s*:\s*"')
+# Provider events that are not a chunk of the response stream.
+_NOT_CHUNKS = frozenset({"http_error"})
 # Responses API `incomplete_details.reason` → the conventions' finish reason.
 _INCOMPLETE_FINISH = {"max_output_tokens": "length", "content_filter": "content_filter"}
+# Chat Completions `finish_reason` → the conventions' (`tool_calls` is `tool_call` there).
+_CHAT_FINISH = {
+    "stop": "stop",
+    "length": "length",
+    "content_filter": "content_filter",
+    "tool_calls": "tool_call",
+    "function_call": "tool_call",
+}
+# The content switch of the GenAI instrumentations: `true` (the boolean form), or the enum of
+# the newer ones, of which only the span forms put content on spans.
+CAPTURE_CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+_CAPTURE_ON = frozenset({"true", "span_only", "span_and_event"})
+# The first chunk of a call's stream, whatever its kind.
+_CHUNK_BODIES = frozenset(
+    {
+        "response_created",
+        "output_item_added",
+        "output_text_delta",
+        "output_item_done",
+        "provider_event",
+    }
+)
 # Hosts with a well-known `gen_ai.provider.name`; any other host speaks the OpenAI Responses
 # API to the agent, which is what the attribute discriminates.
 _PROVIDER_HOSTS = (
@@ -97,6 +125,10 @@ class BundleDetails:
     payloads: dict[str, bytes] = field(default_factory=dict)
     response_models: dict[str, str] = field(default_factory=dict)
     incomplete_reasons: dict[str, str] = field(default_factory=dict)
+    # A Chat Completions call's finish reason, in the conventions' words.
+    finish_reasons: dict[str, str] = field(default_factory=dict)
+    # Seconds from a call's request to the first chunk of its stream.
+    first_chunk_seconds: dict[str, float] = field(default_factory=dict)
 
     def json(self, payload_id: str) -> Any:
         data = self.payloads.get(payload_id)
@@ -119,12 +151,14 @@ def read_details(path: str | os.PathLike[str], trace: state_pb2.RolloutTrace) ->
     wanted.discard("")
     store = PayloadStore(budget=None)
     call_ids: dict[int, str] = {}
+    # call ordinal → the time its request started, until its first chunk is seen
+    waiting: dict[int, int] = {}
     details = BundleDetails()
     with read_bundle(path) as reader:
         for batch in reader.batches():
             for record in batch:
                 if isinstance(record, DeltaRun):
-                    continue  # text deltas, read in bulk: nothing a span needs
+                    continue  # text deltas, read in bulk: an item was added before them
                 body = record.WhichOneof("body")
                 if body == "payload":
                     if record.payload.payload_id in wanted:
@@ -134,14 +168,32 @@ def read_details(path: str | os.PathLike[str], trace: state_pb2.RolloutTrace) ->
                             # The reducer has judged the records; a payload that does not fit
                             # only leaves its attributes out.
                             continue
-                elif body == "inference_started":
+                    continue
+                if body == "inference_started":
                     started = record.inference_started
                     call_ids[started.call] = started.inference_call_id
-                elif body == "provider_event":
-                    event = record.provider_event
-                    call_id = call_ids.get(event.call)
-                    if call_id and event.event_type in _TERMINAL_EVENTS:
-                        _take_terminal_event(details, call_id, event.data)
+                    waiting[started.call] = record.time_us
+                    continue
+                if body not in _CHUNK_BODIES:
+                    continue
+                message = getattr(record, body)
+                if message.call in waiting and (
+                    body != "provider_event" or message.event_type not in _NOT_CHUNKS
+                ):
+                    started_us = waiting.pop(message.call)
+                    call_id = call_ids.get(message.call)
+                    if call_id:
+                        details.first_chunk_seconds[call_id] = (
+                            max(0, record.time_us - started_us) / 1e6
+                        )
+                if body == "provider_event":
+                    call_id = call_ids.get(message.call)
+                    if not call_id:
+                        continue
+                    if message.event_type in _TERMINAL_EVENTS:
+                        _take_terminal_event(details, call_id, message.data)
+                    elif message.event_type in _CHAT_EVENTS:
+                        _take_chat_event(details, call_id, message.data)
     for pid in wanted:
         try:
             details.payloads[pid] = store.get(pid)
@@ -165,6 +217,37 @@ def _take_terminal_event(details: BundleDetails, call_id: str, data: str) -> Non
     reason = incomplete.get("reason") if isinstance(incomplete, dict) else None
     if isinstance(reason, str) and reason:
         details.incomplete_reasons[call_id] = reason
+
+
+def _take_chat_event(details: BundleDetails, call_id: str, data: str) -> None:
+    # Every chunk names the model; only the last ones carry a finish reason: a chunk is
+    # parsed only while it can still tell something.
+    if call_id in details.response_models and not _CHAT_FINISH_REASON.search(data):
+        return
+    try:
+        chunk = json.loads(data)
+    except ValueError:
+        return
+    if not isinstance(chunk, dict):
+        return
+    model = chunk.get("model")
+    if isinstance(model, str) and model and call_id not in details.response_models:
+        details.response_models[call_id] = model
+    choices = chunk.get("choices")
+    for choice in choices if isinstance(choices, list) else ():
+        if isinstance(choice, dict) and choice.get("index", 0) == 0:
+            reason = choice.get("finish_reason")
+            if isinstance(reason, str) and reason:
+                details.finish_reasons[call_id] = _CHAT_FINISH.get(reason, reason)
+
+
+def capture_content(given: bool | None = None) -> bool:
+    """Whether spans carry content: as given (a flag), else as
+    OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT says (`true`, `span_only`,
+    `span_and_event`), else not."""
+    if given is not None:
+        return given
+    return os.environ.get(CAPTURE_CONTENT_ENV, "").strip().lower() in _CAPTURE_ON
 
 
 # -- ids and times ----------------------------------------------------------------------------
@@ -424,6 +507,9 @@ class _Planner:
             span.error = _status_name(status).lower()
 
     def _finish_reason(self, call: state_pb2.InferenceCall) -> str:
+        chat = self.details.finish_reasons.get(call.inference_call_id)
+        if chat is not None:
+            return chat  # what the engine said, whatever ended the call afterwards
         if call.execution.status == _COMPLETED:
             for item_id in call.response_item_ids:
                 item = self.trace.conversation_items.get(item_id)
@@ -451,6 +537,9 @@ class _Planner:
         envelope = self.details.json(call.request_envelope_payload_id)
         if isinstance(envelope, dict):
             attributes.update(_request_attributes(envelope))
+            first_chunk = self.details.first_chunk_seconds.get(call.inference_call_id)
+            if envelope.get("stream") is True and first_chunk is not None:
+                attributes["gen_ai.response.time_to_first_chunk"] = first_chunk
         if call.response_id:
             attributes["gen_ai.response.id"] = call.response_id
         response_model = self.details.response_models.get(call.inference_call_id)
@@ -589,14 +678,31 @@ def _request_attributes(envelope: Mapping[str, Any]) -> Attributes:
     attributes: Attributes = {}
     if envelope.get("stream") is True:
         attributes["gen_ai.request.stream"] = True
+    # The Responses API's names, then Chat Completions' (a gateway's Chat envelope).
     for key, name in (
         ("max_output_tokens", "gen_ai.request.max_tokens"),
+        ("max_completion_tokens", "gen_ai.request.max_tokens"),
+        ("max_tokens", "gen_ai.request.max_tokens"),
         ("temperature", "gen_ai.request.temperature"),
         ("top_p", "gen_ai.request.top_p"),
+        ("top_k", "gen_ai.request.top_k"),
+        ("frequency_penalty", "gen_ai.request.frequency_penalty"),
+        ("presence_penalty", "gen_ai.request.presence_penalty"),
+        ("seed", "gen_ai.request.seed"),
     ):
         value = envelope.get(key)
-        if isinstance(value, int | float) and not isinstance(value, bool):
+        if name in attributes or isinstance(value, bool):
+            continue
+        if isinstance(value, int | float):
             attributes[name] = value
+    choices = envelope.get("n")
+    if isinstance(choices, int) and not isinstance(choices, bool) and choices != 1:
+        attributes["gen_ai.request.choice.count"] = choices
+    stop = envelope.get("stop")
+    if isinstance(stop, str):
+        stop = [stop]
+    if isinstance(stop, list) and stop and all(isinstance(one, str) for one in stop):
+        attributes["gen_ai.request.stop_sequences"] = list(stop)
     return attributes
 
 

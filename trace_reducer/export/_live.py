@@ -13,6 +13,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from ..bundle._errors import BundleError, ReductionError
+from ._genai import capture_content
 from ._otel import bundle_spans, otlp_exporter
 
 log = logging.getLogger("trace_reducer.export.live")
@@ -27,13 +28,24 @@ class _Bundle:
     sent: set[int] = field(default_factory=set)
 
 
+def _still_open(span: ReadableSpan) -> bool:
+    """A span goes out once what it shows has ended: the thread's at the footer (its end is
+    known only then), a turn's or a call's when the records end it (a gateway session's turn
+    outlasts its calls)."""
+    if span.parent is None:
+        return True
+    attributes = span.attributes or {}
+    return attributes.get("rollout.execution.status") == "RUNNING"
+
+
 class LiveExport:
     """The one hook a recording server calls: `bundle_advanced(path)` after a turn's records are
     durable, `bundle_advanced(path, ended=True)` after its footer. Neither blocks nor raises: a
-    worker thread reduces the bundle and queues the spans not yet sent (a thread's own span waits
-    for its end), a second sends them in batches. The span queue is bounded: while the collector
-    is slow or gone, spans that find it full, and spans an export failed to deliver, are dropped,
-    logged and passed to `on_drop(count, reason)`; `on_export(count)` sees each delivery.
+    worker thread reduces the bundle and queues the spans that ended and were not yet sent (a
+    thread's own span waits for the footer), a second sends them in batches. The span queue
+    is bounded: while the collector is slow or gone, spans that find it full, and spans an
+    export failed to deliver, are dropped, logged and passed to `on_drop(count, reason)`;
+    `on_export(count)` sees each delivery.
     """
 
     def __init__(
@@ -41,12 +53,13 @@ class LiveExport:
         exporter: SpanExporter,
         *,
         max_queue: int = DEFAULT_MAX_QUEUE,
-        include_content: bool = False,
+        include_content: bool | None = None,
         on_drop: Callable[[int, str], None] | None = None,
         on_export: Callable[[int], None] | None = None,
     ) -> None:
         self._exporter = exporter
-        self._include_content = include_content
+        # None: OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT decides.
+        self._include_content = capture_content(include_content)
         self._on_drop = on_drop
         self._on_export = on_export
         # Bundles waiting to be reduced, at most once each (a later turn's request covers an
@@ -106,7 +119,7 @@ class LiveExport:
         dropped = 0
         for span in spans:
             span_id = span.context.span_id if span.context is not None else 0
-            if span_id in state.sent or (span.parent is None and not ended):
+            if span_id in state.sent or (not ended and _still_open(span)):
                 continue
             state.sent.add(span_id)
             try:

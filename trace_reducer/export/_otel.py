@@ -27,7 +27,7 @@ from ..bundle._errors import ExportConfigError, ExportFailedError
 from ..bundle._integrity import integrity_name, require_reducible
 from ..bundle._version import __version__
 from ..reduce._replay import replay_bundle
-from ._genai import TracePlan, plan_trace, read_details, trace_id_of
+from ._genai import TracePlan, capture_content, plan_trace, read_details, trace_id_of
 
 PROTOCOLS = ("grpc", "http/protobuf")
 # gRPC, not the spec's http/protobuf: what the export has always used without --protocol.
@@ -384,11 +384,13 @@ def export_otlp(
     endpoint: str | None = None,
     protocol: str | None = None,
     headers: Sequence[str] = (),
-    include_content: bool = False,
+    include_content: bool | None = None,
     salvage: bool = False,
     timeout: float | None = None,
     exporter: SpanExporter | None = None,
     progress: Callable[[ExportedBundle], None] | None = None,
+    started: Callable[[int], None] | None = None,
+    reduced: Callable[[int], None] | None = None,
 ) -> list[ExportedBundle]:
     """Send the bundles' spans (OpenTelemetry GenAI conventions) to an OTLP receiver.
 
@@ -397,16 +399,24 @@ def export_otlp(
     A CORRUPT bundle is refused unless `salvage` (then what precedes the damage is sent).
     Raises BundleError (bad bundle; CorruptBundleError), ReductionError (records contradict),
     ExportConfigError (bad endpoint, protocol, header or timeout) and ExportFailedError (the
-    receiver did not take the spans). `progress` is called with each bundle as soon as its
-    spans were accepted.
+    receiver did not take the spans). `include_content` None leaves content to
+    OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT. `progress` is called with each
+    bundle as soon as its spans were accepted; `started(total)` before the first bundle is
+    reduced and `reduced(1)` as each one is.
     """
-    made = [
-        _BundleSpans(
-            os.fspath(bundle),
-            *bundle_spans(bundle, include_content=include_content, salvage=salvage),
+    include_content = capture_content(include_content)
+    if started is not None:
+        started(len(bundles))
+    made = []
+    for bundle in bundles:
+        made.append(
+            _BundleSpans(
+                os.fspath(bundle),
+                *bundle_spans(bundle, include_content=include_content, salvage=salvage),
+            )
         )
-        for bundle in bundles
-    ]
+        if reduced is not None:
+            reduced(1)
     where = "the exporter"
     owned = exporter is None
     if exporter is None:

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 import math
+import multiprocessing
 import os
+import signal
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,37 +71,119 @@ def find_bundles(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
     return list(unique)
 
 
+def _reduce_one(
+    bundle: Path, resolver: BundleForkResolver, *, salvage: bool
+) -> tuple[state_pb2.RolloutTrace, str]:
+    """A bundle's reduced state (rewards attached) and its thread's instructions."""
+    resolver.add_root(bundle.parent)
+    instructions: dict[str, bytes] = {}
+
+    def keep(record: record_pb2.TraceRecord) -> None:
+        if (
+            record.WhichOneof("body") == "payload"
+            and record.payload.kind == record_pb2.PAYLOAD_KIND_INSTRUCTIONS
+            and record.payload.chunk_count <= 1
+        ):
+            instructions[record.payload.payload_id] = record.payload.data
+
+    with read_bundle(bundle) as reader:
+        reduced = reduce_reader(reader, forks=resolver, on_record=keep)
+    trace = reduced.trace
+    require_reducible(trace.integrity, salvage=salvage, source=str(bundle))
+    thread = trace.threads.get(trace.root_thread_id)
+    pid = thread.instructions_payload_id if thread is not None else ""
+    data = instructions.get(pid) if pid else None
+    if pid and data is None and reduced.parent is not None:
+        data = reduced.parent.payload(pid)
+    return trace, (data or b"").decode("utf-8", "replace")
+
+
+def _resolver(candidates: Sequence[str | os.PathLike[str]]) -> BundleForkResolver:
+    # Forks resolve against the bundles given, the explicit parents and their siblings, each
+    # parent reduced once (per process).
+    return BundleForkResolver(None, list(candidates), every_payload=True)
+
+
 def reduce_all(
     bundles: Sequence[Path], *, parents: Iterable[str | os.PathLike[str]] = (), salvage: bool
 ) -> list[tuple[Path, state_pb2.RolloutTrace, str]]:
-    """Each bundle's reduced state (rewards attached) and its thread's instructions; forks
-    resolve against the bundles given, the explicit parents and their siblings, each parent
-    reduced once."""
-    resolver = BundleForkResolver(None, [*bundles, *parents], every_payload=True)
-    traces = []
-    for bundle in bundles:
-        resolver.add_root(bundle.parent)
-        instructions: dict[str, bytes] = {}
+    """Each bundle's reduced state (rewards attached) and its thread's instructions."""
+    resolver = _resolver([*bundles, *parents])
+    return [(bundle, *_reduce_one(bundle, resolver, salvage=salvage)) for bundle in bundles]
 
-        def keep(record: record_pb2.TraceRecord, found: dict[str, bytes] = instructions) -> None:
-            if (
-                record.WhichOneof("body") == "payload"
-                and record.payload.kind == record_pb2.PAYLOAD_KIND_INSTRUCTIONS
-                and record.payload.chunk_count <= 1
-            ):
-                found[record.payload.payload_id] = record.payload.data
 
-        with read_bundle(bundle) as reader:
-            reduced = reduce_reader(reader, forks=resolver, on_record=keep)
-        trace = reduced.trace
-        require_reducible(trace.integrity, salvage=salvage, source=str(bundle))
-        thread = trace.threads.get(trace.root_thread_id)
-        pid = thread.instructions_payload_id if thread is not None else ""
-        data = instructions.get(pid) if pid else None
-        if pid and data is None and reduced.parent is not None:
-            data = reduced.parent.payload(pid)
-        traces.append((bundle, trace, (data or b"").decode("utf-8", "replace")))
-    return traces
+@dataclass(frozen=True)
+class _Reduced:
+    """What a worker sends back for one bundle: its sample (None for a thread without
+    inference calls) and the warning its integrity deserves."""
+
+    sample: Sample | None
+    warning: str
+
+
+def _reduce_and_sample(bundle: Path, resolver: BundleForkResolver, *, salvage: bool) -> _Reduced:
+    trace, instructions = _reduce_one(bundle, resolver, salvage=salvage)
+    warning = ""
+    if trace.integrity.status != state_pb2.INTEGRITY_STATUS_CLEAN or trace.integrity.detail:
+        warning = (
+            f"{integrity_name(trace.integrity.status).lower()} bundle {bundle.name}: "
+            f"{trace.integrity.detail or 'exported what it holds'}"
+        )
+    return _Reduced(build_sample(bundle, trace, instructions), warning)
+
+
+def _reduce_chunk(
+    chunk: Sequence[Path], candidates: Sequence[str | os.PathLike[str]], salvage: bool
+) -> list[_Reduced]:
+    """A worker process's share: its own resolver, so a parent is reduced once per worker."""
+    resolver = _resolver(candidates)
+    return [_reduce_and_sample(bundle, resolver, salvage=salvage) for bundle in chunk]
+
+
+def _ignore_sigint() -> None:
+    # Ctrl-C reaches the whole process group; the parent decides, and stops the pool.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _reduce_samples(
+    bundles: Sequence[Path],
+    parents: Iterable[str | os.PathLike[str]],
+    *,
+    salvage: bool,
+    jobs: int,
+    progress: Callable[[int], None] | None,
+) -> list[_Reduced]:
+    """Every bundle reduced into its sample, in the order given, on `jobs` processes."""
+    candidates = [*bundles, *parents]
+    if jobs <= 1 or len(bundles) <= 1:
+        resolver = _resolver(candidates)
+        reduced = []
+        for bundle in bundles:
+            reduced.append(_reduce_and_sample(bundle, resolver, salvage=salvage))
+            if progress is not None:
+                progress(1)
+        return reduced
+    # Chunks small enough to keep every worker busy to the end and to move the progress.
+    size = max(1, min(16, len(bundles) // (jobs * 8)))
+    chunks = [list(bundles[start : start + size]) for start in range(0, len(bundles), size)]
+    results: list[list[_Reduced] | None] = [None] * len(chunks)
+    context = multiprocessing.get_context("forkserver")
+    with futures.ProcessPoolExecutor(
+        min(jobs, len(chunks)), mp_context=context, initializer=_ignore_sigint
+    ) as pool:
+        pending = {
+            pool.submit(_reduce_chunk, chunk, candidates, salvage): index
+            for index, chunk in enumerate(chunks)
+        }
+        try:
+            for done in futures.as_completed(pending):
+                results[pending[done]] = done.result()
+                if progress is not None:
+                    progress(len(chunks[pending[done]]))
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+    return [one for chunk_results in results if chunk_results for one in chunk_results]
 
 
 # -- one sample ---------------------------------------------------------------------------------
@@ -667,8 +752,15 @@ def export_rl(
     out_dir: str | os.PathLike[str],
     parents: Iterable[str | os.PathLike[str]] = (),
     salvage: bool = False,
+    jobs: int = 1,
+    started: Callable[[int], None] | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> Exported:
     """Write the samples of the bundles under `paths` in format `fmt` into out_dir.
+
+    `jobs` processes reduce the bundles (the samples keep the order of the bundles either
+    way); `started(total)` is called once the bundles are found and `progress(count)` as each
+    `count` of them is reduced.
 
     Raises BundleError for paths that hold no bundle (or a corrupt one, unless salvaging),
     ReductionError for contradicting records, ExportError when the file cannot be written.
@@ -676,20 +768,18 @@ def export_rl(
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
     bundles = find_bundles(paths)
+    if started is not None:
+        started(len(bundles))
     warnings: list[str] = []
     samples: list[Sample] = []
     skipped = 0
-    for bundle, trace, instructions in reduce_all(bundles, parents=parents, salvage=salvage):
-        if trace.integrity.status != state_pb2.INTEGRITY_STATUS_CLEAN or trace.integrity.detail:
-            warnings.append(
-                f"{integrity_name(trace.integrity.status).lower()} bundle {bundle.name}: "
-                f"{trace.integrity.detail or 'exported what it holds'}"
-            )
-        sample = build_sample(bundle, trace, instructions)
-        if sample is None:
+    for reduced in _reduce_samples(bundles, parents, salvage=salvage, jobs=jobs, progress=progress):
+        if reduced.warning:
+            warnings.append(reduced.warning)
+        if reduced.sample is None:
             skipped += 1
         else:
-            samples.append(sample)
+            samples.append(reduced.sample)
     target_dir = Path(out_dir)
     try:
         target_dir.mkdir(parents=True, exist_ok=True)

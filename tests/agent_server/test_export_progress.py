@@ -1,0 +1,167 @@
+"""export-rl --jobs and the progress of the long exports: the same samples from one process or
+several, a bar on a terminal (a real pseudo-terminal), nothing but data on stdout, silence
+into a pipe and with --quiet."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+import pty
+import socket
+import struct
+import subprocess
+import sys
+import termios
+from pathlib import Path
+
+import pytest
+
+from rollout.agent.v1 import agent_pb2
+from tests.agent_server.conftest import Harness, StartAgent
+from tests.agent_server.test_rl_export import run_turn
+
+TRACE_REDUCER = str(Path(sys.executable).parent / "trace-reducer")
+
+
+@pytest.fixture
+async def root(start_agent: StartAgent) -> Path:
+    """A trace root of 7 bundles: a parent, 4 forks of it (each a sample whose prefix lives
+    in the parent's bundle), and two plain threads."""
+    local: Harness = await start_agent(provider_url=None, local_word_delay=0.0)
+    parent = await local.start_thread(capture_logprobs=True, request_token_ids=True)
+    await run_turn(local, parent.id, "The question.")
+    forks = (
+        await local.stub.ForkThread(
+            agent_pb2.ForkThreadRequest(thread_id=parent.id, count=4, group_id="q1")
+        )
+    ).threads
+    others = [await local.start_thread() for _ in range(2)]
+    for thread in [*forks, *others]:
+        await run_turn(local, thread.id, "Your answer?")
+    for thread in [parent, *forks, *others]:
+        await local.stub.CloseThread(agent_pb2.CloseThreadRequest(thread_id=thread.id))
+    return Path(parent.bundle_path).parent
+
+
+def run_on_terminal(*args: str) -> tuple[int, str, str]:
+    """The command with its stderr on a pseudo-terminal (what a person at a terminal sees),
+    stdout on a pipe (what a script reads)."""
+    controller, terminal = pty.openpty()
+    # A terminal of 120 columns, as a person's would be (a new pty has none).
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    try:
+        process = subprocess.Popen(
+            [TRACE_REDUCER, *args],
+            stdout=subprocess.PIPE,
+            stderr=terminal,
+            stdin=subprocess.DEVNULL,
+        )
+        os.close(terminal)
+        terminal = -1
+        seen = bytearray()
+        while True:
+            try:
+                chunk = os.read(controller, 65536)
+            except OSError:  # EIO: the child closed its end
+                break
+            if not chunk:
+                break
+            seen += chunk
+        out = process.stdout.read() if process.stdout is not None else b""
+        code = process.wait(timeout=60)
+    finally:
+        os.close(controller)
+        if terminal >= 0:
+            os.close(terminal)
+    return code, out.decode(), seen.decode(errors="replace")
+
+
+# Three exports, two of them starting worker processes: a hang guard for a busy machine.
+@pytest.mark.timeout(240)
+async def test_jobs_write_the_same_samples_as_one_process(root: Path, tmp_path: Path) -> None:
+    outputs = {}
+    for jobs in ("1", "2", "3"):
+        out_dir = tmp_path / f"jobs-{jobs}"
+        process = await asyncio.create_subprocess_exec(
+            TRACE_REDUCER, "export-rl", str(root), "--format", "jsonl", "--out", str(out_dir),
+            "--jobs", jobs,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await process.communicate()
+        assert process.returncode == 0, err.decode()
+        # Into a pipe: no progress on stderr, stdout the one summary line.
+        assert err.decode() == ""
+        assert out.decode().startswith("wrote 7 samples (5 with exact tokens"), out
+        outputs[jobs] = (out_dir / "samples.jsonl").read_bytes()
+    assert outputs["1"].count(b"\n") == 7
+    # Byte for byte: order, fork prefixes resolved in every worker, rewards, groups.
+    assert outputs["2"] == outputs["1"]
+    assert outputs["3"] == outputs["1"]
+
+
+async def test_bad_jobs_is_usage(root: Path, tmp_path: Path) -> None:
+    process = await asyncio.create_subprocess_exec(
+        TRACE_REDUCER, "export-rl", str(root), "--format", "jsonl", "--out", str(tmp_path / "o"),
+        "--jobs", "0",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _, err = await process.communicate()
+    assert process.returncode == 2
+    assert err.decode() == "trace-reducer: --jobs must be at least 1\n"
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("jobs", ["1", "2"])
+async def test_export_rl_shows_a_bar_on_a_terminal(root: Path, tmp_path: Path, jobs: str) -> None:
+    code, out, terminal = await asyncio.to_thread(
+        run_on_terminal,
+        "export-rl", str(root), "--format", "jsonl", "--out", str(tmp_path / "o"), "--jobs", jobs,
+    )  # fmt: skip
+    assert code == 0, terminal
+    assert "export-rl" in terminal, terminal
+    assert "7/7" in terminal, terminal
+    # The bar is on stderr only: stdout stays the summary.
+    assert out.startswith("wrote 7 samples"), out
+    assert out.count("\n") == 1, out
+
+
+async def test_quiet_shows_no_bar(root: Path, tmp_path: Path) -> None:
+    code, out, terminal = await asyncio.to_thread(
+        run_on_terminal,
+        "export-rl", str(root), "--format", "jsonl", "--out", str(tmp_path / "o"), "--quiet",
+    )  # fmt: skip
+    assert code == 0, terminal
+    assert terminal == "", terminal
+    assert out.startswith("wrote 7 samples"), out
+
+
+def bundles_under(root: Path) -> list[str]:
+    return sorted(str(path) for path in root.iterdir())
+
+
+async def test_export_otlp_shows_its_reduction_on_a_terminal(root: Path) -> None:
+    pytest.importorskip("opentelemetry.sdk", reason="export-otlp needs the otel extra")
+    bundles = bundles_under(root)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    # A closed port: the bar comes before the first send, which then fails in one line.
+    code, out, terminal = await asyncio.to_thread(
+        run_on_terminal,
+        "export-otlp", *bundles, "--endpoint", closed, "--timeout", "1",
+    )  # fmt: skip
+    assert code == 1, terminal
+    assert "export-otlp: reducing" in terminal
+    assert f"{len(bundles)}/{len(bundles)}" in terminal
+    bar_end = terminal.rindex(f"{len(bundles)}/{len(bundles)}")
+    assert "could not export spans to" in terminal[bar_end:], terminal
+    assert out == ""
+    code, _, terminal = await asyncio.to_thread(
+        run_on_terminal,
+        "export-otlp", *bundles, "--endpoint", closed, "--timeout", "1", "--quiet",
+    )  # fmt: skip
+    assert code == 1
+    assert "reducing" not in terminal
+    assert "could not export spans to" in terminal
