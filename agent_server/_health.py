@@ -17,7 +17,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=address_from_env(),
         help=f"the server (default ${ADDRESS_ENV}, else {DEFAULT_ADDRESS})",
     )
-    parser.add_argument("--timeout", type=float, default=3.0, help="seconds (default 3)")
+    parser.add_argument(
+        "--timeout", type=float, default=3.0, help="seconds to wait for the answer (default 3)"
+    )
     parser.add_argument("--tls", action="store_true", help="connect with TLS, system CAs")
     parser.add_argument("--tls-ca", type=Path, metavar="PEM", help="connect with TLS, these CAs")
 

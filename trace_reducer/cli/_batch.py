@@ -66,7 +66,7 @@ def add_parser(commands: Any) -> None:
         type=float,
         default=10.0,
         metavar="SECONDS",
-        help="an unfinished bundle modified this recently is live, not damaged (10)",
+        help="an unfinished bundle modified this recently is live, not damaged (default 10)",
     )
     parser.add_argument(
         "--storage-option",

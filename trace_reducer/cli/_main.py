@@ -538,7 +538,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--listen",
         default="127.0.0.1:8765",
         metavar="HOST:PORT",
-        help="where a root is served (127.0.0.1:8765); off loopback a token is required",
+        help="where a root is served (default 127.0.0.1:8765); off loopback a token is required",
     )
     view.add_argument(
         "--token-env",
@@ -555,7 +555,12 @@ def build_parser() -> argparse.ArgumentParser:
     watch.set_defaults(run=_watch)
 
     serve = commands.add_parser("serve", help="run the ReducerService gRPC server")
-    serve.add_argument("--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT")
+    serve.add_argument(
+        "--listen",
+        default=DEFAULT_LISTEN,
+        metavar="HOST:PORT",
+        help=f"gRPC address; port 0 picks a free one (default {DEFAULT_LISTEN})",
+    )
     serve.add_argument("--bundle-root", metavar="DIR", help="bundles are read under here (cwd)")
     add_access_arguments(serve)
     serve.add_argument(
