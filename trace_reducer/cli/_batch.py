@@ -19,7 +19,7 @@ from ..batch._batch import (
 )
 from ..batch._report import Tally, progress_for, summary
 from ..batch._storage import Store, is_url, open_store, parse_storage_options
-from ..bundle._errors import BundleError
+from ..bundle._errors import BundleError, MissingExtraError
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -35,7 +35,8 @@ def add_parser(commands: Any) -> None:
         description=(
             "Find every bundle (a directory holding trace.binpb) under ROOT, reduce each to its "
             "state.json in parallel, and print a summary. Exit 1 when a bundle is corrupt "
-            "(unless --salvage) or could not be reduced."
+            "(unless --salvage) or could not be reduced; 2 for bad input (no bundles under ROOT, "
+            "an unreadable URL, the extra --tables or --ray needs not installed)."
         ),
     )
     parser.add_argument("root", help="a directory, or an fsspec URL (s3://bucket/prefix, ...)")
@@ -89,11 +90,8 @@ def _warn(message: str) -> None:
     print(f"trace-reducer: warning: {message}", file=sys.stderr, flush=True)
 
 
-def _missing_extra(error: ImportError) -> BundleError:
-    return BundleError(
-        f"reduce-all needs the batch extra ({error.name} is missing): "
-        "pip install 'rollout-trace[batch]'"
-    )
+def _missing_extra(error: ImportError) -> MissingExtraError:
+    return MissingExtraError("reduce-all", "batch", error.name)
 
 
 def _engine(args: argparse.Namespace, store: Store) -> Engine:
@@ -106,8 +104,8 @@ def _engine(args: argparse.Namespace, store: Store) -> Engine:
 
     try:
         return RayEngine(args.ray, args.jobs)
-    except RayUnavailableError as error:
-        raise BundleError(str(error)) from error
+    except RayUnavailableError:
+        raise
     except Exception as error:  # Ray's own errors, as one line
         where = "a local Ray" if args.ray == "local" else f"Ray at {args.ray}"
         raise BundleError(f"cannot start or join {where}: {error}") from error

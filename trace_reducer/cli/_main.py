@@ -21,6 +21,7 @@ from rollout.trace.v1 import record_pb2, state_pb2
 from ..bundle._errors import (
     BundleError,
     CorruptBundleError,
+    MissingExtraError,
     RecordOutOfRangeError,
     ReductionError,
     describe_os_error,
@@ -181,10 +182,7 @@ def _export_otlp(args: argparse.Namespace) -> int:
         from ..bundle._errors import ExportConfigError, ExportFailedError
         from ..export._otel import export_otlp
     except ImportError as error:
-        raise _CommandError(
-            f"export-otlp needs the otel extra (pip install 'rollout-trace[otel]'): {error}",
-            EXIT_FAILED,
-        ) from error
+        raise MissingExtraError("export-otlp", "otel", error.name) from error
     # The exporters log each retry and failure; the one line below says what matters.
     logging.getLogger("opentelemetry").addHandler(logging.NullHandler())
     try:
@@ -473,7 +471,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="send bundles as OpenTelemetry GenAI spans to an OTLP receiver",
         description="Exit codes: 0 sent, 1 the receiver did not take the spans, a corrupt "
         "bundle without --salvage, or records that contradict each other; 2 bad input "
-        "(bundle, endpoint, protocol, header, timeout).",
+        "(bundle, endpoint, protocol, header, timeout) or the otel extra not installed.",
     )
     export.add_argument("bundles", nargs="+", metavar="bundle", help="bundle directory or file")
     export.add_argument(
@@ -589,7 +587,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _CommandError as failure:
         _warn(str(failure))
         return failure.code
-    except BundleError as error:
+    except (BundleError, MissingExtraError) as error:
         _warn(str(error))
         return EXIT_USAGE
     except RecordOutOfRangeError as error:

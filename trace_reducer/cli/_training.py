@@ -139,7 +139,8 @@ def add_parsers(commands: Any) -> None:
         "export-rl",
         help="write one training sample per thread: tokens, loss masks, logprobs, rewards",
         description="Exit codes: 0 written; 1 a corrupt bundle without --salvage, records "
-        "that contradict each other, an unwritable output; 2 bad input.",
+        "that contradict each other, an unwritable output; 2 bad input, or pyarrow (the "
+        "training extra) not installed for verl or skyrl.",
     )
     export.add_argument(
         "paths",
