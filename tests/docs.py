@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["DOCS", "REPO", "Block", "block", "blocks", "shell_blocks"]
+__all__ = ["DOCS", "REPO", "Block", "block", "blocks", "code_blocks", "shell_blocks"]
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -66,6 +66,12 @@ def blocks(doc: Path) -> list[Block]:
 
 def shell_blocks(docs: list[Path] = DOCS) -> list[Block]:
     return [found for doc in docs for found in blocks(doc) if found.language in SHELL_LANGUAGES]
+
+
+def code_blocks(docs: list[Path] = DOCS) -> list[Block]:
+    """The blocks that name their language: commands, code, configuration, queries (a fence
+    without one holds a picture of files or bytes, not something to run)."""
+    return [found for doc in docs for found in blocks(doc) if found.language]
 
 
 def block(name: str, language: str, doc: str = "README.md", kind: str = "example") -> str:

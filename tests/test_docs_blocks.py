@@ -1,5 +1,6 @@
-"""Every shell block of README.md and docs/*.md is run by a test, checked as a usage synopsis, or
-says why it cannot run here: a new block without one of these markers fails this test.
+"""Every code block of README.md and docs/*.md (every fence that names its language: shell,
+Python, TypeScript, TOML, YAML, SQL) is run by a test, checked as a usage synopsis, or says why it
+cannot run here: a new block without one of these markers fails this test.
 
 The markers, on the line above the fence:
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.docs import DOCS, REPO, Block, shell_blocks
+from tests.docs import DOCS, REPO, Block, code_blocks
 
 RUN = frozenset({"example", "command", "commands"})
 THIS = Path(__file__).resolve()
@@ -42,9 +43,9 @@ def _named_by(found: Block, sources: dict[Path, str]) -> list[Path]:
 
 
 def unaccounted(docs: list[Path], sources: dict[Path, str]) -> list[str]:
-    """One line per shell block that no test runs and nothing excuses."""
+    """One line per code block that no test runs and nothing excuses."""
     problems = []
-    for found in shell_blocks(docs):
+    for found in code_blocks(docs):
         if found.kind in RUN:
             if not found.value:
                 problems.append(f"{found.where}: <!-- {found.kind}: --> without a name")
@@ -60,20 +61,21 @@ def unaccounted(docs: list[Path], sources: dict[Path, str]) -> list[str]:
                 problems.append(f"{found.where}: <!-- not run: --> needs its reason")
         else:
             problems.append(
-                f"{found.where}: a shell block without a marker (example/command/commands: NAME "
+                f"{found.where}: a {found.language} block without a marker (example/command/commands: NAME "
                 "run by a test, usage, or not run: REASON)"
             )
     return problems
 
 
-def test_every_shell_block_of_the_docs_is_run_or_excused() -> None:
+def test_every_code_block_of_the_docs_is_run_or_excused() -> None:
     problems = unaccounted(DOCS, _test_sources())
     assert not problems, "\n".join(problems)
 
 
 def test_the_markers_are_kept_to() -> None:
-    """Every kind of marker the docs use above a shell block is one this test knows."""
-    kinds = {found.kind for found in shell_blocks() if found.kind}
+    """Every kind of marker the docs use above a code block is one this test knows (the
+    training schemas' markers sit above tables, not code)."""
+    kinds = {found.kind for found in code_blocks() if found.kind}
     assert kinds <= RUN | {"usage", "not run"}, kinds
 
 
@@ -86,7 +88,8 @@ def test_an_unmarked_or_unrun_block_is_reported(tmp_path: Path) -> None:
         "<!-- not run: -->\n```sh\necho why\n```\n\n"
         "<!-- not run: needs a GPU -->\n```sh\nnvidia-smi\n```\n\n"
         "  <!-- usage -->\n  ```sh\n  tool [--flag]\n  ```\n\n"
-        "```python\nprint('not a shell block')\n```\n"
+        "```python\nprint('unmarked too')\n```\n"
+        "```\na/\n  b.txt   a picture of files, not code\n```\n"
     )
     sources = {tmp_path / "test_guide.py": "block('named', 'bash', doc='guide.md')"}
     problems = unaccounted([doc], sources)
@@ -94,6 +97,7 @@ def test_an_unmarked_or_unrun_block_is_reported(tmp_path: Path) -> None:
         f"{doc}:3",
         f"{doc}:8",
         f"{doc}:18",
+        f"{doc}:32",
     ]
     assert "without a marker" in problems[0]
     assert "'named-nowhere'" in problems[1]
