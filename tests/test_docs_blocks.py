@@ -61,8 +61,8 @@ def unaccounted(docs: list[Path], sources: dict[Path, str]) -> list[str]:
                 problems.append(f"{found.where}: <!-- not run: --> needs its reason")
         else:
             problems.append(
-                f"{found.where}: a {found.language} block without a marker (example/command/commands: NAME "
-                "run by a test, usage, or not run: REASON)"
+                f"{found.where}: a {found.language} block without a marker (example/command/"
+                "commands: NAME run by a test, usage, or not run: REASON)"
             )
     return problems
 
