@@ -3,15 +3,14 @@ lines and its named-providers TOML, and docs/tables.md's DuckDB queries."""
 
 from __future__ import annotations
 
-import argparse
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from agent_server import config
 from rollout.trace.v1.state_pb2 import RolloutTrace
+from tests.agent_server.test_named_providers import load
 from tests.docs import block
 
 BIN = Path(sys.executable).parent
@@ -50,11 +49,7 @@ def test_replay_bundle_from_python(traces: Path) -> None:
 
 
 def test_the_named_providers_config(tmp_path: Path) -> None:
-    path = tmp_path / "agent.toml"
-    path.write_text(block("providers", "toml"))
-    parser = argparse.ArgumentParser()
-    config.add_serve_arguments(parser)
-    settings = config.from_args(parser.parse_args(["--config", str(path)]), {})
+    settings = load(tmp_path, block("providers", "toml"))
     vllm, tserve = settings.providers
     assert (vllm.name, vllm.url, vllm.api, vllm.model) == (
         "vllm",

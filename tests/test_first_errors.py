@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_readme_commands import demo_bundle
+
 BIN = Path(sys.executable).parent
 HINT = "start one with `agent-server serve`, or give its address with --address or $ROLLOUT_ADDRESS"
 
@@ -125,15 +127,7 @@ def _without(packages: list[str], program: str, *argv: str) -> subprocess.Comple
 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("traces")
-    subprocess.run(
-        [BIN / "agent-server", "demo", "--trace-root", str(root), "--local-word-delay", "0"],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
-    [found] = root.iterdir()
-    return found
+    return demo_bundle(tmp_path_factory.mktemp("traces"))
 
 
 @pytest.mark.parametrize(
