@@ -1,8 +1,12 @@
-"""The docs' short snippets run as written on the demo's bundle: README.md's `replay_bundle`
-lines and its named-providers TOML, and docs/tables.md's DuckDB queries."""
+"""The docs' short snippets run as written: README.md's `replay_bundle` lines and its
+named-providers TOML, docs/tables.md's DuckDB queries (on the demo's bundle), and
+docs/clients.md's TypeScript example."""
 
 from __future__ import annotations
 
+import json
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +15,9 @@ import pytest
 
 from rollout.trace.v1.state_pb2 import RolloutTrace
 from tests.agent_server.test_named_providers import load
-from tests.docs import block
+from tests.docs import REPO, block
+from tests.live_server import live_server
+from trace_reducer import replay_bundle
 
 BIN = Path(sys.executable).parent
 
@@ -84,3 +90,31 @@ def test_the_tables_queries(traces: Path, tmp_path: Path) -> None:
     [(turn_id, partial_text)] = interrupted
     assert turn_id.startswith("turn_")
     assert partial_text.startswith("You said: ")
+
+
+def test_the_typescript_example(tmp_path: Path) -> None:
+    """docs/clients.md's TypeScript example, its types stripped, on the client `make test-ts`
+    built (make test builds it before pytest runs)."""
+    index = REPO / "clients" / "typescript" / "dist" / "src" / "index.js"
+    if not index.is_file() or not shutil.which("node"):
+        pytest.skip("needs node and the built TypeScript client: make test-ts")
+    source = block("typescript", "ts", doc="docs/clients.md")
+    assert 'from "@rollout-trace/client"' in source
+    assert 'connectAgent("127.0.0.1:50051")' in source
+    traces = tmp_path / "traces"
+    with live_server("--trace-root", str(traces), "--local-word-delay", "0") as served:
+        script = tmp_path / "example.mjs"
+        script.write_text(
+            re.sub(r"(\w)!\.", r"\1.", source)  # `thread!.id`: the only TypeScript syntax in it
+            .replace('"@rollout-trace/client"', json.dumps(index.as_uri()))
+            .replace('"127.0.0.1:50051"', json.dumps(served.address))
+        )
+        ran = subprocess.run(
+            ["node", str(script)], capture_output=True, text=True, timeout=120, check=False
+        )
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.startswith('You said: "Hello".')
+    assert ran.stdout.endswith("THREAD_NOT_FOUND\n")
+    # The thread was closed: its bundle has its footer.
+    [bundle] = traces.iterdir()
+    assert replay_bundle(bundle).recording_complete
