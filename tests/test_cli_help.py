@@ -14,7 +14,7 @@ import pytest
 
 from agent_server import Settings
 from agent_server import cli as agent_cli
-from tests.docs import REPO, Block, shell_blocks
+from tests.docs import DOCS, REPO, Block, shell_blocks
 from trace_reducer.cli import _main as reducer_cli
 
 BIN = Path(sys.executable).parent
@@ -170,3 +170,19 @@ def test_the_readme_table_lists_every_serve_flag() -> None:
             if isinstance(default, int | float) and not isinstance(default, bool):
                 said = 0.0 if shown == "off" else float(shown)
                 assert said == default, f"{flag}: the README says {shown}, not {default}"
+
+
+def test_the_commands_in_the_prose_name_real_flags() -> None:
+    """`agent-server …` and `trace-reducer …` written inline in the docs' text name commands
+    and flags that exist, as the synopses do."""
+    problems = []
+    spans = 0
+    for doc in DOCS:
+        prose = re.sub(r"```.*?```", "", doc.read_text(), flags=re.S)
+        for span in re.findall(r"`((?:agent-server|trace-reducer)\b[^`]*)`", prose):
+            spans += 1
+            # A span may wrap onto the next line of the paragraph.
+            found = Block(doc, 0, "sh", "usage", None, " ".join(span.split()) + "\n")
+            problems += synopsis_problems(found)
+    assert spans > 50
+    assert not problems, "\n".join(problems)
