@@ -25,7 +25,8 @@ def _commands(name: str) -> list[list[str]]:
 def _make(*args: str, tmp: Path) -> subprocess.CompletedProcess[str]:
     # The venv this suite runs in, never set up again from here (-o: its stamp counts as made).
     return subprocess.run(
-        ["make", f"VENV={VENV}", "-o", f"{VENV}/.installed", *args],
+        # --no-print-directory: under `make test` this make is a sub-make, which would say so.
+        ["make", "--no-print-directory", f"VENV={VENV}", "-o", f"{VENV}/.installed", *args],
         cwd=REPO,
         env={**os.environ, "TMPDIR": str(tmp)},
         capture_output=True,
