@@ -42,7 +42,14 @@ def test_the_quickstart(tmp_path: Path) -> None:
     lines = demo.stdout.splitlines()
     # The summary: the four turns the README names, the tool calls and their statuses.
     turns = [line.split(": ")[-1] for line in lines if line.startswith("turn turn_")]
-    assert turns == ["COMPLETED", "COMPLETED", "CANCELLED", "CANCELLED"]
+    assert turns[:3] == ["COMPLETED", "COMPLETED", "CANCELLED"]
+    # The last is interrupted mid-stream; on a very busy machine the reply may end first, and
+    # the demo says which.
+    [label] = [line for line in lines if line.startswith("[turn 4: ")]
+    if turns[3] == "CANCELLED":
+        assert label == "[turn 4: interrupted mid-stream by the client: INTERRUPTED]"
+    else:
+        assert label.startswith("[turn 4: the reply ended before the client's interrupt arrived")
     tools = [line.split(": ")[1].split(",")[0] for line in lines if "tool call lookup" in line]
     assert tools == ["COMPLETED", "CANCELLED"]
     assert any(line.startswith("conversation items: ") for line in lines)
