@@ -13,6 +13,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 # Only the defaults here: `chat --help` must not load gRPC; run() loads the client.
+from agent_server._health import unreachable
 from rollout_client import ADDRESS_ENV, DEFAULT_ADDRESS, address_from_env
 
 if TYPE_CHECKING:
@@ -90,7 +91,7 @@ def _chat(args: argparse.Namespace, token: str | None, tls: bool | Path, ctrl_c:
             thread = client.start_thread(model=args.model, instructions=args.instructions)
         except UnavailableError as error:
             client.close()
-            return _fail(f"cannot reach {args.address}: {error.message}", EXIT_FAILED)
+            return _fail(unreachable(args.address, error.message), EXIT_FAILED)
         except RpcError as error:
             client.close()
             return _fail(str(error), EXIT_FAILED)

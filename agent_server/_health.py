@@ -11,13 +11,36 @@ from rollout_client import ADDRESS_ENV, DEFAULT_ADDRESS, address_from_env
 PROG = "agent-server health"
 
 
+def unreachable(address: str, detail: str) -> str:
+    """What a client command says when no server answers at its address: the cause, and the
+    two fixes (start one, or point the command at the one that runs)."""
+    # gRPC's detail is a chain ("failed to connect to all addresses; last error: ..."): the
+    # causes a newcomer meets are said in their words.
+    if "Connection refused" in detail:
+        detail = "connection refused"
+    elif "resolving" in detail or "lookup" in detail:
+        detail = "its host name does not resolve"
+    elif "Failed parsing HTTP/2" in detail:
+        detail = "something other than gRPC listens there"
+    return (
+        f"no agent server answers at {address} ({detail}); start one with "
+        f"`agent-server serve`, or give its address with --address or ${ADDRESS_ENV}"
+    )
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Print the server's health status. Exit codes: 0 SERVING; 1 not serving, or no server "
+        "answers (one line says why); 2 a --tls-ca file that cannot be read."
+    )
     parser.add_argument(
         "--address",
         default=address_from_env(),
         help=f"the server (default ${ADDRESS_ENV}, else {DEFAULT_ADDRESS})",
     )
-    parser.add_argument("--timeout", type=float, default=3.0, help="seconds (default 3)")
+    parser.add_argument(
+        "--timeout", type=float, default=3.0, help="seconds to wait for the answer (default 3)"
+    )
     parser.add_argument("--tls", action="store_true", help="connect with TLS, system CAs")
     parser.add_argument("--tls-ca", type=Path, metavar="PEM", help="connect with TLS, these CAs")
 
@@ -92,8 +115,15 @@ def run(args: argparse.Namespace) -> int:
         try:
             reply = check(b"", timeout=args.timeout)
         except grpc.RpcError as error:
-            code = error.code().name if isinstance(error, grpc.Call) else "UNKNOWN"
-            print(f"{PROG}: {args.address}: {code}", file=sys.stderr)
+            call = error if isinstance(error, grpc.Call) else None
+            code = call.code() if call else grpc.StatusCode.UNKNOWN
+            if code == grpc.StatusCode.UNAVAILABLE:
+                message = unreachable(args.address, (call and call.details()) or code.name)
+            elif code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                message = f"{args.address} did not answer within {args.timeout:g} s (--timeout)"
+            else:
+                message = f"{args.address}: {code.name}"
+            print(f"{PROG}: {message}", file=sys.stderr)
             return 1
     try:
         status = serving_status(reply)

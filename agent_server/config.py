@@ -304,7 +304,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_otlp_arguments(parser)
     parser.add_argument(
-        "--log-level", choices=logs.LEVELS, help="default info (env ROLLOUT_LOG_LEVEL)"
+        "--log-level",
+        choices=logs.LEVELS,
+        help="the least severe level logged (default info; env ROLLOUT_LOG_LEVEL)",
     )
     replay = parser.add_argument_group("replay a recorded run")
     replay.add_argument(
@@ -352,7 +354,12 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the flags every agent-server command shares (defaults resolved in from_args)."""
-    parser.add_argument("--listen", help=f"gRPC address HOST:PORT (default {DEFAULT_LISTEN})")
+    parser.add_argument(
+        "--listen",
+        metavar="HOST:PORT",
+        help="gRPC address; port 0 picks a free one "
+        f"(env ROLLOUT_LISTEN; default {DEFAULT_LISTEN})",
+    )
     parser.add_argument(
         "--provider-url",
         help="Responses API base URL (env ROLLOUT_PROVIDER_URL; default: the built-in local model)",
@@ -363,7 +370,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the API the provider speaks: the Responses API (default) or Chat Completions "
         "(env ROLLOUT_PROVIDER_API)",
     )
-    parser.add_argument("--model", help="provider model (env ROLLOUT_MODEL)")
+    parser.add_argument(
+        "--model",
+        help=f"model for threads that name none (env ROLLOUT_MODEL; default {DEFAULT_LOCAL_MODEL})",
+    )
     parser.add_argument(
         "--api-key-env",
         help="NAME of the environment variable holding the API key "
@@ -372,7 +382,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--trace-root", help="record every thread under this directory (env ROLLOUT_TRACE_ROOT)"
     )
-    parser.add_argument("--max-retries", type=int, help=f"default {DEFAULT_MAX_RETRIES}")
+    parser.add_argument(
+        "--max-retries",
+        type=int,
+        help="retries of 429 / 5xx / connection failures before any output "
+        f"(default {DEFAULT_MAX_RETRIES})",
+    )
     parser.add_argument(
         "--retry-base-delay",
         type=float,

@@ -136,9 +136,9 @@ def start_live_export(settings: Settings) -> LiveExport | None:
         from trace_reducer.bundle._errors import ExportConfigError
         from trace_reducer.export._live import LiveExport
     except ImportError as error:
-        raise ConfigError(
-            "--otlp-endpoint needs the otel extra: pip install 'rollout-trace[otel]'"
-        ) from error
+        from trace_reducer.bundle._errors import MissingExtraError
+
+        raise ConfigError(str(MissingExtraError("--otlp-endpoint", "otel", error.name))) from error
     try:
         live = LiveExport.to_otlp(
             settings.otlp_endpoint,

@@ -7,14 +7,16 @@ import argparse
 from pathlib import Path
 
 
-def add_access_arguments(parser: argparse.ArgumentParser) -> None:
+def add_access_arguments(
+    parser: argparse.ArgumentParser, guarded: str = "every RPC but health checks"
+) -> None:
     """Add the access flags to a server command's parser (dests auth_token_env, tls_cert,
-    tls_key)."""
+    tls_key); `guarded` says what the token is asked of."""
     parser.add_argument(
         "--auth-token-env",
         metavar="NAME",
-        help="require `authorization: Bearer <token>` on every RPC but health checks; "
-        "the token is read from the environment variable NAME",
+        help=f"require `authorization: Bearer <token>` on {guarded}; "
+        "the token is read from the environment variable NAME (default: no token)",
     )
     parser.add_argument("--tls-cert", type=Path, metavar="PATH", help="PEM certificate chain")
     parser.add_argument("--tls-key", type=Path, metavar="PATH", help="PEM private key")

@@ -9,6 +9,7 @@ the Debian packages (scripts/test-backends.sh installs them).
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ import grpc
 import pytest
 
 from rollout.agent.v1 import agent_pb2, agent_pb2_grpc
+from tests.docs import block
 from tests.live_server import LiveServer, live_server
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,23 +29,6 @@ GO_IMPORT_ROOT = "rollout-trace/gen/go"
 DEBIAN_GOPATH = "/usr/share/gocode"
 PROTOBUF_JAR = "/usr/share/java/protobuf.jar"
 
-# The templates a user would write: local plugins and protoc's built-in generators only.
-GO_TEMPLATE = """version: v2
-plugins:
-  - local: protoc-gen-go
-    out: go
-    opt: paths=source_relative
-  - local: protoc-gen-go-grpc
-    out: go
-    opt: paths=source_relative
-"""
-JAVA_CSHARP_TEMPLATE = """version: v2
-plugins:
-  - protoc_builtin: java
-    out: java
-  - protoc_builtin: csharp
-    out: csharp
-"""
 
 pytestmark = pytest.mark.integration
 
@@ -53,22 +38,21 @@ def generated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for tool in ("protoc", "go", "protoc-gen-go", "protoc-gen-go-grpc", "javac"):
         assert shutil.which(tool), f"{tool} is missing: run scripts/test-backends.sh"
     out = tmp_path_factory.mktemp("stubs")
-    go_template = out / "buf.gen.go.yaml"
-    go_template.write_text(GO_TEMPLATE)
-    other_template = out / "buf.gen.other.yaml"
-    other_template.write_text(JAVA_CSHARP_TEMPLATE)
-    # Go takes google.rpc from its genproto module, as Go programs do; the others generate it.
-    for args in (
-        ["protos", "--template", str(go_template)],
-        ["--template", str(other_template)],
-    ):
+    # docs/clients.md's templates, written where its commands name them, and its commands run
+    # at the repository's root (their output under `out`, not the checkout). Go takes
+    # google.rpc from its genproto module, as Go programs do; the others generate it.
+    for name in ("buf-go", "buf-java"):
+        template = block(name, "yaml", doc="docs/clients.md")
+        (out / template.splitlines()[0].split()[1].rstrip(":")).write_text(template)
+    for line in block("buf-generate", "sh", doc="docs/clients.md").splitlines():
+        argv = shlex.split(line, comments=True)
+        assert argv[:2] == ["buf", "generate"], line
+        where = argv.index("--template") + 1
+        argv[where] = str(out / argv[where])
         subprocess.run(
-            [BUF, "generate", *args, "--output", str(out)],
-            cwd=ROOT,
-            check=True,
-            capture_output=True,
+            [BUF, *argv[1:], "--output", str(out)], cwd=ROOT, check=True, capture_output=True
         )
-    return out
+    return out / "gen"
 
 
 @pytest.fixture(scope="module")

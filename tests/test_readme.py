@@ -4,22 +4,19 @@ from __future__ import annotations
 
 import contextlib
 import io
-import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from agent_server import AgentServer, Settings
+from tests.docs import block
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
 def example(name: str) -> str:
-    """The code block that follows `<!-- example: name -->` in the README."""
-    text = README.read_text()
-    match = re.search(rf"<!-- example: {re.escape(name)} -->\n```python\n(.*?)```", text, re.S)
-    assert match, f"no example {name!r} in the README"
-    return match.group(1)
+    """The Python block that follows `<!-- example: name -->` in the README."""
+    return block(name, "python")
 
 
 async def test_the_tools_example(tmp_path: Path) -> None:

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.docs import block
 from tests.live_server import LiveServer, live_server, server_env
-from tests.test_readme import README, example
+from tests.test_readme import example
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 GRPCURL = str(Path(sys.executable).parent / "grpcurl")
@@ -61,9 +62,8 @@ def test_the_sync_client_example(served: LiveServer) -> None:
 
 
 def grpcurl_lines() -> list[list[str]]:
-    block = re.search(r"<!-- example: grpcurl -->\n```sh\n(.*?)```", README.read_text(), re.S)
-    assert block, "no grpcurl example in the README"
-    return [shlex.split(line) for line in block.group(1).splitlines() if line.strip()]
+    lines = block("grpcurl", "sh").splitlines()
+    return [shlex.split(line) for line in lines if line.strip()]
 
 
 def test_the_grpcurl_example(served: LiveServer) -> None:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.docs import block
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 BIN = Path(sys.executable).parent
@@ -18,11 +19,7 @@ BIN = Path(sys.executable).parent
 
 def shell_example(name: str) -> str:
     """The sh block that follows `<!-- example: name -->` in the README."""
-    match = re.search(
-        rf"<!-- example: {re.escape(name)} -->\n```sh\n(.*?)```", README.read_text(), re.S
-    )
-    assert match, f"no sh example {name!r} in the README"
-    return match.group(1)
+    return block(name, "sh")
 
 
 def bash_env(**extra: str) -> dict[str, str]:

@@ -101,7 +101,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="ask a Chat Completions upstream for the engine's token ids and record them",
     )
-    add_access_arguments(parser)
+    add_access_arguments(parser, guarded="every request")
     parser.add_argument(
         "--local-word-delay",
         type=float,
@@ -110,7 +110,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     config.add_otlp_arguments(parser)
     parser.add_argument(
-        "--log-level", choices=logs.LEVELS, help="default info (env ROLLOUT_LOG_LEVEL)"
+        "--log-level",
+        choices=logs.LEVELS,
+        help="the least severe level logged (default info; env ROLLOUT_LOG_LEVEL)",
     )
     parser.add_argument(
         "--log-format", choices=logs.FORMATS, help="text or JSON lines on stderr (default text)"

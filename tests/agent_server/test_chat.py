@@ -145,7 +145,7 @@ def test_chat_says_so_when_no_server_listens() -> None:
         timeout=60,
     )
     assert result.returncode == 1
-    assert result.stderr.startswith(f"agent-server chat: cannot reach {address}")
+    assert result.stderr.startswith(f"agent-server chat: no agent server answers at {address}")
     assert "Traceback" not in result.stderr
 
 

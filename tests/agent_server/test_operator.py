@@ -23,6 +23,7 @@ from rollout.agent.v1 import agent_pb2
 from rollout_client import AgentClient
 from tests.agent_server.conftest import AGENT_SERVER, Harness, StartAgent, clean_env
 from tests.agent_server.scripted_provider import ScriptedProvider, answer
+from tests.docs import block
 
 METRICS_LINE = re.compile(r"metrics at (http://\S+/metrics)")
 
@@ -312,15 +313,16 @@ async def test_the_health_probe() -> None:
     # Nothing listens there any more.
     code, stderr = await _run("health", "--address", served.address, "--timeout", "1")
     assert code == 1
-    assert stderr == f"agent-server health: {served.address}: UNAVAILABLE\n"
+    assert stderr.startswith(f"agent-server health: no agent server answers at {served.address} (")
+    assert stderr.endswith(
+        "start one with `agent-server serve`, or give its address with --address"
+        " or $ROLLOUT_ADDRESS\n"
+    )
 
 
 def test_the_documented_config_file_loads(tmp_path: Path) -> None:
-    doc = (Path(__file__).resolve().parents[2] / "docs" / "operating.md").read_text()
-    block = re.search(r"<!-- example: config -->\n```toml\n(.*?)```", doc, re.S)
-    assert block, "no config example in docs/operating.md"
     config = tmp_path / "agent.toml"
-    config.write_text(block.group(1))
+    config.write_text(block("config", "toml", doc="docs/operating.md"))
     parser = argparse.ArgumentParser()
     add_serve_arguments(parser)
     settings = from_args(parser.parse_args(["--config", str(config)]), {})

@@ -30,6 +30,7 @@ from tests.agent_server.conftest import (
     clean_env,
     reduce_with_cli,
 )
+from tests.docs import block
 from tests.engine import MODEL, READY_TIMEOUT, check_drift
 from trace_reducer import read_bundle, request_body
 
@@ -282,11 +283,7 @@ MAKEFILE = README.parent / "Makefile"
 
 def readme_block(name: str, language: str) -> str:
     """The code block after `<!-- example: name -->` in the README."""
-    match = re.search(
-        rf"<!-- example: {re.escape(name)} -->\n```{language}\n(.*?)```", README.read_text(), re.S
-    )
-    assert match, f"no example {name!r} in the README"
-    return match.group(1)
+    return block(name, language)
 
 
 async def test_the_readme_section_runs_as_written(vllm_url: str, tmp_path: Path) -> None:

@@ -3,6 +3,7 @@ file:// and memory://."""
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 
 from tests.batch.conftest import Corpus, bundles_under, expected_state, reduce_all
+from tests.docs import block
 from trace_reducer import cli
 
 fsspec = pytest.importorskip("fsspec", reason="URL roots need fsspec (the batch extra)")
@@ -130,3 +132,22 @@ def test_memory_urls_are_reduced_in_process(
         assert "exists in this process only" in capsys.readouterr().err
     finally:
         memory.rm("/batch-test", recursive=True)
+
+
+def test_the_readme_s3_command(s3_endpoint: str, traces: Path, corpus: Corpus) -> None:
+    """README.md's object-storage line as written, the bucket on moto, found through
+    AWS_ENDPOINT_URL as the README says."""
+    [line] = block("s3", "sh").splitlines()
+    program, command, *args = shlex.split(line)
+    assert (program, command) == ("trace-reducer", "reduce-all")
+    fs = _s3(s3_endpoint)
+    fs.mkdir("rollouts")
+    fs.put(f"{traces}/", "rollouts/2026-11/", recursive=True)
+    result = reduce_all(*args, env={**AWS_ENV, "AWS_ENDPOINT_URL": s3_endpoint})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"reduce-all: {corpus.threads} bundles under s3://rollouts/2026-11 " in result.stdout
+    fs.invalidate_cache()
+    for bundle in bundles_under(traces):
+        written = fs.cat_file(f"rollouts/2026-11/{bundle.name}/state.json")
+        assert written.decode() == expected_state(bundle)
+    assert fs.find("rollouts/tables/2026-11/bundles")

@@ -31,9 +31,7 @@ class RayEngine:
         try:
             import ray  # optional, and slow to import
         except ImportError as error:
-            raise RayUnavailableError(
-                "--ray needs the ray extra: pip install 'rollout-trace[ray]'"
-            ) from error
+            raise RayUnavailableError("--ray", "ray", error.name) from error
         self._ray: Any = ray
         self._owns = not ray.is_initialized()
         if self._owns:

@@ -17,7 +17,8 @@ words. Each is imported where it is raised from here; the tree:
     ExportError                     the RL export cannot be written
     ExportConfigError (ValueError)  an OTLP endpoint, protocol, header or timeout unusable
     ExportFailedError               the OTLP receiver did not take the spans
-    RayUnavailableError             `--ray` without the ray extra
+    MissingExtraError               a command needs an optional extra that is not installed
+    └── RayUnavailableError         `--ray` without the ray extra
 
 The ValueError ones are bad values handed in by code; the others are what a command or a
 service turns into its exit code or status (cli/_main.py, service/_service.py, batch/_batch.py).
@@ -106,7 +107,18 @@ class ExportFailedError(Exception):
     """The receiver could not be reached or did not accept the spans."""
 
 
-class RayUnavailableError(Exception):
+class MissingExtraError(Exception):
+    """An optional extra is not installed: says what needs it, the package that is missing and
+    the pip line that installs it (a command exits 2 with it, before doing anything)."""
+
+    def __init__(self, what: str, extra: str, missing: str | None = None) -> None:
+        package = f" ({missing} is missing)" if missing else ""
+        super().__init__(
+            f"{what} needs the {extra} extra{package}: pip install 'rollout-trace[{extra}]'"
+        )
+
+
+class RayUnavailableError(MissingExtraError):
     """The ray extra is not installed."""
 
 

@@ -19,7 +19,7 @@ from ..batch._batch import (
 )
 from ..batch._report import Tally, summary
 from ..batch._storage import Store, is_url, open_store, parse_storage_options
-from ..bundle._errors import BundleError
+from ..bundle._errors import BundleError, MissingExtraError
 from ._common import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -58,7 +58,8 @@ def add_parser(commands: Any) -> None:
         description=(
             "Find every bundle (a directory holding trace.binpb) under ROOT, reduce each to its "
             "state.json in parallel, and print a summary. Exit 1 when a bundle is corrupt "
-            "(unless --salvage) or could not be reduced."
+            "(unless --salvage) or could not be reduced; 2 for bad input (no bundles under ROOT, "
+            "an unreadable URL, the extra --tables or --ray needs not installed)."
         ),
     )
     parser.add_argument("root", help="a directory, or an fsspec URL (s3://bucket/prefix, ...)")
@@ -89,7 +90,7 @@ def add_parser(commands: Any) -> None:
         type=float,
         default=10.0,
         metavar="SECONDS",
-        help="an unfinished bundle modified this recently is live, not damaged (10)",
+        help="an unfinished bundle modified this recently is live, not damaged (default 10)",
     )
     add_storage_option_argument(parser, "URL roots and tables")
     parser.set_defaults(run=run)
@@ -102,11 +103,8 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _missing_extra(error: ImportError) -> BundleError:
-    return BundleError(
-        f"reduce-all needs the batch extra ({error.name} is missing): "
-        "pip install 'rollout-trace[batch]'"
-    )
+def _missing_extra(error: ImportError) -> MissingExtraError:
+    return MissingExtraError("reduce-all", "batch", error.name)
 
 
 def _engine(args: argparse.Namespace, store: Store) -> Engine:
@@ -119,8 +117,8 @@ def _engine(args: argparse.Namespace, store: Store) -> Engine:
 
     try:
         return RayEngine(args.ray, args.jobs)
-    except RayUnavailableError as error:
-        raise BundleError(str(error)) from error
+    except RayUnavailableError:
+        raise
     except Exception as error:  # Ray's own errors, as one line
         where = "a local Ray" if args.ray == "local" else f"Ray at {args.ray}"
         raise BundleError(f"cannot start or join {where}: {error}") from error

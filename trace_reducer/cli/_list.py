@@ -29,7 +29,13 @@ def add_filter_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="clean, unclosed, truncated or corrupt (repeatable, or a,b)",
     )
-    parser.add_argument("--model", action="append", default=[], metavar="MODEL")
+    parser.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="MODEL",
+        help="runs of this model (repeatable, or a,b)",
+    )
     parser.add_argument(
         "--reward",
         action="append",

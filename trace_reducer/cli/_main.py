@@ -22,6 +22,7 @@ from ..bundle._discover import holds_bundles
 from ..bundle._errors import (
     BundleError,
     CorruptBundleError,
+    MissingExtraError,
     RecordOutOfRangeError,
     ReductionError,
     describe_os_error,
@@ -174,10 +175,7 @@ def _export_otlp(args: argparse.Namespace) -> int:
         from ..bundle._errors import ExportConfigError, ExportFailedError
         from ..export._otel import export_otlp
     except ImportError as error:
-        raise _CommandError(
-            f"export-otlp needs the otel extra (pip install 'rollout-trace[otel]'): {error}",
-            EXIT_FAILED,
-        ) from error
+        raise MissingExtraError("export-otlp", "otel", error.name) from error
     # The exporters log each retry and failure; the one line below says what matters.
     logging.getLogger("opentelemetry").addHandler(logging.NullHandler())
     reducing = progress_for("export-otlp: reducing", quiet=args.quiet)
@@ -465,7 +463,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="send bundles as OpenTelemetry GenAI spans to an OTLP receiver",
         description="Exit codes: 0 sent, 1 the receiver did not take the spans, a corrupt "
         "bundle without --salvage, or records that contradict each other; 2 bad input "
-        "(bundle, endpoint, protocol, header, timeout).",
+        "(bundle, endpoint, protocol, header, timeout) or the otel extra not installed.",
     )
     export.add_argument("bundles", nargs="+", metavar="bundle", help="bundle directory or file")
     export.add_argument(
@@ -537,7 +535,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--listen",
         default="127.0.0.1:8765",
         metavar="HOST:PORT",
-        help="where a root is served (127.0.0.1:8765); off loopback a token is required",
+        help="where a root is served (default 127.0.0.1:8765); off loopback a token is required",
     )
     view.add_argument(
         "--token-env",
@@ -554,7 +552,12 @@ def build_parser() -> argparse.ArgumentParser:
     watch.set_defaults(run=_watch)
 
     serve = commands.add_parser("serve", help="run the ReducerService gRPC server")
-    serve.add_argument("--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT")
+    serve.add_argument(
+        "--listen",
+        default=DEFAULT_LISTEN,
+        metavar="HOST:PORT",
+        help=f"gRPC address; port 0 picks a free one (default {DEFAULT_LISTEN})",
+    )
     serve.add_argument("--bundle-root", metavar="DIR", help="bundles are read under here (cwd)")
     add_access_arguments(serve)
     serve.add_argument(
@@ -583,7 +586,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _CommandError as failure:
         say(str(failure))
         return failure.code
-    except BundleError as error:
+    except (BundleError, MissingExtraError) as error:
         say(str(error))
         return EXIT_USAGE
     except RecordOutOfRangeError as error:

@@ -124,24 +124,46 @@ def add_parsers(commands: Any) -> None:
         "2 bad input (bundle, name, value, turn, item).",
     )
     reward.add_argument("bundle", help="bundle directory or its trace.binpb")
-    reward.add_argument("--name", required=True)
-    reward.add_argument("--value", required=True, type=float)
+    reward.add_argument("--name", required=True, help="the reward's name, e.g. correct")
+    reward.add_argument("--value", required=True, type=float, help="a finite number")
     reward.add_argument("--turn", metavar="TURN_ID", help="a turn of the thread (default: all)")
     reward.add_argument("--item", metavar="ITEM_ID", help="an item id as events show it")
-    reward.add_argument("--weight", type=float, default=0.0)
-    reward.add_argument("--source", default="")
-    reward.add_argument("--metadata", action="append", default=[], metavar="KEY=VALUE")
+    reward.add_argument(
+        "--weight",
+        type=float,
+        default=0.0,
+        help="its weight in the sample's mean reward (default 0, which counts as 1)",
+    )
+    reward.add_argument("--source", default="", help="who gave it, e.g. rule, judge, human")
+    reward.add_argument(
+        "--metadata",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a metadata entry (repeatable)",
+    )
     reward.set_defaults(run=_reward)
 
     export = commands.add_parser(
         "export-rl",
         help="write one training sample per thread: tokens, loss masks, logprobs, rewards",
         description="Exit codes: 0 written; 1 a corrupt bundle without --salvage, records "
-        "that contradict each other, an unwritable output; 2 bad input.",
+        "that contradict each other, an unwritable output; 2 bad input, or pyarrow (the "
+        "training extra) not installed for verl or skyrl.",
     )
-    export.add_argument("paths", nargs="+", metavar="bundle-or-root")
-    export.add_argument("--format", required=True, choices=FORMATS)
-    export.add_argument("--out", required=True, metavar="DIR")
+    export.add_argument(
+        "paths",
+        nargs="+",
+        metavar="bundle-or-root",
+        help="a bundle directory, or a directory holding bundles",
+    )
+    export.add_argument(
+        "--format",
+        required=True,
+        choices=FORMATS,
+        help="jsonl (plain JSON lines), verl, skyrl or art (docs/training.md)",
+    )
+    export.add_argument("--out", required=True, metavar="DIR", help="where the files are written")
     export.add_argument(
         "--parent",
         action="append",

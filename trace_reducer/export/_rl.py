@@ -18,7 +18,7 @@ from typing import Any
 from rollout.trace.v1 import common_pb2, record_pb2, state_pb2
 
 from ..bundle._discover import walk_bundles
-from ..bundle._errors import BundleError, ExportError, NotABundleError
+from ..bundle._errors import BundleError, ExportError, MissingExtraError, NotABundleError
 from ..bundle._integrity import integrity_name, require_reducible
 from ..bundle._layout import TRACE_FILE_NAME
 from ..bundle._names import KIND_WORDS, ROLE_WORDS, STOP_WORDS
@@ -798,10 +798,7 @@ def export_rl(
             try:
                 schema = parquet_schema(fmt)
             except ImportError as error:
-                raise ExportError(
-                    f"--format {fmt} writes Parquet and needs pyarrow "
-                    f"(pip install 'rollout-trace[training]'): {error}"
-                ) from error
+                raise MissingExtraError(f"--format {fmt}", "training", error.name) from error
             rows = _verl_rows(samples) if fmt == "verl" else _skyrl_rows(samples)
             _write_parquet(target, rows, schema)
     except OSError as error:
