@@ -125,7 +125,13 @@ class AgentServer:
             )
             for named in settings.providers
         }
-        agent = Agent(settings, provider, named)
+        book = local_model.book if isinstance(local_model, ReplayModel) else None
+        agent = Agent(
+            settings,
+            provider,
+            named,
+            branch_point=book.branch_point if book and settings.replay_branch_at else None,
+        )
         service = AgentService(agent)
 
         def register(server: grpc.aio.Server) -> None:
@@ -241,6 +247,15 @@ async def _start_replay(settings: Settings) -> ReplayModel:
         threads = await asyncio.to_thread(lambda: list(read_recorded(source)))
     except (BundleError, ReductionError, OSError) as error:
         raise ConfigError(f"--replay-from: {error}") from error
+    root = settings.trace_root
+    if settings.replay_branch_at and root is not None:
+        # A branch is recorded as a fork of its recorded run, which it finds beside itself.
+        for thread in threads:
+            if thread.bundle.resolve().parent != root.resolve():
+                raise ConfigError(
+                    f"--replay-branch-at records each branch as a fork of its recorded run, "
+                    f"beside it: --trace-root must be the directory that holds {thread.bundle}"
+                )
     book = ReplayBook(
         threads,
         on_divergence=settings.replay_on_divergence,

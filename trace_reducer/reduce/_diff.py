@@ -9,6 +9,7 @@ from typing import Any
 
 from rollout.trace.v1 import common_pb2, state_pb2
 
+from ..bundle._errors import BundleError
 from ._recorded import RecordedCall, RecordedThread, read_recorded_thread
 
 # What a replay and `diff` set aside when comparing request bodies: fields a run may vary
@@ -145,6 +146,33 @@ def _call_views(thread: RecordedThread) -> list[CallView]:
     return views
 
 
+# How many forks deep a run's inherited calls are looked for (the fork resolver's own bound
+# has already refused a deeper chain when it resolved the parents).
+_MAX_FORK_DEPTH = 64
+
+
+def _run_views(thread: RecordedThread, depth: int = 0) -> list[CallView]:
+    """Every call of a run in its order: a fork's (or a replay branch's) starts with the calls
+    it shares with its parent, so that call k of both is the same call of the conversation."""
+    return _inherited_views(thread, depth) + _call_views(thread)
+
+
+def _inherited_views(thread: RecordedThread, depth: int) -> list[CallView]:
+    trace = thread.trace
+    fork = trace.fork
+    if not trace.HasField("fork") or not fork.resolved or not fork.after_turn_id:
+        return []
+    name = fork.parent_bundle
+    if not name or os.sep in name or name in {".", ".."} or depth >= _MAX_FORK_DEPTH:
+        raise BundleError(f"{thread.bundle}: its fork parent {name!r} cannot be compared")
+    parent = read_recorded_thread(thread.bundle.parent / name)
+    turn_ids = list(parent.trace.threads[parent.thread_id].turn_ids)
+    if fork.after_turn_id not in turn_ids:
+        return []
+    shared = set(turn_ids[: turn_ids.index(fork.after_turn_id) + 1])
+    return [view for view in _run_views(parent, depth + 1) if view.call.turn_id in shared]
+
+
 @dataclass
 class Difference:
     """The first call at which two runs differ."""
@@ -170,11 +198,12 @@ class RunDiff:
 
 
 def diff_runs(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> RunDiff:
-    """Compare two bundles' root threads call by call; the first difference, if any.
+    """Compare two bundles' root threads call by call; the first difference, if any. A
+    fork's calls start with those it shares with its parent (found beside it).
 
     Raises BundleError when either is not a readable bundle."""
-    views_a = _call_views(read_recorded_thread(a))
-    views_b = _call_views(read_recorded_thread(b))
+    views_a = _run_views(read_recorded_thread(a))
+    views_b = _run_views(read_recorded_thread(b))
     same = 0
     for number, (x, y) in enumerate(zip(views_a, views_b, strict=False), start=1):
         request_a = comparable_request(x.call.request)
