@@ -169,8 +169,11 @@ def _inherited_views(thread: RecordedThread, depth: int) -> list[CallView]:
     turn_ids = list(parent.trace.threads[parent.thread_id].turn_ids)
     if fork.after_turn_id not in turn_ids:
         return []
+    # A thread's turns are its own (a fork's inherited ones are its parent's): what the parent
+    # inherited comes first, then its own calls up to the turn forked after.
     shared = set(turn_ids[: turn_ids.index(fork.after_turn_id) + 1])
-    return [view for view in _run_views(parent, depth + 1) if view.call.turn_id in shared]
+    own = [view for view in _call_views(parent) if view.call.turn_id in shared]
+    return _inherited_views(parent, depth + 1) + own
 
 
 @dataclass
