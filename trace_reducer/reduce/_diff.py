@@ -250,3 +250,22 @@ def diff_runs(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> RunDiff:
             Difference(number, extra_a, extra_b, ["calls"], "only one run has this call"),
         )
     return RunDiff(len(views_a), len(views_b), same, None)
+
+
+def diff_report(result: RunDiff, a: str, b: str) -> list[str]:
+    """The comparison as a person reads it (`diff` prints it, `view --diff` shows it): each
+    run's size, the first differing call with what differs there, and a unified diff of the
+    two request bodies when they differ (its lines last, from the one starting `--- A`)."""
+    lines = [f"A: {a} ({result.calls_a} calls)", f"B: {b} ({result.calls_b} calls)"]
+    first = result.first
+    if first is None:
+        lines.append(f"no difference in {result.same_calls} calls")
+        return lines
+    if result.same_calls:
+        lines.append(f"calls 1-{result.same_calls} are the same")
+    ids = " / ".join(call.inference_call_id if call else "-" for call in (first.a, first.b))
+    lines.append(f"first difference at call {first.number} ({ids}): {', '.join(first.aspects)}")
+    lines.append(f"  request: {first.request}")
+    lines.extend(f"  {detail}" for detail in first.details)
+    lines.extend(first.request_diff)
+    return lines
