@@ -14,6 +14,7 @@ import httpx
 
 from agent_server.chat_completions import DONE_DATA, DONE_EVENT
 from agent_server.chat_completions import PATH as CHAT_PATH
+from agent_server.config import ConfigError, Settings
 from agent_server.loopback_http import (
     HttpRequest,
     HttpResponse,
@@ -25,10 +26,13 @@ from rollout.trace.v1 import common_pb2, record_pb2
 from trace_reducer import (
     CHAT_API,
     REPLAY_IGNORED_FIELDS,
+    BundleError,
     RecordedCall,
     RecordedThread,
+    ReductionError,
     canonical_json,
     comparable_request,
+    read_recorded,
     request_difference,
 )
 
@@ -59,14 +63,15 @@ class ReplayChunk:
 
 @dataclass(frozen=True)
 class ReplayScript:
-    """How to answer one recorded call: an HTTP error, or a stream of chunks and its ending
-    (`end`: "complete" ends the stream, "hold" keeps it open until the client leaves, as an
+    """How to answer one recorded call: a whole body (an HTTP error, or the answer to a
+    request that did not ask for a stream), or a stream of chunks and its ending (`end`:
+    "complete" ends the stream, "hold" keeps it open until the client leaves, as an
     interrupted or stalled stream did, "reset" drops the connection)."""
 
     chunks: list[ReplayChunk]
     end: str
     http_status: int = 0
-    error_body: bytes = b""
+    body: bytes = b""
 
 
 def _event(event_type: str, fields: dict[str, Any]) -> tuple[str, str]:
@@ -118,6 +123,9 @@ def script_of(call: RecordedCall) -> ReplayScript:
             }
         }
         return ReplayScript([], "complete", call.error.http_status, json.dumps(error_json).encode())
+    whole = _whole_body(call)
+    if whole is not None:
+        return ReplayScript([], "complete", 200, whole)
     if call.provider_api == CHAT_API:
         return ReplayScript(_chat_chunks(call), _ending(call))
     done_items = {
@@ -213,6 +221,29 @@ def script_of(call: RecordedCall) -> ReplayScript:
         if events:
             chunks = _add(chunks, call, record, events)
     return ReplayScript(chunks, _ending(call))
+
+
+# The event a whole (not streamed) answer is recorded as, verbatim (the gateway's records).
+_WHOLE_EVENTS = {
+    CHAT_API: frozenset({"chat.completion"}),
+    "": frozenset({"response.completed", "response.failed", "response.incomplete"}),
+}
+
+
+def _whole_body(call: RecordedCall) -> bytes | None:
+    """The recorded body of a call that asked for no stream; None for a streamed call."""
+    if call.request.get("stream") is True:
+        return None
+    names = _WHOLE_EVENTS.get(call.provider_api if call.provider_api == CHAT_API else "")
+    for record in reversed(call.records):
+        if record.WhichOneof("body") != "provider_event":
+            continue
+        event = record.provider_event
+        if names is not None and event.event_type in names:
+            if event.data_payload_id:
+                return call.payloads[event.data_payload_id]
+            return event.data.encode()
+    return None
 
 
 def _chat_chunks(call: RecordedCall) -> list[ReplayChunk]:
@@ -502,6 +533,33 @@ class ReplayModel:
         model._http = await LoopbackHttpServer.start(model._handle)
         return model
 
+    @classmethod
+    async def from_settings(cls, settings: Settings) -> ReplayModel:
+        """The replay provider over every bundle --replay-from names, read once at start-up;
+        what diverges goes live to the provider URL (`serve`'s --provider-url, `gateway`'s
+        --upstream). Raises ConfigError when the bundles cannot be read."""
+        source = settings.replay_from
+        assert source is not None
+        try:
+            threads = await asyncio.to_thread(lambda: list(read_recorded(source)))
+        except (BundleError, ReductionError, OSError) as error:
+            raise ConfigError(f"--replay-from: {error}") from error
+        root = settings.trace_root
+        if settings.replay_branch_at and root is not None:
+            # A branch is recorded as a fork of its recorded run, which it finds beside itself.
+            for thread in threads:
+                if thread.bundle.resolve().parent != root.resolve():
+                    raise ConfigError(
+                        "--replay-branch-at records each branch as a fork of its recorded run, "
+                        f"beside it: --trace-root must be the directory that holds {thread.bundle}"
+                    )
+        book = ReplayBook(
+            threads,
+            on_divergence=settings.replay_on_divergence,
+            branch_at=settings.replay_branch_at,
+        )
+        return await cls.start(book, pace=settings.replay_pace, live_url=settings.provider_url)
+
     @property
     def url(self) -> str:
         assert self._http is not None
@@ -537,7 +595,7 @@ class ReplayModel:
 
     async def _play(self, script: ReplayScript, response: HttpResponse) -> None:
         if script.http_status:
-            await response.send(script.http_status, script.error_body)
+            await response.send(script.http_status, script.body)
             return
         await response.start()
         began = time.monotonic()

@@ -20,7 +20,6 @@ from agent_server.replay_model import ReplayBook, ReplayModel
 from agent_server.service import SERVICE_NAME, AgentService
 from grpc_common import GrpcServer, MetricsServer, RpcMetricsInterceptor
 from rollout.agent.v1 import agent_pb2_grpc
-from trace_reducer import BundleError, ReductionError, read_recorded
 
 if TYPE_CHECKING:
     from trace_reducer.export._live import LiveExport
@@ -97,7 +96,7 @@ class AgentServer:
             log.info("metrics at %s", metrics.url)
         local_model: LocalModel | ReplayModel | None = None
         if settings.replay_from is not None:
-            local_model = await _start_replay(settings)
+            local_model = await ReplayModel.from_settings(settings)
             base_url = local_model.url
             log.info("replaying %s at %s", settings.replay_from, base_url)
         elif settings.provider_url is None:
@@ -237,28 +236,3 @@ def _live_export(settings: Settings) -> LiveExport | None:
     telemetry.install_live_export(live)
     log.info("exporting each turn's spans to %s", settings.otlp_endpoint)
     return live
-
-
-async def _start_replay(settings: Settings) -> ReplayModel:
-    """The replay provider over every bundle --replay-from names, read once at start-up."""
-    source = settings.replay_from
-    assert source is not None
-    try:
-        threads = await asyncio.to_thread(lambda: list(read_recorded(source)))
-    except (BundleError, ReductionError, OSError) as error:
-        raise ConfigError(f"--replay-from: {error}") from error
-    root = settings.trace_root
-    if settings.replay_branch_at and root is not None:
-        # A branch is recorded as a fork of its recorded run, which it finds beside itself.
-        for thread in threads:
-            if thread.bundle.resolve().parent != root.resolve():
-                raise ConfigError(
-                    f"--replay-branch-at records each branch as a fork of its recorded run, "
-                    f"beside it: --trace-root must be the directory that holds {thread.bundle}"
-                )
-    book = ReplayBook(
-        threads,
-        on_divergence=settings.replay_on_divergence,
-        branch_at=settings.replay_branch_at,
-    )
-    return await ReplayModel.start(book, pace=settings.replay_pace, live_url=settings.provider_url)

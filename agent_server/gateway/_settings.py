@@ -111,6 +111,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--log-level", choices=logs.LEVELS, help="default info (env ROLLOUT_LOG_LEVEL)"
     )
+    config.add_replay_arguments(parser, live="--upstream", branch=False)
     parser.add_argument(
         "--log-format", choices=logs.FORMATS, help="text or JSON lines on stderr (default text)"
     )
