@@ -303,8 +303,9 @@ async def test_a_run_branched_at_call_3_is_a_fork_of_the_original(
         for text in texts:
             turn = await agent.start_turn(thread.id, f"turn {text}")
             turns.append(await events.turn_completed(turn.id))
-        await agent.stub.CloseThread(agent_pb2.CloseThreadRequest(thread_id=thread.id))
-        return thread, turns
+        # The bundle a branch ends in is the fork's, made after StartThread answered.
+        closed = await agent.stub.CloseThread(agent_pb2.CloseThreadRequest(thread_id=thread.id))
+        return closed.thread, turns
 
     live = await start_agent(provider_url=None, local_word_delay=0.0)
     original, _ = await client(live, "local-echo-1")
