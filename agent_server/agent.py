@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import itertools
+import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -78,6 +80,11 @@ from trace_reducer import (
     thread_bundles,
 )
 
+if TYPE_CHECKING:
+    from agent_server.replay_model import BranchPoint
+
+log = logging.getLogger(__name__)
+
 MAX_INPUT_BYTES = 1024 * 1024
 MAX_INSTRUCTIONS_BYTES = 1024 * 1024
 MAX_MODEL_CHARS = 256
@@ -92,6 +99,8 @@ CLOSE_REASON = "closed"
 SHUTDOWN_REASON = "shutdown"
 FORK_FAILED_REASON = "fork_failed"
 MAX_FORKS = 64
+# A branch's place in its recorded thread's export-rl group: the recorded run is 0.
+BRANCH_REPETITION_INDEX = 1
 MAX_GROUP_ID_CHARS = 256
 
 
@@ -159,8 +168,15 @@ class Agent:
         settings: Settings,
         provider: ProviderClient,
         named: Mapping[str, ProviderClient] | None = None,
+        *,
+        branch_point: Callable[[str, int], BranchPoint | None] | None = None,
     ) -> None:
         self._settings = settings
+        # --replay-branch-at: where a replayed thread (by its latest call id and the turns it
+        # has had) forks from the recorded thread it replays, if its next turn is the one.
+        self._branch_point = branch_point
+        # Threads whose bundle is becoming a fork's: their next turn waits for it.
+        self._branching: dict[str, asyncio.Task[None]] = {}
         self._provider = provider
         # The config's named providers, which a thread may choose instead of the default.
         self._named = dict(named or {})
@@ -597,6 +613,82 @@ class Agent:
                 f"thread {thread_id!r} has no item {reward.item_id!r}", item_id=reward.item_id
             )
         return candidates[-1], trace.trace_id
+
+    async def branch_before_turn(self, thread_id: str) -> None:
+        """--replay-branch-at: a replayed thread about to start the turn that holds the branch
+        call continues as a fork of the recorded thread, after the turn before that one. Its
+        bundle so far, a replay of the recorded turns the fork now shares, gives way to the
+        fork's, which refers to the recorded bundle for them (the thread and its id stay)."""
+        if self._branch_point is None:
+            return
+        thread = self.thread(thread_id)
+        pending = self._branching.get(thread_id)
+        if pending is None:
+            root = self._settings.trace_root
+            if (
+                root is None
+                or thread.fork is not None
+                or thread.running is not None
+                or thread.closed
+                or not thread.recorder.bundle_path
+            ):
+                return
+            point = self._branch_point(thread.last_call_id, len(thread.turns))
+            if point is None:
+                return
+            pending = asyncio.create_task(self._branch(thread, root, point))
+            self._branching[thread_id] = pending
+            pending.add_done_callback(lambda _: self._branching.pop(thread_id, None))
+        # Shielded: a caller that gives up must not leave the thread between two bundles.
+        await asyncio.shield(pending)
+
+    async def _branch(self, thread: Thread, root: Path, point: BranchPoint) -> None:
+        recorded = point.thread
+        seed = ForkSeed(
+            parent_thread_id=recorded.thread_id,
+            parent_bundle=recorded.bundle.name,
+            parent_trace_id=recorded.trace.trace_id,
+            after_turn_id=point.after_turn_id,
+            group_id=point.group_id,
+            repetition_index=BRANCH_REPETITION_INDEX,
+            shared_turns=point.shared_turns,
+            prefix_items=list(thread.history),
+            parent_payloads=recorded.payload_ids,
+        )
+        # Refer to the recorded bundle's payloads only when it holds every one the prefix needs.
+        needed = {payload_id(canonical_json(item)) for item in thread.history}
+        if not needed <= recorded.payload_ids:
+            seed = replace(seed, parent_payloads=frozenset())
+        # First out of the way: the fork's bundle may take the same name (thread id and second).
+        await thread.recorder.discard()
+        try:
+            recorder = await Recorder.start(
+                root,
+                thread.id,
+                model=thread.model,
+                instructions=thread.instructions,
+                metadata=thread.metadata,
+                fork=seed,
+            )
+        except RecordingError as error:
+            # The turn does not start; the next StartTurn tries again.
+            raise RecordingStartFailedError(
+                f"the branch cannot start its fork's bundle: {error}"
+            ) from error
+        thread.recorder = recorder
+        thread.fork = agent_pb2.ForkOrigin(
+            parent_thread_id=recorded.thread_id,
+            after_turn_id=point.after_turn_id,
+            group_id=point.group_id,
+            repetition_index=BRANCH_REPETITION_INDEX,
+        )
+        log.info(
+            "thread %s branches from %s after turn %d: recording into %s",
+            thread.id,
+            recorded.bundle,
+            point.shared_turns,
+            recorder.bundle_path,
+        )
 
     def start_turn(
         self,

@@ -308,6 +308,19 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         choices=logs.LEVELS,
         help="the least severe level logged (default info; env ROLLOUT_LOG_LEVEL)",
     )
+    add_replay_arguments(parser)
+    parser.add_argument(
+        "--log-format",
+        choices=logs.FORMATS,
+        help="text lines or JSON lines on stderr (default text; env ROLLOUT_LOG_FORMAT)",
+    )
+
+
+def add_replay_arguments(
+    parser: argparse.ArgumentParser, *, live: str = "--provider-url", branch: bool = True
+) -> None:
+    """The replay flags (`serve`, and `gateway` without --replay-branch-at); `live` names the
+    flag of the provider a divergence goes to."""
     replay = parser.add_argument_group("replay a recorded run")
     replay.add_argument(
         "--replay-from",
@@ -325,19 +338,15 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "--replay-on-divergence",
         choices=REPLAY_ON_DIVERGENCE,
         help="a request that differs from the recorded one fails with HTTP 409 "
-        "replay_divergence (fail, the default), or goes to --provider-url from there on (live)",
+        f"replay_divergence (fail, the default), or goes to {live} from there on (live)",
     )
-    replay.add_argument(
-        "--replay-branch-at",
-        type=int,
-        metavar="CALL",
-        help="replay calls 1..CALL-1 of each recorded thread, send CALL onward to --provider-url",
-    )
-    parser.add_argument(
-        "--log-format",
-        choices=logs.FORMATS,
-        help="text lines or JSON lines on stderr (default text; env ROLLOUT_LOG_FORMAT)",
-    )
+    if branch:
+        replay.add_argument(
+            "--replay-branch-at",
+            type=int,
+            metavar="CALL",
+            help=f"replay calls 1..CALL-1 of each recorded thread, send CALL onward to {live}",
+        )
 
 
 def add_demo_arguments(parser: argparse.ArgumentParser) -> None:

@@ -387,6 +387,17 @@ class Recorder:
             self._turn_done = False
             telemetry.bundle_advanced(self.bundle_path)
 
+    async def discard(self) -> None:
+        """Close and remove the bundle unfinished: a branched thread's replay of the turns its
+        fork now shares with the recorded thread."""
+        writer = self._writer
+        if writer is None or writer.closed:
+            return
+        self._closing = True
+        async with self._io_lock:
+            await asyncio.to_thread(writer.discard)
+        self._builder = None
+
     async def finish(self, status: Status, reason: str) -> None:
         """Record thread_ended, then the footer; release the file even after a failure."""
         writer = self._writer

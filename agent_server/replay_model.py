@@ -14,6 +14,7 @@ import httpx
 
 from agent_server.chat_completions import DONE_DATA, DONE_EVENT
 from agent_server.chat_completions import PATH as CHAT_PATH
+from agent_server.config import ConfigError, Settings
 from agent_server.loopback_http import (
     HttpRequest,
     HttpResponse,
@@ -25,10 +26,13 @@ from rollout.trace.v1 import common_pb2, record_pb2
 from trace_reducer import (
     CHAT_API,
     REPLAY_IGNORED_FIELDS,
+    BundleError,
     RecordedCall,
     RecordedThread,
+    ReductionError,
     canonical_json,
     comparable_request,
+    read_recorded,
     request_difference,
 )
 
@@ -59,14 +63,15 @@ class ReplayChunk:
 
 @dataclass(frozen=True)
 class ReplayScript:
-    """How to answer one recorded call: an HTTP error, or a stream of chunks and its ending
-    (`end`: "complete" ends the stream, "hold" keeps it open until the client leaves, as an
+    """How to answer one recorded call: a whole body (an HTTP error, or the answer to a
+    request that did not ask for a stream), or a stream of chunks and its ending (`end`:
+    "complete" ends the stream, "hold" keeps it open until the client leaves, as an
     interrupted or stalled stream did, "reset" drops the connection)."""
 
     chunks: list[ReplayChunk]
     end: str
     http_status: int = 0
-    error_body: bytes = b""
+    body: bytes = b""
 
 
 def _event(event_type: str, fields: dict[str, Any]) -> tuple[str, str]:
@@ -118,6 +123,9 @@ def script_of(call: RecordedCall) -> ReplayScript:
             }
         }
         return ReplayScript([], "complete", call.error.http_status, json.dumps(error_json).encode())
+    whole = _whole_body(call)
+    if whole is not None:
+        return ReplayScript([], "complete", 200, whole)
     if call.provider_api == CHAT_API:
         return ReplayScript(_chat_chunks(call), _ending(call))
     done_items = {
@@ -215,6 +223,29 @@ def script_of(call: RecordedCall) -> ReplayScript:
     return ReplayScript(chunks, _ending(call))
 
 
+# The event a whole (not streamed) answer is recorded as, verbatim (the gateway's records).
+_WHOLE_EVENTS = {
+    CHAT_API: frozenset({"chat.completion"}),
+    "": frozenset({"response.completed", "response.failed", "response.incomplete"}),
+}
+
+
+def _whole_body(call: RecordedCall) -> bytes | None:
+    """The recorded body of a call that asked for no stream; None for a streamed call."""
+    if call.request.get("stream") is True:
+        return None
+    names = _WHOLE_EVENTS.get(call.provider_api if call.provider_api == CHAT_API else "")
+    for record in reversed(call.records):
+        if record.WhichOneof("body") != "provider_event":
+            continue
+        event = record.provider_event
+        if names is not None and event.event_type in names:
+            if event.data_payload_id:
+                return call.payloads[event.data_payload_id]
+            return event.data.encode()
+    return None
+
+
 def _chat_chunks(call: RecordedCall) -> list[ReplayChunk]:
     """A Chat Completions stream: every chunk was kept verbatim (the typed records beside
     them are what the agent made of them, and it makes them again)."""
@@ -290,6 +321,22 @@ class _Cursor:
 
 
 @dataclass(frozen=True)
+class BranchPoint:
+    """Where a branched thread forks from the recorded thread it replayed: after a turn of it
+    (the one before the turn that holds the call --replay-branch-at names)."""
+
+    thread: RecordedThread
+    after_turn_id: str
+    # The recorded turns the branch shares: 1 to the after turn.
+    shared_turns: int
+
+    @property
+    def group_id(self) -> str:
+        """The recorded thread's export-rl group (its own id when it was not forked)."""
+        return self.thread.trace.fork.group_id or self.thread.thread_id
+
+
+@dataclass(frozen=True)
 class Answer:
     """What a request gets: a recorded call's script, the live provider, or a divergence."""
 
@@ -326,19 +373,47 @@ class ReplayBook:
         self._first: dict[int, bytes] = {}
         # The last input each live thread sent: its next request extends it.
         self._live_inputs: list[list[Any]] = []
+        # With a branch point: the cursor each replayed call (by its call id header) moved.
+        self._replayed_by: dict[str, _Cursor] = {}
         # Requests answered, byte-identical to the recorded ones, and divergent.
         self.answered = 0
         self.byte_identical = 0
         self.diverged = 0
 
-    def answer(self, raw: bytes) -> Answer:
-        """The answer to a request body, as sent."""
+    def answer(self, raw: bytes, call_id: str = "") -> Answer:
+        """The answer to a request body, as sent (call_id: the agent's id for the call)."""
+        answer, cursor = self._answer(raw)
+        if cursor is not None and answer.call is not None and self._branch_at and call_id:
+            self._replayed_by[call_id] = cursor
+        return answer
+
+    def branch_point(self, call_id: str, turns_done: int) -> BranchPoint | None:
+        """Where a thread whose latest call was call_id forks, when the turn it starts next
+        (after turns_done turns) is the one that holds call --replay-branch-at of the recorded
+        thread it replays; None for any other turn, or when call_id was not replayed."""
+        cursor = self._replayed_by.get(call_id)
+        if cursor is None:
+            return None
+        calls = cursor.thread.calls
+        upcoming, branch = cursor.position, self._branch_at - 1
+        if not upcoming <= branch < len(calls):
+            return None
+        turn_id = calls[upcoming].turn_id
+        if calls[branch].turn_id != turn_id or calls[upcoming - 1].turn_id == turn_id:
+            return None
+        turn_ids = list(cursor.thread.trace.threads[cursor.thread.thread_id].turn_ids)
+        shared = turn_ids.index(turn_id) if turn_id in turn_ids else 0
+        if shared != turns_done or shared < 1:
+            return None
+        return BranchPoint(cursor.thread, turn_ids[shared - 1], shared)
+
+    def _answer(self, raw: bytes) -> tuple[Answer, _Cursor | None]:
         # The agent sends canonical JSON, and a recorded body re-encoded is byte for byte the
         # one it sent: when nothing was set aside, bytes decide, without parsing either.
         for cursor in self._cursors:
             if cursor.expected() == raw:
                 self.byte_identical += 1
-                return self._take(cursor, cursor.thread.calls[cursor.position].request)
+                return self._take(cursor, cursor.thread.calls[cursor.position].request), cursor
         for index, thread in enumerate(self._threads):
             if index not in self._claimed and self._first_bytes(index) == raw:
                 self.byte_identical += 1
@@ -348,7 +423,8 @@ class ReplayBook:
         except ValueError:
             body = None
         if not isinstance(body, dict):
-            return Answer(error=(400, "invalid_json", "the request body is not a JSON object"))
+            error = (400, "invalid_json", "the request body is not a JSON object")
+            return Answer(error=error), None
         return self._answer_parsed(body)
 
     def _first_bytes(self, index: int) -> bytes:
@@ -357,13 +433,13 @@ class ReplayBook:
             found = self._first[index] = canonical_json(self._threads[index].calls[0].request)
         return found
 
-    def _claim(self, index: int, body: dict[str, Any]) -> Answer:
+    def _claim(self, index: int, body: dict[str, Any]) -> tuple[Answer, _Cursor]:
         self._claimed.add(index)
         cursor = _Cursor(self._threads[index])
         self._cursors.append(cursor)
-        return self._take(cursor, body)
+        return self._take(cursor, body), cursor
 
-    def _answer_parsed(self, body: dict[str, Any]) -> Answer:
+    def _answer_parsed(self, body: dict[str, Any]) -> tuple[Answer, _Cursor | None]:
         wanted = comparable_request(body)
         for cursor in self._cursors:
             calls = cursor.thread.calls
@@ -371,17 +447,17 @@ class ReplayBook:
                 cursor.position < len(calls)
                 and comparable_request(calls[cursor.position].request) == wanted
             ):
-                return self._take(cursor, body)
+                return self._take(cursor, body), cursor
         for index, thread in enumerate(self._threads):
             if index not in self._claimed and comparable_request(thread.calls[0].request) == wanted:
                 return self._claim(index, body)
         if self._continues_live(body):
-            return Answer(live=True)
+            return Answer(live=True), None
         self.diverged += 1
         if self._on_divergence == "live":
             self._go_live(body)
-            return Answer(live=True, divergence=self._describe(wanted))
-        return Answer(divergence=self._describe(wanted))
+            return Answer(live=True, divergence=self._describe(wanted)), None
+        return Answer(divergence=self._describe(wanted)), None
 
     def _take(self, cursor: _Cursor, body: dict[str, Any]) -> Answer:
         cursor.position += 1
@@ -457,6 +533,33 @@ class ReplayModel:
         model._http = await LoopbackHttpServer.start(model._handle)
         return model
 
+    @classmethod
+    async def from_settings(cls, settings: Settings) -> ReplayModel:
+        """The replay provider over every bundle --replay-from names, read once at start-up;
+        what diverges goes live to the provider URL (`serve`'s --provider-url, `gateway`'s
+        --upstream). Raises ConfigError when the bundles cannot be read."""
+        source = settings.replay_from
+        assert source is not None
+        try:
+            threads = await asyncio.to_thread(lambda: list(read_recorded(source)))
+        except (BundleError, ReductionError, OSError) as error:
+            raise ConfigError(f"--replay-from: {error}") from error
+        root = settings.trace_root
+        if settings.replay_branch_at and root is not None:
+            # A branch is recorded as a fork of its recorded run, which it finds beside itself.
+            for thread in threads:
+                if thread.bundle.resolve().parent != root.resolve():
+                    raise ConfigError(
+                        "--replay-branch-at records each branch as a fork of its recorded run, "
+                        f"beside it: --trace-root must be the directory that holds {thread.bundle}"
+                    )
+        book = ReplayBook(
+            threads,
+            on_divergence=settings.replay_on_divergence,
+            branch_at=settings.replay_branch_at,
+        )
+        return await cls.start(book, pace=settings.replay_pace, live_url=settings.provider_url)
+
     @property
     def url(self) -> str:
         assert self._http is not None
@@ -477,7 +580,7 @@ class ReplayModel:
         if route is None:
             return
         async with self._lock:
-            answer = self._book.answer(request.body)
+            answer = self._book.answer(request.body, request.headers.get(_CALL_HEADER, ""))
         if answer.error is not None:
             await _replay_error(response, *answer.error)
             return
@@ -492,7 +595,7 @@ class ReplayModel:
 
     async def _play(self, script: ReplayScript, response: HttpResponse) -> None:
         if script.http_status:
-            await response.send(script.http_status, script.error_body)
+            await response.send(script.http_status, script.body)
             return
         await response.start()
         began = time.monotonic()
@@ -561,6 +664,7 @@ __all__ = [
     "DIVERGENCE_STATUS",
     "REPLAY_IGNORED_FIELDS",
     "Answer",
+    "BranchPoint",
     "ReplayBook",
     "ReplayModel",
     "ReplayScript",

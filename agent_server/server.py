@@ -12,7 +12,7 @@ import grpc
 
 from agent_server import telemetry
 from agent_server.agent import Agent
-from agent_server.config import ConfigError, Settings
+from agent_server.config import Settings
 from agent_server.dialects import dialect_named, unsupported_fields
 from agent_server.local_model import LocalModel
 from agent_server.provider import ProviderClient
@@ -20,7 +20,6 @@ from agent_server.replay_model import ReplayBook, ReplayModel
 from agent_server.service import SERVICE_NAME, AgentService
 from grpc_common import GrpcServer, MetricsServer, RpcMetricsInterceptor
 from rollout.agent.v1 import agent_pb2_grpc
-from trace_reducer import BundleError, ReductionError, read_recorded
 
 if TYPE_CHECKING:
     from trace_reducer.export._live import LiveExport
@@ -97,7 +96,7 @@ class AgentServer:
             log.info("metrics at %s", metrics.url)
         local_model: LocalModel | ReplayModel | None = None
         if settings.replay_from is not None:
-            local_model = await _start_replay(settings)
+            local_model = await ReplayModel.from_settings(settings)
             base_url = local_model.url
             log.info("replaying %s at %s", settings.replay_from, base_url)
         elif settings.provider_url is None:
@@ -125,7 +124,13 @@ class AgentServer:
             )
             for named in settings.providers
         }
-        agent = Agent(settings, provider, named)
+        book = local_model.book if isinstance(local_model, ReplayModel) else None
+        agent = Agent(
+            settings,
+            provider,
+            named,
+            branch_point=book.branch_point if book and settings.replay_branch_at else None,
+        )
         service = AgentService(agent)
 
         def register(server: grpc.aio.Server) -> None:
@@ -199,19 +204,3 @@ class AgentServer:
 
     async def wait_for_termination(self) -> None:
         await self._grpc.wait_for_termination()
-
-
-async def _start_replay(settings: Settings) -> ReplayModel:
-    """The replay provider over every bundle --replay-from names, read once at start-up."""
-    source = settings.replay_from
-    assert source is not None
-    try:
-        threads = await asyncio.to_thread(lambda: list(read_recorded(source)))
-    except (BundleError, ReductionError, OSError) as error:
-        raise ConfigError(f"--replay-from: {error}") from error
-    book = ReplayBook(
-        threads,
-        on_divergence=settings.replay_on_divergence,
-        branch_at=settings.replay_branch_at,
-    )
-    return await ReplayModel.start(book, pace=settings.replay_pace, live_url=settings.provider_url)

@@ -52,6 +52,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         self, request: agent_pb2.StartTurnRequest, context: Context
     ) -> agent_pb2.StartTurnResponse:
         async with ERRORS.translated(context, "StartTurn"):
+            await self._agent.branch_before_turn(request.thread_id)
             turn = self._agent.start_turn(
                 request.thread_id,
                 _texts(list(request.input)),

@@ -134,6 +134,8 @@ class Thread:
     history_marks: dict[str, int] = field(default_factory=dict)
     # The ids of the items the model produced and the thread accepted (what rewards may name).
     accepted_items: set[str] = field(default_factory=set)
+    # The id of the latest inference call it sent (what a replay branch finds its place by).
+    last_call_id: str = ""
 
     def begin_turn(self, runner: Runner) -> None:
         """Make runner the thread's running turn; the caller has checked that none runs."""

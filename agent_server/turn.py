@@ -389,6 +389,7 @@ class TurnRunner:
         envelope = self._envelope()
         input_items = list(thread.history)
         call_id = new_call_id()
+        thread.last_call_id = call_id
         ordinal = self._recorder.inference_started(
             self._turn.ordinal,
             call_id=call_id,

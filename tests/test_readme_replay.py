@@ -16,20 +16,26 @@ TRACE_REDUCER = str(Path(sys.executable).parent / "trace-reducer")
 
 
 def commands(name: str) -> list[list[str]]:
-    """The shell lines of the block after `<!-- commands: name -->`, comments dropped."""
+    """The shell lines of the block after `<!-- commands: name -->` (a line ending in a
+    backslash goes on on the next), comments dropped."""
     text = README.read_text()
     match = re.search(rf"<!-- commands: {re.escape(name)} -->\n```sh\n(.*?)```", text, re.S)
     assert match, f"no commands {name!r} in the README"
-    return [shlex.split(line, comments=True) for line in match.group(1).splitlines()]
+    lines = match.group(1).replace("\\\n", " ").splitlines()
+    return [shlex.split(line, comments=True) for line in lines]
 
 
-def _in(directory: Path, argv: list[str], bundles: dict[str, str]) -> list[str]:
-    """argv with the README's relative paths under directory and <bundle> filled in."""
+def _in(
+    directory: Path, argv: list[str], bundles: dict[str, str], branch: str = "<branch>"
+) -> list[str]:
+    """argv with the README's relative paths under directory, <bundle> (the run's bundle) and
+    <branch> filled in."""
     out = []
     for arg in argv:
         if arg.startswith("runs/"):
             run = arg.split("/")[1]
             arg = str(directory / arg).replace("<bundle>", bundles.get(run, "<bundle>"))
+            arg = arg.replace("<branch>", branch)
         out.append(arg)
     return out
 
@@ -73,4 +79,4 @@ async def test_record_change_the_tool_replay_and_diff(tmp_path: Path) -> None:
     )
     same, _ = await process.communicate()
     assert process.returncode == 0
-    assert "no difference in 3 calls" in same.decode()
+    assert "no difference in 5 calls" in same.decode()

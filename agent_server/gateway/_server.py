@@ -44,6 +44,7 @@ from agent_server.gateway._upstream import HOP_HEADERS, Upstream
 from agent_server.local_model import LocalModel
 from agent_server.provider import ProviderError, http_error
 from agent_server.recorder import Recorder
+from agent_server.replay_model import ReplayBook, ReplayModel
 from agent_server.turn import new_call_id
 from grpc_common import split_listen
 from rollout.agent.v1 import agent_pb2
@@ -104,6 +105,8 @@ class Gateway:
         self.sessions = Sessions(settings.trace_root, settings.session_idle_timeout)
         self._upstream: Upstream | None = None
         self._local_model: LocalModel | None = None
+        # --replay-from: the recorded upstream answers (and passes what diverges on, if asked).
+        self._replay: ReplayModel | None = None
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
         self._token = settings.agent.access.token
@@ -125,7 +128,11 @@ class Gateway:
     async def _start(self) -> None:
         agent = self.settings.agent
         base_url = agent.provider_url
-        if base_url is None:
+        if agent.replay_from is not None:
+            self._replay = await ReplayModel.from_settings(agent)
+            base_url = self._replay.url
+            log.info("replaying %s at %s", agent.replay_from, base_url)
+        elif base_url is None:
             self._local_model = await LocalModel.start(agent.local_word_delay, full_protocol=True)
             base_url = self._local_model.url
             log.info("no --upstream given: using the built-in local model at %s", base_url)
@@ -189,6 +196,11 @@ class Gateway:
         return f"{self._scheme}://{host}:{self.port}/v1"
 
     @property
+    def replay(self) -> ReplayBook | None:
+        """What the replay answered so far (with --replay-from)."""
+        return self._replay.book if self._replay is not None else None
+
+    @property
     def upstream_url(self) -> str:
         assert self._upstream is not None
         return self._upstream.display_url
@@ -215,6 +227,8 @@ class Gateway:
             await self._upstream.aclose()
         if self._local_model is not None:
             await self._local_model.stop()
+        if self._replay is not None:
+            await self._replay.stop()
         # After the sessions' bundles are finished: what is queued goes out.
         live, self._live_export = self._live_export, None
         await telemetry.stop_live_export(live, _STOP_GRACE)

@@ -114,6 +114,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=logs.LEVELS,
         help="the least severe level logged (default info; env ROLLOUT_LOG_LEVEL)",
     )
+    config.add_replay_arguments(parser, live="--upstream", branch=False)
     parser.add_argument(
         "--log-format", choices=logs.FORMATS, help="text or JSON lines on stderr (default text)"
     )

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from agent_server.config import ConfigError
 from rollout.agent.v1 import agent_pb2
 from rollout.trace.v1 import common_pb2, state_pb2
 from tests.agent_server.conftest import Harness, StartAgent, reduce_with_cli
@@ -23,7 +24,7 @@ from tests.agent_server.scripted_provider import (
 )
 from tests.agent_server.test_chat_dialect import chunk, stream
 from tests.agent_server.test_tools import CONVERT, LOOKUP, requested, submit
-from trace_reducer import diff_runs, read_recorded_thread, replay_bundle
+from trace_reducer import diff_runs, export_rl, read_bundle, read_recorded_thread, replay_bundle
 
 COMPLETED = agent_pb2.TURN_STATUS_COMPLETED
 FAILED = agent_pb2.TURN_STATUS_FAILED
@@ -101,7 +102,9 @@ async def assert_same_run(original: Path, replayed: Path) -> None:
     )
     difference = diff_runs(original, replayed)
     assert difference.first is None, difference.first
-    assert difference.same_calls == len(a.inference_calls)
+    # A fork's calls start with those it shares with its parent.
+    assert difference.same_calls == difference.calls_a == difference.calls_b
+    assert difference.calls_b >= len(a.inference_calls)
 
 
 @pytest.mark.parametrize("api", ["responses", "chat"])
@@ -279,7 +282,16 @@ async def test_a_forked_run_replays_from_its_bundles(
         await assert_same_run(Path(before.bundle_path), Path(after.bundle_path))
 
 
-async def test_a_run_branched_at_call_3_goes_on_live(
+def _first_record(bundle: Path) -> str:
+    with read_bundle(bundle) as reader:
+        for record in reader:
+            body = record.WhichOneof("body")
+            if body not in {"header", "payload"}:
+                return str(body)
+    return ""
+
+
+async def test_a_run_branched_at_call_3_is_a_fork_of_the_original(
     start_agent: StartAgent, provider: ScriptedProvider, tmp_path: Path
 ) -> None:
     texts = ["one", "two", "three", "four"]
@@ -291,17 +303,24 @@ async def test_a_run_branched_at_call_3_goes_on_live(
         for text in texts:
             turn = await agent.start_turn(thread.id, f"turn {text}")
             turns.append(await events.turn_completed(turn.id))
-        await agent.stub.CloseThread(agent_pb2.CloseThreadRequest(thread_id=thread.id))
-        return thread, turns
+        # The bundle a branch ends in is the fork's, made after StartThread answered.
+        closed = await agent.stub.CloseThread(agent_pb2.CloseThreadRequest(thread_id=thread.id))
+        return closed.thread, turns
 
     live = await start_agent(provider_url=None, local_word_delay=0.0)
     original, _ = await client(live, "local-echo-1")
+    root = Path(original.bundle_path).parent
+    # The branch is recorded beside its original: elsewhere its parent could not be found.
+    with pytest.raises(ConfigError, match="--trace-root must be the directory"):
+        await start_agent(
+            replay_from=Path(original.bundle_path),
+            replay_branch_at=3,
+            trace_root=tmp_path / "elsewhere",
+        )
     provider.queue(answer("live three", item_id="live-3", response_id="resp-3"))
     provider.queue(answer("live four", item_id="live-4", response_id="resp-4"))
     branched = await start_agent(
-        replay_from=Path(original.bundle_path),
-        replay_branch_at=3,
-        trace_root=tmp_path / "branched",
+        replay_from=Path(original.bundle_path), replay_branch_at=3, trace_root=root
     )
     thread, turns = await client(branched, "another-model")
     assert [turn.status for turn in turns] == [COMPLETED] * 4
@@ -309,22 +328,63 @@ async def test_a_run_branched_at_call_3_goes_on_live(
     assert branched.server.replay.answered == 2
     # Calls 3 and 4 reached the live provider, asking for the other model.
     assert [json.loads(r.body)["model"] for r in provider.requests] == ["another-model"] * 2
-    state = await reduce_with_cli(Path(thread.bundle_path))
-    texts_seen = [
-        item[2] for item in _items(state) if item[1] == state_pb2.CONVERSATION_ROLE_ASSISTANT
-    ]
-    assert texts_seen[2:] == ["live three", "live four"]
-    before = await reduce_with_cli(Path(original.bundle_path))
-    assert (
-        texts_seen[:2]
-        == [item[2] for item in _items(before) if item[1] == state_pb2.CONVERSATION_ROLE_ASSISTANT][
-            :2
-        ]
+    # The replay of turns 1 and 2 gave way to the fork's bundle: two runs, side by side.
+    branch = Path(thread.bundle_path)
+    assert sorted(p.name for p in root.iterdir()) == sorted(
+        [Path(original.bundle_path).name, branch.name]
     )
-    difference = diff_runs(Path(original.bundle_path), Path(thread.bundle_path))
+    assert _first_record(branch) == "thread_forked"
+    state = await reduce_with_cli(branch)
+    before = await reduce_with_cli(Path(original.bundle_path))
+    assert state.fork.resolved
+    assert state.fork.parent_thread_id == before.root_thread_id
+    assert state.fork.after_turn_id == before.threads[before.root_thread_id].turn_ids[1]
+    assert state.fork.group_id == before.root_thread_id
+    assert state.fork.repetition_index == 1
+    assert state.trace_id == before.trace_id
+    assistant = state_pb2.CONVERSATION_ROLE_ASSISTANT
+    texts_seen = [item[2] for item in _items(state) if item[1] == assistant]
+    assert texts_seen[2:] == ["live three", "live four"]
+    assert texts_seen[:2] == [item[2] for item in _items(before) if item[1] == assistant][:2]
+    # The shared turns are the original's, not recorded again: calls 3 and 4 are its own.
+    assert len(state.inference_calls) == 2
+    difference = diff_runs(Path(original.bundle_path), branch)
     assert difference.first is not None
     assert difference.first.number == 3
     assert "accepted items" in difference.first.aspects
+    # export-rl puts both continuations in one group: the original 0, the branch 1.
+    export_rl([root], fmt="jsonl", out_dir=tmp_path / "rl")
+    (written,) = (tmp_path / "rl").iterdir()
+    rows = [json.loads(line) for line in written.read_text().splitlines()]
+    assert {row["group_id"] for row in rows} == {before.root_thread_id}
+    replies = {
+        row["repetition_index"]: [m["content"] for m in row["messages"] if m["role"] == "assistant"]
+        for row in rows
+    }
+    recorded = [item[2] for item in _items(before) if item[1] == assistant]
+    assert replies == {0: recorded, 1: [*recorded[:2], "live three", "live four"]}
+
+
+async def test_a_branch_in_the_first_turn_shares_no_turn_and_is_not_a_fork(
+    start_agent: StartAgent, provider: ScriptedProvider
+) -> None:
+    live = await start_agent(provider_url=None, local_word_delay=0.0)
+    thread = await live.start_thread()
+    events = live.events(thread.id)
+    turn = await live.start_turn(thread.id, "only turn")
+    await events.turn_completed(turn.id)
+    await live.stub.CloseThread(agent_pb2.CloseThreadRequest(thread_id=thread.id))
+    root = Path(thread.bundle_path).parent
+    provider.queue(answer("live one", item_id="live-1"))
+    branched = await start_agent(
+        replay_from=Path(thread.bundle_path), replay_branch_at=1, trace_root=root
+    )
+    again = await branched.start_thread()
+    again_events = branched.events(again.id)
+    first = await branched.start_turn(again.id, "only turn")
+    assert (await again_events.turn_completed(first.id)).status == COMPLETED
+    await branched.stub.CloseThread(agent_pb2.CloseThreadRequest(thread_id=again.id))
+    assert _first_record(Path(again.bundle_path)) == "thread_started"
 
 
 async def test_divergence_goes_live_when_asked(

@@ -225,6 +225,8 @@ def _view(args: argparse.Namespace) -> int:
     from ..view._view import VIEW_FILE_NAME, reduce_for_view, save_view
 
     source = Path(args.bundle)
+    if args.diff:
+        return _view_diff(args)
     if source.is_dir() and not (source / TRACE_FILE_NAME).exists():
         if not holds_bundles(source):
             raise BundleError(
@@ -242,6 +244,20 @@ def _view(args: argparse.Namespace) -> int:
         )
     target = Path(args.output) if args.output else trace_file.parent / VIEW_FILE_NAME
     path = save_view(data, target, title=f"rollout {trace_file.parent.name}")
+    print(path, flush=True)
+    if args.open and not webbrowser.open(path.resolve().as_uri()):
+        say(f"no browser could be started; open {path} yourself")
+    return EXIT_OK
+
+
+def _view_diff(args: argparse.Namespace) -> int:
+    """`view A --diff B`: the page of the two runs compared."""
+    from ..view._diff_page import DIFF_FILE_NAME, write_diff
+
+    trace_file = resolve_trace_file(args.bundle)
+    resolve_trace_file(args.diff)
+    target = Path(args.output) if args.output else trace_file.parent / DIFF_FILE_NAME
+    path = write_diff(args.bundle, args.diff, target)
     print(path, flush=True)
     if args.open and not webbrowser.open(path.resolve().as_uri()):
         say(f"no browser could be started; open {path} yourself")
@@ -531,6 +547,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="write here, not <bundle>/view.html; for a root: the site's directory",
     )
     view.add_argument("--open", action="store_true", help="open the page in a web browser")
+    view.add_argument(
+        "--diff",
+        metavar="OTHER",
+        help="the page of this bundle compared with bundle OTHER call by call, as `diff` "
+        "reports it (default <bundle>/diff.html)",
+    )
     view.add_argument(
         "--listen",
         default="127.0.0.1:8765",

@@ -9,6 +9,7 @@ from typing import Any
 
 from rollout.trace.v1 import common_pb2, state_pb2
 
+from ..bundle._errors import BundleError
 from ._recorded import RecordedCall, RecordedThread, read_recorded_thread
 
 # What a replay and `diff` set aside when comparing request bodies: fields a run may vary
@@ -145,6 +146,36 @@ def _call_views(thread: RecordedThread) -> list[CallView]:
     return views
 
 
+# How many forks deep a run's inherited calls are looked for (the fork resolver's own bound
+# has already refused a deeper chain when it resolved the parents).
+_MAX_FORK_DEPTH = 64
+
+
+def _run_views(thread: RecordedThread, depth: int = 0) -> list[CallView]:
+    """Every call of a run in its order: a fork's (or a replay branch's) starts with the calls
+    it shares with its parent, so that call k of both is the same call of the conversation."""
+    return _inherited_views(thread, depth) + _call_views(thread)
+
+
+def _inherited_views(thread: RecordedThread, depth: int) -> list[CallView]:
+    trace = thread.trace
+    fork = trace.fork
+    if not trace.HasField("fork") or not fork.resolved or not fork.after_turn_id:
+        return []
+    name = fork.parent_bundle
+    if not name or os.sep in name or name in {".", ".."} or depth >= _MAX_FORK_DEPTH:
+        raise BundleError(f"{thread.bundle}: its fork parent {name!r} cannot be compared")
+    parent = read_recorded_thread(thread.bundle.parent / name)
+    turn_ids = list(parent.trace.threads[parent.thread_id].turn_ids)
+    if fork.after_turn_id not in turn_ids:
+        return []
+    # A thread's turns are its own (a fork's inherited ones are its parent's): what the parent
+    # inherited comes first, then its own calls up to the turn forked after.
+    shared = set(turn_ids[: turn_ids.index(fork.after_turn_id) + 1])
+    own = [view for view in _call_views(parent) if view.call.turn_id in shared]
+    return _inherited_views(parent, depth + 1) + own
+
+
 @dataclass
 class Difference:
     """The first call at which two runs differ."""
@@ -170,11 +201,12 @@ class RunDiff:
 
 
 def diff_runs(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> RunDiff:
-    """Compare two bundles' root threads call by call; the first difference, if any.
+    """Compare two bundles' root threads call by call; the first difference, if any. A
+    fork's calls start with those it shares with its parent (found beside it).
 
     Raises BundleError when either is not a readable bundle."""
-    views_a = _call_views(read_recorded_thread(a))
-    views_b = _call_views(read_recorded_thread(b))
+    views_a = _run_views(read_recorded_thread(a))
+    views_b = _run_views(read_recorded_thread(b))
     same = 0
     for number, (x, y) in enumerate(zip(views_a, views_b, strict=False), start=1):
         request_a = comparable_request(x.call.request)
@@ -218,3 +250,22 @@ def diff_runs(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> RunDiff:
             Difference(number, extra_a, extra_b, ["calls"], "only one run has this call"),
         )
     return RunDiff(len(views_a), len(views_b), same, None)
+
+
+def diff_report(result: RunDiff, a: str, b: str) -> list[str]:
+    """The comparison as a person reads it (`diff` prints it, `view --diff` shows it): each
+    run's size, the first differing call with what differs there, and a unified diff of the
+    two request bodies when they differ (its lines last, from the one starting `--- A`)."""
+    lines = [f"A: {a} ({result.calls_a} calls)", f"B: {b} ({result.calls_b} calls)"]
+    first = result.first
+    if first is None:
+        lines.append(f"no difference in {result.same_calls} calls")
+        return lines
+    if result.same_calls:
+        lines.append(f"calls 1-{result.same_calls} are the same")
+    ids = " / ".join(call.inference_call_id if call else "-" for call in (first.a, first.b))
+    lines.append(f"first difference at call {first.number} ({ids}): {', '.join(first.aspects)}")
+    lines.append(f"  request: {first.request}")
+    lines.extend(f"  {detail}" for detail in first.details)
+    lines.extend(first.request_diff)
+    return lines

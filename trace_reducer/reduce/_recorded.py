@@ -73,6 +73,8 @@ class RecordedThread:
     thread_id: str
     calls: list[RecordedCall]
     trace: state_pb2.RolloutTrace
+    # Every payload the bundle and its ancestors hold: what a fork of it may refer to.
+    payload_ids: frozenset[str] = frozenset()
 
 
 def bundle_paths(path: str | os.PathLike[str]) -> list[Path]:
@@ -201,4 +203,5 @@ def read_recorded_thread(path: str | os.PathLike[str]) -> RecordedThread:
         thread_id=trace.root_thread_id,
         calls=calls,
         trace=trace,
+        payload_ids=payloads.ids() | (parent.payload_ids() if parent is not None else frozenset()),
     )

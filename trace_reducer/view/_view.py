@@ -434,8 +434,12 @@ def save_view(
     links: RunLinks | None = None,
 ) -> Path:
     """Write the page of data to target (mode 0600), replacing it whole; return the path."""
+    return write_page(render_view(data, title, links=links), target)
+
+
+def write_page(text: str, target: str | os.PathLike[str]) -> Path:
+    """Write a page to target (mode 0600), replacing it whole; return the path."""
     path = Path(target)
-    text = render_view(data, title, links=links)
     # Written aside and renamed, so a browser reloading it never sees half a page.
     temp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     try:

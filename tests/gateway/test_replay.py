@@ -1,0 +1,103 @@
+"""`agent-server gateway --replay-from`: the unmodified `openai` SDK against a gateway that answers
+from a recorded gateway run — the same run again, and a divergence."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from agent_server.gateway import Gateway
+from tests.agent_server.scripted_provider import ScriptedProvider
+from tests.agent_server.test_chat_dialect import chunk, stream
+from tests.agent_server.test_replay import assert_same_run
+from tests.gateway.conftest import StartGateway, bundles
+
+QUESTIONS = ("hello gateway", "and again, please")
+
+
+async def _client(gateway: Gateway, dialect: str, questions: tuple[str, ...] = QUESTIONS) -> str:
+    """One conversation of two turns, the first whole, the second streamed; what it was told."""
+    client = openai.AsyncOpenAI(base_url=gateway.url, api_key="unused", max_retries=0)
+    told: list[str] = []
+    if dialect == "responses":
+        history: list[Any] = [{"role": "user", "content": questions[0]}]
+        whole = await client.responses.create(model="local", input=history)
+        told.append(whole.output_text)
+        history += [item.model_dump(exclude_none=True) for item in whole.output]
+        history.append({"role": "user", "content": questions[1]})
+        stream = await client.responses.create(model="local", input=history, stream=True)
+        told.append(
+            "".join([e.delta async for e in stream if e.type == "response.output_text.delta"])
+        )
+    else:
+        messages: list[Any] = [{"role": "user", "content": questions[0]}]
+        completion = await client.chat.completions.create(model="local", messages=messages)
+        told.append(completion.choices[0].message.content or "")
+        messages += [
+            {"role": "assistant", "content": told[0]},
+            {"role": "user", "content": questions[1]},
+        ]
+        chunks = await client.chat.completions.create(model="local", messages=messages, stream=True)
+        told.append("".join([c.choices[0].delta.content or "" async for c in chunks if c.choices]))
+    await client.close()
+    return "\n".join(told)
+
+
+@pytest.mark.parametrize(("dialect", "pace"), [("responses", "fast"), ("chat", "recorded")])
+async def test_a_gateway_run_replays_to_the_same_state(
+    start_gateway: StartGateway, tmp_path: Path, dialect: str, pace: str
+) -> None:
+    live = await start_gateway()
+    told = await _client(live, dialect)
+    await live.stop()
+    (original,) = bundles(live.settings.trace_root)
+
+    replay = await start_gateway(
+        replay_from=live.settings.trace_root, replay_pace=pace, trace_root=tmp_path / "replayed"
+    )
+    assert await _client(replay, dialect) == told
+    assert replay.replay is not None
+    assert (replay.replay.answered, replay.replay.diverged) == (2, 0)
+    await replay.stop()
+    (replayed,) = bundles(replay.settings.trace_root)
+    await assert_same_run(original, replayed)
+
+
+async def test_a_changed_request_diverges_and_can_go_live(
+    start_gateway: StartGateway, provider: ScriptedProvider, tmp_path: Path
+) -> None:
+    live = await start_gateway()
+    await _client(live, "chat")
+    await live.stop()
+
+    replay = await start_gateway(replay_from=live.settings.trace_root, trace_root=tmp_path / "a")
+    changed = (QUESTIONS[0], "something else")
+    with pytest.raises(openai.ConflictError) as raised:
+        await _client(replay, "chat", changed)
+    error = raised.value
+    assert isinstance(error.body, dict)
+    assert error.body["code"] == "replay_divergence"
+    assert "something else" in error.body["message"]
+    assert "recorded call 2" in error.body["message"]
+    await replay.stop()
+
+    provider.queue(
+        stream(
+            chunk({"role": "assistant", "content": "a live "}),
+            chunk({"content": "answer"}, finish_reason="stop"),
+        )
+    )
+    onward = await start_gateway(
+        provider.url,
+        replay_from=live.settings.trace_root,
+        replay_on_divergence="live",
+        trace_root=tmp_path / "b",
+    )
+    told = await _client(onward, "chat", changed)
+    assert told.endswith("a live answer")
+    assert onward.replay is not None
+    assert (onward.replay.answered, onward.replay.diverged) == (1, 1)
+    assert len(provider.requests) == 1
