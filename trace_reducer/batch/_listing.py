@@ -19,6 +19,7 @@ from typing import Any
 
 from rollout.trace.v1 import common_pb2, state_pb2
 
+from ..bundle._confine import open_regular_file
 from ..bundle._errors import BundleError, ReductionError
 from ._storage import BundleEntry, LocalStore, Store, open_store
 
@@ -149,6 +150,55 @@ def _unreadable(bundle: str, detail: str) -> dict[str, Any]:
     }
 
 
+# What each field of a summary holds, to check an index entry against (a summary's values).
+_SHAPE: dict[str, tuple[type, ...]] = {
+    "bundle": (str,),
+    "thread_id": (str,),
+    "trace_id": (str,),
+    "model": (str,),
+    "status": (str,),
+    "turns": (int,),
+    "calls": (int,),
+    "tool_calls": (int,),
+    "tools": (list,),
+    "tokens": (dict,),
+    "rewards": (dict,),
+    "integrity": (str,),
+    "recording_complete": (bool,),
+    "started": (str,),
+    "duration": (int, float, type(None)),
+    "metadata": (dict,),
+    "fork": (dict, type(None)),
+    "text": (str,),
+}
+_FORK_SHAPE: dict[str, tuple[type, ...]] = {
+    "parent_thread_id": (str,),
+    "group_id": (str,),
+    "repetition_index": (int,),
+    "resumed": (bool,),
+}
+
+
+def _fields_shaped(value: dict[str, Any], shape: dict[str, tuple[type, ...]]) -> bool:
+    return all(isinstance(value.get(name, ...), kinds) for name, kinds in shape.items())
+
+
+def _run_shaped(run: dict[str, Any]) -> bool:
+    """Whether an index entry's summary is one `summarize` (or `_unreadable`) could give."""
+    if not _fields_shaped(run, _SHAPE):
+        return False
+    if "error" in run and not isinstance(run["error"], str):
+        return False
+    tokens, rewards, metadata, fork = run["tokens"], run["rewards"], run["metadata"], run["fork"]
+    return (
+        all(isinstance(tokens.get(name), int) for name in ("input", "output", "total"))
+        and all(isinstance(name, str) for name in run["tools"])
+        and all(type(value) in (int, float) for value in rewards.values())
+        and all(isinstance(value, str) for value in metadata.values())
+        and (fork is None or _fields_shaped(fork, _FORK_SHAPE))
+    )
+
+
 def _key(entry: BundleEntry) -> list[float | None]:
     return [entry.trace_mtime, entry.state_mtime, entry.rewards_mtime]
 
@@ -171,15 +221,30 @@ class RunIndex:
 
     @classmethod
     def load(cls, path: Path) -> RunIndex:
+        """The index at path; an empty one when it is missing, not ours or not a regular file
+        (never a symbolic link followed, nor a FIFO waited on)."""
         try:
-            with path.open(encoding="utf-8") as source:
-                data = json.load(source)
-        except (OSError, ValueError):
+            with open(open_regular_file(path, os.O_RDONLY), "rb") as source:
+                raw = source.read()
+            # This writer never escapes a character; an escaped surrogate means another did.
+            data = None if b"\\ud" in raw or b"\\uD" in raw else json.loads(raw)
+        except (OSError, ValueError, RecursionError):
             return cls(path)
         if not isinstance(data, dict) or data.get("version") != _INDEX_VERSION:
             return cls(path)
         entries = data.get("entries")
         return cls(path, entries if isinstance(entries, dict) else {})
+
+    def run(self, location: str, key: list[float | None], bundle: str) -> dict[str, Any] | None:
+        """The summary kept for a bundle, when its file times are still key and it has the
+        shape `summarize` gives (anything else is read again from the bundle)."""
+        kept = self.entries.get(location)
+        if not isinstance(kept, dict) or kept.get("key") != key:
+            return None
+        run = kept.get("run")
+        if not isinstance(run, dict) or run.get("bundle") != bundle or not _run_shaped(run):
+            return None
+        return run
 
     def save(self) -> None:
         """Replace the index file whole; a root nobody may write to just keeps none."""
@@ -246,12 +311,12 @@ def list_runs(
     for entry in entries:
         seen.add(entry.location)
         key = _key(entry)
-        kept = index.entries.get(entry.location)
-        if kept is not None and kept.get("key") == key:
-            run = kept["run"]
+        bundle = store.display(entry.location)
+        kept = index.run(entry.location, key, bundle)
+        if kept is not None:
+            run = kept
             cached += 1
         else:
-            bundle = store.display(entry.location)
             try:
                 run = summarize(_reduce(store, entry), bundle)
             except (BundleError, ReductionError) as error:
