@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,10 +13,11 @@ from typing import Any
 from rollout.trace.v1 import common_pb2, record_pb2, state_pb2
 
 from ..bundle._bulk import DeltaRun
+from ..bundle._confine import BundleRoot
 from ..bundle._errors import BundleError, BundleNotFoundError, PayloadError
 from ..bundle._layout import TRACE_FILE_NAME
 from ..bundle._payloads import PayloadStore
-from ..bundle._reader import Item, read_bundle
+from ..bundle._reader import BundleReader, Item, read_bundle
 from ._forks import BundleForkResolver
 from ._parents import ParentBundle, fork_payload
 from ._replay import replay_reader
@@ -84,23 +86,43 @@ def bundle_paths(path: str | os.PathLike[str]) -> list[Path]:
         return [given]
     if not given.is_dir():
         raise BundleNotFoundError(f"no such file or directory: {given}")
+    # Under a root, a bundle is a real directory holding a regular trace file: neither a
+    # symbolic link (which could lead out of the root) nor a FIFO (which would never end).
     found = sorted(
         child
         for child in given.iterdir()
-        if not child.is_symlink() and (child / TRACE_FILE_NAME).is_file()
+        if not child.is_symlink() and _is_regular(child / TRACE_FILE_NAME)
     )
     if not found:
         raise BundleNotFoundError(f"no bundle in {given}")
     return found
 
 
+def _is_regular(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(path.lstat().st_mode)
+    except OSError:
+        return False
+
+
 def read_recorded(path: str | os.PathLike[str]) -> Iterator[RecordedThread]:
-    """Every bundle `path` names (bundle_paths), read and reduced in one pass each."""
-    for bundle in bundle_paths(path):
-        yield read_recorded_thread(bundle)
+    """Every bundle `path` names (bundle_paths), read and reduced in one pass each; those found
+    under a root are opened without following a link, whatever was swapped in since."""
+    bundles = bundle_paths(path)
+    if bundles == [Path(path)]:
+        yield read_recorded_thread(path)
+        return
+    root = BundleRoot(path)
+    for bundle in bundles:
+        confined = root.open(bundle.name)
+        confined.release_directory()
+        reader = BundleReader(bundle / TRACE_FILE_NAME, confined.trace)
+        yield read_recorded_thread(bundle, reader=reader)
 
 
-def read_recorded_thread(path: str | os.PathLike[str]) -> RecordedThread:
+def read_recorded_thread(
+    path: str | os.PathLike[str], *, reader: BundleReader | None = None
+) -> RecordedThread:
     """One bundle read once: the reducer's state (forks resolved, rewards attached) and, from
     the same records, each inference call's request body and provider stream.
 
@@ -132,7 +154,7 @@ def read_recorded_thread(path: str | os.PathLike[str]) -> RecordedThread:
             elif body in STREAM_BODIES:
                 streams.setdefault(getattr(entry, body).call, []).append(entry)
 
-    with read_bundle(path) as reader:
+    with reader or read_bundle(path) as reader:
         bundle_dir = reader.bundle_dir
         # Every byte of a parent: request bodies are rebuilt from its payloads.
         forks = BundleForkResolver(bundle_dir, every_payload=True)
@@ -170,8 +192,10 @@ def read_recorded_thread(path: str | os.PathLike[str]) -> RecordedThread:
                 provider_api=begun.provider_api,
                 instructions=payload(instructions_id).decode() if instructions_id else "",
             )
-        except ValueError as error:
-            raise BundleError(f"{path}: call {begun.inference_call_id}: {error}") from error
+        except (ValueError, RecursionError) as error:
+            # A payload the reducer kept opaque (nested past any parser) cannot be sent again.
+            problem = "a payload is nested too deep" if isinstance(error, RecursionError) else error
+            raise BundleError(f"{path}: call {begun.inference_call_id}: {problem}") from error
         call = RecordedCall(
             inference_call_id=begun.inference_call_id,
             thread_id=state.thread_id,
