@@ -377,7 +377,11 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
     moment = now or datetime.now(UTC)
     relative = _RELATIVE.match(text.strip())
     if relative:
-        return moment - timedelta(seconds=float(relative[1]) * _UNITS[relative[2]])
+        try:
+            return moment - timedelta(seconds=float(relative[1]) * _UNITS[relative[2]])
+        except OverflowError:
+            # Further back than datetime reaches: every run is newer.
+            return datetime.min.replace(tzinfo=UTC)
     try:
         parsed = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:

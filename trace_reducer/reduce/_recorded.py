@@ -15,6 +15,7 @@ from rollout.trace.v1 import common_pb2, record_pb2, state_pb2
 from ..bundle._bulk import DeltaRun
 from ..bundle._confine import BundleRoot
 from ..bundle._errors import BundleError, BundleNotFoundError, PayloadError
+from ..bundle._integrity import require_reducible
 from ..bundle._layout import TRACE_FILE_NAME
 from ..bundle._payloads import PayloadStore
 from ..bundle._reader import BundleReader, Item, read_bundle
@@ -159,6 +160,9 @@ def read_recorded_thread(
         # Every byte of a parent: request bodies are rebuilt from its payloads.
         forks = BundleForkResolver(bundle_dir, every_payload=True)
         trace = replay_reader(reader, forks=forks, observe=observe)
+    # A file without a header is no recorded run (was: a run of no calls, so `diff` compared
+    # any file with a bundle); a damaged one replays what it holds.
+    require_reducible(trace.integrity, salvage=True, source=str(path))
     # The resolver reduced a fork's parent once, during the pass; this is that parent again.
     parent: ParentBundle | None = forks.resolve(forked[0]) if forked else None
 
