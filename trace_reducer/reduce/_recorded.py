@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +13,7 @@ from rollout.trace.v1 import common_pb2, record_pb2, state_pb2
 
 from ..bundle._bulk import DeltaRun
 from ..bundle._confine import BundleRoot
+from ..bundle._discover import walk_bundles
 from ..bundle._errors import BundleError, BundleNotFoundError, PayloadError
 from ..bundle._integrity import require_reducible
 from ..bundle._layout import TRACE_FILE_NAME
@@ -87,23 +87,10 @@ def bundle_paths(path: str | os.PathLike[str]) -> list[Path]:
         return [given]
     if not given.is_dir():
         raise BundleNotFoundError(f"no such file or directory: {given}")
-    # Under a root, a bundle is a real directory holding a regular trace file: neither a
-    # symbolic link (which could lead out of the root) nor a FIFO (which would never end).
-    found = sorted(
-        child
-        for child in given.iterdir()
-        if not child.is_symlink() and _is_regular(child / TRACE_FILE_NAME)
-    )
+    found = [Path(bundle.path) for bundle in walk_bundles(given, recursive=False)]
     if not found:
         raise BundleNotFoundError(f"no bundle in {given}")
     return found
-
-
-def _is_regular(path: Path) -> bool:
-    try:
-        return stat.S_ISREG(path.lstat().st_mode)
-    except OSError:
-        return False
 
 
 def read_recorded(path: str | os.PathLike[str]) -> Iterator[RecordedThread]:
