@@ -69,22 +69,22 @@ class Bounds:
 
 
 # Longer than any timer asyncio and the HTTP library keep exactly (and than any real wait).
-_MAX_SECONDS = 365 * 24 * 3600.0
+MAX_SECONDS = 365 * 24 * 3600.0
 _MAX_COUNT = 2**31 - 1
 
 # Every number setting of Settings and what it may be: checked in one place, at start-up,
 # whether it came from a flag, the environment or the --config file.
 NUMBER_SETTINGS: dict[str, Bounds] = {
     "max_retries": Bounds(0, integer=True, high=_MAX_COUNT),
-    "retry_base_delay": Bounds(0, high=_MAX_SECONDS, unit="seconds"),
-    "stream_idle_timeout": Bounds(0, exclusive=True, high=_MAX_SECONDS, unit="seconds"),
+    "retry_base_delay": Bounds(0, high=MAX_SECONDS, unit="seconds"),
+    "stream_idle_timeout": Bounds(0, exclusive=True, high=MAX_SECONDS, unit="seconds"),
     "event_buffer": Bounds(1, integer=True, high=_MAX_COUNT),
-    "local_word_delay": Bounds(0, high=_MAX_SECONDS, unit="seconds"),
-    "closed_thread_retention": Bounds(0, high=_MAX_SECONDS, unit="seconds"),
+    "local_word_delay": Bounds(0, high=MAX_SECONDS, unit="seconds"),
+    "closed_thread_retention": Bounds(0, high=MAX_SECONDS, unit="seconds"),
     "max_closed_threads": Bounds(0, integer=True, high=_MAX_COUNT),
     "provider_max_connections": Bounds(1, integer=True, high=_MAX_COUNT),
     "max_tool_rounds": Bounds(0, integer=True, high=_MAX_COUNT),
-    "tool_output_timeout": Bounds(0, exclusive=True, high=_MAX_SECONDS, unit="seconds"),
+    "tool_output_timeout": Bounds(0, exclusive=True, high=MAX_SECONDS, unit="seconds"),
     "replay_branch_at": Bounds(0, integer=True, high=_MAX_COUNT),
 }
 

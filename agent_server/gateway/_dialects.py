@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from agent_server import chat_completions
-from agent_server.gateway._sessions import Session, SessionKey
+from agent_server.gateway._sessions import Session, SessionKey, hint_key
 from agent_server.gateway._sse import SseEvent
 from agent_server.provider import Decode, ProviderEvent, parse_event
 from agent_server.response import Response
@@ -34,6 +34,12 @@ def _text(content: Any) -> str:
             if isinstance(part, dict) and isinstance(part.get("text") or part.get("refusal"), str)
         )
     return ""
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    """A JSON object, or an empty one for anything else (a client's or upstream's body may put
+    any JSON value where the API has an object)."""
+    return value if isinstance(value, Mapping) else {}
 
 
 def _json(value: Any) -> str:
@@ -130,7 +136,7 @@ def _cache_key_hint(body: Mapping[str, Any]) -> SessionKey | None:
     cache_key = body.get("prompt_cache_key")
     if isinstance(cache_key, str) and cache_key:
         # Coding agents (Codex) set it to their conversation's id.
-        return SessionKey(f"prompt_cache_key:{cache_key}", "hint:prompt_cache_key")
+        return hint_key("prompt_cache_key", cache_key)
     return None
 
 
@@ -178,7 +184,7 @@ class ResponsesDialect:
         if isinstance(conversation, dict):
             conversation = conversation.get("id")
         if isinstance(conversation, str) and conversation:
-            return SessionKey(f"conversation:{conversation}", "hint:conversation")
+            return hint_key("conversation", conversation)
         return _cache_key_hint(body)
 
     def decoder(self) -> Decode:
@@ -269,8 +275,8 @@ class ChatDialect:
                 [
                     [
                         c.get("id"),
-                        (c.get("function") or {}).get("name"),
-                        (c.get("function") or {}).get("arguments"),
+                        _mapping(c.get("function")).get("name"),
+                        _mapping(c.get("function")).get("arguments"),
                     ]
                     for c in (calls if isinstance(calls, list) else [])
                     if isinstance(c, dict)
@@ -295,10 +301,11 @@ class ChatDialect:
         mapper = chat_completions.ChunkMapper()
         chunk = {key: value for key, value in body.items() if key != "choices"}
         choices = []
-        for choice in body.get("choices") or []:
+        listed = body.get("choices")
+        for choice in listed if isinstance(listed, list) else []:
             if not isinstance(choice, dict):
                 continue
-            message = dict(choice.get("message") or {})
+            message = dict(_mapping(choice.get("message")))
             calls = message.get("tool_calls")
             if isinstance(calls, list):
                 message["tool_calls"] = [

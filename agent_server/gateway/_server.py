@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import json
 import logging
+import math
 import os
 import ssl
 import tempfile
@@ -37,9 +37,11 @@ from agent_server.gateway._sessions import (
     Session,
     SessionKey,
     Sessions,
+    hint_key,
+    session_key_problem,
 )
 from agent_server.gateway._settings import GatewaySettings
-from agent_server.gateway._sse import SseEvent, SseSplitter
+from agent_server.gateway._sse import MAX_EVENT_BYTES, SseEvent, SseSplitter
 from agent_server.gateway._upstream import HOP_HEADERS, Upstream
 from agent_server.local_model import LocalModel
 from agent_server.provider import ProviderError, http_error
@@ -91,6 +93,13 @@ def _error_type(status: int) -> str:
     if status < 500:
         return "invalid_request_error"
     return "server_error"
+
+
+_NAMED = frozenset({SOURCE_HEADER, SOURCE_PATH})
+
+
+class _SessionKeyError(ValueError):
+    """A client named a session by a key that cannot be one."""
 
 
 class _ClientGoneError(Exception):
@@ -302,6 +311,8 @@ class Gateway:
         model = body.get("model") if isinstance(body.get("model"), str) else ""
         try:
             session = await self._session_for(request, dialect, body, entries, str(model))
+        except _SessionKeyError as error:
+            return error_response(400, "invalid_session", str(error))
         except RecordingError as error:
             return error_response(
                 503, "recording_unavailable", f"failed to start rollout recording: {error}"
@@ -349,6 +360,10 @@ class Gateway:
                     "no session header, path prefix or hint, and the input extends no open "
                     "session's last request and response"
                 )
+        # Hints are made into keys that are always usable; a key a client names must be one.
+        problem = session_key_problem(key.key) if key.source in _NAMED else ""
+        if problem:
+            raise _SessionKeyError(f"the session key in the {key.source}: {problem}")
         session, _ = await self.sessions.get_or_create(key, model=model, reason=reason)
         return session
 
@@ -482,11 +497,16 @@ class Gateway:
         answer: httpx.Response,
     ) -> web.StreamResponse:
         try:
-            body = await answer.aread()
+            body = await _read_limited(answer, MAX_EVENT_BYTES + 1, errors=True)
         except httpx.HTTPError as error:
             outcome.fail(ProviderError("connection_error", f"upstream body lost: {error}"))
             self._end(session, call, ordinal, outcome)
             return error_response(502, "upstream_unreachable", "the upstream answer broke off")
+        if len(body) > MAX_EVENT_BYTES:
+            message = f"the upstream's answer is over {MAX_EVENT_BYTES} bytes"
+            outcome.fail(ProviderError("response_too_large", message))
+            self._end(session, call, ordinal, outcome)
+            return error_response(502, "response_too_large", message)
         text = body.decode("utf-8", "replace")
         try:
             call.on_body(loads(body), text)
@@ -526,6 +546,17 @@ class Gateway:
             await response.prepare(request)
             async for chunk in answer.aiter_bytes():
                 ready, events = splitter.feed(chunk)
+                if splitter.held > MAX_EVENT_BYTES:
+                    # One event without end: nothing of it went out, and no more is read.
+                    outcome.fail(
+                        ProviderError(
+                            "event_too_large",
+                            f"an upstream event is over {MAX_EVENT_BYTES} bytes",
+                            reason="event_too_large",
+                        )
+                    )
+                    _drop_connection(request)
+                    return response
                 if events and not outcome.over:
                     try:
                         terminal = call.on_events(events) or terminal
@@ -669,12 +700,15 @@ class Gateway:
             reward = RewardInput(
                 thread_id=thread_id,
                 name=_field(body, "name", str, ""),
-                value=float(_field(body, "value", (int, float), float("nan"))),
+                value=_number(body, "value", float("nan")),
                 turn_id=_field(body, "turn_id", str, ""),
                 item_id=_field(body, "item_id", str, ""),
-                weight=float(_field(body, "weight", (int, float), 0.0)),
+                weight=_number(body, "weight", 0.0),
                 source=_field(body, "source", str, ""),
-                metadata={str(k): str(v) for k, v in _field(body, "metadata", dict, {}).items()},
+                metadata={
+                    _text(k, "metadata"): _text(str(v), "metadata")
+                    for k, v in _field(body, "metadata", dict, {}).items()
+                },
                 recorded_by="gateway",
             )
             check_reward(reward)
@@ -727,6 +761,26 @@ def _field(body: dict[str, Any], name: str, kind: Any, default: Any) -> Any:
     value = body.get(name, default)
     if isinstance(value, bool) or not isinstance(value, kind):
         raise TypeError(f"{name} has the wrong type")
+    return _text(value, name) if isinstance(value, str) else value
+
+
+def _number(body: dict[str, Any], name: str, default: float) -> float:
+    """A JSON number as a float: an integer past float's range is infinite (refused as such
+    by check_reward, like 1e400), never an OverflowError."""
+    value = _field(body, name, (int, float), default)
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
+def _text(value: str, name: str) -> str:
+    """A string a record can hold: JSON's `\\udXXX` escapes can make lone surrogates, which
+    no UTF-8 field carries."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise TypeError(f"{name} is not valid Unicode (it holds a lone surrogate)") from None
     return value
 
 
@@ -770,7 +824,7 @@ def _header_hint(request: web.Request) -> SessionKey | None:
     for name in _HINT_HEADERS:
         value = request.headers.get(name, "").strip()
         if value:
-            return SessionKey(f"{name}:{value}", f"hint:{name}")
+            return hint_key(name, value)
     return None
 
 
@@ -815,11 +869,20 @@ def upstream_text(error: Exception) -> str:
     return str(error) or type(error).__name__
 
 
-async def _read_limited(answer: httpx.Response) -> bytes:
-    body = b""
-    with contextlib.suppress(httpx.HTTPError):
+async def _read_limited(
+    answer: httpx.Response, limit: int = _ERROR_BODY_LIMIT, *, errors: bool = False
+) -> bytes:
+    """The upstream's body up to limit bytes (an error body's read ending early is kept as
+    it came, unless errors)."""
+    chunks: list[bytes] = []
+    size = 0
+    try:
         async for chunk in answer.aiter_bytes():
-            body += chunk
-            if len(body) >= _ERROR_BODY_LIMIT:
+            chunks.append(chunk)
+            size += len(chunk)
+            if size >= limit:
                 break
-    return body
+    except httpx.HTTPError:
+        if errors:
+            raise
+    return b"".join(chunks)

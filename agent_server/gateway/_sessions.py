@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 import uuid
@@ -35,6 +36,28 @@ SOURCE_HEADER = "header"
 SOURCE_PATH = "path"
 SOURCE_CONTINUATION = "continuation"
 SOURCE_NEW = "new"
+# A session key goes back to the client in the x-rollout-session header and into log lines:
+# printable ASCII without spaces, and short.
+MAX_SESSION_KEY_CHARS = 256
+
+
+def session_key_problem(key: str) -> str:
+    """Why a key a client named cannot be a session key ('' when it can)."""
+    if len(key) > MAX_SESSION_KEY_CHARS:
+        return f"a session key is at most {MAX_SESSION_KEY_CHARS} characters"
+    if not all("!" <= char <= "~" for char in key):
+        return "a session key is printable ASCII without spaces"
+    return ""
+
+
+def hint_key(name: str, value: str) -> SessionKey:
+    """The session a hint names: `NAME:VALUE`, or `NAME#digest` when the value could not be
+    a session key (the same value always gives the same session)."""
+    key = f"{name}:{value}"
+    if session_key_problem(key):
+        digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+        key = f"{name}#{digest}"
+    return SessionKey(key, f"hint:{name}")
 
 
 @dataclass(frozen=True)

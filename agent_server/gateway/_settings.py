@@ -10,12 +10,18 @@ from pathlib import Path
 from typing import Any
 
 from agent_server import _config_file, config, logs
-from agent_server.config import ConfigError, Settings
+from agent_server.config import MAX_SECONDS, Bounds, ConfigError, Settings
 from grpc_common import add_access_arguments, split_listen
 
 DEFAULT_LISTEN = "127.0.0.1:8090"
 DEFAULT_SESSION_IDLE_TIMEOUT = 600.0
 DEFAULT_MAX_REQUEST_BYTES = 32 * 1024 * 1024
+
+
+GATEWAY_NUMBER_SETTINGS: dict[str, Bounds] = {
+    "session_idle_timeout": Bounds(0, exclusive=True, high=MAX_SECONDS, unit="seconds"),
+    "max_request_bytes": Bounds(1024, integer=True, high=2**31 - 1),
+}
 
 
 @dataclass(frozen=True)
@@ -33,10 +39,10 @@ class GatewaySettings:
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
 
     def __post_init__(self) -> None:
-        if self.session_idle_timeout <= 0:
-            raise ConfigError("--session-idle-timeout must be more than 0 seconds")
-        if self.max_request_bytes < 1024:
-            raise ConfigError("--max-request-bytes must be at least 1024")
+        # The gateway's own numbers, checked as the agent server's are (was: NaN accepted, so
+        # no session was ever closed for idleness).
+        for name, bounds in GATEWAY_NUMBER_SETTINGS.items():
+            bounds.check(name, getattr(self, name))
         try:
             split_listen(self.listen)
         except ValueError as error:

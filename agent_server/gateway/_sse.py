@@ -9,6 +9,9 @@ from dataclasses import dataclass
 _TERMINATORS = (b"\r\n\r\n", b"\n\n", b"\r\r")
 # Only these end a line in SSE (str.splitlines would also cut at U+2028 inside a JSON string).
 _LINES = re.compile("\r\n|\r|\n")
+# The most one event (or a whole answer that is not streamed) may hold: past it the upstream is
+# sending no answer a client could use, and holding more would let it exhaust the gateway.
+MAX_EVENT_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -30,10 +33,7 @@ class SseSplitter:
         # than a read is joined once, when it is complete, never copied at every read.
         self._held: list[bytes] = []
         self._tail = b""
-
-    @property
-    def held(self) -> int:
-        return sum(map(len, self._held))
+        self.held = 0  # bytes in _held: the size of the event still coming
 
     def feed(self, chunk: bytes) -> tuple[bytes, list[SseEvent]]:
         # A terminator may straddle the previous read and this one: look from 3 bytes back.
@@ -46,6 +46,7 @@ class SseSplitter:
         end -= len(self._tail)
         if end <= 0:
             self._held.append(chunk)
+            self.held += len(chunk)
             self._tail = window[-3:]
             return b"", []
         if self._held:
@@ -55,13 +56,14 @@ class SseSplitter:
             complete = chunk[:end]
         rest = chunk[end:]
         self._held = [rest] if rest else []
+        self.held = len(rest)
         self._tail = rest[-3:]
         return complete, parse_events(complete)
 
     def rest(self) -> bytes:
         """What the stream ended with after its last complete event (a torn event)."""
         rest = b"".join(self._held)
-        self._held, self._tail = [], b""
+        self._held, self._tail, self.held = [], b"", 0
         return rest
 
 

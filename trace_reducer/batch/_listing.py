@@ -287,7 +287,7 @@ class RunIndex:
             with os.fdopen(open_regular_file(path, os.O_RDONLY), "rb") as source:
                 lines = source.read().decode("utf-8").split("\n")
             top = json.loads(lines[0])
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):  # nested past the parser: not ours
             return cls(path)
         if not isinstance(top, dict) or top.get("version") != _INDEX_VERSION:
             return cls(path)
@@ -480,7 +480,11 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
     moment = now or datetime.now(UTC)
     relative = _RELATIVE.match(text.strip())
     if relative:
-        return moment - timedelta(seconds=float(relative[1]) * _UNITS[relative[2]])
+        try:
+            return moment - timedelta(seconds=float(relative[1]) * _UNITS[relative[2]])
+        except OverflowError:
+            # Further back than datetime reaches: every run is newer.
+            return datetime.min.replace(tzinfo=UTC)
     try:
         parsed = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:

@@ -274,8 +274,11 @@ def _view_root(args: argparse.Namespace) -> int:
         return EXIT_OK
     host, _, port_text = args.listen.rpartition(":")
     host = host.strip("[]")
-    if not host or not port_text.isdigit():
-        raise _CommandError(f"--listen expects HOST:PORT, got {args.listen!r}", EXIT_USAGE)
+    if not host or not port_text.isdigit() or int(port_text) > 65535:
+        raise _CommandError(
+            f"--listen expects HOST:PORT (a port from 0 to 65535), got {args.listen!r}",
+            EXIT_USAGE,
+        )
     token: str | None = None
     from ..view._site import is_loopback
 

@@ -12,11 +12,13 @@ from typing import Any
 from rollout.trace.v1 import common_pb2, record_pb2, state_pb2
 
 from ..bundle._bulk import DeltaRun
+from ..bundle._confine import BundleRoot
 from ..bundle._discover import walk_bundles
 from ..bundle._errors import BundleError, BundleNotFoundError, PayloadError
+from ..bundle._integrity import require_reducible
 from ..bundle._layout import TRACE_FILE_NAME
 from ..bundle._payloads import PayloadStore
-from ..bundle._reader import Item, read_bundle
+from ..bundle._reader import BundleReader, Item, read_bundle
 from ._forks import BundleForkResolver
 from ._parents import ParentBundle, fork_payload
 from ._replay import replay_reader
@@ -94,12 +96,23 @@ def bundle_paths(path: str | os.PathLike[str]) -> list[Path]:
 
 
 def read_recorded(path: str | os.PathLike[str]) -> Iterator[RecordedThread]:
-    """Every bundle `path` names (bundle_paths), read and reduced in one pass each."""
-    for bundle in bundle_paths(path):
-        yield read_recorded_thread(bundle)
+    """Every bundle `path` names (bundle_paths), read and reduced in one pass each; those found
+    under a root are opened without following a link, whatever was swapped in since."""
+    bundles = bundle_paths(path)
+    if bundles == [Path(path)]:
+        yield read_recorded_thread(path)
+        return
+    root = BundleRoot(path)
+    for bundle in bundles:
+        confined = root.open(bundle.name)
+        confined.release_directory()
+        reader = BundleReader(bundle / TRACE_FILE_NAME, confined.trace)
+        yield read_recorded_thread(bundle, reader=reader)
 
 
-def read_recorded_thread(path: str | os.PathLike[str]) -> RecordedThread:
+def read_recorded_thread(
+    path: str | os.PathLike[str], *, reader: BundleReader | None = None
+) -> RecordedThread:
     """One bundle read once: the reducer's state (forks resolved, rewards attached) and, from
     the same records, each inference call's request body and provider stream.
 
@@ -131,11 +144,14 @@ def read_recorded_thread(path: str | os.PathLike[str]) -> RecordedThread:
             elif body in STREAM_BODIES:
                 streams.setdefault(getattr(entry, body).call, []).append(entry)
 
-    with read_bundle(path) as reader:
+    with reader or read_bundle(path) as reader:
         bundle_dir = reader.bundle_dir
         # Every byte of a parent: request bodies are rebuilt from its payloads.
         forks = BundleForkResolver(bundle_dir, every_payload=True)
         trace = replay_reader(reader, forks=forks, observe=observe)
+    # A file without a header is no recorded run (was: a run of no calls, so `diff` compared
+    # any file with a bundle); a damaged one replays what it holds.
+    require_reducible(trace.integrity, salvage=True, source=str(path))
     # The resolver reduced a fork's parent once, during the pass; this is that parent again.
     parent: ParentBundle | None = forks.resolve(forked[0]) if forked else None
 
@@ -169,8 +185,10 @@ def read_recorded_thread(path: str | os.PathLike[str]) -> RecordedThread:
                 provider_api=begun.provider_api,
                 instructions=payload(instructions_id).decode() if instructions_id else "",
             )
-        except ValueError as error:
-            raise BundleError(f"{path}: call {begun.inference_call_id}: {error}") from error
+        except (ValueError, RecursionError) as error:
+            # A payload the reducer kept opaque (nested past any parser) cannot be sent again.
+            problem = "a payload is nested too deep" if isinstance(error, RecursionError) else error
+            raise BundleError(f"{path}: call {begun.inference_call_id}: {problem}") from error
         call = RecordedCall(
             inference_call_id=begun.inference_call_id,
             thread_id=state.thread_id,

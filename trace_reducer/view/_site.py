@@ -49,6 +49,14 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def _same_secret(given: str, token: str) -> bool:
+    """Compared in constant time as bytes: hmac refuses text that is not ASCII, and a URL or a
+    cookie can carry any character."""
+    return hmac.compare_digest(
+        given.encode("utf-8", "surrogateescape"), token.encode("utf-8", "surrogateescape")
+    )
+
+
 def _relative(root: str, bundle: str) -> str:
     return os.path.relpath(bundle, root)
 
@@ -186,7 +194,7 @@ class SiteServer:
 
         if self._token is not None:
             given = request.query.get("token")
-            if given is not None and hmac.compare_digest(given, self._token):
+            if given is not None and _same_secret(given, self._token):
                 # Into a cookie, and out of the address bar (and any Referer).
                 rest = {k: v for k, v in request.query.items() if k != "token"}
                 response = web.Response(
@@ -197,7 +205,7 @@ class SiteServer:
                 )
                 return response
             cookie = request.cookies.get(TOKEN_COOKIE, "")
-            if not hmac.compare_digest(cookie, self._token):
+            if not _same_secret(cookie, self._token):
                 return web.Response(
                     status=401, text="this viewer needs its token: open the address it printed\n"
                 )

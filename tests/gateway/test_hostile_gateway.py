@@ -1,0 +1,348 @@
+"""Hostile input at the gateway: session keys, request and upstream bodies, rewards, sizes.
+
+Each case is answered with the documented status and a one-line OpenAI-style error, never a
+500 `internal_error` (or a dropped connection) with a traceback in the log, and what was
+recorded before stays readable."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import httpx
+import pytest
+from aiohttp import web
+
+from agent_server.gateway import Gateway
+from agent_server.gateway._sse import MAX_EVENT_BYTES
+from rollout.trace.v1 import common_pb2
+from tests.gateway.conftest import StartGateway, bundles, calls, reduce_all
+
+COMPLETED = common_pb2.EXECUTION_STATUS_COMPLETED
+FAILED = common_pb2.EXECUTION_STATUS_FAILED
+
+Answer = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class Upstream:
+    """A real HTTP upstream on loopback whose next answer each test sets."""
+
+    def __init__(self) -> None:
+        self.answer: Answer = _chat_completion
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def start(self) -> Upstream:
+        app = web.Application()
+
+        async def handle(request: web.Request) -> web.StreamResponse:
+            return await self.answer(request)
+
+        app.router.add_post("/v1/chat/completions", handle)
+        app.router.add_post("/v1/responses", handle)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}/v1"
+        return self
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
+async def _chat_completion(request: web.Request) -> web.StreamResponse:
+    return web.json_response(
+        {
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "hello"},
+                    "finish_reason": "stop",
+                }
+            ],
+        }
+    )
+
+
+def _json_answer(body: Any) -> Answer:
+    async def answer(request: web.Request) -> web.StreamResponse:
+        return web.Response(body=json.dumps(body).encode(), content_type="application/json")
+
+    return answer
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[Upstream]:
+    server = await Upstream().start()
+    yield server
+    await server.stop()
+
+
+@pytest.fixture
+def tracebacks(caplog: pytest.LogCaptureFixture) -> Callable[[], list[str]]:
+    """The gateway's log records of the test that carry a traceback (the test's upstream may
+    log the gateway hanging up on it)."""
+    caplog.set_level(logging.INFO)
+    return lambda: [
+        r.getMessage()
+        for r in caplog.records
+        if r.exc_info is not None and r.name.startswith("agent_server")
+    ]
+
+
+def _root_url(gateway: Gateway) -> str:
+    return gateway.url.removesuffix("/v1")
+
+
+def _user(text: str = "hi") -> dict[str, Any]:
+    return {"role": "user", "content": text}
+
+
+async def _one_session(http: httpx.AsyncClient, key: str) -> None:
+    answer = await http.post(
+        "/v1/chat/completions",
+        json={"model": "m", "messages": [_user()]},
+        headers={"x-rollout-session": key},
+    )
+    assert answer.status_code == 200, answer.text
+
+
+# -- session keys ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "path_key",
+    ["%0d%0aSet-Cookie:%20x=1", "a%00b", "%7f", "x" * 300, "%C3%A9t%C3%A9"],
+    ids=["crlf", "nul", "del", "300-chars", "non-ascii"],
+)
+async def test_a_session_key_that_is_no_header_value_is_refused(
+    start_gateway: StartGateway,
+    upstream: Upstream,
+    tracebacks: Callable[[], list[str]],
+    path_key: str,
+) -> None:
+    gateway = await start_gateway(upstream.url)
+    async with httpx.AsyncClient(base_url=_root_url(gateway)) as http:
+        answer = await http.post(
+            f"/s/{path_key}/v1/chat/completions", json={"model": "m", "messages": [_user()]}
+        )
+    # Was: the key echoed into x-rollout-session, aiohttp refused the header, the client's
+    # connection dropped without an answer (and a bundle made for nothing).
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["code"] == "invalid_session"
+    assert "\n" not in answer.json()["error"]["message"]
+    assert bundles(gateway.settings.trace_root) == []
+    assert tracebacks() == []
+
+
+async def test_a_hint_that_is_no_header_value_still_groups_its_session(
+    start_gateway: StartGateway, upstream: Upstream, tracebacks: Callable[[], list[str]]
+) -> None:
+    gateway = await start_gateway(upstream.url)
+    hint = "conv\r\nSet-Cookie: x=1 été " + "y" * 400
+    keys = []
+    async with httpx.AsyncClient(base_url=gateway.url) as http:
+        for text in ("one", "two"):
+            answer = await http.post(
+                "/chat/completions",
+                json={"model": "m", "messages": [_user(text)], "prompt_cache_key": hint},
+            )
+            assert answer.status_code == 200, answer.text
+            keys.append(answer.headers["x-rollout-session"])
+    assert keys[0] == keys[1]
+    assert keys[0].startswith("prompt_cache_key#")
+    assert keys[0].isascii()
+    assert len(keys[0]) < 100
+    (trace,) = reduce_all(gateway.settings.trace_root)
+    assert len(calls(trace)) == 2
+    assert tracebacks() == []
+
+
+# -- request bodies ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"role": "assistant", "tool_calls": [{"id": "a", "function": "f"}]},
+        {"role": "assistant", "tool_calls": [{"id": "a", "function": [1, 2]}]},
+        {"role": "assistant", "tool_calls": ["call"], "content": None},
+        {"role": ["user"], "content": {"text": 1}},
+        {"role": "tool", "tool_call_id": {"a": 1}, "content": [None, 1, {"text": 2}]},
+    ],
+    ids=["function-str", "function-list", "call-str", "role-list", "tool-junk"],
+)
+async def test_chat_messages_of_any_shape_are_forwarded_and_recorded(
+    start_gateway: StartGateway,
+    upstream: Upstream,
+    tracebacks: Callable[[], list[str]],
+    message: dict[str, Any],
+) -> None:
+    gateway = await start_gateway(upstream.url)
+    async with httpx.AsyncClient(base_url=gateway.url) as http:
+        answer = await http.post(
+            "/chat/completions", json={"model": "m", "messages": [_user(), message]}
+        )
+    # Was: 500 internal_error after the call was forwarded (fingerprinting the messages).
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["choices"][0]["message"]["content"] == "hello"
+    (trace,) = reduce_all(gateway.settings.trace_root)
+    assert [c.execution.status for c in calls(trace)] == [COMPLETED]
+    assert tracebacks() == []
+
+
+# -- upstream bodies ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"id": "c", "choices": 5},
+        {"id": "c", "choices": [{"message": "hello"}]},
+        {"id": "c", "choices": [{"message": [1]}]},
+        {"id": "c", "choices": [{"message": {"content": 5, "tool_calls": [1, {"function": 2}]}}]},
+        {"id": 5, "choices": [None, "x", {"index": "zero", "message": {"role": 1}}]},
+        {"id": "c", "choices": "many", "usage": "lots"},
+    ],
+    ids=["choices-int", "message-str", "message-list", "junk-calls", "junk-ids", "junk-usage"],
+)
+async def test_a_chat_answer_of_any_shape_is_recorded_and_forwarded(
+    start_gateway: StartGateway,
+    upstream: Upstream,
+    tracebacks: Callable[[], list[str]],
+    body: dict[str, Any],
+) -> None:
+    gateway = await start_gateway(upstream.url)
+    upstream.answer = _json_answer(body)
+    async with httpx.AsyncClient(base_url=gateway.url) as http:
+        answer = await http.post("/chat/completions", json={"model": "m", "messages": [_user()]})
+    # Was: 500 internal_error, the upstream's answer lost and the call left RUNNING.
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == body
+    (trace,) = reduce_all(gateway.settings.trace_root)
+    (call,) = calls(trace)
+    assert call.execution.status in (COMPLETED, FAILED)
+    assert tracebacks() == []
+
+
+async def test_an_upstream_event_past_the_bound_fails_the_call(
+    start_gateway: StartGateway, upstream: Upstream, tracebacks: Callable[[], list[str]]
+) -> None:
+    sent = 0
+
+    async def endless_event(request: web.Request) -> web.StreamResponse:
+        nonlocal sent
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b"data: ")
+        block = b"x" * (1 << 20)
+        try:
+            # One event that never ends: a gateway that holds it all runs out of memory.
+            for _ in range(3 * MAX_EVENT_BYTES // len(block)):
+                await response.write(block)
+                sent += len(block)
+        except ConnectionResetError:
+            pass
+        return response
+
+    gateway = await start_gateway(upstream.url)
+    upstream.answer = endless_event
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as http:
+        received = b""
+        broke = False
+        async with http.stream(
+            "POST",
+            "/chat/completions",
+            json={"model": "m", "messages": [_user()], "stream": True},
+        ) as answer:
+            assert answer.status_code == 200
+            try:
+                async for chunk in answer.aiter_bytes():
+                    received += chunk
+            except httpx.RemoteProtocolError:
+                broke = True
+    # The connection broke (a client cannot mistake it for an end) and nothing of the event
+    # went out.
+    assert broke
+    assert received.count(b"x") == 0, f"{received.count(b'x')} bytes of the event"
+    (trace,) = reduce_all(gateway.settings.trace_root)
+    (call,) = calls(trace)
+    assert call.execution.status == FAILED
+    assert call.error.code == "event_too_large"
+    # The gateway stopped reading soon after the bound, not at the stream's end.
+    assert sent < 2 * MAX_EVENT_BYTES
+    assert tracebacks() == []
+
+
+async def test_an_upstream_body_past_the_bound_is_a_502(
+    start_gateway: StartGateway, upstream: Upstream, tracebacks: Callable[[], list[str]]
+) -> None:
+    async def huge_body(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"content-type": "application/json"})
+        await response.prepare(request)
+        block = b" " * (1 << 20)
+        try:
+            for _ in range(2 * MAX_EVENT_BYTES // len(block)):
+                await response.write(block)
+        except ConnectionResetError:
+            pass
+        return response
+
+    gateway = await start_gateway(upstream.url)
+    upstream.answer = huge_body
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as http:
+        answer = await http.post("/chat/completions", json={"model": "m", "messages": [_user()]})
+    assert answer.status_code == 502, answer.text[:200]
+    assert answer.json()["error"]["code"] == "response_too_large"
+    (trace,) = reduce_all(gateway.settings.trace_root)
+    (call,) = calls(trace)
+    assert call.execution.status == FAILED
+    assert call.error.code == "response_too_large"
+    assert tracebacks() == []
+
+
+# -- rewards -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fields", "code"),
+    [
+        ({"value": 10**400}, "invalid_reward_value"),
+        ({"value": 1, "weight": -(10**400)}, "invalid_reward_value"),
+        ({"value": 1, "metadata": {"k": "\ud800"}}, None),
+        ({"value": 1, "metadata": [1]}, "invalid_reward"),
+        ({"value": 1, "name": ["x"]}, "invalid_reward"),
+    ],
+    ids=["value-10^400", "weight-10^400", "surrogate-metadata", "metadata-list", "name-list"],
+)
+async def test_a_hostile_reward_is_a_400(
+    start_gateway: StartGateway,
+    upstream: Upstream,
+    tracebacks: Callable[[], list[str]],
+    fields: dict[str, Any],
+    code: str | None,
+) -> None:
+    gateway = await start_gateway(upstream.url)
+    async with httpx.AsyncClient(base_url=_root_url(gateway)) as http:
+        await _one_session(http, "s1")
+        body = {"session": "s1", "name": "score", **fields}
+        answer = await http.post(
+            "/rollout/v1/rewards",
+            content=json.dumps(body).encode(),
+            headers={"content-type": "application/json"},
+        )
+    # Was: 500 internal_error (OverflowError converting the number) and a traceback.
+    if code is None:
+        assert answer.status_code in (200, 400), answer.text
+    else:
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["error"]["code"] == code
+    assert tracebacks() == []
+    (trace,) = reduce_all(gateway.settings.trace_root)
+    assert len(calls(trace)) == 1

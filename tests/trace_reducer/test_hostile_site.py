@@ -1,0 +1,162 @@
+"""Hostile input at `trace-reducer list`'s index and the served viewer: a corrupt, hostile,
+symlinked or FIFO index file, tokens and cookies of any bytes, paths that leave the root, and
+`--listen` values no socket takes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from trace_reducer.batch._listing import INDEX_FILE_NAME, list_runs
+from trace_reducer.view._site import TOKEN_COOKIE, SiteServer
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "bundles"
+TRACE_REDUCER = str(Path(sys.executable).parent / "trace-reducer")
+OLD = 1_700_000_000
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    target = tmp_path / "runs"
+    shutil.copytree(GOLDEN, target)
+    for path in target.rglob("*.binpb"):
+        os.utime(path, (OLD, OLD))
+    return target
+
+
+def _run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([TRACE_REDUCER, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def _index(root: Path) -> dict[str, Any]:
+    head = (root / INDEX_FILE_NAME).read_text(encoding="utf-8").split("\n", 1)[0]
+    data: dict[str, Any] = json.loads(head)
+    return data
+
+
+def test_a_fifo_or_symlink_index_is_never_opened(root: Path, tmp_path: Path) -> None:
+    honest = _run("list", "--json", str(root))
+    index = root / INDEX_FILE_NAME
+    index.unlink()
+    os.mkfifo(index)
+    # Was: `list` waited on the FIFO forever (and so did the served viewer's list page).
+    done = _run("list", "--json", str(root), timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == honest.stdout
+    outside = tmp_path / "outside.json"
+    planted = {"version": 1, "entries": {str(root / "x"): {"key": [], "run": {}}}}
+    outside.write_text(json.dumps(planted), encoding="utf-8")
+    index.unlink()
+    index.symlink_to(outside)
+    done = _run("list", "--json", str(root))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == honest.stdout
+    # The link was replaced by the index, never written through.
+    assert json.loads(outside.read_text(encoding="utf-8")) == planted
+    assert not index.is_symlink()
+
+
+def test_an_index_of_foreign_json_is_rebuilt(root: Path) -> None:
+    honest = list_runs(str(root)).runs
+    for data in (b"[]", b'{"version": 1, "entries": []}', b"[" * 100_000, b"\xff not json"):
+        (root / INDEX_FILE_NAME).write_bytes(data)
+        assert list_runs(str(root)).runs == honest
+
+
+@pytest.fixture
+async def site(root: Path) -> AsyncIterator[str]:
+    server = SiteServer(str(root), "s3cret-token")
+    address = await server.start("127.0.0.1", 0)
+    yield address
+    await server.stop()
+
+
+async def test_a_token_or_cookie_of_any_characters_is_a_401(
+    site: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    async with httpx.AsyncClient(base_url=site) as http:
+        for query in ("?token=%C3%A9t%C3%A9", "?token=%00", "?token=" + "x" * 4000):
+            answer = await http.get("/" + query)
+            # Was: 500 and a TypeError traceback (compare_digest of non-ASCII text).
+            assert answer.status_code == 401, (query, answer.status_code)
+        for cookie in (b'"\\303\\251"', "été".encode(), b"\xff\xfe"):
+            http.cookies.clear()
+            answer = await http.get("/", headers={b"cookie": TOKEN_COOKIE.encode() + b"=" + cookie})
+            assert answer.status_code == 401, (cookie, answer.status_code)
+        answer = await http.get("/?token=s3cret-token")
+        assert answer.status_code == 302
+        answer = await http.get("/", headers={"cookie": f"{TOKEN_COOKIE}=s3cret-token"})
+        assert answer.status_code == 200
+    captured = capfd.readouterr()
+    assert "Traceback" not in captured.err + captured.out
+
+
+async def test_served_paths_never_leave_the_root(
+    site: str, root: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    outside = tmp_path / "outside-bundle"
+    shutil.copytree(next(p for p in GOLDEN.iterdir() if p.name.startswith("2026")), outside)
+    (root / "linked").symlink_to(outside)
+    bundle = next(p for p in sorted(os.listdir(root)) if p.startswith("2026"))
+    (root / bundle / "inner-link").symlink_to(outside)
+    async with httpx.AsyncClient(base_url=site, cookies={TOKEN_COOKIE: "s3cret-token"}) as http:
+        for path in (
+            "/run/linked",
+            f"/run/{bundle}/inner-link",
+            "/run/..%2foutside-bundle",
+            "/run/%2e%2e/outside-bundle",
+            f"/run/{outside}",
+            "/run/" + "%2e%2e/" * 20 + "etc",
+            "/api/watch/linked",
+            "/api/watch/%2e%2e/outside-bundle",
+            f"/api/watch/{outside}",
+            "/run/%00",
+            "/run/" + "a" * 5000,
+        ):
+            answer = await http.get(path)
+            assert answer.status_code in (400, 403, 404), (path, answer.status_code)
+            assert (
+                "outside-bundle" not in answer.text
+                or "not followed" in answer.text
+                or ("outside the bundle root" in answer.text)
+            ), (path, answer.text)
+        runs = (await http.get("/api/runs")).json()["runs"]
+    assert all("outside-bundle" not in run["bundle"] for run in runs)
+    captured = capfd.readouterr()
+    assert "Traceback" not in captured.err + captured.out
+
+
+@pytest.mark.parametrize("listen", ["127.0.0.1:99999", "127.0.0.1:-1", "127.0.0.1:", ":80x"])
+def test_view_listen_values_no_socket_takes(root: Path, listen: str) -> None:
+    done = _run("view", str(root), "--listen", listen, timeout=30)
+    # Was: `internal error: OverflowError: bind(): port must be 0-65535.` (exit 1).
+    assert done.returncode == 2, done
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "internal error" not in done.stderr
+
+
+def test_concurrent_listings_share_one_index(root: Path) -> None:
+    honest = _run("list", "--json", str(root)).stdout
+    (root / INDEX_FILE_NAME).unlink()
+
+    async def many() -> list[subprocess.CompletedProcess[str]]:
+        return list(
+            await asyncio.gather(
+                *(asyncio.to_thread(_run, "list", "--json", str(root)) for _ in range(4))
+            )
+        )
+
+    for done in asyncio.run(many()):
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == honest
+    assert isinstance(_index(root)["version"], int)
