@@ -62,12 +62,20 @@ class ItemInfo:
 
     def fill(self, item: state_pb2.ConversationItem) -> None:
         """Copy role, kind, content and the function-call fields into a conversation item."""
-        item.role = self.role
-        item.kind = self.kind
-        item.call_id = self.call_id
-        item.name = self.name
-        item.arguments = self.arguments
-        item.output = self.output
+        # Only what is not the default: none of these fields has presence, and each set costs
+        # a call into the message library (most items have no call id, name or output).
+        if self.role:
+            item.role = self.role
+        if self.kind:
+            item.kind = self.kind
+        if self.call_id:
+            item.call_id = self.call_id
+        if self.name:
+            item.name = self.name
+        if self.arguments:
+            item.arguments = self.arguments
+        if self.output:
+            item.output = self.output
         for part_type, text in self.content:
             item.content.add(type=part_type, text=text)
 
