@@ -38,11 +38,11 @@ from agent_server.gateway._sessions import (
     Sessions,
 )
 from agent_server.gateway._settings import GatewaySettings
-from agent_server.gateway._sse import SseEvent, SseSplitter
 from agent_server.gateway._upstream import HOP_HEADERS, Upstream
 from agent_server.local_model import LocalModel
 from agent_server.provider import ProviderError, http_error
 from agent_server.recorder import Recorder
+from agent_server.sse import SseEvent, SseSplitter
 from agent_server.turn import new_call_id
 from grpc_common import split_listen
 from rollout.agent.v1 import agent_pb2
