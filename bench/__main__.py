@@ -182,8 +182,20 @@ def p3(root: Path) -> list[Row]:
     rows = []
     # Replies of 300 words, three turns a thread; then the built-in's short replies (about 47
     # words, two turns), where a bundle's fixed costs weigh most.
+    # Recording's cost per turn, by shape: (deltas a turn, [extra server CPU a turn, per round]).
+    per_turn: list[tuple[float, list[float]]] = []
     for reply_length, turns, target in ((300, 3, "<= 1.05"), (0, 2, "(reference)")):
         result = agent_bench.measure_recording(root, turns=turns, reply_length=reply_length)
+        deltas_a_turn = result.deltas_per_round / (agent_bench.P3_THREADS * turns)
+        per_turn.append(
+            (
+                deltas_a_turn,
+                [
+                    (on - off) * deltas_a_turn
+                    for on, off in zip(result.on_us, result.off_us, strict=True)
+                ],
+            )
+        )
         ratios = [on / off for on, off in zip(result.on_us, result.off_us, strict=True)]
         ratio = statistics.median(ratios)
         words = f"{reply_length}-word" if reply_length else "short (~47-word)"
@@ -201,6 +213,25 @@ def p3(root: Path) -> list[Row]:
                 ratio <= 1.05 or target != "<= 1.05",
             )
         )
+    # Two shapes, two unknowns: extra CPU a turn = fixed + per_delta x deltas a turn.
+    (long_deltas, long_extra), (short_deltas, short_extra) = per_turn
+    long_turn, short_turn = statistics.median(long_extra), statistics.median(short_extra)
+    per_delta = (long_turn - short_turn) / (long_deltas - short_deltas)
+    fixed = short_turn - per_delta * short_deltas
+    rows.append(
+        Row(
+            "P3",
+            "recording's cost apart: server CPU a turn, on minus off (median over the rounds), "
+            f"at {long_deltas:.0f} and {short_deltas:.0f} deltas a turn, solved for its fixed "
+            "part (a bundle's create, rename and close shared by its turns; payloads encoded "
+            "and hashed; the fsync at turn end) and its part per delta",
+            f"fixed {fixed:,.0f} us a turn; {per_delta:.1f} us a delta",
+            "(reference)",
+            True,
+            f"a turn: {long_turn:,.0f} us at {long_deltas:.0f} deltas, {short_turn:,.0f} us at "
+            f"{short_deltas:.0f}",
+        )
+    )
     return rows
 
 
