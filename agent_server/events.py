@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import itertools
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from agent_server import telemetry
 from agent_server.errors import EventsOutOfRangeError
@@ -194,7 +194,7 @@ class EventBuffer:
 
     async def subscribe(
         self, after_index: int, flush_window: float = 0.0
-    ) -> AsyncIterator[agent_pb2.ThreadEvent]:
+    ) -> AsyncGenerator[agent_pb2.ThreadEvent, None]:
         """Yield the events after `after_index`, then live ones until the buffer closes;
         with a flush window (seconds), at most one delta event per window (see the class)."""
         self.check(after_index)

@@ -144,7 +144,8 @@ def url_secrets(base_url: str, api_key: Secret | None) -> list[str]:
 def pooled_client(
     idle_timeout: float, connect_timeout: float, max_connections: int
 ) -> httpx.AsyncClient:
-    """The HTTP client of one provider: the idle timeout is its read timeout."""
+    """The gateway's HTTP client of one upstream: the idle timeout is its read timeout (the
+    agent's own provider reads with aiohttp directly, ProviderClient)."""
     limits = httpx.Limits(
         max_connections=max_connections,
         max_keepalive_connections=min(max_connections, _MAX_KEEPALIVE),
@@ -162,7 +163,7 @@ def pooled_client(
         limits=limits,
         trust_env=False,
         # aiohttp's C parser reads a stream for half the CPU of httpcore's (measured in
-        # bench/); httpx stays the API, and httpx-sse the SSE parser.
+        # bench/); httpx stays the gateway's API.
         transport=AiohttpTransport(limits=limits, trust_env=False),
     )
 

@@ -132,7 +132,11 @@ async def test_a_handed_out_event_is_serialized_once_for_every_subscriber() -> N
     buffer = EventBuffer(10)
     first, second = buffer.subscribe(0), buffer.subscribe(0)
     # Both attached (each has had an event of another item), neither has the next one yet.
-    buffer.publish(agent_pb2.ThreadEvent(agent_message_delta={"item_id": "j", "delta": "x"}))
+    buffer.publish(
+        agent_pb2.ThreadEvent(
+            agent_message_delta=agent_pb2.AgentMessageDeltaEvent(item_id="j", delta="x")
+        )
+    )
     assert deltas([await anext(first), await anext(second)]) == ["x", "x"]
     buffer.publish(event("a"))
     assert buffer.merge_delta("", "i", "b")  # joined before anyone has the event
