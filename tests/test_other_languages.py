@@ -77,6 +77,8 @@ def served() -> Iterator[LiveServer]:
         yield server
 
 
+# Compiling takes minutes on a busy machine: the guard is the compile's own timeout.
+@pytest.mark.timeout(420)
 def test_a_go_client_on_the_generated_stubs(
     generated: Path, served: LiveServer, tmp_path: Path
 ) -> None:
@@ -110,6 +112,8 @@ def test_a_go_client_on_the_generated_stubs(
     assert lines[-1] == "NotFound THREAD_NOT_FOUND map[thread_id:nope]"
 
 
+# Compiling takes minutes on a busy machine: the guard is the compile's own timeout.
+@pytest.mark.timeout(420)
 def test_java_decodes_a_real_error_info(
     generated: Path, served: LiveServer, tmp_path: Path
 ) -> None:

@@ -559,6 +559,8 @@ def test_every_truncation_reduces_and_is_never_clean(tmp_path: Path) -> None:
         assert not trace.recording_complete
 
 
+# Thousands of replays, CPU-bound: a hang guard for a busy machine, not a speed check.
+@pytest.mark.timeout(300)
 def test_every_bit_flip_is_never_clean(tmp_path: Path) -> None:
     bundle = one_turn_bundle(tmp_path)
     data = (bundle / "trace.binpb").read_bytes()
