@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import email.utils
 import json
-import logging
 import re
 import urllib.parse
 from collections.abc import AsyncIterator, Callable
@@ -14,8 +13,6 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import aiohttp
-import httpx
-from httpx_aiohttp import AiohttpTransport
 
 from agent_server.config import Secret
 from agent_server.sse import SseSplitter
@@ -25,7 +22,6 @@ CALL_ID_HEADER = "x-rollout-inference-call-id"
 _ERROR_BODY_LIMIT = 64 * 1024
 _RETRY_AFTER_CAP = 600.0
 DEFAULT_MAX_CONNECTIONS = 1024
-_MAX_KEEPALIVE = 64
 # How long an idle provider connection is kept for the next call (httpx's default too).
 _KEEPALIVE_SECONDS = 5.0
 # The events that end a response: the reader stops after them and releases the response.
@@ -141,52 +137,38 @@ def url_secrets(base_url: str, api_key: Secret | None) -> list[str]:
     ]
 
 
-def pooled_client(
+def pooled_session(
     idle_timeout: float, connect_timeout: float, max_connections: int
-) -> httpx.AsyncClient:
-    """The gateway's HTTP client of one upstream: the idle timeout is its read timeout (the
-    agent's own provider reads with aiohttp directly, ProviderClient)."""
-    limits = httpx.Limits(
-        max_connections=max_connections,
-        max_keepalive_connections=min(max_connections, _MAX_KEEPALIVE),
-    )
-    return httpx.AsyncClient(
-        # A turn beyond max_connections waits for a connection as long as it would wait
-        # to connect, then fails its attempt (retried like any connection failure).
-        timeout=httpx.Timeout(
+) -> aiohttp.ClientSession:
+    """The one HTTP transport of the agent's provider and of the gateway's upstream: the idle
+    timeout is the socket read timeout (for the answer's headers and between body reads).
+    Make it in the running loop."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=max_connections, keepalive_timeout=_KEEPALIVE_SECONDS),
+        # A request beyond the connection limit waits for one as long as it would wait to
+        # connect, then fails (an agent's attempt is retried like any connection failure).
+        timeout=aiohttp.ClientTimeout(
+            total=None,
             connect=connect_timeout,
-            read=idle_timeout,
-            write=connect_timeout,
-            pool=connect_timeout,
+            sock_connect=connect_timeout,
+            sock_read=idle_timeout,
         ),
-        follow_redirects=False,
-        limits=limits,
+        # No cookie of one call (one thread's, one gateway client's) reaches another's.
+        cookie_jar=aiohttp.DummyCookieJar(),
         trust_env=False,
-        # aiohttp's C parser reads a stream for half the CPU of httpcore's (measured in
-        # bench/); httpx stays the gateway's API.
-        transport=AiohttpTransport(limits=limits, trust_env=False),
     )
 
 
-def redact_httpx_log(base_url: str, safe: Callable[[str], str]) -> _RedactingFilter | None:
-    """httpx logs every request's URL (at INFO): credentials in it must not reach a log. The
-    filter installed, when the URL has any (remove it from the `httpx` logger when done)."""
-    if redact_url(base_url) == base_url:
-        return None
-    log_filter = _RedactingFilter(safe)
-    logging.getLogger("httpx").addFilter(log_filter)
-    return log_filter
-
-
-def _endpoint(base_url: str, route: str) -> tuple[str, httpx.BasicAuth | None]:
-    """`{base_url}{route}` (before any query), and the URL's user info as Basic auth."""
+def _endpoint(base_url: str, route: str) -> tuple[str, str | None]:
+    """`{base_url}{route}` (before any query), and the URL's user info as a Basic
+    Authorization header (sent in place of any other)."""
     parts = urllib.parse.urlsplit(base_url)
     auth = None
     netloc = parts.netloc
     user = _user_info(base_url)
     if user is not None:
         netloc = netloc.rpartition("@")[2]
-        auth = httpx.BasicAuth(*user)
+        auth = aiohttp.encode_basic_auth(*user)
     path = parts.path.rstrip("/") + route
     return urllib.parse.urlunsplit((parts.scheme, netloc, path, parts.query, "")), auth
 
@@ -222,11 +204,8 @@ class ProviderClient:
         self.base_url = base_url.rstrip("/")
         # What the trace and the logs show: the URL without credentials.
         self.display_url = redact_url(self.base_url)
-        self._url, _ = _endpoint(self.base_url, dialect.path)
-        user = _user_info(self.base_url)
-        # The URL's user info is sent as Basic auth, in place of the key's Bearer (as httpx
-        # did when it sent these requests).
-        self._basic_auth = aiohttp.encode_basic_auth(*user) if user is not None else None
+        # The URL's user info is sent as Basic auth, in place of the key's Bearer.
+        self._url, self._basic_auth = _endpoint(self.base_url, dialect.path)
         self._api_key = api_key
         self._client_limit = max_connections
         self._idle_timeout = idle_timeout
@@ -269,21 +248,8 @@ class ProviderClient:
 
     def _session(self) -> aiohttp.ClientSession:
         if self._http is None:
-            self._http = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(
-                    limit=self._client_limit, keepalive_timeout=_KEEPALIVE_SECONDS
-                ),
-                # A turn beyond the connection limit waits for one as long as it would wait to
-                # connect, then fails its attempt (retried like any connection failure).
-                timeout=aiohttp.ClientTimeout(
-                    total=None,
-                    connect=self._connect_timeout,
-                    sock_connect=self._connect_timeout,
-                    sock_read=self._idle_timeout,
-                ),
-                # No cookie of one thread's call reaches another's.
-                cookie_jar=aiohttp.DummyCookieJar(),
-                trust_env=False,
+            self._http = pooled_session(
+                self._idle_timeout, self._connect_timeout, self._client_limit
             )
         return self._http
 
@@ -364,21 +330,6 @@ def _connect_failure(error: aiohttp.ClientConnectorError) -> str:
     if isinstance(reason, ConnectionRefusedError):
         detail = "connection refused"
     return f"cannot connect to {error.host}:{error.port}: {detail}"
-
-
-class _RedactingFilter(logging.Filter):
-    """Rewrites a log record whose message would show something `redact` takes out."""
-
-    def __init__(self, redact: Callable[[str], str]) -> None:
-        super().__init__()
-        self._redact = redact
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        redacted = self._redact(message)
-        if redacted != message:
-            record.msg, record.args = redacted, None
-        return True
 
 
 class EventBatches:

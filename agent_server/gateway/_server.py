@@ -14,9 +14,9 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
+import aiohttp
 from aiohttp import web
 
 from agent_server.gateway._dialects import (
@@ -38,7 +38,7 @@ from agent_server.gateway._sessions import (
     Sessions,
 )
 from agent_server.gateway._settings import GatewaySettings
-from agent_server.gateway._upstream import HOP_HEADERS, Upstream
+from agent_server.gateway._upstream import HOP_HEADERS, Upstream, release
 from agent_server.local_model import LocalModel
 from agent_server.provider import ProviderError, http_error
 from agent_server.recorder import Recorder
@@ -55,6 +55,9 @@ from trace_reducer import (
     check_reward,
     classify_stop,
 )
+
+if TYPE_CHECKING:
+    from multidict import CIMultiDict
 
 log = logging.getLogger(__name__)
 
@@ -256,12 +259,12 @@ class Gateway:
         except ProviderError as error:
             return error_response(502, error.code, error.message)
         try:
-            body = await answer.aread()
-        except httpx.HTTPError as error:
-            return error_response(502, "upstream_unreachable", upstream.safe(str(error)))
+            body = await answer.read()
+        except aiohttp.ClientError as error:
+            return error_response(502, "upstream_unreachable", upstream.safe(upstream_text(error)))
         finally:
-            await answer.aclose()
-        return web.Response(status=answer.status_code, body=body, headers=_client_headers(answer))
+            release(answer)
+        return web.Response(status=answer.status, body=body, headers=_client_headers(answer))
 
     async def _responses_call(self, request: web.Request) -> web.StreamResponse:
         return await self._call(request, RESPONSES)
@@ -392,7 +395,7 @@ class Gateway:
             call_id,
             request.headers.get("Authorization") if self._token is None else None,
         )
-        answer: httpx.Response | None = None
+        answer: aiohttp.ClientResponse | None = None
         try:
             try:
                 answer = await upstream.open("POST", dialect.path, headers, raw)
@@ -400,7 +403,7 @@ class Gateway:
                 outcome.fail(error)
                 self._end(session, call, ordinal, outcome)
                 return error_response(502, error.code, error.message)
-            if answer.status_code >= 400:
+            if answer.status >= 400:
                 return await self._forward_error(session, call, ordinal, outcome, answer)
             if answer.headers.get("content-type", "").startswith("text/event-stream"):
                 return await self._forward_stream(request, session, call, ordinal, outcome, answer)
@@ -412,7 +415,7 @@ class Gateway:
             raise
         finally:
             if answer is not None:
-                await asyncio.shield(answer.aclose())
+                release(answer)
             fingerprints = tuple(dialect.fingerprint(entry) for entry in entries)
             self.sessions.exchanged(
                 session, fingerprints + tuple(call.output_fingerprints()), call.response_id
@@ -428,11 +431,11 @@ class Gateway:
         call: CallRecorder,
         ordinal: int,
         outcome: _Outcome,
-        answer: httpx.Response,
+        answer: aiohttp.ClientResponse,
     ) -> web.StreamResponse:
         body = await _read_limited(answer)
         error = http_error(
-            answer.status_code, body, answer.reason_phrase, answer.headers.get("retry-after")
+            answer.status, body, answer.reason or "", answer.headers.get("retry-after")
         )
         session.recorder.provider_event(ordinal, "http_error", body.decode("utf-8", "replace"))
         outcome.fail(error)
@@ -447,11 +450,11 @@ class Gateway:
         call: CallRecorder,
         ordinal: int,
         outcome: _Outcome,
-        answer: httpx.Response,
+        answer: aiohttp.ClientResponse,
     ) -> web.StreamResponse:
         try:
-            body = await answer.aread()
-        except httpx.HTTPError as error:
+            body = await answer.read()
+        except aiohttp.ClientError as error:
             outcome.fail(ProviderError("connection_error", f"upstream body lost: {error}"))
             self._end(session, call, ordinal, outcome)
             return error_response(502, "upstream_unreachable", "the upstream answer broke off")
@@ -470,10 +473,12 @@ class Gateway:
                 body = json.dumps(_strip_ids(parsed)).encode()
         return self._answer(session, answer, body)
 
-    def _answer(self, session: Session, answer: httpx.Response, body: bytes) -> web.Response:
+    def _answer(
+        self, session: Session, answer: aiohttp.ClientResponse, body: bytes
+    ) -> web.Response:
         headers = _client_headers(answer)
         _tag(headers, session)
-        return web.Response(status=answer.status_code, body=body, headers=headers)
+        return web.Response(status=answer.status, body=body, headers=headers)
 
     async def _forward_stream(
         self,
@@ -482,17 +487,17 @@ class Gateway:
         call: CallRecorder,
         ordinal: int,
         outcome: _Outcome,
-        answer: httpx.Response,
+        answer: aiohttp.ClientResponse,
     ) -> web.StreamResponse:
         headers = _client_headers(answer)
         _tag(headers, session)
-        response = web.StreamResponse(status=answer.status_code, headers=headers)
+        response = web.StreamResponse(status=answer.status, headers=headers)
         recorder = session.recorder
         splitter = SseSplitter()
         terminal = False
         try:
             await response.prepare(request)
-            async for chunk in answer.aiter_bytes():
+            async for chunk in answer.content.iter_any():
                 ready, events = splitter.feed(chunk)
                 if events and not outcome.over:
                     try:
@@ -525,7 +530,7 @@ class Gateway:
         except asyncio.CancelledError:
             outcome.cancel(self._cancel_reason())
             raise
-        except httpx.ReadTimeout:
+        except aiohttp.ServerTimeoutError:
             outcome.fail(
                 ProviderError(
                     "stream_idle_timeout",
@@ -534,7 +539,7 @@ class Gateway:
                 )
             )
             _drop_connection(request)
-        except httpx.HTTPError as error:
+        except aiohttp.ClientError as error:
             outcome.fail(
                 ProviderError(
                     "connection_error", f"the upstream stream broke: {upstream_text(error)}"
@@ -716,14 +721,16 @@ def _without_ids(events: list[SseEvent]) -> bytes:
     return "".join(out).encode()
 
 
-def _client_headers(answer: httpx.Response) -> dict[str, str]:
-    """The upstream's headers as the client gets them (hop-by-hop ones are the gateway's)."""
-    return {
-        name: value for name, value in answer.headers.items() if name.lower() not in HOP_HEADERS
-    }
+def _client_headers(answer: aiohttp.ClientResponse) -> CIMultiDict[str]:
+    """The upstream's headers as the client gets them, a repeated one repeated (hop-by-hop
+    ones are the gateway's)."""
+    headers = answer.headers.copy()
+    for name in HOP_HEADERS:
+        headers.popall(name, None)
+    return headers
 
 
-def _tag(headers: dict[str, str], session: Session) -> None:
+def _tag(headers: CIMultiDict[str], session: Session) -> None:
     headers[SESSION_HEADER] = session.key
     headers[THREAD_HEADER] = session.thread.id
 
@@ -781,10 +788,10 @@ def upstream_text(error: Exception) -> str:
     return str(error) or type(error).__name__
 
 
-async def _read_limited(answer: httpx.Response) -> bytes:
+async def _read_limited(answer: aiohttp.ClientResponse) -> bytes:
     body = b""
-    with contextlib.suppress(httpx.HTTPError):
-        async for chunk in answer.aiter_bytes():
+    with contextlib.suppress(aiohttp.ClientError):
+        async for chunk in answer.content.iter_any():
             body += chunk
             if len(body) >= _ERROR_BODY_LIMIT:
                 break
