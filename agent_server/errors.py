@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, NoReturn
+import logging
 
 import grpc
 
 import grpc_common
 
+# The agent's statuses: each AgentError carries its own; the rest is INTERNAL.
+ERRORS = grpc_common.ErrorMapping(log=logging.getLogger("agent_server.service"))
 
-class AgentError(Exception):
+
+class AgentError(grpc_common.RpcStatusError):
     """An error a client caused or must know about; never a provider failure."""
-
-    code: ClassVar[grpc.StatusCode] = grpc.StatusCode.FAILED_PRECONDITION
-    reason: ClassVar[str] = "FAILED_PRECONDITION"
-
-    def __init__(self, message: str, **metadata: str) -> None:
-        super().__init__(message)
-        self.message = message
-        self.metadata = metadata
 
 
 class InvalidArgumentError(AgentError):
@@ -189,10 +184,3 @@ class ShuttingDownError(AgentError):
 
     def __init__(self) -> None:
         super().__init__("the agent server is shutting down")
-
-
-async def abort_with(
-    context: grpc.aio.ServicerContext[object, object], error: AgentError
-) -> NoReturn:
-    """The one translation of a domain error into a gRPC status with ErrorInfo."""
-    await grpc_common.abort(context, error.code, error.reason, error.message, **error.metadata)

@@ -2,22 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from collections.abc import AsyncIterator
-from types import TracebackType
 
 import grpc
 from google.protobuf import message_factory
 
-import grpc_common
 from agent_server.agent import Agent
-from agent_server.errors import (
-    AgentError,
-    EmptyInputError,
-    InvalidFlushWindowError,
-    abort_with,
-)
+from agent_server.errors import ERRORS, EmptyInputError, InvalidFlushWindowError
 from agent_server.events import DEFAULT_FLUSH_WINDOW_MS, MAX_FLUSH_WINDOW_MS
 from agent_server.threads import Thread, recorded_thread
 from agent_server.tools import SubmittedOutput
@@ -25,44 +16,9 @@ from agent_server.training import capture_from, sampling_from
 from rollout.agent.v1 import agent_pb2, agent_pb2_grpc
 from trace_reducer import RewardInput
 
-log = logging.getLogger(__name__)
-
 SERVICE_NAME = agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name
 
 Context = grpc.aio.ServicerContext[object, object]
-
-
-class _translated:  # noqa: N801 - used as `async with _translated(...)`, like a function
-    """Domain errors become their status; anything unexpected becomes INTERNAL, logged.
-
-    Its __aexit__ never swallows an exception (it returns None): each RPC's `async with`
-    block ends in its return, and nothing after it is reachable."""
-
-    def __init__(self, context: Context, rpc: str) -> None:
-        self._context = context
-        self._rpc = rpc
-
-    async def __aenter__(self) -> None:
-        return None
-
-    async def __aexit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        if error is None or isinstance(error, asyncio.CancelledError | grpc.aio.AbortError):
-            return
-        if isinstance(error, AgentError):
-            await abort_with(self._context, error)
-        if isinstance(error, Exception):
-            log.error("%s failed unexpectedly", self._rpc, exc_info=error)
-            await grpc_common.abort(
-                self._context,
-                grpc.StatusCode.INTERNAL,
-                "INTERNAL",
-                f"{self._rpc} failed with an internal error; the server log has the details",
-            )
 
 
 def _texts(inputs: list[agent_pb2.UserInput]) -> list[str]:
@@ -81,7 +37,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
     async def StartThread(  # noqa: N802
         self, request: agent_pb2.StartThreadRequest, context: Context
     ) -> agent_pb2.StartThreadResponse:
-        async with _translated(context, "StartThread"):
+        async with ERRORS.translated(context, "StartThread"):
             thread = await self._agent.start_thread(
                 request.model,
                 request.instructions,
@@ -96,7 +52,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
     async def StartTurn(  # noqa: N802
         self, request: agent_pb2.StartTurnRequest, context: Context
     ) -> agent_pb2.StartTurnResponse:
-        async with _translated(context, "StartTurn"):
+        async with ERRORS.translated(context, "StartTurn"):
             turn = self._agent.start_turn(
                 request.thread_id,
                 _texts(list(request.input)),
@@ -108,14 +64,14 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
     async def Interrupt(  # noqa: N802
         self, request: agent_pb2.InterruptRequest, context: Context
     ) -> agent_pb2.InterruptResponse:
-        async with _translated(context, "Interrupt"):
+        async with ERRORS.translated(context, "Interrupt"):
             turn = await self._agent.interrupt(request.thread_id, request.turn_id, context.peer())
             return agent_pb2.InterruptResponse(turn=turn.to_proto())
 
     async def StreamEvents(  # type: ignore[override]  # noqa: N802 - sends bytes, see add_to_server
         self, request: agent_pb2.StreamEventsRequest, context: Context
     ) -> AsyncIterator[bytes]:
-        async with _translated(context, "StreamEvents"):
+        async with ERRORS.translated(context, "StreamEvents"):
             window_ms = (
                 request.flush_window_ms
                 if request.HasField("flush_window_ms")
@@ -133,7 +89,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
     async def GetThread(  # noqa: N802
         self, request: agent_pb2.GetThreadRequest, context: Context
     ) -> agent_pb2.GetThreadResponse:
-        async with _translated(context, "GetThread"):
+        async with ERRORS.translated(context, "GetThread"):
             return agent_pb2.GetThreadResponse(
                 thread=self._agent.thread(request.thread_id).to_proto()
             )
@@ -141,7 +97,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
     async def ListThreads(  # noqa: N802
         self, request: agent_pb2.ListThreadsRequest, context: Context
     ) -> agent_pb2.ListThreadsResponse:
-        async with _translated(context, "ListThreads"):
+        async with ERRORS.translated(context, "ListThreads"):
             threads, next_token = await self._agent.list_threads(
                 request.page_size,
                 request.page_token,
@@ -161,7 +117,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
     async def SubmitToolOutputs(  # noqa: N802
         self, request: agent_pb2.SubmitToolOutputsRequest, context: Context
     ) -> agent_pb2.SubmitToolOutputsResponse:
-        async with _translated(context, "SubmitToolOutputs"):
+        async with ERRORS.translated(context, "SubmitToolOutputs"):
             outputs = [
                 SubmittedOutput(output.call_id, output.output, output.is_error)
                 for output in request.outputs
@@ -174,14 +130,14 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
     async def CloseThread(  # noqa: N802
         self, request: agent_pb2.CloseThreadRequest, context: Context
     ) -> agent_pb2.CloseThreadResponse:
-        async with _translated(context, "CloseThread"):
+        async with ERRORS.translated(context, "CloseThread"):
             thread = await self._agent.close_thread(request.thread_id)
             return agent_pb2.CloseThreadResponse(thread=thread.to_proto())
 
     async def ForkThread(  # noqa: N802
         self, request: agent_pb2.ForkThreadRequest, context: Context
     ) -> agent_pb2.ForkThreadResponse:
-        async with _translated(context, "ForkThread"):
+        async with ERRORS.translated(context, "ForkThread"):
             threads = await self._agent.fork_thread(
                 request.thread_id,
                 request.after_turn_id,
@@ -194,7 +150,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
     async def ResumeThread(  # noqa: N802
         self, request: agent_pb2.ResumeThreadRequest, context: Context
     ) -> agent_pb2.ResumeThreadResponse:
-        async with _translated(context, "ResumeThread"):
+        async with ERRORS.translated(context, "ResumeThread"):
             thread = await self._agent.resume_thread(
                 request.thread_id, request.bundle_path, request.after_turn_id
             )
@@ -204,7 +160,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
     async def RecordReward(  # noqa: N802
         self, request: agent_pb2.RecordRewardRequest, context: Context
     ) -> agent_pb2.RecordRewardResponse:
-        async with _translated(context, "RecordReward"):
+        async with ERRORS.translated(context, "RecordReward"):
             bundle, seq = await self._agent.record_reward(
                 RewardInput(
                     thread_id=request.thread_id,

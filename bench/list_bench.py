@@ -14,11 +14,22 @@ from pathlib import Path
 from bench.batch_bench import make_bundles
 
 TRACE_REDUCER = str(Path(sys.executable).parent / "trace-reducer")
-# The floor: the same interpreter finding every bundle and its files' times, nothing else.
-FLOOR = (
-    "import sys; from trace_reducer.batch._storage import LocalStore; "
-    "LocalStore(sys.argv[1]).discover(print)"
-)
+# The floor: the same interpreter finding every bundle and its files' times and nothing else,
+# written bare (no package code): list the root, list each directory in it, lstat the files
+# a listing compares (trace.binpb, state.json, rewards.binpb).
+FLOOR = """
+import os, sys
+found = 0
+for entry in os.scandir(sys.argv[1]):
+    if not entry.is_dir(follow_symlinks=False):
+        continue
+    with os.scandir(entry.path) as inside:
+        for file in inside:
+            if file.name in ("trace.binpb", "state.json", "rewards.binpb"):
+                file.stat(follow_symlinks=False)
+                found += file.name == "trace.binpb"
+print(found)
+"""
 
 
 @dataclass
@@ -41,7 +52,7 @@ def spread(values: list[float]) -> str:
     return f"{min(values):.2f} / {statistics.median(values):.2f} / {max(values):.2f} s"
 
 
-def measure_list(root: Path, bundles: int, templates: int = 200, rounds: int = 3) -> ListResult:
+def measure_list(root: Path, bundles: int, templates: int = 200, rounds: int = 5) -> ListResult:
     made = root / "list-templates"
     make_bundles(made, templates)
     sources = sorted(made.glob("*/trace.binpb"))
@@ -54,9 +65,11 @@ def measure_list(root: Path, bundles: int, templates: int = 200, rounds: int = 3
         os.link(sources[index % len(sources)], bundle / "trace.binpb")
     listing = [TRACE_REDUCER, "list", str(runs), "--json"]
     result = ListResult(bundles, templates, _timed(listing))
-    for _ in range(rounds):
-        result.warm.append(_timed(listing))
-        result.floor.append(_timed([sys.executable, "-c", FLOOR, str(runs)]))
+    # Alternating rounds, the floor first in every other one: neither always runs second.
+    for round_ in range(rounds):
+        pair = [("warm", listing), ("floor", [sys.executable, "-c", FLOOR, str(runs)])]
+        for name, argv in pair if round_ % 2 == 0 else reversed(pair):
+            getattr(result, name).append(_timed(argv))
     changed = runs / "20260101T000000Z-thread_00000000000000000000000000000000" / "trace.binpb"
     for _ in range(rounds):
         os.utime(changed)

@@ -6,7 +6,15 @@ from ._flags import add_access_arguments
 
 if TYPE_CHECKING:
     from ._access import AccessControl, header_secret
-    from ._errors import ERROR_DOMAIN, abort, error_status
+    from ._errors import (
+        ERROR_DOMAIN,
+        INTERNAL_REASON,
+        ErrorMapping,
+        RpcStatusError,
+        StatusRule,
+        abort,
+        error_status,
+    )
     from ._keepalive import Keepalive
     from ._metrics import MetricsServer, RpcMetricsInterceptor
     from ._server import GrpcServer, split_listen
@@ -18,6 +26,10 @@ _LAZY = {
     "AccessControl": "_access",
     "header_secret": "_access",
     "ERROR_DOMAIN": "_errors",
+    "INTERNAL_REASON": "_errors",
+    "ErrorMapping": "_errors",
+    "RpcStatusError": "_errors",
+    "StatusRule": "_errors",
     "abort": "_errors",
     "error_status": "_errors",
     "Keepalive": "_keepalive",
@@ -42,11 +54,15 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "ERROR_DOMAIN",
+    "INTERNAL_REASON",
     "AccessControl",
+    "ErrorMapping",
     "GrpcServer",
     "Keepalive",
     "MetricsServer",
     "RpcMetricsInterceptor",
+    "RpcStatusError",
+    "StatusRule",
     "abort",
     "add_access_arguments",
     "error_status",

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import subprocess
+import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -31,6 +34,18 @@ def _scrape(url: str) -> list[str]:
         return str(response.read().decode()).splitlines()
 
 
+def _scrape_until(url: str, shows: Callable[[list[str]], bool], timeout: float = 30) -> list[str]:
+    """The scrape once it shows what the RPCs made. A failed RPC's status reaches the client
+    before the server's interceptor counts it (`context.abort` sends, then raises), so the
+    client's return does not order the count before the scrape."""
+    deadline = time.monotonic() + timeout
+    while True:
+        lines = _scrape(url)
+        if shows(lines) or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.05)  # polling the metrics endpoint: the server offers no event to wait on
+
+
 async def test_the_agent_server_counts_and_times_each_rpc_by_code(tmp_path: Path) -> None:
     before = (_count(_GET_THREAD, "NOT_FOUND"), _count(_START_THREAD, "OK"))
     server = await AgentServer.start(
@@ -49,14 +64,18 @@ async def test_the_agent_server_counts_and_times_each_rpc_by_code(tmp_path: Path
                 await stub.GetThread(agent_pb2.GetThreadRequest(thread_id="nope"))
             assert caught.value.code() == grpc.StatusCode.NOT_FOUND
         assert server.metrics is not None
-        lines = _scrape(server.metrics.url)
+        lines = await asyncio.to_thread(_scrape_until, server.metrics.url, _times_not_found)
     finally:
         await server.stop()
     assert (_count(_GET_THREAD, "NOT_FOUND"), _count(_START_THREAD, "OK")) == (
         before[0] + 1,
         before[1] + 1,
     )
-    assert any(
+    assert _times_not_found(lines)
+
+
+def _times_not_found(lines: list[str]) -> bool:
+    return any(
         line.startswith("rollout_agent_rpc_duration_seconds_count{")
         and f'method="{_GET_THREAD}"' in line
         and 'code="NOT_FOUND"' in line
@@ -92,7 +111,12 @@ def test_trace_reducer_serve_serves_rpc_metrics_and_logs_each_request(tmp_path: 
             with pytest.raises(grpc.RpcError) as caught:
                 stub.ReduceBundle(reducer_pb2.ReduceBundleRequest(bundle="missing"))
             code = caught.value.code()
-        lines = _scrape(metrics_line.split()[-1])
+        method = "/rollout.reducer.v1.ReducerService/ReduceBundle"
+        expected = [
+            f'rollout_reducer_rpcs_total{{code="{name}",method="{method}"}} 1.0'
+            for name in ("OK", code.name)
+        ]
+        lines = _scrape_until(metrics_line.split()[-1], lambda got: all(e in got for e in expected))
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=20) == 0
         assert process.stderr is not None
@@ -101,9 +125,8 @@ def test_trace_reducer_serve_serves_rpc_metrics_and_logs_each_request(tmp_path: 
         if process.poll() is None:
             process.kill()
             process.wait()
-    method = "/rollout.reducer.v1.ReducerService/ReduceBundle"
-    for name in ("OK", code.name):
-        assert f'rollout_reducer_rpcs_total{{code="{name}",method="{method}"}} 1.0' in lines
+    for line in expected:
+        assert line in lines
     assert f"rpc {method} OK " in stderr
     assert f"rpc {method} {code.name} " in stderr
     assert "Traceback" not in stderr

@@ -163,9 +163,10 @@ def one_turn_bundle(
     provider_item_id: str | None = "msg-original",
     text: str = "accepted answer",
     close: bool = True,
+    thread_id: str = "thread-1",
 ) -> Path:
     """The reference scenario: one user message, one streamed answer, then the terminal event."""
-    bundle = BundleBuilder(root)
+    bundle = BundleBuilder(root, thread_id)
     question = user_item("answer once")
     turn = bundle.turn("turn-1", [question])
     call = bundle.call(turn, "call-1", [question])

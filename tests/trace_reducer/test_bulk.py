@@ -3,6 +3,8 @@
 Runs of text deltas are checked and parsed a run at a time (trace_reducer.bundle._bulk); these tests
 put every way a frame can look like a delta and not be one (or be one written oddly) into such
 runs and compare the records, the integrity and the reduced state with a frame-by-frame read.
+The other records are checked and parsed a stretch at a time (parse_frames): the same
+comparison, with every oddity a frame of a stretch can have.
 """
 
 from __future__ import annotations
@@ -292,6 +294,78 @@ def test_damage_in_a_run_is_found_at_its_frame() -> None:
             state_pb2.INTEGRITY_STATUS_CORRUPT,
             state_pb2.INTEGRITY_STATUS_TRUNCATED,
         }
+
+
+def payload_frame(seq: int, size: int) -> bytes:
+    record = record_pb2.TraceRecord(seq=seq, time_us=2_000_000 + seq)
+    record.payload.payload_id = f"p{seq}"
+    record.payload.data = b'{"role":"user","content":"%s"}' % (b"x" * size)
+    return encode_record(record)
+
+
+def ordinary(first_seq: int = 7) -> list[bytes]:
+    """Records no run takes: payloads of one- and two-byte lengths, a delta naming its item,
+    and last a payload of a three-byte length."""
+    frames = [payload_frame(first_seq + i, (40, 200)[i % 2]) for i in range(19)]
+    named = record_pb2.TraceRecord(seq=first_seq + 19, time_us=3_000_000)
+    named.output_text_delta.call = 1
+    named.output_text_delta.item = 1
+    named.output_text_delta.delta = "named"
+    return [*frames, encode_record(named), payload_frame(first_seq + 20, 20_000)]
+
+
+def crc_inside(seq: int) -> bytes:
+    """A frame without a CRC field whose last four bytes are the CRC of the bytes before the
+    fifth-last: the end of a payload's data."""
+    head = encode([varint_field(1, seq)])
+    # payload {payload_id: "p", data: 7 bytes of text, then the 4 bytes}
+    inner_head = encode([len_field(1, b"p")]) + b"\x12\x0b" + b"texttex"
+    body_head = head + b"\x2a" + encode_varint(len(inner_head) + 4) + inner_head
+    crc = int(google_crc32c.value(body_head[:-1])).to_bytes(4, "little")
+    return encode_varint(len(body_head) + 4) + body_head + crc
+
+
+ODD_FRAMES: dict[str, Callable[[int], bytes]] = {
+    "bad CRC": lambda seq: payload_frame(seq, 200)[:-1] + b"\x00",
+    "no CRC field": lambda seq: encode_varint(6) + encode(delta_fields(seq, 5, 1, b"")),
+    "seq skipped": lambda seq: payload_frame(seq + 1, 200),
+    "a second header": lambda seq: encode_record(
+        record_pb2.TraceRecord(seq=seq, header=record_pb2.Header(trace_id="t"))
+    ),
+    "an early footer": lambda seq: encode_record(
+        record_pb2.TraceRecord(seq=seq, footer=record_pb2.Footer(record_count=seq))
+    ),
+    "a body that does not parse": lambda seq: frame(encode([varint_field(1, seq)]) + b"\xff"),
+    "tiny": lambda seq: frame(b""),
+    "no CRC field, the right CRC at its end": lambda seq: crc_inside(seq),
+    "its CRC under another field": lambda seq: (
+        lambda body: (
+            encode_varint(len(body) + 5)
+            + body
+            + b"\x75"
+            + int(google_crc32c.value(body)).to_bytes(4, "little")
+        )
+    )(encode([varint_field(1, seq), len_field(7, b"payload")])),
+    "unknown body": lambda seq: frame(encode([varint_field(1, seq), len_field(200, b"new")])),
+}
+
+
+def read_whole(data: bytes, *, bulk: bool) -> tuple[list[record_pb2.TraceRecord], object]:
+    decoder = FrameDecoder(bulk=bulk)
+    return decoder.feed(data), decoder.finish()
+
+
+@pytest.mark.parametrize("oddity", sorted(ODD_FRAMES))
+def test_ordinary_records_are_read_together_as_frame_by_frame_reads_them(oddity: str) -> None:
+    stretch = ordinary()
+    assert reduce_both(build(stretch), random.Random(0)) == 0
+    for position in (0, 1, 10, len(stretch) - 2, len(stretch) - 1):
+        frames = list(stretch)
+        frames[position] = ODD_FRAMES[oddity](7 + position)
+        data = build(frames)
+        # In one piece (the opening, then the stretch, each read together) and in random ones.
+        assert read_whole(data, bulk=True) == read_whole(data, bulk=False)
+        reduce_both(data, random.Random(position))
 
 
 def test_runs_across_seq_and_time_sizes() -> None:

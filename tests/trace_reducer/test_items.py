@@ -75,6 +75,34 @@ def test_malformed_json_is_an_opaque_item_not_an_error() -> None:
     assert parse_item(b"[1, 2]").kind == state_pb2.ITEM_KIND_OTHER
 
 
+def test_keys_are_equal_exactly_when_the_canonical_json_is() -> None:
+    # Each group is one value spelled several ways, some of which orjson refuses or would read
+    # differently (json reads those); every group's spellings share a key, no two groups do.
+    message = '{"type":"message","role":"user","content":[{"type":"input_text","text":%s}]}'
+    groups = [
+        [b'"a\xef\xbf\xbd"', b'"a\\ufffd"', b'"a\xff"', b'"a\\udc00"'],
+        [b"12345678901234567890123", b"12345678901234567890123 "],
+        [b"12345678901234567890124"],
+        [b"18446744073709551615", b" 18446744073709551615"],
+        [b"1e400", b"Infinity", b"2e308"],
+        [b"NaN"],
+        [b"null"],
+        [b"1"],
+        [b"1.0", b"1e0", b"10e-1"],
+        [b"true"],
+        [b'"x"', b'"\\u0078"'],
+    ]
+    keys = []
+    for spellings in groups:
+        group = {parse_item(message.encode() % text).key for text in spellings}
+        assert len(group) == 1, spellings
+        keys.append(group.pop())
+    assert len(set(keys)) == len(keys)
+    # The same key when the item's keys come in another order, or repeated (the last counts).
+    assert parse_item(b'{"b":1,"a":2}').key == parse_item(b'{"a":2,"b":1}').key
+    assert parse_item(b'{"a":1,"a":2}').key == parse_item(b'{"a":2}').key
+
+
 class Items:
     """A ThreadItems with a counter for new ids, as the reducer drives it."""
 

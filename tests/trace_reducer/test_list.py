@@ -149,3 +149,75 @@ def test_a_url_root(root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert {r["integrity"] for r in runs.runs} >= {"clean", "corrupt", "truncated"}
     assert list_runs("memory://golden").reduced == 0
     assert any((tmp_path / "cache" / "rollout-trace").iterdir())
+
+
+def old_json_line(run: object) -> str:
+    # What `list --json` printed before the index kept lines: the run's fields in summary
+    # order, without the search text, `live` last.
+    fields = {key: value for key, value in dict(run).items() if key != "text"}  # type: ignore[call-overload]
+    return json.dumps(fields, ensure_ascii=False, separators=(",", ":"))
+
+
+def test_a_warm_listing_prints_the_lines_a_cold_one_does(root: Path) -> None:
+    cold = run_list(str(root), "--json")
+    warm = run_list(str(root), "--json")
+    assert cold.returncode == warm.returncode == 0, cold.stderr + warm.stderr
+    assert warm.stdout == cold.stdout
+    # Each line is what the summary encodes to, whether it came from the index or not.
+    for first, again in zip(list_runs(str(root)).runs, list_runs(str(root)).runs, strict=True):
+        assert first.json_line() == again.json_line() == old_json_line(again)
+    # A warm search of the texts (kept apart in the index) finds what a cold one does.
+    warm_search = listed(str(root), "--text", "local-echo")
+    assert list_runs(str(root)).reduced == 0
+    (root / INDEX_FILE_NAME).unlink()
+    assert warm_search == listed(str(root), "--text", "local-echo") != []
+
+
+def test_a_live_run_prints_its_live_status(root: Path) -> None:
+    torn = next(path for path in root.iterdir() if path.name.endswith("damaged-torn"))
+    list_runs(str(root))  # the index holds it as truncated, not live
+    os.utime(torn / "trace.binpb")  # being written now; the index entry is stale anyway
+    runs = {r["bundle"]: r for r in listed(str(root))}
+    assert runs[str(torn)]["status"] == "live"
+    assert runs[str(torn)]["live"] is True
+    again = {r.get("bundle"): r for r in list_runs(str(root)).runs}
+    assert again[str(torn)].json_line() == old_json_line(again[str(torn)])
+
+
+def test_an_index_someone_else_wrote_is_never_trusted_beyond_its_shape(
+    root: Path, tmp_path: Path
+) -> None:
+    expected = run_list(str(root), "--json").stdout
+    index = root / INDEX_FILE_NAME
+    lines = index.read_text(encoding="utf-8").split("\n")
+    head = json.loads(lines[0])
+    # Wrong shapes and a run line that is no JSON object: re-summarized or shown as damaged,
+    # never a traceback.
+    head["entries"][0] = ["x"]
+    head["entries"][1][2] = 7
+    lines[0] = json.dumps(head)
+    lines[3] = "{not json}"
+    index.write_text("\n".join(lines), encoding="utf-8")
+    done = run_list(str(root), "--json", "--status", "completed,failed,cancelled,unreadable")
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    for garbage in ("[1, 2", "null", '{"version": 2, "entries": {}}', ""):
+        index.write_text(garbage, encoding="utf-8")
+        again = run_list(str(root), "--json")
+        assert (again.returncode, again.stdout) == (0, expected), again.stderr
+    # Neither followed through a symbolic link nor waited on as a FIFO: summarized afresh.
+    run_list(str(root), "--json")
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text(
+        index.read_text(encoding="utf-8").replace('"status":"completed"', '"status":"planted"'),
+        encoding="utf-8",
+    )
+    index.unlink()
+    index.symlink_to(elsewhere)
+    assert run_list(str(root), "--json").stdout == expected
+    index.unlink()
+    os.mkfifo(index)
+    fifo = subprocess.run(
+        [TRACE_REDUCER, "list", str(root), "--json"], capture_output=True, text=True, timeout=120
+    )
+    assert (fifo.returncode, fifo.stdout) == (0, expected), fifo.stderr

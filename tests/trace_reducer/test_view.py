@@ -76,10 +76,10 @@ def test_writes_one_page_next_to_the_bundle(tmp_path: Path) -> None:
 def test_untrusted_text_never_leaves_the_data_block(tmp_path: Path) -> None:
     bundle = two_turn_bundle(tmp_path)
     page = write_view(bundle).read_text(encoding="utf-8")
-    # Exactly the page's own four scripts (two data blocks, the page and its rollout panel):
-    # the text's </script> did not end a block early.
-    assert page.count("<script") == 4
-    assert page.count("</script>") == 4
+    # Exactly the page's own five scripts (two data blocks, the shared helpers, the page and
+    # its rollout panel): the text's </script> did not end a block early.
+    assert page.count("<script") == 5
+    assert page.count("</script>") == 5
     data = page_data(page, "view-data")
     assert isinstance(data, dict)
     texts = [part[1] for item in data["items"].values() for part in item["parts"]]
@@ -241,3 +241,27 @@ def test_the_thread_badge_is_its_last_turns_outcome(tmp_path: Path) -> None:
     data = page_data(write_view(copy).read_text(encoding="utf-8"), "view-data")
     assert isinstance(data, dict)
     assert [thread["status"] for thread in data["threads"]] == ["FAILED"]
+
+
+def test_the_pages_share_one_copy_of_the_helpers(tmp_path: Path) -> None:
+    from importlib import resources
+
+    from trace_reducer.view._site import render_list
+    from trace_reducer.view._view import script_hash
+
+    assets = resources.files("trace_reducer.view")
+    shared = assets.joinpath("_page.js").read_text(encoding="utf-8")
+    for name in ("_list.js", "_run.js", "_view.js"):
+        script = assets.joinpath(name).read_text(encoding="utf-8")
+        for helper in ("function el(", "function shortId(", "function payloads(", "function add("):
+            assert helper not in script, f"{name} defines its own {helper}"
+    bundle = one_turn_bundle(tmp_path)
+    pages = [
+        write_view(bundle).read_text(encoding="utf-8"),
+        render_list([], served=False, title="runs"),
+    ]
+    for page in pages:
+        # Inlined once, ahead of the page's own script, and allowed to run by its hash.
+        assert page.count(shared) == 1
+        assert page.index(shared) < page.index("})();\n</script>")
+        assert script_hash(shared) in page

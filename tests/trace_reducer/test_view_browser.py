@@ -261,7 +261,8 @@ def test_completed_turns_render_as_text(
     assert page.evaluate("typeof window.__pwned") == "undefined"
     assert page.locator("img").count() == 0
     assert page.locator("#transcript b").count() == 0
-    assert page.locator("script").count() == 4
+    # The page's own: two data blocks, the shared helpers, the page and its rollout panel.
+    assert page.locator("script").count() == 5
     assert_statuses_shown(page, trace)
     # Read by colour as well as by text: a completed status is green, a cancelled one is not.
     colour = page.eval_on_selector(".turn h2 .status", "e => getComputedStyle(e).backgroundColor")

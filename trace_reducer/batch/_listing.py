@@ -3,6 +3,9 @@ listing reads no bundle at all, and filters over those summaries."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import gc
 import hashlib
 import json
 import math
@@ -11,7 +14,7 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -19,11 +22,13 @@ from typing import Any
 
 from rollout.trace.v1 import common_pb2, state_pb2
 
+from ..bundle._confine import open_regular_file
 from ..bundle._errors import BundleError, ReductionError
 from ._storage import BundleEntry, LocalStore, Store, open_store
 
 __all__ = [
     "INDEX_FILE_NAME",
+    "Run",
     "RunFilter",
     "RunIndex",
     "list_runs",
@@ -34,7 +39,9 @@ __all__ = [
 
 # Kept directly under a local root; a URL root's index lives in the user's cache directory.
 INDEX_FILE_NAME = ".trace-list.json"
-_INDEX_VERSION = 1
+# 2: each run kept as the JSON line `list --json` prints, beside the fields a listing needs
+# before it knows whether to parse it (version 1 kept every run as a JSON object).
+_INDEX_VERSION = 2
 # What --text searches: the start of every item's text, up to this much per bundle.
 TEXT_CHARS = 16_384
 # An unfinished bundle modified this recently is being written (as reduce-all decides).
@@ -149,6 +156,93 @@ def _unreadable(bundle: str, detail: str) -> dict[str, Any]:
     }
 
 
+_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
+class Run(Mapping[str, Any]):
+    """One bundle's summary (`summarize`'s fields, plus `live`), parsed from its kept JSON
+    line only when a field other than status, integrity and start time is first read: a
+    listing that filters on nothing prints the kept lines as they are."""
+
+    __slots__ = (
+        "_data",
+        "_line",
+        "_recorded_status",
+        "_text",
+        "integrity",
+        "live",
+        "started",
+    )
+
+    def __init__(
+        self, kept: Sequence[str], text: str | Callable[[], str], *, live: bool = False
+    ) -> None:
+        # [the public fields as JSON (no `live`), status, integrity, started]
+        self._line, self._recorded_status, self.integrity, self.started = kept
+        self._text = text
+        self._data: dict[str, Any] | None = None
+        self.live = live
+
+    @classmethod
+    def of(cls, summary: Mapping[str, Any], *, live: bool = False) -> Run:
+        public = {key: value for key, value in summary.items() if key not in ("text", "live")}
+        kept = (_JSON.encode(public), summary["status"], summary["integrity"], summary["started"])
+        return cls(kept, summary["text"], live=live)
+
+    def kept(self) -> list[str]:
+        """What the index keeps of it, besides its text."""
+        return [self._line, self._recorded_status, self.integrity, self.started]
+
+    @property
+    def status(self) -> str:
+        return "live" if self.live else self._recorded_status
+
+    @property
+    def text(self) -> str:
+        if not isinstance(self._text, str):
+            self._text = self._text()
+        return self._text
+
+    def _parsed(self) -> dict[str, Any]:
+        if self._data is None:
+            try:
+                data = json.loads(self._line)
+            except ValueError:
+                data = None
+            if not isinstance(data, dict) or not data.keys() >= _SUMMARY_KEYS:
+                # An index entry someone else wrote, of the wrong shape: shown for what it is.
+                data = _unreadable("", "this run's entry in the listing's index is damaged")
+                del data["text"]
+            self._data = data
+        return self._data
+
+    def __getitem__(self, key: str) -> Any:
+        if key in _EAGER:
+            return getattr(self, key)
+        return self._parsed()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self._parsed()
+        yield "text"
+        yield "live"
+
+    def __len__(self) -> int:
+        return len(self._parsed()) + 2
+
+    def __repr__(self) -> str:
+        return f"Run({dict(self)!r})"
+
+    def json_line(self) -> str:
+        """The line `list --json` prints: every field but the search text, `live` last."""
+        if self.live:
+            return _JSON.encode(public_run(self))
+        return f'{self._line[:-1]},"live":false}}'
+
+
+_SUMMARY_KEYS = frozenset(_unreadable("", "").keys()) - {"text", "error"}
+_EAGER = frozenset({"text", "live", "status", "integrity", "started"})
+
+
 def _key(entry: BundleEntry) -> list[float | None]:
     return [entry.trace_mtime, entry.state_mtime, entry.rewards_mtime]
 
@@ -161,41 +255,114 @@ def _index_path(store: Store, root: str) -> Path:
     return cache / "rollout-trace" / f"list-{digest}.json"
 
 
+class _Texts:
+    """The search texts of an index, parsed on first use: most listings search no text."""
+
+    def __init__(self, data: str = "") -> None:
+        self._data = data
+        self._texts: dict[str, str] | None = None if data else {}
+
+    def all(self) -> dict[str, str]:
+        if self._texts is None:
+            try:
+                texts = json.loads(self._data)
+            except ValueError:
+                texts = {}
+            self._texts = (
+                {k: v for k, v in texts.items() if type(v) is str}
+                if isinstance(texts, dict)
+                else {}
+            )
+            self._data = ""
+        return self._texts
+
+    def get(self, location: str) -> str:
+        return self.all().get(location, "")
+
+
 @dataclass
 class RunIndex:
-    """The summaries of a root's bundles, each with the file times it was made from."""
+    """The summaries of a root's bundles, each with the file times it was made from.
+
+    One file of lines: `{"version", "entries": [[bundle, times, status, integrity, started],
+    ...]}`; then each entry's run as the JSON line `list --json` prints (without `live`), as
+    it is, so that a listing reads them without decoding them; then `{bundle: search text}`,
+    the bulk of the file, parsed only when a search or a page asks for a text."""
 
     path: Path
-    entries: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # bundle: [times, [json line, status, integrity, started]]
+    entries: dict[str, list[Any]] = field(default_factory=dict)
+    texts: _Texts = field(default_factory=_Texts)
     changed: bool = False
 
     @classmethod
     def load(cls, path: Path) -> RunIndex:
+        # A file in the root is anyone's who may write there: opened as a regular file only
+        # (no link followed, no FIFO waited on), only JSON read from it, and an entry of the
+        # wrong shape is summarized again.
         try:
-            with path.open(encoding="utf-8") as source:
-                data = json.load(source)
+            with os.fdopen(open_regular_file(path, os.O_RDONLY), "rb") as source:
+                lines = source.read().decode("utf-8").split("\n")
+            top = json.loads(lines[0])
         except (OSError, ValueError):
             return cls(path)
-        if not isinstance(data, dict) or data.get("version") != _INDEX_VERSION:
+        if not isinstance(top, dict) or top.get("version") != _INDEX_VERSION:
             return cls(path)
-        entries = data.get("entries")
-        return cls(path, entries if isinstance(entries, dict) else {})
+        heads = top.get("entries")
+        if not isinstance(heads, list) or len(lines) < len(heads) + 2:
+            return cls(path)
+        entries: dict[str, list[Any]] = {}
+        for head, line in zip(heads, lines[1:], strict=False):
+            if type(head) is list and len(head) == 5 and type(head[0]) is str:
+                location, times, status, integrity, started = head
+                entries[location] = [times, [line, status, integrity, started]]
+        return cls(path, entries, _Texts(lines[len(heads) + 1]))
+
+    def get(self, location: str, key: list[float | None]) -> list[str] | None:
+        """What is kept for the bundle if it was made from files with these times."""
+        kept = self.entries.get(location)
+        if kept is None or kept[0] != key:
+            return None
+        fields: list[str] = kept[1]
+        line, status, integrity, started = fields
+        if type(status) is str and type(integrity) is str and type(started) is str:
+            return fields if line.startswith("{") and line.endswith("}") else None
+        return None
+
+    def keep(self, location: str, key: list[float | None], run: Run) -> None:
+        self.entries[location] = [key, run.kept()]
+        self.texts.all()[location] = run.text
+        self.changed = True
+
+    def forget(self, locations: Iterable[str]) -> None:
+        texts = self.texts.all()
+        for location in locations:
+            del self.entries[location]
+            texts.pop(location, None)
+            self.changed = True
 
     def save(self) -> None:
         """Replace the index file whole; a root nobody may write to just keeps none."""
         if not self.changed:
             return
         temp = self.path.with_name(f".{self.path.name}.{uuid.uuid4().hex}.tmp")
+        texts = self.texts.all()
+        heads = [
+            [location, key, status, integrity, started]
+            for location, (key, (_, status, integrity, started)) in self.entries.items()
+        ]
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w", encoding="utf-8") as out:
-                json.dump(
-                    {"version": _INDEX_VERSION, "entries": self.entries},
-                    out,
-                    ensure_ascii=False,
-                    separators=(",", ":"),
-                )
+                # JSON holds no raw newline: each line is one JSON text.
+                out.write(_JSON.encode({"version": _INDEX_VERSION, "entries": heads}))
+                out.write("\n")
+                for _, (line, *_) in self.entries.values():
+                    out.write(line)
+                    out.write("\n")
+                out.write(_JSON.encode({k: texts.get(k, "") for k in self.entries}))
+                out.write("\n")
             os.replace(temp, self.path)
         except OSError:
             temp.unlink(missing_ok=True)
@@ -219,7 +386,7 @@ def _reduce(store: Store, entry: BundleEntry) -> state_pb2.RolloutTrace:
 
 @dataclass
 class Listing:
-    runs: list[dict[str, Any]]
+    runs: list[Run]
     reduced: int
     cached: int
 
@@ -236,43 +403,61 @@ def list_runs(
     since, else from its fresh state.json or by reducing it; the index is then updated.
 
     Raises BundleError (BundleNotFoundError, NotABundleError) when root is not a directory."""
+    with _no_cycle_collection():
+        return _list_runs(root, storage_options, warn, index_path, now)
+
+
+@contextlib.contextmanager
+def _no_cycle_collection() -> Iterator[None]:
+    # A listing makes a few objects per bundle and no reference cycle, yet at 100,000 bundles
+    # the collector's passes over them cost a third of a warm listing's time.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _list_runs(
+    root: str,
+    storage_options: tuple[tuple[str, str], ...],
+    warn: Callable[[str], None],
+    index_path: Path | None,
+    now: float | None,
+) -> Listing:
     store = open_store(root, storage_options)
     entries = store.discover(warn)
     index = RunIndex.load(index_path or _index_path(store, root))
     moment = time.time() if now is None else now
-    runs: list[dict[str, Any]] = []
+    runs: list[Run] = []
     reduced = cached = 0
     seen: set[str] = set()
     for entry in entries:
         seen.add(entry.location)
         key = _key(entry)
-        kept = index.entries.get(entry.location)
-        if kept is not None and kept.get("key") == key:
-            run = kept["run"]
+        live = entry.trace_mtime is not None and moment - entry.trace_mtime < LIVE_WINDOW
+        kept = index.get(entry.location, key)
+        if kept is not None:
             cached += 1
+            text = functools.partial(index.texts.get, entry.location)
+            run = Run(kept, text, live=live and kept[2] in _MAYBE_LIVE)
         else:
             bundle = store.display(entry.location)
             try:
-                run = summarize(_reduce(store, entry), bundle)
+                summary = summarize(_reduce(store, entry), bundle)
             except (BundleError, ReductionError) as error:
-                run = _unreadable(bundle, str(error))
+                summary = _unreadable(bundle, str(error))
             except OSError as error:
-                run = _unreadable(bundle, f"{error.strerror or error}")
-            index.entries[entry.location] = {"key": key, "run": run}
-            index.changed = True
+                summary = _unreadable(bundle, f"{error.strerror or error}")
+            run = Run.of(summary, live=live and summary["integrity"] in _MAYBE_LIVE)
+            index.keep(entry.location, key, run)
             reduced += 1
-        run = dict(run)
-        run["live"] = (
-            run["integrity"] in _MAYBE_LIVE
-            and entry.trace_mtime is not None
-            and moment - entry.trace_mtime < LIVE_WINDOW
-        )
-        if run["live"]:
-            run["status"] = "live"
         runs.append(run)
-    for gone in set(index.entries) - seen:
-        del index.entries[gone]
-        index.changed = True
+    gone = set(index.entries) - seen
+    if gone:
+        index.forget(gone)
     index.save()
     return Listing(runs, reduced, cached)
 
@@ -334,7 +519,7 @@ class RunFilter:
     tools: frozenset[str] = frozenset()
     text: str = ""
 
-    def matches(self, run: dict[str, Any]) -> bool:
+    def matches(self, run: Mapping[str, Any]) -> bool:
         if self.statuses and run["status"] not in self.statuses:
             return False
         if self.integrities and run["integrity"] not in self.integrities:
@@ -375,23 +560,24 @@ def split_values(values: Iterable[str]) -> frozenset[str]:
 SORT_KEYS = ("started", "duration", "tokens", "turns", "calls", "status", "model")
 
 
-def sort_runs(runs: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
+def sort_runs(runs: Sequence[Mapping[str, Any]], key: str) -> list[Mapping[str, Any]]:
     """By `key` (a SORT_KEYS name or reward:NAME), `-key` for descending; runs without the
     value go last either way."""
     descending = key.startswith("-")
     name = key.removeprefix("-")
 
-    def value(run: dict[str, Any]) -> Any:
+    def value(run: Mapping[str, Any]) -> Any:
         if name.startswith("reward:"):
             return run["rewards"].get(name.removeprefix("reward:"))
         if name == "tokens":
             return run["tokens"]["total"]
         return run.get(name)
 
-    present = [run for run in runs if value(run) not in (None, "")]
-    missing = [run for run in runs if value(run) in (None, "")]
-    present.sort(key=value, reverse=descending)
-    return present + missing
+    keyed = [(value(run), run) for run in runs]
+    present = [pair for pair in keyed if pair[0] not in (None, "")]
+    missing = [run for got, run in keyed if got in (None, "")]
+    present.sort(key=operator.itemgetter(0), reverse=descending)
+    return [run for _, run in present] + missing
 
 
 def check_sort_key(key: str) -> str:
@@ -431,7 +617,7 @@ COLUMNS = (
 )
 
 
-def table_rows(runs: Sequence[dict[str, Any]]) -> list[tuple[str, ...]]:
+def table_rows(runs: Sequence[Mapping[str, Any]]) -> list[tuple[str, ...]]:
     rows: list[tuple[str, ...]] = [COLUMNS]
     for run in runs:
         rows.append(
@@ -452,7 +638,7 @@ def table_rows(runs: Sequence[dict[str, Any]]) -> list[tuple[str, ...]]:
     return rows
 
 
-def format_table(runs: Sequence[dict[str, Any]]) -> str:
+def format_table(runs: Sequence[Mapping[str, Any]]) -> str:
     rows = table_rows(runs)
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
     return "\n".join(
@@ -461,6 +647,13 @@ def format_table(runs: Sequence[dict[str, Any]]) -> str:
     )
 
 
-def public_run(run: dict[str, Any]) -> dict[str, Any]:
+def public_run(run: Mapping[str, Any]) -> dict[str, Any]:
     """A run as --json prints it: the summary without the search text."""
     return {key: value for key, value in run.items() if key != "text"}
+
+
+def run_line(run: Mapping[str, Any]) -> str:
+    """A run as `list --json` prints it: its JSON line without the search text."""
+    if isinstance(run, Run):
+        return run.json_line()
+    return _JSON.encode(public_run(run))

@@ -17,6 +17,7 @@ from google.protobuf import json_format
 from rollout.trace.v1 import record_pb2, state_pb2
 
 from ..bundle._confine import open_regular_file, sidecar_problem
+from ..bundle._discover import walk_bundles
 from ..bundle._errors import BundleNotFoundError, NotABundleError
 from ..bundle._layout import REWARDS_FILE_NAME, STATE_FILE_NAME, TRACE_FILE_NAME
 from ..bundle._reader import BundleReader
@@ -28,7 +29,7 @@ from ..reduce._state_json import state_to_json, write_state_json
 StorageOptions = tuple[tuple[str, str], ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class BundleEntry:
     """A bundle directory found under the root, with what the listing said about it."""
 
@@ -94,27 +95,13 @@ class LocalStore:
         if not os.path.isdir(self.root):
             raise NotABundleError(f"not a directory: {self.root}")
 
-        def unreadable(error: OSError) -> None:
-            warn(f"cannot list {error.filename}: {error.strerror or error}")
-
-        entries = []
-        for directory, _, files in os.walk(self.root, onerror=unreadable):
-            if TRACE_FILE_NAME not in files:
-                continue
-            entries.append(
-                BundleEntry(
-                    directory,
-                    _stat_mtime(os.path.join(directory, TRACE_FILE_NAME)),
-                    _stat_mtime(os.path.join(directory, STATE_FILE_NAME))
-                    if STATE_FILE_NAME in files
-                    else None,
-                    _stat_mtime(os.path.join(directory, REWARDS_FILE_NAME))
-                    if REWARDS_FILE_NAME in files
-                    else None,
-                )
-            )
-        entries.sort(key=lambda entry: entry.location)
-        return entries
+        try:
+            return [
+                BundleEntry(found.path, found.trace_mtime, found.state_mtime, found.rewards_mtime)
+                for found in walk_bundles(self.root, irregular=True, warn=warn)
+            ]
+        except OSError as error:
+            raise NotABundleError(f"cannot list {self.root}: {error.strerror or error}") from error
 
     def display(self, location: str) -> str:
         return location
@@ -177,9 +164,10 @@ class FsspecStore:
                 states[directory] = _info_mtime(info)
             elif base == REWARDS_FILE_NAME:
                 rewards[directory] = _info_mtime(info)
+        # In the order the local walk hands them out: depth first, by name.
         return [
             BundleEntry(directory, mtime, states.get(directory), rewards.get(directory))
-            for directory, mtime in sorted(traces.items())
+            for directory, mtime in sorted(traces.items(), key=lambda kv: kv[0].split("/"))
         ]
 
     def display(self, location: str) -> str:

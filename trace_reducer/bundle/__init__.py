@@ -1,6 +1,7 @@
 """What reads and writes a bundle's bytes: layout, framing, payloads, the reader and the writer."""
 
 from ._confine import BundleRoot
+from ._discover import FoundBundle, holds_bundles, thread_bundles, walk_bundles
 from ._errors import (
     BundleError,
     BundleNotFoundError,
@@ -17,7 +18,7 @@ from ._errors import (
 )
 from ._framing import MAX_RECORD_BYTES, decode_varint, encode_record, encode_varint
 from ._integrity import describe_integrity, integrity_name, require_reducible
-from ._layout import REWARDS_FILE_NAME, STATE_FILE_NAME, TRACE_FILE_NAME, thread_bundles
+from ._layout import REWARDS_FILE_NAME, STATE_FILE_NAME, TRACE_FILE_NAME
 from ._payloads import canonical_json, payload_id
 from ._reader import BundleReader, FrameDecoder, read_bundle, resolve_trace_file
 from ._records import RecordBuilder, RecordSink
@@ -53,6 +54,7 @@ __all__ = [
     "BundleRoot",
     "BundleWriter",
     "CorruptBundleError",
+    "FoundBundle",
     "FrameDecoder",
     "NotABundleError",
     "OutsideRootError",
@@ -76,6 +78,7 @@ __all__ = [
     "describe_os_error",
     "encode_record",
     "encode_varint",
+    "holds_bundles",
     "integrity_name",
     "payload_id",
     "read_bundle",
@@ -84,4 +87,5 @@ __all__ = [
     "resolve_trace_file",
     "sampling_settings",
     "thread_bundles",
+    "walk_bundles",
 ]

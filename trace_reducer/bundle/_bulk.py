@@ -33,6 +33,7 @@ import re
 import sys
 from array import array
 from collections.abc import Callable, Iterator
+from operator import attrgetter, itemgetter, methodcaller
 from typing import Any
 
 import google_crc32c
@@ -215,6 +216,56 @@ def frames_crc_ok(frames: list[bytes], lengths: bytes, stored: bytes) -> bool:
         h[0][crc & 0xFF] ^ h[1][(crc >> 8) & 0xFF] ^ h[2][(crc >> 16) & 0xFF] ^ h[3][crc >> 24]
     )
     return total == expected
+
+
+# -- any records ---------------------------------------------------------------------------------
+
+_CRC_TAG = 0x7D
+_SEQ = attrgetter("seq")
+_BODY = methodcaller("WhichOneof", "body")
+_TRAILER_TAG = itemgetter(-5)
+_STORED_CRC = itemgetter(slice(-4, None))
+# The smallest frame a record makes: a length, a seq field and the CRC field.
+_MIN_FRAME = 1 + 2 + _CRC_TRAILER
+
+
+def parse_frames(frames: list[bytes], first_seq: int) -> list[record_pb2.TraceRecord] | None:
+    """frames (each whole, its length first) as the records a frame-by-frame read gives, their
+    CRCs and seqs checked, in a few C calls; None when any frame is not an ordinary record of
+    the stretch (damage, the header, the footer), for a frame-by-frame read to find it.
+
+    * Each frame as one element of a container of repeated TraceRecord (its length prefix is
+      the element's) parses exactly as the frame alone does; one bad frame fails the parse.
+    * Each frame ends with the CRC field, whose value is the CRC-32C of the body before it.
+    * The seqs run on from first_seq; no record is a header or a footer.
+    """
+    count = len(frames)
+    if first_seq == 1 or not count or min(map(len, frames)) < _MIN_FRAME:
+        return None
+    if bytes(map(_TRAILER_TAG, frames)) != bytes([_CRC_TAG]) * count:
+        return None
+    # A length takes one byte up to 127, two up to 16 KiB (nearly every record); a longer
+    # frame is read alone.
+    bodies = [
+        frame[1:-5] if frame[0] < 0x80 else frame[2:-5] if frame[1] < 0x80 else None
+        for frame in frames
+    ]
+    if None in bodies or sys.byteorder != "little":
+        return None
+    computed = array("I", map(google_crc32c.value, bodies)).tobytes()
+    if computed != b"".join(map(_STORED_CRC, frames)):
+        return None
+    try:
+        batch: Any = _RecordBatch.FromString(b"\n" + b"\n".join(frames))
+    except DecodeError:
+        return None
+    records: list[record_pb2.TraceRecord] = list(batch.records)
+    if list(map(_SEQ, records)) != list(range(first_seq, first_seq + count)):
+        return None
+    kinds = set(map(_BODY, records))
+    if "header" in kinds or "footer" in kinds:
+        return None
+    return records
 
 
 # -- runs ------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from google.protobuf.message import DecodeError
 
 from rollout.trace.v1 import record_pb2, state_pb2
 
-from ._bulk import MIN_RUN, DeltaRun, RunFinder
+from ._bulk import MIN_RUN, DeltaRun, RunFinder, parse_frames
 from ._errors import BundleError, BundleNotFoundError, NotABundleError, describe_os_error
 from ._framing import CRC_FIELD, CRC_TAG, CRC_TRAILER_BYTES, MAX_RECORD_BYTES, decode_varint
 from ._layout import TRACE_FILE_NAME
@@ -30,6 +30,8 @@ _SIZE_CHECK_EVERY = 32
 _LOOKS_PER_BUFFER = 4
 # Frames a buffer's proofs may look at, per frame of the buffer.
 _PROOF_WORK = 4
+# Fewer frames than this are cheaper to check and parse one at a time than together.
+_PARSE_TOGETHER = 4
 
 
 Item = record_pb2.TraceRecord | DeltaRun
@@ -185,8 +187,17 @@ class FrameDecoder:
     def _one_by_one(self, frames: list[bytes], first: int, end: int, items: list[Item]) -> int:
         """Check and parse frames [first, end) one at a time; return where it stopped.
 
-        It stops early at a bad frame (recording the damage) or after the footer.
+        It stops early at a bad frame (recording the damage) or after the footer. In bulk mode
+        the frames are first tried all at once (parse_frames); only what that refuses is read
+        one at a time here, which finds the bad frame exactly.
         """
+        if self._bulk and end - first >= _PARSE_TOGETHER:
+            together = parse_frames(frames[first:end], self._next_seq)
+            if together is not None:
+                items.extend(together)
+                self._next_seq += len(together)
+                self._last_time_us = together[-1].time_us
+                return end
         append = items.append
         parse = record_pb2.TraceRecord.FromString
         checksum = google_crc32c.value

@@ -20,11 +20,13 @@ from ..batch._batch import (
 from ..batch._report import Tally, progress_for, summary
 from ..batch._storage import Store, is_url, open_store, parse_storage_options
 from ..bundle._errors import BundleError
-
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
+from ._common import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    add_storage_option_argument,
+    warn,
+)
 
 
 def add_parser(commands: Any) -> None:
@@ -68,13 +70,7 @@ def add_parser(commands: Any) -> None:
         metavar="SECONDS",
         help="an unfinished bundle modified this recently is live, not damaged (10)",
     )
-    parser.add_argument(
-        "--storage-option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="fsspec option for URL roots and tables, e.g. endpoint_url=http://...",
-    )
+    add_storage_option_argument(parser, "URL roots and tables")
     parser.set_defaults(run=run)
 
 
@@ -83,10 +79,6 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
     return value
-
-
-def _warn(message: str) -> None:
-    print(f"trace-reducer: warning: {message}", file=sys.stderr, flush=True)
 
 
 def _missing_extra(error: ImportError) -> BundleError:
@@ -137,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     if store.process_local and args.ray is not None:
         raise BundleError(f"--ray cannot reach {args.root}: it exists in this process only")
     try:
-        entries = store.discover(_warn)
+        entries = store.discover(warn)
     except BundleError:
         raise
     except Exception as error:
@@ -184,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - started
     restarts = getattr(engine, "restarts", 0)
     if restarts:
-        _warn(f"a worker process died; the pool was restarted {restarts} time(s)")
+        warn(f"a worker process died; the pool was restarted {restarts} time(s)")
     lines = summary(
         tally,
         root=root,
@@ -201,6 +193,6 @@ def run(args: argparse.Namespace) -> int:
     if interrupted:
         return EXIT_INTERRUPTED
     if table_error:
-        _warn(f"cannot write the tables to {args.tables}: {table_error}")
+        warn(f"cannot write the tables to {args.tables}: {table_error}")
         return EXIT_FAILED
     return EXIT_FAILED if tally.failing else EXIT_OK

@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import TYPE_CHECKING, Any
 
 from ..bundle._errors import BundleError
+from ._common import EXIT_OK, add_storage_option_argument, warn
 
 if TYPE_CHECKING:
     from ..batch._listing import RunFilter
-
-EXIT_OK = 0
-EXIT_USAGE = 2
 
 
 def add_filter_arguments(parser: argparse.ArgumentParser) -> None:
@@ -86,18 +83,12 @@ def add_parser(commands: Any) -> None:
     )
     parser.add_argument("--limit", type=int, metavar="N", help="at most N runs")
     parser.add_argument("--json", action="store_true", help="JSON lines, one run each")
-    parser.add_argument(
-        "--storage-option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="fsspec option for URL roots, e.g. endpoint_url=http://...",
-    )
+    add_storage_option_argument(parser, "URL roots")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..batch._listing import check_sort_key, format_table, list_runs, public_run, sort_runs
+    from ..batch._listing import check_sort_key, format_table, list_runs, run_line, sort_runs
     from ..batch._storage import parse_storage_options
 
     try:
@@ -109,16 +100,16 @@ def run(args: argparse.Namespace) -> int:
     if args.limit is not None and args.limit < 0:
         raise BundleError("--limit must be 0 or more")
 
-    def warn(message: str) -> None:
-        print(f"trace-reducer: warning: {message}", file=sys.stderr, flush=True)
-
     listing = list_runs(args.root, storage_options=options, warn=warn)
     runs = sort_runs([r for r in listing.runs if chosen.matches(r)], sort_key)
     if args.limit is not None:
         runs = runs[: args.limit]
     if args.json:
-        for entry in runs:
-            print(json.dumps(public_run(entry), ensure_ascii=False, separators=(",", ":")))
+        # The lines the index keeps, written as they are (a changed or live run's anew).
+        out = sys.stdout
+        for start in range(0, len(runs), 4096):
+            out.write("".join(f"{run_line(entry)}\n" for entry in runs[start : start + 4096]))
+        out.flush()
     else:
         print(format_table(runs))
     return EXIT_OK

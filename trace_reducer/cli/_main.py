@@ -18,6 +18,7 @@ from google.protobuf import json_format, text_format
 from grpc_common import add_access_arguments
 from rollout.trace.v1 import record_pb2, state_pb2
 
+from ..bundle._discover import holds_bundles
 from ..bundle._errors import (
     BundleError,
     CorruptBundleError,
@@ -34,6 +35,7 @@ from ..reduce._replay import replay_bundle
 from ..reduce._requests import request_body
 from ..reduce._state_json import iter_state_json, write_state_json
 from ._batch import add_parser as add_reduce_all_parser
+from ._common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, PROG, say
 from ._diff import add_parser as add_diff_parser
 from ._list import add_parser as add_list_parser
 from ._training import add_parsers as add_training_parsers
@@ -43,15 +45,9 @@ if TYPE_CHECKING:
 
     from ..export._otel import ExportedBundle
 
-PROG = "trace-reducer"
 DEFAULT_LISTEN = "127.0.0.1:50052"
 _PREVIEW_CHARS = 60
 _FIELDS_CHARS = 240
-
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
 
 
 class _CommandError(Exception):
@@ -60,10 +56,6 @@ class _CommandError(Exception):
     def __init__(self, message: str, code: int) -> None:
         super().__init__(message)
         self.code = code
-
-
-def _warn(message: str) -> None:
-    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
 
 
 # -- reduce -----------------------------------------------------------------------------------
@@ -84,12 +76,12 @@ def _reduce(args: argparse.Namespace) -> int:
         ) from error
     status = integrity.status
     if status == state_pb2.INTEGRITY_STATUS_CORRUPT:
-        _warn(
+        say(
             f"warning: corrupt bundle {args.bundle}: {integrity.detail}; salvaged "
             f"{integrity.records_read} records before it"
         )
     elif status != state_pb2.INTEGRITY_STATUS_CLEAN:
-        _warn(
+        say(
             f"warning: {integrity_name(status).lower()} bundle {args.bundle}: "
             f"{integrity.detail}; reduced {integrity.records_read} records"
         )
@@ -213,7 +205,7 @@ def _exported(one: ExportedBundle) -> None:
     """One line as each bundle goes out: a long export shows its progress, and a failure
     later on leaves the lines of the bundles that were sent."""
     if one.integrity != "CLEAN":
-        _warn(f"warning: {one.integrity.lower()} bundle {one.bundle}: exported what it holds")
+        say(f"warning: {one.integrity.lower()} bundle {one.bundle}: exported what it holds")
     print(f"exported {one.spans} spans of {one.bundle} as trace {one.trace_id}", flush=True)
 
 
@@ -225,7 +217,7 @@ def _view(args: argparse.Namespace) -> int:
 
     source = Path(args.bundle)
     if source.is_dir() and not (source / TRACE_FILE_NAME).exists():
-        if not _holds_bundles(source):
+        if not holds_bundles(source):
             raise BundleError(
                 f"not a trace bundle (no {TRACE_FILE_NAME}), nor a root of bundles: {source}"
             )
@@ -235,7 +227,7 @@ def _view(args: argparse.Namespace) -> int:
     integrity = data.trace.integrity
     require_reducible(integrity, salvage=True, source=args.bundle)
     if integrity.status != state_pb2.INTEGRITY_STATUS_CLEAN:
-        _warn(
+        say(
             f"warning: {integrity_name(integrity.status).lower()} bundle {args.bundle}: "
             f"{integrity.detail}; showing the {integrity.records_read} records before it"
         )
@@ -243,19 +235,8 @@ def _view(args: argparse.Namespace) -> int:
     path = save_view(data, target, title=f"rollout {trace_file.parent.name}")
     print(path, flush=True)
     if args.open and not webbrowser.open(path.resolve().as_uri()):
-        _warn(f"no browser could be started; open {path} yourself")
+        say(f"no browser could be started; open {path} yourself")
     return EXIT_OK
-
-
-def _holds_bundles(root: Path) -> bool:
-    """Whether a directory is a root of bundles: it holds some, or nothing yet (a trace root
-    before its first recording); a directory of other files is neither bundle nor root."""
-    empty = True
-    for _, _, files in os.walk(root):
-        if TRACE_FILE_NAME in files:
-            return True
-        empty = empty and not files
-    return empty
 
 
 def _view_root(args: argparse.Namespace) -> int:
@@ -298,7 +279,7 @@ async def _serve_site(root: str, host: str, port: int, token: str | None, open_p
     shown = f"{address}?token={token}" if token else address
     print(f"serving {shown}", flush=True)
     if open_page and not webbrowser.open(shown):
-        _warn(f"no browser could be started; open {shown} yourself")
+        say(f"no browser could be started; open {shown} yourself")
     try:
         await stop.wait()
     finally:
@@ -582,27 +563,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.run(args)
     except _CommandError as failure:
-        _warn(str(failure))
+        say(str(failure))
         return failure.code
     except BundleError as error:
-        _warn(str(error))
+        say(str(error))
         return EXIT_USAGE
     except RecordOutOfRangeError as error:
-        _warn(f"record out of range: {error}")
+        say(f"record out of range: {error}")
         return EXIT_FAILED
     except ReductionError as error:
-        _warn(f"records contradict each other: {error}")
+        say(f"records contradict each other: {error}")
         return EXIT_FAILED
     except BrokenPipeError:
         # The reader went away (`| head`); say nothing more to it.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_FAILED
     except OSError as error:
-        _warn(describe_os_error(error))
+        say(describe_os_error(error))
         return EXIT_FAILED
     except KeyboardInterrupt:
         return 130
     except Exception as error:  # noqa: BLE001 - the edge: nothing may escape as a traceback
-        _warn(f"internal error: {type(error).__name__}: {error}")
+        say(f"internal error: {type(error).__name__}: {error}")
         return EXIT_FAILED
     return code

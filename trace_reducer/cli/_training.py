@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 from ..bundle._errors import BundleError, CorruptBundleError, RewardError
@@ -11,13 +10,8 @@ from ..bundle._reader import resolve_trace_file
 from ..bundle._rewards import RewardInput, append_reward, check_reward
 from ..export._rl import FORMATS, ExportError, export_rl
 from ..reduce._replay import replay_bundle
-
-PROG = "trace-reducer"
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-
-
-def _say(message: str) -> None:
-    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+from ._common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PROG
+from ._common import say as _say
 
 
 def _metadata(pairs: list[str]) -> dict[str, str] | None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from rollout.trace.v1 import common_pb2, record_pb2, state_pb2
 
+from ..bundle._discover import walk_bundles
 from ..bundle._errors import BundleError, ExportError, NotABundleError
 from ..bundle._integrity import integrity_name, require_reducible
 from ..bundle._layout import TRACE_FILE_NAME
@@ -49,12 +50,13 @@ def stop_name(reason: common_pb2.StopReason.ValueType) -> str:
 
 
 def find_bundles(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
-    """Bundle directories: each path a bundle, or a trace root holding bundles."""
+    """Bundle directories: each path a bundle, or a trace root holding bundles (found as
+    reduce-all finds them)."""
     found: list[Path] = []
     for given in paths:
         path = Path(given)
         if path.is_dir() and not (path / TRACE_FILE_NAME).exists():
-            inside = sorted(p for p in path.iterdir() if (p / TRACE_FILE_NAME).is_file())
+            inside = [Path(bundle.path) for bundle in walk_bundles(path)]
             if not inside:
                 raise NotABundleError(f"not a bundle and no bundles in it: {path}")
             found.extend(inside)

@@ -10,8 +10,9 @@ from pathlib import Path
 from rollout.trace.v1 import record_pb2
 
 from ..bundle._confine import BundleRoot
+from ..bundle._discover import thread_bundles
 from ..bundle._errors import BundleError, ReductionError
-from ..bundle._layout import TRACE_FILE_NAME, thread_bundles
+from ..bundle._layout import TRACE_FILE_NAME
 from ..bundle._payloads import PayloadStore
 from ..bundle._reader import BundleReader, read_bundle, resolve_trace_file
 from ._parents import ParentBundle

@@ -7,6 +7,8 @@ import re
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
+import orjson
+
 from rollout.trace.v1 import state_pb2
 
 from ..bundle._payloads import canonical_json
@@ -31,6 +33,11 @@ _KINDS: dict[str, state_pb2.ItemKind.ValueType] = {
 MAX_ITEM_DEPTH = 200
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+# orjson reads an integer past 64 bits as a float where json keeps it exact: a payload with a
+# run of this many digits anywhere is read by json instead (found by mapping every digit to 0
+# and anything else to a space: two passes in C, where a regular expression takes ten times).
+_DIGITS_AS_ZEROS = bytes(0x30 if 0x30 <= byte <= 0x39 else 0x20 for byte in range(256))
+_LONG_NUMBER = b"0" * 19
 
 # Fields that change between the provider's copy of an item and the copy sent back as input
 # without changing what the model sees.
@@ -132,20 +139,29 @@ def parse_item(data: bytes) -> ItemInfo:
     not a JSON object, or nests deeper than MAX_ITEM_DEPTH, is an opaque item: no role, kind
     OTHER, no content, matched by its bytes.
     """
-    text = data.decode("utf-8", "replace")
+    # orjson reads what json reads, to the same values, or refuses it (invalid UTF-8, lone
+    # surrogates, NaN, infinities, nesting past 1,024): what it refuses json reads as before.
+    # Its way is ten times cheaper, which is most of what an item costs a replay.
+    fast = _LONG_NUMBER not in data.translate(_DIGITS_AS_ZEROS)
     try:
-        parsed: object = json.loads(text)
-    except (ValueError, RecursionError):
-        return _opaque(text)
+        parsed: object = orjson.loads(data) if fast else None
+    except orjson.JSONDecodeError:
+        fast = False
+    if not fast:
+        text = data.decode("utf-8", "replace")
+        try:
+            parsed = json.loads(text)
+        except (ValueError, RecursionError):
+            return _opaque(text)
     # Nesting deeper than the limit needs more opening brackets than the limit, so most
     # payloads are not walked at all.
     if data.count(b"[") + data.count(b"{") > MAX_ITEM_DEPTH and _depth_exceeds(
         parsed, MAX_ITEM_DEPTH
     ):
-        return _opaque(text)
-    # Only an escape can spell a lone surrogate (bytes that would were replaced above); a
-    # payload without a backslash, most of them, is not even searched.
-    if b"\\" in data and _SURROGATE_ESCAPE.search(data):
+        return _opaque(data.decode("utf-8", "replace"))
+    # Only an escape can spell a lone surrogate (bytes that would were replaced above, and
+    # orjson refuses both); a payload without a backslash, most of them, is not even searched.
+    if not fast and b"\\" in data and _SURROGATE_ESCAPE.search(data):
         parsed = _without_lone_surrogates(parsed)
     if not isinstance(parsed, dict):
         return _opaque(_canonical(parsed))
@@ -173,7 +189,7 @@ def parse_item(data: bytes) -> ItemInfo:
     else:
         parts = _parts(content, "input_text")
     return ItemInfo(
-        key=_frozen(normalised),
+        key=_key(normalised),
         responses_item_id=_text(parsed.get("id")),
         role=role,
         kind=kind,
@@ -183,6 +199,30 @@ def parse_item(data: bytes) -> ItemInfo:
         arguments=_text(parsed.get("arguments")),
         output=_output_text(parsed.get("output")),
     )
+
+
+def _key(value: dict[str, object]) -> Hashable:
+    """An item's matching key: its canonical JSON (orjson's, keys sorted), equal exactly when
+    the values are; _frozen's tuples for what JSON text cannot tell apart (a NaN, an infinity:
+    orjson writes them as null) or orjson cannot write (integers past 64 bits)."""
+    try:
+        key = orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONEncodeError:
+        return _frozen(value)
+    if b"null" in key and not _finite(value):
+        return _frozen(value)
+    return key
+
+
+def _finite(value: object) -> bool:
+    """Whether no float below value is a NaN or an infinity."""
+    if isinstance(value, float):
+        return value - value == 0.0
+    if isinstance(value, dict):
+        return all(map(_finite, value.values()))
+    if isinstance(value, list):
+        return all(map(_finite, value))
+    return True
 
 
 def _frozen(value: object) -> Hashable:

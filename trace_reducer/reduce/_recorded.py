@@ -12,6 +12,7 @@ from typing import Any
 from rollout.trace.v1 import common_pb2, record_pb2, state_pb2
 
 from ..bundle._bulk import DeltaRun
+from ..bundle._discover import walk_bundles
 from ..bundle._errors import BundleError, BundleNotFoundError, PayloadError
 from ..bundle._layout import TRACE_FILE_NAME
 from ..bundle._payloads import PayloadStore
@@ -84,11 +85,7 @@ def bundle_paths(path: str | os.PathLike[str]) -> list[Path]:
         return [given]
     if not given.is_dir():
         raise BundleNotFoundError(f"no such file or directory: {given}")
-    found = sorted(
-        child
-        for child in given.iterdir()
-        if not child.is_symlink() and (child / TRACE_FILE_NAME).is_file()
-    )
+    found = [Path(bundle.path) for bundle in walk_bundles(given, recursive=False)]
     if not found:
         raise BundleNotFoundError(f"no bundle in {given}")
     return found

@@ -262,7 +262,6 @@ class Reducer:
         latest item (most of any bundle) handled inline, and runs of them (what
         FrameDecoder.feed_batch makes) whole."""
         streaming = self._streaming
-        apply = self.apply
         last: _Record | None = None
         inline = 0
         try:
@@ -276,7 +275,8 @@ class Reducer:
                     self._apply_run(record)
                     continue
                 assert isinstance(record, _Record)
-                if record.WhichOneof("body") == "output_text_delta":
+                kind = record.WhichOneof("body")
+                if kind == "output_text_delta":
                     body = record.output_text_delta
                     latest = None if body.item else streaming.get(body.call)
                     if latest is not None and not body.HasField("tokens"):
@@ -288,12 +288,14 @@ class Reducer:
                         last = record
                         inline += 1
                         continue
-                if last is not None:
-                    self._records += inline
-                    self._last_time_us = last.time_us
-                    inline = 0
-                    last = None
-                apply(record)
+                # What apply() does, inline: this loop runs once per record of every replay.
+                handler = self._handlers.get(kind)
+                if handler is None:
+                    self._unhandled(record, kind)
+                else:
+                    handler(record)
+                last = record
+                inline += 1
         finally:
             if last is not None:
                 self._records += inline
@@ -403,14 +405,19 @@ class Reducer:
             proto.fork_unresolved = True
         return proto
 
-    def _time(self, record: _Record) -> timestamp_pb2.Timestamp:
+    def _stamp(self, target: timestamp_pb2.Timestamp, record: _Record) -> None:
+        """Set target to the record's time (set in place: a Timestamp made and copied in costs
+        twice, and every context's start and end has one)."""
         micros = self._base_us + record.time_us
         _check_time(record.seq, micros, "its time")
-        return _timestamp(micros)
+        seconds, rest = divmod(micros, 1_000_000)
+        # Setting a field of a sub-message marks it present, zero or not.
+        target.seconds = seconds
+        target.nanos = rest * 1000
 
     def _start(self, execution: state_pb2.Execution, record: _Record) -> None:
         execution.status = _RUNNING
-        execution.started_at.CopyFrom(self._time(record))
+        self._stamp(execution.started_at, record)
         execution.started_seq = record.seq
 
     def _end(
@@ -420,7 +427,7 @@ class Reducer:
         record: _Record,
     ) -> None:
         execution.status = status
-        execution.ended_at.CopyFrom(self._time(record))
+        self._stamp(execution.ended_at, record)
         execution.ended_seq = record.seq
 
     # -- lookups --------------------------------------------------------------------------
@@ -502,7 +509,7 @@ class Reducer:
             payload_id=payload_id,
         )
         info.fill(item)
-        item.first_seen_at.CopyFrom(self._time(record))
+        self._stamp(item.first_seen_at, record)
         if producer is not None:
             item.produced_by.append(producer)
         self._items[item_id] = item
@@ -962,7 +969,7 @@ class Reducer:
         # Several may ask (a client, then the shutdown); the first one is what stopped it.
         if not msg.HasField("interrupt"):
             msg.interrupt.requested_by = body.requested_by
-            msg.interrupt.requested_at.CopyFrom(self._time(record))
+            self._stamp(msg.interrupt.requested_at, record)
             msg.interrupt.seq = record.seq
 
     def _on_turn_ended(self, record: _Record) -> None:

@@ -4,7 +4,6 @@ list it when no server holds it any more."""
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -14,8 +13,9 @@ from typing import Any
 from rollout.trace.v1 import common_pb2, record_pb2, state_pb2
 
 from ..bundle._confine import BundleRoot
+from ..bundle._discover import thread_bundles, walk_bundles
 from ..bundle._errors import BundleError, BundleNotFoundError, OutsideRootError, ReductionError
-from ..bundle._layout import TRACE_FILE_NAME, thread_bundles
+from ..bundle._layout import TRACE_FILE_NAME
 from ..bundle._reader import BundleReader
 from ._forks import BundleForkResolver
 from ._parents import ParentBundle
@@ -45,14 +45,11 @@ class TurnNotEndedError(TurnNotRecordedError):
 
 
 def _bundle_names(root: Path) -> list[str]:
-    """The bundle directories directly under root, oldest first; symlinks are not bundles."""
+    """The bundle directories directly under root, oldest first (the one walk's rules)."""
     try:
-        entries = list(os.scandir(root))
+        return [found.name for found in walk_bundles(root, recursive=False)]
     except OSError:
         return []
-    return sorted(
-        entry.name for entry in entries if entry.is_dir(follow_symlinks=False) and "-" in entry.name
-    )
 
 
 @dataclass(frozen=True)

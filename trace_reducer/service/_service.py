@@ -29,14 +29,14 @@ import logging
 import os
 from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import grpc
 
-from grpc_common import abort
+from grpc_common import ErrorMapping, RpcStatusError, StatusRule
 from rollout.reducer.v1 import reducer_pb2, reducer_pb2_grpc
 
-from ..bundle._confine import BundleRoot, ConfinedBundle
+from ..bundle._confine import BundleRoot
 from ..bundle._errors import (
     BundleError,
     BundleNotFoundError,
@@ -68,15 +68,42 @@ else:  # the runtime class is not generic
     _Context = grpc.aio.ServicerContext
 
 
-class _RefusalError(Exception):
-    """A request the service answers with an error status."""
+class _UploadTooLargeError(RpcStatusError):
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    reason = "UPLOAD_TOO_LARGE"
 
-    def __init__(self, code: grpc.StatusCode, reason: str, message: str, **metadata: str):
-        super().__init__(message)
-        self.code = code
-        self.reason = reason
-        self.message = message
-        self.metadata = metadata
+
+def _bad_frame(error: BaseException) -> dict[str, str]:
+    assert isinstance(error, CorruptBundleError)
+    return {
+        "bad_frame_offset": str(error.integrity.bad_frame_offset),
+        "bad_frame_seq": str(error.integrity.bad_frame_seq),
+    }
+
+
+def _os_error(error: BaseException) -> str:
+    assert isinstance(error, OSError)
+    return describe_os_error(error)
+
+
+_Code = grpc.StatusCode
+# The statuses the docstring lists, subclasses before their bases.
+ERRORS = ErrorMapping(
+    [
+        StatusRule(BundlePathError, _Code.INVALID_ARGUMENT, "BUNDLE_PATH_INVALID"),
+        StatusRule(OutsideRootError, _Code.PERMISSION_DENIED, "PATH_OUTSIDE_ROOT"),
+        StatusRule(CorruptBundleError, _Code.DATA_LOSS, "BUNDLE_CORRUPT", metadata=_bad_frame),
+        StatusRule(RecordOutOfRangeError, _Code.FAILED_PRECONDITION, "RECORD_OUT_OF_RANGE"),
+        StatusRule(ReductionError, _Code.FAILED_PRECONDITION, "RECORDS_CONTRADICT"),
+        # Removed after it was resolved, too.
+        StatusRule(BundleNotFoundError, _Code.NOT_FOUND, "BUNDLE_NOT_FOUND"),
+        StatusRule(NotABundleError, _Code.INVALID_ARGUMENT, "NOT_A_BUNDLE"),
+        # The file exists but cannot be opened, or state.json cannot be written.
+        StatusRule(BundleError, _Code.FAILED_PRECONDITION, "IO_ERROR"),
+        StatusRule(OSError, _Code.FAILED_PRECONDITION, "IO_ERROR", describe=_os_error),
+    ],
+    log=_log,
+)
 
 
 class ReducerService(reducer_pb2_grpc.ReducerServiceServicer):
@@ -112,7 +139,7 @@ class ReducerService(reducer_pb2_grpc.ReducerServiceServicer):
     ) -> AsyncIterator[reducer_pb2.WatchBundleResponse]:
         try:
             # Opened once under the root, as for ReduceBundle; the follower reads that file.
-            bundle = self._open(request.bundle)
+            bundle = self._root.open(request.bundle)
             try:
                 follow = follow_bundle(
                     bundle.trace, Path(bundle.display_dir), rewards_dir_fd=bundle.dir_fd
@@ -133,94 +160,26 @@ class ReducerService(reducer_pb2_grpc.ReducerServiceServicer):
             finally:
                 # The trace file is the follower's to close, once no worker reads it.
                 bundle.release_directory()
-        except Exception as error:  # noqa: BLE001 - mapped to a status below
+        except Exception as error:  # noqa: BLE001 - mapped to its status
             # A client that goes away arrives as CancelledError, which is no Exception: the
             # follower's own cleanup closes the file.
-            await self._refuse(context, "WatchBundle", error)
+            await ERRORS.refuse(context, "WatchBundle", error)
 
     async def _answer(self, context: _Context, rpc: str, work: Awaitable[_T]) -> _T:
-        try:
+        async with ERRORS.translated(context, rpc):
             return await work
-        except Exception as error:  # noqa: BLE001 - mapped to a status below
-            await self._refuse(context, rpc, error)
-
-    async def _refuse(self, context: _Context, rpc: str, error: Exception) -> NoReturn:
-        """End the RPC with the status that fits error."""
-        try:
-            raise error
-        except _RefusalError as refusal:
-            await abort(context, refusal.code, refusal.reason, refusal.message, **refusal.metadata)
-        except CorruptBundleError as error:
-            await abort(
-                context,
-                grpc.StatusCode.DATA_LOSS,
-                "BUNDLE_CORRUPT",
-                str(error),
-                bad_frame_offset=str(error.integrity.bad_frame_offset),
-                bad_frame_seq=str(error.integrity.bad_frame_seq),
-            )
-        except RecordOutOfRangeError as error:
-            await abort(
-                context, grpc.StatusCode.FAILED_PRECONDITION, "RECORD_OUT_OF_RANGE", str(error)
-            )
-        except ReductionError as error:
-            await abort(
-                context, grpc.StatusCode.FAILED_PRECONDITION, "RECORDS_CONTRADICT", str(error)
-            )
-        except BundleNotFoundError as error:  # removed after it was resolved
-            await abort(context, grpc.StatusCode.NOT_FOUND, "BUNDLE_NOT_FOUND", str(error))
-        except NotABundleError as error:
-            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "NOT_A_BUNDLE", str(error))
-        except BundleError as error:  # the file exists but cannot be opened
-            await abort(context, grpc.StatusCode.FAILED_PRECONDITION, "IO_ERROR", str(error))
-        except OSError as error:
-            await abort(
-                context, grpc.StatusCode.FAILED_PRECONDITION, "IO_ERROR", describe_os_error(error)
-            )
-        except grpc.aio.AbortError:
-            raise
-        except Exception as error:  # noqa: BLE001 - the edge: nothing may end UNKNOWN
-            # The traceback stays in the server log; the client learns only what kind of failure.
-            _log.exception("%s failed", rpc)
-            await abort(
-                context,
-                grpc.StatusCode.INTERNAL,
-                "INTERNAL",
-                f"internal error in {rpc}: {type(error).__name__}",
-            )
 
     async def _reduce_bundle(
         self, request: reducer_pb2.ReduceBundleRequest
     ) -> reducer_pb2.ReduceBundleResponse:
         return await asyncio.to_thread(self._reduce_confined, request)
 
-    def _open(self, bundle: str) -> ConfinedBundle:
-        """The bundle, opened under the root; _RefusalError when it may not be read."""
-        try:
-            return self._root.open(bundle)
-        except BundlePathError as error:
-            raise _RefusalError(
-                grpc.StatusCode.INVALID_ARGUMENT, "BUNDLE_PATH_INVALID", str(error)
-            ) from error
-        except OutsideRootError as error:
-            raise _RefusalError(
-                grpc.StatusCode.PERMISSION_DENIED, "PATH_OUTSIDE_ROOT", str(error)
-            ) from error
-        except BundleNotFoundError as error:
-            raise _RefusalError(
-                grpc.StatusCode.NOT_FOUND, "BUNDLE_NOT_FOUND", str(error)
-            ) from error
-        except NotABundleError as error:
-            raise _RefusalError(
-                grpc.StatusCode.INVALID_ARGUMENT, "NOT_A_BUNDLE", str(error)
-            ) from error
-
     def _reduce_confined(
         self, request: reducer_pb2.ReduceBundleRequest
     ) -> reducer_pb2.ReduceBundleResponse:
         # Read and written through the descriptors opened here: swapping a directory on the
         # way for a symlink changes nothing about where the bytes come from or go.
-        with self._open(request.bundle) as bundle:
+        with self._root.open(request.bundle) as bundle:
             trace_path = Path(bundle.display_dir) / TRACE_FILE_NAME
             # A fork's parent is looked for beside the bundle, by path.
             forks = BundleForkResolver(trace_path.parent, ())
@@ -251,9 +210,7 @@ class ReducerService(reducer_pb2_grpc.ReducerServiceServicer):
                 salvage = request.salvage
             received += len(request.chunk)
             if received > self._max_upload_bytes:
-                raise _RefusalError(
-                    grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    "UPLOAD_TOO_LARGE",
+                raise _UploadTooLargeError(
                     f"the upload exceeds the {self._max_upload_bytes}-byte limit "
                     "(trace-reducer serve --max-upload-bytes)",
                     limit_bytes=str(self._max_upload_bytes),

@@ -7,26 +7,7 @@
   let runs = DATA.runs;
   const state = { text: "", status: "", integrity: "", model: "", reward: "", sort: "started", descending: true };
   const POLL_MS = 2000;
-
-  function el(tag, props, ...children) {
-    const node = document.createElement(tag);
-    for (const [key, value] of Object.entries(props || {})) {
-      if (value === null || value === undefined || value === false) continue;
-      if (key === "class") node.className = value;
-      else node.setAttribute(key, String(value));
-    }
-    for (const child of children.flat(Infinity)) {
-      if (child === null || child === undefined || child === false) continue;
-      node.appendChild(typeof child === "string" || typeof child === "number" ? document.createTextNode(String(child)) : child);
-    }
-    return node;
-  }
-
-  function shortId(id) {
-    const text = String(id || "");
-    const match = /^([a-z]+_)?([0-9a-f]{12,})$/i.exec(text);
-    return el("span", { class: "short-id mono", title: text, "data-full": text }, match ? (match[1] || "") + match[2].slice(0, 8) + "\u2026" : text);
-  }
+  const { el, shortId, fmtNumber } = RolloutPage;
 
   function rewardFilter(text) {
     const m = /^\s*([^<>=!\s]+)\s*(>=|<=|!=|==|=|>|<)\s*(-?[0-9.eE+-]+)\s*$/.exec(text);
@@ -112,7 +93,7 @@
           run.fork ? el("span", { class: "note" }, run.fork.resumed ? " resumed" : ` fork #${run.fork.repetition_index}`) : "");
       }
       case "tokens": return el("td", { class: "num" }, run.tokens.total.toLocaleString());
-      case "reward": return el("td", { class: "rewards" }, Object.entries(run.rewards).map(([k, v]) => el("span", { class: "reward-chip" }, `${k}=${Number.isInteger(v) ? v : v.toPrecision(3)}`)));
+      case "reward": return el("td", { class: "rewards" }, Object.entries(run.rewards).map(([k, v]) => el("span", { class: "reward-chip" }, `${k}=${fmtNumber(v, 3)}`)));
       case "status": return el("td", {}, el("span", { class: `status st-${run.status}` }, run.status), run.error ? el("div", { class: "error" }, run.error) : "");
       case "duration": return el("td", { class: "num" }, run.duration === null ? "\u2014" : `${run.duration.toFixed(1)}s`);
       case "started": return el("td", {}, run.started ? run.started.slice(0, 19).replace("T", " ") : "\u2014");

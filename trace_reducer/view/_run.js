@@ -6,45 +6,7 @@
   const DATA = JSON.parse(document.getElementById("view-data").textContent);
   const R = DATA.rollout || { rewards: [], fork: null, calls: {}, tools: {}, links: {} };
   const RUNS = (R.links && R.links.runs) || {};
-  let payloadCache = null;
-
-  function payloads() {
-    if (payloadCache === null) payloadCache = JSON.parse(document.getElementById("view-payloads").textContent);
-    return payloadCache;
-  }
-
-  function el(tag, props, ...children) {
-    const node = document.createElement(tag);
-    for (const [key, value] of Object.entries(props || {})) {
-      if (value === null || value === undefined || value === false) continue;
-      if (key === "class") node.className = value;
-      else if (key === "onclick") node.addEventListener("click", value);
-      else node.setAttribute(key, String(value));
-    }
-    for (const child of children.flat(Infinity)) {
-      if (child === null || child === undefined || child === false) continue;
-      node.appendChild(typeof child === "string" || typeof child === "number" ? document.createTextNode(String(child)) : child);
-    }
-    return node;
-  }
-
-  // An id is shortened in the face of the page; hovering shows it whole, copying copies it whole.
-  function shortId(id) {
-    const text = String(id || "");
-    const match = /^([a-z]+_)?([0-9a-f]{12,})$/i.exec(text);
-    const shown = match ? (match[1] || "") + match[2].slice(0, 8) + "\u2026" : text;
-    return el("span", { class: "short-id mono", title: text, "data-full": text }, shown);
-  }
-  document.addEventListener("copy", (event) => {
-    const selection = document.getSelection();
-    if (!selection || selection.rangeCount === 0) return;
-    const holder = selection.anchorNode && selection.anchorNode.parentElement;
-    const id = holder && holder.closest(".short-id");
-    if (id && selection.toString() && id.contains(selection.focusNode)) {
-      event.clipboardData.setData("text/plain", id.dataset.full);
-      event.preventDefault();
-    }
-  });
+  const { el, shortId, payloads, fmtNumber } = RolloutPage;
 
   function runLink(threadId) {
     const run = RUNS[threadId];
@@ -53,7 +15,7 @@
   }
 
   function fmt(value) {
-    return typeof value === "number" ? (Number.isInteger(value) ? String(value) : value.toPrecision(4)) : String(value);
+    return fmtNumber(value, 4);
   }
 
   function section(id, title, ...body) {

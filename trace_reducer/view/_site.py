@@ -23,6 +23,7 @@ from ..bundle._layout import TRACE_FILE_NAME
 from ..bundle._reader import BundleReader
 from ._view import (
     _PLACEHOLDER,
+    PAGE_SCRIPT,
     _asset,
     _script_json,
     reduce_reader_for_view,
@@ -82,12 +83,14 @@ def _links(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def render_list(runs: list[dict[str, Any]], *, served: bool, title: str) -> str:
+    page_script = _asset(PAGE_SCRIPT)
     script = _asset("_list.js")
     values = {
         "TITLE": html.escape(title),
         "STYLE": _asset("_view.css"),
-        "SCRIPT_HASH": script_hash(script),
+        "SCRIPT_HASH": f"{script_hash(page_script)} {script_hash(script)}",
         "CONNECT": "'self'" if served else "'none'",
+        "PAGE_SCRIPT": page_script,
         "SCRIPT": script,
         "DATA": _script_json({"runs": runs, "served": served}),
     }

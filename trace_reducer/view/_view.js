@@ -3,7 +3,7 @@
 // a text node (textContent), never as markup: model and user text is untrusted.
 (function () {
   const DATA = JSON.parse(document.getElementById("view-data").textContent);
-  let payloadCache = null;
+  const { add, el, payloads } = RolloutPage;
   const LONG_TEXT = 4000;
   const BODY_SHOWN = 1000000;
   const SEEN_SHOWN = 5000;
@@ -17,38 +17,6 @@
   }
   const state = { tab: "transcript", page: 0 };
   const pageCount = Math.max(1, Math.ceil(turnOrder.length / DATA.page_turns));
-
-  function payloads() {
-    // Parsed only when a request body is first asked for: most readers never need them.
-    if (payloadCache === null) {
-      payloadCache = JSON.parse(document.getElementById("view-payloads").textContent);
-    }
-    return payloadCache;
-  }
-
-  function add(node, child) {
-    if (child === null || child === undefined || child === false) return;
-    if (Array.isArray(child)) {
-      for (const c of child) add(node, c);
-    } else if (typeof child === "string" || typeof child === "number") {
-      node.appendChild(document.createTextNode(String(child)));
-    } else {
-      node.appendChild(child);
-    }
-  }
-
-  function el(tag, props, ...children) {
-    const node = document.createElement(tag);
-    for (const [key, value] of Object.entries(props || {})) {
-      if (value === null || value === undefined || value === false) continue;
-      if (key === "class") node.className = value;
-      else if (key === "onclick") node.addEventListener("click", value);
-      else if (key === "data") Object.assign(node.dataset, value);
-      else node.setAttribute(key, String(value));
-    }
-    add(node, children);
-    return node;
-  }
 
   function token(value) {
     return String(value || "unspecified").toLowerCase().replace(/[^a-z0-9_]/g, "_");

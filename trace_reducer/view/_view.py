@@ -381,6 +381,10 @@ def _script_json(value: object) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":")).replace("<", "\\u003c")
 
 
+# The helpers every page's script shares, inlined into each page ahead of its own.
+PAGE_SCRIPT = "_page.js"
+
+
 def _asset(name: str) -> str:
     return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
 
@@ -402,15 +406,17 @@ def render_view(
     page, payloads = _PageBuilder(data).build()
     page["rollout"] = rollout_extras(data.trace, links)
     page["live"] = live_url
+    page_script = _asset(PAGE_SCRIPT)
     script = _asset("_view.js")
     run_script = _asset("_run.js")
     values = {
         "TITLE": html.escape(title or f"rollout {data.trace.root_thread_id}"),
         "STYLE": _asset("_view.css"),
         # Only these scripts may run, even if some text ever slipped through as markup.
-        "SCRIPT_HASH": f"{script_hash(script)} {script_hash(run_script)}",
+        "SCRIPT_HASH": " ".join(map(script_hash, (page_script, script, run_script))),
         # A static page fetches nothing; a served one asks its own server for updates.
         "CONNECT": "'self'" if live_url else "'none'",
+        "PAGE_SCRIPT": page_script,
         "SCRIPT": script,
         "RUN_SCRIPT": run_script,
         "DATA": _script_json(page),
