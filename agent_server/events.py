@@ -6,11 +6,12 @@ import asyncio
 import contextlib
 import itertools
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from agent_server import telemetry
 from agent_server.errors import EventsOutOfRangeError
 from rollout.agent.v1 import agent_pb2
+from trace_reducer import encode_varint
 
 # A client receives at most 4 MiB per message by default; a delta event stays far below it
 # (4 bytes per character at most).
@@ -22,6 +23,8 @@ MAX_FLUSH_WINDOW_MS = 1000
 # How far beyond its capacity the buffer grows to keep events an attached subscriber has not
 # had yet (a burst published faster than any subscriber can take it).
 HOLD_FACTOR = 4
+# The wire tag of StreamEventsResponse's only field, `event` (field 1, length-delimited).
+_EVENT_FIELD_TAG = b"\x0a"
 
 
 class EventBuffer:
@@ -66,6 +69,8 @@ class EventBuffer:
         # Text merged into an event not yet handed out, joined when it first is.
         self._parts: dict[int, list[str]] = {}
         self._part_chars: dict[int, int] = {}
+        # Handed-out events as StreamEventsResponse messages, encoded once for all subscribers.
+        self._encoded: dict[int, bytes] = {}
 
     @property
     def last_index(self) -> int:
@@ -106,6 +111,7 @@ class EventBuffer:
             dropped = events.popleft()
             self._parts.pop(dropped.index, None)
             self._part_chars.pop(dropped.index, None)
+            self._encoded.pop(dropped.index, None)
             self._first += 1
 
     def merge_delta(self, turn_id: str, item_id: str, delta: str) -> bool:
@@ -164,6 +170,18 @@ class EventBuffer:
         self._taken = max(self._taken, index)
         return event
 
+    def encoded(self, event: agent_pb2.ThreadEvent) -> bytes:
+        """The StreamEventsResponse carrying an event subscribe() yielded, serialized once
+        however many subscribers send it (a handed-out event never changes again)."""
+        index = event.index
+        message = self._encoded.get(index)
+        if message is None:
+            body = event.SerializeToString()
+            message = _EVENT_FIELD_TAG + encode_varint(len(body)) + body
+            if index >= self._first:
+                self._encoded[index] = message
+        return message
+
     def _joinable_at(self, index: int) -> bool:
         """Whether the event at index is a delta that the item's next delta may still join."""
         if index <= self._taken:
@@ -176,7 +194,7 @@ class EventBuffer:
 
     async def subscribe(
         self, after_index: int, flush_window: float = 0.0
-    ) -> AsyncIterator[agent_pb2.ThreadEvent]:
+    ) -> AsyncGenerator[agent_pb2.ThreadEvent, None]:
         """Yield the events after `after_index`, then live ones until the buffer closes;
         with a flush window (seconds), at most one delta event per window (see the class)."""
         self.check(after_index)

@@ -2,34 +2,29 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import email.utils
 import json
-import logging
 import re
 import urllib.parse
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import aiohttp
-import httpx
-from httpx_aiohttp import AiohttpTransport
-from httpx_sse import SSEError, aconnect_sse
 
 from agent_server.config import Secret
+from agent_server.sse import SseSplitter
 from trace_reducer import canonical_json
 
 CALL_ID_HEADER = "x-rollout-inference-call-id"
 _ERROR_BODY_LIMIT = 64 * 1024
 _RETRY_AFTER_CAP = 600.0
 DEFAULT_MAX_CONNECTIONS = 1024
-_MAX_KEEPALIVE = 64
-# The events that end a response: the reader stops after them, so the HTTP response is closed
-# by the task that reads it and never by a cancellation (which httpcore's pool does not survive
-# while it is releasing a connection).
+# How long an idle provider connection is kept for the next call (httpx's default too).
+_KEEPALIVE_SECONDS = 5.0
+# The events that end a response: the reader stops after them and releases the response.
 TERMINAL_EVENTS = frozenset({"response.completed", "response.failed", "response.incomplete"})
 # Real events nest a handful of levels; a deeper one is hostile, and would recurse deep in
 # every layer that walks it.
@@ -142,54 +137,48 @@ def url_secrets(base_url: str, api_key: Secret | None) -> list[str]:
     ]
 
 
-def pooled_client(
+def pooled_session(
     idle_timeout: float, connect_timeout: float, max_connections: int
-) -> httpx.AsyncClient:
-    """The HTTP client of one provider: the idle timeout is its read timeout."""
-    limits = httpx.Limits(
-        max_connections=max_connections,
-        max_keepalive_connections=min(max_connections, _MAX_KEEPALIVE),
-    )
-    return httpx.AsyncClient(
-        # A turn beyond max_connections waits for a connection as long as it would wait
-        # to connect, then fails its attempt (retried like any connection failure).
-        timeout=httpx.Timeout(
+) -> aiohttp.ClientSession:
+    """The one HTTP transport of the agent's provider and of the gateway's upstream: the idle
+    timeout is the socket read timeout (for the answer's headers and between body reads).
+    Make it in the running loop."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=max_connections, keepalive_timeout=_KEEPALIVE_SECONDS),
+        # A request beyond the connection limit waits for one as long as it would wait to
+        # connect, then fails (an agent's attempt is retried like any connection failure).
+        timeout=aiohttp.ClientTimeout(
+            total=None,
             connect=connect_timeout,
-            read=idle_timeout,
-            write=connect_timeout,
-            pool=connect_timeout,
+            sock_connect=connect_timeout,
+            sock_read=idle_timeout,
         ),
-        follow_redirects=False,
-        limits=limits,
+        # No cookie of one call (one thread's, one gateway client's) reaches another's.
+        cookie_jar=aiohttp.DummyCookieJar(),
         trust_env=False,
-        # aiohttp's C parser reads a stream for half the CPU of httpcore's (measured in
-        # bench/); httpx stays the API, and httpx-sse the SSE parser.
-        transport=AiohttpTransport(limits=limits, trust_env=False),
     )
 
 
-def redact_httpx_log(base_url: str, safe: Callable[[str], str]) -> _RedactingFilter | None:
-    """httpx logs every request's URL (at INFO): credentials in it must not reach a log. The
-    filter installed, when the URL has any (remove it from the `httpx` logger when done)."""
-    if redact_url(base_url) == base_url:
-        return None
-    log_filter = _RedactingFilter(safe)
-    logging.getLogger("httpx").addFilter(log_filter)
-    return log_filter
-
-
-def _endpoint(base_url: str, route: str) -> tuple[str, httpx.BasicAuth | None]:
-    """`{base_url}{route}` (before any query), and the URL's user info as Basic auth."""
+def _endpoint(base_url: str, route: str) -> tuple[str, str | None]:
+    """`{base_url}{route}` (before any query), and the URL's user info as a Basic
+    Authorization header (sent in place of any other)."""
     parts = urllib.parse.urlsplit(base_url)
     auth = None
     netloc = parts.netloc
-    if "@" in netloc:
+    user = _user_info(base_url)
+    if user is not None:
         netloc = netloc.rpartition("@")[2]
-        auth = httpx.BasicAuth(
-            urllib.parse.unquote(parts.username or ""), urllib.parse.unquote(parts.password or "")
-        )
+        auth = aiohttp.encode_basic_auth(*user)
     path = parts.path.rstrip("/") + route
     return urllib.parse.urlunsplit((parts.scheme, netloc, path, parts.query, "")), auth
+
+
+def _user_info(url: str) -> tuple[str, str] | None:
+    """The user name and password a URL carries before its host, if any."""
+    parts = urllib.parse.urlsplit(url)
+    if "@" not in parts.netloc:
+        return None
+    return urllib.parse.unquote(parts.username or ""), urllib.parse.unquote(parts.password or "")
 
 
 class ProviderClient:
@@ -215,17 +204,19 @@ class ProviderClient:
         self.base_url = base_url.rstrip("/")
         # What the trace and the logs show: the URL without credentials.
         self.display_url = redact_url(self.base_url)
-        self._endpoint, self._auth = _endpoint(self.base_url, dialect.path)
+        # The URL's user info is sent as Basic auth, in place of the key's Bearer.
+        self._url, self._basic_auth = _endpoint(self.base_url, dialect.path)
         self._api_key = api_key
         self._client_limit = max_connections
+        self._idle_timeout = idle_timeout
+        self._connect_timeout = connect_timeout
         self._secrets = url_secrets(self.base_url, api_key)
-        self._client = pooled_client(idle_timeout, connect_timeout, max_connections)
-        self._log_filter = redact_httpx_log(self.base_url, self._safe)
+        # Made in the running loop, at the first attempt.
+        self._http: aiohttp.ClientSession | None = None
 
     async def aclose(self) -> None:
-        await self._client.aclose()
-        if self._log_filter is not None:
-            logging.getLogger("httpx").removeFilter(self._log_filter)
+        if self._http is not None:
+            await self._http.close()
 
     def _safe(self, text: str) -> str:
         """Provider or transport text with the API key and URL credentials taken out."""
@@ -236,218 +227,175 @@ class ProviderClient:
         return text
 
     def _describe(self, error: Exception) -> str:
-        if isinstance(error, httpx.LocalProtocolError):
-            # Its text quotes the offending request line or header: the key, perhaps.
-            return "the request could not be sent (a header or the body is not valid HTTP)"
         return self._safe(str(error) or type(error).__name__)
 
     @contextlib.asynccontextmanager
     async def batches(self, call_id: str, body: dict[str, Any]) -> AsyncIterator[EventBatches]:
-        """One attempt, read in the background; leaving the block closes its HTTP stream."""
-        reader = EventBatches()
-        reader.start(self.stream(call_id, body, opened=reader.opened))
+        """One attempt, read by the caller's task batch by batch; leaving the block closes
+        its HTTP response."""
+        reader = EventBatches(self, call_id, body)
         try:
             yield reader
         finally:
-            await reader.aclose()
+            reader.close()
 
-    async def stream(
-        self,
-        call_id: str,
-        body: dict[str, Any],
-        *,
-        opened: Callable[[httpx.Response], None] | None = None,
-    ) -> AsyncGenerator[ProviderEvent, None]:
-        """Yield the events of one attempt; raise ProviderError when it cannot go on.
+    async def stream(self, call_id: str, body: dict[str, Any]) -> AsyncIterator[ProviderEvent]:
+        """The events of one attempt, one by one; raise ProviderError when it cannot go on."""
+        async with self.batches(call_id, body) as reader:
+            while batch := await reader.next():
+                for event in batch:
+                    yield event
 
-        opened(response) is called once the response has started, for a caller that may
-        have to close it from another task."""
-        headers = {CALL_ID_HEADER: call_id, "Content-Type": "application/json"}
-        if self._api_key is not None:
+    def _session(self) -> aiohttp.ClientSession:
+        if self._http is None:
+            self._http = pooled_session(
+                self._idle_timeout, self._connect_timeout, self._client_limit
+            )
+        return self._http
+
+    async def _open(self, call_id: str, body: dict[str, Any]) -> aiohttp.ClientResponse:
+        """The attempt's response, once its status says an event stream follows."""
+        headers = {
+            CALL_ID_HEADER: call_id,
+            "Content-Type": "application/json",
+            "Accept": "text/event-stream",
+            "Cache-Control": "no-store",
+        }
+        if self._basic_auth is not None:
+            headers["Authorization"] = self._basic_auth
+        elif self._api_key is not None:
             headers["Authorization"] = f"Bearer {self._api_key.reveal()}"
-        content = canonical_json(body)
-        decode = self.dialect.decoder()
+        response = await self._session().post(
+            self._url, data=canonical_json(body), headers=headers, allow_redirects=False
+        )
         try:
-            async with aconnect_sse(
-                self._client,
-                "POST",
-                self._endpoint,
-                headers=headers,
-                content=content,
-                auth=self._auth,
-            ) as source:
-                response = source.response
-                if opened is not None:
-                    opened(response)
-                if response.status_code >= 400:
-                    error = await _http_error(response)
-                    error.message = self._safe(error.message)
-                    raise error
-                if response.status_code != 200:
-                    raise ProviderError(
-                        "unexpected_status",
-                        f"provider answered HTTP {response.status_code}",
-                        http_status=response.status_code,
-                    )
-                async for sse in source.aiter_sse():
-                    # A block of only `id:`, `retry:` or `event:` lines carries no event (the
-                    # SSE spec dispatches nothing for an empty data buffer).
-                    if sse.data:
-                        for event in decode(sse.event, sse.data):
-                            yield event
-        except SSEError as error:
-            raise ProviderError("unexpected_content_type", self._safe(str(error))) from error
-        except httpx.ReadTimeout as error:
-            raise ProviderError(
+            if response.status >= 400:
+                error = await _http_error(response)
+                error.message = self._safe(error.message)
+                raise error
+            if response.status != 200:
+                raise ProviderError(
+                    "unexpected_status",
+                    f"provider answered HTTP {response.status}",
+                    http_status=response.status,
+                )
+            content_type = response.headers.get("Content-Type", "").partition(";")[0]
+            if "text/event-stream" not in content_type:
+                raise ProviderError(
+                    "unexpected_content_type",
+                    "the provider answered Content-Type "
+                    f"{self._safe(content_type)!r}, not 'text/event-stream'",
+                )
+        except BaseException:
+            response.close()
+            raise
+        return response
+
+    def _failure(self, error: Exception) -> ProviderError:
+        """The ProviderError of what aiohttp raised while connecting, sending or reading."""
+        if isinstance(error, aiohttp.SocketTimeoutError):
+            return ProviderError(
                 "stream_idle_timeout", "the provider stream was idle too long", retryable=True
-            ) from error
-        except httpx.PoolTimeout as error:
-            raise ProviderError(
+            )
+        if isinstance(error, aiohttp.ClientConnectorError):
+            return ProviderError(
                 "connection_error",
-                "no free provider connection: every one of the "
-                f"{self._client_limit} allowed is streaming",
+                f"provider connection failed: {_connect_failure(error)}",
                 retryable=True,
-            ) from error
-        except httpx.TimeoutException as error:
-            # httpx-aiohttp maps every aiohttp connection error to ConnectTimeout, a refused
-            # connection too: aiohttp's own error, underneath, says what happened.
-            failed = _connect_failure(error)
-            raise ProviderError(
+            )
+        if isinstance(error, aiohttp.ServerTimeoutError):
+            return ProviderError(
                 "connection_error",
-                f"provider connection failed: {failed}"
-                if failed
-                else f"timed out talking to the provider: {self._describe(error)}",
+                f"timed out talking to the provider: {self._describe(error)}",
                 retryable=True,
-            ) from error
-        except httpx.TransportError as error:
-            raise ProviderError(
-                "connection_error",
-                f"provider connection failed: {_connect_failure(error) or self._describe(error)}",
-                retryable=True,
-            ) from error
-        except httpx.HTTPError as error:
-            raise ProviderError(
-                "bad_response", f"unreadable provider response: {self._describe(error)}"
-            ) from error
-        except aiohttp.ClientError as error:
-            # What the transport does not translate into an httpx error.
-            raise ProviderError(
+            )
+        if isinstance(error, aiohttp.ClientError):
+            return ProviderError(
                 "connection_error",
                 f"provider connection failed: {self._describe(error)}",
                 retryable=True,
-            ) from error
-        except ValueError as error:
-            # aiohttp refuses a request it cannot send, quoting the header or URL at fault
-            # (the key, perhaps): say what happened, never its text.
-            raise ProviderError(
-                "request_not_sent",
-                "the request could not be sent: a header or the URL is not valid HTTP",
-            ) from error
+            )
+        # aiohttp refuses a request it cannot send, quoting the header or URL at fault (the
+        # key, perhaps): say what happened, never its text.
+        return ProviderError(
+            "request_not_sent",
+            "the request could not be sent: a header or the URL is not valid HTTP",
+        )
 
 
-def _connect_failure(error: BaseException) -> str | None:
-    """Why a connection could not be made (refused, no route, no such host, a TLS failure),
-    from the aiohttp error the transport's error wraps; None when it was no such failure."""
-    cause = error.__cause__
-    if not isinstance(cause, aiohttp.ClientConnectorError):
-        return None
-    reason = cause.os_error
+def _connect_failure(error: aiohttp.ClientConnectorError) -> str:
+    """Why a connection could not be made (refused, no route, no such host, a TLS failure)."""
+    reason = error.os_error
     detail = reason.strerror if isinstance(reason, OSError) and reason.strerror else str(reason)
     if isinstance(reason, ConnectionRefusedError):
         detail = "connection refused"
-    return f"cannot connect to {cause.host}:{cause.port}: {detail}"
-
-
-class _RedactingFilter(logging.Filter):
-    """Rewrites a log record whose message would show something `redact` takes out."""
-
-    def __init__(self, redact: Callable[[str], str]) -> None:
-        super().__init__()
-        self._redact = redact
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        redacted = self._redact(message)
-        if redacted != message:
-            record.msg, record.args = redacted, None
-        return True
+    return f"cannot connect to {error.host}:{error.port}: {detail}"
 
 
 class EventBatches:
-    """Reads an attempt's events in a background task and hands them over in batches.
+    """One attempt's events, read by the task that handles them, a network read at a time.
 
-    A batch is everything that was read while the turn was busy, typically the events of one
-    network read: they may be recorded together without delaying any of them. The reader
-    never gets ahead of the network, so the batches stay as small as the provider's pace.
-    It stops by itself after a terminal event, closing the response as it goes.
+    A batch is everything that arrived while the turn was busy (aiohttp keeps receiving into
+    its buffer meanwhile), typically the events of one network read: they may be recorded
+    together without delaying any of them, and no second task hands them over. Reading stops
+    after a terminal event, and the response is closed then or when the attempt is left.
     """
 
-    def __init__(self) -> None:
-        self._pending: list[ProviderEvent] = []
-        self._error: Exception | None = None
+    def __init__(self, client: ProviderClient, call_id: str, body: dict[str, Any]) -> None:
+        self._client = client
+        self._call_id = call_id
+        self._body = body
+        self._decode = client.dialect.decoder()
+        self._splitter = SseSplitter()
+        self._response: aiohttp.ClientResponse | None = None
+        self._error: ProviderError | None = None
         self._ended = False
-        self._terminal = False
-        self._arrived = asyncio.Event()
-        self._response: httpx.Response | None = None
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self, events: AsyncGenerator[ProviderEvent, None]) -> None:
-        self._task = asyncio.create_task(self._read(events))
-
-    def opened(self, response: httpx.Response) -> None:
-        self._response = response
-
-    async def _read(self, events: AsyncGenerator[ProviderEvent, None]) -> None:
-        try:
-            async with contextlib.aclosing(events):
-                async for event in events:
-                    self._pending.append(event)
-                    self._arrived.set()
-                    if event.type in TERMINAL_EVENTS:
-                        self._terminal = True
-                        break
-        except Exception as error:  # noqa: BLE001 - handed to the turn, which reports it
-            self._error = error
-        finally:
-            self._ended = True
-            self._arrived.set()
 
     async def next(self) -> list[ProviderEvent]:
-        """The events read since the last call, waiting for one; [] once the stream ended.
-
-        Raises the attempt's error only after every event read before it was handed over."""
-        while not self._pending and not self._ended:
-            self._arrived.clear()
-            await self._arrived.wait()
-        return self.ready()
-
-    def ready(self) -> list[ProviderEvent]:
-        """The events already read, without waiting (raising as next() does once they are
-        all handed over and the stream failed)."""
-        if self._pending:
-            batch, self._pending = self._pending, []
-            return batch
-        if self._ended and self._error is not None:
+        """The events that arrived since the last call, waiting for one; [] once the stream
+        ended. Raises the attempt's error (again at every later call) once it failed."""
+        if self._error is not None:
             raise self._error
+        while not self._ended:
+            try:
+                if self._response is None:
+                    self._response = await self._client._open(self._call_id, self._body)
+                chunk = await self._response.content.readany()
+            except ProviderError as error:
+                self._fail(error)
+                raise
+            except (aiohttp.ClientError, ValueError) as error:
+                failure = self._client._failure(error)
+                self._fail(failure)
+                raise failure from error
+            if not chunk:
+                self.close()
+                return []
+            _, blocks = self._splitter.feed(chunk)
+            batch: list[ProviderEvent] = []
+            for block in blocks:
+                if not block.data:
+                    # `data:` lines with nothing in them carry no event to decode.
+                    continue
+                for event in self._decode(block.event, block.data):
+                    batch.append(event)
+                    if event.type in TERMINAL_EVENTS:
+                        self.close()
+                        return batch
+            if batch:
+                return batch
         return []
 
-    async def aclose(self) -> None:
-        """Stop reading and close the HTTP response; return once it is closed.
+    def _fail(self, error: ProviderError) -> None:
+        self._error = error
+        self.close()
 
-        The reader is never cancelled once the response has started: httpcore does not
-        survive a cancellation while it releases a connection (which the reader may be doing
-        at the end of the stream), and leaks the socket. The response is closed from here
-        instead, which ends a pending read."""
-        task = self._task
-        if task is None:
-            return
-        if not task.done() and not self._terminal:
-            if self._response is None:
-                task.cancel()  # still connecting or sending: no response to release yet
-            else:
-                await asyncio.shield(self._response.aclose())
-        # wait() never cancels the reader, even when this caller is cancelled meanwhile.
-        await asyncio.wait([task])
+    def close(self) -> None:
+        """Stop reading: the connection goes back to the pool when the body was read to its
+        end, and is closed otherwise."""
+        self._ended = True
+        if self._response is not None:
+            self._response.release()
 
 
 def parse_event(sse_event: str, raw: str) -> ProviderEvent:
@@ -499,14 +447,15 @@ def _cleaned(data: dict[str, Any]) -> dict[str, Any] | None:
     return root
 
 
-async def _http_error(response: httpx.Response) -> ProviderError:
+async def _http_error(response: aiohttp.ClientResponse) -> ProviderError:
     body = b""
-    async for chunk in response.aiter_bytes():
+    while len(body) < _ERROR_BODY_LIMIT and (chunk := await response.content.readany()):
         body += chunk
-        if len(body) >= _ERROR_BODY_LIMIT:
-            break
     return http_error(
-        response.status_code, body, response.reason_phrase, response.headers.get("retry-after")
+        response.status,
+        body[:_ERROR_BODY_LIMIT],
+        response.reason or "",
+        response.headers.get("Retry-After"),
     )
 
 

@@ -17,9 +17,8 @@ from agent_server.dialects import dialect_named, unsupported_fields
 from agent_server.local_model import LocalModel
 from agent_server.provider import ProviderClient
 from agent_server.replay_model import ReplayBook, ReplayModel
-from agent_server.service import SERVICE_NAME, AgentService
+from agent_server.service import SERVICE_NAME, AgentService, add_to_server
 from grpc_common import GrpcServer, MetricsServer, RpcMetricsInterceptor
-from rollout.agent.v1 import agent_pb2_grpc
 
 if TYPE_CHECKING:
     from trace_reducer.export._live import LiveExport
@@ -134,7 +133,7 @@ class AgentServer:
         service = AgentService(agent)
 
         def register(server: grpc.aio.Server) -> None:
-            agent_pb2_grpc.add_AgentServiceServicer_to_server(service, server)
+            add_to_server(service, server)
 
         try:
             grpc_server = await GrpcServer.start(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import grpc
+from google.protobuf import message_factory
 
 from agent_server.agent import Agent
 from agent_server.errors import ERRORS, EmptyInputError, InvalidFlushWindowError
@@ -68,9 +69,9 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             turn = await self._agent.interrupt(request.thread_id, request.turn_id, context.peer())
             return agent_pb2.InterruptResponse(turn=turn.to_proto())
 
-    async def StreamEvents(  # noqa: N802
+    async def StreamEvents(  # type: ignore[override]  # noqa: N802 - sends bytes, see add_to_server
         self, request: agent_pb2.StreamEventsRequest, context: Context
-    ) -> AsyncIterator[agent_pb2.StreamEventsResponse]:
+    ) -> AsyncIterator[bytes]:
         async with ERRORS.translated(context, "StreamEvents"):
             window_ms = (
                 request.flush_window_ms
@@ -82,8 +83,9 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                     f"flush_window_ms {window_ms} is above the most allowed, {MAX_FLUSH_WINDOW_MS}"
                 )
             events = self._agent.thread(request.thread_id).events
+            # Already-serialized StreamEventsResponse messages (see add_to_server).
             async for event in events.subscribe(request.after_index, window_ms / 1000):
-                yield agent_pb2.StreamEventsResponse(event=event)
+                yield events.encoded(event)
 
     async def GetThread(  # noqa: N802
         self, request: agent_pb2.GetThreadRequest, context: Context
@@ -174,6 +176,37 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                 )
             )
             return agent_pb2.RecordRewardResponse(bundle_path=bundle, seq=seq)
+
+
+# The methods whose handler yields messages already serialized (bytes, sent as they are).
+_PRESERIALIZED = frozenset({"StreamEvents"})
+
+
+def add_to_server(service: AgentService, server: grpc.aio.Server) -> None:
+    """Register the service as the generated code would, except that StreamEvents sends the
+    bytes its events were serialized to once (grpc sends a response as it is when the method
+    has no serializer)."""
+    handlers = {}
+    for method in agent_pb2.DESCRIPTOR.services_by_name["AgentService"].methods:
+        behaviour = getattr(service, method.name)
+        request_type = message_factory.GetMessageClass(method.input_type)
+        response_type = message_factory.GetMessageClass(method.output_type)
+        serializer = None if method.name in _PRESERIALIZED else response_type.SerializeToString
+        if method.client_streaming:
+            raise TypeError(f"{method.name}: no AgentService method takes a request stream")
+        make = (
+            grpc.unary_stream_rpc_method_handler
+            if method.server_streaming
+            else grpc.unary_unary_rpc_method_handler
+        )
+        handlers[method.name] = make(
+            behaviour,
+            request_deserializer=request_type.FromString,
+            response_serializer=serializer,
+        )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    # What the generated registration also does (grpcio >= 1.63; not in the type stubs).
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)  # type: ignore[attr-defined]
 
 
 def _traceparent(context: Context) -> str:

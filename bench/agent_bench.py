@@ -64,10 +64,13 @@ async def _paced_threads(address: str, threads: int, turns: int) -> int:
     return stamps
 
 
+P3_THREADS = 20
+
+
 def measure_recording(
     root: Path,
     rounds: int = 6,
-    threads: int = 20,
+    threads: int = P3_THREADS,
     turns: int = 2,
     word_delay: float = 0.005,
     reply_length: int = 0,

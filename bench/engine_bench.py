@@ -38,7 +38,10 @@ REPO = Path(__file__).resolve().parent.parent
 MODEL = "smollm2-135m-instruct"
 PROMPT = "Write a short story about a lighthouse keeper."
 MAX_TOKENS = 32
-ROUNDS = 4  # alternating rounds; P8 wants more to resolve a 5 % budget (README)
+# Paired rounds: in each, one answer straight to the engine and one through the agent, back to
+# back, in an order that alternates; enough pairs that the median ratio's 95 % interval is
+# narrower than the 5 % budget on an idle engine (BENCH_P8_ROUNDS to change).
+ROUNDS = int(os.environ.get("BENCH_P8_ROUNDS", "30"))
 APIS = ("chat", "responses")
 
 
@@ -201,13 +204,19 @@ async def _rounds(base: str, servers: dict[str, Any], result: Result) -> None:
             for api in APIS:
                 await _direct(client, base, api)
                 await _through_agent(stubs[api])
-            for _ in range(ROUNDS):
+            for round_ in range(ROUNDS):
                 for api in APIS:
-                    result.direct.setdefault(api, []).append(await _direct(client, base, api))
+                    # The pair's order alternates, so a drift of the engine's pace (other
+                    # clients, its cache) weighs on both sides alike.
+                    if round_ % 2:
+                        direct = await _direct(client, base, api)
                     pid = servers[api].popen.pid
                     before = cpu_seconds(pid)
                     through = await _through_agent(stubs[api])
                     spent = cpu_seconds(pid) - before
+                    if not round_ % 2:
+                        direct = await _direct(client, base, api)
+                    result.direct.setdefault(api, []).append(direct)
                     result.agent.setdefault(api, []).append(through)
                     result.cpu_us_per_delta.setdefault(api, []).append(
                         spent / max(1, through.tokens) * 1e6
@@ -248,3 +257,22 @@ def measure(root: Path) -> Result:
 
 def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
+
+
+def median_interval(values: list[float]) -> tuple[float, float]:
+    """A distribution-free 95 % confidence interval of the median: the order statistics that
+    bracket it (binomial, normal approximation; wants at least 6 values)."""
+    ordered = sorted(values)
+    n = len(ordered)
+    if n < 6:
+        return float("nan"), float("nan")
+    k = max(0, int((n - 1.96 * n**0.5) / 2))
+    return ordered[k], ordered[n - 1 - k]
+
+
+def paired(agent: list[Stream], direct: list[Stream]) -> tuple[list[float], list[float]]:
+    """Each pair's TTFT ratio and decode-rate ratio, agent over engine alone (a pair without a
+    decode rate on either side gives no rate ratio)."""
+    ttft = [a.ttft / d.ttft for a, d in zip(agent, direct, strict=True) if d.ttft > 0]
+    rate = [a.rate / d.rate for a, d in zip(agent, direct, strict=True) if a.rate and d.rate]
+    return ttft, rate

@@ -5,8 +5,10 @@ every POST with `--events` text-delta events of the Responses API, each its own 
 `--interval` seconds. The stacks read the same streams, many at once, in alternating rounds:
 
 * `httpx`: httpx on its default transport (httpcore), httpx-sse (what the agent used before);
-* `httpx+aiohttp`: httpx on httpx-aiohttp's transport, httpx-sse (what the agent uses);
-* `aiohttp`: aiohttp alone, events split by hand (a peer without httpx's layers).
+* `httpx+aiohttp`: httpx on httpx-aiohttp's transport, httpx-sse (what the agent used next);
+* `agent`: the agent's own reader, `ProviderClient.batches` (aiohttp read in the caller's task,
+  `agent_server.sse`, each event's JSON parsed and checked);
+* `aiohttp`: aiohttp alone, events split by hand (the floor: no checks, no layers).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import httpx
 from httpx_aiohttp import AiohttpTransport
 from httpx_sse import aconnect_sse
 
+from agent_server.provider import ProviderClient
 from bench._harness import spawn
 from grpc_common import install_signal_handlers
 
@@ -106,10 +109,26 @@ async def _with_aiohttp(session: aiohttp.ClientSession, url: str) -> int:
     return count
 
 
+async def _with_agent(client: ProviderClient) -> int:
+    count = 0
+    async with client.batches("bench", {"stream": True}) as reader:
+        while batch := await reader.next():
+            count += len(batch)
+    return count
+
+
 async def _round(stack: str, url: str, streams: int) -> tuple[int, float]:
     """Read `streams` streams at once with one stack; (events, CPU seconds of this process)."""
     started = time.process_time()
-    if stack == "aiohttp":
+    if stack == "agent":
+        agent = ProviderClient(
+            url.removesuffix("/responses"), None, idle_timeout=60, max_connections=streams
+        )
+        try:
+            counts = await asyncio.gather(*(_with_agent(agent) for _ in range(streams)))
+        finally:
+            await agent.aclose()
+    elif stack == "aiohttp":
         async with aiohttp.ClientSession() as session:
             counts = await asyncio.gather(*(_with_aiohttp(session, url) for _ in range(streams)))
     else:
@@ -131,7 +150,7 @@ class StackFigures:
     high_us: float
 
 
-STACKS = ("httpx", "httpx+aiohttp", "aiohttp")
+STACKS = ("httpx", "httpx+aiohttp", "agent", "aiohttp")
 
 
 def measure_stacks(

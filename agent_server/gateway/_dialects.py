@@ -13,9 +13,9 @@ from typing import Any, Protocol
 
 from agent_server import chat_completions
 from agent_server.gateway._sessions import Session, SessionKey, hint_key
-from agent_server.gateway._sse import SseEvent
 from agent_server.provider import Decode, ProviderEvent, parse_event
 from agent_server.response import Response
+from agent_server.sse import SseEvent
 from rollout.trace.v1 import common_pb2
 from trace_reducer import CHAT_API, canonical_json, chat_messages
 

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import httpx
+import aiohttp
 from aiohttp import web
 
 from agent_server import telemetry
@@ -41,12 +41,12 @@ from agent_server.gateway._sessions import (
     session_key_problem,
 )
 from agent_server.gateway._settings import GatewaySettings
-from agent_server.gateway._sse import MAX_EVENT_BYTES, SseEvent, SseSplitter
-from agent_server.gateway._upstream import HOP_HEADERS, Upstream
+from agent_server.gateway._upstream import HOP_HEADERS, Upstream, release
 from agent_server.local_model import LocalModel
 from agent_server.provider import ProviderError, http_error
 from agent_server.recorder import Recorder
 from agent_server.replay_model import ReplayBook, ReplayModel
+from agent_server.sse import MAX_EVENT_BYTES, SseEvent, SseSplitter
 from agent_server.turn import new_call_id
 from grpc_common import split_listen
 from rollout.agent.v1 import agent_pb2
@@ -59,6 +59,9 @@ from trace_reducer import (
     check_reward,
     classify_stop,
 )
+
+if TYPE_CHECKING:
+    from multidict import CIMultiDict
 
 log = logging.getLogger(__name__)
 
@@ -289,12 +292,12 @@ class Gateway:
         except ProviderError as error:
             return error_response(502, error.code, error.message)
         try:
-            body = await answer.aread()
-        except httpx.HTTPError as error:
-            return error_response(502, "upstream_unreachable", upstream.safe(str(error)))
+            body = await answer.read()
+        except aiohttp.ClientError as error:
+            return error_response(502, "upstream_unreachable", upstream.safe(upstream_text(error)))
         finally:
-            await answer.aclose()
-        return web.Response(status=answer.status_code, body=body, headers=_client_headers(answer))
+            release(answer)
+        return web.Response(status=answer.status, body=body, headers=_client_headers(answer))
 
     async def _responses_call(self, request: web.Request) -> web.StreamResponse:
         return await self._call(request, RESPONSES)
@@ -439,7 +442,7 @@ class Gateway:
             call_id,
             request.headers.get("Authorization") if self._token is None else None,
         )
-        answer: httpx.Response | None = None
+        answer: aiohttp.ClientResponse | None = None
         try:
             try:
                 answer = await upstream.open("POST", dialect.path, headers, raw)
@@ -447,7 +450,7 @@ class Gateway:
                 outcome.fail(error)
                 self._end(session, call, ordinal, outcome)
                 return error_response(502, error.code, error.message)
-            if answer.status_code >= 400:
+            if answer.status >= 400:
                 return await self._forward_error(session, call, ordinal, outcome, answer)
             if answer.headers.get("content-type", "").startswith("text/event-stream"):
                 return await self._forward_stream(request, session, call, ordinal, outcome, answer)
@@ -459,7 +462,7 @@ class Gateway:
             raise
         finally:
             if answer is not None:
-                await asyncio.shield(answer.aclose())
+                release(answer)
             fingerprints = tuple(dialect.fingerprint(entry) for entry in entries)
             self.sessions.exchanged(
                 session, fingerprints + tuple(call.output_fingerprints()), call.response_id
@@ -475,11 +478,11 @@ class Gateway:
         call: CallRecorder,
         ordinal: int,
         outcome: _Outcome,
-        answer: httpx.Response,
+        answer: aiohttp.ClientResponse,
     ) -> web.StreamResponse:
         body = await _read_limited(answer)
         error = http_error(
-            answer.status_code, body, answer.reason_phrase, answer.headers.get("retry-after")
+            answer.status, body, answer.reason or "", answer.headers.get("retry-after")
         )
         session.recorder.provider_event(ordinal, "http_error", body.decode("utf-8", "replace"))
         outcome.fail(error)
@@ -494,11 +497,11 @@ class Gateway:
         call: CallRecorder,
         ordinal: int,
         outcome: _Outcome,
-        answer: httpx.Response,
+        answer: aiohttp.ClientResponse,
     ) -> web.StreamResponse:
         try:
             body = await _read_limited(answer, MAX_EVENT_BYTES + 1, errors=True)
-        except httpx.HTTPError as error:
+        except aiohttp.ClientError as error:
             outcome.fail(ProviderError("connection_error", f"upstream body lost: {error}"))
             self._end(session, call, ordinal, outcome)
             return error_response(502, "upstream_unreachable", "the upstream answer broke off")
@@ -522,10 +525,12 @@ class Gateway:
                 body = json.dumps(_strip_ids(parsed)).encode()
         return self._answer(session, answer, body)
 
-    def _answer(self, session: Session, answer: httpx.Response, body: bytes) -> web.Response:
+    def _answer(
+        self, session: Session, answer: aiohttp.ClientResponse, body: bytes
+    ) -> web.Response:
         headers = _client_headers(answer)
         _tag(headers, session)
-        return web.Response(status=answer.status_code, body=body, headers=headers)
+        return web.Response(status=answer.status, body=body, headers=headers)
 
     async def _forward_stream(
         self,
@@ -534,17 +539,17 @@ class Gateway:
         call: CallRecorder,
         ordinal: int,
         outcome: _Outcome,
-        answer: httpx.Response,
+        answer: aiohttp.ClientResponse,
     ) -> web.StreamResponse:
         headers = _client_headers(answer)
         _tag(headers, session)
-        response = web.StreamResponse(status=answer.status_code, headers=headers)
+        response = web.StreamResponse(status=answer.status, headers=headers)
         recorder = session.recorder
         splitter = SseSplitter()
         terminal = False
         try:
             await response.prepare(request)
-            async for chunk in answer.aiter_bytes():
+            async for chunk in answer.content.iter_any():
                 ready, events = splitter.feed(chunk)
                 if splitter.held > MAX_EVENT_BYTES:
                     # One event without end: nothing of it went out, and no more is read.
@@ -588,7 +593,7 @@ class Gateway:
         except asyncio.CancelledError:
             outcome.cancel(self._cancel_reason())
             raise
-        except httpx.ReadTimeout:
+        except aiohttp.ServerTimeoutError:
             outcome.fail(
                 ProviderError(
                     "stream_idle_timeout",
@@ -597,7 +602,7 @@ class Gateway:
                 )
             )
             _drop_connection(request)
-        except httpx.HTTPError as error:
+        except aiohttp.ClientError as error:
             outcome.fail(
                 ProviderError(
                     "connection_error", f"the upstream stream broke: {upstream_text(error)}"
@@ -804,14 +809,16 @@ def _without_ids(events: list[SseEvent]) -> bytes:
     return "".join(out).encode()
 
 
-def _client_headers(answer: httpx.Response) -> dict[str, str]:
-    """The upstream's headers as the client gets them (hop-by-hop ones are the gateway's)."""
-    return {
-        name: value for name, value in answer.headers.items() if name.lower() not in HOP_HEADERS
-    }
+def _client_headers(answer: aiohttp.ClientResponse) -> CIMultiDict[str]:
+    """The upstream's headers as the client gets them, a repeated one repeated (hop-by-hop
+    ones are the gateway's)."""
+    headers = answer.headers.copy()
+    for name in HOP_HEADERS:
+        headers.popall(name, None)
+    return headers
 
 
-def _tag(headers: dict[str, str], session: Session) -> None:
+def _tag(headers: CIMultiDict[str], session: Session) -> None:
     headers[SESSION_HEADER] = session.key
     headers[THREAD_HEADER] = session.thread.id
 
@@ -870,19 +877,19 @@ def upstream_text(error: Exception) -> str:
 
 
 async def _read_limited(
-    answer: httpx.Response, limit: int = _ERROR_BODY_LIMIT, *, errors: bool = False
+    answer: aiohttp.ClientResponse, limit: int = _ERROR_BODY_LIMIT, *, errors: bool = False
 ) -> bytes:
     """The upstream's body up to limit bytes (an error body's read ending early is kept as
     it came, unless errors)."""
     chunks: list[bytes] = []
     size = 0
     try:
-        async for chunk in answer.aiter_bytes():
+        async for chunk in answer.content.iter_any():
             chunks.append(chunk)
             size += len(chunk)
             if size >= limit:
                 break
-    except httpx.HTTPError:
+    except aiohttp.ClientError:
         if errors:
             raise
     return b"".join(chunks)

@@ -1,21 +1,19 @@
-"""The upstream: one OpenAI-compatible base URL, its key, one pooled HTTP client."""
+"""The upstream: one OpenAI-compatible base URL, its key, one pooled HTTP session."""
 
 from __future__ import annotations
 
-import logging
 import urllib.parse
 from collections.abc import Mapping
 
 import aiohttp
-import httpx
 
 from agent_server.config import Secret
 from agent_server.provider import (
     CALL_ID_HEADER,
     ProviderError,
+    _connect_failure,
     _endpoint,
-    pooled_client,
-    redact_httpx_log,
+    pooled_session,
     redact_url,
     url_secrets,
 )
@@ -41,6 +39,9 @@ HOP_HEADERS = frozenset(
 # Client headers that stay at the gateway: its credentials and its own routing headers.
 _PRIVATE_HEADERS = frozenset({"authorization", "cookie", "accept-encoding", "api-key"})
 _GATEWAY_PREFIX = "x-rollout-"
+# Headers aiohttp would add that the client did not send: the body's type is the client's
+# to say (or not), as everything else it sent.
+_NO_AUTO_HEADERS = frozenset({"Content-Type"})
 
 
 class Upstream:
@@ -65,17 +66,15 @@ class Upstream:
         self.display_url = redact_url(base_url)
         self._api_key = api_key
         self._secrets = url_secrets(base_url, api_key)
-        self._client = pooled_client(idle_timeout, connect_timeout, max_connections)
-        self._log_filter = redact_httpx_log(base_url, self.safe)
+        # The agent's provider transport (aiohttp, read directly); made in the running loop.
+        self._http = pooled_session(idle_timeout, connect_timeout, max_connections)
 
     @property
     def has_key(self) -> bool:
         return self._api_key is not None
 
     async def aclose(self) -> None:
-        await self._client.aclose()
-        if self._log_filter is not None:
-            logging.getLogger("httpx").removeFilter(self._log_filter)
+        await self._http.close()
 
     def safe(self, text: str) -> str:
         """Text with the upstream's key and URL credentials taken out."""
@@ -108,32 +107,56 @@ class Upstream:
 
     async def open(
         self, method: str, path: str, headers: Mapping[str, str], content: bytes | None
-    ) -> httpx.Response:
-        """The upstream's response, its body not read yet (close it with `aclose`). Raises
+    ) -> aiohttp.ClientResponse:
+        """The upstream's response, its body not read yet (end it with `release`). Raises
         ProviderError when the request cannot be sent or answered."""
         url = self._base + path
         if self._query:
             url = f"{url}?{self._query}"
-        request = self._client.build_request(method, url, headers=headers, content=content)
         if self._auth is not None:
-            request = next(self._auth.auth_flow(request))
+            headers = {**headers, "Authorization": self._auth}
         try:
-            return await self._client.send(request, stream=True)
-        except httpx.TimeoutException as error:
+            return await self._http.request(
+                method,
+                url,
+                headers=headers,
+                data=content,
+                allow_redirects=False,
+                skip_auto_headers=_NO_AUTO_HEADERS,
+            )
+        except aiohttp.ServerTimeoutError as error:
             raise ProviderError(
                 "upstream_timeout", f"timed out reaching the upstream: {self._describe(error)}"
             ) from error
-        except (httpx.TransportError, aiohttp.ClientError) as error:
+        except aiohttp.ClientConnectorError as error:
+            raise ProviderError(
+                "upstream_unreachable", f"the upstream connection failed: {_connect_failure(error)}"
+            ) from error
+        except aiohttp.InvalidURL as error:
+            raise _not_sent() from error
+        except aiohttp.ClientError as error:
             raise ProviderError(
                 "upstream_unreachable", f"the upstream connection failed: {self._describe(error)}"
             ) from error
-        except (httpx.HTTPError, ValueError) as error:
-            raise ProviderError(
-                "request_not_sent",
-                "the request could not be sent upstream: a header or the URL is not valid HTTP",
-            ) from error
+        except ValueError as error:
+            # aiohttp refuses a header it cannot send, quoting it (a key, perhaps): never its text.
+            raise _not_sent() from error
 
     def _describe(self, error: Exception) -> str:
-        if isinstance(error, httpx.LocalProtocolError):
-            return "the request could not be sent (a header is not valid HTTP)"
         return self.safe(str(error) or type(error).__name__)
+
+
+def release(answer: aiohttp.ClientResponse) -> None:
+    """Done with an upstream answer: its connection goes back to the pool when the body was
+    read to its end, and is closed otherwise (a stalled or abandoned stream)."""
+    if answer.content.at_eof():
+        answer.release()
+    else:
+        answer.close()
+
+
+def _not_sent() -> ProviderError:
+    return ProviderError(
+        "request_not_sent",
+        "the request could not be sent upstream: a header or the URL is not valid HTTP",
+    )

@@ -126,3 +126,39 @@ async def test_events_after_close_are_dropped() -> None:
     buffer.publish(event("late"))
     assert buffer.last_index == 0
     assert await collect(buffer, 0) == []
+
+
+async def test_a_handed_out_event_is_serialized_once_for_every_subscriber() -> None:
+    buffer = EventBuffer(10)
+    first, second = buffer.subscribe(0), buffer.subscribe(0)
+    # Both attached (each has had an event of another item), neither has the next one yet.
+    buffer.publish(
+        agent_pb2.ThreadEvent(
+            agent_message_delta=agent_pb2.AgentMessageDeltaEvent(item_id="j", delta="x")
+        )
+    )
+    assert deltas([await anext(first), await anext(second)]) == ["x", "x"]
+    buffer.publish(event("a"))
+    assert buffer.merge_delta("", "i", "b")  # joined before anyone has the event
+    got_first, got_second = await anext(first), await anext(second)
+    encoded = buffer.encoded(got_first)
+    # What the second subscriber sends is the very same bytes, not a second serialization.
+    assert buffer.encoded(got_second) is encoded
+    message = agent_pb2.StreamEventsResponse.FromString(encoded)
+    assert message.event == got_first
+    assert message.event.agent_message_delta.delta == "ab"
+    assert encoded == agent_pb2.StreamEventsResponse(event=got_first).SerializeToString()
+    await first.aclose()
+    await second.aclose()
+
+
+async def test_a_dropped_event_takes_its_serialized_copy_with_it() -> None:
+    buffer = EventBuffer(2)
+    reader = buffer.subscribe(0)
+    for text in "abcd":
+        buffer.publish(event(text))
+        buffer.encoded(await anext(reader))
+    await reader.aclose()
+    buffer.publish(event("e"))
+    # Only the events still buffered keep their bytes.
+    assert sorted(buffer._encoded) == [4]

@@ -16,7 +16,7 @@ import pytest
 from aiohttp import web
 
 from agent_server.gateway import Gateway
-from agent_server.gateway._sse import MAX_EVENT_BYTES
+from agent_server.sse import MAX_EVENT_BYTES
 from rollout.trace.v1 import common_pb2
 from tests.gateway.conftest import StartGateway, bundles, calls, reduce_all
 

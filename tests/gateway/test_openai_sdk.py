@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -200,3 +202,27 @@ async def test_token_ids_are_recorded_and_kept_from_a_client_that_did_not_ask(
         assert call.output_tokens.exact
         assert call.output_tokens.ids
     assert two.token_drift != common_pb2.TOKEN_DRIFT_UNSPECIFIED
+
+
+async def test_upstream_url_credentials_go_as_basic_auth_and_nowhere_else(
+    start_gateway: StartGateway, provider: ScriptedProvider, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    upstream = (
+        provider.url.replace("http://", "http://gw-user:s3cret-pw@") + "?api-version=s3cret-q"
+    )
+    gateway = await start_gateway(upstream)
+    provider.queue(answer("through basic auth"))
+    client = openai.AsyncOpenAI(base_url=gateway.url, api_key="client-key", max_retries=0)
+    stream = await client.responses.create(model="m", input="hi", stream=True)
+    text = "".join([e.delta async for e in stream if isinstance(e, ResponseTextDeltaEvent)])
+    assert text == "through basic auth"
+    (request,) = provider.requests
+    expected = base64.b64encode(b"gw-user:s3cret-pw").decode()
+    assert request.headers["authorization"] == f"Basic {expected}"
+    assert request.path.endswith("/responses?api-version=s3cret-q")
+    await gateway.stop()
+    (call,) = calls(only_trace(_root(gateway)))
+    shown = caplog.text + call.provider_base_url + gateway.upstream_url
+    assert "s3cret" not in shown
+    assert "127.0.0.1" in call.provider_base_url

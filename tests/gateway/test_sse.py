@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent_server.gateway._sse import SseEvent, SseSplitter
+from agent_server.sse import SseEvent, SseSplitter
 
 STREAM = (
     b"event: a\ndata: one\n\n"

@@ -89,3 +89,6 @@ def parse_events(block: bytes) -> list[SseEvent]:
     if data:
         events.append(SseEvent(name, "\n".join(data)))
     return events
+
+
+__all__ = ["SseEvent", "SseSplitter", "parse_events"]
