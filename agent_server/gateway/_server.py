@@ -43,7 +43,7 @@ from agent_server.gateway._sessions import (
 from agent_server.gateway._settings import GatewaySettings
 from agent_server.gateway._upstream import HOP_HEADERS, Upstream, release
 from agent_server.local_model import LocalModel
-from agent_server.provider import ProviderError, http_error
+from agent_server.provider import ProviderError, http_error, read_limited
 from agent_server.recorder import Recorder
 from agent_server.replay_model import ReplayBook, ReplayModel
 from agent_server.sse import MAX_EVENT_BYTES, SseEvent, SseSplitter
@@ -480,7 +480,7 @@ class Gateway:
         outcome: _Outcome,
         answer: aiohttp.ClientResponse,
     ) -> web.StreamResponse:
-        body = await _read_limited(answer)
+        body = await read_limited(answer, _ERROR_BODY_LIMIT)
         error = http_error(
             answer.status, body, answer.reason or "", answer.headers.get("retry-after")
         )
@@ -500,7 +500,7 @@ class Gateway:
         answer: aiohttp.ClientResponse,
     ) -> web.StreamResponse:
         try:
-            body = await _read_limited(answer, MAX_EVENT_BYTES + 1, errors=True)
+            body = await read_limited(answer, MAX_EVENT_BYTES + 1, errors=True)
         except aiohttp.ClientError as error:
             outcome.fail(ProviderError("connection_error", f"upstream body lost: {error}"))
             self._end(session, call, ordinal, outcome)
@@ -874,22 +874,3 @@ def _drop_connection(request: web.Request) -> None:
 
 def upstream_text(error: Exception) -> str:
     return str(error) or type(error).__name__
-
-
-async def _read_limited(
-    answer: aiohttp.ClientResponse, limit: int = _ERROR_BODY_LIMIT, *, errors: bool = False
-) -> bytes:
-    """The upstream's body up to limit bytes (an error body's read ending early is kept as
-    it came, unless errors)."""
-    chunks: list[bytes] = []
-    size = 0
-    try:
-        async for chunk in answer.content.iter_any():
-            chunks.append(chunk)
-            size += len(chunk)
-            if size >= limit:
-                break
-    except aiohttp.ClientError:
-        if errors:
-            raise
-    return b"".join(chunks)

@@ -135,7 +135,11 @@ def from_args(
     shared.provider_url = args.upstream
     # `--listen` is the gateway's HTTP address, not the agent server's gRPC one.
     shared.listen = None
-    agent = config.from_args(shared, environ)
+    try:
+        agent = config.from_args(shared, environ)
+    except ConfigError as error:
+        # The agent server's provider flag is the gateway's --upstream.
+        raise ConfigError(str(error).replace("--provider-url", "--upstream")) from error
     env = os.environ if environ is None else environ
     config_path = args.config or env.get("ROLLOUT_CONFIG")
     try:
