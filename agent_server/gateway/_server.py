@@ -82,6 +82,12 @@ _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 CallObserver = Callable[[Session, str, common_pb2.ExecutionStatus.ValueType], None]
 
 
+def _slow_body(timeout: float) -> web.Response:
+    return error_response(
+        408, "request_timeout", f"the request body did not arrive within {timeout:g} seconds"
+    )
+
+
 def error_response(status: int, code: str, message: str, kind: str = "") -> web.Response:
     """An OpenAI-style error body, as the SDKs parse it."""
     body = {"error": {"message": message, "type": kind or _error_type(status), "code": code}}
@@ -305,8 +311,16 @@ class Gateway:
     async def _chat_call(self, request: web.Request) -> web.StreamResponse:
         return await self._call(request, CHAT)
 
+    async def _read_body(self, request: web.Request) -> bytes:
+        """The request's body, read within the request read timeout (TimeoutError past it)."""
+        async with asyncio.timeout(self.settings.request_read_timeout):
+            return await request.read()
+
     async def _call(self, request: web.Request, dialect: Dialect) -> web.StreamResponse:
-        raw = await request.read()
+        try:
+            raw = await self._read_body(request)
+        except TimeoutError:
+            return _slow_body(self.settings.request_read_timeout)
         body = loads(raw)
         if not isinstance(body, dict):
             return error_response(400, "invalid_json", "the request body must be a JSON object")
@@ -688,7 +702,10 @@ class Gateway:
     async def _reward(self, request: web.Request) -> web.Response:
         """POST {session | thread_id, name, value, turn_id?, item_id?, weight?, source?,
         metadata?}: one reward beside the session's bundle (the RecordReward sidecar)."""
-        body = loads(await request.read())
+        try:
+            body = loads(await self._read_body(request))
+        except TimeoutError:
+            return _slow_body(self.settings.request_read_timeout)
         if not isinstance(body, dict):
             return error_response(400, "invalid_json", "the request body must be a JSON object")
         key = body.get("session")
