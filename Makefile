@@ -92,6 +92,7 @@ fuzz: $(STAMP)
 	FUZZ_PROVIDER_ITERATIONS=$${FUZZ_PROVIDER_ITERATIONS:-3000} \
 		$(BIN)/pytest -q --timeout 3600 tests/trace_reducer/test_fuzz.py \
 		tests/trace_reducer/test_bulk.py tests/agent_server/test_provider_fuzz.py
+	PYTHON=$(PY) scripts/fuzz-scan.sh
 
 bench: $(STAMP)
 	$(PY) -m bench
