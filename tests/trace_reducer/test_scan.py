@@ -1,0 +1,101 @@
+"""The C frame scanner's own parts; what it reads is compared with Python's reads in test_bulk."""
+
+from __future__ import annotations
+
+import random
+
+import google_crc32c
+
+from rollout.trace.v1 import record_pb2
+from trace_reducer import FrameDecoder, encode_record
+from trace_reducer.bundle import _scan as scan
+
+
+def test_both_crc_paths_are_crc32c() -> None:
+    rng = random.Random(5)
+    for size in [*range(0, 40), 63, 64, 65, 1000, 4097]:
+        data = rng.randbytes(size)
+        assert scan.crc32c(data) == google_crc32c.value(data)
+        assert scan.crc32c(data, True) == google_crc32c.value(data)
+
+
+def test_count_deltas_counts_delta_bodies() -> None:
+    frames = []
+    kinds = []
+    for seq in range(1, 300):
+        record = record_pb2.TraceRecord(seq=seq, time_us=seq * 7 if seq % 3 else 0)
+        if seq % 4:
+            record.output_text_delta.call = 1
+            record.output_text_delta.delta = "x" * (seq % 200)
+        else:
+            record.payload.payload_id = f"p{seq}"
+        frames.append(encode_record(record))
+        kinds.append(record.WhichOneof("body"))
+    data = b"".join(frames)
+    assert scan.count_deltas(data) == kinds.count("output_text_delta")
+    # A frame cut short ends the count before it.
+    assert scan.count_deltas(data[:-1]) == kinds[:-1].count("output_text_delta")
+
+
+def test_scan_stops_where_python_must_read() -> None:
+    header = record_pb2.TraceRecord(seq=1)
+    header.header.trace_id = "t"
+    delta = record_pb2.TraceRecord(seq=2, time_us=5)
+    delta.output_text_delta.call = 3
+    delta.output_text_delta.delta = "hi"
+    data = encode_record(header) + encode_record(delta)
+    # The header is Python's to read.
+    pieces, pos, next_seq, stopped = scan.scan(data, 0, 1)
+    assert (pieces, pos, next_seq, stopped) == ([], 0, 1, True)
+    start = len(encode_record(header))
+    pieces, pos, next_seq, stopped = scan.scan(data, start, 2)
+    assert pieces == [(3, 2, 1, 5, b"\n" + data[start:])]
+    assert (pos, next_seq, stopped) == (len(data), 3, False)
+    # A frame still coming: the scan ends before it, quietly.
+    assert scan.scan(data[:-2], start, 2) == ([], start, 2, False)
+    # A seq out of order: stopped at its frame.
+    assert scan.scan(data, start, 9) == ([], start, 9, True)
+
+
+def _bundle() -> bytes:
+    """A small bundle of every kind of frame the scan sorts: the header, payloads, a run of
+    deltas, a delta naming its item, the footer."""
+    records = [record_pb2.TraceRecord(seq=1)]
+    records[0].header.trace_id = "t"
+    for seq in range(2, 4):
+        record = record_pb2.TraceRecord(seq=seq, time_us=seq)
+        record.payload.payload_id = f"p{seq}"
+        record.payload.data = b'{"role":"user"}'
+        records.append(record)
+    for seq in range(4, 14):
+        record = record_pb2.TraceRecord(seq=seq, time_us=100 * seq)
+        record.output_text_delta.call = 1
+        record.output_text_delta.delta = "w\u00e9 "
+        if seq == 9:
+            record.output_text_delta.item = 2
+        records.append(record)
+    footer = record_pb2.TraceRecord(seq=14, time_us=2000)
+    footer.footer.record_count = 14
+    records.append(footer)
+    return b"".join(map(encode_record, records))
+
+
+def _read(decoder: FrameDecoder, data: bytes, piece: int) -> tuple[list[bytes], bytes]:
+    records = []
+    for start in range(0, len(data), piece):
+        records += [r.SerializeToString() for r in decoder.feed(data[start : start + piece])]
+    return records, decoder.finish().SerializeToString()
+
+
+def test_every_bit_flip_reads_as_python_reads_it() -> None:
+    # The scan against the Python bulk path and a frame-by-frame read: the same records, the
+    # same integrity (status, offsets, detail), whole and in pieces.
+    data = _bundle()
+    for index in range(len(data)):
+        for bit in range(8):
+            damaged = bytearray(data)
+            damaged[index] ^= 1 << bit
+            for piece in (len(data), 5):
+                exact = _read(FrameDecoder(bulk=False), bytes(damaged), piece)
+                assert _read(FrameDecoder(), bytes(damaged), piece) == exact, (index, bit)
+                assert _read(FrameDecoder(native=False), bytes(damaged), piece) == exact
