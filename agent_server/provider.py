@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import aiohttp
+import orjson
 
 from agent_server.config import Secret
 from agent_server.sse import SseSplitter
@@ -30,6 +31,11 @@ TERMINAL_EVENTS = frozenset({"response.completed", "response.failed", "response.
 # every layer that walks it.
 MAX_EVENT_DEPTH = 64
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+# orjson reads an integer past 64 bits as a float where json keeps it exact: an event with a
+# run of this many digits anywhere (found by mapping every digit to 0, anything else to a
+# space: two passes in C) is read by json.
+_DIGITS_AS_ZEROS = bytes(0x30 if 0x30 <= byte <= 0x39 else 0x20 for byte in range(256))
+_LONG_NUMBER = b"0" * 19
 
 
 @dataclass(frozen=True)
@@ -406,7 +412,7 @@ def parse_event(sse_event: str, raw: str) -> ProviderEvent:
     recorded payloads and the reduced state all hold the same text. `raw` stays verbatim.
     """
     try:
-        data = json.loads(raw)
+        data = _loads(raw)
     except (ValueError, RecursionError):
         return ProviderEvent(sse_event, None, raw)
     if not isinstance(data, dict):
@@ -420,6 +426,20 @@ def parse_event(sse_event: str, raw: str) -> ProviderEvent:
         data = cleaned
     event_type = data.get("type")
     return ProviderEvent(event_type if isinstance(event_type, str) else sse_event, data, raw)
+
+
+def _loads(raw: str) -> Any:
+    """json.loads(raw), through orjson (four times cheaper, once per event) wherever it reads
+    the same values: it refuses what json reads differently or not at all (lone surrogates,
+    NaN, infinities, nesting past 1,024), and an event with a long run of digits never goes
+    to it."""
+    encoded = raw.encode("utf-8", "surrogatepass")
+    if _LONG_NUMBER not in encoded.translate(_DIGITS_AS_ZEROS):
+        try:
+            return orjson.loads(encoded)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(raw)
 
 
 def _cleaned(data: dict[str, Any]) -> dict[str, Any] | None:

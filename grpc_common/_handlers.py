@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeAlias
 
@@ -102,9 +103,8 @@ class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[t
 
             if handler.response_streaming:
 
-                async def wrapped(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
-                    async for response in behaviour(checked(requests, context), context):
-                        yield response
+                async def wrapped(requests: AsyncIterator[Any], context: Any) -> None:
+                    await stream_responses(behaviour, checked(requests, context), context)
 
             else:
 
@@ -113,10 +113,9 @@ class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[t
 
         elif handler.response_streaming:
 
-            async def wrapped(request: Any, context: Any) -> AsyncIterator[Any]:
+            async def wrapped(request: Any, context: Any) -> None:
                 await _refuse_undecodable(context, request)
-                async for response in behaviour(request, context):
-                    yield response
+                await stream_responses(behaviour, request, context)
 
         else:
 
@@ -135,6 +134,20 @@ def behaviour_of(handler: grpc.RpcMethodHandler[Any, Any]) -> Callable[..., Any]
     )
     assert behaviour is not None
     return behaviour
+
+
+async def stream_responses(behaviour: Callable[..., Any], request: Any, context: Any) -> None:
+    """Run a response-streaming behaviour as grpc.aio runs one: an async generator's messages
+    written one by one, a coroutine (that writes, or refuses the call) awaited.
+
+    An interceptor wraps a stream in this, a coroutine, rather than in an async generator of
+    its own: a generator layer costs every message a resumption of its own, and a generator
+    cannot wrap a behaviour that is a coroutine (a refusal) at all."""
+    if inspect.iscoroutinefunction(behaviour):
+        await behaviour(request, context)
+        return
+    async for response in behaviour(request, context):
+        await context.write(response)
 
 
 def _handler_like(

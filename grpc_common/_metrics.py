@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 
-from ._handlers import Continuation, _handler_like, behaviour_of
+from ._handlers import Continuation, _handler_like, behaviour_of, stream_responses
 from ._server import split_listen
 
 if TYPE_CHECKING:
@@ -61,15 +61,14 @@ class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-ar
         wrapped: Callable[..., Any]
         if handler.response_streaming:
 
-            async def wrapped(request: Any, context: Any) -> AsyncIterator[Any]:
+            async def wrapped(request: Any, context: Any) -> None:
                 started = time.monotonic()
                 # Asked now: once the call is over its peer may be gone (reading it then can
                 # crash the process).
                 peer = context.peer()
                 code = grpc.StatusCode.UNKNOWN
                 try:
-                    async for response in behaviour(request, context):
-                        yield response
+                    await stream_responses(behaviour, request, context)
                     code = _code_of(context, grpc.StatusCode.OK)
                 except asyncio.CancelledError:
                     code = grpc.StatusCode.CANCELLED

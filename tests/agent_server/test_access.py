@@ -37,6 +37,12 @@ async def test_serve_with_token_and_tls(certificate: tuple[Path, Path]) -> None:
                 await stub.StartThread(agent_pb2.StartThreadRequest())
             assert raised.value.code() == grpc.StatusCode.UNAUTHENTICATED
             assert error_reason(raised.value) == "MISSING_TOKEN"
+            # A streaming call is refused the same way, before it streams anything.
+            with pytest.raises(grpc.aio.AioRpcError) as raised:
+                async for _ in stub.StreamEvents(agent_pb2.StreamEventsRequest(thread_id="t")):
+                    pass
+            assert raised.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert error_reason(raised.value) == "MISSING_TOKEN"
             reply = await stub.StartThread(
                 agent_pb2.StartThreadRequest(), metadata=(("authorization", f"Bearer {TOKEN}"),)
             )

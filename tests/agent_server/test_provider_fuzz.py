@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from agent_server import provider
+from agent_server.provider import parse_event
 from rollout.agent.v1 import agent_pb2
 from rollout.trace.v1 import state_pb2
 from tests.agent_server.conftest import Harness, StartAgent
@@ -165,3 +167,34 @@ async def test_random_hostile_streams(
             _check(replay_bundle(Path(thread.bundle_path)), events, seed)
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text[-2000:]
     assert "recording of thread" not in caplog.text
+
+
+def _json_value(rng: random.Random, depth: int = 0) -> str:
+    """A random JSON text, often one that json and orjson could read apart."""
+    scalars = [
+        "0", "-0", "-0.0", "1.5e3", "1E400", "-1e400", "NaN", "Infinity", "18446744073709551615",
+        "18446744073709551616", "-9223372036854775808", "-9223372036854775809",
+        "123456789012345678901234567890", "0.1", "true", "null", '"\\ud800"', '"\\udc00x"',
+        '"\\ud83d\\ude00"', '"\\u0000"', '"é€😀"', '"\\"\\\\/"', '"a\\nb"', "01", '"\x01"',
+    ]  # fmt: skip
+    roll = rng.random()
+    if depth > 3 or roll < 0.5:
+        return rng.choice(scalars)
+    if roll < 0.75:
+        return "[" + ",".join(_json_value(rng, depth + 1) for _ in range(rng.randrange(3))) + "]"
+    keys = ['"type"', '"delta"', '"a"', '"a"', '"\\ud800"', '"é"']
+    members = (f"{rng.choice(keys)}:{_json_value(rng, depth + 1)}" for _ in range(rng.randrange(4)))
+    return "{" + ",".join(members) + "}"
+
+
+def test_an_event_reads_as_json_reads_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """parse_event reads with orjson where it can: every event must come out as json's."""
+    rng = random.Random(25)
+    texts = [_json_value(rng) for _ in range(3_000)]
+    texts += ['{"a":' + "[" * 2_000 + "]" * 2_000 + "}", '{"delta":"\ud800"}', "\ufeff{}", "{} x"]
+    events = [parse_event("message", raw) for raw in texts]
+    monkeypatch.setattr(provider, "_loads", json.loads)
+    for raw, event in zip(texts, events, strict=True):
+        expected = parse_event("message", raw)
+        # repr tells 1 from 1.0, True from 1 and -0.0 from 0.0.
+        assert (event.type, repr(event.data)) == (expected.type, repr(expected.data)), raw

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from rollout.trace.v1 import record_pb2
@@ -11,6 +13,7 @@ from trace_reducer.bundle._framing import (
     MAX_RECORD_BYTES,
     decode_varint,
     encode_record,
+    encode_text_delta,
     encode_varint,
     verify_crc,
 )
@@ -69,3 +72,32 @@ def test_oversized_record_is_refused() -> None:
     big = record_pb2.TraceRecord(seq=1, payload=record_pb2.Payload(data=b"\0" * MAX_RECORD_BYTES))
     with pytest.raises(RecordTooLargeError):
         encode_record(big)
+
+
+def _random_text(rng: random.Random) -> str:
+    """Empty, ASCII, multi-byte, astral, or long enough for a two-byte length prefix."""
+    alphabet = 'ab z\n"\\é€\u0000\U0001f600\u200b'
+    length = rng.choice([0, 1, 5, 40, 127, 128, 300, 20_000])
+    return "".join(rng.choice(alphabet) for _ in range(length))
+
+
+def test_text_delta_frame_is_encode_records_byte_for_byte() -> None:
+    rng = random.Random(25)
+    edges = [0, 1, 127, 128, 16_383, 16_384, 2**32 - 1]
+    kinds = list(record_pb2.DeltaKind.values())
+    for _ in range(2_000):
+        seq = rng.choice([1, 127, 128, rng.randrange(1, 2**40)])
+        time_us = rng.choice([0, 1, 127, 128, rng.randrange(0, 2**45)])
+        call, item = (rng.choice([*edges, rng.randrange(0, 2**32)]) for _ in range(2))
+        kind = rng.choice(kinds)
+        delta = _random_text(rng)
+        record = record_pb2.TraceRecord(seq=seq, time_us=time_us)
+        body = record.output_text_delta
+        body.call, body.item, body.delta, body.kind = call, item, delta, kind
+        expected = encode_record(record)
+        assert encode_text_delta(seq, time_us, call, item, delta.encode(), kind) == expected
+
+
+def test_text_delta_frame_refuses_what_encode_record_refuses() -> None:
+    with pytest.raises(RecordTooLargeError, match="exceeds"):
+        encode_text_delta(1, 1, 1, 0, b"x" * MAX_RECORD_BYTES, 0)

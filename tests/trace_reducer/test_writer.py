@@ -3,22 +3,26 @@
 from __future__ import annotations
 
 import os
+import random
 import re
 import resource
 import signal
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from rollout.trace.v1 import record_pb2, state_pb2
+from rollout.trace.v1 import common_pb2, record_pb2, state_pb2
 from trace_reducer import (
     MAX_RECORD_BYTES,
     TRACE_FILE_NAME,
     BundleWriter,
+    RecordBuilder,
     RecordingError,
+    decode_varint,
     integrity_name,
     payload_id,
     read_bundle,
@@ -207,3 +211,74 @@ def test_discard_removes_the_bundle(tmp_path: Path) -> None:
     writer.discard()
     assert list(tmp_path.iterdir()) == []
     assert writer.closed
+
+
+def _frames_after_header(path: Path) -> list[bytes]:
+    data = path.read_bytes()
+    frames, pos = [], 0
+    while pos < len(data):
+        decoded = decode_varint(data, pos)
+        assert decoded is not None
+        size, start = decoded
+        frames.append(data[pos : start + size])
+        pos = start + size
+    return frames[1:]
+
+
+class _MessageSink:
+    """The writer seen only through RecordSink: every record built as a message."""
+
+    def __init__(self, writer: BundleWriter) -> None:
+        self.append = writer.append
+        self.put_payload = writer.put_payload
+
+
+def test_text_deltas_framed_by_hand_write_the_same_bundle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The same clock for both writers: each reads it once a record.
+    ticks = iter(range(10**6))
+    monkeypatch.setattr(time, "monotonic_ns", lambda: next(ticks) * 997_001)
+    rng = random.Random(3)
+    kinds = list(record_pb2.DeltaKind.values())
+    steps = []
+    for _ in range(300):
+        call, item = rng.choice([1, 2, 300]), rng.choice([0, 1, 2, 2**32 - 1])
+        text = "".join(rng.choice("aé€\U0001f600 ") for _ in range(rng.randrange(0, 50)))
+        tokens = common_pb2.DeltaTokens(ids=[7, 8]) if rng.random() < 0.1 else None
+        steps.append((rng.random() < 0.05, call, item, text, rng.choice(kinds), tokens))
+    bundles = []
+    for by_hand in (True, False):
+        writer = BundleWriter.create(tmp_path / str(by_hand), "t")
+        builder = RecordBuilder(writer if by_hand else _MessageSink(writer))
+        for new_item, call, item, text, kind, tokens in steps:
+            if new_item:
+                builder.output_item_added(
+                    call, provider_item_id="i", item_type="message", role="", output_index=0
+                )
+            builder.output_text_delta(call, item, text, kind=kind, tokens=tokens)
+        writer.append_text_delta(5, 0, "\U0001f600" * 100, 1)
+        # A kind this code does not know yet is framed as a message; a call out of range is
+        # refused as the message refuses it, with nothing written.
+        writer.append_text_delta(1, 1, "unknown kind", 7)
+        with pytest.raises(ValueError, match="out of range"):
+            writer.append_text_delta(2**32, 1, "x", 0)
+        bundles.append(writer)
+    assert (
+        bundles[0].record_count
+        == bundles[1].record_count
+        == len(steps) + 3 + sum(s[0] for s in steps)
+    )
+    assert bundles[0].bytes_written == bundles[1].bytes_written
+    hand, message = (_frames_after_header(w.file_path) for w in bundles)
+    assert hand == message
+    for writer in bundles:
+        writer.close()
+        assert len(_records(writer.bundle_dir)) == writer.record_count
+
+
+def test_a_text_delta_after_close_or_failure_is_refused(tmp_path: Path) -> None:
+    writer = BundleWriter.create(tmp_path, "t")
+    writer.close()
+    with pytest.raises(RecordingError, match="closed"):
+        writer.append_text_delta(1, 0, "x", 0)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeAlias
 
 from rollout.trace.v1 import common_pb2, record_pb2
@@ -46,6 +46,10 @@ class RecordBuilder:
 
     def __init__(self, sink: RecordSink) -> None:
         self._sink = sink
+        # A sink that frames a text delta without a message (BundleWriter) is given them so.
+        self._append_text_delta: Callable[[int, int, str, int], int] | None = getattr(
+            sink, "append_text_delta", None
+        )
         self._threads = 0
         self._turns = 0
         self._calls = 0
@@ -329,12 +333,17 @@ class RecordBuilder:
                 tokens = spelled
             self.output_text_delta(call, item, pieces[-1], kind=kind, tokens=tokens)
             return
+        if item == self._latest_item.get(call):
+            item = 0
+        if tokens is None and self._append_text_delta is not None:
+            # The record of every provider read: framed by hand, no message built.
+            self._append_text_delta(call, item, delta, kind)
+            return
         # Filled in place: a body passed to the constructor would be built, then copied.
         record = record_pb2.TraceRecord()
         body = record.output_text_delta
         body.call = call
-        if item != self._latest_item.get(call):
-            body.item = item
+        body.item = item
         body.delta = delta
         if kind:
             body.kind = kind

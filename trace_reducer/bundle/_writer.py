@@ -13,7 +13,7 @@ from pathlib import Path
 from rollout.trace.v1 import record_pb2
 
 from ._errors import RecordingError, describe_os_error
-from ._framing import MAX_RECORD_BYTES, encode_record
+from ._framing import MAX_RECORD_BYTES, encode_record, encode_text_delta
 from ._layout import TRACE_FILE_NAME, bundle_dir_name
 from ._payloads import payload_id
 from ._version import __version__
@@ -22,6 +22,8 @@ FORMAT_VERSION = 1
 
 # Leaves room for the payload record's own fields and the frame around the chunk.
 _CHUNK_BYTES = MAX_RECORD_BYTES - 4096
+_UINT32_MAX = 2**32 - 1
+_DELTA_KINDS = frozenset(record_pb2.DeltaKind.values())
 
 
 class BundleWriter:
@@ -111,13 +113,39 @@ class BundleWriter:
 
     def append(self, record: record_pb2.TraceRecord) -> int:
         """Fill in seq and time, write the record as one frame, and return its seq."""
+        self._check_open()
+        seq = self.record_count + 1
+        record.seq = seq
+        record.time_us = self._time_us()
+        self._write(encode_record(record), seq)
+        return seq
+
+    def append_text_delta(self, call: int, item: int, delta: str, kind: int) -> int:
+        """append(TraceRecord(output_text_delta=OutputTextDelta(call=call, item=item,
+        delta=delta, kind=kind))) without the message: the same frame, encoded by hand, for
+        the record written once per provider read. call and item are uint32s and kind a
+        DeltaKind; anything else goes through append, which says what is wrong with it."""
+        if not (0 <= call <= _UINT32_MAX and 0 <= item <= _UINT32_MAX and kind in _DELTA_KINDS):
+            body = record_pb2.OutputTextDelta(
+                call=call, item=item, delta=delta, kind=record_pb2.DeltaKind.ValueType(kind)
+            )
+            return self.append(record_pb2.TraceRecord(output_text_delta=body))
+        text = delta.encode()
+        self._check_open()
+        seq = self.record_count + 1
+        self._write(encode_text_delta(seq, self._time_us(), call, item, text, kind), seq)
+        return seq
+
+    def _check_open(self) -> None:
         if self.failed or self.closed:
             state = "failed" if self.failed else "closed"
             raise RecordingError(f"the recording is {state}: {self.file_path}")
-        seq = self.record_count + 1
-        record.seq = seq
-        record.time_us = (time.monotonic_ns() - self._started_ns) // 1000
-        frame = encode_record(record)
+
+    def _time_us(self) -> int:
+        return (time.monotonic_ns() - self._started_ns) // 1000
+
+    def _write(self, frame: bytes, seq: int) -> None:
+        """Write one frame in one write(); it is record `seq`."""
         try:
             written = os.write(self._fd, frame)
         except OSError as error:
@@ -129,7 +157,6 @@ class BundleWriter:
             raise RecordingError(f"short write ({written} of {len(frame)} bytes): {self.file_path}")
         self.record_count = seq
         self.bytes_written += written
-        return seq
 
     def put_payload(
         self,
