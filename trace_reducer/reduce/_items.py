@@ -100,11 +100,14 @@ def _parts(value: object, default_type: str) -> tuple[tuple[str, str], ...]:
         return ((default_type, value),)
     if not isinstance(value, list):
         return ()
-    # A refusal part carries its text under `refusal`, not `text`.
+    # A refusal part carries its text under `refusal`, not `text`. A list made then frozen:
+    # tuple() over a generator costs a frame switch per part.
     return tuple(
-        (_text(part.get("type")), _text(part.get("text", part.get("refusal"))))
-        for part in value
-        if isinstance(part, dict)
+        [
+            (_text(part.get("type")), _text(part.get("text", part.get("refusal"))))
+            for part in value
+            if isinstance(part, dict)
+        ]
     )
 
 
