@@ -11,13 +11,18 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 WORKDIR /src
-COPY pyproject.toml README.md LICENSE constraints.txt ./
+COPY pyproject.toml setup.py README.md LICENSE constraints.txt ./
 COPY rollout ./rollout
 COPY grpc_common ./grpc_common
 COPY trace_reducer ./trace_reducer
 COPY rollout_client ./rollout_client
 COPY agent_server ./agent_server
-RUN pip install -c constraints.txt . \
+# A C compiler only while installing, for the bundle reader's frame scanner (_scan.c).
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && pip install -c constraints.txt . \
+    && apt-get purge -y --auto-remove gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/* \
     && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin agent \
     && mkdir /traces \
     && chown agent /traces

@@ -11,7 +11,7 @@ from typing import Any, TextIO
 LEVELS = ("debug", "info", "warning", "error")
 FORMATS = ("text", "json")
 # Loggers of libraries whose INFO lines are noise next to the server's own.
-_QUIET_LIBRARIES = ("httpx", "httpcore", "grpc")
+_QUIET_LIBRARIES = ("grpc",)
 
 
 def fields_of(record: logging.LogRecord) -> dict[str, Any]:

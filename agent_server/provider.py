@@ -499,3 +499,22 @@ def _retry_after(value: str | None) -> float | None:
     if seconds != seconds or seconds < 0:
         return None
     return min(seconds, _RETRY_AFTER_CAP)
+
+
+async def read_limited(
+    answer: aiohttp.ClientResponse, limit: int, *, errors: bool = False
+) -> bytes:
+    """An answer's body up to at least limit bytes, read no further (a read ending early is
+    kept as it came, unless errors: then it raises aiohttp.ClientError)."""
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in answer.content.iter_any():
+            chunks.append(chunk)
+            size += len(chunk)
+            if size >= limit:
+                break
+    except aiohttp.ClientError:
+        if errors:
+            raise
+    return b"".join(chunks)

@@ -10,18 +10,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import aiohttp
 
 from agent_server.chat_completions import DONE_DATA, DONE_EVENT
 from agent_server.chat_completions import PATH as CHAT_PATH
-from agent_server.config import ConfigError, Settings
+from agent_server.config import DEFAULT_STREAM_IDLE_TIMEOUT, ConfigError, Settings
 from agent_server.loopback_http import (
+    MAX_BODY_BYTES,
     HttpRequest,
     HttpResponse,
     LoopbackHttpServer,
     posted_route,
     send_error,
 )
+from agent_server.provider import pooled_session, read_limited
 from rollout.trace.v1 import common_pb2, record_pb2
 from trace_reducer import (
     CHAT_API,
@@ -511,6 +513,11 @@ class ReplayBook:
         )
 
 
+# Forwarding to a live provider: a connection's wait, and the connections held at once.
+_LIVE_CONNECT_TIMEOUT = 30.0
+_LIVE_CONNECTIONS = 16
+
+
 class ReplayModel:
     """Serves POST /responses and /chat/completions on 127.0.0.1 from a ReplayBook, paced
     as recorded or fast."""
@@ -520,16 +527,24 @@ class ReplayModel:
         self._pace = pace
         self._live_url = live_url.rstrip("/") if live_url else None
         self._http: LoopbackHttpServer | None = None
-        self._live: httpx.AsyncClient | None = None
+        self._live: aiohttp.ClientSession | None = None
         self._lock = asyncio.Lock()
 
     @classmethod
     async def start(
-        cls, book: ReplayBook, *, pace: str = "fast", live_url: str | None = None
+        cls,
+        book: ReplayBook,
+        *,
+        pace: str = "fast",
+        live_url: str | None = None,
+        idle_timeout: float = DEFAULT_STREAM_IDLE_TIMEOUT,
     ) -> ReplayModel:
+        """idle_timeout: how long a live answer may go quiet (the agent's own provider
+        setting, --stream-idle-timeout)."""
         model = cls(book, pace, live_url)
         if live_url:
-            model._live = httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None))
+            # The agent's provider transport; one connection is all a replay forwards on.
+            model._live = pooled_session(idle_timeout, _LIVE_CONNECT_TIMEOUT, _LIVE_CONNECTIONS)
         model._http = await LoopbackHttpServer.start(model._handle)
         return model
 
@@ -558,7 +573,12 @@ class ReplayModel:
             on_divergence=settings.replay_on_divergence,
             branch_at=settings.replay_branch_at,
         )
-        return await cls.start(book, pace=settings.replay_pace, live_url=settings.provider_url)
+        return await cls.start(
+            book,
+            pace=settings.replay_pace,
+            live_url=settings.provider_url,
+            idle_timeout=settings.stream_idle_timeout,
+        )
 
     @property
     def url(self) -> str:
@@ -573,7 +593,7 @@ class ReplayModel:
         if self._http is not None:
             await self._http.stop()
         if self._live is not None:
-            await self._live.aclose()
+            await self._live.close()
 
     async def _handle(self, request: HttpRequest, response: HttpResponse) -> None:
         route = await posted_route(request, response, ("/responses", CHAT_PATH))
@@ -622,25 +642,24 @@ class ReplayModel:
                 response,
                 DIVERGENCE_STATUS,
                 DIVERGENCE_CODE,
-                "the request goes to a live provider, but none was given (--provider-url)",
+                "the request goes to a live provider, but none was given",
             )
             return
         headers = {"Content-Type": "application/json"}
         headers.update({n: request.headers[n] for n in _FORWARDED_HEADERS if n in request.headers})
         try:
-            async with self._live.stream(
-                "POST", f"{self._live_url}{route}", content=request.body, headers=headers
+            async with self._live.post(
+                f"{self._live_url}{route}", data=request.body, headers=headers
             ) as upstream:
-                content_type = upstream.headers.get("content-type", "application/json")
-                if upstream.status_code != 200 or not content_type.startswith("text/event-stream"):
-                    await response.send(
-                        upstream.status_code, await upstream.aread(), content_type=content_type
-                    )
+                content_type = upstream.headers.get("Content-Type", "application/json")
+                if upstream.status != 200 or not content_type.startswith("text/event-stream"):
+                    body = await read_limited(upstream, MAX_BODY_BYTES, errors=True)
+                    await response.send(upstream.status, body, content_type=content_type)
                     return
                 await response.start(content_type=content_type)
-                async for data in upstream.aiter_raw():
+                async for data in upstream.content.iter_any():
                     await response.write(data)
-        except httpx.HTTPError as error:
+        except (aiohttp.ClientError, TimeoutError) as error:
             if response.started:
                 response.reset()
                 return

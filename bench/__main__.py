@@ -122,6 +122,16 @@ def _p1_rows(shape: str, target_rate: int, result: reducer_bench.P1, rounds: int
     others = [
         (reducer_bench.FLOOR, "floor: read, split frames, ParseFromString each", n),
         (reducer_bench.TAG_FLOOR, "tag floor: read, split frames, look at each body tag", n),
+        (
+            reducer_bench.C_TAG_FLOOR,
+            "C tag floor: read, the C scanner's bare walk over the frames, each body tag",
+            n,
+        ),
+        (
+            reducer_bench.PYTHON_READER,
+            "`replay_bundle` with the frames read in Python (no C scanner built)",
+            n,
+        ),
         (reducer_bench.VALIDATING, "validating read: CRC and seq checked", n),
         (
             reducer_bench.PEER,

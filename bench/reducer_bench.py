@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 from bench.jsonl_peer import reduce_codex_jsonl, write_codex_jsonl
 from bench.synthetic import Shape, write_conversation
@@ -27,6 +28,7 @@ from trace_reducer import (
     replay_bundle,
     state_to_json,
 )
+from trace_reducer.bundle import _reader, _scan
 
 TRACE_REDUCER = str(Path(sys.executable).parent / "trace-reducer")
 
@@ -100,6 +102,18 @@ def read_split_tag(trace_file: Path) -> int:
     return _read_frames(trace_file, parse=False)
 
 
+def read_split_tag_c(trace_file: Path) -> int:
+    """The C tag floor: read, and the C scanner's bare walk over the frames, each body tag
+    looked at (no CRC, no seq, nothing built); how many are deltas."""
+    return _scan.count_deltas(trace_file.read_bytes())
+
+
+def replay_in_python(bundle: Path) -> object:
+    """replay_bundle with the frames read by the Python bulk path (where _scan is not built)."""
+    with mock.patch.object(_reader, "_scan", None):
+        return replay_bundle(bundle)
+
+
 def validating_read(bundle: Path) -> int:
     """What replay_bundle reads: frames with their CRC and seq checked, nothing reduced."""
     with read_bundle(bundle) as reader:
@@ -119,6 +133,8 @@ class P1:
 
 FLOOR = "read frames + ParseFromString"
 TAG_FLOOR = "read frames + look at each tag"
+C_TAG_FLOOR = "read + C walk over the frames, each tag looked at"
+PYTHON_READER = "replay_bundle, frames read in Python"
 VALIDATING = "validating read (CRC, seq)"
 REPLAY = "replay_bundle"
 COMPACT = "replay_bundle(compact=True)"
@@ -144,9 +160,11 @@ def measure_p1(bundle: Path, jsonl: Path, rounds: int) -> P1:
     contenders: list[tuple[str, Callable[[], object]]] = [
         (FLOOR, lambda: read_and_parse(trace_file)),
         (TAG_FLOOR, lambda: read_split_tag(trace_file)),
+        (C_TAG_FLOOR, lambda: read_split_tag_c(trace_file)),
         (VALIDATING, lambda: validating_read(bundle)),
         (REPLAY, lambda: replay_bundle(bundle)),
         (COMPACT, lambda: replay_bundle(bundle, compact=True)),
+        (PYTHON_READER, lambda: replay_in_python(bundle)),
         (PEER, lambda: reduce_codex_jsonl(jsonl)),
         (LAZY_PEER, lambda: reduce_codex_jsonl(jsonl, lazy=True)),
     ]

@@ -43,7 +43,7 @@ from agent_server.gateway._sessions import (
 from agent_server.gateway._settings import GatewaySettings
 from agent_server.gateway._upstream import HOP_HEADERS, Upstream, release
 from agent_server.local_model import LocalModel
-from agent_server.provider import ProviderError, http_error
+from agent_server.provider import ProviderError, http_error, read_limited
 from agent_server.recorder import Recorder
 from agent_server.replay_model import ReplayBook, ReplayModel
 from agent_server.sse import MAX_EVENT_BYTES, SseEvent, SseSplitter
@@ -80,6 +80,12 @@ _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 # Hook for a live exporter (OTLP): told of every finished call, after it is recorded.
 CallObserver = Callable[[Session, str, common_pb2.ExecutionStatus.ValueType], None]
+
+
+def _slow_body(timeout: float) -> web.Response:
+    return error_response(
+        408, "request_timeout", f"the request body did not arrive within {timeout:g} seconds"
+    )
 
 
 def error_response(status: int, code: str, message: str, kind: str = "") -> web.Response:
@@ -305,8 +311,16 @@ class Gateway:
     async def _chat_call(self, request: web.Request) -> web.StreamResponse:
         return await self._call(request, CHAT)
 
+    async def _read_body(self, request: web.Request) -> bytes:
+        """The request's body, read within the request read timeout (TimeoutError past it)."""
+        async with asyncio.timeout(self.settings.request_read_timeout):
+            return await request.read()
+
     async def _call(self, request: web.Request, dialect: Dialect) -> web.StreamResponse:
-        raw = await request.read()
+        try:
+            raw = await self._read_body(request)
+        except TimeoutError:
+            return _slow_body(self.settings.request_read_timeout)
         body = loads(raw)
         if not isinstance(body, dict):
             return error_response(400, "invalid_json", "the request body must be a JSON object")
@@ -480,7 +494,7 @@ class Gateway:
         outcome: _Outcome,
         answer: aiohttp.ClientResponse,
     ) -> web.StreamResponse:
-        body = await _read_limited(answer)
+        body = await read_limited(answer, _ERROR_BODY_LIMIT)
         error = http_error(
             answer.status, body, answer.reason or "", answer.headers.get("retry-after")
         )
@@ -500,7 +514,7 @@ class Gateway:
         answer: aiohttp.ClientResponse,
     ) -> web.StreamResponse:
         try:
-            body = await _read_limited(answer, MAX_EVENT_BYTES + 1, errors=True)
+            body = await read_limited(answer, MAX_EVENT_BYTES + 1, errors=True)
         except aiohttp.ClientError as error:
             outcome.fail(ProviderError("connection_error", f"upstream body lost: {error}"))
             self._end(session, call, ordinal, outcome)
@@ -688,7 +702,10 @@ class Gateway:
     async def _reward(self, request: web.Request) -> web.Response:
         """POST {session | thread_id, name, value, turn_id?, item_id?, weight?, source?,
         metadata?}: one reward beside the session's bundle (the RecordReward sidecar)."""
-        body = loads(await request.read())
+        try:
+            body = loads(await self._read_body(request))
+        except TimeoutError:
+            return _slow_body(self.settings.request_read_timeout)
         if not isinstance(body, dict):
             return error_response(400, "invalid_json", "the request body must be a JSON object")
         key = body.get("session")
@@ -874,22 +891,3 @@ def _drop_connection(request: web.Request) -> None:
 
 def upstream_text(error: Exception) -> str:
     return str(error) or type(error).__name__
-
-
-async def _read_limited(
-    answer: aiohttp.ClientResponse, limit: int = _ERROR_BODY_LIMIT, *, errors: bool = False
-) -> bytes:
-    """The upstream's body up to limit bytes (an error body's read ending early is kept as
-    it came, unless errors)."""
-    chunks: list[bytes] = []
-    size = 0
-    try:
-        async for chunk in answer.content.iter_any():
-            chunks.append(chunk)
-            size += len(chunk)
-            if size >= limit:
-                break
-    except aiohttp.ClientError:
-        if errors:
-            raise
-    return b"".join(chunks)

@@ -16,11 +16,13 @@ from grpc_common import add_access_arguments, split_listen
 DEFAULT_LISTEN = "127.0.0.1:8090"
 DEFAULT_SESSION_IDLE_TIMEOUT = 600.0
 DEFAULT_MAX_REQUEST_BYTES = 32 * 1024 * 1024
+DEFAULT_REQUEST_READ_TIMEOUT = 60.0
 
 
 GATEWAY_NUMBER_SETTINGS: dict[str, Bounds] = {
     "session_idle_timeout": Bounds(0, exclusive=True, high=MAX_SECONDS, unit="seconds"),
     "max_request_bytes": Bounds(1024, integer=True, high=2**31 - 1),
+    "request_read_timeout": Bounds(0, exclusive=True, high=MAX_SECONDS, unit="seconds"),
 }
 
 
@@ -37,6 +39,9 @@ class GatewaySettings:
     # Ask a Chat Completions upstream for the engine's token ids and record them.
     token_ids: bool = False
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    # How long a client may take to send its request body: a client that trickles it would
+    # otherwise hold its connection and handler for good.
+    request_read_timeout: float = DEFAULT_REQUEST_READ_TIMEOUT
 
     def __post_init__(self) -> None:
         # The gateway's own numbers, checked as the agent server's are (was: NaN accepted, so
@@ -135,7 +140,11 @@ def from_args(
     shared.provider_url = args.upstream
     # `--listen` is the gateway's HTTP address, not the agent server's gRPC one.
     shared.listen = None
-    agent = config.from_args(shared, environ)
+    try:
+        agent = config.from_args(shared, environ)
+    except ConfigError as error:
+        # The agent server's provider flag is the gateway's --upstream.
+        raise ConfigError(str(error).replace("--provider-url", "--upstream")) from error
     env = os.environ if environ is None else environ
     config_path = args.config or env.get("ROLLOUT_CONFIG")
     try:

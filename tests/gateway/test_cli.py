@@ -16,6 +16,11 @@ from agent_server import cli
         (["--trace-root", "t", "--listen", "nowhere"], "--listen: expected HOST:PORT"),
         (["--trace-root", "t", "--session-idle-timeout", "0"], "--session-idle-timeout"),
         (["--trace-root", "t", "--upstream", "ftp://x"], "must be an http:// or https:// URL"),
+        # The gateway names its own flag for the live provider, not the agent server's.
+        (
+            ["--trace-root", "t", "--replay-from", "t", "--replay-on-divergence", "live"],
+            "give it with --upstream",
+        ),
     ],
 )
 def test_bad_settings_exit_2_with_one_line(

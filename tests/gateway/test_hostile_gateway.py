@@ -6,9 +6,11 @@ recorded before stays readable."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -346,3 +348,34 @@ async def test_a_hostile_reward_is_a_400(
     assert tracebacks() == []
     (trace,) = reduce_all(gateway.settings.trace_root)
     assert len(calls(trace)) == 1
+
+
+async def test_a_body_that_trickles_is_answered_408(
+    start_gateway: StartGateway, tmp_path: Path
+) -> None:
+    # The client sends its headers and part of its body, then nothing: the gateway answers
+    # rather than holding the connection and its handler for good, and records nothing.
+    gateway = await start_gateway(request_read_timeout=0.2)
+    reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
+    try:
+        writer.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 1000\r\n\r\n{"model": '
+        )
+        await writer.drain()
+        async with asyncio.timeout(30):
+            head = await reader.readuntil(b"\r\n\r\n")
+            status = head.split(b"\r\n", 1)[0]
+            length = int(
+                next(
+                    line.split(b":", 1)[1]
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                )
+            )
+            answer = json.loads(await reader.readexactly(length))
+    finally:
+        writer.close()
+    assert status.split()[1] == b"408"
+    assert answer["error"]["code"] == "request_timeout"
+    assert bundles(tmp_path / "traces") == []

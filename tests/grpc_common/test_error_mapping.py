@@ -17,6 +17,7 @@ from grpc_status import rpc_status
 import agent_server.errors
 import trace_reducer.service._service as reducer_service
 from grpc_common import ErrorMapping, GrpcServer, RpcStatusError, StatusRule
+from tests.grpc_common.conftest import unary_server
 
 _SERVICE = "test.v1.MappedService"
 
@@ -64,20 +65,10 @@ async def _handle(request: bytes, context: grpc.aio.ServicerContext[bytes, bytes
         raise RAISED[request]
 
 
-def _register(server: grpc.aio.Server) -> None:
-    handler = grpc.unary_unary_rpc_method_handler(_handle)
-    server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler(_SERVICE, {"Mapped": handler}),)
-    )
-
-
 @pytest.fixture
 async def server() -> AsyncIterator[GrpcServer]:
-    running = await GrpcServer.start("127.0.0.1:0", _register, [_SERVICE])
-    try:
+    async with unary_server(_SERVICE, {"Mapped": _handle}) as running:
         yield running
-    finally:
-        await running.stop(None)
 
 
 async def _call(

@@ -23,6 +23,7 @@ from grpc_common import (
     abort,
     split_listen,
 )
+from tests.grpc_common.conftest import register_unary, unary_server
 
 _SERVICE = "test.v1.EchoService"
 
@@ -31,20 +32,13 @@ async def _refuse(request: bytes, context: grpc.aio.ServicerContext[bytes, bytes
     await abort(context, grpc.StatusCode.NOT_FOUND, "THING_NOT_FOUND", "no such thing", id="7")
 
 
-def _register(server: grpc.aio.Server) -> None:
-    handler = grpc.unary_unary_rpc_method_handler(_refuse)
-    server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler(_SERVICE, {"Refuse": handler}),)
-    )
+_register = register_unary(_SERVICE, {"Refuse": _refuse})
 
 
 @pytest.fixture
 async def server() -> AsyncIterator[GrpcServer]:
-    running = await GrpcServer.start("127.0.0.1:0", _register, [_SERVICE])
-    try:
+    async with unary_server(_SERVICE, {"Refuse": _refuse}) as running:
         yield running
-    finally:
-        await running.stop(None)
 
 
 async def test_health_reports_serving_then_not_serving(server: GrpcServer) -> None:

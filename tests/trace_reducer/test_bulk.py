@@ -4,11 +4,13 @@ Runs of text deltas are checked and parsed a run at a time (trace_reducer.bundle
 put every way a frame can look like a delta and not be one (or be one written oddly) into such
 runs and compare the records, the integrity and the reduced state with a frame-by-frame read.
 The other records are checked and parsed a stretch at a time (parse_frames): the same
-comparison, with every oddity a frame of a stretch can have.
+comparison, with every oddity a frame of a stretch can have. Every test runs twice: with the C
+frame scanner (_scan.c) and with the bulk path in Python that stands in where it is not built.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import random
 from collections.abc import Callable
@@ -24,7 +26,19 @@ from trace_reducer import (
     encode_record,
     encode_varint,
 )
+from trace_reducer.bundle import _reader
 from trace_reducer.bundle._bulk import DeltaRun, frames_crc_ok
+
+
+@pytest.fixture(autouse=True, params=["native", "python"])
+def scanner(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Which bulk path FrameDecoder() takes: the C scanner, or Python's."""
+    if request.param == "python":
+        monkeypatch.setattr(_reader, "_scan", None)
+    elif importlib.util.find_spec("trace_reducer.bundle._scan") is None:
+        pytest.fail("the C frame scanner was not built (setup.py's extension)")
+    return str(request.param)
+
 
 FUZZ_RUNS = int(os.environ.get("FUZZ_BULK_ITERATIONS", "300"))
 
@@ -157,14 +171,18 @@ def plain_deltas(count: int, *, first_seq: int = 7, text: bytes = b"word ") -> l
     ]
 
 
-def test_plain_deltas_are_read_as_runs() -> None:
+def test_plain_deltas_are_read_as_runs(scanner: str) -> None:
     data = build(plain_deltas(2000))
     decoder = FrameDecoder()
     items = decoder.feed_batch(data)
     in_runs = sum(item.count for item in items if isinstance(item, DeltaRun))
-    # Where the seq or the time grows a byte (the time after the opening records, the seq at
-    # 128), a few frames are read one by one before the runs are looked for again.
-    assert 2000 - 3 * 32 <= in_runs < 2000
+    if scanner == "native":
+        # The scanner reads each frame's fields, whatever their sizes: every delta is in a run.
+        assert in_runs == 2000
+    else:
+        # Where the seq or the time grows a byte (the time after the opening records, the seq
+        # at 128), a few frames are read one by one before the runs are looked for again.
+        assert 2000 - 3 * 32 <= in_runs < 2000
     reduce_both(data, random.Random(1))
 
 
@@ -430,3 +448,36 @@ def test_a_whole_frames_crc_is_affine_in_its_stored_crc() -> None:
         changed = [*frames[:index], bytes(damaged), *frames[index + 1 :]]
         changed_stored = b"".join(f[-4:] for f in changed)
         assert not frames_crc_ok(changed, lengths, changed_stored), index
+
+
+# Text at the edges of UTF-8: what a string field takes, and what it refuses.
+UTF8_EDGES = [
+    b"\xc2\x80",  # U+0080
+    b"\xdf\xbf",  # U+07FF
+    b"\xe0\xa0\x80",  # U+0800
+    b"\xed\x9f\xbf",  # U+D7FF, the last before the surrogates
+    b"\xee\x80\x80",  # U+E000, the first after them
+    b"\xef\xbf\xbf",  # U+FFFF
+    b"\xf0\x90\x80\x80",  # U+10000
+    b"\xf4\x8f\xbf\xbf",  # U+10FFFF, the last code point
+    b"\xc0\x80",  # overlong NUL
+    b"\xc1\xbf",  # overlong
+    b"\xe0\x9f\xbf",  # overlong three bytes
+    b"\xed\xa0\x80",  # a high surrogate
+    b"\xf0\x8f\xbf\xbf",  # overlong four bytes
+    b"\xf4\x90\x80\x80",  # past U+10FFFF
+    b"\xf5\x80\x80\x80",
+    b"\x80",  # a continuation byte alone
+    b"word\xc2",  # cut short, at the end
+    b"\xe0\xa0",
+    b"\xf0\x90\x80",
+    b"\xf8\x88\x80\x80\x80",  # five bytes
+    b"\xe2\x82\xacok",  # a whole sign, then text
+]
+
+
+@pytest.mark.parametrize("text", UTF8_EDGES, ids=lambda text: text.hex())
+def test_utf8_edges_in_a_run(text: bytes) -> None:
+    deltas = plain_deltas(40)
+    deltas[20] = frame(encode(delta_fields(27, 1_000_000 + 200, 1, text)))
+    reduce_both(build(deltas), random.Random(text))

@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -17,21 +16,9 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.trace_reducer.conftest import GOLDEN, TRACE_REDUCER
 from trace_reducer.batch._listing import INDEX_FILE_NAME, list_runs
 from trace_reducer.view._site import TOKEN_COOKIE, SiteServer
-
-GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "bundles"
-TRACE_REDUCER = str(Path(sys.executable).parent / "trace-reducer")
-OLD = 1_700_000_000
-
-
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    target = tmp_path / "runs"
-    shutil.copytree(GOLDEN, target)
-    for path in target.rglob("*.binpb"):
-        os.utime(path, (OLD, OLD))
-    return target
 
 
 def _run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

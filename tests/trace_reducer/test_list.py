@@ -8,27 +8,13 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.trace_reducer.conftest import GOLDEN, TRACE_REDUCER
 from trace_reducer import RewardInput, append_reward
 from trace_reducer.batch._listing import INDEX_FILE_NAME, list_runs
-
-GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "bundles"
-TRACE_REDUCER = str(Path(sys.executable).parent / "trace-reducer")
-OLD = 1_700_000_000
-
-
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    target = tmp_path / "runs"
-    shutil.copytree(GOLDEN, target)
-    # Copies are new files: make them as old as the recordings, so none counts as live.
-    for path in target.rglob("*.binpb"):
-        os.utime(path, (OLD, OLD))
-    return target
 
 
 def run_list(*args: str) -> subprocess.CompletedProcess[str]:

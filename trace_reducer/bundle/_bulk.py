@@ -255,12 +255,23 @@ def parse_frames(frames: list[bytes], first_seq: int) -> list[record_pb2.TraceRe
     computed = array("I", map(google_crc32c.value, bodies)).tobytes()
     if computed != b"".join(map(_STORED_CRC, frames)):
         return None
+    return parse_container(b"\n" + b"\n".join(frames), first_seq, count)
+
+
+def parse_container(
+    container: bytes, first_seq: int, count: int
+) -> list[record_pb2.TraceRecord] | None:
+    """The `count` records of container (frames whose CRCs hold, each after a 0x0A byte) as a
+    frame-by-frame read gives them; None when one does not parse, their seqs do not run on
+    from first_seq, or one is a header or a footer."""
     try:
-        batch: Any = _RecordBatch.FromString(b"\n" + b"\n".join(frames))
+        batch: Any = _RecordBatch.FromString(container)
     except DecodeError:
         return None
     records: list[record_pb2.TraceRecord] = list(batch.records)
-    if list(map(_SEQ, records)) != list(range(first_seq, first_seq + count)):
+    if len(records) != count or list(map(_SEQ, records)) != list(
+        range(first_seq, first_seq + count)
+    ):
         return None
     kinds = set(map(_BODY, records))
     if "header" in kinds or "footer" in kinds:

@@ -13,10 +13,15 @@ from google.protobuf.message import DecodeError
 
 from rollout.trace.v1 import record_pb2, state_pb2
 
-from ._bulk import MIN_RUN, DeltaRun, RunFinder, parse_frames
+from ._bulk import MIN_RUN, DeltaRun, RunFinder, parse_container, parse_frames
 from ._errors import BundleError, BundleNotFoundError, NotABundleError, describe_os_error
 from ._framing import CRC_FIELD, CRC_TAG, CRC_TRAILER_BYTES, MAX_RECORD_BYTES, decode_varint
 from ._layout import TRACE_FILE_NAME
+
+try:
+    from . import _scan
+except ImportError:  # built without a C compiler: the frames are read in Python
+    _scan = None  # type: ignore[assignment]
 
 Integrity = state_pb2.Integrity
 CLEAN = state_pb2.INTEGRITY_STATUS_CLEAN
@@ -47,7 +52,7 @@ class FrameDecoder:
     the runs are checked against.
     """
 
-    def __init__(self, *, bulk: bool = True) -> None:
+    def __init__(self, *, bulk: bool = True, native: bool = True) -> None:
         # The start of a frame not complete yet. Bytes are appended to it and decoding waits
         # until `_need` of them are there, so a frame fed in many small pieces costs its size,
         # not its size times the number of pieces.
@@ -58,6 +63,9 @@ class FrameDecoder:
         self._last_time_us = 0
         self._footer_seen = False
         self._bulk = bulk
+        # The C scanner (_scan.c) where it was built; native=False reads the bulk path in
+        # Python, as the reference it is tested against.
+        self._scanner = _scan.scan if bulk and native and _scan is not None else None
         self._damage: state_pb2.Integrity | None = None
 
     @property
@@ -87,14 +95,19 @@ class FrameDecoder:
             self._corrupt(self._offset, "data after the footer")
             return []
         if self._pending:
-            self._pending += data
-            if len(self._pending) < self._need:
+            if len(self._pending) + len(data) < self._need:
+                self._pending += data
                 return []
-            buffer = bytes(self._pending)
+            # The partial frame is small beside a read: one copy of the read, not two.
+            buffer = bytes(self._pending) + data
             self._pending.clear()
         else:
             buffer = data
         items: list[Item] = []
+        if self._scanner is not None:
+            consumed, problem = self._scanned(buffer, items)
+            self._settle(buffer, consumed, problem)
+            return items
         frames, split_end, problem = _split_frames(buffer)
         count = len(frames)
         done = 0
@@ -103,14 +116,55 @@ class FrameDecoder:
         if done < count and not self._halted:
             done = self._one_by_one(frames, done, count, items)
         consumed = split_end if done == count else _offset_of(frames, done)
+        self._settle(buffer, consumed, problem if done == count else "")
+        return items
+
+    def _settle(self, buffer: bytes, consumed: int, problem: str) -> None:
+        """Name what stopped the read of buffer at `consumed`, if anything did, and keep what
+        is left of it for the next feed."""
         if self._damage is None:
             if self._footer_seen:
                 if consumed < len(buffer):
                     self._corrupt(self._offset + consumed, "data after the footer")
-            elif problem and done == count:
+            elif problem:
                 self._corrupt(self._offset + consumed, problem)
         self._advance(buffer, consumed)
-        return items
+
+    def _scanned(self, buffer: bytes, items: list[Item]) -> tuple[int, str]:
+        """buffer's frames through the C scanner, what it does not take read here one frame
+        at a time; return where the read stopped and, when that is damage the scan found
+        before any frame, why."""
+        scan = self._scanner
+        assert scan is not None
+        pos = 0
+        while True:
+            pieces, end, self._next_seq, stopped = scan(buffer, pos, self._next_seq)
+            for call, first_seq, count, extra, container in pieces:
+                if call >= 0:
+                    items.append(DeltaRun(call, first_seq, count, extra, container))
+                    self._last_time_us = extra
+                    continue
+                records = parse_container(container, first_seq, count)
+                if records is not None:
+                    items.extend(records)
+                    self._last_time_us = records[-1].time_us
+                    continue
+                # Damage the CRC let through, or the footer: frame by frame finds which.
+                frames, _, _ = _split_frames(buffer[extra : extra + len(container) - count])
+                self._next_seq = first_seq
+                done = self._one_by_one(frames, 0, len(frames), items, base=extra)
+                if done < len(frames) or self._halted:
+                    return extra + _offset_of(frames, done), ""
+            if not stopped:
+                return end, ""
+            # One frame the scan does not take (the header, damage, a long prefix): alone.
+            frame, problem = _one_frame(buffer, end)
+            if frame is None:
+                return end, problem
+            done = self._one_by_one([frame], 0, 1, items, base=end)
+            if not done or self._halted:
+                return end + len(frame) * done, ""
+            pos = end + len(frame)
 
     def _runs_and_records(self, frames: list[bytes], items: list[Item]) -> int:
         """Frames as delta runs where they prove to be, one by one between; return where it
@@ -184,7 +238,9 @@ class FrameDecoder:
                 break
         return done
 
-    def _one_by_one(self, frames: list[bytes], first: int, end: int, items: list[Item]) -> int:
+    def _one_by_one(
+        self, frames: list[bytes], first: int, end: int, items: list[Item], *, base: int = 0
+    ) -> int:
         """Check and parse frames [first, end) one at a time; return where it stopped.
 
         It stops early at a bad frame (recording the damage) or after the footer. In bulk mode
@@ -247,7 +303,7 @@ class FrameDecoder:
         if last_record is not None:
             self._last_time_us = last_record.time_us
         if problem:
-            self._corrupt(self._offset + _offset_of(frames, index), problem)
+            self._corrupt(self._offset + base + _offset_of(frames, index), problem)
         return index
 
     def _advance(self, buffer: bytes, pos: int) -> None:
@@ -353,6 +409,24 @@ def _split_frames(buffer: bytes) -> tuple[list[bytes], int, str]:
         add_frame(buffer[pos:following])
         pos = following
     return frames, pos, problem
+
+
+def _one_frame(buffer: bytes, pos: int) -> tuple[bytes | None, str]:
+    """The whole frame at pos, or None and why not: "" when it is still coming, else the
+    damage in its length prefix (what _split_frames would say of it)."""
+    try:
+        prefix = decode_varint(buffer, pos)
+    except ValueError as error:
+        return None, str(error)
+    if prefix is None:
+        return None, ""
+    size, body_start = prefix
+    if size > MAX_RECORD_BYTES:
+        return None, f"frame length {size} exceeds the {MAX_RECORD_BYTES}-byte limit"
+    following = body_start + size
+    if following > len(buffer):
+        return None, ""
+    return buffer[pos:following], ""
 
 
 def _offset_of(frames: list[bytes], index: int) -> int:
