@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from tests.engine import ENGINE
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The tests' own HTTP client (httpx; the product speaks aiohttp) logs every request at
+    # INFO: hostile tests' URLs, lone surrogates and all, are no line for a server's log.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
