@@ -1,6 +1,9 @@
-"""A lever measured end to end: this tree's agent server against another tree's, same run.
+"""A lever measured end to end: this tree's code against another tree's, in the same run.
 
-`python -m bench.tree_ab --baseline DIR p5` runs P5's load (200 threads x 50 deltas/s on the
+`python -m bench.tree_ab --baseline DIR p1 BUNDLE...` times `replay_bundle` (complete, then
+compact) of each tree on each bundle beside the lazy JSONL peer (this tree's, for both), in a
+fresh interpreter per tree and round, the order alternating; each time is CPU time, the best of
+three. `python -m bench.tree_ab --baseline DIR p5` runs P5's load (200 threads x 50 deltas/s on the
 stamped model, recording on) against this tree's server, DIR's server (a checkout of the commit
 before the lever: `git worktree add DIR main`) and the bare grpc.aio floor, in rounds whose order
 rotates; `p3` runs P3's (20 threads x 3 turns of 300-word replies at 5 ms a word) against four
@@ -14,8 +17,10 @@ import argparse
 import asyncio
 import contextlib
 import functools
+import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -24,6 +29,37 @@ from pathlib import Path
 from agent_server.local_model import reply_words
 from bench import agent_bench, grpc_floor
 from bench._harness import Process, agent_server_argv, spawn
+from bench.jsonl_peer import write_codex_jsonl
+
+# Run with the tree's project first on the path: nothing of bench/ is imported from there, the
+# peer is this tree's (loaded by its file), so both trees are set beside the same peer.
+_P1_CHILD = """
+import functools, gc, importlib.util, json, pathlib, sys, time
+from trace_reducer import replay_bundle
+peer_file, jsonl_dir, *bundles = sys.argv[1:]
+spec = importlib.util.spec_from_file_location("_peer", peer_file)
+peer = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(peer)
+out = {}
+for number, bundle in enumerate(bundles):
+    work = {
+        "complete": functools.partial(replay_bundle, bundle),
+        "compact": functools.partial(replay_bundle, bundle, compact=True),
+        "lazy peer": functools.partial(
+            peer.reduce_codex_jsonl, pathlib.Path(jsonl_dir, f"{number}.jsonl"), lazy=True
+        ),
+    }
+    for name, run in work.items():
+        best = float("inf")
+        for _ in range(3):
+            gc.collect()
+            started = time.process_time()
+            run()
+            best = min(best, time.process_time() - started)
+        out[f"{number} {name}"] = best
+print(json.dumps(out))
+"""
+_P1_CONTENDERS = ("complete", "compact", "lazy peer")
 
 
 @contextlib.contextmanager
@@ -56,6 +92,44 @@ def _rotate(contenders: list[Callable[[], None]], rounds: int) -> None:
         shift = round_number % len(contenders)
         for contender in contenders[shift:] + contenders[:shift]:
             contender()
+
+
+def p1(baseline: Path, rounds: int, bundles: list[str]) -> None:
+    trees = {"base": str(baseline), "this": str(Path(__file__).resolve().parents[1])}
+    peer_file = str(Path(__file__).with_name("jsonl_peer.py"))
+    results: dict[str, list[dict[str, float]]] = {tree: [] for tree in trees}
+    with tempfile.TemporaryDirectory() as jsonl_dir:
+        for number, bundle in enumerate(bundles):
+            write_codex_jsonl(Path(bundle), Path(jsonl_dir) / f"{number}.jsonl")
+
+        def child(tree: str) -> None:
+            env = dict(os.environ, PYTHONPATH=trees[tree])
+            argv = [sys.executable, "-c", _P1_CHILD, peer_file, jsonl_dir, *bundles]
+            done = subprocess.run(argv, env=env, capture_output=True, text=True)
+            if done.returncode:
+                raise RuntimeError(f"{tree} tree's replay failed:\n{done.stderr}")
+            results[tree].append(json.loads(done.stdout))
+
+        _rotate([functools.partial(child, tree) for tree in trees], rounds)
+    for number, bundle in enumerate(bundles):
+        print(bundle)
+        for name in _P1_CONTENDERS:
+            cells = [
+                f"{tree} {_spread([entry[f'{number} {name}'] * 1000 for entry in runs])}"
+                for tree, runs in results.items()
+            ]
+            print(f"  {name:9s} ms (min / median / max)  " + "   ".join(cells))
+        for name in _P1_CONTENDERS[:2]:
+            cells = []
+            for tree, runs in results.items():
+                ratios = [
+                    entry[f"{number} {name}"] / entry[f"{number} lazy peer"] for entry in runs
+                ]
+                cells.append(
+                    f"{tree} {min(ratios):.2f} / {statistics.median(ratios):.2f} / "
+                    f"{max(ratios):.2f}"
+                )
+            print(f"  {name:9s} / lazy peer  " + "   ".join(cells))
 
 
 def p5(baseline: Path, rounds: int, threads: int = 200, window: int = 10, turns: int = 2) -> None:
@@ -147,11 +221,18 @@ def p3(baseline: Path, rounds: int, threads: int = 20, turns: int = 3) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("bench", choices=("p5", "p3"))
+    parser.add_argument("bench", choices=("p1", "p5", "p3"))
+    parser.add_argument("bundles", nargs="*", help="p1: the bundles to replay")
     parser.add_argument("--baseline", type=Path, required=True, help="the other tree")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    (p5 if args.bench == "p5" else p3)(args.baseline.resolve(), args.rounds)
+    baseline = args.baseline.resolve()
+    if args.bench == "p1":
+        if not args.bundles:
+            parser.error("p1 needs the bundles to replay")
+        p1(baseline, args.rounds, args.bundles)
+    else:
+        (p5 if args.bench == "p5" else p3)(baseline, args.rounds)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import orjson
 
@@ -44,9 +44,12 @@ _LONG_NUMBER = b"0" * 19
 _VOLATILE_FIELDS = frozenset({"id", "status"})
 
 
-@dataclass(frozen=True, slots=True)
-class ItemInfo:
-    """What the reducer needs to know about one Responses API item."""
+class ItemInfo(NamedTuple):
+    """What the reducer needs to know about one Responses API item.
+
+    A named tuple: immutable as a frozen dataclass is, and made in one C call where a frozen
+    dataclass sets each field through object.__setattr__ (every item of a replay makes one).
+    """
 
     key: Hashable
     """Normalised content: equal keys mean the model saw the same thing."""
@@ -97,11 +100,14 @@ def _parts(value: object, default_type: str) -> tuple[tuple[str, str], ...]:
         return ((default_type, value),)
     if not isinstance(value, list):
         return ()
-    # A refusal part carries its text under `refusal`, not `text`.
+    # A refusal part carries its text under `refusal`, not `text`. A list made then frozen:
+    # tuple() over a generator costs a frame switch per part.
     return tuple(
-        (_text(part.get("type")), _text(part.get("text", part.get("refusal"))))
-        for part in value
-        if isinstance(part, dict)
+        [
+            (_text(part.get("type")), _text(part.get("text", part.get("refusal"))))
+            for part in value
+            if isinstance(part, dict)
+        ]
     )
 
 
@@ -173,7 +179,10 @@ def parse_item(data: bytes) -> ItemInfo:
         parsed = _without_lone_surrogates(parsed)
     if not isinstance(parsed, dict):
         return _opaque(_canonical(parsed))
-    normalised = {k: v for k, v in parsed.items() if k not in _VOLATILE_FIELDS}
+    # A copy without the volatile fields: copied whole in C, then the few dropped.
+    normalised = parsed.copy()
+    for volatile in _VOLATILE_FIELDS:
+        normalised.pop(volatile, None)
     item_type = parsed.get("type")
     if item_type is None and "role" in parsed:
         # The short input form {"role", "content"} is a message.

@@ -27,10 +27,13 @@ _Record = record_pb2.TraceRecord
 
 
 class _Thread:
-    __slots__ = ("ended", "inputs", "items", "last_call", "msg")
+    __slots__ = ("ended", "inputs", "items", "last_call", "msg", "thread_id")
 
     def __init__(self, msg: state_pb2.Thread) -> None:
         self.msg = msg
+        # Its id at hand: each item and call of the thread names it, and a message's field
+        # costs a call into the message library each time it is read.
+        self.thread_id = msg.thread_id
         self.items = ThreadItems()
         self.ended = False
         # The complete input payload ids of the thread's latest inference call (changed in
@@ -40,10 +43,11 @@ class _Thread:
 
 
 class _Turn:
-    __slots__ = ("calls", "ended", "msg", "thread", "tool_calls")
+    __slots__ = ("calls", "ended", "msg", "thread", "tool_calls", "turn_id")
 
     def __init__(self, msg: state_pb2.Turn, thread: _Thread) -> None:
         self.msg = msg
+        self.turn_id = msg.turn_id
         self.thread = thread
         self.calls: list[_Call] = []
         self.tool_calls: list[_ToolCall] = []
@@ -184,13 +188,13 @@ def _check_new(
     context_ids: Container[str],
 ) -> None:
     """A record that opens a context must bring an ordinal and an id not seen before."""
-    body = record.WhichOneof("body")
+    # The body's name is asked for only to say what failed: every context's start passes here.
     if not ordinal:
-        _fail(record, f"{body} without a {what} ordinal")
+        _fail(record, f"{record.WhichOneof('body')} without a {what} ordinal")
     if ordinal in ordinals:
         _fail(record, f"duplicate {what} ordinal {ordinal}")
     if not context_id:
-        _fail(record, f"{body} without a {what} id")
+        _fail(record, f"{record.WhichOneof('body')} without a {what} id")
     if context_id in context_ids:
         _fail(record, f"duplicate {what} id {context_id}")
 
@@ -409,7 +413,8 @@ class Reducer:
         """Set target to the record's time (set in place: a Timestamp made and copied in costs
         twice, and every context's start and end has one)."""
         micros = self._base_us + record.time_us
-        _check_time(record.seq, micros, "its time")
+        if not _MIN_MICROS <= micros <= _MAX_MICROS:
+            _check_time(record.seq, micros, "its time")  # raises
         seconds, rest = divmod(micros, 1_000_000)
         # Setting a field of a sub-message marks it present, zero or not.
         target.seconds = seconds
@@ -502,7 +507,7 @@ class Reducer:
         item_id = f"item-{len(self._items) + 1}"
         item = state_pb2.ConversationItem(
             item_id=item_id,
-            thread_id=thread.msg.thread_id,
+            thread_id=thread.thread_id,
             turn_id=turn_id,
             responses_item_id=responses_item_id,
             first_seen_seq=record.seq,
@@ -650,7 +655,7 @@ class Reducer:
     def _on_prompt_tokens(self, record: _Record) -> None:
         body = record.prompt_tokens
         call = self._live_call(body.call, record)
-        thread_id = call.turn.thread.msg.thread_id
+        thread_id = call.turn.thread.thread_id
         held = self._held.get(thread_id, [])
         shared = body.prefix_count
         if held is None or shared > len(held):
@@ -698,7 +703,7 @@ class Reducer:
         # Looked up before anything changes, so a missing payload leaves the state as it was.
         inputs = [(pid, self._item_info(pid, record)) for pid in body.input_payload_ids]
         msg = state_pb2.Turn(
-            turn_id=turn_id, thread_id=thread.msg.thread_id, traceparent=body.traceparent
+            turn_id=turn_id, thread_id=thread.thread_id, traceparent=body.traceparent
         )
         self._start(msg.execution, record)
         producer = state_pb2.ProducerRef(user_input=state_pb2.UserInputProducer(turn_id=turn_id))
@@ -726,10 +731,10 @@ class Reducer:
         if turn.ended:
             _fail(record, f"inference started in turn {turn.msg.turn_id}, which has ended")
         thread = turn.thread
-        turn_id = turn.msg.turn_id
+        turn_id = turn.turn_id
         msg = state_pb2.InferenceCall(
             inference_call_id=call_id,
-            thread_id=thread.msg.thread_id,
+            thread_id=thread.thread_id,
             turn_id=turn_id,
             attempt=body.attempt,
             model=body.model,
@@ -855,7 +860,7 @@ class Reducer:
             call.tokens = TokenAccumulator()
         call.tokens.add(output, body.tokens, body.delta)
         if body.tokens.ids:
-            held = self._held.setdefault(call.turn.thread.msg.thread_id, [])
+            held = self._held.setdefault(call.turn.thread.thread_id, [])
             if held is not None:
                 held.extend(body.tokens.ids)
 
@@ -893,7 +898,7 @@ class Reducer:
         )
         accepted = self._new_item(
             turn.thread,
-            turn.msg.turn_id,
+            turn.turn_id,
             info,
             pid,
             record,
@@ -1007,8 +1012,8 @@ class Reducer:
             tool_call_id=body.tool_call_id,
             call_id=body.call_id,
             name=body.name,
-            thread_id=turn.thread.msg.thread_id,
-            turn_id=turn.msg.turn_id,
+            thread_id=turn.thread.thread_id,
+            turn_id=turn.turn_id,
             requested_by_inference_call_id=call.msg.inference_call_id,
             arguments_payload_id=body.arguments_payload_id,
         )
@@ -1041,7 +1046,7 @@ class Reducer:
         )
         tool_call.msg.output_item_id = self._new_item(
             turn.thread,
-            turn.msg.turn_id,
+            turn.turn_id,
             info,
             payload_id,
             record,
