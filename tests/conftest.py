@@ -15,6 +15,8 @@ def pytest_configure(config: pytest.Config) -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
+# After `-m`/`-k` deselected theirs: a run without engine tests starts no engine.
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Engine tests run last, and the engine starts now: it comes up while the rest runs."""
     engine = [item for item in items if item.get_closest_marker("engine")]

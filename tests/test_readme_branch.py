@@ -53,6 +53,7 @@ def _trace_reducer(argv: list[str]) -> subprocess.CompletedProcess[str]:
     return result
 
 
+@pytest.mark.engine
 @pytest.mark.timeout(400)
 def test_a_run_branched_at_turn_3_onto_vllm_sits_beside_it(
     tmp_path: Path,
