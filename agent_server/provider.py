@@ -13,11 +13,11 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import aiohttp
-import orjson
 
 from agent_server.config import Secret
 from agent_server.sse import SseSplitter
 from trace_reducer import canonical_json
+from trace_reducer.bundle import fast_json
 
 CALL_ID_HEADER = "x-rollout-inference-call-id"
 _ERROR_BODY_LIMIT = 64 * 1024
@@ -31,11 +31,6 @@ TERMINAL_EVENTS = frozenset({"response.completed", "response.failed", "response.
 # every layer that walks it.
 MAX_EVENT_DEPTH = 64
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
-# orjson reads an integer past 64 bits as a float where json keeps it exact: an event with a
-# run of this many digits anywhere (found by mapping every digit to 0, anything else to a
-# space: two passes in C) is read by json.
-_DIGITS_AS_ZEROS = bytes(0x30 if 0x30 <= byte <= 0x39 else 0x20 for byte in range(256))
-_LONG_NUMBER = b"0" * 19
 
 
 @dataclass(frozen=True)
@@ -433,13 +428,8 @@ def _loads(raw: str) -> Any:
     the same values: it refuses what json reads differently or not at all (lone surrogates,
     NaN, infinities, nesting past 1,024), and an event with a long run of digits never goes
     to it."""
-    encoded = raw.encode("utf-8", "surrogatepass")
-    if _LONG_NUMBER not in encoded.translate(_DIGITS_AS_ZEROS):
-        try:
-            return orjson.loads(encoded)
-        except orjson.JSONDecodeError:
-            pass
-    return json.loads(raw)
+    fast, value = fast_json(raw.encode("utf-8", "surrogatepass"))
+    return value if fast else json.loads(raw)
 
 
 def _cleaned(data: dict[str, Any]) -> dict[str, Any] | None:

@@ -6,6 +6,8 @@ import hashlib
 import json
 from typing import Any
 
+import orjson
+
 from rollout.trace.v1 import record_pb2
 
 from ._errors import PayloadError
@@ -147,3 +149,23 @@ def resolve_inputs(previous: list[str], body: record_pb2.InferenceStarted) -> li
             f"input_prefix_count {prefix} exceeds the {len(previous)} inputs of the previous call"
         )
     return [*previous[:prefix], *body.input_payload_ids]
+
+
+# orjson reads an integer past 64 bits as a float where json keeps it exact: JSON with a run of
+# this many digits anywhere is left to json (found by mapping every digit to 0 and anything else
+# to a space: two passes in C, where a regular expression takes ten times).
+_DIGITS_AS_ZEROS = bytes(0x30 if 0x30 <= byte <= 0x39 else 0x20 for byte in range(256))
+_LONG_NUMBER = b"0" * 19
+
+
+def fast_json(data: bytes) -> tuple[bool, Any]:
+    """(True, value) where orjson reads data to exactly what json.loads reads (several times
+    cheaper); else (False, None), for the caller to read it with json as before. orjson refuses
+    what json reads differently or not at all (invalid UTF-8, lone surrogates, NaN, infinities,
+    nesting past 1,024), and a run of 19 digits never goes to it."""
+    if _LONG_NUMBER in data.translate(_DIGITS_AS_ZEROS):
+        return False, None
+    try:
+        return True, orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return False, None
