@@ -21,11 +21,13 @@ from bench import (
     gateway_bench,
     list_bench,
     provider_floor,
+    recording_bench,
     reducer_bench,
     replay_bench,
     startup_bench,
     training_bench,
     view_bench,
+    write_floor,
 )
 from bench.synthetic import Shape, write_conversation
 
@@ -259,8 +261,72 @@ def floors(root: Path) -> list[Row]:
             measured,
             "(floor)",
             True,
-        )
+        ),
+        *_write_floor_rows(root),
+        _recording_phases_row(root),
     ]
+
+
+def _write_floor_rows(root: Path) -> list[Row]:
+    """F2: a record-sized write(), back to back and 5 ms apart (a P3 thread's pace), where the
+    bench writes its bundles, on tmpfs where there is one, to /dev/null, beside a bare call."""
+    targets = [str(root)] + (["/dev/shm"] if Path("/dev/shm").is_dir() else [])
+    names = {str(root): f"the bench's directory ({write_floor.file_system(str(root))})"}
+    names["/dev/shm"] = f"/dev/shm ({write_floor.file_system('/dev/shm')})"
+    spacings = [0.0, 5.0]
+    figures = write_floor.measure_writes(targets, spacings)
+    rows = []
+    for spacing in spacings:
+        cases = [
+            (names.get(target, target), figures[(target, spacing)])
+            for target, gap in figures
+            if gap == spacing
+        ]
+        rows.append(
+            Row(
+                "F2",
+                "one 30-byte write() a call, wall time of the call alone, "
+                + ("back to back" if not spacing else f"{spacing:g} ms after the last")
+                + ": where the bench writes, /dev/shm, /dev/null; getppid() beside it "
+                "(min/median/max of 5 alternating rounds of 400)",
+                "; ".join(
+                    f"{target}: {statistics.median(values):.2f} us" for target, values in cases
+                ),
+                "(floor)",
+                True,
+                "; ".join(f"{min(values):.2f}-{max(values):.2f}" for _, values in cases),
+            )
+        )
+    return rows
+
+
+def _recording_phases_row(root: Path) -> Row:
+    """F3: the fixed part of P3's recording, by phase, the Recorder alone."""
+    phases = recording_bench.measure_phases(root)
+    records = (
+        "turn_started",
+        "inference_started",
+        "response_created, output_item_added",
+        "output_item_done",
+        "provider_event, inference_ended, turn_ended",
+    )
+    records_cpu = sum(phases.per_turn(name) for name in records)
+    return Row(
+        "F3",
+        "recording's fixed part a turn, the Recorder alone (no server), 60 threads x 3 turns "
+        "of 300 deltas, one thread at a time; CPU medians of 5 rounds: the bundle's start "
+        "and finish shared by its turns, a turn's records with their payloads, the fsync "
+        "at turn end in a worker thread; beside them the bare fsync and worker round trip",
+        f"{phases.fixed_per_turn:,.0f} us a turn: start + finish "
+        f"{phases.per_turn('start') + phases.per_turn('finish'):,.0f}, records {records_cpu:,.0f}, "
+        f"sync {phases.per_turn('sync'):,.0f}; {phases.per_delta:.2f} us a delta",
+        "(reference)",
+        True,
+        f"sync {_spread(list(phases.spread('sync')))} us",
+        f"os.fsync alone {phases.spread(recording_bench.FSYNC_FLOOR)[1]:,.0f} us, "
+        f"a worker's round trip {phases.spread(recording_bench.HOP_FLOOR)[1]:,.0f} us "
+        f"(to a thread of its own: {phases.spread(recording_bench.OWN_THREAD_HOP)[1]:,.0f} us)",
+    )
 
 
 def p4(root: Path) -> list[Row]:
