@@ -146,7 +146,7 @@ async def _serve(settings: Settings) -> int:
 
     from agent_server.config import ConfigError
     from agent_server.server import AgentServer
-    from grpc_common import install_signal_handlers
+    from grpc_common import install_signal_handlers, tune_collector_for_serving
 
     try:
         server = await AgentServer.start(settings)
@@ -157,6 +157,7 @@ async def _serve(settings: Settings) -> int:
         # The message names the address already.
         print(f"{PROG}: {error}", file=sys.stderr)
         return EXIT_FAILED
+    tune_collector_for_serving()
     stop = asyncio.Event()
     install_signal_handlers(stop.set)
     _log().info("listening on %s", server.address)
@@ -195,7 +196,7 @@ async def _run_gateway(settings: GatewaySettings) -> int:
 
     from agent_server.gateway import Gateway
     from agent_server.server import trace_root_problem
-    from grpc_common import install_signal_handlers
+    from grpc_common import install_signal_handlers, tune_collector_for_serving
 
     problem = trace_root_problem(settings.trace_root)
     if problem:
@@ -210,6 +211,7 @@ async def _run_gateway(settings: GatewaySettings) -> int:
     except OSError as error:
         print(f"{PROG}: {error}", file=sys.stderr)
         return EXIT_FAILED
+    tune_collector_for_serving()
     stop = asyncio.Event()
     install_signal_handlers(stop.set)
     _log().info("gateway at %s, upstream %s", gateway.url, gateway.upstream_url)

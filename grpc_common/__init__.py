@@ -6,6 +6,7 @@ from ._flags import add_access_arguments
 
 if TYPE_CHECKING:
     from ._access import AccessControl, header_secret
+    from ._collector import tune_collector_for_serving
     from ._errors import (
         ERROR_DOMAIN,
         INTERNAL_REASON,
@@ -38,6 +39,7 @@ _LAZY = {
     "GrpcServer": "_server",
     "split_listen": "_server",
     "install_signal_handlers": "_signals",
+    "tune_collector_for_serving": "_collector",
 }
 
 
@@ -69,4 +71,5 @@ __all__ = [
     "header_secret",
     "install_signal_handlers",
     "split_listen",
+    "tune_collector_for_serving",
 ]
