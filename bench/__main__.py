@@ -303,14 +303,6 @@ def _write_floor_rows(root: Path) -> list[Row]:
 def _recording_phases_row(root: Path) -> Row:
     """F3: the fixed part of P3's recording, by phase, the Recorder alone."""
     phases = recording_bench.measure_phases(root)
-    records = (
-        "turn_started",
-        "inference_started",
-        "response_created, output_item_added",
-        "output_item_done",
-        "provider_event, inference_ended, turn_ended",
-    )
-    records_cpu = sum(phases.per_turn(name) for name in records)
     return Row(
         "F3",
         "recording's fixed part a turn, the Recorder alone (no server), 60 threads x 3 turns "
@@ -318,7 +310,8 @@ def _recording_phases_row(root: Path) -> Row:
         "and finish shared by its turns, a turn's records with their payloads, the fsync "
         "at turn end in a worker thread; beside them the bare fsync and worker round trip",
         f"{phases.fixed_per_turn:,.0f} us a turn: start + finish "
-        f"{phases.per_turn('start') + phases.per_turn('finish'):,.0f}, records {records_cpu:,.0f}, "
+        f"{phases.per_turn('start') + phases.per_turn('finish'):,.0f}, "
+        f"records {phases.records_per_turn:,.0f}, "
         f"sync {phases.per_turn('sync'):,.0f}; {phases.per_delta:.2f} us a delta",
         "(reference)",
         True,

@@ -223,6 +223,12 @@ class Phases:
         )
 
     @property
+    def records_per_turn(self) -> float:
+        """The fixed part's records and payloads: all of it but the bundle's start and finish
+        and the sync at turn end."""
+        return self.fixed_per_turn - sum(self.per_turn(name) for name in (*PER_THREAD, "sync"))
+
+    @property
     def per_delta(self) -> float:
         return self.spread("deltas")[1] / self.deltas
 

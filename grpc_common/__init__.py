@@ -1,4 +1,4 @@
-"""gRPC plumbing both servers share: rich errors, access, keepalive, serving, signals."""
+"""gRPC plumbing both servers share: rich errors, access, keepalive, serving, signals, GC."""
 
 from typing import TYPE_CHECKING
 
