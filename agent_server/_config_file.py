@@ -31,6 +31,7 @@ KEYS: dict[str, type] = {
     "metrics-listen": str,
     "log-level": str,
     "log-format": str,
+    "event-loop": str,
     "replay-from": Path,
     "replay-pace": str,
     "replay-on-divergence": str,

@@ -118,10 +118,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _health.run(args)
     if args.command == "gateway":
         return _gateway_command(args)
-    import asyncio
-
     from agent_server import config, logs
     from agent_server.config import ConfigError
+    from grpc_common import run_on_loop
 
     run = _serve if args.command == "serve" else _demo_command
     try:
@@ -132,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The demo speaks on stdout; only its server's trouble belongs on stderr.
     logs.configure("warning" if args.command == "demo" else settings.log_level, settings.log_format)
     try:
-        code: int = asyncio.run(run(settings))
+        code: int = run_on_loop(run(settings), settings.event_loop)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except Exception as error:  # noqa: BLE001 - the last line of defence: no traceback for users
@@ -146,7 +145,7 @@ async def _serve(settings: Settings) -> int:
 
     from agent_server.config import ConfigError
     from agent_server.server import AgentServer
-    from grpc_common import install_signal_handlers, tune_collector_for_serving
+    from grpc_common import install_signal_handlers, running_event_loop, tune_collector_for_serving
 
     try:
         server = await AgentServer.start(settings)
@@ -160,7 +159,7 @@ async def _serve(settings: Settings) -> int:
     tune_collector_for_serving()
     stop = asyncio.Event()
     install_signal_handlers(stop.set)
-    _log().info("listening on %s", server.address)
+    _log().info("listening on %s (event loop %s)", server.address, running_event_loop())
     print(f"listening on {server.address}", flush=True)
     await stop.wait()
     _log().info("shutting down")
@@ -171,10 +170,9 @@ async def _serve(settings: Settings) -> int:
 
 def _gateway_command(args: argparse.Namespace) -> int:
     # Imported here: `agent-server --help` and the other commands do without aiohttp's server.
-    import asyncio
-
     from agent_server import gateway, logs
     from agent_server.config import ConfigError
+    from grpc_common import run_on_loop
 
     try:
         settings = gateway.from_args(args)
@@ -183,7 +181,7 @@ def _gateway_command(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     logs.configure(settings.agent.log_level, settings.agent.log_format)
     try:
-        return asyncio.run(_run_gateway(settings))
+        return run_on_loop(_run_gateway(settings), settings.agent.event_loop)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except Exception as error:  # noqa: BLE001 - the last line of defence: no traceback for users
@@ -196,7 +194,7 @@ async def _run_gateway(settings: GatewaySettings) -> int:
 
     from agent_server.gateway import Gateway
     from agent_server.server import trace_root_problem
-    from grpc_common import install_signal_handlers, tune_collector_for_serving
+    from grpc_common import install_signal_handlers, running_event_loop, tune_collector_for_serving
 
     problem = trace_root_problem(settings.trace_root)
     if problem:
@@ -214,7 +212,12 @@ async def _run_gateway(settings: GatewaySettings) -> int:
     tune_collector_for_serving()
     stop = asyncio.Event()
     install_signal_handlers(stop.set)
-    _log().info("gateway at %s, upstream %s", gateway.url, gateway.upstream_url)
+    _log().info(
+        "gateway at %s, upstream %s (event loop %s)",
+        gateway.url,
+        gateway.upstream_url,
+        running_event_loop(),
+    )
     print(f"listening on {gateway.url}", flush=True)
     await stop.wait()
     _log().info("shutting down")

@@ -11,7 +11,16 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from agent_server import _config_file, logs
-from grpc_common import AccessControl, Keepalive, add_access_arguments, header_secret, split_listen
+from grpc_common import (
+    EVENT_LOOPS,
+    AccessControl,
+    Keepalive,
+    add_access_arguments,
+    default_event_loop,
+    event_loop_problem,
+    header_secret,
+    split_listen,
+)
 
 _T = TypeVar("_T")
 
@@ -183,6 +192,9 @@ class Settings:
     otlp_include_content: bool | None = None
     log_level: str = "info"
     log_format: str = "text"
+    # The event loop `serve` and `gateway` run on (grpc_common.EVENT_LOOPS); a server started
+    # in-process runs on its caller's loop.
+    event_loop: str = "asyncio"
     # A bundle, or a directory of bundles, whose recorded provider streams answer every
     # inference request (the replay provider); None: a live provider or the local model.
     replay_from: Path | None = None
@@ -228,6 +240,9 @@ class Settings:
             raise ConfigError(f"--log-level must be one of {', '.join(logs.LEVELS)}")
         if self.log_format not in logs.FORMATS:
             raise ConfigError(f"--log-format must be one of {', '.join(logs.FORMATS)}")
+        loop_problem = event_loop_problem(self.event_loop)
+        if loop_problem is not None:
+            raise ConfigError(loop_problem)
         if self.replay_pace not in REPLAY_PACES:
             raise ConfigError(f"--replay-pace must be one of {', '.join(REPLAY_PACES)}")
         if self.replay_on_divergence not in REPLAY_ON_DIVERGENCE:
@@ -313,6 +328,17 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "--log-format",
         choices=logs.FORMATS,
         help="text lines or JSON lines on stderr (default text; env ROLLOUT_LOG_FORMAT)",
+    )
+    add_event_loop_argument(parser)
+
+
+def add_event_loop_argument(parser: argparse.ArgumentParser) -> None:
+    """`--event-loop`, declared once for `serve` and `gateway`."""
+    parser.add_argument(
+        "--event-loop",
+        choices=EVENT_LOOPS,
+        help="the asyncio event loop to serve on (default uvloop where installed, else "
+        "asyncio; env ROLLOUT_EVENT_LOOP)",
     )
 
 
@@ -552,6 +578,7 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
         otlp_include_content=pick("otlp_include_content"),
         log_level=pick("log_level", "ROLLOUT_LOG_LEVEL") or "info",
         log_format=pick("log_format", "ROLLOUT_LOG_FORMAT") or "text",
+        event_loop=pick("event_loop", "ROLLOUT_EVENT_LOOP") or default_event_loop(),
         replay_from=Path(replay_from) if replay_from else None,
         replay_pace=pick("replay_pace") or "fast",
         replay_on_divergence=pick("replay_on_divergence") or "fail",

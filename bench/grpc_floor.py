@@ -6,6 +6,8 @@ CLOCK_MONOTONIC send time like P5's model stamps its deltas, sent under the agen
 rule at the request's `flush_window_ms` (0: one message per delta; else a delta coming less than
 the window after the last message sent waits for the window's end, and the deltas made
 meanwhile go with it). Nothing else runs in it: no provider, no recording, no event buffer.
+It runs on the event loop `agent-server serve` runs on by default (uvloop where installed), so
+that the loop is not a difference between the two.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 import grpc
 
 from bench._harness import Process, spawn, stubs
-from grpc_common import install_signal_handlers
+from grpc_common import default_event_loop, install_signal_handlers, run_on_loop
 from rollout.agent.v1 import agent_pb2, agent_pb2_grpc
 
 _THREAD_ID = "thread_" + "0" * 32
@@ -151,7 +153,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--serve", action="store_true", required=True)
     parser.add_argument("--interval", type=float, default=0.02)
-    asyncio.run(_serve(parser.parse_args().interval))
+    run_on_loop(_serve(parser.parse_args().interval), default_event_loop())
 
 
 if __name__ == "__main__":

@@ -1,8 +1,15 @@
-"""gRPC plumbing both servers share: rich errors, access, keepalive, serving, signals, GC."""
+"""gRPC plumbing both servers share: rich errors, access, keepalive, serving, signals, GC, loop."""
 
 from typing import TYPE_CHECKING
 
 from ._flags import add_access_arguments
+from ._loop import (
+    EVENT_LOOPS,
+    default_event_loop,
+    event_loop_problem,
+    run_on_loop,
+    running_event_loop,
+)
 
 if TYPE_CHECKING:
     from ._access import AccessControl, header_secret
@@ -56,6 +63,7 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "ERROR_DOMAIN",
+    "EVENT_LOOPS",
     "INTERNAL_REASON",
     "AccessControl",
     "ErrorMapping",
@@ -67,9 +75,13 @@ __all__ = [
     "StatusRule",
     "abort",
     "add_access_arguments",
+    "default_event_loop",
     "error_status",
+    "event_loop_problem",
     "header_secret",
     "install_signal_handlers",
+    "run_on_loop",
+    "running_event_loop",
     "split_listen",
     "tune_collector_for_serving",
 ]

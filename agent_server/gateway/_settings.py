@@ -129,6 +129,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--log-format", choices=logs.FORMATS, help="text or JSON lines on stderr (default text)"
     )
+    config.add_event_loop_argument(parser)
 
 
 def from_args(

@@ -35,12 +35,16 @@ from trace_reducer import read_bundle
 FAKE_KEY = "sk-test-0123456789-SECRET-never-written"
 
 
+@pytest.mark.parametrize(
+    ("loop_args", "loop"), [((), "uvloop"), (("--event-loop", "asyncio"), "asyncio")]
+)
 async def test_serve_records_a_turn_and_exits_cleanly_on_sigterm(
-    provider: ScriptedProvider, tmp_path: Path
+    provider: ScriptedProvider, tmp_path: Path, loop_args: tuple[str, ...], loop: str
 ) -> None:
     provider.queue(answer("served answer"))
     traces = tmp_path / "traces"
     async with serve(
+        *loop_args,
         "--provider-url",
         provider.url,
         ROLLOUT_TRACE_ROOT=str(traces),
@@ -74,6 +78,7 @@ async def test_serve_records_a_turn_and_exits_cleanly_on_sigterm(
     for output in (written, served.stdout, served.stderr, provider.requests[0].body):
         assert FAKE_KEY.encode() not in output
     assert b"Traceback" not in served.stderr
+    assert f"(event loop {loop})".encode() in served.stderr
 
 
 async def test_serve_warns_about_an_unusable_trace_root_and_keeps_serving(

@@ -145,3 +145,19 @@ def test_every_number_setting_has_its_bounds() -> None:
         if isinstance(value, int | float) and not isinstance(value, bool)
     }
     assert numbers == set(config.NUMBER_SETTINGS)
+
+
+def test_the_event_loop_comes_from_the_flag_the_environment_or_the_file(tmp_path: Path) -> None:
+    parser = argparse.ArgumentParser()
+    config.add_serve_arguments(parser)
+    assert config.from_args(parser.parse_args([]), {}).event_loop == "uvloop"
+    env = {"ROLLOUT_EVENT_LOOP": "asyncio"}
+    assert config.from_args(parser.parse_args([]), env).event_loop == "asyncio"
+    flag = parser.parse_args(["--event-loop", "uvloop"])
+    assert config.from_args(flag, env).event_loop == "uvloop"
+    file = tmp_path / "agent.toml"
+    file.write_text('event-loop = "asyncio"\n')
+    assert config.from_args(parser.parse_args(["--config", str(file)]), {}).event_loop == "asyncio"
+    file.write_text('event-loop = "trio"\n')
+    with pytest.raises(ConfigError, match=r"^--event-loop must be one of uvloop, asyncio$"):
+        config.from_args(parser.parse_args(["--config", str(file)]), {})
