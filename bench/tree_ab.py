@@ -19,6 +19,7 @@ import contextlib
 import functools
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -132,7 +133,20 @@ def p1(baseline: Path, rounds: int, bundles: list[str]) -> None:
             print(f"  {name:9s} / lazy peer  " + "   ".join(cells))
 
 
-def p5(baseline: Path, rounds: int, threads: int = 200, window: int = 10, turns: int = 2) -> None:
+def _paired(name: str, this: list[float], base: list[float]) -> str:
+    """How many rounds this tree's figure was below the baseline's in the same round."""
+    below = sum(1 for mine, theirs in zip(this, base, strict=True) if mine < theirs)
+    return f"{name}: this below base in {below} of {len(this)} rounds"
+
+
+def p5(
+    baseline: Path,
+    rounds: int,
+    threads: int = 200,
+    window: int = 10,
+    turns: int = 2,
+    base_args: tuple[str, ...] = (),
+) -> None:
     model_argv = [sys.executable, "-m", "bench._stamped_model", "--word-delay", "0.02"]
     per_stream = sum(len(reply_words(agent_bench.prompt(i))) for i in range(turns))
     root = Path(tempfile.mkdtemp(prefix="tree-ab-p5-"))
@@ -144,10 +158,11 @@ def p5(baseline: Path, rounds: int, threads: int = 200, window: int = 10, turns:
             name: stack.enter_context(
                 _server_of(
                     tree,
-                    agent_server_argv(trace_root=root / name, provider_url=model.address),
+                    agent_server_argv(trace_root=root / name, provider_url=model.address)
+                    + list(extra),
                 )
             )
-            for name, tree in (("this", None), ("base", baseline))
+            for name, tree, extra in (("this", None, ()), ("base", baseline, base_args))
         }
         bare = stack.enter_context(grpc_floor.serve(0.02))
 
@@ -177,9 +192,14 @@ def p5(baseline: Path, rounds: int, threads: int = 200, window: int = 10, turns:
             f"{_spread([r[1] for r in runs])}; deltas a message "
             f"{statistics.median(r[2] for r in runs):.2f} (min / median / max)"
         )
+    for index, figure in ((0, "server CPU a delta"), (1, "p99")):
+        this_runs = [r[index] for r in results["this"]]
+        print(_paired(figure, this_runs, [r[index] for r in results["base"]]))
 
 
-def p3(baseline: Path, rounds: int, threads: int = 20, turns: int = 3) -> None:
+def p3(
+    baseline: Path, rounds: int, threads: int = 20, turns: int = 3, base_args: tuple[str, ...] = ()
+) -> None:
     model_argv = [sys.executable, "-m", "bench._stamped_model", "--word-delay", "0.005"]
     model_argv += ["--reply-length", "300"]
     root = Path(tempfile.mkdtemp(prefix="tree-ab-p3-"))
@@ -194,7 +214,8 @@ def p3(baseline: Path, rounds: int, threads: int = 20, turns: int = 3) -> None:
                     agent_server_argv(
                         trace_root=root / f"{tree_name}-{on}" if on else None,
                         provider_url=model.address,
-                    ),
+                    )
+                    + (list(base_args) if tree_name == "base" else []),
                 )
             )
             for tree_name, on in sorted(names)
@@ -225,14 +246,21 @@ def main() -> None:
     parser.add_argument("bundles", nargs="*", help="p1: the bundles to replay")
     parser.add_argument("--baseline", type=Path, required=True, help="the other tree")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, help="p5: default 200; p3: default 20")
+    parser.add_argument(
+        "--base-args", default="", help="p5, p3: flags added to the baseline's servers"
+    )
     args = parser.parse_args()
     baseline = args.baseline.resolve()
+    base_args = tuple(shlex.split(args.base_args))
     if args.bench == "p1":
         if not args.bundles:
             parser.error("p1 needs the bundles to replay")
         p1(baseline, args.rounds, args.bundles)
+    elif args.bench == "p5":
+        p5(baseline, args.rounds, threads=args.threads or 200, base_args=base_args)
     else:
-        (p5 if args.bench == "p5" else p3)(baseline, args.rounds)
+        p3(baseline, args.rounds, threads=args.threads or 20, base_args=base_args)
 
 
 if __name__ == "__main__":
