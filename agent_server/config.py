@@ -12,10 +12,10 @@ from typing import Any, TypeVar
 
 from agent_server import _config_file, logs
 from grpc_common import (
-    EVENT_LOOPS,
     AccessControl,
     Keepalive,
     add_access_arguments,
+    add_event_loop_argument,
     default_event_loop,
     event_loop_problem,
     header_secret,
@@ -329,17 +329,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         choices=logs.FORMATS,
         help="text lines or JSON lines on stderr (default text; env ROLLOUT_LOG_FORMAT)",
     )
-    add_event_loop_argument(parser)
-
-
-def add_event_loop_argument(parser: argparse.ArgumentParser) -> None:
-    """`--event-loop`, declared once for `serve` and `gateway`."""
-    parser.add_argument(
-        "--event-loop",
-        choices=EVENT_LOOPS,
-        help="the asyncio event loop to serve on (default uvloop where installed, else "
-        "asyncio; env ROLLOUT_EVENT_LOOP)",
-    )
+    add_event_loop_argument(parser, env="ROLLOUT_EVENT_LOOP")
 
 
 def add_replay_arguments(

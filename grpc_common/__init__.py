@@ -2,7 +2,7 @@
 
 from typing import TYPE_CHECKING
 
-from ._flags import add_access_arguments
+from ._flags import add_access_arguments, add_event_loop_argument
 from ._loop import (
     EVENT_LOOPS,
     default_event_loop,
@@ -75,6 +75,7 @@ __all__ = [
     "StatusRule",
     "abort",
     "add_access_arguments",
+    "add_event_loop_argument",
     "default_event_loop",
     "error_status",
     "event_loop_problem",

@@ -1,10 +1,13 @@
-"""The access flags both servers take, declared once: `--auth-token-env`, `--tls-cert`,
-`--tls-key` (what AccessControl.load reads). Imports no gRPC: every command builds its parser."""
+"""The flags every server takes, declared once: `--auth-token-env`, `--tls-cert`, `--tls-key`
+(what AccessControl.load reads) and `--event-loop`. Imports no gRPC: every command builds its
+parser."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+
+from ._loop import EVENT_LOOPS
 
 
 def add_access_arguments(
@@ -20,3 +23,15 @@ def add_access_arguments(
     )
     parser.add_argument("--tls-cert", type=Path, metavar="PATH", help="PEM certificate chain")
     parser.add_argument("--tls-key", type=Path, metavar="PATH", help="PEM private key")
+
+
+def add_event_loop_argument(parser: argparse.ArgumentParser, env: str | None = None) -> None:
+    """Add `--event-loop` (dest event_loop, None when not given); `env` names the environment
+    variable the command also reads it from, for the help."""
+    also = f"; env {env}" if env else ""
+    parser.add_argument(
+        "--event-loop",
+        choices=EVENT_LOOPS,
+        help=f"the asyncio event loop to serve on (default uvloop where installed, else "
+        f"asyncio{also})",
+    )

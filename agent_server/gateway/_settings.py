@@ -11,7 +11,7 @@ from typing import Any
 
 from agent_server import _config_file, config, logs
 from agent_server.config import MAX_SECONDS, Bounds, ConfigError, Settings
-from grpc_common import add_access_arguments, split_listen
+from grpc_common import add_access_arguments, add_event_loop_argument, split_listen
 
 DEFAULT_LISTEN = "127.0.0.1:8090"
 DEFAULT_SESSION_IDLE_TIMEOUT = 600.0
@@ -129,7 +129,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--log-format", choices=logs.FORMATS, help="text or JSON lines on stderr (default text)"
     )
-    config.add_event_loop_argument(parser)
+    add_event_loop_argument(parser, env="ROLLOUT_EVENT_LOOP")
 
 
 def from_args(

@@ -236,10 +236,11 @@ def test_dump_prints_one_line_per_record(tmp_path: Path) -> None:
     assert "footer" in rows[-1]
 
 
-def test_serve_answers_and_stops_on_sigterm(tmp_path: Path) -> None:
+@pytest.mark.parametrize("loop_args", [[], ["--event-loop", "asyncio"]])
+def test_serve_answers_and_stops_on_sigterm(tmp_path: Path, loop_args: list[str]) -> None:
     bundle = one_turn_bundle(tmp_path)
     process = subprocess.Popen(
-        [*COMMAND, "serve", "--listen", "127.0.0.1:0", "--bundle-root", str(tmp_path)],
+        [*COMMAND, "serve", "--listen", "127.0.0.1:0", "--bundle-root", str(tmp_path), *loop_args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from google.protobuf import json_format, text_format
 
-from grpc_common import add_access_arguments
+from grpc_common import add_access_arguments, add_event_loop_argument
 from rollout.trace.v1 import record_pb2, state_pb2
 
 from ..bundle._discover import holds_bundles
@@ -421,8 +421,15 @@ def _serve(args: argparse.Namespace) -> int:
         raise _CommandError(str(error), EXIT_USAGE) from error
     if args.max_upload_bytes < 1:
         raise _CommandError("--max-upload-bytes must be a positive number of bytes", EXIT_USAGE)
-    return asyncio.run(
-        _serve_async(args.listen, root, access, args.max_upload_bytes, args.metrics_listen)
+    from grpc_common import default_event_loop, event_loop_problem, run_on_loop
+
+    event_loop = args.event_loop or default_event_loop()
+    problem = event_loop_problem(event_loop)
+    if problem is not None:
+        raise _CommandError(problem, EXIT_USAGE)
+    return run_on_loop(
+        _serve_async(args.listen, root, access, args.max_upload_bytes, args.metrics_listen),
+        event_loop,
     )
 
 
@@ -599,6 +606,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve Prometheus metrics (per-RPC counts, latencies, codes) at "
         "http://HOST:PORT/metrics",
     )
+    add_event_loop_argument(serve)
     serve.set_defaults(run=_serve)
     return parser
 
