@@ -15,7 +15,13 @@ from typing import TYPE_CHECKING
 
 from google.protobuf import json_format, text_format
 
-from grpc_common import add_access_arguments, add_event_loop_argument
+from grpc_common import (
+    add_access_arguments,
+    add_event_loop_argument,
+    default_event_loop,
+    event_loop_problem,
+    run_on_loop,
+)
 from rollout.trace.v1 import record_pb2, state_pb2
 
 from ..bundle._discover import holds_bundles
@@ -421,8 +427,6 @@ def _serve(args: argparse.Namespace) -> int:
         raise _CommandError(str(error), EXIT_USAGE) from error
     if args.max_upload_bytes < 1:
         raise _CommandError("--max-upload-bytes must be a positive number of bytes", EXIT_USAGE)
-    from grpc_common import default_event_loop, event_loop_problem, run_on_loop
-
     event_loop = args.event_loop or default_event_loop()
     problem = event_loop_problem(event_loop)
     if problem is not None:
