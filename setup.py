@@ -1,7 +1,8 @@
-"""The one compiled part: the bundle reader's frame scanner (everything else is in pyproject.toml).
+"""The one compiled part: the bundle reader's frame scanner and the writer's text-delta frame
+(everything else is in pyproject.toml).
 
 It is optional: where it cannot be built (no C compiler), the package installs anyway and reads
-bundles in pure Python, only slower.
+and writes bundles in pure Python, only slower.
 """
 
 from setuptools import Extension, setup

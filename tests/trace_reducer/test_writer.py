@@ -27,6 +27,7 @@ from trace_reducer import (
     payload_id,
     read_bundle,
 )
+from trace_reducer.bundle import _writer
 
 
 def _records(bundle: Path) -> list[record_pb2.TraceRecord]:
@@ -233,10 +234,15 @@ class _MessageSink:
         self.put_payload = writer.put_payload
 
 
+# The three ways a text delta reaches the file: framed and written in C (where the extension
+# is built), framed by hand in Python, and built as a message like every other record.
+_DELTA_WAYS = ("compiled", "python", "message")
+
+
 def test_text_deltas_framed_by_hand_write_the_same_bundle(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The same clock for both writers: each reads it once a record.
+    # The same clock for every writer: each reads it once a record.
     ticks = iter(range(10**6))
     monkeypatch.setattr(time, "monotonic_ns", lambda: next(ticks) * 997_001)
     rng = random.Random(3)
@@ -247,10 +253,13 @@ def test_text_deltas_framed_by_hand_write_the_same_bundle(
         text = "".join(rng.choice("aé€\U0001f600 ") for _ in range(rng.randrange(0, 50)))
         tokens = common_pb2.DeltaTokens(ids=[7, 8]) if rng.random() < 0.1 else None
         steps.append((rng.random() < 0.05, call, item, text, rng.choice(kinds), tokens))
+    compiled = _writer._write_text_delta
+    assert compiled is not None, "the C extension was not built"
     bundles = []
-    for by_hand in (True, False):
-        writer = BundleWriter.create(tmp_path / str(by_hand), "t")
-        builder = RecordBuilder(writer if by_hand else _MessageSink(writer))
+    for way in _DELTA_WAYS:
+        monkeypatch.setattr(_writer, "_write_text_delta", compiled if way == "compiled" else None)
+        writer = BundleWriter.create(tmp_path / way, "t")
+        builder = RecordBuilder(_MessageSink(writer) if way == "message" else writer)
         for new_item, call, item, text, kind, tokens in steps:
             if new_item:
                 builder.output_item_added(
@@ -263,18 +272,63 @@ def test_text_deltas_framed_by_hand_write_the_same_bundle(
         writer.append_text_delta(1, 1, "unknown kind", 7)
         with pytest.raises(ValueError, match="out of range"):
             writer.append_text_delta(2**32, 1, "x", 0)
+        # Past what the C frame takes without a size check: framed in Python.
+        writer.append_text_delta(2, 0, "y" * (MAX_RECORD_BYTES // 4), 0)
         bundles.append(writer)
-    assert (
-        bundles[0].record_count
-        == bundles[1].record_count
-        == len(steps) + 3 + sum(s[0] for s in steps)
-    )
-    assert bundles[0].bytes_written == bundles[1].bytes_written
-    hand, message = (_frames_after_header(w.file_path) for w in bundles)
-    assert hand == message
+    counts = {writer.record_count for writer in bundles}
+    assert counts == {len(steps) + 4 + sum(s[0] for s in steps)}
+    assert len({writer.bytes_written for writer in bundles}) == 1
+    compiled_frames, *others = (_frames_after_header(w.file_path) for w in bundles)
+    assert all(frames == compiled_frames for frames in others)
     for writer in bundles:
         writer.close()
         assert len(_records(writer.bundle_dir)) == writer.record_count
+
+
+@pytest.mark.parametrize("way", _DELTA_WAYS[:2])
+def test_a_short_text_delta_write_fails_the_recording(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, way: str
+) -> None:
+    if way == "python":
+        monkeypatch.setattr(_writer, "_write_text_delta", None)
+    writer = BundleWriter.create(tmp_path, "t")
+    writer.append_text_delta(1, 0, "whole", 0)
+    size = writer.bytes_written
+    # The file may grow by 4 bytes more (Python ignores SIGXFSZ, so write() stops short).
+    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size + 4, limits[1]))
+    try:
+        with pytest.raises(RecordingError, match=r"short write \(4 of \d+ bytes\)"):
+            writer.append_text_delta(1, 0, "torn " * 10, 0)
+        with pytest.raises(RecordingError, match="failed"):
+            writer.append_text_delta(1, 0, "after", 0)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+    assert writer.failed
+    assert writer.record_count == 2
+    assert writer.bytes_written == size
+    with read_bundle(writer.bundle_dir) as reader:
+        assert [r.output_text_delta.delta for r in reader][1:] == ["whole"]
+        assert reader.integrity.status == state_pb2.INTEGRITY_STATUS_TRUNCATED
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.parametrize("way", _DELTA_WAYS[:2])
+def test_a_failed_text_delta_write_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, way: str
+) -> None:
+    if way == "python":
+        monkeypatch.setattr(_writer, "_write_text_delta", None)
+    writer = BundleWriter.create(tmp_path, "t")
+    # The descriptor now answers ENOSPC, as a full disk does.
+    full = os.open("/dev/full", os.O_WRONLY)
+    os.dup2(full, writer._fd)
+    os.close(full)
+    with pytest.raises(RecordingError, match="No space left on device"):
+        writer.append_text_delta(1, 0, "lost", 0)
+    assert writer.failed
+    assert writer.record_count == 1
+    writer.abandon()
 
 
 def test_a_text_delta_after_close_or_failure_is_refused(tmp_path: Path) -> None:

@@ -1,4 +1,6 @@
-/* The bundle reader's frame scanner: frames split, CRC-checked and sorted in one C call a buffer.
+/* The bundle reader's frame scanner: frames split, CRC-checked and sorted in one C call a buffer;
+ * and the writer's text-delta frame, the one layout the scanner takes whole, made and written in
+ * one C call (write_text_delta, at the end).
  *
  * A bundle is mostly text deltas of one item, whose text the reducer rarely needs (the item
  * completes with it whole). Reading them frame by frame in Python costs several hundred
@@ -27,6 +29,8 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include <errno.h>
+#include <unistd.h>
 
 #define MAX_RECORD_BYTES (4u * 1024u * 1024u)
 #define CRC_TAG 0x7D
@@ -352,16 +356,130 @@ static PyObject *crc(PyObject *self, PyObject *args) {
     return PyLong_FromUnsignedLong(value);
 }
 
+/* -- the writer's text-delta frame: the layout the scan takes whole ------------------------ */
+
+/* Writes v as a varint at p; returns the byte after it. */
+static uint8_t *put_varint(uint8_t *p, uint64_t v) {
+    while (v > 0x7F) {
+        *p++ = (uint8_t)(v & 0x7F) | 0x80;
+        v >>= 7;
+    }
+    *p++ = (uint8_t)v;
+    return p;
+}
+
+static size_t varint_size(uint64_t v) {
+    size_t n = 1;
+    while (v > 0x7F) {
+        v >>= 7;
+        n++;
+    }
+    return n;
+}
+
+/* Room for a frame of a short delta on the stack; a longer one is allocated. */
+#define STACK_FRAME 512
+
+PyDoc_STRVAR(write_delta_doc,
+             "write_text_delta(fd, seq, time_us, call, item, text, kind) -> (written, size)\n\n"
+             "Write the frame of TraceRecord(seq, time_us, output_text_delta(call, text, item,\n"
+             "kind)) to fd in one write(): byte for byte the frame encode_text_delta makes.\n"
+             "Returns the bytes written and the frame's size (fewer written: a short write);\n"
+             "OSError when write() fails, UnicodeEncodeError for a lone surrogate in text.\n"
+             "The caller keeps each number in its field's range and the record under the\n"
+             "size limit.");
+
+static PyObject *write_text_delta(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "write_text_delta takes 7 arguments");
+        return NULL;
+    }
+    long fd = PyLong_AsLong(args[0]);
+    unsigned long long seq = PyLong_AsUnsignedLongLong(args[1]);
+    unsigned long long time_us = PyLong_AsUnsignedLongLong(args[2]);
+    unsigned long long call = PyLong_AsUnsignedLongLong(args[3]);
+    unsigned long long item = PyLong_AsUnsignedLongLong(args[4]);
+    unsigned long long kind = PyLong_AsUnsignedLongLong(args[6]);
+    if (PyErr_Occurred()) return NULL;
+    Py_ssize_t text_len;
+    const char *text = PyUnicode_AsUTF8AndSize(args[5], &text_len);
+    if (text == NULL) return NULL;
+    /* OutputTextDelta: call (1), delta (2), item (3), kind (4); zero ones left out. */
+    size_t body = 0;
+    if (call) body += 1 + varint_size(call);
+    if (text_len) body += 1 + varint_size((uint64_t)text_len) + (size_t)text_len;
+    if (item) body += 1 + varint_size(item);
+    if (kind) body += 1 + varint_size(kind);
+    /* TraceRecord: seq (1), time_us (2), output_text_delta (11); then the CRC field. */
+    size_t record = 1 + varint_size(seq) + (time_us ? 1 + varint_size(time_us) : 0) + 1 +
+                    varint_size(body) + body;
+    size_t size = record + CRC_TRAILER;
+    size_t total = varint_size(size) + size;
+    uint8_t stack[STACK_FRAME];
+    uint8_t *frame = total <= STACK_FRAME ? stack : PyMem_Malloc(total);
+    if (frame == NULL) return PyErr_NoMemory();
+    uint8_t *p = put_varint(frame, size);
+    uint8_t *start = p;
+    *p++ = TAG_SEQ;
+    p = put_varint(p, seq);
+    if (time_us) {
+        *p++ = TAG_TIME;
+        p = put_varint(p, time_us);
+    }
+    *p++ = TAG_DELTA;
+    p = put_varint(p, body);
+    if (call) {
+        *p++ = TAG_CALL;
+        p = put_varint(p, call);
+    }
+    if (text_len) {
+        *p++ = TAG_TEXT;
+        p = put_varint(p, (uint64_t)text_len);
+        memcpy(p, text, (size_t)text_len);
+        p += text_len;
+    }
+    if (item) {
+        *p++ = 0x18;
+        p = put_varint(p, item);
+    }
+    if (kind) {
+        *p++ = 0x20;
+        p = put_varint(p, kind);
+    }
+    uint32_t checksum = crc32c(start, (size_t)(p - start));
+    *p++ = CRC_TAG;
+    *p++ = (uint8_t)checksum;
+    *p++ = (uint8_t)(checksum >> 8);
+    *p++ = (uint8_t)(checksum >> 16);
+    *p++ = (uint8_t)(checksum >> 24);
+    ssize_t written;
+    int saved;
+    /* As os.write does: other threads (gRPC's, the fsync worker) run during the call. */
+    Py_BEGIN_ALLOW_THREADS
+    written = write((int)fd, frame, total);
+    saved = errno;
+    Py_END_ALLOW_THREADS
+    if (frame != stack) PyMem_Free(frame);
+    if (written < 0) {
+        errno = saved;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return Py_BuildValue("nn", (Py_ssize_t)written, (Py_ssize_t)total);
+}
+
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS, scan_doc},
     {"count_deltas", count_deltas, METH_VARARGS, count_doc},
     {"crc32c", crc, METH_VARARGS, crc_doc},
+    {"write_text_delta", (PyCFunction)(void (*)(void))write_text_delta, METH_FASTCALL,
+     write_delta_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_scan",
-    "The bundle reader's frame scanner (see _scan.c): frames split, checked and sorted in C.", -1,
+    "The bundle format in C (see _scan.c): the reader's frame scanner, the writer's delta frame.",
+    -1,
     methods,
 };
 
