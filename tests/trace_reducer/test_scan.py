@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import os
 import random
+import sys
 from pathlib import Path
 
 import google_crc32c
@@ -158,3 +159,16 @@ def test_write_text_delta_refuses_what_it_cannot_write(tmp_path: Path) -> None:
         os.close(read_end)
         os.close(write_end)
     assert failed.value.errno == errno.EBADF
+
+
+def test_write_text_delta_keeps_no_second_copy_of_the_text(tmp_path: Path) -> None:
+    # str caches its UTF-8 once asked for it; a streamed delta must not carry that copy after.
+    text = "".join(["é€\U0001f600 "] * 50)
+    size = sys.getsizeof(text)
+    fd = os.open(tmp_path / "frames", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        written, frame_size = scan.write_text_delta(fd, 1, 1, 1, 0, text, 0)
+    finally:
+        os.close(fd)
+    assert written == frame_size > len(text.encode())
+    assert sys.getsizeof(text) == size

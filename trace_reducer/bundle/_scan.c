@@ -401,9 +401,24 @@ static PyObject *write_text_delta(PyObject *self, PyObject *const *args, Py_ssiz
     unsigned long long item = PyLong_AsUnsignedLongLong(args[4]);
     unsigned long long kind = PyLong_AsUnsignedLongLong(args[6]);
     if (PyErr_Occurred()) return NULL;
+    if (!PyUnicode_Check(args[5])) {
+        PyErr_SetString(PyExc_TypeError, "write_text_delta's text must be a str");
+        return NULL;
+    }
+    /* ASCII text is its own UTF-8; other text is encoded into a bytes object dropped after the
+     * write, not cached on the str (which would keep a second copy of every streamed delta). */
+    PyObject *encoded = NULL;
     Py_ssize_t text_len;
-    const char *text = PyUnicode_AsUTF8AndSize(args[5], &text_len);
-    if (text == NULL) return NULL;
+    const char *text;
+    if (PyUnicode_IS_ASCII(args[5])) {
+        text = (const char *)PyUnicode_DATA(args[5]);
+        text_len = PyUnicode_GET_LENGTH(args[5]);
+    } else {
+        encoded = PyUnicode_AsUTF8String(args[5]);
+        if (encoded == NULL) return NULL;
+        text = PyBytes_AS_STRING(encoded);
+        text_len = PyBytes_GET_SIZE(encoded);
+    }
     /* OutputTextDelta: call (1), delta (2), item (3), kind (4); zero ones left out. */
     size_t body = 0;
     if (call) body += 1 + varint_size(call);
@@ -417,7 +432,10 @@ static PyObject *write_text_delta(PyObject *self, PyObject *const *args, Py_ssiz
     size_t total = varint_size(size) + size;
     uint8_t stack[STACK_FRAME];
     uint8_t *frame = total <= STACK_FRAME ? stack : PyMem_Malloc(total);
-    if (frame == NULL) return PyErr_NoMemory();
+    if (frame == NULL) {
+        Py_XDECREF(encoded);
+        return PyErr_NoMemory();
+    }
     uint8_t *p = put_varint(frame, size);
     uint8_t *start = p;
     *p++ = TAG_SEQ;
@@ -446,6 +464,7 @@ static PyObject *write_text_delta(PyObject *self, PyObject *const *args, Py_ssiz
         *p++ = 0x20;
         p = put_varint(p, kind);
     }
+    Py_XDECREF(encoded);
     uint32_t checksum = crc32c(start, (size_t)(p - start));
     *p++ = CRC_TAG;
     *p++ = (uint8_t)checksum;
