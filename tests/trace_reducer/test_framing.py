@@ -1,12 +1,16 @@
-"""Frames: varint prefix, trailing CRC field, size limit."""
+"""Frames: varint prefix, trailing CRC field, size limit; the text-delta frame made by hand
+(in Python and in C) against encode_record's."""
 
 from __future__ import annotations
 
+import os
 import random
+from pathlib import Path
 
 import pytest
 
 from rollout.trace.v1 import record_pb2
+from trace_reducer.bundle import _scan as scan
 from trace_reducer.bundle._errors import RecordTooLargeError
 from trace_reducer.bundle._framing import (
     CRC_TAG,
@@ -81,8 +85,11 @@ def _random_text(rng: random.Random) -> str:
     return "".join(rng.choice(alphabet) for _ in range(length))
 
 
-def test_text_delta_frame_is_encode_records_byte_for_byte() -> None:
+def test_text_delta_frame_is_encode_records_byte_for_byte(tmp_path: Path) -> None:
+    # Framed in Python and in C (written to a file, as the writer writes it): the same bytes.
     rng = random.Random(25)
+    fd = os.open(tmp_path / "frames", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+    written = 0
     edges = [0, 1, 127, 128, 16_383, 16_384, 2**32 - 1]
     kinds = list(record_pb2.DeltaKind.values())
     for _ in range(2_000):
@@ -96,6 +103,11 @@ def test_text_delta_frame_is_encode_records_byte_for_byte() -> None:
         body.call, body.item, body.delta, body.kind = call, item, delta, kind
         expected = encode_record(record)
         assert encode_text_delta(seq, time_us, call, item, delta.encode(), kind) == expected
+        frame = scan.write_text_delta(fd, seq, time_us, call, item, delta, kind)
+        assert frame == (len(expected), len(expected))
+        assert os.pread(fd, len(expected) + 1, written) == expected
+        written += len(expected)
+    os.close(fd)
 
 
 def test_text_delta_frame_refuses_what_encode_record_refuses() -> None:

@@ -1,5 +1,6 @@
 """The C extension's own parts: the frame scanner (what it reads is compared with Python's
-reads in test_bulk) and the writer's text-delta frame (its bundles in test_writer)."""
+reads in test_bulk) and the writer's text-delta frame (its frames in test_framing, its bundles
+in test_writer)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ import pytest
 from rollout.trace.v1 import record_pb2
 from trace_reducer import FrameDecoder, encode_record
 from trace_reducer.bundle import _scan as scan
-from trace_reducer.bundle._framing import encode_text_delta
 
 
 def test_both_crc_paths_are_crc32c() -> None:
@@ -106,35 +106,6 @@ def test_every_bit_flip_reads_as_python_reads_it() -> None:
                 exact = _read(FrameDecoder(bulk=False), bytes(damaged), piece)
                 assert _read(FrameDecoder(), bytes(damaged), piece) == exact, (index, bit)
                 assert _read(FrameDecoder(native=False), bytes(damaged), piece) == exact
-
-
-def _random_text(rng: random.Random) -> str:
-    alphabet = 'ab z\n"\\é€\u0000\U0001f600\u200b'
-    length = rng.choice([0, 1, 5, 40, 127, 128, 300, 20_000])
-    return "".join(rng.choice(alphabet) for _ in range(length))
-
-
-def test_write_text_delta_writes_encode_text_deltas_frame(tmp_path: Path) -> None:
-    rng = random.Random(26)
-    edges = [0, 1, 127, 128, 16_383, 16_384, 2**32 - 1]
-    kinds = list(record_pb2.DeltaKind.values())
-    fd = os.open(tmp_path / "frames", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
-    try:
-        for _ in range(2_000):
-            seq = rng.choice([1, 127, 128, rng.randrange(1, 2**40)])
-            time_us = rng.choice([0, 1, 127, 128, rng.randrange(0, 2**45)])
-            call, item = (rng.choice([*edges, rng.randrange(0, 2**32)]) for _ in range(2))
-            kind = rng.choice(kinds)
-            delta = _random_text(rng)
-            expected = encode_text_delta(seq, time_us, call, item, delta.encode(), kind)
-            start = os.lseek(fd, 0, os.SEEK_END)
-            assert scan.write_text_delta(fd, seq, time_us, call, item, delta, kind) == (
-                len(expected),
-                len(expected),
-            )
-            assert os.pread(fd, len(expected) + 1, start) == expected
-    finally:
-        os.close(fd)
 
 
 def test_write_text_delta_refuses_what_it_cannot_write(tmp_path: Path) -> None:

@@ -285,13 +285,18 @@ def test_text_deltas_framed_by_hand_write_the_same_bundle(
         assert len(_records(writer.bundle_dir)) == writer.record_count
 
 
-@pytest.mark.parametrize("way", _DELTA_WAYS[:2])
-def test_a_short_text_delta_write_fails_the_recording(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, way: str
-) -> None:
-    if way == "python":
+@pytest.fixture(params=_DELTA_WAYS[:2])
+def delta_writer(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> BundleWriter:
+    """A new bundle's writer whose text deltas are written in C, or framed in Python."""
+    if request.param == "python":
         monkeypatch.setattr(_writer, "_write_text_delta", None)
-    writer = BundleWriter.create(tmp_path, "t")
+    return BundleWriter.create(tmp_path, "t")
+
+
+def test_a_short_text_delta_write_fails_the_recording(delta_writer: BundleWriter) -> None:
+    writer = delta_writer
     writer.append_text_delta(1, 0, "whole", 0)
     size = writer.bytes_written
     # The file may grow by 4 bytes more (Python ignores SIGXFSZ, so write() stops short).
@@ -313,13 +318,8 @@ def test_a_short_text_delta_write_fails_the_recording(
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
-@pytest.mark.parametrize("way", _DELTA_WAYS[:2])
-def test_a_failed_text_delta_write_says_why(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, way: str
-) -> None:
-    if way == "python":
-        monkeypatch.setattr(_writer, "_write_text_delta", None)
-    writer = BundleWriter.create(tmp_path, "t")
+def test_a_failed_text_delta_write_says_why(delta_writer: BundleWriter) -> None:
+    writer = delta_writer
     # The descriptor now answers ENOSPC, as a full disk does.
     full = os.open("/dev/full", os.O_WRONLY)
     os.dup2(full, writer._fd)
