@@ -272,8 +272,8 @@ class Recorder:
         kind: DeltaKind = _OUTPUT_TEXT,
         tokens: common_pb2.DeltaTokens | None = None,
     ) -> None:
-        # The hot path, called once per provider read: no generic dispatch.
-        builder = self._live()
+        # The hot path, called once per provider read: no generic dispatch, _live inline.
+        builder = None if self._error or self._closing else self._builder
         if builder is not None:
             try:
                 builder.output_text_delta(call, item, delta, kind=kind, tokens=tokens)

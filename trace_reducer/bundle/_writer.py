@@ -141,20 +141,25 @@ class BundleWriter:
                 call=call, item=item, delta=delta, kind=record_pb2.DeltaKind.ValueType(kind)
             )
             return self.append(record_pb2.TraceRecord(output_text_delta=body))
-        self._check_open()
+        # _check_open, _time_us and _wrote inline: this runs once per provider read, and in a
+        # server each Python call it makes costs what it costs cold (P3).
+        if self.failed or self.closed:
+            self._check_open()  # raises
         seq = self.record_count + 1
-        time_us = self._time_us()
+        time_us = (time.monotonic_ns() - self._started_ns) // 1000
         if _write_text_delta is None or len(delta) > _COMPILED_DELTA_CHARS:
             self._write(encode_text_delta(seq, time_us, call, item, delta.encode(), kind), seq)
             return seq
-        # Framed and written in one C call: the record of every provider read costs a
-        # server's recording most of its CPU where each step is a Python call (P3).
+        # Framed and written in one C call.
         try:
             written, size = _write_text_delta(self._fd, seq, time_us, call, item, delta, kind)
         except OSError as error:
             self._fail()
             raise RecordingError(describe_os_error(error)) from error
-        self._wrote(written, size, seq)
+        if written != size:
+            self._wrote(written, size, seq)  # raises
+        self.record_count = seq
+        self.bytes_written += written
         return seq
 
     def _check_open(self) -> None:
