@@ -20,9 +20,11 @@ from rollout.trace.v1 import record_pb2
 from trace_reducer import decode_varint, request_body
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a live process."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+def cpu_seconds(pid: int, *, main_thread: bool = False) -> float:
+    """User + system CPU time of a live process (main_thread: of its first thread alone, the
+    one a server's event loop runs on)."""
+    stat = f"/proc/{pid}/task/{pid}/stat" if main_thread else f"/proc/{pid}/stat"
+    fields = Path(stat).read_text().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -297,12 +299,16 @@ def measure_p5(
         def run(into: list[Concurrency], used: list[Process], window: int) -> None:
             pids = {f"server{n}": s.popen.pid for n, s in enumerate(used)}
             pids["model"] = model.popen.pid
+            loops = [s.popen.pid for s in used]
             before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+            loop_before = sum(cpu_seconds(pid, main_thread=True) for pid in loops)
             mine = os.times()
             addresses = [s.address for s in used]
             result = asyncio.run(_concurrent(addresses, threads, turns, window))
             spent = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items()}
             spent["server"] = sum(v for k, v in spent.items() if k.startswith("server"))
+            # The servers' event loop threads: a loop busier than its core is what queues.
+            spent["loop"] = sum(cpu_seconds(pid, main_thread=True) for pid in loops) - loop_before
             now = os.times()
             spent["clients"] = now.user + now.system - mine.user - mine.system
             into.append(replace(result, cpu_seconds=spent))
