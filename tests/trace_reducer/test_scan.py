@@ -4,10 +4,14 @@ in test_writer)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import random
+import signal
 import sys
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import google_crc32c
@@ -16,6 +20,7 @@ import pytest
 from rollout.trace.v1 import record_pb2
 from trace_reducer import FrameDecoder, encode_record
 from trace_reducer.bundle import _scan as scan
+from trace_reducer.bundle._framing import encode_text_delta
 
 
 def test_both_crc_paths_are_crc32c() -> None:
@@ -143,3 +148,70 @@ def test_write_text_delta_keeps_no_second_copy_of_the_text(tmp_path: Path) -> No
         os.close(fd)
     assert written == frame_size > len(text.encode())
     assert sys.getsizeof(text) == size
+
+
+def _full_pipe() -> tuple[int, int]:
+    """A pipe whose buffer is full: a write to it blocks until something is read."""
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            os.write(write_end, b"\0" * 65_536)
+    os.set_blocking(write_end, True)
+    return read_end, write_end
+
+
+class _StoppedError(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _alarm(handler: Callable[[int, object], None]) -> Iterator[None]:
+    """SIGALRM to handler 50 ms from now (the write in the block has long been waiting by then);
+    pytest-timeout's own alarm, if it set one, is put back after."""
+    previous = signal.signal(signal.SIGALRM, handler)
+    started = time.monotonic()
+    pending, _ = signal.setitimer(signal.ITIMER_REAL, 0.05)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if pending:
+            left = pending - (time.monotonic() - started)
+            signal.setitimer(signal.ITIMER_REAL, max(left, 0.001))
+
+
+def test_write_text_delta_goes_on_after_a_signal_as_os_write_does() -> None:
+    read_end, write_end = _full_pipe()
+    drained: list[int] = []
+
+    def drain(signum: int, frame: object) -> None:
+        # Room for the frame: the interrupted write is made again and goes through.
+        drained.append(len(os.read(read_end, 1 << 20)))
+
+    try:
+        with _alarm(drain):
+            written, size = scan.write_text_delta(write_end, 1, 1, 1, 0, "after the signal", 0)
+    finally:
+        os.close(write_end)
+    try:
+        assert drained
+        assert written == size
+        assert os.read(read_end, size) == encode_text_delta(1, 1, 1, 0, b"after the signal", 0)
+    finally:
+        os.close(read_end)
+
+
+def test_write_text_delta_raises_what_a_signal_handler_raises() -> None:
+    read_end, write_end = _full_pipe()
+
+    def stop(signum: int, frame: object) -> None:
+        raise _StoppedError
+
+    try:
+        with _alarm(stop), pytest.raises(_StoppedError):
+            scan.write_text_delta(write_end, 1, 1, 1, 0, "never written", 0)
+    finally:
+        os.close(write_end)
+        os.close(read_end)

@@ -40,6 +40,8 @@
 #define TAG_DELTA 0x5A
 #define TAG_CALL 0x08
 #define TAG_TEXT 0x12
+#define TAG_ITEM 0x18
+#define TAG_KIND 0x20
 #define CONTAINER_TAG 0x0A
 
 /* -- CRC-32C ---------------------------------------------------------------------------------- */
@@ -457,11 +459,11 @@ static PyObject *write_text_delta(PyObject *self, PyObject *const *args, Py_ssiz
         p += text_len;
     }
     if (item) {
-        *p++ = 0x18;
+        *p++ = TAG_ITEM;
         p = put_varint(p, item);
     }
     if (kind) {
-        *p++ = 0x20;
+        *p++ = TAG_KIND;
         p = put_varint(p, kind);
     }
     Py_XDECREF(encoded);
@@ -473,13 +475,17 @@ static PyObject *write_text_delta(PyObject *self, PyObject *const *args, Py_ssiz
     *p++ = (uint8_t)(checksum >> 24);
     ssize_t written;
     int saved;
-    /* As os.write does: other threads (gRPC's, the fsync worker) run during the call. */
-    Py_BEGIN_ALLOW_THREADS
-    written = write((int)fd, frame, total);
-    saved = errno;
-    Py_END_ALLOW_THREADS
+    /* As os.write does: other threads (gRPC's, the fsync worker) run during the call, and a
+     * call a signal interrupted is made again unless the signal's handler raised (PEP 475). */
+    do {
+        Py_BEGIN_ALLOW_THREADS
+        written = write((int)fd, frame, total);
+        saved = errno;
+        Py_END_ALLOW_THREADS
+    } while (written < 0 && saved == EINTR && PyErr_CheckSignals() == 0);
     if (frame != stack) PyMem_Free(frame);
     if (written < 0) {
+        if (PyErr_Occurred()) return NULL;
         errno = saved;
         return PyErr_SetFromErrno(PyExc_OSError);
     }
