@@ -92,22 +92,24 @@ def test_text_delta_frame_is_encode_records_byte_for_byte(tmp_path: Path) -> Non
     written = 0
     edges = [0, 1, 127, 128, 16_383, 16_384, 2**32 - 1]
     kinds = list(record_pb2.DeltaKind.values())
-    for _ in range(2_000):
-        seq = rng.choice([1, 127, 128, rng.randrange(1, 2**40)])
-        time_us = rng.choice([0, 1, 127, 128, rng.randrange(0, 2**45)])
-        call, item = (rng.choice([*edges, rng.randrange(0, 2**32)]) for _ in range(2))
-        kind = rng.choice(kinds)
-        delta = _random_text(rng)
-        record = record_pb2.TraceRecord(seq=seq, time_us=time_us)
-        body = record.output_text_delta
-        body.call, body.item, body.delta, body.kind = call, item, delta, kind
-        expected = encode_record(record)
-        assert encode_text_delta(seq, time_us, call, item, delta.encode(), kind) == expected
-        frame = scan.write_text_delta(fd, seq, time_us, call, item, delta, kind)
-        assert frame == (len(expected), len(expected))
-        assert os.pread(fd, len(expected) + 1, written) == expected
-        written += len(expected)
-    os.close(fd)
+    try:
+        for _ in range(2_000):
+            seq = rng.choice([1, 127, 128, rng.randrange(1, 2**40)])
+            time_us = rng.choice([0, 1, 127, 128, rng.randrange(0, 2**45)])
+            call, item = (rng.choice([*edges, rng.randrange(0, 2**32)]) for _ in range(2))
+            kind = rng.choice(kinds)
+            delta = _random_text(rng)
+            record = record_pb2.TraceRecord(seq=seq, time_us=time_us)
+            body = record.output_text_delta
+            body.call, body.item, body.delta, body.kind = call, item, delta, kind
+            expected = encode_record(record)
+            assert encode_text_delta(seq, time_us, call, item, delta.encode(), kind) == expected
+            frame = scan.write_text_delta(fd, seq, time_us, call, item, delta, kind)
+            assert frame == (len(expected), len(expected))
+            assert os.pread(fd, len(expected) + 1, written) == expected
+            written += len(expected)
+    finally:
+        os.close(fd)
 
 
 def test_text_delta_frame_refuses_what_encode_record_refuses() -> None:
