@@ -33,9 +33,11 @@ from bench._harness import Process, agent_server_argv, spawn
 from bench.jsonl_peer import write_codex_jsonl
 
 # Run with the tree's project first on the path: nothing of bench/ is imported from there, the
-# peer is this tree's (loaded by its file), so both trees are set beside the same peer.
+# peer is this tree's (loaded by its file), so both trees are set beside the same peer. The
+# child says where its trace_reducer came from, for the parent to check.
 _P1_CHILD = """
 import functools, gc, importlib.util, json, pathlib, sys, time
+import trace_reducer
 from trace_reducer import replay_bundle
 peer_file, jsonl_dir, *bundles = sys.argv[1:]
 spec = importlib.util.spec_from_file_location("_peer", peer_file)
@@ -58,6 +60,7 @@ for number, bundle in enumerate(bundles):
             run()
             best = min(best, time.process_time() - started)
         out[f"{number} {name}"] = best
+out["_from"] = trace_reducer.__file__
 print(json.dumps(out))
 """
 _P1_CONTENDERS = ("complete", "compact", "lazy peer")
@@ -104,12 +107,8 @@ def p1(baseline: Path, rounds: int, bundles: list[str]) -> None:
             write_codex_jsonl(Path(bundle), Path(jsonl_dir) / f"{number}.jsonl")
 
         def child(tree: str) -> None:
-            env = dict(os.environ, PYTHONPATH=trees[tree])
-            argv = [sys.executable, "-c", _P1_CHILD, peer_file, jsonl_dir, *bundles]
-            done = subprocess.run(argv, env=env, capture_output=True, text=True)
-            if done.returncode:
-                raise RuntimeError(f"{tree} tree's replay failed:\n{done.stderr}")
-            results[tree].append(json.loads(done.stdout))
+            out = run_in_tree(Path(trees[tree]), _P1_CHILD, peer_file, jsonl_dir, *bundles)
+            results[tree].append(out)
 
         _rotate([functools.partial(child, tree) for tree in trees], rounds)
     for number, bundle in enumerate(bundles):
@@ -131,6 +130,26 @@ def p1(baseline: Path, rounds: int, bundles: list[str]) -> None:
                     f"{max(ratios):.2f}"
                 )
             print(f"  {name:9s} / lazy peer  " + "   ".join(cells))
+
+
+def run_in_tree(tree: Path, code: str, *args: str) -> dict[str, float]:
+    """Run `code` (which prints a JSON object, its "_from" the trace_reducer file it imported)
+    in a fresh interpreter importing the project from `tree`; return the object without
+    "_from". Raises RuntimeError when the child fails or imported the project from elsewhere.
+
+    `-P`: with `-c`, Python puts the working directory first on the path, before PYTHONPATH,
+    so run from a checkout the child would import that checkout instead of `tree`.
+    """
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    argv = [sys.executable, "-P", "-c", code, *args]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"the child in {tree} failed:\n{done.stderr}")
+    out: dict[str, float] = json.loads(done.stdout)
+    source = Path(str(out.pop("_from")))
+    if not source.resolve().is_relative_to(tree.resolve()):
+        raise RuntimeError(f"the child meant for {tree} imported trace_reducer from {source}")
+    return out
 
 
 def _paired(name: str, this: list[float], base: list[float]) -> str:

@@ -12,6 +12,7 @@ from rollout.trace.v1 import common_pb2, record_pb2, state_pb2
 from trace_reducer import (
     BundleNotFoundError,
     NotABundleError,
+    RecordOutOfRangeError,
     Reducer,
     ReductionError,
     RequestNotFoundError,
@@ -488,6 +489,78 @@ def test_contradictions_fail_naming_the_seq(name: str) -> None:
     record.seq = 6
     with pytest.raises(ReductionError, match=rf"^seq 6: {message}"):
         reducer.apply(record)
+
+
+@pytest.mark.parametrize("name", sorted(CONTRADICTIONS))
+def test_a_contradiction_leaves_the_state_as_the_records_before_made_it(name: str) -> None:
+    record, _ = CONTRADICTIONS[name]
+    reducer = Reducer()
+    for earlier in prologue():
+        reducer.apply(earlier)
+    before = reducer.state()
+    record = record_pb2.TraceRecord.FromString(record.SerializeToString())
+    record.seq = 6
+    with pytest.raises(ReductionError):
+        reducer.apply(record)
+    assert reducer.state() == before
+
+
+# Each record that opens a context, at a time no Timestamp holds (the year 10000 and on).
+_OPENERS = {
+    "thread": record_pb2.TraceRecord(
+        thread_started=record_pb2.ThreadStarted(thread=2, thread_id="th-2")
+    ),
+    "turn": record_pb2.TraceRecord(
+        turn_started=record_pb2.TurnStarted(turn=2, thread=1, turn_id="tu-2")
+    ),
+    "call": record_pb2.TraceRecord(
+        inference_started=record_pb2.InferenceStarted(call=2, turn=1, inference_call_id="c-2")
+    ),
+    "item": record_pb2.TraceRecord(output_item_done=record_pb2.OutputItemDone(call=1, item=1)),
+    "tool call": record_pb2.TraceRecord(
+        tool_call_started=record_pb2.ToolCallStarted(
+            tool_call=1, call=1, tool_call_id="tc", call_id="x", name="f"
+        )
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_OPENERS))
+def test_a_context_opened_at_an_impossible_time_leaves_nothing_behind(name: str) -> None:
+    reducer = Reducer()
+    for earlier in prologue():
+        reducer.apply(earlier)
+    before = reducer.state()
+    record = record_pb2.TraceRecord.FromString(_OPENERS[name].SerializeToString())
+    record.seq = 6
+    record.time_us = 300_000_000_000 * 1_000_000
+    with pytest.raises(RecordOutOfRangeError, match=r"^seq 6: its time is "):
+        reducer.apply(record)
+    assert reducer.state() == before
+    # At a possible time the same record opens its context: the refusal was the time's.
+    record.time_us = 10
+    reducer.apply(record)
+    assert reducer.state() != before
+
+
+def test_the_final_state_is_the_reducers_own_and_ends_it(tmp_path: Path) -> None:
+    bundle = interrupted_bundle(tmp_path, record_call_end=False)
+    reducer = Reducer()
+    with read_bundle(bundle) as reader:
+        records = list(reader)
+        for record in records:
+            reducer.apply(record)
+        reducer.set_integrity(reader.integrity)
+    copy = reducer.state()
+    final = reducer.final_state()
+    assert final == copy
+    assert final == replay_bundle(bundle)
+    with pytest.raises(RuntimeError, match="final state was taken"):
+        reducer.apply(records[-1])
+    with pytest.raises(RuntimeError, match="final state was taken"):
+        reducer.apply_many(records[-1:])
+    with pytest.raises(RuntimeError, match="final state was taken"):
+        reducer.state()
 
 
 def test_events_after_the_call_ended_contradict() -> None:

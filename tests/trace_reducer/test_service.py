@@ -120,17 +120,17 @@ async def test_write_state_lands_in_the_directory_opened_even_if_swapped_for_a_s
     outside = tmp_path / "outside"
     outside.mkdir()
     moved = served.root / "moved"
-    state = Reducer.state
+    final_state = Reducer.final_state
 
     def state_then_swap(reducer: Reducer, *, compact: bool = False) -> state_pb2.RolloutTrace:
         # Between reading the bundle and writing state.json, its directory becomes a symlink
         # to a directory outside the root.
-        trace = state(reducer, compact=compact)
+        trace = final_state(reducer, compact=compact)
         bundle.rename(moved)
         bundle.symlink_to(outside)
         return trace
 
-    monkeypatch.setattr(Reducer, "state", state_then_swap)
+    monkeypatch.setattr(Reducer, "final_state", state_then_swap)
     response = await served.stub.ReduceBundle(reduce_request(bundle.name, write_state=True))
     assert list(outside.iterdir()) == []
     assert (moved / "state.json").is_file()

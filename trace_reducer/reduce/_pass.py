@@ -79,7 +79,7 @@ def reduce_reader(
     if isinstance(rewards, _Beside):
         rewards = read_rewards(reader.bundle_dir)
     return Reduced(
-        settle(reducer, reader.integrity, rewards, compact=compact),
+        settle(reducer, reader.integrity, rewards, compact=compact, final=True),
         reducer.parent,
         reducer.held_payloads(),
     )
@@ -91,11 +91,15 @@ def settle(
     rewards: RewardFile | None,
     *,
     compact: bool = False,
+    final: bool = False,
 ) -> state_pb2.RolloutTrace:
     """The state once the records are in: their integrity set, the rewards attached. The end
-    of reduce_reader, and of a follower that reduced the records as they were written."""
+    of reduce_reader, and of a follower that reduced the records as they were written.
+
+    final: the reducer's own state is handed over (Reducer.final_state) and it takes no more
+    records; by default a copy, and the follower reads on."""
     reducer.set_integrity(integrity)
-    trace = reducer.state(compact=compact)
+    trace = reducer.final_state(compact=compact) if final else reducer.state(compact=compact)
     if rewards is not None:
         add_rewards(trace, rewards)
     return trace

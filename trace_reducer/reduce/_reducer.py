@@ -167,6 +167,13 @@ def _timestamp(micros: int) -> timestamp_pb2.Timestamp:
     return timestamp_pb2.Timestamp(seconds=seconds, nanos=rest * 1000)
 
 
+def _set_time(target: timestamp_pb2.Timestamp, micros: int) -> None:
+    seconds, rest = divmod(micros, 1_000_000)
+    # Setting a field of a sub-message marks it present, zero or not.
+    target.seconds = seconds
+    target.nanos = rest * 1000
+
+
 def _fail(record: _Record, message: str) -> NoReturn:
     raise ReductionError(f"seq {record.seq}: {message}")
 
@@ -237,6 +244,10 @@ class Reducer:
         self._call_ids: set[str] = set()
         self._tool_calls: dict[int, _ToolCall] = {}
         self._tool_call_ids: set[str] = set()
+        # The state itself: each context's message is made in its map and changed there, so
+        # state() copies the whole in one call and final_state() hands it over as it is.
+        self._trace = state_pb2.RolloutTrace()
+        self._taken = False
         self._items: dict[str, state_pb2.ConversationItem] = {}
         self._payloads = PayloadStore()
         # Items are parsed once, however many later requests repeat them; their bytes go.
@@ -252,6 +263,8 @@ class Reducer:
         Raises ReductionError when it contradicts the records before it; the state is then
         left as those records made it.
         """
+        if self._taken:
+            self._check_not_taken()
         kind = record.WhichOneof("body")
         handler = self._handlers.get(kind)
         if handler is None:
@@ -265,6 +278,7 @@ class Reducer:
         """apply() each record in order; the loop replay runs, with text deltas for a call's
         latest item (most of any bundle) handled inline, and runs of them (what
         FrameDecoder.feed_batch makes) whole."""
+        self._check_not_taken()
         streaming = self._streaming
         last: _Record | None = None
         inline = 0
@@ -327,7 +341,26 @@ class Reducer:
         items" (InferenceCall.request_prefix_call_id, request_prefix_count); by default every
         request_item_ids and input_payload_ids is whole.
         """
+        self._check_not_taken()
         trace = state_pb2.RolloutTrace()
+        trace.CopyFrom(self._trace)
+        return self._finished(trace, compact=compact)
+
+    def final_state(self, *, compact: bool = False) -> state_pb2.RolloutTrace:
+        """state(), without the copy: the reducer's own message, for a reduction that is over.
+        Nothing can be applied, nor a state asked for, after it."""
+        self._check_not_taken()
+        self._taken = True
+        return self._finished(self._trace, compact=compact)
+
+    def _check_not_taken(self) -> None:
+        if self._taken:
+            raise RuntimeError("the reducer's final state was taken: it takes no more records")
+
+    def _finished(self, trace: state_pb2.RolloutTrace, *, compact: bool) -> state_pb2.RolloutTrace:
+        """trace (a copy of the state, or the state itself) with what the records so far
+        imply once they end: the header's fields, the integrity, what is still streaming as
+        discarded, the tokens gathered, the fork, and (unless compact) every request whole."""
         header = self._header
         if header is not None:
             trace.trace_id = header.trace_id
@@ -341,22 +374,15 @@ class Reducer:
             trace.ended_at.CopyFrom(_timestamp(ended))
         trace.integrity.CopyFrom(self._integrity_proto())
         trace.recording_complete = trace.integrity.status == _CLEAN
-        for thread in self._threads.values():
-            trace.threads[thread.msg.thread_id].CopyFrom(thread.msg)
-        for turn in self._turns.values():
-            trace.turns[turn.msg.turn_id].CopyFrom(turn.msg)
+        calls = trace.inference_calls
         for call in self._calls.values():
-            target = trace.inference_calls[call.msg.inference_call_id]
-            target.CopyFrom(call.msg)
-            # The records end here: whatever is still streaming would be discarded.
-            for output in call.open:
-                target.discarded_outputs.append(output.discarded())
-            if call.tokens is not None:
-                target.output_tokens.CopyFrom(call.tokens.to_proto())
-        for item_id, item in self._items.items():
-            trace.conversation_items[item_id].CopyFrom(item)
-        for tool_call in self._tool_calls.values():
-            trace.tool_calls[tool_call.msg.tool_call_id].CopyFrom(tool_call.msg)
+            if call.open or call.tokens is not None:
+                target = calls[call.msg.inference_call_id]
+                # The records end here: whatever is still streaming would be discarded.
+                for output in call.open:
+                    target.discarded_outputs.append(output.discarded())
+                if call.tokens is not None:
+                    target.output_tokens.CopyFrom(call.tokens.to_proto())
         if self._fork is not None:
             trace.fork.CopyFrom(self._fork)
         if not compact:
@@ -409,20 +435,23 @@ class Reducer:
             proto.fork_unresolved = True
         return proto
 
-    def _stamp(self, target: timestamp_pb2.Timestamp, record: _Record) -> None:
-        """Set target to the record's time (set in place: a Timestamp made and copied in costs
-        twice, and every context's start and end has one)."""
+    def _micros(self, record: _Record) -> int:
+        """The record's time in microseconds from 1970, checked to fit a Timestamp. A record
+        that starts a context asks for it before it changes anything: the context's message
+        is made in the state, where a failure must not leave half of it."""
         micros = self._base_us + record.time_us
         if not _MIN_MICROS <= micros <= _MAX_MICROS:
             _check_time(record.seq, micros, "its time")  # raises
-        seconds, rest = divmod(micros, 1_000_000)
-        # Setting a field of a sub-message marks it present, zero or not.
-        target.seconds = seconds
-        target.nanos = rest * 1000
+        return micros
 
-    def _start(self, execution: state_pb2.Execution, record: _Record) -> None:
+    def _stamp(self, target: timestamp_pb2.Timestamp, record: _Record) -> None:
+        """Set target to the record's time (set in place: a Timestamp made and copied in costs
+        twice, and every context's start and end has one)."""
+        _set_time(target, self._micros(record))
+
+    def _start(self, execution: state_pb2.Execution, micros: int, record: _Record) -> None:
         execution.status = _RUNNING
-        self._stamp(execution.started_at, record)
+        _set_time(execution.started_at, micros)
         execution.started_seq = record.seq
 
     def _end(
@@ -500,21 +529,26 @@ class Reducer:
         info: ItemInfo,
         payload_id: str,
         record: _Record,
+        micros: int,
         *,
         responses_item_id: str,
         producer: state_pb2.ProducerRef | None,
     ) -> str:
+        """A new conversation item of thread, first seen at record (whose time, micros, its
+        handler has checked)."""
         item_id = f"item-{len(self._items) + 1}"
-        item = state_pb2.ConversationItem(
-            item_id=item_id,
-            thread_id=thread.thread_id,
-            turn_id=turn_id,
-            responses_item_id=responses_item_id,
-            first_seen_seq=record.seq,
-            payload_id=payload_id,
-        )
+        item = self._trace.conversation_items[item_id]
+        item.item_id = item_id
+        item.thread_id = thread.thread_id
+        if turn_id:
+            item.turn_id = turn_id
+        if responses_item_id:
+            item.responses_item_id = responses_item_id
+        item.first_seen_seq = record.seq
+        if payload_id:
+            item.payload_id = payload_id
         info.fill(item)
-        self._stamp(item.first_seen_at, record)
+        _set_time(item.first_seen_at, micros)
         if producer is not None:
             item.produced_by.append(producer)
         self._items[item_id] = item
@@ -569,18 +603,18 @@ class Reducer:
     def _on_thread_started(self, record: _Record) -> None:
         body = record.thread_started
         _check_new(record, "thread", body.thread, self._threads, body.thread_id, self._thread_ids)
-        msg = state_pb2.Thread(
-            thread_id=body.thread_id,
-            model=body.model,
-            instructions_payload_id=body.instructions_payload_id,
-        )
+        micros = self._micros(record)
+        msg = self._trace.threads[body.thread_id]
+        msg.thread_id = body.thread_id
+        msg.model = body.model
+        msg.instructions_payload_id = body.instructions_payload_id
         msg.metadata.update(body.metadata)
-        self._start(msg.execution, record)
+        self._start(msg.execution, micros, record)
         thread = _Thread(msg)
         self._threads[body.thread] = thread
         self._thread_ids.add(body.thread_id)
         if self._fork_prefix is not None:
-            self._seed_fork(thread, self._fork_prefix, record)
+            self._seed_fork(thread, self._fork_prefix, record, micros)
             self._fork_prefix = None
             self._held[body.thread_id] = self._fork_tokens
 
@@ -623,7 +657,7 @@ class Reducer:
             )
             self._fork_tokens = seed if len(seed) == body.parent_token_count else None
 
-    def _seed_fork(self, thread: _Thread, prefix: list[str], record: _Record) -> None:
+    def _seed_fork(self, thread: _Thread, prefix: list[str], record: _Record, micros: int) -> None:
         """The shared history becomes the thread's first items and its 'previous request', so
         the first request's input prefix matches it (read from the parent, or placeholders)."""
         infos = [self._item_info(pid, record) for pid in prefix]
@@ -638,6 +672,7 @@ class Reducer:
                 infos[index],
                 prefix[index],
                 record,
+                micros,
                 responses_item_id=infos[index].responses_item_id
                 or (parent_item.responses_item_id if parent_item is not None else ""),
                 producer=None,
@@ -702,10 +737,13 @@ class Reducer:
             _fail(record, f"turn started on thread {thread.msg.thread_id}, which has ended")
         # Looked up before anything changes, so a missing payload leaves the state as it was.
         inputs = [(pid, self._item_info(pid, record)) for pid in body.input_payload_ids]
-        msg = state_pb2.Turn(
-            turn_id=turn_id, thread_id=thread.thread_id, traceparent=body.traceparent
-        )
-        self._start(msg.execution, record)
+        micros = self._micros(record)
+        msg = self._trace.turns[turn_id]
+        msg.turn_id = turn_id
+        msg.thread_id = thread.thread_id
+        if body.traceparent:
+            msg.traceparent = body.traceparent
+        self._start(msg.execution, micros, record)
         producer = state_pb2.ProducerRef(user_input=state_pb2.UserInputProducer(turn_id=turn_id))
         for pid, info in inputs:
             msg.input_item_ids.append(
@@ -715,6 +753,7 @@ class Reducer:
                     info,
                     pid,
                     record,
+                    micros,
                     responses_item_id=info.responses_item_id,
                     producer=producer,
                 )
@@ -732,17 +771,8 @@ class Reducer:
             _fail(record, f"inference started in turn {turn.msg.turn_id}, which has ended")
         thread = turn.thread
         turn_id = turn.turn_id
-        msg = state_pb2.InferenceCall(
-            inference_call_id=call_id,
-            thread_id=thread.thread_id,
-            turn_id=turn_id,
-            attempt=body.attempt,
-            model=body.model,
-            provider_base_url=body.provider_base_url,
-            request_envelope_payload_id=body.request_envelope_payload_id,
-            policy_version=body.policy_version,
-        )
-        msg.sampling.CopyFrom(self._sampling_of(body.request_envelope_payload_id, record))
+        envelope_id = body.request_envelope_payload_id
+        sampling = self._sampling_of(envelope_id, record)
         known = body.input_prefix_count
         if known > len(thread.inputs):
             _fail(
@@ -751,9 +781,21 @@ class Reducer:
                 "previous call",
             )
         new_pids = list(body.input_payload_ids)
-        self._start(msg.execution, record)
+        micros = self._micros(record)
         # Looked up before anything changes, so a missing payload leaves the state as it was.
         infos = [self._item_info(pid, record) for pid in new_pids]
+        msg = self._trace.inference_calls[call_id]
+        msg.inference_call_id = call_id
+        msg.thread_id = thread.thread_id
+        msg.turn_id = turn_id
+        msg.attempt = body.attempt
+        msg.model = body.model
+        msg.provider_base_url = body.provider_base_url
+        msg.request_envelope_payload_id = envelope_id
+        if body.policy_version:
+            msg.policy_version = body.policy_version
+        msg.sampling.CopyFrom(sampling)
+        self._start(msg.execution, micros, record)
 
         def new_item(index: int) -> str:
             info = infos[index]
@@ -763,6 +805,7 @@ class Reducer:
                 info,
                 new_pids[index],
                 record,
+                micros,
                 responses_item_id=info.responses_item_id,
                 producer=None,
             )
@@ -890,6 +933,7 @@ class Reducer:
             output = latest
         pid = body.item_payload_id
         info = self._item_info(pid, record) if pid else self._synthesised(output)
+        micros = self._micros(record)
         item_id = body.item_id or (output.provider_item_id if output else "")
         item_id = item_id or info.responses_item_id
         turn = call.turn
@@ -902,6 +946,7 @@ class Reducer:
             info,
             pid,
             record,
+            micros,
             responses_item_id=item_id,
             producer=producer,
         )
@@ -1008,21 +1053,21 @@ class Reducer:
         )
         call = self._live_call(body.call, record)
         turn = call.turn
-        msg = state_pb2.ToolCall(
-            tool_call_id=body.tool_call_id,
-            call_id=body.call_id,
-            name=body.name,
-            thread_id=turn.thread.thread_id,
-            turn_id=turn.turn_id,
-            requested_by_inference_call_id=call.msg.inference_call_id,
-            arguments_payload_id=body.arguments_payload_id,
-        )
+        micros = self._micros(record)
+        msg = self._trace.tool_calls[body.tool_call_id]
+        msg.tool_call_id = body.tool_call_id
+        msg.call_id = body.call_id
+        msg.name = body.name
+        msg.thread_id = turn.thread.thread_id
+        msg.turn_id = turn.turn_id
+        msg.requested_by_inference_call_id = call.msg.inference_call_id
+        msg.arguments_payload_id = body.arguments_payload_id
         # The function_call item the same call accepted just before.
         for item_id in reversed(call.msg.response_item_ids):
             if self._items[item_id].responses_item_id == body.item_id:
                 msg.call_item_id = item_id
                 break
-        self._start(msg.execution, record)
+        self._start(msg.execution, micros, record)
         tool_call = _ToolCall(msg, turn)
         self._tool_calls[body.tool_call] = tool_call
         self._tool_call_ids.add(body.tool_call_id)
@@ -1040,6 +1085,7 @@ class Reducer:
     def _tool_output(self, tool_call: _ToolCall, payload_id: str, record: _Record) -> None:
         """The function_call_output item that answers the call, produced by the tool call."""
         info = self._item_info(payload_id, record)
+        micros = self._micros(record)
         turn = tool_call.turn
         producer = state_pb2.ProducerRef(
             tool=state_pb2.ToolProducer(tool_call_id=tool_call.msg.tool_call_id)
@@ -1050,6 +1096,7 @@ class Reducer:
             info,
             payload_id,
             record,
+            micros,
             responses_item_id=info.responses_item_id,
             producer=producer,
         )

@@ -222,7 +222,7 @@ class ReducerService(reducer_pb2_grpc.ReducerServiceServicer):
                 # Nothing after the first bad frame counts: answer now, read no further.
                 break
         reducer.set_integrity(decoder.finish())
-        trace = reducer.state()
+        trace = reducer.final_state()
         require_reducible(trace.integrity, salvage=bool(salvage), source="upload")
         return reducer_pb2.ReduceRecordsResponse(trace=trace)
 
