@@ -34,10 +34,6 @@ MAX_ITEM_DEPTH = 200
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
-# Fields that change between the provider's copy of an item and the copy sent back as input
-# without changing what the model sees.
-_VOLATILE_FIELDS = frozenset({"id", "status"})
-
 
 class ItemInfo(NamedTuple):
     """What the reducer needs to know about one Responses API item.
@@ -80,14 +76,6 @@ class ItemInfo(NamedTuple):
 
 def _text(value: object) -> str:
     return value if isinstance(value, str) else ""
-
-
-def _normalise_part(part: object) -> object:
-    # Text parts collect annotations and logprobs on the way out that are not sent back in;
-    # other parts (images, files) are only distinguishable by all of their fields.
-    if isinstance(part, dict) and "text" in part:
-        return {"type": part.get("type", ""), "text": part["text"]}
-    return part
 
 
 def _parts(value: object, default_type: str) -> tuple[tuple[str, str], ...]:
@@ -160,8 +148,10 @@ def parse_item(data: bytes) -> ItemInfo:
             return _opaque(text)
     # Nesting deeper than the limit needs more opening brackets than the limit, so most
     # payloads are not walked at all.
-    if data.count(b"[") + data.count(b"{") > MAX_ITEM_DEPTH and _depth_exceeds(
-        parsed, MAX_ITEM_DEPTH
+    if (
+        len(data) > MAX_ITEM_DEPTH
+        and data.count(b"[") + data.count(b"{") > MAX_ITEM_DEPTH
+        and _depth_exceeds(parsed, MAX_ITEM_DEPTH)
     ):
         return _opaque(data.decode("utf-8", "replace"))
     # Only an escape can spell a lone surrogate (bytes that would were replaced above, and
@@ -170,10 +160,11 @@ def parse_item(data: bytes) -> ItemInfo:
         parsed = _without_lone_surrogates(parsed)
     if not isinstance(parsed, dict):
         return _opaque(_canonical(parsed))
-    # A copy without the volatile fields: copied whole in C, then the few dropped.
+    # A copy (made whole in C) without the fields that change between the provider's copy of
+    # an item and the copy sent back as input, without changing what the model sees.
     normalised = parsed.copy()
-    for volatile in _VOLATILE_FIELDS:
-        normalised.pop(volatile, None)
+    normalised.pop("id", None)
+    normalised.pop("status", None)
     item_type = parsed.get("type")
     if item_type is None and "role" in parsed:
         # The short input form {"role", "content"} is a message.
@@ -183,7 +174,14 @@ def parse_item(data: bytes) -> ItemInfo:
     if isinstance(content, str):
         normalised["content"] = [{"type": "input_text", "text": content}]
     elif isinstance(content, list):
-        normalised["content"] = [_normalise_part(part) for part in content]
+        # Text parts collect annotations and logprobs on the way out that are not sent back
+        # in; other parts (images, files) are only distinguishable by all of their fields.
+        normalised["content"] = [
+            {"type": part.get("type", ""), "text": part["text"]}
+            if isinstance(part, dict) and "text" in part
+            else part
+            for part in content
+        ]
     kind = state_pb2.ITEM_KIND_OTHER
     if isinstance(item_type, str):
         kind = _KINDS.get(item_type, kind)

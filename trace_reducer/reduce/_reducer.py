@@ -132,7 +132,7 @@ def _joined(parts: Iterable[str | DeltaRun]) -> str:
 
 
 class _Call:
-    __slots__ = ("ended", "latest", "msg", "open", "ordinal", "tokens", "turn")
+    __slots__ = ("ended", "latest", "msg", "open", "ordinal", "producer", "tokens", "turn")
 
     def __init__(self, ordinal: int, msg: state_pb2.InferenceCall, turn: _Turn) -> None:
         self.ordinal = ordinal
@@ -143,6 +143,7 @@ class _Call:
         self.latest: _Output | None = None
         self.ended = False
         self.tokens: TokenAccumulator | None = None
+        self.producer: state_pb2.ProducerRef | None = None
 
 
 def _unresolved(payload_id: str) -> ItemInfo:
@@ -937,9 +938,12 @@ class Reducer:
         item_id = body.item_id or (output.provider_item_id if output else "")
         item_id = item_id or info.responses_item_id
         turn = call.turn
-        producer = state_pb2.ProducerRef(
-            inference=state_pb2.InferenceProducer(inference_call_id=call.msg.inference_call_id)
-        )
+        producer = call.producer
+        if producer is None:
+            # One for all of the call's items: each is copied into the item that names it.
+            producer = call.producer = state_pb2.ProducerRef(
+                inference=state_pb2.InferenceProducer(inference_call_id=call.msg.inference_call_id)
+            )
         accepted = self._new_item(
             turn.thread,
             turn.turn_id,
