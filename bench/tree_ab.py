@@ -3,7 +3,10 @@
 `python -m bench.tree_ab --baseline DIR p1 BUNDLE...` times `replay_bundle` (complete, then
 compact) of each tree on each bundle beside the lazy JSONL peer (this tree's, for both), in a
 fresh interpreter per tree and round, the order alternating; each time is CPU time, the best of
-three. `python -m bench.tree_ab --baseline DIR p5` runs P5's load (200 threads x 50 deltas/s on the
+three. With `--instructions` it counts each replay's instructions under callgrind instead: the
+same for the same code and input whatever else the machine is doing.
+
+`python -m bench.tree_ab --baseline DIR p5` runs P5's load (200 threads x 50 deltas/s on the
 stamped model, recording on) against this tree's server, DIR's server (a checkout of the commit
 before the lever: `git worktree add DIR main`) and the bare grpc.aio floor, in rounds whose order
 rotates; `p3` runs P3's (20 threads x 3 turns of 300-word replies at 5 ms a word) against four
@@ -20,11 +23,12 @@ import functools
 import json
 import os
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from agent_server.local_model import reply_words
@@ -132,16 +136,17 @@ def p1(baseline: Path, rounds: int, bundles: list[str]) -> None:
             print(f"  {name:9s} / lazy peer  " + "   ".join(cells))
 
 
-def run_in_tree(tree: Path, code: str, *args: str) -> dict[str, float]:
+def run_in_tree(tree: Path, code: str, *args: str, prefix: Sequence[str] = ()) -> dict[str, float]:
     """Run `code` (which prints a JSON object, its "_from" the trace_reducer file it imported)
     in a fresh interpreter importing the project from `tree`; return the object without
     "_from". Raises RuntimeError when the child fails or imported the project from elsewhere.
+    prefix: what the interpreter runs under (valgrind, say).
 
     `-P`: with `-c`, Python puts the working directory first on the path, before PYTHONPATH,
     so run from a checkout the child would import that checkout instead of `tree`.
     """
     env = dict(os.environ, PYTHONPATH=str(tree))
-    argv = [sys.executable, "-P", "-c", code, *args]
+    argv = [*prefix, sys.executable, "-P", "-c", code, *args]
     done = subprocess.run(argv, env=env, capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError(f"the child in {tree} failed:\n{done.stderr}")
@@ -150,6 +155,79 @@ def run_in_tree(tree: Path, code: str, *args: str) -> dict[str, float]:
     if not source.resolve().is_relative_to(tree.resolve()):
         raise RuntimeError(f"the child meant for {tree} imported trace_reducer from {source}")
     return out
+
+
+# One contender of one bundle, replayed `extra` times after a first replay of it: under
+# callgrind, the instructions of `extra` replays are the difference from the same child run
+# with none (the import, the first replay's warm-up and the exit cancel).
+_P1_COUNT_CHILD = """
+import json, pathlib, sys
+import trace_reducer
+from trace_reducer import replay_bundle
+import importlib.util
+peer_file, jsonl, bundle, name, extra = sys.argv[1:]
+spec = importlib.util.spec_from_file_location("_peer", peer_file)
+peer = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(peer)
+work = {
+    "complete": lambda: replay_bundle(bundle),
+    "compact": lambda: replay_bundle(bundle, compact=True),
+    "lazy peer": lambda: peer.reduce_codex_jsonl(pathlib.Path(jsonl), lazy=True),
+}[name]
+for _ in range(1 + int(extra)):
+    work()
+print(json.dumps({"_from": trace_reducer.__file__}))
+"""
+_COUNTED_REPLAYS = 3
+
+
+def _instructions(tree: Path, *args: str) -> int:
+    """Instructions callgrind counts for _P1_COUNT_CHILD run in tree with args."""
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        raise SystemExit("tree_ab --instructions needs valgrind (Debian's valgrind package)")
+    with tempfile.TemporaryDirectory() as scratch:
+        out_file = Path(scratch, "callgrind.out")
+        prefix = [valgrind, "--tool=callgrind", f"--callgrind-out-file={out_file}", "-q"]
+        run_in_tree(tree, _P1_COUNT_CHILD, *args, prefix=prefix)
+        for line in out_file.read_text().splitlines():
+            # The file's totals line: "summary: N" (older valgrinds) or "totals: N".
+            if line.startswith(("summary:", "totals:")):
+                return int(line.split()[1])
+    raise RuntimeError(f"callgrind wrote no totals for {tree}")
+
+
+def p1_instructions(baseline: Path, bundles: list[str]) -> None:
+    """Instructions a replay of each bundle takes in each tree, and the lazy peer's: unlike
+    CPU time, the same for the same code and input whatever else the machine is doing."""
+    trees = {"base": baseline, "this": Path(__file__).resolve().parents[1]}
+    peer_file = str(Path(__file__).with_name("jsonl_peer.py"))
+    with tempfile.TemporaryDirectory() as jsonl_dir:
+        for number, bundle in enumerate(bundles):
+            jsonl = str(Path(jsonl_dir) / f"{number}.jsonl")
+            write_codex_jsonl(Path(bundle), Path(jsonl))
+            print(bundle)
+            counts: dict[tuple[str, str], float] = {}
+            for name in _P1_CONTENDERS:
+                for tree_name, tree in trees.items():
+                    if name == "lazy peer" and tree_name == "base":
+                        continue  # the peer is this tree's for both
+                    args = (peer_file, jsonl, bundle, name)
+                    # Once outside callgrind first: the tree's bytecode is compiled and
+                    # cached then, not in one of the two counted runs.
+                    run_in_tree(tree, _P1_COUNT_CHILD, *args, "0")
+                    none = _instructions(tree, *args, "0")
+                    some = _instructions(tree, *args, str(_COUNTED_REPLAYS))
+                    counts[tree_name, name] = (some - none) / _COUNTED_REPLAYS
+            peer = counts["this", "lazy peer"]
+            print(f"  lazy peer  {peer / 1e6:.1f} M instructions")
+            for name in _P1_CONTENDERS[:2]:
+                base, this = counts["base", name], counts["this", name]
+                print(
+                    f"  {name:9s}  base {base / 1e6:.1f} M, this {this / 1e6:.1f} M "
+                    f"({(this - base) / base:+.1%}); x lazy peer base {base / peer:.2f}, "
+                    f"this {this / peer:.2f}"
+                )
 
 
 def _paired(name: str, this: list[float], base: list[float]) -> str:
@@ -269,13 +347,21 @@ def main() -> None:
     parser.add_argument(
         "--base-args", default="", help="p5, p3: flags added to the baseline's servers"
     )
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="p1: count each replay's instructions under callgrind instead of timing it",
+    )
     args = parser.parse_args()
     baseline = args.baseline.resolve()
     base_args = tuple(shlex.split(args.base_args))
     if args.bench == "p1":
         if not args.bundles:
             parser.error("p1 needs the bundles to replay")
-        p1(baseline, args.rounds, args.bundles)
+        if args.instructions:
+            p1_instructions(baseline, args.bundles)
+        else:
+            p1(baseline, args.rounds, args.bundles)
     elif args.bench == "p5":
         p5(baseline, args.rounds, threads=args.threads or 200, base_args=base_args)
     else:

@@ -9,7 +9,10 @@ from pathlib import Path
 import pytest
 
 import trace_reducer
-from bench.tree_ab import run_in_tree
+from bench.jsonl_peer import write_codex_jsonl
+from bench.tree_ab import _instructions, run_in_tree
+
+from .trace_reducer.bundles import one_turn_bundle
 
 _THIS_TREE = Path(trace_reducer.__file__).resolve().parents[1]
 _REPORT = 'import json, trace_reducer; print(json.dumps({"_from": trace_reducer.__file__, "x": 1}))'
@@ -34,3 +37,17 @@ def test_a_tree_without_the_project_is_refused(
     with pytest.raises(RuntimeError, match="imported trace_reducer from"):
         run_in_tree(empty, _REPORT)
     assert os.getcwd() == str(_THIS_TREE)
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="needs valgrind")
+def test_instructions_grow_with_the_replays_counted(tmp_path: Path) -> None:
+    bundle = str(one_turn_bundle(tmp_path))
+    jsonl = tmp_path / "peer.jsonl"
+    write_codex_jsonl(Path(bundle), jsonl)
+    peer_file = str(_THIS_TREE / "bench" / "jsonl_peer.py")
+    args = (peer_file, str(jsonl), bundle, "compact")
+    none = _instructions(_THIS_TREE, *args, "0")
+    some = _instructions(_THIS_TREE, *args, "3")
+    # Three more replays of a small bundle: more work, and far less than the interpreter's
+    # start, which both runs share.
+    assert 0 < some - none < none
