@@ -421,6 +421,13 @@ def prologue() -> list[record_pb2.TraceRecord]:
     ]
 
 
+def after_prologue() -> Reducer:
+    reducer = Reducer()
+    for earlier in prologue():
+        reducer.apply(earlier)
+    return reducer
+
+
 CONTRADICTIONS: dict[str, tuple[record_pb2.TraceRecord, str]] = {
     "second header": (header_record(), "a second header"),
     "duplicate thread ordinal": (
@@ -483,9 +490,7 @@ CONTRADICTIONS: dict[str, tuple[record_pb2.TraceRecord, str]] = {
 @pytest.mark.parametrize("name", sorted(CONTRADICTIONS))
 def test_contradictions_fail_naming_the_seq(name: str) -> None:
     record, message = CONTRADICTIONS[name]
-    reducer = Reducer()
-    for earlier in prologue():
-        reducer.apply(earlier)
+    reducer = after_prologue()
     record.seq = 6
     with pytest.raises(ReductionError, match=rf"^seq 6: {message}"):
         reducer.apply(record)
@@ -494,9 +499,7 @@ def test_contradictions_fail_naming_the_seq(name: str) -> None:
 @pytest.mark.parametrize("name", sorted(CONTRADICTIONS))
 def test_a_contradiction_leaves_the_state_as_the_records_before_made_it(name: str) -> None:
     record, _ = CONTRADICTIONS[name]
-    reducer = Reducer()
-    for earlier in prologue():
-        reducer.apply(earlier)
+    reducer = after_prologue()
     before = reducer.state()
     record = record_pb2.TraceRecord.FromString(record.SerializeToString())
     record.seq = 6
@@ -527,9 +530,7 @@ _OPENERS = {
 
 @pytest.mark.parametrize("name", sorted(_OPENERS))
 def test_a_context_opened_at_an_impossible_time_leaves_nothing_behind(name: str) -> None:
-    reducer = Reducer()
-    for earlier in prologue():
-        reducer.apply(earlier)
+    reducer = after_prologue()
     before = reducer.state()
     record = record_pb2.TraceRecord.FromString(_OPENERS[name].SerializeToString())
     record.seq = 6
@@ -564,9 +565,7 @@ def test_the_final_state_is_the_reducers_own_and_ends_it(tmp_path: Path) -> None
 
 
 def test_events_after_the_call_ended_contradict() -> None:
-    reducer = Reducer()
-    for earlier in prologue():
-        reducer.apply(earlier)
+    reducer = after_prologue()
     reducer.apply(
         record_pb2.TraceRecord(
             seq=6, inference_ended=record_pb2.InferenceEnded(call=1, status=COMPLETED)
