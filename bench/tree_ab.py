@@ -39,23 +39,30 @@ from bench.jsonl_peer import write_codex_jsonl
 # Run with the tree's project first on the path: nothing of bench/ is imported from there, the
 # peer is this tree's (loaded by its file), so both trees are set beside the same peer. The
 # child says where its trace_reducer came from, for the parent to check.
-_P1_CHILD = """
+# Both children's start: the contenders of one bundle (and its JSON lines), by name.
+_CHILD_CONTENDERS = """
 import functools, gc, importlib.util, json, pathlib, sys, time
 import trace_reducer
 from trace_reducer import replay_bundle
-peer_file, jsonl_dir, *bundles = sys.argv[1:]
-spec = importlib.util.spec_from_file_location("_peer", peer_file)
-peer = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(peer)
-out = {}
-for number, bundle in enumerate(bundles):
-    work = {
+def contenders(peer_file, bundle, jsonl):
+    spec = importlib.util.spec_from_file_location("_peer", peer_file)
+    peer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(peer)
+    return {
         "complete": functools.partial(replay_bundle, bundle),
         "compact": functools.partial(replay_bundle, bundle, compact=True),
         "lazy peer": functools.partial(
-            peer.reduce_codex_jsonl, pathlib.Path(jsonl_dir, f"{number}.jsonl"), lazy=True
+            peer.reduce_codex_jsonl, pathlib.Path(jsonl), lazy=True
         ),
     }
+"""
+_P1_CHILD = (
+    _CHILD_CONTENDERS
+    + """
+peer_file, jsonl_dir, *bundles = sys.argv[1:]
+out = {}
+for number, bundle in enumerate(bundles):
+    work = contenders(peer_file, bundle, pathlib.Path(jsonl_dir, f"{number}.jsonl"))
     for name, run in work.items():
         best = float("inf")
         for _ in range(3):
@@ -67,6 +74,7 @@ for number, bundle in enumerate(bundles):
 out["_from"] = trace_reducer.__file__
 print(json.dumps(out))
 """
+)
 _P1_CONTENDERS = ("complete", "compact", "lazy peer")
 
 
@@ -160,24 +168,16 @@ def run_in_tree(tree: Path, code: str, *args: str, prefix: Sequence[str] = ()) -
 # One contender of one bundle, replayed `extra` times after a first replay of it: under
 # callgrind, the instructions of `extra` replays are the difference from the same child run
 # with none (the import, the first replay's warm-up and the exit cancel).
-_P1_COUNT_CHILD = """
-import json, pathlib, sys
-import trace_reducer
-from trace_reducer import replay_bundle
-import importlib.util
+_P1_COUNT_CHILD = (
+    _CHILD_CONTENDERS
+    + """
 peer_file, jsonl, bundle, name, extra = sys.argv[1:]
-spec = importlib.util.spec_from_file_location("_peer", peer_file)
-peer = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(peer)
-work = {
-    "complete": lambda: replay_bundle(bundle),
-    "compact": lambda: replay_bundle(bundle, compact=True),
-    "lazy peer": lambda: peer.reduce_codex_jsonl(pathlib.Path(jsonl), lazy=True),
-}[name]
+work = contenders(peer_file, bundle, jsonl)[name]
 for _ in range(1 + int(extra)):
     work()
 print(json.dumps({"_from": trace_reducer.__file__}))
 """
+)
 _COUNTED_REPLAYS = 3
 
 

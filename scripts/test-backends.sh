@@ -2,7 +2,8 @@
 # Installs what the tests drive beyond Python packages, only where it is missing, from the
 # Debian packages: Chromium (and its driver) for the viewer's browser tests; protoc, Go with the
 # Go protobuf and gRPC plugins and libraries, and Java's protobuf runtime, for the test that
-# builds Go and Java stubs from the protos. Idempotent.
+# builds Go and Java stubs from the protos; valgrind for the benchmark's instruction counts.
+# Idempotent.
 set -euo pipefail
 
 install() {
@@ -31,6 +32,8 @@ command -v javac >/dev/null || missing+=(default-jdk-headless)
 dpkg -s golang-github-golang-protobuf-1-5-dev >/dev/null 2>&1 ||
     missing+=(golang-github-golang-protobuf-1-5-dev)
 [ -x /usr/bin/chromium ] || missing+=(chromium chromium-driver)
+# bench.tree_ab --instructions counts under callgrind (tests/test_bench_tree_ab.py).
+command -v valgrind >/dev/null || missing+=(valgrind)
 if [ ${#missing[@]} -gt 0 ]; then
     install "${missing[@]}"
 fi
