@@ -1,8 +1,8 @@
-"""The one compiled part: the bundle reader's frame scanner and the writer's text-delta frame
-(everything else is in pyproject.toml).
+"""The compiled parts: the bundle reader's frame scanner and the writer's text-delta frame, and
+the reducer's item description (everything else is in pyproject.toml).
 
-It is optional: where it cannot be built (no C compiler), the package installs anyway and reads
-and writes bundles in pure Python, only slower.
+Both are optional: where they cannot be built (no C compiler), the package installs anyway and
+reads, writes and reduces bundles in pure Python, only slower.
 """
 
 from setuptools import Extension, setup
@@ -14,6 +14,12 @@ setup(
             sources=["trace_reducer/bundle/_scan.c"],
             extra_compile_args=["-O2"],
             optional=True,
-        )
+        ),
+        Extension(
+            "trace_reducer.reduce._describe",
+            sources=["trace_reducer/reduce/_describe.c"],
+            extra_compile_args=["-O2"],
+            optional=True,
+        ),
     ]
 )

@@ -25,9 +25,11 @@ cd "$work"
 bundle=$(ls -d "$work"/traces/*/)
 "$work/venv/bin/trace-reducer" reduce "$bundle" >/dev/null
 "$work/venv/bin/trace-reducer" view "$bundle" >/dev/null
-# The C frame scanner was built into the wheel (it is optional only where no compiler is).
-"$work/venv/bin/python" -c "import trace_reducer.bundle._scan" ||
-    { echo "check-package: the wheel has no trace_reducer.bundle._scan" >&2; exit 1; }
+# The C parts were built into the wheel (they are optional only where no compiler is).
+for extension in trace_reducer.bundle._scan trace_reducer.reduce._describe; do
+    "$work/venv/bin/python" -c "import $extension" ||
+        { echo "check-package: the wheel has no $extension" >&2; exit 1; }
+done
 # Typed packages, for the projects that check their use of this one.
 for package in agent_server trace_reducer grpc_common rollout_client rollout; do
     "$work/venv/bin/python" -c "

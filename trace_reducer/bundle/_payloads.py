@@ -155,7 +155,8 @@ def resolve_inputs(previous: list[str], body: record_pb2.InferenceStarted) -> li
 # this many digits anywhere is left to json (found by mapping every digit to 0 and anything else
 # to a space: two passes in C, where a regular expression takes ten times).
 _DIGITS_AS_ZEROS = bytes(0x30 if 0x30 <= byte <= 0x39 else 0x20 for byte in range(256))
-_LONG_NUMBER = b"0" * 19
+LONG_NUMBER_DIGITS = 19
+_LONG_NUMBER = b"0" * LONG_NUMBER_DIGITS
 
 
 def fast_json(data: bytes) -> tuple[bool, Any]:
