@@ -31,7 +31,7 @@ class EventBuffer:
     """Keeps the last `capacity` events of a thread; subscribers never slow the publisher.
 
     Publishing is synchronous; every subscriber walks the shared buffer at its own pace and
-    waits on a one-shot Event that the next publish (or close) sets.
+    waits on a future of its own that the next publish (or close) sets.
 
     `capacity` is the replay window: a subscription may start after any of the last
     `capacity` events. Events that an attached subscriber has not been handed yet are kept
@@ -58,7 +58,10 @@ class EventBuffer:
         self._first = 1  # index of _events[0]
         self._next_index = 1
         self._closed = False
-        self._changed = asyncio.Event()
+        # Each waiting subscriber's own future, all set by the next publish or close: what an
+        # asyncio.Event keeps, without the Event made per publish and its wait's loop lookup
+        # (on Python 3.11 a getpid() system call each time), once per delta.
+        self._waiters: list[asyncio.Future[None]] = []
         # The highest index handed to any subscriber: events up to it are frozen.
         self._taken = 0
         # Attached subscribers and the index of the last event each was handed.
@@ -142,8 +145,27 @@ class EventBuffer:
             self._wake()
 
     def _wake(self) -> None:
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
+        waiters = self._waiters
+        if waiters:
+            self._waiters = []
+            for waiter in waiters:
+                # One that timed out or was cancelled is done already.
+                if not waiter.done():
+                    waiter.set_result(None)
+
+    def _changed(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
+        """A future the next publish or close sets; the subscriber's own, so that cancelling
+        its wait (a timeout, the client leaving) leaves the others' alone."""
+        waiter = loop.create_future()
+        self._waiters.append(waiter)
+        return waiter
+
+    def _forget(self, waiter: asyncio.Future[None]) -> None:
+        """Drop a waiter no publish set (its wait timed out or was cancelled), so that waits
+        that end that way on a quiet thread do not pile up."""
+        if waiter.cancelled():
+            with contextlib.suppress(ValueError):
+                self._waiters.remove(waiter)
 
     def check(self, after_index: int) -> None:
         """Raise EventsOutOfRangeError unless a subscription after `after_index` can start."""
@@ -223,10 +245,13 @@ class EventBuffer:
                     ):
                         # Another event or the end of the window releases it; deltas that
                         # join it meanwhile do not wake us.
-                        changed = self._changed
-                        with contextlib.suppress(TimeoutError):
-                            async with asyncio.timeout_at(hold_until):
-                                await changed.wait()
+                        changed = self._changed(loop)
+                        try:
+                            with contextlib.suppress(TimeoutError):
+                                async with asyncio.timeout_at(hold_until):
+                                    await changed
+                        finally:
+                            self._forget(changed)
                         continue
                     position += 1
                     self._positions[subscriber] = position
@@ -237,7 +262,11 @@ class EventBuffer:
                     continue
                 if self._closed:
                     return
-                await self._changed.wait()
+                changed = self._changed(loop)
+                try:
+                    await changed
+                finally:
+                    self._forget(changed)
         finally:
             del self._positions[subscriber]
             telemetry.subscriber_detached()

@@ -201,21 +201,31 @@ class Thread:
         )
         for piece in pieces:
             if refusal or not self.events.merge_delta(turn_id, item_id, piece):
-                self.emit(
-                    turn_id,
-                    agent_message_delta=agent_pb2.AgentMessageDeltaEvent(
-                        item_id=item_id, delta=piece, refusal=refusal
-                    ),
-                )
+                # The body filled in place (a body message made and then copied in costs
+                # twice, once per delta); setting its fields marks it the event's kind.
+                event = agent_pb2.ThreadEvent(thread_id=self.id, turn_id=turn_id)
+                body = event.agent_message_delta
+                body.item_id = item_id
+                body.delta = piece
+                if refusal:
+                    body.refusal = True
+                _stamp(event)
+                # telemetry.on_event has nothing to do for a delta (on_delta above counts it).
+                self.events.publish(event)
 
     def emit(self, turn_id: str, **kind: Any) -> None:
         """Publish one event (exactly one `kind=message` keyword) to the thread's subscribers."""
         event = agent_pb2.ThreadEvent(thread_id=self.id, turn_id=turn_id, **kind)
-        # GetCurrentTime() goes through datetime arithmetic; this runs once per event.
-        nanos = time.time_ns()
-        event.time.seconds, event.time.nanos = divmod(nanos, 1_000_000_000)
+        _stamp(event)
         self.events.publish(event)
         telemetry.on_event(self.id, event)
+
+
+def _stamp(event: agent_pb2.ThreadEvent) -> None:
+    """Set the event's time to now (GetCurrentTime() goes through datetime arithmetic; this
+    runs once per event)."""
+    stamp = event.time
+    stamp.seconds, stamp.nanos = divmod(time.time_ns(), 1_000_000_000)
 
 
 def recorded_thread(summary: RecordedSummary) -> agent_pb2.Thread:

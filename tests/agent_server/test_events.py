@@ -162,3 +162,36 @@ async def test_a_dropped_event_takes_its_serialized_copy_with_it() -> None:
     buffer.publish(event("e"))
     # Only the events still buffered keep their bytes.
     assert sorted(buffer._encoded) == [4]
+
+
+async def test_waits_that_end_without_an_event_leave_nothing_behind() -> None:
+    buffer = EventBuffer(10)
+    buffer.publish(event("a"))
+    # Subscribers that wait on a quiet thread and leave (a client's deadline), and one that
+    # waits out its flush window on a held delta: none of their waits stays with the buffer.
+    for _ in range(50):
+        reader = buffer.subscribe(1)
+        waiting = asyncio.create_task(anext(reader))
+        await asyncio.sleep(0)
+        assert len(buffer._waiters) == 1
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert buffer._waiters == []
+    held = buffer.subscribe(0, flush_window=0.05)
+    assert deltas([await anext(held)]) == ["a"]
+    buffer.publish(event("b"))
+    # "b" is held for the window, then handed over: the wait timed out, and was dropped.
+    assert deltas([await anext(held)]) == ["b"]
+    assert buffer._waiters == []
+    # A subscriber still waiting is woken by the next publish, each on its own future.
+    readers = [buffer.subscribe(2) for _ in range(3)]
+    waits = [asyncio.create_task(anext(reader)) for reader in readers]
+    await asyncio.sleep(0)
+    assert len(buffer._waiters) == 3
+    waits[0].cancel()
+    buffer.publish(event("c"))
+    assert [deltas([await wait]) for wait in waits[1:]] == [["c"], ["c"]]
+    with pytest.raises(asyncio.CancelledError):
+        await waits[0]
+    await held.aclose()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from agent_server.sse import SseEvent, SseSplitter
@@ -42,3 +44,22 @@ def test_a_torn_last_event_is_held_back() -> None:
     assert (ready, events) == (b"data: whole\n\n", [SseEvent("", "whole")])
     assert splitter.held == len(b"data: tor")
     assert splitter.rest() == b"data: tor"
+
+
+def test_random_reads_give_the_events_of_the_whole_stream() -> None:
+    # Reads cut anywhere: inside a line ending, right after an event (the common case, taken
+    # without a search), after a read that held a torn event.
+    stream = STREAM * 3 + b"data: \r\n\ndata: x\n\n"
+    whole_ready, whole_events = SseSplitter().feed(stream)
+    assert whole_ready == stream
+    rng = random.Random(5)
+    for _ in range(500):
+        cuts = sorted(rng.sample(range(1, len(stream)), rng.randint(1, 12)))
+        splitter = SseSplitter()
+        forwarded, events = b"", []
+        for start, end in zip([0, *cuts], [*cuts, len(stream)], strict=True):
+            ready, found = splitter.feed(stream[start:end])
+            forwarded += ready
+            events.extend(found)
+        assert (forwarded, events) == (stream, whole_events)
+        assert splitter.rest() == b""
