@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import grpc
 from google.protobuf import message_factory
 
@@ -69,9 +67,11 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             turn = await self._agent.interrupt(request.thread_id, request.turn_id, context.peer())
             return agent_pb2.InterruptResponse(turn=turn.to_proto())
 
-    async def StreamEvents(  # type: ignore[override]  # noqa: N802 - sends bytes, see add_to_server
+    async def StreamEvents(  # type: ignore[override]  # noqa: N802 - writes bytes, see add_to_server
         self, request: agent_pb2.StreamEventsRequest, context: Context
-    ) -> AsyncIterator[bytes]:
+    ) -> None:
+        # A coroutine that writes each message itself, as grpc.aio runs a response generator:
+        # without a generator layer of its own, each delta costs one resumption fewer.
         async with ERRORS.translated(context, "StreamEvents"):
             window_ms = (
                 request.flush_window_ms
@@ -84,8 +84,9 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                 )
             events = self._agent.thread(request.thread_id).events
             # Already-serialized StreamEventsResponse messages (see add_to_server).
+            write = context.write
             async for event in events.subscribe(request.after_index, window_ms / 1000):
-                yield events.encoded(event)
+                await write(events.encoded(event))
 
     async def GetThread(  # noqa: N802
         self, request: agent_pb2.GetThreadRequest, context: Context
