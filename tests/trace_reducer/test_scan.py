@@ -113,6 +113,60 @@ def test_every_bit_flip_reads_as_python_reads_it() -> None:
                 assert _read(FrameDecoder(native=False), bytes(damaged), piece) == exact
 
 
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append((value & 0x7F) | (0x80 if value > 0x7F else 0))
+        value >>= 7
+        if not value:
+            return bytes(out)
+
+
+def _frame(fields: bytes) -> bytes:
+    """A frame of these record fields whose CRC holds, whatever the fields say."""
+    body = fields + b"\x7d" + google_crc32c.value(fields).to_bytes(4, "little")
+    return _varint(len(body)) + body
+
+
+def test_a_record_a_parse_may_read_otherwise_is_left_to_python() -> None:
+    # Records whose CRC holds and whose first field is the seq expected, but whose other fields
+    # could make a parse find another seq or a header or a footer, or not parse at all: the
+    # scan leaves each to Python, so a stretch never hands one to the reducer unasked.
+    header = record_pb2.TraceRecord(seq=1)
+    header.header.trace_id = "t"
+    payload = record_pb2.TraceRecord(seq=2, time_us=3)
+    payload.payload.payload_id = "p"
+    after = record_pb2.TraceRecord(seq=4, time_us=9)
+    after.payload.payload_id = "q"
+    seq3 = b"\x08\x03\x10\x05"
+    odd = {
+        "a second seq": seq3 + b"\x2a\x03\x0a\x01p" + b"\x08\x07",
+        "a header": seq3 + b"\x1a\x02\x0a\x00",
+        "a footer": seq3 + b"\x22\x02\x08\x05",
+        "a group": seq3 + b"\xc3\x02\xc4\x02",
+        "a field cut short": seq3 + b"\x2a\x10\x0a\x01",
+        "field number 0": seq3 + b"\x00\x01",
+        "a varint past 10 bytes": seq3 + b"\x30" + b"\xff" * 10 + b"\x01",
+    }
+    start = len(encode_record(header)) + len(encode_record(payload))
+    for what, fields in odd.items():
+        data = encode_record(header) + encode_record(payload) + _frame(fields)
+        data += encode_record(after)
+        pieces, pos, _, stopped = scan.scan(data, len(encode_record(header)), 2)
+        assert [piece[2] for piece in pieces] == [1], what
+        assert (pos, stopped) == (start, True), what
+        for piece in (len(data), 7):
+            exact = _read(FrameDecoder(bulk=False), data, piece)
+            assert _read(FrameDecoder(), data, piece) == exact, what
+            assert _read(FrameDecoder(native=False), data, piece) == exact, what
+    # A record of every ordinary kind of field still joins the stretch.
+    plain = seq3 + b"\x2a\x03\x0a\x01p" + b"\x9d\x01\x00\x00\x00\x00" + b"\x99\x01" + bytes(8)
+    data = encode_record(header) + encode_record(payload) + _frame(plain) + encode_record(after)
+    pieces, pos, _, stopped = scan.scan(data, len(encode_record(header)), 2)
+    assert [piece[2] for piece in pieces] == [3]
+    assert (pos, stopped) == (len(data), False)
+
+
 def test_write_text_delta_refuses_what_it_cannot_write(tmp_path: Path) -> None:
     fd = os.open(tmp_path / "frames", os.O_WRONLY | os.O_CREAT, 0o600)
     try:

@@ -259,19 +259,25 @@ def parse_frames(frames: list[bytes], first_seq: int) -> list[record_pb2.TraceRe
 
 
 def parse_container(
-    container: bytes, first_seq: int, count: int
+    container: bytes, first_seq: int, count: int, *, scanned: bool = False
 ) -> list[record_pb2.TraceRecord] | None:
     """The `count` records of container (frames whose CRCs hold, each after a 0x0A byte) as a
     frame-by-frame read gives them; None when one does not parse, their seqs do not run on
-    from first_seq, or one is a header or a footer."""
+    from first_seq, or one is a header or a footer.
+
+    scanned: the C scanner made the container, and has seen to the seqs and the bodies (each
+    record's one seq field is the one expected, and no field is a header or a footer), which
+    are then not asked for again."""
     try:
         batch: Any = _RecordBatch.FromString(container)
     except DecodeError:
         return None
     records: list[record_pb2.TraceRecord] = list(batch.records)
-    if len(records) != count or list(map(_SEQ, records)) != list(
-        range(first_seq, first_seq + count)
-    ):
+    if len(records) != count:
+        return None
+    if scanned:
+        return records
+    if list(map(_SEQ, records)) != list(range(first_seq, first_seq + count)):
         return None
     kinds = set(map(_BODY, records))
     if "header" in kinds or "footer" in kinds:

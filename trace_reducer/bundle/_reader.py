@@ -144,7 +144,7 @@ class FrameDecoder:
                     items.append(DeltaRun(call, first_seq, count, extra, container))
                     self._last_time_us = extra
                     continue
-                records = parse_container(container, first_seq, count)
+                records = parse_container(container, first_seq, count, scanned=True)
                 if records is not None:
                     items.extend(records)
                     self._last_time_us = records[-1].time_us

@@ -18,11 +18,14 @@
  *
  * with n and m spanning exactly to the CRC field and the text valid UTF-8, so its seq, time,
  * call and text are what a parse would find. Any other record joins a stretch once its CRC
- * holds and its first field is the seq expected; the Python side parses the stretch and checks
- * every seq and body kind, reading it frame by frame when anything is off. The scan stops,
- * for the Python side to read one frame alone, at the header (seq 1), at a CRC that does not
- * hold, at a seq out of order and at a length prefix it does not take; and it stops before a
- * frame not wholly in the buffer.
+ * holds, its first field is the seq expected and its other top-level fields are well formed,
+ * with no second seq, no header and no footer among them (plain_record): so a parse of the
+ * stretch gives each record the seq read here and no header or footer, and the Python side
+ * only parses it, reading it frame by frame when the parse fails or the count is off. The scan
+ * stops, for the Python side to read one frame alone, at the header (seq 1), at a CRC that
+ * does not hold, at a seq out of order, at a record plain_record refuses (the footer among
+ * them) and at a length prefix it does not take; and it stops before a frame not wholly in
+ * the buffer.
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -43,6 +46,10 @@
 #define TAG_ITEM 0x18
 #define TAG_KIND 0x20
 #define CONTAINER_TAG 0x0A
+/* TraceRecord's field numbers that a record of a stretch must not hold after its seq. */
+#define FIELD_SEQ 1
+#define FIELD_HEADER 3
+#define FIELD_FOOTER 4
 
 /* -- CRC-32C ---------------------------------------------------------------------------------- */
 
@@ -173,6 +180,40 @@ static int plain_delta(const uint8_t *at, const uint8_t *end, uint64_t *time_us,
     return utf8_ok(at, end);
 }
 
+/* Whether the fields after a record's seq (from `at` to the CRC field) are well formed, at the
+ * top level, none of them a second seq, a header or a footer: then a parse of the record finds
+ * the seq the scan read and a body the Python side may take as it comes, without asking each
+ * record for its seq and its body's name again. Groups (wire types 3 and 4) are left to it. */
+static int plain_record(const uint8_t *at, const uint8_t *end) {
+    while (at < end) {
+        uint64_t tag, skip;
+        if (!read_varint(&at, end, 5, &tag)) return 0;
+        uint64_t number = tag >> 3;
+        if (number == FIELD_SEQ || number == FIELD_HEADER || number == FIELD_FOOTER || number == 0)
+            return 0;
+        switch (tag & 7) {
+        case 0:
+            if (!read_varint(&at, end, 10, &skip)) return 0;
+            break;
+        case 1:
+            if (end - at < 8) return 0;
+            at += 8;
+            break;
+        case 2:
+            if (!read_varint(&at, end, 5, &skip) || skip > (uint64_t)(end - at)) return 0;
+            at += skip;
+            break;
+        case 5:
+            if (end - at < 4) return 0;
+            at += 4;
+            break;
+        default:
+            return 0;
+        }
+    }
+    return 1;
+}
+
 /* -- pieces ------------------------------------------------------------------------------------ */
 
 typedef struct {
@@ -287,6 +328,10 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         }
         uint64_t time_us, call;
         int64_t kind = plain_delta(field, fields_end, &time_us, &call) ? (int64_t)call : -1;
+        if (kind < 0 && !plain_record(field, fields_end)) {
+            stopped = 1;
+            break;
+        }
         if (piece.count && piece.call != kind) {
             if (emit(pieces, buffer, &piece) < 0) goto fail;
             piece.start = piece.end;
