@@ -124,7 +124,8 @@ def _varint(value: int) -> bytes:
 
 def _frame(fields: bytes) -> bytes:
     """A frame of these record fields whose CRC holds, whatever the fields say."""
-    body = fields + b"\x7d" + google_crc32c.value(fields).to_bytes(4, "little")
+    crc: int = google_crc32c.value(fields)
+    body = fields + b"\x7d" + crc.to_bytes(4, "little")
     return _varint(len(body)) + body
 
 
