@@ -14,12 +14,13 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from google.protobuf import timestamp_pb2
 
 from bench.agent_shapes import AgentBundles, record_agent_bundles
-from rollout.trace.v1 import record_pb2
+from rollout.trace.v1 import record_pb2, state_pb2
 from trace_reducer import replay_bundle
 from trace_reducer.bundle import read_bundle
-from trace_reducer.reduce import _describe, _items
+from trace_reducer.reduce import _describe, _items, _reducer
 from trace_reducer.reduce._items import ItemInfo, parse_item
 
 _ITEM_KINDS = (
@@ -161,6 +162,8 @@ def test_a_replay_reduces_alike_without_the_c_way(
 ) -> None:
     bundles = (agent_bundles.replies, agent_bundles.tools)
     with_c = [replay_bundle(bundle) for bundle in bundles]
+    replay_bundle_c_compact = {bundle: replay_bundle(bundle, compact=True) for bundle in bundles}
+    assert all(state.conversation_items for state in with_c)
     calls: list[bytes] = []
     reference = _items._parse_item
 
@@ -170,7 +173,11 @@ def test_a_replay_reduces_alike_without_the_c_way(
 
     monkeypatch.setattr(_items, "_describe", None)
     monkeypatch.setattr(_items, "_parse_item", python_way)
-    assert [replay_bundle(bundle) for bundle in bundles] == with_c
+    # Each item's message set field by field, not merged from item_wire's encoding.
+    monkeypatch.setattr(_reducer, "item_wire", None)
+    for bundle, state in zip(bundles, with_c, strict=True):
+        assert replay_bundle(bundle) == state
+        assert replay_bundle(bundle, compact=True) == replay_bundle_c_compact[bundle]
     assert len(calls) >= 4 * 3 + 2 * 3
 
 
@@ -216,3 +223,53 @@ def test_the_c_way_keeps_nothing_it_allocates() -> None:
         tracemalloc.stop()
     # 20,000 descriptions: a leak of one small object each would be ~1 MB.
     assert grown < 64 * 1024
+
+
+def test_an_items_encoding_is_the_message_its_fields_make() -> None:
+    rng = random.Random(11)
+    producer = state_pb2.ProducerRef(
+        inference=state_pb2.InferenceProducer(inference_call_id="call-1")
+    )
+    for number in range(2000):
+        data = _encodings(rng, _item(rng))[0]
+        info = parse_item(data)
+        seconds = rng.choice([0, 1, 1_700_000_000, -62_135_596_800, rng.randint(-(10**9), 10**10)])
+        nanos = rng.choice([0, 1000, rng.randrange(0, 1_000_000_000, 1000)])
+        values = (
+            f"item-{number}",
+            rng.choice(["thread_1", "é"]),
+            rng.choice(["", "turn_1"]),
+            rng.choice(["", info.responses_item_id, "msg_9"]),
+            rng.choice([0, 1, 2**40]),
+            rng.choice(["", "a" * 64]),
+        )
+        with_producer = rng.random() < 0.5
+        wire = _items.item_wire(
+            info,
+            *values,
+            seconds,
+            nanos,
+            producer.SerializeToString() if with_producer else b"",
+        )
+        assert wire is not None
+        expected = state_pb2.ConversationItem(
+            item_id=values[0],
+            thread_id=values[1],
+            turn_id=values[2],
+            responses_item_id=values[3],
+            first_seen_seq=values[4],
+            payload_id=values[5],
+            role=info.role,
+            kind=info.kind,
+            call_id=info.call_id,
+            name=info.name,
+            arguments=info.arguments,
+            output=info.output,
+            content=[state_pb2.ContentPart(type=kind, text=text) for kind, text in info.content],
+            first_seen_at=timestamp_pb2.Timestamp(seconds=seconds, nanos=nanos),
+            produced_by=[producer] if with_producer else [],
+        )
+        assert state_pb2.ConversationItem.FromString(wire) == expected
+    # What is not UTF-8 (a lone surrogate) is left to the message library, which refuses it.
+    info = parse_item(b'{"type": "message", "role": "user", "content": "hi"}')
+    assert _items.item_wire(info, "item-1", "t\ud800", "", "", 1, "", 0, 0, b"") is None

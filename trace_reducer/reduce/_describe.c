@@ -15,6 +15,7 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stdint.h>
 #include <string.h>
 
 /* What setup() was given. */
@@ -26,6 +27,14 @@ static Py_ssize_t max_depth;
  * where json keeps it exact (_payloads.fast_json's rule). */
 static Py_ssize_t long_number;
 static PyObject *option_names; /* ("option",): dumps(value, option=sort_option) */
+/* ConversationItem's field numbers and its parts' and timestamp's, from set_item_fields(). */
+enum {
+    F_ITEM_ID, F_THREAD_ID, F_TURN_ID, F_RESPONSES_ITEM_ID, F_FIRST_SEEN_SEQ, F_PAYLOAD_ID,
+    F_ROLE, F_KIND, F_CALL_ID, F_NAME, F_ARGUMENTS, F_OUTPUT, F_CONTENT, F_FIRST_SEEN_AT,
+    F_PRODUCED_BY, F_PART_TYPE, F_PART_TEXT, F_SECONDS, F_NANOS, F_COUNT
+};
+static uint32_t item_field[F_COUNT];
+static int item_fields_set;
 
 /* The keys and texts the rules use, interned once. */
 static PyObject *s_id, *s_status, *s_type, *s_role, *s_content, *s_text, *s_refusal;
@@ -297,6 +306,184 @@ done:
     return result;
 }
 
+/* -- an item's message, encoded --------------------------------------------------------------- */
+
+/* A growing byte buffer for one message's encoding. */
+typedef struct {
+    char *data;
+    size_t size, used;
+} Out;
+
+static int reserve(Out *out, size_t more) {
+    if (out->used + more <= out->size) return 0;
+    size_t size = out->size ? out->size : 256;
+    while (size < out->used + more) size *= 2;
+    char *data = PyMem_Realloc(out->data, size);
+    if (data == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    out->data = data;
+    out->size = size;
+    return 0;
+}
+
+static int put_varint(Out *out, uint64_t value) {
+    if (reserve(out, 10) < 0) return -1;
+    do {
+        uint8_t byte = value & 0x7F;
+        value >>= 7;
+        out->data[out->used++] = (char)(byte | (value ? 0x80 : 0));
+    } while (value);
+    return 0;
+}
+
+static int put_bytes(Out *out, uint32_t field, const char *bytes, Py_ssize_t size) {
+    if (put_varint(out, (uint64_t)field << 3 | 2) < 0 || put_varint(out, (uint64_t)size) < 0 ||
+        reserve(out, (size_t)size) < 0)
+        return -1;
+    memcpy(out->data + out->used, bytes, (size_t)size);
+    out->used += (size_t)size;
+    return 0;
+}
+
+/* A string field, left out when empty (as proto3 writes it); 1 when the text is no UTF-8
+ * (a lone surrogate): the message library is then left to say what is wrong. */
+static int put_string(Out *out, uint32_t field, PyObject *text) {
+    if (!PyUnicode_Check(text)) return 1;
+    Py_ssize_t size;
+    const char *utf8 = PyUnicode_AsUTF8AndSize(text, &size);
+    if (utf8 == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) return -1;
+        PyErr_Clear();
+        return 1;
+    }
+    return size ? put_bytes(out, field, utf8, size) : 0;
+}
+
+/* A varint field (int64 as two's complement, as protobuf writes a negative one), left out
+ * when 0; 1 when the value is no int or does not fit. */
+static int put_number(Out *out, uint32_t field, PyObject *number) {
+    if (!PyLong_Check(number)) return 1;
+    int overflow;
+    long long value = PyLong_AsLongLongAndOverflow(number, &overflow);
+    if (overflow || (value == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return 1;
+    }
+    if (!value) return 0;
+    if (put_varint(out, (uint64_t)field << 3) < 0) return -1;
+    return put_varint(out, (uint64_t)value);
+}
+
+PyDoc_STRVAR(item_wire_doc,
+             "item_wire(info, item_id, thread_id, turn_id, responses_item_id, seq, payload_id,\n"
+             "          seconds, nanos, producer) -> bytes | None\n\n"
+             "The ConversationItem _reducer._new_item makes, encoded (producer: a ProducerRef's\n"
+             "bytes, or b'' for none); None when a value is one it leaves to the library.");
+
+static PyObject *item_wire(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError, "item_wire() takes 10 arguments");
+        return NULL;
+    }
+    if (!item_fields_set) {
+        PyErr_SetString(PyExc_RuntimeError, "_describe.set_item_fields() was not called");
+        return NULL;
+    }
+    PyObject *info = args[0];
+    if (!PyTuple_Check(info) || PyTuple_GET_SIZE(info) < 9 || !PyBytes_Check(args[9])) Py_RETURN_NONE;
+    Out out = {NULL, 0, 0};
+    Out part = {NULL, 0, 0};
+    PyObject *result = NULL;
+    int status = 0;
+    /* The fields in the order _new_item sets them (a parse takes them in any order; only the
+     * repeated ones keep theirs). */
+    struct {
+        int field;
+        PyObject *value;
+        int number;
+    } fields[] = {
+        {F_ITEM_ID, args[1], 0},
+        {F_THREAD_ID, args[2], 0},
+        {F_TURN_ID, args[3], 0},
+        {F_RESPONSES_ITEM_ID, args[4], 0},
+        {F_FIRST_SEEN_SEQ, args[5], 1},
+        {F_PAYLOAD_ID, args[6], 0},
+        {F_ROLE, PyTuple_GET_ITEM(info, 2), 1},
+        {F_KIND, PyTuple_GET_ITEM(info, 3), 1},
+        {F_CALL_ID, PyTuple_GET_ITEM(info, 5), 0},
+        {F_NAME, PyTuple_GET_ITEM(info, 6), 0},
+        {F_ARGUMENTS, PyTuple_GET_ITEM(info, 7), 0},
+        {F_OUTPUT, PyTuple_GET_ITEM(info, 8), 0},
+    };
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0] && !status; i++) {
+        uint32_t number = item_field[fields[i].field];
+        status = fields[i].number ? put_number(&out, number, fields[i].value)
+                                  : put_string(&out, number, fields[i].value);
+    }
+    PyObject *content = PyTuple_GET_ITEM(info, 4);
+    if (!status && !PyTuple_Check(content)) status = 1;
+    for (Py_ssize_t i = 0; !status && i < PyTuple_GET_SIZE(content); i++) {
+        PyObject *pair = PyTuple_GET_ITEM(content, i);
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+            status = 1;
+            break;
+        }
+        part.used = 0;
+        status = put_string(&part, item_field[F_PART_TYPE], PyTuple_GET_ITEM(pair, 0));
+        if (!status) status = put_string(&part, item_field[F_PART_TEXT], PyTuple_GET_ITEM(pair, 1));
+        if (!status) status = put_bytes(&out, item_field[F_CONTENT], part.data ? part.data : "",
+                                        (Py_ssize_t)part.used);
+    }
+    /* The timestamp is always there (setting its fields marks it present, zero or not). */
+    if (!status) {
+        part.used = 0;
+        status = put_number(&part, item_field[F_SECONDS], args[7]);
+        if (!status) status = put_number(&part, item_field[F_NANOS], args[8]);
+        if (!status) status = put_bytes(&out, item_field[F_FIRST_SEEN_AT],
+                                        part.data ? part.data : "", (Py_ssize_t)part.used);
+    }
+    if (!status && PyBytes_GET_SIZE(args[9]))
+        status = put_bytes(&out, item_field[F_PRODUCED_BY], PyBytes_AS_STRING(args[9]),
+                           PyBytes_GET_SIZE(args[9]));
+    if (status == 0) {
+        result = PyBytes_FromStringAndSize(out.data ? out.data : "", (Py_ssize_t)out.used);
+    } else if (status > 0) {
+        result = Py_None;
+        Py_INCREF(result);
+    }
+    PyMem_Free(out.data);
+    PyMem_Free(part.data);
+    return result;
+}
+
+PyDoc_STRVAR(set_item_fields_doc,
+             "set_item_fields(numbers)\n\n"
+             "ConversationItem's field numbers for item_wire, in its argument order, then\n"
+             "content, first_seen_at, produced_by, ContentPart's type and text, Timestamp's\n"
+             "seconds and nanos (see the enum in _describe.c), handed over once by _items.py.");
+
+static PyObject *set_item_fields(PyObject *module, PyObject *numbers) {
+    (void)module;
+    if (!PyTuple_Check(numbers) || PyTuple_GET_SIZE(numbers) != F_COUNT) {
+        PyErr_Format(PyExc_TypeError, "set_item_fields() takes a tuple of %d numbers", F_COUNT);
+        return NULL;
+    }
+    for (int i = 0; i < F_COUNT; i++) {
+        long number = PyLong_AsLong(PyTuple_GET_ITEM(numbers, i));
+        if (number == -1 && PyErr_Occurred()) return NULL;
+        if (number < 1 || number > 536870911) {
+            PyErr_SetString(PyExc_ValueError, "a field number is out of range");
+            return NULL;
+        }
+        item_field[i] = (uint32_t)number;
+    }
+    item_fields_set = 1;
+    Py_RETURN_NONE;
+}
+
 PyDoc_STRVAR(describe_doc,
              "describe(data: bytes) -> ItemInfo | None\n\n"
              "parse_item(data) for the common case (see _describe.c); None for the rest.");
@@ -379,6 +566,8 @@ static PyObject *setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs
 static PyMethodDef methods[] = {
     {"describe", describe, METH_O, describe_doc},
     {"setup", (PyCFunction)(void (*)(void))setup, METH_FASTCALL, setup_doc},
+    {"item_wire", (PyCFunction)(void (*)(void))item_wire, METH_FASTCALL, item_wire_doc},
+    {"set_item_fields", set_item_fields, METH_O, set_item_fields_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -22,3 +22,17 @@ def setup(
     long_number: int,
     /,
 ) -> None: ...
+def item_wire(
+    info: tuple[Any, ...],
+    item_id: str,
+    thread_id: str,
+    turn_id: str,
+    responses_item_id: str,
+    seq: int,
+    payload_id: str,
+    seconds: int,
+    nanos: int,
+    producer: bytes,
+    /,
+) -> bytes | None: ...
+def set_item_fields(numbers: tuple[int, ...], /) -> None: ...

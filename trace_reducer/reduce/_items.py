@@ -8,6 +8,7 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import NamedTuple
 
 import orjson
+from google.protobuf import timestamp_pb2
 
 from rollout.trace.v1 import state_pb2
 
@@ -241,6 +242,46 @@ if _describe is not None:
         MAX_ITEM_DEPTH,
         LONG_NUMBER_DIGITS,
     )
+
+
+def _item_fields() -> tuple[int, ...]:
+    """The field numbers _describe.item_wire writes, in the order set_item_fields takes them."""
+    item = state_pb2.ConversationItem.DESCRIPTOR.fields_by_name
+    part = state_pb2.ContentPart.DESCRIPTOR.fields_by_name
+    stamp = timestamp_pb2.Timestamp.DESCRIPTOR.fields_by_name
+    names = (
+        "item_id",
+        "thread_id",
+        "turn_id",
+        "responses_item_id",
+        "first_seen_seq",
+        "payload_id",
+        "role",
+        "kind",
+        "call_id",
+        "name",
+        "arguments",
+        "output",
+        "content",
+        "first_seen_at",
+        "produced_by",
+    )
+    return (
+        *(item[name].number for name in names),
+        part["type"].number,
+        part["text"].number,
+        stamp["seconds"].number,
+        stamp["nanos"].number,
+    )
+
+
+if _describe is not None:
+    _describe.set_item_fields(_item_fields())
+
+# A new conversation item's message, encoded in one C call: item_wire(info, item_id,
+# thread_id, turn_id, responses_item_id, seq, payload_id, seconds, nanos, producer) -> bytes,
+# or None where the message library must take the values itself. None where not built.
+item_wire = _describe.item_wire if _describe is not None else None
 
 
 def _key(value: dict[str, object]) -> Hashable:

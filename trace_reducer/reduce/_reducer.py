@@ -15,7 +15,7 @@ from ..bundle._errors import PayloadError, RecordOutOfRangeError, ReductionError
 from ..bundle._payloads import PayloadStore
 from ..bundle._tokens import TokenAccumulator, classify_stop, sampling_settings
 from ._compact import expand_request_items
-from ._items import ItemInfo, ThreadItems, parse_item
+from ._items import ItemInfo, ThreadItems, item_wire, parse_item
 from ._parents import ForkResolver, ParentBundle, fork_chain
 
 _RUNNING = common_pb2.EXECUTION_STATUS_RUNNING
@@ -143,7 +143,8 @@ class _Call:
         self.latest: _Output | None = None
         self.ended = False
         self.tokens: TokenAccumulator | None = None
-        self.producer: state_pb2.ProducerRef | None = None
+        # The ProducerRef of the call's accepted items, encoded once for all of them.
+        self.producer = b""
 
 
 def _unresolved(payload_id: str) -> ItemInfo:
@@ -533,25 +534,48 @@ class Reducer:
         micros: int,
         *,
         responses_item_id: str,
-        producer: state_pb2.ProducerRef | None,
+        producer: bytes,
     ) -> str:
         """A new conversation item of thread, first seen at record (whose time, micros, its
-        handler has checked)."""
+        handler has checked); producer is its ProducerRef encoded, b"" for none."""
         item_id = f"item-{len(self._items) + 1}"
         item = self._trace.conversation_items[item_id]
-        item.item_id = item_id
-        item.thread_id = thread.thread_id
-        if turn_id:
-            item.turn_id = turn_id
-        if responses_item_id:
-            item.responses_item_id = responses_item_id
-        item.first_seen_seq = record.seq
-        if payload_id:
-            item.payload_id = payload_id
-        info.fill(item)
-        _set_time(item.first_seen_at, micros)
-        if producer is not None:
-            item.produced_by.append(producer)
+        seconds, rest = divmod(micros, 1_000_000)
+        wire = (
+            item_wire(
+                info,
+                item_id,
+                thread.thread_id,
+                turn_id,
+                responses_item_id,
+                record.seq,
+                payload_id,
+                seconds,
+                rest * 1000,
+                producer,
+            )
+            if item_wire is not None
+            else None
+        )
+        if wire is not None:
+            # Every field in one parse (_describe.c), where each set below is a call into the
+            # message library of its own; the same message either way (tested).
+            item.MergeFromString(wire)
+        else:
+            item.item_id = item_id
+            item.thread_id = thread.thread_id
+            if turn_id:
+                item.turn_id = turn_id
+            if responses_item_id:
+                item.responses_item_id = responses_item_id
+            item.first_seen_seq = record.seq
+            if payload_id:
+                item.payload_id = payload_id
+            info.fill(item)
+            item.first_seen_at.seconds = seconds
+            item.first_seen_at.nanos = rest * 1000
+            if producer:
+                item.produced_by.add().MergeFromString(producer)
         self._items[item_id] = item
         thread.msg.conversation_item_ids.append(item_id)
         thread.items.register(item_id, info.key, responses_item_id)
@@ -676,7 +700,7 @@ class Reducer:
                 micros,
                 responses_item_id=infos[index].responses_item_id
                 or (parent_item.responses_item_id if parent_item is not None else ""),
-                producer=None,
+                producer=b"",
             )
             item = self._items[item_id]
             item.inherited.parent_thread_id = parent_thread
@@ -745,7 +769,9 @@ class Reducer:
         if body.traceparent:
             msg.traceparent = body.traceparent
         self._start(msg.execution, micros, record)
-        producer = state_pb2.ProducerRef(user_input=state_pb2.UserInputProducer(turn_id=turn_id))
+        producer = state_pb2.ProducerRef(
+            user_input=state_pb2.UserInputProducer(turn_id=turn_id)
+        ).SerializeToString()
         for pid, info in inputs:
             msg.input_item_ids.append(
                 self._new_item(
@@ -808,7 +834,7 @@ class Reducer:
                 record,
                 micros,
                 responses_item_id=info.responses_item_id,
-                producer=None,
+                producer=b"",
             )
 
         # Held as the compact form: the previous call's first `known` inputs, then these. A
@@ -939,11 +965,11 @@ class Reducer:
         item_id = item_id or info.responses_item_id
         turn = call.turn
         producer = call.producer
-        if producer is None:
+        if not producer:
             # One for all of the call's items: each is copied into the item that names it.
             producer = call.producer = state_pb2.ProducerRef(
                 inference=state_pb2.InferenceProducer(inference_call_id=call.msg.inference_call_id)
-            )
+            ).SerializeToString()
         accepted = self._new_item(
             turn.thread,
             turn.turn_id,
@@ -1093,7 +1119,7 @@ class Reducer:
         turn = tool_call.turn
         producer = state_pb2.ProducerRef(
             tool=state_pb2.ToolProducer(tool_call_id=tool_call.msg.tool_call_id)
-        )
+        ).SerializeToString()
         tool_call.msg.output_item_id = self._new_item(
             turn.thread,
             turn.turn_id,
