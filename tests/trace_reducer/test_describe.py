@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import json
 import random
+import re
 import tracemalloc
 from collections.abc import Callable
 from typing import Any
@@ -20,9 +21,11 @@ from bench.agent_shapes import AgentBundles, record_agent_bundles
 from rollout.trace.v1 import record_pb2, state_pb2
 from trace_reducer import replay_bundle
 from trace_reducer.bundle import read_bundle
+from trace_reducer.bundle._payloads import LONG_NUMBER_DIGITS
 from trace_reducer.reduce import _describe, _items, _reducer
 from trace_reducer.reduce._items import ItemInfo, parse_item
 
+_LONG_RUN = re.compile(rb"[0-9]{%d}" % LONG_NUMBER_DIGITS)
 _ITEM_KINDS = (
     record_pb2.PAYLOAD_KIND_INPUT_ITEM,
     record_pb2.PAYLOAD_KIND_OUTPUT_ITEM,
@@ -150,8 +153,11 @@ def test_every_item_the_agent_writes_takes_the_c_way(agent_bundles: AgentBundles
                     continue
                 if record.payload.kind not in _ITEM_KINDS:
                     continue
-                described, _ = _both_ways(record.payload.data)
-                assert described is not None, record.payload.data
+                data = record.payload.data
+                described, _ = _both_ways(data)
+                # A run of 19 digits (a random hex id may hold one) goes the Python way, as
+                # fast_json's rule says; every other item the agent writes goes the C way.
+                assert described is not None or _LONG_RUN.search(data), data
                 items += 1
     # Each tool round: the question, the call, its output, the reply; each reply: two.
     assert items >= 4 * 3 + 2 * 3
