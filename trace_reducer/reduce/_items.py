@@ -224,26 +224,6 @@ def _parse_item(data: bytes) -> ItemInfo:
     )
 
 
-if _describe is not None:
-    _describe.setup(
-        orjson.loads,
-        orjson.dumps,
-        orjson.JSONDecodeError,
-        orjson.JSONEncodeError,
-        orjson.OPT_SORT_KEYS,
-        ItemInfo,
-        _ROLES,
-        _KINDS,
-        state_pb2.ITEM_KIND_OTHER,
-        state_pb2.CONVERSATION_ROLE_UNSPECIFIED,
-        state_pb2.CONVERSATION_ROLE_TOOL,
-        state_pb2.ITEM_KIND_FUNCTION_CALL_OUTPUT,
-        state_pb2.ITEM_KIND_REASONING,
-        MAX_ITEM_DEPTH,
-        LONG_NUMBER_DIGITS,
-    )
-
-
 def _item_fields() -> tuple[int, ...]:
     """The field numbers _describe.item_wire writes, in the order set_item_fields takes them."""
     item = state_pb2.ConversationItem.DESCRIPTOR.fields_by_name
@@ -276,6 +256,23 @@ def _item_fields() -> tuple[int, ...]:
 
 
 if _describe is not None:
+    _describe.setup(
+        orjson.loads,
+        orjson.dumps,
+        orjson.JSONDecodeError,
+        orjson.JSONEncodeError,
+        orjson.OPT_SORT_KEYS,
+        ItemInfo,
+        _ROLES,
+        _KINDS,
+        state_pb2.ITEM_KIND_OTHER,
+        state_pb2.CONVERSATION_ROLE_UNSPECIFIED,
+        state_pb2.CONVERSATION_ROLE_TOOL,
+        state_pb2.ITEM_KIND_FUNCTION_CALL_OUTPUT,
+        state_pb2.ITEM_KIND_REASONING,
+        MAX_ITEM_DEPTH,
+        LONG_NUMBER_DIGITS,
+    )
     _describe.set_item_fields(_item_fields())
 
 # A new conversation item's message, encoded in one C call: item_wire(info, item_id,

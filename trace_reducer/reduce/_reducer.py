@@ -572,8 +572,7 @@ class Reducer:
             if payload_id:
                 item.payload_id = payload_id
             info.fill(item)
-            item.first_seen_at.seconds = seconds
-            item.first_seen_at.nanos = rest * 1000
+            _set_time(item.first_seen_at, micros)
             if producer:
                 item.produced_by.add().MergeFromString(producer)
         self._items[item_id] = item
