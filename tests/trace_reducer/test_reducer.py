@@ -22,6 +22,7 @@ from trace_reducer import (
     request_body,
     state_to_json,
 )
+from trace_reducer.reduce._reducer import _producer_ref
 
 from .bundles import (
     CANCELLED,
@@ -729,3 +730,27 @@ def test_expanding_interleaved_threads_and_states_written_by_hand() -> None:
     }
     assert list(trace.inference_calls["a3"].input_payload_ids) == ["p-x", "p-w"]
     assert not any(c.request_prefix_call_id for c in trace.inference_calls.values())
+
+
+@pytest.mark.parametrize("kind", ["inference", "user_input", "tool"])
+@pytest.mark.parametrize(
+    "producer_id",
+    ["", "a", "turn_d69504e649154efdaf331204491835cf", "x" * 125, "x" * 126, "ü" * 90, "é" * 2000],
+)
+def test_a_producer_ref_is_encoded_as_its_message_serializes(kind: str, producer_id: str) -> None:
+    # Lengths across the one- to two-byte varint edge of the inner and the outer message.
+    producers = {
+        "inference": lambda: state_pb2.ProducerRef(
+            inference=state_pb2.InferenceProducer(inference_call_id=producer_id)
+        ),
+        "user_input": lambda: state_pb2.ProducerRef(
+            user_input=state_pb2.UserInputProducer(turn_id=producer_id)
+        ),
+        "tool": lambda: state_pb2.ProducerRef(
+            tool=state_pb2.ToolProducer(tool_call_id=producer_id)
+        ),
+    }
+    expected = producers[kind]()
+    encoded = _producer_ref(kind, producer_id)
+    assert encoded == expected.SerializeToString()
+    assert state_pb2.ProducerRef.FromString(encoded) == expected

@@ -7,11 +7,13 @@ from collections.abc import Callable, Container, Iterable
 from typing import Any, NoReturn
 
 from google.protobuf import timestamp_pb2
+from google.protobuf.descriptor import FieldDescriptor
 
 from rollout.trace.v1 import common_pb2, record_pb2, state_pb2
 
 from ..bundle._bulk import DeltaRun
 from ..bundle._errors import PayloadError, RecordOutOfRangeError, ReductionError
+from ..bundle._framing import encode_varint
 from ..bundle._payloads import PayloadStore
 from ..bundle._tokens import TokenAccumulator, classify_stop, sampling_settings
 from ._compact import expand_request_items
@@ -24,6 +26,32 @@ _RUN_BYTES = 1 << 18
 _CLEAN = state_pb2.INTEGRITY_STATUS_CLEAN
 
 _Record = record_pb2.TraceRecord
+
+
+def _length_delimited_tag(field: FieldDescriptor) -> bytes:
+    return encode_varint(field.number << 3 | 2)
+
+
+_PRODUCERS = state_pb2.ProducerRef.DESCRIPTOR.fields_by_name
+# Each producer kind's tag in ProducerRef, and the tag of the one id its message holds.
+_PRODUCER_TAGS = {
+    name: (_length_delimited_tag(_PRODUCERS[name]), _length_delimited_tag(only))
+    for name, only in (
+        ("inference", state_pb2.InferenceProducer.DESCRIPTOR.fields_by_name["inference_call_id"]),
+        ("user_input", state_pb2.UserInputProducer.DESCRIPTOR.fields_by_name["turn_id"]),
+        ("tool", state_pb2.ToolProducer.DESCRIPTOR.fields_by_name["tool_call_id"]),
+    )
+}
+
+
+def _producer_ref(kind: str, producer_id: str) -> bytes:
+    """The ProducerRef whose `kind` producer has producer_id, encoded as SerializeToString
+    encodes it: made once a turn, a call and a tool call of every replay, and the message made
+    and serialized costs three times the bytes joined."""
+    outer, inner = _PRODUCER_TAGS[kind]
+    data = producer_id.encode()
+    body = inner + encode_varint(len(data)) + data if data else b""
+    return outer + encode_varint(len(body)) + body
 
 
 class _Thread:
@@ -768,9 +796,7 @@ class Reducer:
         if body.traceparent:
             msg.traceparent = body.traceparent
         self._start(msg.execution, micros, record)
-        producer = state_pb2.ProducerRef(
-            user_input=state_pb2.UserInputProducer(turn_id=turn_id)
-        ).SerializeToString()
+        producer = _producer_ref("user_input", turn_id)
         for pid, info in inputs:
             msg.input_item_ids.append(
                 self._new_item(
@@ -966,9 +992,7 @@ class Reducer:
         producer = call.producer
         if not producer:
             # One for all of the call's items: each is copied into the item that names it.
-            producer = call.producer = state_pb2.ProducerRef(
-                inference=state_pb2.InferenceProducer(inference_call_id=call.msg.inference_call_id)
-            ).SerializeToString()
+            producer = call.producer = _producer_ref("inference", call.msg.inference_call_id)
         accepted = self._new_item(
             turn.thread,
             turn.turn_id,
@@ -1116,9 +1140,7 @@ class Reducer:
         info = self._item_info(payload_id, record)
         micros = self._micros(record)
         turn = tool_call.turn
-        producer = state_pb2.ProducerRef(
-            tool=state_pb2.ToolProducer(tool_call_id=tool_call.msg.tool_call_id)
-        ).SerializeToString()
+        producer = _producer_ref("tool", tool_call.msg.tool_call_id)
         tool_call.msg.output_item_id = self._new_item(
             turn.thread,
             turn.turn_id,
