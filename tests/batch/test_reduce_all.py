@@ -205,13 +205,18 @@ def test_damaged_bundles_are_reported_and_never_stop_the_batch(traces: Path) -> 
         (["{tmp}/file.txt"], "not a directory"),
         (["{tmp}/empty-dir"], "no trace bundles"),
         (["{tmp}/empty-dir", "--storage-option", "novalue"], "expects KEY=VALUE"),
-        (["{tmp}/empty-dir", "--jobs", "0"], "must be at least 1"),
+        (["{tmp}/empty-dir", "--jobs", "0"], "must be from 1 to 1024, got 0"),
+        (["{tmp}/empty-dir", "--jobs", "99999999999999999999"], "must be from 1 to 1024"),
+        (["{tmp}/empty-dir", "--jobs", "many"], "expects a whole number, got 'many'"),
+        (["{tmp}/a-bundle"], "is a bundle, not a root of bundles"),
     ],
 )
 def test_bad_input_gets_one_line_and_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
     (tmp_path / "file.txt").write_text("not bundles")
     (tmp_path / "empty-dir" / "sub").mkdir(parents=True)
     (tmp_path / "empty-dir" / "sub" / "notes.txt").write_text("nothing here")
+    (tmp_path / "a-bundle").mkdir()
+    (tmp_path / "a-bundle" / "trace.binpb").write_bytes(b"")
     result = reduce_all(*(a.format(tmp=tmp_path) for a in args))
     assert result.returncode == 2
     assert message in result.stderr

@@ -348,3 +348,102 @@ def test_reduce_compact_writes_the_compact_form(tmp_path: Path) -> None:
     result = run("reduce", bundle, "--compact")
     assert result.returncode == 0, result.stderr
     assert (bundle / "state.json").read_text() == state_to_json(replay_bundle(bundle, compact=True))
+
+
+@pytest.mark.parametrize("command", ["reduce", "view"])
+def test_an_output_that_is_not_a_regular_file_is_refused_not_replaced(
+    tmp_path: Path, command: str
+) -> None:
+    bundle = one_turn_bundle(tmp_path)
+    elsewhere = tmp_path / "elsewhere.txt"
+    elsewhere.write_text("keep me")
+    link = tmp_path / "link.json"
+    link.symlink_to(elsewhere)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    for target in (link, fifo, folder, Path("/dev/stdout")):
+        result = run(command, bundle, "-o", target)
+        assert result.returncode == 2, (target, result.stderr)
+        assert_one_clean_line(result.stderr)
+        assert f"-o {target}: " in result.stderr
+    # Each is still what it was: nothing renamed over the name.
+    assert link.is_symlink()
+    assert elsewhere.read_text() == "keep me"
+    assert fifo.is_fifo()
+    assert folder.is_dir()
+    assert not any(folder.iterdir())
+    assert os.path.islink("/dev/stdout")
+    result = run(command, bundle, "-o", "")
+    assert result.returncode == 2
+    assert "-o: the path is empty" in result.stderr
+    assert not (bundle / "state.json").exists()
+    assert not (bundle / "view.html").exists()
+
+
+def test_reward_writes_nothing_where_there_is_no_bundle(tmp_path: Path) -> None:
+    inputs = bad_inputs(tmp_path)
+    for name in ("garbage trace.binpb", "empty file"):
+        path = inputs[name]
+        result = run("reward", path, "--name", "score", "--value", "1")
+        assert result.returncode == 2, (name, result.stdout, result.stderr)
+        assert_one_clean_line(result.stderr)
+        assert "not a trace bundle" in result.stderr
+        folder = path if path.is_dir() else path.parent
+        assert not (folder / "rewards.binpb").exists(), name
+
+
+def test_request_and_diff_say_a_bundle_is_damaged(tmp_path: Path) -> None:
+    damaged, offset = corrupt_copy(tmp_path)
+    result = run("request", damaged, "inf-nope")
+    assert result.returncode == 2
+    assert_one_clean_line(result.stderr)
+    assert "before its damage (corrupt: bad frame at byte" in result.stderr
+    assert f"byte {offset}" in result.stderr
+
+    (tmp_path / "bad").mkdir()
+    result = run("request", bad_inputs(tmp_path / "bad")["empty file"], "inf-nope")
+    assert result.returncode == 2
+    assert "not a trace bundle" in result.stderr
+
+    result = run("diff", damaged, damaged)
+    assert "Traceback" not in result.stderr
+    warnings = [line for line in result.stdout.splitlines() if line.startswith("warning:")]
+    assert [line.split(" is ")[0] for line in warnings] == ["warning: A", "warning: B"]
+    assert all(f"byte {offset}" in line for line in warnings)
+    clean = one_turn_bundle(tmp_path / "clean")
+    result = run("diff", clean, clean)
+    assert result.returncode == 0
+    assert "warning" not in result.stdout
+
+
+def test_a_broken_pipe_that_is_not_stdout_is_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from trace_reducer.cli import _main
+
+    def breaks(args: object) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(_main, "_reduce", breaks)
+    # stdout (capfd's file) is still there to write to: the broken pipe was another one.
+    assert _main.main(["reduce", str(one_turn_bundle(tmp_path))]) == 1
+    assert "trace-reducer: Broken pipe" in capfd.readouterr().err
+
+
+def test_a_file_name_that_is_not_utf8_is_named_in_one_line(tmp_path: Path) -> None:
+    odd = Path(os.fsdecode(bytes(tmp_path) + b"/run\xff"))
+    one_turn_bundle(tmp_path / "src").rename(odd)
+    result = run("view", odd, "-o", tmp_path / "page.html")
+    assert result.returncode == 2, result.stderr
+    assert_one_clean_line(result.stderr)
+    assert "not valid UTF-8" in result.stderr
+    assert "run\\xff" in result.stderr
+
+
+def test_export_otlp_refuses_a_timeout_past_a_day(tmp_path: Path) -> None:
+    result = run("export-otlp", one_turn_bundle(tmp_path), "--timeout", "1e300")
+    assert result.returncode == 2, result.stderr
+    assert_one_clean_line(result.stderr)
+    assert "up to 86400" in result.stderr

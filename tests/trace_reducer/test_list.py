@@ -116,6 +116,12 @@ def test_bad_input_is_one_line_and_exit_2(root: Path, tmp_path: Path) -> None:
         [str(root), "--reward", "score>=high"],
         [str(root), "--since", "yesterday"],
         [str(root), "--sort", "nonsense"],
+        # A filter no run can match is a typo, not an empty answer.
+        [str(root), "--status", "bogus"],
+        [str(root), "--status", "completed,finished"],
+        [str(root), "--integrity", "bogus"],
+        # A bundle given where its root belongs.
+        [str(next(root.iterdir()))],
     ]
     for args in cases:
         done = run_list(*args)
@@ -207,3 +213,27 @@ def test_an_index_someone_else_wrote_is_never_trusted_beyond_its_shape(
         [TRACE_REDUCER, "list", str(root), "--json"], capture_output=True, text=True, timeout=120
     )
     assert (fifo.returncode, fifo.stdout) == (0, expected), fifo.stderr
+
+
+def test_a_directory_named_in_bytes_that_are_not_utf8_is_passed_over_with_a_warning(
+    root: Path,
+) -> None:
+    odd = os.fsdecode(bytes(root) + b"/b\xff")
+    os.mkdir(odd)
+    shutil.move(str(root / "damaged-corrupt"), odd)
+    for args in ([str(root)], [str(root), "--json"]):
+        done = run_list(*args)
+        assert done.returncode == 0, done.stderr
+        assert "Traceback" not in done.stderr
+        assert "b\\xff: its name is not valid UTF-8" in done.stderr
+    assert len(listed(str(root))) == len(list(GOLDEN.iterdir())) - 1
+
+
+def test_a_file_that_is_no_bundle_is_listed_unreadable(root: Path) -> None:
+    empty = root / "20261201T000000Z-thread_empty"
+    empty.mkdir()
+    (empty / "trace.binpb").write_bytes(b"")
+    os.utime(empty / "trace.binpb", (0, 0))  # long ago: not a bundle being written
+    run = next(r for r in listed(str(root)) if str(r["bundle"]).endswith("thread_empty"))
+    assert run["status"] == "unreadable"
+    assert names(listed(str(root), "--status", "unreadable")) >= {"thread_empty"}

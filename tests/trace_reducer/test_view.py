@@ -265,3 +265,22 @@ def test_the_pages_share_one_copy_of_the_helpers(tmp_path: Path) -> None:
         assert page.count(shared) == 1
         assert page.index(shared) < page.index("})();\n</script>")
         assert script_hash(shared) in page
+
+
+def test_a_site_gives_every_run_a_page_of_its_own(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    # Paths a naive flattening ("/" -> "__") would give one page name.
+    first = two_turn_bundle(tmp_path / "a", "the first run")
+    second = two_turn_bundle(tmp_path / "b", "the second run")
+    (root / "x").mkdir(parents=True)
+    first.rename(root / "x" / "run1")
+    second.rename(root / "x__run1")
+    site = tmp_path / "site"
+    result = run("view", root, "-o", site)
+    assert result.returncode == 0, result.stderr
+    pages = sorted((site / "runs").iterdir())
+    assert len(pages) == 2
+    texts = sorted("first" if "the first run" in page.read_text() else "second" for page in pages)
+    assert texts == ["first", "second"]
+    index = (site / "index.html").read_text()
+    assert all(f"runs/{page.name}" in index for page in pages)

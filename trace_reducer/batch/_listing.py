@@ -82,6 +82,9 @@ def summarize(trace: state_pb2.RolloutTrace, bundle: str) -> dict[str, Any]:
         status = _STATUS.get(thread.execution.status, "unspecified")
     else:
         status = "unspecified"
+    if not trace.integrity.records_read:
+        # Not a bundle yet (an empty file just made) or at all: its integrity tells which.
+        status = "unreadable"
     usage = {"input": 0, "output": 0, "total": 0}
     for call in trace.inference_calls.values():
         usage["input"] += call.usage.input_tokens
@@ -537,11 +540,24 @@ class RunFilter:
         return True
 
 
-def split_values(values: Iterable[str]) -> frozenset[str]:
-    """Repeated or comma-separated flag values, lower case."""
-    return frozenset(
+def split_values(
+    values: Iterable[str], *, flag: str = "", known: Iterable[str] = ()
+) -> frozenset[str]:
+    """Repeated or comma-separated flag values, lower case; with `known`, a value outside it
+    is a ValueError naming `flag` (a filter no run can match is a typo, not an answer)."""
+    chosen = frozenset(
         part.strip().lower() for value in values for part in value.split(",") if part.strip()
     )
+    allowed = frozenset(known)
+    if allowed and not chosen <= allowed:
+        unknown = ", ".join(sorted(chosen - allowed))
+        raise ValueError(f"{flag} takes {', '.join(sorted(allowed))}; not {unknown}")
+    return chosen
+
+
+# Every word a listing's status and integrity columns can hold.
+STATUS_NAMES = frozenset(_STATUS.values()) | {"live", "unreadable"}
+INTEGRITY_NAMES = frozenset(_INTEGRITY.values())
 
 
 SORT_KEYS = ("started", "duration", "tokens", "turns", "calls", "status", "model")

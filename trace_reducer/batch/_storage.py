@@ -94,6 +94,11 @@ class LocalStore:
             raise BundleNotFoundError(f"no such file or directory: {self.root}")
         if not os.path.isdir(self.root):
             raise NotABundleError(f"not a directory: {self.root}")
+        if os.path.lexists(os.path.join(self.root, TRACE_FILE_NAME)):
+            # A bundle is never a root (walk_bundles starts below it): say so, not "none here".
+            raise NotABundleError(
+                f"{self.root} is a bundle, not a root of bundles: give the directory holding it"
+            )
 
         try:
             return [

@@ -51,6 +51,14 @@ def _in_name_order(directory: str) -> Iterator[os.DirEntry[str]]:
         return iter(sorted(listing, key=lambda entry: entry.name))
 
 
+def _utf8(path: str) -> bool:
+    try:
+        path.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def walk_bundles(
     root: str | os.PathLike[str],
     *,
@@ -64,8 +72,8 @@ def walk_bundles(
     `recursive=False` looks only at root's own subdirectories (the layout the agent writes);
     `accept`, when given, picks the bundle directories by name; `irregular` also hands out
     directories whose trace.binpb is no regular file (trace_mtime None), for a caller that
-    reports them. A subdirectory that cannot be listed is reported to `warn` and passed over;
-    root's own OSError is raised."""
+    reports them. A subdirectory that cannot be listed, or whose name is not valid UTF-8, is
+    reported to `warn` and passed over; root's own OSError is raised."""
     # A stack rather than recursion: no tree is too deep to walk. This loop runs once per
     # directory of a root of 100,000 bundles, which is why it is written out in one piece.
     stack = [_in_name_order(os.fspath(root))]
@@ -77,6 +85,12 @@ def walk_bundles(
             if not wanted and not recursive:
                 continue
             path = entry.path
+            if not _utf8(path):
+                # Listings, tables and pages are UTF-8 throughout: such a name has no place there.
+                if warn is not None:
+                    shown = os.fsencode(path).decode("utf-8", "backslashreplace")
+                    warn(f"passed over {shown}: its name is not valid UTF-8 (rename it)")
+                continue
             try:
                 with os.scandir(path) as listing:
                     inside = list(listing)

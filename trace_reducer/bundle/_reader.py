@@ -14,7 +14,7 @@ from google.protobuf.message import DecodeError
 from rollout.trace.v1 import record_pb2, state_pb2
 
 from ._bulk import MIN_RUN, DeltaRun, RunFinder, parse_container, parse_frames
-from ._errors import BundleError, BundleNotFoundError, NotABundleError, describe_os_error
+from ._errors import BundleError, BundleNotFoundError, NotABundleError
 from ._framing import CRC_FIELD, CRC_TAG, CRC_TRAILER_BYTES, MAX_RECORD_BYTES, decode_varint
 from ._layout import TRACE_FILE_NAME
 
@@ -491,6 +491,8 @@ def resolve_trace_file(path: str | os.PathLike[str]) -> Path:
         raise BundleNotFoundError(f"no such file or directory: {given}")
     candidate = given / TRACE_FILE_NAME if given.is_dir() else given
     if not candidate.is_file():
+        if candidate.exists() or candidate.is_symlink():
+            raise NotABundleError(f"not a trace bundle ({candidate} is not a regular file)")
         raise NotABundleError(f"not a trace bundle (no {TRACE_FILE_NAME}): {given}")
     return candidate
 
@@ -501,5 +503,6 @@ def read_bundle(path: str | os.PathLike[str]) -> BundleReader:
     try:
         source = file_path.open("rb", buffering=0)
     except OSError as error:
-        raise BundleError(f"cannot read {describe_os_error(error, file_path)}") from error
+        reason = error.strerror or str(error) or type(error).__name__
+        raise BundleError(f"cannot read {file_path}: {reason}") from error
     return BundleReader(file_path, source)

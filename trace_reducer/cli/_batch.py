@@ -25,6 +25,7 @@ from ._common import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     add_storage_option_argument,
+    job_count,
     warn,
 )
 from ._progress import Progress, progress_for
@@ -65,7 +66,7 @@ def add_parser(commands: Any) -> None:
     parser.add_argument("root", help="a directory, or an fsspec URL (s3://bucket/prefix, ...)")
     parser.add_argument(
         "--jobs",
-        type=_positive_int,
+        type=job_count,
         metavar="N",
         help="worker processes (default: the CPU count; with --ray: the cluster's CPUs)",
     )
@@ -94,13 +95,6 @@ def add_parser(commands: Any) -> None:
     )
     add_storage_option_argument(parser, "URL roots and tables")
     parser.set_defaults(run=run)
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
 
 
 def _missing_extra(error: ImportError) -> MissingExtraError:

@@ -11,8 +11,10 @@ __all__ = [
     "EXIT_INTERRUPTED",
     "EXIT_OK",
     "EXIT_USAGE",
+    "MAX_JOBS",
     "PROG",
     "add_storage_option_argument",
+    "job_count",
     "say",
     "warn",
 ]
@@ -22,6 +24,21 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+
+
+# Beyond this a process pool is a mistake, not a machine: argparse says so, not the OS.
+MAX_JOBS = 1024
+
+
+def job_count(text: str) -> int:
+    """`--jobs N`: a number of worker processes, from 1 to MAX_JOBS."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expects a whole number, got {text!r}") from None
+    if not 1 <= value <= MAX_JOBS:
+        raise argparse.ArgumentTypeError(f"must be from 1 to {MAX_JOBS}, got {value}")
+    return value
 
 
 def say(message: str) -> None:

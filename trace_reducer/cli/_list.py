@@ -20,7 +20,8 @@ def add_filter_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="STATUS",
-        help="completed, failed, cancelled, running, live or unreadable (repeatable, or a,b)",
+        help="completed, failed, cancelled, aborted, running, live or unreadable (repeatable, "
+        "or a,b)",
     )
     parser.add_argument(
         "--integrity",
@@ -55,11 +56,18 @@ def add_filter_arguments(parser: argparse.ArgumentParser) -> None:
 def run_filter(args: argparse.Namespace) -> RunFilter:
     """The filter the flags describe; ValueError names a bad flag."""
     # Imported when a listing runs, not for every command's start.
-    from ..batch._listing import RunFilter, parse_reward_filter, parse_since, split_values
+    from ..batch._listing import (
+        INTEGRITY_NAMES,
+        STATUS_NAMES,
+        RunFilter,
+        parse_reward_filter,
+        parse_since,
+        split_values,
+    )
 
     return RunFilter(
-        statuses=split_values(args.status),
-        integrities=split_values(args.integrity),
+        statuses=split_values(args.status, flag="--status", known=STATUS_NAMES),
+        integrities=split_values(args.integrity, flag="--integrity", known=INTEGRITY_NAMES),
         models=split_values(args.model),
         rewards=tuple(parse_reward_filter(text) for text in args.reward),
         since=parse_since(args.since) if args.since else None,

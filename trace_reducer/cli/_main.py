@@ -7,6 +7,8 @@ import asyncio
 import json
 import logging
 import os
+import select
+import stat
 import sys
 import webbrowser
 from collections.abc import Sequence
@@ -24,7 +26,7 @@ from grpc_common import (
 )
 from rollout.trace.v1 import record_pb2, state_pb2
 
-from ..bundle._discover import holds_bundles
+from ..bundle._discover import holds_bundles, walk_bundles
 from ..bundle._errors import (
     BundleError,
     CorruptBundleError,
@@ -66,6 +68,34 @@ class _CommandError(Exception):
         self.code = code
 
 
+def _output_file(given: str | None, default: Path, *, instead: str = "") -> Path:
+    """Where `-o` asks a file to be written, or `default` without it.
+
+    The file is written beside its target and renamed over it, so what the name holds is
+    replaced, not written through: a name that is not a regular file (a symlink such as
+    /dev/stdout, a FIFO, a device, a directory) is refused rather than swapped for a file.
+    """
+    if given is None:
+        return default
+    if not given:
+        raise _CommandError("-o: the path is empty", EXIT_USAGE)
+    target = Path(given)
+    try:
+        mode = target.lstat().st_mode
+    except FileNotFoundError:
+        return target
+    except OSError as error:
+        raise _CommandError(f"-o {given}: {describe_os_error(error)}", EXIT_USAGE) from error
+    if not stat.S_ISREG(mode):
+        kind = "a symbolic link" if stat.S_ISLNK(mode) else "not a regular file"
+        raise _CommandError(
+            f"-o {given}: {kind}; the output replaces the file named, so give a new path or "
+            f"a regular file{instead}",
+            EXIT_USAGE,
+        )
+    return target
+
+
 # -- reduce -----------------------------------------------------------------------------------
 
 
@@ -98,7 +128,9 @@ def _reduce(args: argparse.Namespace) -> int:
             sys.stdout.write(piece)
         sys.stdout.flush()
         return EXIT_OK
-    target = Path(args.output) if args.output else trace_file.parent / STATE_FILE_NAME
+    target = _output_file(
+        args.output, trace_file.parent / STATE_FILE_NAME, instead=" (--stdout writes to stdout)"
+    )
     print(write_state_json(trace, target, expand=expand), flush=True)
     return EXIT_OK
 
@@ -248,7 +280,7 @@ def _view(args: argparse.Namespace) -> int:
             f"warning: {integrity_name(integrity.status).lower()} bundle {args.bundle}: "
             f"{integrity.detail}; showing the {integrity.records_read} records before it"
         )
-    target = Path(args.output) if args.output else trace_file.parent / VIEW_FILE_NAME
+    target = _output_file(args.output, trace_file.parent / VIEW_FILE_NAME)
     path = save_view(data, target, title=f"rollout {trace_file.parent.name}")
     print(path, flush=True)
     if args.open and not webbrowser.open(path.resolve().as_uri()):
@@ -262,7 +294,7 @@ def _view_diff(args: argparse.Namespace) -> int:
 
     trace_file = resolve_trace_file(args.bundle)
     resolve_trace_file(args.diff)
-    target = Path(args.output) if args.output else trace_file.parent / DIFF_FILE_NAME
+    target = _output_file(args.output, trace_file.parent / DIFF_FILE_NAME)
     path = write_diff(args.bundle, args.diff, target)
     print(path, flush=True)
     if args.open and not webbrowser.open(path.resolve().as_uri()):
@@ -274,7 +306,9 @@ def _view_root(args: argparse.Namespace) -> int:
     """A directory of bundles: a static site with -o, else the served viewer."""
     from ..view._site import write_site
 
-    if args.output:
+    if args.output is not None:
+        if not args.output:
+            raise _CommandError("-o: the path is empty", EXIT_USAGE)
         index = write_site(args.bundle, args.output)
         print(index, flush=True)
         return EXIT_OK
@@ -312,6 +346,8 @@ async def _serve_site(root: str, host: str, port: int, token: str | None, open_p
     install_signal_handlers(stop.set)
     shown = f"{address}?token={token}" if token else address
     print(f"serving {shown}", flush=True)
+    if next(walk_bundles(root, irregular=True), None) is None:
+        say(f"no bundles under {root} yet: the list shows each as it is written (Ctrl-C stops)")
     if open_page and not webbrowser.open(shown):
         say(f"no browser could be started; open {shown} yourself")
     try:
@@ -615,6 +651,35 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _stdout_gone() -> bool:
+    """Whether stdout is a pipe nobody reads any more (its write end then polls as an error)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        events = poller.poll(0)
+    except (OSError, ValueError):
+        return True
+    return any(mask & (select.POLLERR | select.POLLHUP) for _, mask in events)
+
+
+def _undecodable_name(error: UnicodeEncodeError) -> str | None:
+    """The text being encoded, shown, when what failed is a byte of a file name that is not
+    UTF-8 (Python holds those as lone surrogates U+DC80-U+DCFF); None for any other failure."""
+    bad = error.object[error.start : error.end]
+    if not bad or not all("\udc80" <= char <= "\udcff" for char in bad):
+        return None
+    # The text may be a whole page: the name is the word around the bad bytes.
+    text, start, end = error.object, error.start, error.end
+    while start > 0 and error.start - start < 120 and text[start - 1] not in _NAME_ENDS:
+        start -= 1
+    while end < len(text) and end - error.end < 120 and text[end] not in _NAME_ENDS:
+        end += 1
+    return os.fsencode(text[start:end]).decode("utf-8", "backslashreplace")
+
+
+_NAME_ENDS = frozenset(" \t\n\"'<>")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; never lets a traceback out."""
     args = build_parser().parse_args(argv)
@@ -632,7 +697,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ReductionError as error:
         say(f"records contradict each other: {error}")
         return EXIT_FAILED
-    except BrokenPipeError:
+    except BrokenPipeError as error:
+        if not _stdout_gone():
+            # Some other pipe (a worker process's, say): that is an error to report.
+            say(describe_os_error(error))
+            return EXIT_FAILED
         # The reader went away (`| head`); say nothing more to it.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_FAILED
@@ -641,6 +710,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILED
     except KeyboardInterrupt:
         return 130
+    except UnicodeEncodeError as error:
+        named = _undecodable_name(error)
+        if named is None:
+            say(f"internal error: {type(error).__name__}: {error}")
+            return EXIT_FAILED
+        say(f"a file name is not valid UTF-8, which the output cannot hold (rename it): {named}")
+        return EXIT_USAGE
     except Exception as error:  # noqa: BLE001 - the edge: nothing may escape as a traceback
         say(f"internal error: {type(error).__name__}: {error}")
         return EXIT_FAILED

@@ -6,11 +6,12 @@ import argparse
 from typing import Any
 
 from ..bundle._errors import BundleError, CorruptBundleError, RewardError
+from ..bundle._integrity import require_reducible
 from ..bundle._reader import resolve_trace_file
 from ..bundle._rewards import RewardInput, append_reward, check_reward
 from ..export._rl import FORMATS, ExportError, export_rl
 from ..reduce._replay import replay_bundle
-from ._common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PROG
+from ._common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PROG, job_count
 from ._common import say as _say
 from ._progress import progress_for
 
@@ -28,6 +29,8 @@ def _metadata(pairs: list[str]) -> dict[str, str] | None:
 def _reward(args: argparse.Namespace) -> int:
     bundle = resolve_trace_file(args.bundle).parent
     trace = replay_bundle(bundle)
+    # A reward belongs beside a recorded thread: a directory holding no bundle gets none.
+    require_reducible(trace.integrity, salvage=True, source=args.bundle)
     metadata = _metadata(args.metadata)
     if metadata is None:
         _say("--metadata takes KEY=VALUE")
@@ -69,9 +72,6 @@ def _reward(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    if args.jobs < 1:
-        _say("--jobs must be at least 1")
-        return EXIT_USAGE
     progress = progress_for("export-rl", quiet=args.quiet)
     try:
         try:
@@ -174,7 +174,7 @@ def add_parsers(commands: Any) -> None:
     export.add_argument("--salvage", action="store_true", help="export corrupt bundles' records")
     export.add_argument(
         "--jobs",
-        type=int,
+        type=job_count,
         default=1,
         metavar="N",
         help="processes reducing bundles (default 1; a fork's parent is reduced once per process)",

@@ -206,9 +206,15 @@ def resolve_timeout(timeout: float | None) -> float:
             raise ExportConfigError(
                 f"{source} must be a number of milliseconds: {text!r}"
             ) from None
-    if not timeout > 0 or timeout == float("inf"):
-        raise ExportConfigError(f"{source} must be a positive number of seconds: {timeout}")
+    if not 0 < timeout <= _MAX_TIMEOUT:
+        raise ExportConfigError(
+            f"{source} must be a positive number of seconds up to {_MAX_TIMEOUT:g}: {timeout:g}"
+        )
     return timeout
+
+
+# A day: past it a send never ends in practice, and the exporters' deadlines overflow.
+_MAX_TIMEOUT = 86_400.0
 
 
 def resolve_endpoint(endpoint: str | None, protocol: str) -> str:

@@ -10,6 +10,7 @@ from typing import Any
 from rollout.trace.v1 import common_pb2, state_pb2
 
 from ..bundle._errors import BundleError
+from ..bundle._integrity import integrity_name
 from ._recorded import RecordedCall, RecordedThread, read_recorded_thread
 
 # What a replay and `diff` set aside when comparing request bodies: fields a run may vary
@@ -198,6 +199,9 @@ class RunDiff:
     calls_b: int
     same_calls: int
     first: Difference | None
+    # How each run's bundle ends when it is damaged: the comparison stops at the damage.
+    damage_a: str = ""
+    damage_b: str = ""
 
 
 def diff_runs(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> RunDiff:
@@ -205,8 +209,26 @@ def diff_runs(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> RunDiff:
     fork's calls start with those it shares with its parent (found beside it).
 
     Raises BundleError when either is not a readable bundle."""
-    views_a = _run_views(read_recorded_thread(a))
-    views_b = _run_views(read_recorded_thread(b))
+    run_a, run_b = read_recorded_thread(a), read_recorded_thread(b)
+    result = _compare(_run_views(run_a), _run_views(run_b))
+    result.damage_a = _damage(run_a.trace.integrity)
+    result.damage_b = _damage(run_b.trace.integrity)
+    return result
+
+
+def _damage(integrity: state_pb2.Integrity) -> str:
+    if integrity.status not in (
+        state_pb2.INTEGRITY_STATUS_CORRUPT,
+        state_pb2.INTEGRITY_STATUS_TRUNCATED,
+    ):
+        return ""
+    return (
+        f"{integrity_name(integrity.status).lower()}: {integrity.detail}; only its "
+        f"{integrity.records_read} records before the damage are compared"
+    )
+
+
+def _compare(views_a: list[CallView], views_b: list[CallView]) -> RunDiff:
     same = 0
     for number, (x, y) in enumerate(zip(views_a, views_b, strict=False), start=1):
         request_a = comparable_request(x.call.request)
@@ -257,6 +279,11 @@ def diff_report(result: RunDiff, a: str, b: str) -> list[str]:
     run's size, the first differing call with what differs there, and a unified diff of the
     two request bodies when they differ (its lines last, from the one starting `--- A`)."""
     lines = [f"A: {a} ({result.calls_a} calls)", f"B: {b} ({result.calls_b} calls)"]
+    lines.extend(
+        f"warning: {side} is {damage}"
+        for side, damage in (("A", result.damage_a), ("B", result.damage_b))
+        if damage
+    )
     first = result.first
     if first is None:
         lines.append(f"no difference in {result.same_calls} calls")

@@ -6,7 +6,10 @@ import json
 import os
 from typing import Any
 
+from rollout.trace.v1 import state_pb2
+
 from ..bundle._errors import BundleError, PayloadError, RequestNotFoundError
+from ..bundle._integrity import integrity_name, require_reducible
 from ..bundle._payloads import PayloadStore, canonical_json, resolve_inputs
 from ..bundle._reader import read_bundle
 from ._chat import CHAT_API, chat_messages
@@ -82,4 +85,16 @@ def request_body(path: str | os.PathLike[str], inference_call_id: str) -> bytes:
                 raise BundleError(
                     f"seq {record.seq}: a payload of the request nests too deep to rebuild"
                 ) from error
+        integrity = reader.integrity
+    # Not found: say so of what was read, which may be no bundle or stop at damage.
+    require_reducible(integrity, salvage=True, source=str(path))
+    if integrity.status in _DAMAGED:
+        raise RequestNotFoundError(
+            f"no inference call {inference_call_id!r} in the {integrity.records_read} records "
+            f"of {path} before its damage ({integrity_name(integrity.status).lower()}: "
+            f"{integrity.detail})"
+        )
     raise RequestNotFoundError(f"no inference call {inference_call_id!r} in {path}")
+
+
+_DAMAGED = (state_pb2.INTEGRITY_STATUS_CORRUPT, state_pb2.INTEGRITY_STATUS_TRUNCATED)

@@ -4,6 +4,7 @@ each opening its run page — served (live as bundles are written) or written as
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import html
 import ipaddress
@@ -37,7 +38,9 @@ __all__ = ["SiteServer", "is_loopback", "write_site"]
 # The list page carries this much of each run's text for its search box.
 PAGE_TEXT_CHARS = 1000
 TOKEN_COOKIE = "trace_view_token"  # noqa: S105 - the name of the cookie, not a secret
-_SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]")
+_PLAIN_NAME_BYTE = re.compile(r"[A-Za-z0-9.-]")
+# Page names stay under the 255 bytes most file systems allow a name.
+_MAX_PAGE_STEM = 200
 
 
 def is_loopback(host: str) -> bool:
@@ -106,7 +109,16 @@ def render_list(runs: list[dict[str, Any]], *, served: bool, title: str) -> str:
 
 
 def _static_name(relative: str) -> str:
-    return _SAFE_NAME.sub("_", relative.replace(os.sep, "__")) + ".html"
+    """A run's page name: one per bundle path (every byte outside [A-Za-z0-9.-] spelled `_xx`,
+    so no two paths share a name), its end a digest when it would be too long a name."""
+    name = "".join(
+        chr(byte) if byte < 0x80 and _PLAIN_NAME_BYTE.match(chr(byte)) else f"_{byte:02x}"
+        for byte in os.fsencode(relative)
+    )
+    if len(name) > _MAX_PAGE_STEM:
+        digest = hashlib.sha256(name.encode()).hexdigest()[:16]
+        name = f"{name[: _MAX_PAGE_STEM - 17]}-{digest}"
+    return name + ".html"
 
 
 def write_site(root: str, output: str | os.PathLike[str]) -> Path:
