@@ -282,7 +282,7 @@ class Router:
         if code == grpc.StatusCode.NOT_FOUND:
             # Forgotten by its owner (closed past its retention): ask again next time.
             self._owners.pop(thread_id, None)
-        trailing = _pairs(error.trailing_metadata())
+        trailing = tuple(_pairs(error.trailing_metadata()))
         if code == grpc.StatusCode.UNAVAILABLE and not any(
             key == "grpc-status-details-bin" for key, _ in trailing
         ):

@@ -182,6 +182,14 @@ async def _serve(settings: Settings) -> int:
     await stop.wait()
     _log().info("shutting down")
     await server.stop()
+    if settings.worker is not None:
+        # The last worker out removes the sockets' directory (the supervisor does, unless it
+        # was killed); while another worker's socket is in it, it stays.
+        import contextlib
+        import os
+
+        with contextlib.suppress(OSError):
+            os.rmdir(settings.worker.socket_dir)
     _log().info("stopped")
     return EXIT_OK
 

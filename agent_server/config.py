@@ -39,6 +39,9 @@ DEFAULT_PROVIDER_MAX_CONNECTIONS = 1024
 DEFAULT_MAX_TOOL_ROUNDS = 64
 DEFAULT_TOOL_OUTPUT_TIMEOUT = 600.0
 DEFAULT_WORKERS = 1
+# How the supervisor of `serve --workers N` tells a process it starts that it is worker INDEX
+# and where the workers' sockets are ("INDEX:DIR"): no flag, so that none shows in --help.
+WORKER_ENV = "_ROLLOUT_WORKER"
 # Each worker is a whole server process; past this many a machine runs out of cores first.
 MAX_WORKERS = 256
 REPLAY_PACES = ("recorded", "fast")
@@ -286,7 +289,7 @@ class Settings:
         if self.workers > 1:
             self._check_workers()
         if self.worker is not None and not 0 <= self.worker.index < self.workers:
-            raise ConfigError("--as-worker is set by `serve --workers N` for its own processes")
+            raise ConfigError(f"{WORKER_ENV} is set by `serve --workers N` for its own processes")
 
     def _check_workers(self) -> None:
         """Refuse what N processes cannot share behind one address (yet)."""
@@ -380,8 +383,6 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="serve from N processes behind the one --listen address, each thread owned by "
         "one of them and every call for it sent there (env ROLLOUT_WORKERS; default 1)",
     )
-    # Set by the supervisor of --workers on the processes it starts: INDEX:SOCKET_DIR.
-    parser.add_argument("--as-worker", help=argparse.SUPPRESS)
 
 
 def add_replay_arguments(
@@ -626,7 +627,7 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
         replay_on_divergence=pick("replay_on_divergence") or "fail",
         replay_branch_at=_default(pick("replay_branch_at"), 0),
         workers=_workers(pick("workers", "ROLLOUT_WORKERS")),
-        worker=_worker_role(flag("as_worker")),
+        worker=_worker_role(env.get(WORKER_ENV)) if hasattr(args, "workers") else None,
     )
 
 
@@ -640,12 +641,12 @@ def _workers(value: Any) -> Any:
     return DEFAULT_WORKERS if value is None else value
 
 
-def _worker_role(value: object) -> WorkerRole | None:
-    if value is None:
+def _worker_role(value: str | None) -> WorkerRole | None:
+    if not value:
         return None
-    index, _, socket_dir = str(value).partition(":")
+    index, _, socket_dir = value.partition(":")
     if not index.isdigit() or not socket_dir:
-        raise ConfigError("--as-worker is set by `serve --workers N` for its own processes")
+        raise ConfigError(f"{WORKER_ENV} is set by `serve --workers N` for its own processes")
     return WorkerRole(int(index), Path(socket_dir))
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from agent_server.config import Settings
+from agent_server.config import WORKER_ENV, Settings
 from grpc_common import install_signal_handlers, split_listen
 
 __all__ = ["supervise", "watch_supervisor"]
@@ -168,11 +168,10 @@ async def _run(
             "-m",
             "agent_server.cli",
             *argv,
-            # The last of a flag given twice wins: the concrete port, and the worker's role.
+            # The last of a flag given twice wins: the concrete port.
             "--listen",
             address,
-            "--as-worker",
-            f"{index}:{socket_dir}",
+            env={**os.environ, WORKER_ENV: f"{index}:{socket_dir}"},
             # Its end of this pipe reads EOF when the supervisor is gone, even by SIGKILL.
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
