@@ -566,6 +566,7 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
             return env[env_name]
         return file.get(name)
 
+    serving = hasattr(args, "workers")
     provider_url = pick("provider_url", "ROLLOUT_PROVIDER_URL")
     api_key_env = pick("api_key_env") or DEFAULT_API_KEY_ENV
     key = _api_key(env.get(api_key_env, ""), api_key_env)
@@ -626,8 +627,9 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
         replay_pace=pick("replay_pace") or "fast",
         replay_on_divergence=pick("replay_on_divergence") or "fail",
         replay_branch_at=_default(pick("replay_branch_at"), 0),
-        workers=_workers(pick("workers", "ROLLOUT_WORKERS")),
-        worker=_worker_role(env.get(WORKER_ENV)) if hasattr(args, "workers") else None,
+        # `serve`'s alone: the demo and the gateway are one process whatever the environment.
+        workers=_workers(pick("workers", "ROLLOUT_WORKERS")) if serving else DEFAULT_WORKERS,
+        worker=_worker_role(env.get(WORKER_ENV)) if serving else None,
     )
 
 

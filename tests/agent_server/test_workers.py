@@ -128,9 +128,17 @@ async def workers(*args: str, count: int = 2, **env: str) -> AsyncIterator[Super
     finally:
         if process.returncode is None:
             process.send_signal(signal.SIGTERM)
-        async with asyncio.timeout(WAIT_SECONDS):
-            await process.wait()
-            await supervised.reader
+        try:
+            async with asyncio.timeout(WAIT_SECONDS):
+                await process.wait()
+                # Ends when every holder of the stderr pipe, each worker too, has exited.
+                await supervised.reader
+        finally:
+            # No worker outlives a test, whatever it found.
+            left = [pid for pid in supervised.pids.values() if not _gone(pid)]
+            for pid in left:
+                os.kill(pid, signal.SIGKILL)
+        assert not left, f"workers left running: {left}"
 
 
 def fresh_channel(address: str) -> grpc.aio.Channel:
@@ -296,6 +304,82 @@ async def test_every_call_for_a_thread_is_answered_whichever_worker_the_connecti
     assert rollout.integrity.status == state_pb2.INTEGRITY_STATUS_CLEAN
     assert len(rollout.turns) == 3
     assert "Traceback" not in supervised.stderr()
+
+
+async def test_forks_rewards_and_resumes_find_the_thread_from_either_worker(
+    tmp_path: Path,
+) -> None:
+    traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    async with workers(
+        "--trace-root",
+        str(tmp_path / "traces"),
+        "--local-word-delay",
+        "0",
+        "--closed-thread-retention",
+        "0",
+    ) as supervised:
+        home, owner = await channel_on(supervised, lambda w: True)
+        away, _ = await channel_on(supervised, lambda w: w != owner)
+        try:
+            stub = agent_pb2_grpc.AgentServiceStub(away)
+            thread = (
+                await agent_pb2_grpc.AgentServiceStub(home).StartThread(
+                    agent_pb2.StartThreadRequest()
+                )
+            ).thread
+            # The caller's traceparent reaches the owner with the forwarded StartTurn.
+            turn = (
+                await stub.StartTurn(
+                    agent_pb2.StartTurnRequest(
+                        thread_id=thread.id, input=[agent_pb2.UserInput(text="hi")]
+                    ),
+                    metadata=(("traceparent", traceparent),),
+                )
+            ).turn.id
+            await all_events(stub, thread.id, turn)
+            forks = await stub.ForkThread(
+                agent_pb2.ForkThreadRequest(thread_id=thread.id, after_turn_id=turn, count=2)
+            )
+            assert len(forks.threads) == 2
+            for fork in forks.threads:
+                # Made by the owner, from its memory: found from the other worker too.
+                assert await supervised.owner(fork.id) == owner
+                got = await stub.GetThread(agent_pb2.GetThreadRequest(thread_id=fork.id))
+                assert got.thread.fork.parent_thread_id == thread.id
+            reward = await stub.RecordReward(
+                agent_pb2.RecordRewardRequest(thread_id=thread.id, name="score", value=1.0)
+            )
+            assert reward.bundle_path == thread.bundle_path
+            await stub.CloseThread(agent_pb2.CloseThreadRequest(thread_id=thread.id))
+            # Forgotten at once (retention 0): the next calls find it nowhere in memory.
+            with pytest.raises(grpc.aio.AioRpcError) as raised:
+                await stub.GetThread(agent_pb2.GetThreadRequest(thread_id=thread.id))
+            assert error_reason(raised.value) == "THREAD_NOT_FOUND"
+            # From its bundle, by the one worker its id hashes to, from either connection.
+            second = await stub.RecordReward(
+                agent_pb2.RecordRewardRequest(thread_id=thread.id, name="score", value=0.5)
+            )
+            assert second.seq == reward.seq + 1
+            resumed = (
+                await agent_pb2_grpc.AgentServiceStub(home).ResumeThread(
+                    agent_pb2.ResumeThreadRequest(thread_id=thread.id)
+                )
+            ).thread
+            assert resumed.fork.parent_thread_id == thread.id
+            for channel in (home, away):
+                got = await agent_pb2_grpc.AgentServiceStub(channel).GetThread(
+                    agent_pb2.GetThreadRequest(thread_id=resumed.id)
+                )
+                assert got.thread.id == resumed.id
+        finally:
+            await home.close(None)
+            await away.close(None)
+    assert supervised.process.returncode == 0
+    assert supervised.forwarded("ForkThread", thread.id)
+    assert supervised.forwarded("RecordReward", thread.id)
+    assert supervised.forwarded("StartTurn", thread.id)
+    recorded = (Path(thread.bundle_path) / "trace.binpb").read_bytes()
+    assert traceparent.encode() in recorded
 
 
 async def test_a_token_is_asked_of_every_call_on_every_worker(tmp_path: Path) -> None:
