@@ -20,7 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rollout.agent.v1 import agent_pb2, agent_pb2_grpc
 from rollout.trace.v1 import state_pb2
-from tests.agent_server.conftest import AGENT_SERVER, EventLog, clean_env, error_reason
+from tests.agent_server.conftest import AGENT_SERVER, EventLog, clean_env, error_reason, serve
 from trace_reducer import replay_bundle
 
 TOKEN = "workers-token-0815"
@@ -60,6 +60,15 @@ class Supervised:
                     if predicate(line):
                         return line
                 checked = len(self.lines)
+                assert self.reader is not None
+                assert not self.reader.done(), self.stderr()
+                self.changed.clear()
+                await self.changed.wait()
+
+    async def count(self, predicate: Callable[[str], bool], at_least: int) -> None:
+        """Until at least `at_least` log lines match predicate."""
+        async with asyncio.timeout(WAIT_SECONDS):
+            while sum(1 for line in self.lines if predicate(line)) < at_least:
                 assert self.reader is not None
                 assert not self.reader.done(), self.stderr()
                 self.changed.clear()
@@ -287,6 +296,28 @@ async def test_every_call_for_a_thread_is_answered_whichever_worker_the_connecti
                 )
             assert raised.value.code() == grpc.StatusCode.FAILED_PRECONDITION
             assert error_reason(raised.value) == "TURN_NOT_RUNNING"
+
+            # A client's cancel reaches the owner: its stream to the other worker ends CANCELLED
+            # (one of them ended so already, by all_events above).
+            def relayed_cancel(line: str) -> bool:
+                return (
+                    "StreamEvents CANCELLED" in line
+                    and "peer=unix:" in line
+                    and line.endswith(f"worker={owner}")
+                )
+
+            await supervised.count(relayed_cancel, 1)
+            # From one before the last event: its first message proves the owner is streaming.
+            idle = stub.StreamEvents(
+                agent_pb2.StreamEventsRequest(
+                    thread_id=thread.id, after_index=log.events[-1].index - 1
+                )
+            )
+            first = await idle.read()
+            assert isinstance(first, agent_pb2.StreamEventsResponse)
+            assert first.event == log.events[-1]
+            idle.cancel()
+            await supervised.count(relayed_cancel, 2)
             closed = await stub.CloseThread(agent_pb2.CloseThreadRequest(thread_id=thread.id))
             assert closed.thread.status == agent_pb2.THREAD_STATUS_CLOSED
             # The relayed stream ends when the owner closes the thread, as it would there.
@@ -638,3 +669,19 @@ async def test_what_workers_cannot_share_is_refused(
     assert message in text
     assert "Traceback" not in text
     assert stdout == b""
+
+
+async def test_one_worker_is_the_one_process_server() -> None:
+    async with (
+        serve("--workers", "1") as served,
+        grpc.aio.insecure_channel(served.address) as channel,
+    ):
+        stub = agent_pb2_grpc.AgentServiceStub(channel)
+        thread = (await stub.StartThread(agent_pb2.StartThreadRequest())).thread
+        got = await stub.GetThread(agent_pb2.GetThreadRequest(thread_id=thread.id))
+        assert got.thread.id == thread.id
+    assert served.process.returncode == 0
+    stderr = served.stderr.decode()
+    # No supervisor, no worker field, no private socket.
+    assert "agent_server.workers" not in stderr
+    assert "worker=" not in stderr
