@@ -183,13 +183,9 @@ async def _serve(settings: Settings) -> int:
     _log().info("shutting down")
     await server.stop()
     if settings.worker is not None:
-        # The last worker out removes the sockets' directory (the supervisor does, unless it
-        # was killed); while another worker's socket is in it, it stays.
-        import contextlib
-        import os
+        from agent_server.workers import leave_socket_dir
 
-        with contextlib.suppress(OSError):
-            os.rmdir(settings.worker.socket_dir)
+        leave_socket_dir(settings.worker)
     _log().info("stopped")
     return EXIT_OK
 

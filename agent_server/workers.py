@@ -15,16 +15,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from agent_server.config import WORKER_ENV, Settings
+from agent_server.cli import EXIT_FAILED, EXIT_OK, PROG
+from agent_server.config import WORKER_ENV, Settings, WorkerRole
 from grpc_common import install_signal_handlers, split_listen
 
-__all__ = ["supervise", "watch_supervisor"]
+__all__ = ["leave_socket_dir", "supervise", "watch_supervisor"]
 
 log = logging.getLogger(__name__)
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-PROG = "agent-server"
 # The longest path a Unix socket address holds (sun_path, with its NUL), on Linux and macOS.
 _MAX_SOCKET_PATH = 103
 _READY = b"listening on "
@@ -253,3 +251,10 @@ def watch_supervisor(on_gone: Callable[[], None]) -> None:
             on_gone()
 
     loop.add_reader(fd, readable)
+
+
+def leave_socket_dir(role: WorkerRole) -> None:
+    """The last worker out removes the sockets' directory (the supervisor does, unless it was
+    killed); while another worker's socket is in it, it stays."""
+    with contextlib.suppress(OSError):
+        role.socket_dir.rmdir()
