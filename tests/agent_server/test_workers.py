@@ -21,9 +21,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rollout.agent.v1 import agent_pb2, agent_pb2_grpc
 from rollout.trace.v1 import state_pb2
 from tests.agent_server.conftest import AGENT_SERVER, EventLog, clean_env, error_reason, serve
+from tests.grpc_common import test_server
 from trace_reducer import replay_bundle
 
 TOKEN = "workers-token-0815"
+# The self-signed certificate fixture the shared plumbing is tested with.
+certificate = test_server.certificate
 LOOKUP = agent_pb2.FunctionTool(
     name="lookup",
     description="Look something up.",
@@ -150,21 +153,29 @@ async def workers(*args: str, count: int = 2, **env: str) -> AsyncIterator[Super
         assert not left, f"workers left running: {left}"
 
 
-def fresh_channel(address: str) -> grpc.aio.Channel:
+def fresh_channel(
+    address: str, credentials: grpc.ChannelCredentials | None = None
+) -> grpc.aio.Channel:
     # A subchannel of its own: a new TCP connection, which the kernel gives either worker.
-    return grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
+    options = [("grpc.use_local_subchannel_pool", 1)]
+    if credentials is not None:
+        return grpc.aio.secure_channel(address, credentials, options=options)
+    return grpc.aio.insecure_channel(address, options=options)
 
 
 Metadata = tuple[tuple[str, str], ...]
 
 
 async def channel_on(
-    supervised: Supervised, wanted: Callable[[int], bool], metadata: Metadata = ()
+    supervised: Supervised,
+    wanted: Callable[[int], bool],
+    metadata: Metadata = (),
+    credentials: grpc.ChannelCredentials | None = None,
 ) -> tuple[grpc.aio.Channel, int]:
     """A fresh channel whose connection landed on a worker `wanted` accepts, told by where
     a thread started over it is (StartThread is answered where it lands)."""
     for _ in range(MAX_CHANNELS):
-        channel = fresh_channel(supervised.address)
+        channel = fresh_channel(supervised.address, credentials)
         stub = agent_pb2_grpc.AgentServiceStub(channel)
         probe = (await stub.StartThread(agent_pb2.StartThreadRequest(), metadata=metadata)).thread
         worker = await supervised.owner(probe.id)
@@ -459,6 +470,37 @@ async def test_a_token_is_asked_of_every_call_on_every_worker(tmp_path: Path) ->
                 await channel.close(None)
     assert supervised.process.returncode == 0
     assert not socket_dir.exists()
+
+
+async def test_tls_on_the_address_and_the_token_on_the_private_sockets(
+    certificate: tuple[Path, Path],
+) -> None:
+    cert, key = certificate
+    bearer: Metadata = (("authorization", f"Bearer {TOKEN}"),)
+    tls = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
+    async with workers(
+        "--auth-token-env",
+        "AGENT_TOKEN",
+        "--tls-cert",
+        str(cert),
+        "--tls-key",
+        str(key),
+        AGENT_TOKEN=TOKEN,
+    ) as supervised:
+        first, owner = await channel_on(supervised, lambda w: True, bearer, tls)
+        second, _ = await channel_on(supervised, lambda w: w != owner, bearer, tls)
+        try:
+            # The first probe: the thread `first` started, on `owner`.
+            thread_id = next(iter(supervised.owners))
+            got = await agent_pb2_grpc.AgentServiceStub(second).GetThread(
+                agent_pb2.GetThreadRequest(thread_id=thread_id), metadata=bearer
+            )
+            assert got.thread.id == thread_id
+            assert supervised.forwarded("GetThread", thread_id)
+        finally:
+            await first.close(None)
+            await second.close(None)
+    assert supervised.process.returncode == 0
 
 
 def _socket_dir(pid: int) -> Path:
