@@ -288,7 +288,9 @@ class Settings:
             )
         if self.workers > 1:
             self._check_workers()
-        if self.worker is not None and not 0 <= self.worker.index < self.workers:
+        if self.worker is not None and not (
+            self.workers > 1 and 0 <= self.worker.index < self.workers
+        ):
             raise ConfigError(f"{WORKER_ENV} is set by `serve --workers N` for its own processes")
 
     def _check_workers(self) -> None:

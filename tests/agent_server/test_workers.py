@@ -727,3 +727,18 @@ async def test_one_worker_is_the_one_process_server() -> None:
     # No supervisor, no worker field, no private socket.
     assert "agent_server.workers" not in stderr
     assert "worker=" not in stderr
+
+
+async def test_a_worker_role_not_made_by_a_supervisor_is_refused() -> None:
+    process = await asyncio.create_subprocess_exec(
+        AGENT_SERVER,
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        env=clean_env(_ROLLOUT_WORKER="seven"),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, stderr = await process.communicate()
+    assert process.returncode == 2
+    assert stderr.decode().startswith("agent-server: _ROLLOUT_WORKER is set by `serve --workers N`")
