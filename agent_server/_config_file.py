@@ -36,6 +36,7 @@ KEYS: dict[str, type] = {
     "replay-pace": str,
     "replay-on-divergence": str,
     "replay-branch-at": int,
+    "workers": int,
     # `agent-server gateway` only.
     "gateway-listen": str,
     "session-idle-timeout": float,

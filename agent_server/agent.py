@@ -194,6 +194,20 @@ class Agent:
     def thread_ids(self) -> list[str]:
         return list(self._threads)
 
+    def holds(self, thread_id: str) -> bool:
+        """Whether the thread is this server's (open, or closed and still kept)."""
+        self._forget_closed()
+        return thread_id in self._threads
+
+    def held_threads(self) -> list[Thread]:
+        """Every thread this server keeps, oldest first (what ListThreads pages through)."""
+        self._forget_closed()
+        return list(self._threads.values())
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
     def check_serving(self) -> None:
         if self._stopping:
             raise ShuttingDownError()

@@ -129,7 +129,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: {error}", file=sys.stderr)
         return EXIT_USAGE
     # The demo speaks on stdout; only its server's trouble belongs on stderr.
-    logs.configure("warning" if args.command == "demo" else settings.log_level, settings.log_format)
+    level = "warning" if args.command == "demo" else settings.log_level
+    # Each of `serve --workers N`'s processes says which it is on every line.
+    role = {"worker": settings.worker.index} if settings.worker is not None else None
+    logs.configure(level, settings.log_format, process=role)
+    if args.command == "serve" and settings.workers > 1 and settings.worker is None:
+        from agent_server import workers
+
+        supervisor = workers.supervise(settings, argv)
+        try:
+            return run_on_loop(supervisor, settings.event_loop)
+        except KeyboardInterrupt:
+            return EXIT_INTERRUPTED
+        except Exception as error:  # noqa: BLE001 - the last line of defence, as below
+            print(f"{PROG}: {error or type(error).__name__}", file=sys.stderr)
+            return EXIT_FAILED
     try:
         code: int = run_on_loop(run(settings), settings.event_loop)
     except KeyboardInterrupt:
@@ -159,11 +173,19 @@ async def _serve(settings: Settings) -> int:
     tune_collector_for_serving()
     stop = asyncio.Event()
     install_signal_handlers(stop.set)
+    if settings.worker is not None:
+        from agent_server.workers import watch_supervisor
+
+        watch_supervisor(stop.set)
     _log().info("listening on %s (event loop %s)", server.address, running_event_loop())
     print(f"listening on {server.address}", flush=True)
     await stop.wait()
     _log().info("shutting down")
     await server.stop()
+    if settings.worker is not None:
+        from agent_server.workers import leave_socket_dir
+
+        leave_socket_dir(settings.worker)
     _log().info("stopped")
     return EXIT_OK
 

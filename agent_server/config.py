@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,12 @@ DEFAULT_MAX_CLOSED_THREADS = 1000
 DEFAULT_PROVIDER_MAX_CONNECTIONS = 1024
 DEFAULT_MAX_TOOL_ROUNDS = 64
 DEFAULT_TOOL_OUTPUT_TIMEOUT = 600.0
+DEFAULT_WORKERS = 1
+# How the supervisor of `serve --workers N` tells a process it starts that it is worker INDEX
+# and where the workers' sockets are ("INDEX:DIR"): no flag, so that none shows in --help.
+WORKER_ENV = "_ROLLOUT_WORKER"
+# Each worker is a whole server process; past this many a machine runs out of cores first.
+MAX_WORKERS = 256
 REPLAY_PACES = ("recorded", "fast")
 REPLAY_ON_DIVERGENCE = ("fail", "live")
 PROVIDER_APIS = ("responses", "chat")
@@ -95,6 +102,7 @@ NUMBER_SETTINGS: dict[str, Bounds] = {
     "max_tool_rounds": Bounds(0, integer=True, high=_MAX_COUNT),
     "tool_output_timeout": Bounds(0, exclusive=True, high=MAX_SECONDS, unit="seconds"),
     "replay_branch_at": Bounds(0, integer=True, high=_MAX_COUNT),
+    "workers": Bounds(1, integer=True, high=MAX_WORKERS),
 }
 
 
@@ -146,6 +154,18 @@ class ProviderSettings:
                 f"{where} capabilities: unknown {', '.join(unknown)} "
                 f"(known: {', '.join(CAPABILITIES)})"
             )
+
+
+@dataclass(frozen=True)
+class WorkerRole:
+    """What makes a `serve` process one of a supervisor's workers (`--workers N`): its index
+    and the private directory where every worker's Unix socket is."""
+
+    index: int
+    socket_dir: Path
+
+    def socket_path(self, index: int) -> Path:
+        return self.socket_dir / f"worker-{index}.sock"
 
 
 @dataclass(frozen=True)
@@ -204,6 +224,10 @@ class Settings:
     replay_on_divergence: str = "fail"
     # Calls of a recorded thread from this one on (1-based) go to the live provider; 0: none.
     replay_branch_at: int = 0
+    # `serve --workers N`: N processes behind one address (agent_server.workers); 1 is one
+    # process, as before. `worker` is set only in the processes a supervisor starts.
+    workers: int = DEFAULT_WORKERS
+    worker: WorkerRole | None = None
 
     def __post_init__(self) -> None:
         if self.trace_root is not None and not self.trace_root.is_absolute():
@@ -262,6 +286,30 @@ class Settings:
                 "--replay-branch-at and --replay-on-divergence live send calls to a live "
                 "provider: give it with --provider-url"
             )
+        if self.workers > 1:
+            self._check_workers()
+        if self.worker is not None and not (
+            self.workers > 1 and 0 <= self.worker.index < self.workers
+        ):
+            raise ConfigError(f"{WORKER_ENV} is set by `serve --workers N` for its own processes")
+
+    def _check_workers(self) -> None:
+        """Refuse what N processes cannot share behind one address (yet)."""
+        why = None
+        if self.replay_from is not None:
+            why = (
+                "--replay-from: one replay provider answers one process's calls in the "
+                "recorded order, and N processes would each replay the whole run"
+            )
+        elif self.metrics_listen is not None:
+            why = (
+                "--metrics-listen: one port cannot serve N processes' registries; run "
+                "--workers 1 processes side by side to scrape each"
+            )
+        elif not hasattr(socket, "SO_REUSEPORT"):
+            why = "this platform has no SO_REUSEPORT, which lets N processes share one port"
+        if why is not None:
+            raise ConfigError(f"--workers {self.workers} cannot be combined with {why}")
 
     @property
     def recording(self) -> bool:
@@ -330,6 +378,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="text lines or JSON lines on stderr (default text; env ROLLOUT_LOG_FORMAT)",
     )
     add_event_loop_argument(parser, env="ROLLOUT_EVENT_LOOP")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="serve from N processes behind the one --listen address, each thread owned by "
+        "one of them and every call for it sent there (env ROLLOUT_WORKERS; default 1)",
+    )
 
 
 def add_replay_arguments(
@@ -513,6 +568,7 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
             return env[env_name]
         return file.get(name)
 
+    serving = hasattr(args, "workers")
     provider_url = pick("provider_url", "ROLLOUT_PROVIDER_URL")
     api_key_env = pick("api_key_env") or DEFAULT_API_KEY_ENV
     key = _api_key(env.get(api_key_env, ""), api_key_env)
@@ -573,7 +629,29 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
         replay_pace=pick("replay_pace") or "fast",
         replay_on_divergence=pick("replay_on_divergence") or "fail",
         replay_branch_at=_default(pick("replay_branch_at"), 0),
+        # `serve`'s alone: the demo and the gateway are one process whatever the environment.
+        workers=_workers(pick("workers", "ROLLOUT_WORKERS")) if serving else DEFAULT_WORKERS,
+        worker=_worker_role(env.get(WORKER_ENV)) if serving else None,
     )
+
+
+def _workers(value: Any) -> Any:
+    # The environment gives text; the flag and the file give an int (Bounds checks it).
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            raise ConfigError(f"--workers must be an integer, not {value!r}") from None
+    return DEFAULT_WORKERS if value is None else value
+
+
+def _worker_role(value: str | None) -> WorkerRole | None:
+    if not value:
+        return None
+    index, _, socket_dir = value.partition(":")
+    if not index.isdigit() or not socket_dir:
+        raise ConfigError(f"{WORKER_ENV} is set by `serve --workers N` for its own processes")
+    return WorkerRole(int(index), Path(socket_dir))
 
 
 def _named_providers(

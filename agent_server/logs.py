@@ -39,11 +39,17 @@ def _text_value(value: Any) -> str:
 
 
 class TextFormatter(logging.Formatter):
-    """`2026-11-30T09:15:02.120Z INFO  agent_server.telemetry: turn ended status=COMPLETED`."""
+    """`2026-11-30T09:15:02.120Z INFO  agent_server.telemetry: turn ended status=COMPLETED`;
+    `process` fields (a worker's `worker=K`) follow every line's own."""
+
+    def __init__(self, process: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        self._process = dict(process or {})
 
     def format(self, record: logging.LogRecord) -> str:
         line = f"{_time(record)} {record.levelname:<7} {record.name}: {record.getMessage()}"
-        pairs = [f"{key}={_text_value(value)}" for key, value in fields_of(record).items()]
+        fields = {**fields_of(record), **self._process}
+        pairs = [f"{key}={_text_value(value)}" for key, value in fields.items()]
         if pairs:
             line += " " + " ".join(pairs)
         error = _error(record)
@@ -51,7 +57,12 @@ class TextFormatter(logging.Formatter):
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, message, then the record's fields."""
+    """One JSON object per line: time, level, logger, message, then the record's fields and
+    the `process` fields (a worker's `worker`)."""
+
+    def __init__(self, process: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        self._process = dict(process or {})
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
@@ -60,7 +71,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
-        for key, value in fields_of(record).items():
+        for key, value in {**fields_of(record), **self._process}.items():
             entry.setdefault(key, value)
         error = _error(record)
         if error:
@@ -68,10 +79,16 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False, default=str)
 
 
-def configure(level: str = "info", fmt: str = "text", stream: TextIO | None = None) -> None:
-    """Send every log record at `level` or above to stderr in `fmt` ("text" or "json")."""
+def configure(
+    level: str = "info",
+    fmt: str = "text",
+    stream: TextIO | None = None,
+    process: dict[str, Any] | None = None,
+) -> None:
+    """Send every log record at `level` or above to stderr in `fmt` ("text" or "json"), each
+    with the `process` fields (which of `--workers` logged it)."""
     handler = logging.StreamHandler(stream or sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    handler.setFormatter(JsonFormatter(process) if fmt == "json" else TextFormatter(process))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

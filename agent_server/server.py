@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from agent_server import telemetry
+from agent_server._router import Router
 from agent_server.agent import Agent
 from agent_server.config import Settings
 from agent_server.dialects import dialect_named, unsupported_fields
@@ -68,6 +69,8 @@ class AgentServer:
         self.metrics: MetricsServer | None = None
         self.live_export: LiveExport | None = None
         self.named_providers: list[ProviderClient] = []
+        # One of `serve --workers N`'s processes: how calls reach the other workers.
+        self.router: Router | None = None
 
     @classmethod
     async def start(cls, settings: Settings) -> AgentServer:
@@ -131,9 +134,13 @@ class AgentServer:
             branch_point=book.branch_point if book and settings.replay_branch_at else None,
         )
         service = AgentService(agent)
+        role = settings.worker
+        router = (
+            Router(agent, role, settings.workers, settings.trace_root) if role is not None else None
+        )
 
         def register(server: grpc.aio.Server) -> None:
-            add_to_server(service, server)
+            add_to_server(service, server, router)
 
         try:
             grpc_server = await GrpcServer.start(
@@ -143,6 +150,9 @@ class AgentServer:
                 settings.access,
                 keepalive=settings.keepalive,
                 rpc_metrics=_RPC_METRICS,
+                # The workers share the port, and each serves on its own Unix socket too.
+                reuse_port=router is not None,
+                private_addresses=[router.private_address] if router is not None else [],
             )
         except BaseException:
             await provider.aclose()
@@ -158,6 +168,7 @@ class AgentServer:
         server.metrics = metrics
         server.live_export = live
         server.named_providers = list(named.values())
+        server.router = router
         return server
 
     @property
@@ -191,6 +202,8 @@ class AgentServer:
             await self.agent.shutdown()
         finally:
             await self._grpc.stop(_STOP_GRACE)
+            if self.router is not None:
+                await self.router.close()
             await self._provider.aclose()
             for client in self.named_providers:
                 await client.aclose()

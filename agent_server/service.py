@@ -5,6 +5,7 @@ from __future__ import annotations
 import grpc
 from google.protobuf import message_factory
 
+from agent_server._router import Router, caller_peer
 from agent_server.agent import Agent
 from agent_server.errors import ERRORS, EmptyInputError, InvalidFlushWindowError
 from agent_server.events import DEFAULT_FLUSH_WINDOW_MS, MAX_FLUSH_WINDOW_MS
@@ -64,7 +65,9 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         self, request: agent_pb2.InterruptRequest, context: Context
     ) -> agent_pb2.InterruptResponse:
         async with ERRORS.translated(context, "Interrupt"):
-            turn = await self._agent.interrupt(request.thread_id, request.turn_id, context.peer())
+            turn = await self._agent.interrupt(
+                request.thread_id, request.turn_id, caller_peer(context)
+            )
             return agent_pb2.InterruptResponse(turn=turn.to_proto())
 
     async def StreamEvents(  # type: ignore[override]  # noqa: N802 - writes bytes, see add_to_server
@@ -125,7 +128,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                 for output in request.outputs
             ]
             turn = self._agent.submit_tool_outputs(
-                request.thread_id, request.turn_id, outputs, context.peer()
+                request.thread_id, request.turn_id, outputs, caller_peer(context)
             )
             return agent_pb2.SubmitToolOutputsResponse(turn=turn.to_proto())
 
@@ -173,7 +176,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                     weight=request.weight,
                     source=request.source,
                     metadata=dict(request.metadata),
-                    recorded_by=context.peer(),
+                    recorded_by=caller_peer(context),
                 )
             )
             return agent_pb2.RecordRewardResponse(bundle_path=bundle, seq=seq)
@@ -183,15 +186,19 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
 _PRESERIALIZED = frozenset({"StreamEvents"})
 
 
-def add_to_server(service: AgentService, server: grpc.aio.Server) -> None:
+def add_to_server(
+    service: AgentService, server: grpc.aio.Server, router: Router | None = None
+) -> None:
     """Register the service as the generated code would, except that StreamEvents sends the
     bytes its events were serialized to once (grpc sends a response as it is when the method
-    has no serializer)."""
+    has no serializer); with a router (`serve --workers`), each method routed by it."""
     handlers = {}
     for method in agent_pb2.DESCRIPTOR.services_by_name["AgentService"].methods:
         behaviour = getattr(service, method.name)
         request_type = message_factory.GetMessageClass(method.input_type)
         response_type = message_factory.GetMessageClass(method.output_type)
+        if router is not None:
+            behaviour = router.wrap(method.name, behaviour, response_type)
         serializer = None if method.name in _PRESERIALIZED else response_type.SerializeToString
         if method.client_streaming:
             raise TypeError(f"{method.name}: no AgentService method takes a request stream")

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     )
     from ._keepalive import Keepalive
     from ._metrics import MetricsServer, RpcMetricsInterceptor
-    from ._server import GrpcServer, split_listen
+    from ._server import DEFAULT_MAX_RECEIVE_BYTES, GrpcServer, split_listen
     from ._signals import install_signal_handlers
 
 # gRPC takes a noticeable time to import: what needs it loads on first use, so that a command
@@ -43,6 +43,7 @@ _LAZY = {
     "Keepalive": "_keepalive",
     "MetricsServer": "_metrics",
     "RpcMetricsInterceptor": "_metrics",
+    "DEFAULT_MAX_RECEIVE_BYTES": "_server",
     "GrpcServer": "_server",
     "split_listen": "_server",
     "install_signal_handlers": "_signals",
@@ -62,6 +63,7 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
+    "DEFAULT_MAX_RECEIVE_BYTES",
     "ERROR_DOMAIN",
     "EVENT_LOOPS",
     "INTERNAL_REASON",

@@ -51,6 +51,8 @@ class GrpcServer:
         max_receive_bytes: int = DEFAULT_MAX_RECEIVE_BYTES,
         keepalive: Keepalive | None = None,
         rpc_metrics: grpc.aio.ServerInterceptor[Any, Any] | None = None,
+        reuse_port: bool = False,
+        private_addresses: Sequence[str] = (),
     ) -> GrpcServer:
         """Register the services, add health and reflection (v1 and v1alpha), bind and start.
 
@@ -59,11 +61,15 @@ class GrpcServer:
         keepalive: its pings and connection ages (Keepalive's defaults when None).
         rpc_metrics: the RpcMetricsInterceptor counting, timing and logging every RPC (first,
         so that it sees refusals too).
+        reuse_port: share the port with the other processes that bind it so (`serve
+        --workers`: the kernel spreads connections over them); off, a port in use is an error.
+        private_addresses: more addresses (`unix:PATH`) served without TLS, the same services,
+        token and interceptors: how the processes of `--workers` reach each other.
         Raises ValueError for a malformed address and OSError when it cannot be bound.
         """
         access = access or AccessControl()
         host, port = split_listen(listen)
-        # Without this, a second server asking for a port in use silently shares it.
+        # Without this off, a second server asking for a port in use silently shares it.
         server = grpc.aio.server(
             interceptors=[
                 *([rpc_metrics] if rpc_metrics is not None else []),
@@ -71,7 +77,7 @@ class GrpcServer:
                 MalformedRequestInterceptor(service_names),
             ],
             options=[
-                ("grpc.so_reuseport", 0),
+                ("grpc.so_reuseport", 1 if reuse_port else 0),
                 ("grpc.max_receive_message_length", max_receive_bytes),
                 *(keepalive or Keepalive()).options(),
             ],
@@ -94,6 +100,12 @@ class GrpcServer:
             raise OSError(f"cannot listen on {listen}: {error}") from error
         if bound == 0:
             raise OSError(f"cannot listen on {listen}")
+        for private in private_addresses:
+            try:
+                if server.add_insecure_port(private) == 0:
+                    raise RuntimeError("not bound")
+            except RuntimeError as error:
+                raise OSError(f"cannot listen on {private}: {error}") from error
         await server.start()
         for name in service_names:
             await health.set(name, health_pb2.HealthCheckResponse.SERVING)
