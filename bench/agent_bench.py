@@ -262,11 +262,19 @@ async def _concurrent(addresses: list[str], threads: int, turns: int, window: in
 @dataclass(frozen=True)
 class P5:
     """Each window's runs of the agent and of the bare floor, in alternating rounds; and the
-    default window's runs with the threads spread over two server processes."""
+    default window's runs with the threads spread over two server processes: two addresses,
+    the client choosing (spread), and one address, `serve --workers 2` (workers)."""
 
     agent: dict[int, list[Concurrency]]
     floor: dict[int, list[grpc_floor.Floor]]
     spread: list[Concurrency]
+    workers: list[Concurrency]
+
+
+def _children(pid: int) -> list[int]:
+    """The processes pid started (a supervisor's workers)."""
+    text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    return [int(child) for child in text.split()]
 
 
 def measure_p5(
@@ -284,6 +292,7 @@ def measure_p5(
     agent: dict[int, list[Concurrency]] = {window: [] for window in windows}
     floor: dict[int, list[grpc_floor.Floor]] = {window: [] for window in windows}
     spread: list[Concurrency] = []
+    workers: list[Concurrency] = []
     # The floor streams as many deltas to each client as the model sends a thread.
     per_stream = sum(len(reply_words(prompt(i))) for i in range(turns))
     with contextlib.ExitStack() as stack:
@@ -294,12 +303,29 @@ def measure_p5(
             )
             for n in range(2)
         ]
+        # One address, two worker processes behind it: the kernel spreads the clients'
+        # connections, each thread stays with the worker its StartThread reached.
+        supervised = stack.enter_context(
+            spawn(
+                [
+                    *agent_server_argv(trace_root=root / "p5-workers", provider_url=model.address),
+                    "--workers",
+                    "2",
+                ]
+            )
+        )
         bare = stack.enter_context(grpc_floor.serve(word_delay))
 
         def run(into: list[Concurrency], used: list[Process], window: int) -> None:
-            pids = {f"server{n}": s.popen.pid for n, s in enumerate(used)}
+            if used == [supervised]:
+                # The supervisor's own CPU counts too (it only waits), with its workers'.
+                loops = _children(supervised.popen.pid)
+                pids = {f"server{n}": pid for n, pid in enumerate(loops)}
+                pids["server-supervisor"] = supervised.popen.pid
+            else:
+                loops = [s.popen.pid for s in used]
+                pids = {f"server{n}": pid for n, pid in enumerate(loops)}
             pids["model"] = model.popen.pid
-            loops = [s.popen.pid for s in used]
             before = {name: cpu_seconds(pid) for name, pid in pids.items()}
             loop_before = sum(cpu_seconds(pid, main_thread=True) for pid in loops)
             mine = os.times()
@@ -323,8 +349,9 @@ def measure_p5(
                 )
             )
         contenders.append(functools.partial(run, spread, servers, windows[-1]))
+        contenders.append(functools.partial(run, workers, [supervised], windows[-1]))
         for round_number in range(rounds):
             shift = round_number % len(contenders)
             for contender in contenders[shift:] + contenders[:shift]:
                 contender()
-    return P5(agent, floor, spread)
+    return P5(agent, floor, spread, workers)
