@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import math
@@ -48,7 +47,7 @@ from agent_server.recorder import Recorder
 from agent_server.replay_model import ReplayBook, ReplayModel
 from agent_server.sse import MAX_EVENT_BYTES, SseEvent, SseSplitter
 from agent_server.turn import new_call_id
-from grpc_common import split_listen
+from grpc_common import bearer_token, same_secret, split_listen
 from rollout.agent.v1 import agent_pb2
 from rollout.trace.v1 import common_pb2
 from trace_reducer import (
@@ -255,13 +254,18 @@ class Gateway:
 
     @web.middleware
     async def _guard(self, request: web.Request, handler: _Handler) -> web.StreamResponse:
-        """The clients' bearer token; no exception reaches a client as a traceback."""
+        """The body's declared size, the clients' bearer token; no exception reaches a client
+        as a traceback."""
+        declared = request.content_length
+        if declared is not None and declared > self.settings.max_request_bytes:
+            # Refused on what the client declares, before reading any of it: waiting for a
+            # body that may never come held the connection until the read timeout.
+            return await _refuse_unread_body(request, self._too_large())
         if self._token is not None:
-            given = request.headers.get("Authorization", "")
-            scheme, _, token = given.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(
-                token.strip().encode(), self._token.encode()
-            ):
+            # Any bytes a client sends are compared, never encoded as they came: a header
+            # that is not UTF-8 was a 500 (aiohttp decodes it to lone surrogates).
+            token = bearer_token(request.headers.get("Authorization", ""))
+            if token is None or not same_secret(token, self._token):
                 return error_response(
                     401, "invalid_api_key", "the gateway needs `Authorization: Bearer <token>`"
                 )
@@ -269,17 +273,20 @@ class Gateway:
             return await handler(request)
         except web.HTTPException as error:
             if error.status == 413:
-                return error_response(
-                    413,
-                    "request_too_large",
-                    f"the request body is over {self.settings.max_request_bytes} bytes",
-                )
+                return self._too_large()
             raise
         except (ConnectionResetError, _ClientGoneError):
             raise
         except Exception:  # logged; the client gets a clean 500 (no traceback)
             log.exception("gateway request %s %s failed", request.method, request.path)
             return error_response(500, "internal_error", "internal gateway error")
+
+    def _too_large(self) -> web.Response:
+        return error_response(
+            413,
+            "request_too_large",
+            f"the request body is over {self.settings.max_request_bytes} bytes",
+        )
 
     async def _not_found(self, request: web.Request) -> web.Response:
         return error_response(
@@ -880,6 +887,16 @@ async def _write(response: web.StreamResponse, data: bytes) -> None:
         await response.write(data)
     except (ConnectionResetError, RuntimeError) as error:
         raise _ClientGoneError() from error
+
+
+async def _refuse_unread_body(request: web.Request, response: web.Response) -> web.Response:
+    """Send response, then close the connection: the body it refuses is never read (aiohttp
+    would otherwise read and drop it for up to its lingering time before the next request)."""
+    response.force_close()
+    await response.prepare(request)
+    await response.write_eof()
+    _drop_connection(request)
+    return response
 
 
 def _drop_connection(request: web.Request) -> None:
