@@ -131,6 +131,8 @@ class Gateway:
         self.port = 0
         self.host = ""
         self._stopping: asyncio.Task[None] | None = None
+        # The requests being handled: on stop they get the grace, then are cancelled.
+        self._handling: set[asyncio.Task[Any]] = set()
         self.observers: list[CallObserver] = []
         self._live_export: LiveExport | None = None
 
@@ -233,11 +235,32 @@ class Gateway:
         try:
             if self._site is not None:
                 await self._site.stop()
+            if self._runner is not None and self._runner.server is not None:
+                # Idle keep-alive connections close now; busy ones after their answer.
+                self._runner.server.pre_shutdown()
+            await self._finish_handling()
             if self._runner is not None:
                 await self._runner.cleanup()
         finally:
             await self.sessions.close_all("shutdown")
             await self._close_parts()
+
+    async def _finish_handling(self) -> None:
+        """Give the running requests _STOP_GRACE, then cancel the rest (a call records itself
+        CANCELLED, reason `shutdown`, as it unwinds).
+
+        Not left to aiohttp's own shutdown: it waits its timeout for the handlers, then only
+        fails their request bodies and waits the timeout again before it cancels them, so a
+        call got twice the grace, and one that finished within that was never cancelled."""
+        running = set(self._handling)
+        if not running:
+            return
+        _, late = await asyncio.wait(running, timeout=_STOP_GRACE)
+        for task in late:
+            task.cancel()
+        if late:
+            # A cancelled call only records its end and releases its upstream answer.
+            await asyncio.wait(late, timeout=_STOP_GRACE)
 
     async def _close_parts(self) -> None:
         if self._upstream is not None:
@@ -269,6 +292,9 @@ class Gateway:
                 return error_response(
                     401, "invalid_api_key", "the gateway needs `Authorization: Bearer <token>`"
                 )
+        task = asyncio.current_task()
+        if task is not None:
+            self._handling.add(task)
         try:
             return await handler(request)
         except web.HTTPException as error:
@@ -280,6 +306,8 @@ class Gateway:
         except Exception:  # logged; the client gets a clean 500 (no traceback)
             log.exception("gateway request %s %s failed", request.method, request.path)
             return error_response(500, "internal_error", "internal gateway error")
+        finally:
+            self._handling.discard(task)
 
     def _too_large(self) -> web.Response:
         return error_response(
@@ -665,6 +693,7 @@ class Gateway:
             error=trace_error,
             stop_reason=stop,
         )
+        session.call_ended(call.turn_id, status)
         # The call's span can go out (a live OTLP export); its turn's waits for the turn.
         telemetry.bundle_advanced(session.recorder.bundle_path)
         for observer in self.observers:

@@ -391,9 +391,7 @@ def any_traceback(caplog: pytest.LogCaptureFixture) -> Callable[[], list[str]]:
     """Every log record of the test with a traceback, aiohttp's own included (its server logs
     an exception that escaped the gateway's handlers, and answers its 500 page)."""
     caplog.set_level(logging.INFO)
-    return lambda: [
-        f"{r.name}: {r.getMessage()}" for r in caplog.records if r.exc_info is not None
-    ]
+    return lambda: [f"{r.name}: {r.getMessage()}" for r in caplog.records if r.exc_info is not None]
 
 
 @pytest.mark.parametrize(
@@ -536,3 +534,61 @@ async def test_a_body_over_the_bound_without_a_length_is_a_413(
     assert answer.json()["error"]["code"] == "request_too_large"
     assert bundles(gateway.settings.trace_root) == []
     assert any_traceback() == []
+
+
+# -- turns whose call was cancelled ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("retry", "status"), [(False, "CANCELLED"), (True, "COMPLETED")])
+async def test_a_turn_whose_last_call_the_client_abandoned_ends_cancelled(
+    start_gateway: StartGateway,
+    upstream: Upstream,
+    tracebacks: Callable[[], list[str]],
+    retry: bool,
+    status: str,
+) -> None:
+    loop = asyncio.get_running_loop()
+    dropped = loop.create_future()
+
+    async def trickle(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        if not body.get("stream"):
+            return await _chat_completion(request)
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        chunk = {"id": "c", "choices": [{"index": 0, "delta": {"content": "x"}}]}
+        try:
+            while True:
+                await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                await asyncio.sleep(0.05)  # the upstream's pace, not a synchronisation
+        except ConnectionResetError:
+            # The gateway hangs up once it has recorded the call's end.
+            dropped.set_result(None)
+        return response
+
+    upstream.answer = trickle
+    gateway = await start_gateway(upstream.url)
+    request = {"model": "m", "messages": [_user()]}
+    headers = {"x-rollout-session": "abandoned"}
+    async with httpx.AsyncClient(base_url=_root_url(gateway), timeout=60) as http:
+        async with http.stream(
+            "POST", "/v1/chat/completions", json={**request, "stream": True}, headers=headers
+        ) as answer:
+            async for text in answer.aiter_lines():
+                if text.startswith("data:"):
+                    break  # the client goes away mid-answer
+        async with asyncio.timeout(30):
+            await dropped
+        if retry:
+            # The same input again: the same turn, answered this time.
+            again = await http.post("/v1/chat/completions", json=request, headers=headers)
+            assert again.status_code == 200, again.text
+        closed = await http.post("/rollout/v1/sessions/abandoned/close")
+        assert closed.status_code == 200, closed.text
+    (trace,) = reduce_all(gateway.settings.trace_root)
+    (turn,) = trace.turns.values()
+    assert calls(trace)[0].execution.status == common_pb2.EXECUTION_STATUS_CANCELLED
+    assert calls(trace)[0].end_reason == "client_disconnected"
+    # An interrupted turn is CANCELLED (SPEC section 4); was COMPLETED.
+    assert common_pb2.ExecutionStatus.Name(turn.execution.status) == f"EXECUTION_STATUS_{status}"
+    assert tracebacks() == []
