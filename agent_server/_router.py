@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 import grpc
 from google.protobuf.message import Message
 
-from agent_server.agent import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, Agent
+from agent_server.agent import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, Agent, check_status_filter
 from agent_server.config import WorkerRole
 from agent_server.errors import ERRORS, InvalidPageTokenError
 from agent_server.threads import recorded_thread
@@ -315,6 +315,7 @@ class Router:
     ) -> agent_pb2.ListThreadsResponse:
         """One page of every worker's threads, oldest first, then (include_recorded) those
         only under the trace root: the rules of Agent.list_threads over the merged list."""
+        check_status_filter(request.status)
         after, after_bundle = _decode_page_token(request.page_token)
         size = min(request.page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
         threads = [thread.to_proto(with_turns=False) for thread in self._agent.held_threads()]

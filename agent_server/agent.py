@@ -30,6 +30,7 @@ from agent_server.errors import (
     InvalidPageTokenError,
     InvalidRewardError,
     InvalidSamplingError,
+    InvalidStatusFilterError,
     ItemNotFoundError,
     MetadataTooLargeError,
     MissingThreadIdError,
@@ -47,6 +48,7 @@ from agent_server.errors import (
     TurnNotFoundError,
     TurnNotRunningError,
     UnknownProviderError,
+    unknown_enum,
 )
 from agent_server.events import EventBuffer
 from agent_server.provider import ProviderClient
@@ -327,6 +329,7 @@ class Agent:
         """One page of threads, oldest first, and the token of the next page ('' at the end);
         with include_recorded, after those in memory, those only under the trace root."""
         self.check_serving()
+        check_status_filter(status)
         self._forget_closed()
         after, after_bundle = _decode_page_token(page_token)
         size = min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
@@ -850,6 +853,14 @@ class Agent:
         )
         self._closed.append((time.monotonic(), thread.id))
         self._forget_closed()
+
+
+def check_status_filter(status: int) -> None:
+    """ListThreads' status filter: unset, or a ThreadStatus (an unknown number matched no
+    thread, an empty list that said nothing of why)."""
+    problem = unknown_enum(agent_pb2.ThreadStatus.DESCRIPTOR, status, "status")
+    if problem:
+        raise InvalidStatusFilterError(problem, field="status")
 
 
 def _encode_page_token(last: Thread | RecordedSummary) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 import grpc
+from google.protobuf.descriptor import EnumDescriptor
 
 import grpc_common
 
@@ -75,6 +76,22 @@ class ToolOutputTooLargeError(InvalidArgumentError):
 
 class InvalidSamplingError(InvalidArgumentError):
     reason = "INVALID_SAMPLING"
+
+
+class InvalidStatusFilterError(InvalidArgumentError):
+    reason = "INVALID_STATUS_FILTER"
+
+
+def unknown_enum(descriptor: EnumDescriptor, value: int, field: str) -> str:
+    """Why value cannot be field's, or '' when it is one of the enum's numbers.
+
+    proto3 keeps an enum number it does not know as it came (a client built against another
+    .proto, or a bug), and the server would otherwise treat it as unset: a setting silently
+    not applied, a filter that matches nothing."""
+    if value in descriptor.values_by_number:
+        return ""
+    known = ", ".join(f"{v.name} ({v.number})" for v in descriptor.values)
+    return f"{field} {value} is not a {descriptor.name}; known values: {known}"
 
 
 class UnknownProviderError(InvalidArgumentError):

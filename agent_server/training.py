@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from agent_server.errors import InvalidSamplingError
+from agent_server.errors import InvalidSamplingError, unknown_enum
 from rollout.agent.v1 import agent_pb2
 from trace_reducer import LOGPROBS_INCLUDE
 
@@ -117,6 +117,10 @@ _MODES = {
 
 
 def _tool_choice(choice: agent_pb2.ToolChoice) -> str | dict[str, str] | None:
+    problem = unknown_enum(agent_pb2.ToolChoiceMode.DESCRIPTOR, choice.mode, "tool_choice.mode")
+    if problem:
+        # Was: taken as unset, so the turn ran with the provider's default and no word.
+        raise InvalidSamplingError(problem, field="tool_choice")
     if choice.mode == agent_pb2.TOOL_CHOICE_MODE_FUNCTION:
         if not choice.function_name:
             raise InvalidSamplingError(
@@ -143,6 +147,12 @@ def tool_choice_proto(choice: str | dict[str, str] | None) -> agent_pb2.ToolChoi
 
 
 def capture_from(request: agent_pb2.StartThreadRequest) -> TokenCapture:
+    problem = unknown_enum(
+        agent_pb2.OptionalFieldPolicy.DESCRIPTOR, request.optional_fields, "optional_fields"
+    )
+    if problem:
+        # Was: best effort, whatever the client meant by the number.
+        raise InvalidSamplingError(problem, field="optional_fields")
     if request.top_logprobs > MAX_TOP_LOGPROBS:
         raise InvalidSamplingError(
             f"top_logprobs must be at most {MAX_TOP_LOGPROBS}", field="top_logprobs"

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     )
     from ._keepalive import Keepalive
     from ._metrics import MetricsServer, RpcMetricsInterceptor
+    from ._secret import bearer_token, same_secret
     from ._server import DEFAULT_MAX_RECEIVE_BYTES, GrpcServer, split_listen
     from ._signals import install_signal_handlers
 
@@ -47,6 +48,8 @@ _LAZY = {
     "GrpcServer": "_server",
     "split_listen": "_server",
     "install_signal_handlers": "_signals",
+    "bearer_token": "_secret",
+    "same_secret": "_secret",
     "tune_collector_for_serving": "_collector",
 }
 
@@ -78,6 +81,7 @@ __all__ = [
     "abort",
     "add_access_arguments",
     "add_event_loop_argument",
+    "bearer_token",
     "default_event_loop",
     "error_status",
     "event_loop_problem",
@@ -85,6 +89,7 @@ __all__ = [
     "install_signal_handlers",
     "run_on_loop",
     "running_event_loop",
+    "same_secret",
     "split_listen",
     "tune_collector_for_serving",
 ]

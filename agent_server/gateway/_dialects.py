@@ -52,6 +52,7 @@ class CallRecorder:
 
     def __init__(self, dialect: Dialect, session: Session, ordinal: int, turn_id: str) -> None:
         self._dialect = dialect
+        self.turn_id = turn_id
         self._response = Response(ordinal, session.thread, turn_id, session.on_tool_call)
         self._decode = dialect.decoder()
         self._history = session.thread.history

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import math
@@ -48,7 +47,7 @@ from agent_server.recorder import Recorder
 from agent_server.replay_model import ReplayBook, ReplayModel
 from agent_server.sse import MAX_EVENT_BYTES, SseEvent, SseSplitter
 from agent_server.turn import new_call_id
-from grpc_common import split_listen
+from grpc_common import bearer_token, same_secret, split_listen
 from rollout.agent.v1 import agent_pb2
 from rollout.trace.v1 import common_pb2
 from trace_reducer import (
@@ -132,6 +131,8 @@ class Gateway:
         self.port = 0
         self.host = ""
         self._stopping: asyncio.Task[None] | None = None
+        # The requests being handled: on stop they get the grace, then are cancelled.
+        self._handling: set[asyncio.Task[Any]] = set()
         self.observers: list[CallObserver] = []
         self._live_export: LiveExport | None = None
 
@@ -234,11 +235,32 @@ class Gateway:
         try:
             if self._site is not None:
                 await self._site.stop()
+            if self._runner is not None and self._runner.server is not None:
+                # Idle keep-alive connections close now; busy ones after their answer.
+                self._runner.server.pre_shutdown()
+            await self._finish_handling()
             if self._runner is not None:
                 await self._runner.cleanup()
         finally:
             await self.sessions.close_all("shutdown")
             await self._close_parts()
+
+    async def _finish_handling(self) -> None:
+        """Give the running requests _STOP_GRACE, then cancel the rest (a call records itself
+        CANCELLED, reason `shutdown`, as it unwinds).
+
+        Not left to aiohttp's own shutdown: it waits its timeout for the handlers, then only
+        fails their request bodies and waits the timeout again before it cancels them, so a
+        call got twice the grace, and one that finished within that was never cancelled."""
+        running = set(self._handling)
+        if not running:
+            return
+        _, late = await asyncio.wait(running, timeout=_STOP_GRACE)
+        for task in late:
+            task.cancel()
+        if late:
+            # A cancelled call only records its end and releases its upstream answer.
+            await asyncio.wait(late, timeout=_STOP_GRACE)
 
     async def _close_parts(self) -> None:
         if self._upstream is not None:
@@ -255,31 +277,44 @@ class Gateway:
 
     @web.middleware
     async def _guard(self, request: web.Request, handler: _Handler) -> web.StreamResponse:
-        """The clients' bearer token; no exception reaches a client as a traceback."""
+        """The body's declared size, the clients' bearer token; no exception reaches a client
+        as a traceback."""
+        declared = request.content_length
+        if declared is not None and declared > self.settings.max_request_bytes:
+            # Refused on what the client declares, before reading any of it: waiting for a
+            # body that may never come held the connection until the read timeout.
+            return await _refuse_unread_body(request, self._too_large())
         if self._token is not None:
-            given = request.headers.get("Authorization", "")
-            scheme, _, token = given.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(
-                token.strip().encode(), self._token.encode()
-            ):
+            # Any bytes a client sends are compared, never encoded as they came: a header
+            # that is not UTF-8 was a 500 (aiohttp decodes it to lone surrogates).
+            token = bearer_token(request.headers.get("Authorization", ""))
+            if token is None or not same_secret(token, self._token):
                 return error_response(
                     401, "invalid_api_key", "the gateway needs `Authorization: Bearer <token>`"
                 )
+        task = asyncio.current_task()
+        if task is not None:
+            self._handling.add(task)
         try:
             return await handler(request)
         except web.HTTPException as error:
             if error.status == 413:
-                return error_response(
-                    413,
-                    "request_too_large",
-                    f"the request body is over {self.settings.max_request_bytes} bytes",
-                )
+                return self._too_large()
             raise
         except (ConnectionResetError, _ClientGoneError):
             raise
         except Exception:  # logged; the client gets a clean 500 (no traceback)
             log.exception("gateway request %s %s failed", request.method, request.path)
             return error_response(500, "internal_error", "internal gateway error")
+        finally:
+            self._handling.discard(task)
+
+    def _too_large(self) -> web.Response:
+        return error_response(
+            413,
+            "request_too_large",
+            f"the request body is over {self.settings.max_request_bytes} bytes",
+        )
 
     async def _not_found(self, request: web.Request) -> web.Response:
         return error_response(
@@ -658,6 +693,7 @@ class Gateway:
             error=trace_error,
             stop_reason=stop,
         )
+        session.call_ended(call.turn_id, status)
         # The call's span can go out (a live OTLP export); its turn's waits for the turn.
         telemetry.bundle_advanced(session.recorder.bundle_path)
         for observer in self.observers:
@@ -880,6 +916,16 @@ async def _write(response: web.StreamResponse, data: bytes) -> None:
         await response.write(data)
     except (ConnectionResetError, RuntimeError) as error:
         raise _ClientGoneError() from error
+
+
+async def _refuse_unread_body(request: web.Request, response: web.Response) -> web.Response:
+    """Send response, then close the connection: the body it refuses is never read (aiohttp
+    would otherwise read and drop it for up to its lingering time before the next request)."""
+    response.force_close()
+    await response.prepare(request)
+    await response.write_eof()
+    _drop_connection(request)
+    return response
 
 
 def _drop_connection(request: web.Request) -> None:

@@ -94,6 +94,10 @@ class Session:
     pending_tools: dict[str, ToolCall] = field(default_factory=dict)
     calls_running: int = 0
     closed: bool = False
+    # How the current turn's last call that ended did: a turn whose last call was cancelled
+    # (the client went away, the gateway stopped) and not answered by a later one was
+    # interrupted, and ends CANCELLED (SPEC section 4), not COMPLETED.
+    last_call_status: common_pb2.ExecutionStatus.ValueType = COMPLETED
 
     @property
     def recorder(self) -> Recorder:
@@ -102,19 +106,28 @@ class Session:
     def begin_turn(self, items: Sequence[dict[str, Any]], traceparent: str = "") -> Turn:
         """End the current turn (its unanswered tool calls cancelled) and start one; a W3C
         `traceparent` the request carried makes the turn's spans children of the caller's."""
-        self.end_turn(COMPLETED)
+        self.end_turn()
         self.turn_count += 1
         turn_id = f"turn_{uuid.uuid4().hex}"
         ordinal = self.recorder.turn_started(turn_id, list(items), traceparent)
         turn = Turn(id=turn_id, thread_id=self.thread.id, ordinal=ordinal)
         self.thread.turns[turn_id] = turn
         self.turn = turn
+        self.last_call_status = COMPLETED
         return turn
 
-    def end_turn(self, status: common_pb2.ExecutionStatus.ValueType) -> None:
+    def call_ended(self, turn_id: str, status: common_pb2.ExecutionStatus.ValueType) -> None:
+        """A call of turn turn_id ended with status (one of an ended turn changes nothing)."""
+        if self.turn is not None and self.turn.id == turn_id:
+            self.last_call_status = status
+
+    def end_turn(self) -> None:
+        """End the current turn: CANCELLED when its last call was, else COMPLETED (a failed
+        call leaves the turn to the client, which may retry it)."""
         turn, self.turn = self.turn, None
         if turn is None:
             return
+        status = CANCELLED if self.last_call_status == CANCELLED else COMPLETED
         for call in self.pending_tools.values():
             call.status = agent_pb2.TOOL_CALL_STATUS_CANCELLED
             self.recorder.tool_call_ended(
@@ -264,7 +277,7 @@ class Sessions:
                 del self._by_key[session.key]
             for response_id in [r for r, s in self._by_response.items() if s is session]:
                 del self._by_response[response_id]
-            session.end_turn(COMPLETED)
+            session.end_turn()
             await session.recorder.finish(COMPLETED, reason)
             session.thread.mark_closed()
             self._closed[session.key] = ClosedSession(

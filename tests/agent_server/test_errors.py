@@ -171,3 +171,73 @@ async def test_unexpected_failures_are_internal_never_unknown(
     assert events.error is not None
     assert events.error.code() == Code.INTERNAL
     assert any("GetThread failed unexpectedly" in r.getMessage() for r in caplog.records)
+
+
+async def test_unknown_enum_numbers_are_invalid_argument(agent: Harness) -> None:
+    # proto3 keeps an enum number it does not know; each was taken as unset (the turn ran
+    # without its tool_choice, the listing matched nothing) with no word to the client.
+    stub = agent.stub
+    unknown = agent_pb2.ToolChoice(mode=99)  # type: ignore[arg-type]
+    cases: list[tuple[Awaitable[object], str, str]] = [
+        (
+            stub.StartThread(agent_pb2.StartThreadRequest(tool_choice=unknown)),
+            "INVALID_SAMPLING",
+            "tool_choice",
+        ),
+        (
+            stub.StartThread(agent_pb2.StartThreadRequest(optional_fields=99)),  # type: ignore[arg-type]
+            "INVALID_SAMPLING",
+            "optional_fields",
+        ),
+        (
+            stub.ListThreads(agent_pb2.ListThreadsRequest(status=99)),  # type: ignore[arg-type]
+            "INVALID_STATUS_FILTER",
+            "status",
+        ),
+    ]
+    thread = await agent.start_thread()
+    cases.append(
+        (
+            stub.StartTurn(
+                agent_pb2.StartTurnRequest(
+                    thread_id=thread.id, input=[agent_pb2.UserInput(text="hi")], tool_choice=unknown
+                )
+            ),
+            "INVALID_SAMPLING",
+            "tool_choice",
+        )
+    )
+    for call, reason, field in cases:
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await call
+        assert raised.value.code() == Code.INVALID_ARGUMENT
+        info = error_info(raised.value)
+        assert (info.reason, info.metadata["field"]) == (reason, field)
+        assert "99" in (raised.value.details() or "")
+    # Nothing was started by the refused calls: the one thread, no turn.
+    listed = await stub.ListThreads(agent_pb2.ListThreadsRequest())
+    assert [t.id for t in listed.threads] == [thread.id]
+    shown = await stub.GetThread(agent_pb2.GetThreadRequest(thread_id=thread.id))
+    assert not shown.thread.turns
+    # The known numbers still go through.
+    active = await stub.ListThreads(
+        agent_pb2.ListThreadsRequest(status=agent_pb2.THREAD_STATUS_ACTIVE)
+    )
+    assert [t.id for t in active.threads] == [thread.id]
+
+
+async def test_a_request_over_the_receive_limit_is_grpcs_own_refusal(agent: Harness) -> None:
+    # gRPC's C core refuses it before any interceptor or handler runs: the one error without
+    # an ErrorInfo, as README's "Status codes" says.
+    from grpc_status import rpc_status
+
+    from grpc_common import DEFAULT_MAX_RECEIVE_BYTES
+
+    huge = agent_pb2.StartThreadRequest(instructions="x" * (DEFAULT_MAX_RECEIVE_BYTES + 1))
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await agent.stub.StartThread(huge)
+    assert raised.value.code() == Code.RESOURCE_EXHAUSTED
+    assert "larger than max" in (raised.value.details() or "")
+    assert rpc_status.from_call(raised.value) is None  # type: ignore[arg-type]
+    # The server is unharmed.
+    await agent.start_thread()

@@ -541,6 +541,11 @@ async def test_list_threads_pages_through_every_workers_threads_once(tmp_path: P
                     await stub.ListThreads(agent_pb2.ListThreadsRequest(page_token="bogus"))
                 assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
                 assert error_reason(raised.value) == "INVALID_PAGE_TOKEN"
+                # The listing over every worker checks its filter as one worker does.
+                with pytest.raises(grpc.aio.AioRpcError) as raised:
+                    await stub.ListThreads(agent_pb2.ListThreadsRequest(status=99))  # type: ignore[arg-type]
+                assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert error_reason(raised.value) == "INVALID_STATUS_FILTER"
         finally:
             for channel in opened:
                 await channel.close(None)

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
 import pytest
+from aiohttp import web
 
 from agent_server import cli
+from rollout.trace.v1 import common_pb2
+from tests.gateway.conftest import calls, reduce_all
 
 AGENT_SERVER = str(Path(sys.executable).parent / "agent-server")
 
@@ -86,3 +91,136 @@ async def test_the_gateway_serves_on_the_event_loop_asked_for(tmp_path: Path, lo
     assert process.returncode == 0
     assert f"(event loop {loop})" in stderr.decode()
     assert "Traceback" not in stderr.decode()
+
+
+def _chunk(content: str) -> bytes:
+    data = {
+        "id": "chatcmpl-slow",
+        "object": "chat.completion.chunk",
+        "choices": [{"index": 0, "delta": {"content": content}, "finish_reason": None}],
+    }
+    return f"data: {json.dumps(data)}\n\n".encode()
+
+
+class _SlowUpstream:
+    """A Chat upstream on loopback that sends one chunk, then either a chunk every 50 ms
+    (`trickle`) or nothing (`silent`), and never ends: only the gateway can end the call. It
+    notes when the gateway dropped the connection."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.dropped = asyncio.get_running_loop().create_future()
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def start(self) -> _SlowUpstream:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._stream)
+        self._runner = web.AppRunner(app, handler_cancellation=True)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
+        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}/v1"
+        return self
+
+    async def _stream(self, request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(_chunk("first"))
+        try:
+            if self.mode == "silent":
+                # Cancelled when the gateway hangs up (handler_cancellation).
+                await asyncio.Event().wait()
+            else:
+                while True:
+                    await asyncio.sleep(0.05)  # the upstream's pace, not a synchronisation
+                    await response.write(_chunk("more"))
+        except ConnectionResetError:
+            pass  # the gateway hung up: what is measured
+        finally:
+            if not self.dropped.done():
+                self.dropped.set_result(asyncio.get_running_loop().time())
+        return response
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
+@pytest.fixture(params=["trickle", "silent"])
+async def slow_upstream(request: pytest.FixtureRequest) -> AsyncIterator[_SlowUpstream]:
+    upstream = await _SlowUpstream(request.param).start()
+    yield upstream
+    await upstream.stop()
+
+
+async def test_sigterm_gives_a_running_call_2_s_then_cancels_it(
+    tmp_path: Path, slow_upstream: _SlowUpstream
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLOUT_")}
+    root = tmp_path / "traces"
+    process = await asyncio.create_subprocess_exec(
+        AGENT_SERVER,
+        *("gateway", "--listen", "127.0.0.1:0", "--trace-root", str(root)),
+        *("--upstream", slow_upstream.url),
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert process.stdout is not None
+    line = (await process.stdout.readline()).decode()
+    assert line.startswith("listening on "), line
+    url = line.removeprefix("listening on ").strip()
+    loop = asyncio.get_running_loop()
+    first = loop.create_future()
+    received: list[str] = []
+
+    async def client() -> None:
+        async with (
+            httpx.AsyncClient(base_url=url, timeout=60) as http,
+            http.stream(
+                "POST",
+                "/chat/completions",
+                json={
+                    "model": "m",
+                    "stream": True,
+                    "messages": [{"role": "user", "content": "hi"}],
+                },
+            ) as answer,
+        ):
+            try:
+                async for text in answer.aiter_lines():
+                    if text.startswith("data:"):
+                        received.append(text)
+                        if not first.done():
+                            first.set_result(None)
+            except httpx.HTTPError:
+                pass  # the call was cancelled: its answer breaks off
+
+    reading = asyncio.create_task(client())
+    try:
+        async with asyncio.timeout(60):
+            await first
+            signalled = loop.time()
+            process.send_signal(signal.SIGTERM)
+            dropped = await slow_upstream.dropped
+            await reading
+            _, stderr = await process.communicate()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    # The call had its grace, then was cancelled while its upstream was still going (was:
+    # cancelled only at twice the grace, or never when it ended within that).
+    grace = dropped - signalled
+    assert 1.9 <= grace < 3.5, f"the upstream was dropped {grace:.2f} s after SIGTERM"
+    assert process.returncode == 0, stderr.decode()
+    assert "Traceback" not in stderr.decode()
+    assert received
+    assert not any("[DONE]" in text for text in received)
+    (trace,) = reduce_all(root)
+    (call,) = calls(trace)
+    assert call.execution.status == common_pb2.EXECUTION_STATUS_CANCELLED
+    assert call.end_reason == "shutdown"
+    (turn,) = trace.turns.values()
+    # Its only call cancelled, the turn was interrupted (was: recorded COMPLETED).
+    assert turn.execution.status == common_pb2.EXECUTION_STATUS_CANCELLED

@@ -379,3 +379,216 @@ async def test_a_body_that_trickles_is_answered_408(
     assert status.split()[1] == b"408"
     assert answer["error"]["code"] == "request_timeout"
     assert bundles(tmp_path / "traces") == []
+
+
+# -- headers -----------------------------------------------------------------------------------
+
+_TOKEN = "gw-client-tok"
+
+
+@pytest.fixture
+def any_traceback(caplog: pytest.LogCaptureFixture) -> Callable[[], list[str]]:
+    """Every log record of the test with a traceback, aiohttp's own included (its server logs
+    an exception that escaped the gateway's handlers, and answers its 500 page)."""
+    caplog.set_level(logging.INFO)
+    return lambda: [f"{r.name}: {r.getMessage()}" for r in caplog.records if r.exc_info is not None]
+
+
+@pytest.mark.parametrize(
+    "authorization",
+    [
+        b"Bearer \xff\xfe",
+        b"Bearer " + _TOKEN.encode() + b"\xe9",
+        b"Bearer \xc3\xa9t\xc3\xa9",
+        b"\xff\xfe " + _TOKEN.encode(),
+    ],
+    ids=["invalid-utf8", "token-then-latin1", "non-ascii-utf8", "bad-scheme"],
+)
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/rollout/v1/sessions"])
+async def test_a_token_of_any_bytes_is_a_401(
+    start_gateway: StartGateway,
+    upstream: Upstream,
+    any_traceback: Callable[[], list[str]],
+    authorization: bytes,
+    path: str,
+) -> None:
+    from grpc_common import AccessControl
+
+    gateway = await start_gateway(upstream.url, access=AccessControl(token=_TOKEN))
+    async with httpx.AsyncClient(base_url=_root_url(gateway)) as http:
+        answer = await http.request(
+            "POST" if path.endswith("completions") else "GET",
+            path,
+            json={"model": "m", "messages": [_user()]},
+            headers={b"Authorization": authorization},
+        )
+        good = await http.post(
+            "/v1/chat/completions",
+            json={"model": "m", "messages": [_user()]},
+            headers={"Authorization": f"Bearer {_TOKEN}"},
+        )
+    # Was: 500 with aiohttp's own page ("surrogates not allowed" encoding the header's text).
+    assert answer.status_code == 401, answer.text
+    assert answer.json()["error"] == {
+        "message": "the gateway needs `Authorization: Bearer <token>`",
+        "type": "authentication_error",
+        "code": "invalid_api_key",
+    }
+    assert good.status_code == 200, good.text
+    assert any_traceback() == []
+    # Only the good request was recorded.
+    (trace,) = reduce_all(gateway.settings.trace_root)
+    assert len(calls(trace)) == 1
+
+
+async def test_headers_that_are_not_utf8_are_answered(
+    start_gateway: StartGateway, upstream: Upstream, any_traceback: Callable[[], list[str]]
+) -> None:
+    # The headers the gateway reads itself: a named session key is refused as one, a hint is
+    # made into a key, a traceparent that is none is ignored; none of them is a 500.
+    gateway = await start_gateway(upstream.url)
+    body = {"model": "m", "messages": [_user()]}
+    async with httpx.AsyncClient(base_url=_root_url(gateway)) as http:
+        named = await http.post(
+            "/v1/chat/completions", json=body, headers={b"x-rollout-session": b"\xff\xfe"}
+        )
+        hinted = [
+            await http.post(
+                "/v1/chat/completions", json=body, headers={b"session_id": b"conv-\xff"}
+            )
+            for _ in range(2)
+        ]
+        traced = await http.post(
+            "/v1/chat/completions", json=body, headers={b"traceparent": b"00-\xff\xfe-01"}
+        )
+    assert named.status_code == 400, named.text
+    assert named.json()["error"]["code"] == "invalid_session"
+    assert [answer.status_code for answer in hinted] == [200, 200]
+    assert hinted[0].headers["x-rollout-session"] == hinted[1].headers["x-rollout-session"]
+    assert hinted[0].headers["x-rollout-session"].startswith("session_id#")
+    assert traced.status_code == 200, traced.text
+    assert any_traceback() == []
+
+
+# -- request sizes -----------------------------------------------------------------------------
+
+
+async def _raw_answer(port: int, head: bytes) -> tuple[bytes, dict[str, Any], bool]:
+    """Send head on a new connection; the status line, the JSON body, and whether the gateway
+    closed the connection after it."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(head)
+        await writer.drain()
+        async with asyncio.timeout(30):
+            answer = await reader.readuntil(b"\r\n\r\n")
+            length = int(
+                next(
+                    line.split(b":", 1)[1]
+                    for line in answer.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                )
+            )
+            body = json.loads(await reader.readexactly(length))
+            closed = await reader.read(1) == b""
+    finally:
+        writer.close()
+    return answer.split(b"\r\n", 1)[0], body, closed
+
+
+async def test_a_declared_length_over_the_bound_is_refused_before_the_body(
+    start_gateway: StartGateway, any_traceback: Callable[[], list[str]]
+) -> None:
+    # A read timeout far past the test's own: a gateway that waits for the body fails it.
+    gateway = await start_gateway(request_read_timeout=3600.0)
+    status, body, closed = await _raw_answer(
+        gateway.port,
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 99999999999\r\n\r\n{}",
+    )
+    assert status.split()[1] == b"413"
+    assert body["error"] == {
+        "message": f"the request body is over {gateway.settings.max_request_bytes} bytes",
+        "type": "invalid_request_error",
+        "code": "request_too_large",
+    }
+    # The body is never read: the connection ends with the answer.
+    assert closed
+    assert bundles(gateway.settings.trace_root) == []
+    assert any_traceback() == []
+
+
+async def test_a_body_over_the_bound_without_a_length_is_a_413(
+    start_gateway: StartGateway, any_traceback: Callable[[], list[str]]
+) -> None:
+    gateway = await start_gateway(max_request_bytes=1024)
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b'{"model": "m", "messages": [], "pad": "'
+        yield b"x" * 5000
+        yield b'"}'
+
+    async with httpx.AsyncClient(base_url=gateway.url) as http:
+        answer = await http.post("/chat/completions", content=chunks())
+    assert answer.status_code == 413, answer.text
+    assert answer.json()["error"]["code"] == "request_too_large"
+    assert bundles(gateway.settings.trace_root) == []
+    assert any_traceback() == []
+
+
+# -- turns whose call was cancelled ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("retry", "status"), [(False, "CANCELLED"), (True, "COMPLETED")])
+async def test_a_turn_whose_last_call_the_client_abandoned_ends_cancelled(
+    start_gateway: StartGateway,
+    upstream: Upstream,
+    tracebacks: Callable[[], list[str]],
+    retry: bool,
+    status: str,
+) -> None:
+    loop = asyncio.get_running_loop()
+    dropped = loop.create_future()
+
+    async def trickle(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        if not body.get("stream"):
+            return await _chat_completion(request)
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        chunk = {"id": "c", "choices": [{"index": 0, "delta": {"content": "x"}}]}
+        try:
+            while True:
+                await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                await asyncio.sleep(0.05)  # the upstream's pace, not a synchronisation
+        except ConnectionResetError:
+            # The gateway hangs up once it has recorded the call's end.
+            dropped.set_result(None)
+        return response
+
+    upstream.answer = trickle
+    gateway = await start_gateway(upstream.url)
+    request = {"model": "m", "messages": [_user()]}
+    headers = {"x-rollout-session": "abandoned"}
+    async with httpx.AsyncClient(base_url=_root_url(gateway), timeout=60) as http:
+        async with http.stream(
+            "POST", "/v1/chat/completions", json={**request, "stream": True}, headers=headers
+        ) as answer:
+            async for text in answer.aiter_lines():
+                if text.startswith("data:"):
+                    break  # the client goes away mid-answer
+        async with asyncio.timeout(30):
+            await dropped
+        if retry:
+            # The same input again: the same turn, answered this time.
+            again = await http.post("/v1/chat/completions", json=request, headers=headers)
+            assert again.status_code == 200, again.text
+        closed = await http.post("/rollout/v1/sessions/abandoned/close")
+        assert closed.status_code == 200, closed.text
+    (trace,) = reduce_all(gateway.settings.trace_root)
+    (turn,) = trace.turns.values()
+    assert calls(trace)[0].execution.status == common_pb2.EXECUTION_STATUS_CANCELLED
+    assert calls(trace)[0].end_reason == "client_disconnected"
+    # An interrupted turn is CANCELLED (SPEC section 4); was COMPLETED.
+    assert common_pb2.ExecutionStatus.Name(turn.execution.status) == f"EXECUTION_STATUS_{status}"
+    assert tracebacks() == []

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import hmac
 import html
 import ipaddress
 import json
@@ -16,6 +15,8 @@ import urllib.parse
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
+
+from grpc_common import same_secret
 
 from ..batch._listing import list_runs, public_run
 from ..bundle._confine import BundleRoot
@@ -50,14 +51,6 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
-
-
-def _same_secret(given: str, token: str) -> bool:
-    """Compared in constant time as bytes: hmac refuses text that is not ASCII, and a URL or a
-    cookie can carry any character."""
-    return hmac.compare_digest(
-        given.encode("utf-8", "surrogateescape"), token.encode("utf-8", "surrogateescape")
-    )
 
 
 def _relative(root: str, bundle: str) -> str:
@@ -206,7 +199,7 @@ class SiteServer:
 
         if self._token is not None:
             given = request.query.get("token")
-            if given is not None and _same_secret(given, self._token):
+            if given is not None and same_secret(given, self._token):
                 # Into a cookie, and out of the address bar (and any Referer).
                 rest = {k: v for k, v in request.query.items() if k != "token"}
                 response = web.Response(
@@ -217,7 +210,7 @@ class SiteServer:
                 )
                 return response
             cookie = request.cookies.get(TOKEN_COOKIE, "")
-            if not _same_secret(cookie, self._token):
+            if not same_secret(cookie, self._token):
                 return web.Response(
                     status=401, text="this viewer needs its token: open the address it printed\n"
                 )
