@@ -118,6 +118,8 @@ class TurnRunner:
         assert task is not None, "interrupt before start"
         if turn.running and self._interrupted_by is None:
             self._interrupted_by = requested_by
+            # Recorded when asked, so the trace shows the request before the call it cancels.
+            self._recorder.interrupt_requested(turn.ordinal, requested_by)
             task.cancel()
         # wait() neither raises the task's error nor cancels the task when we are cancelled.
         await asyncio.wait([task])
@@ -513,7 +515,8 @@ class TurnRunner:
             INTERRUPTED_REASON,
             "the tool call was cancelled: the turn was interrupted",
         )
-        self._recorder.interrupt_requested(turn.ordinal, self._interrupted_by or "unknown")
+        if self._interrupted_by is None:
+            self._recorder.interrupt_requested(turn.ordinal, "unknown")
         self._recorder.turn_ended(turn.ordinal, common_pb2.EXECUTION_STATUS_CANCELLED)
         turn.end(agent_pb2.TURN_STATUS_INTERRUPTED)
         await self._recorder.sync()
