@@ -1,8 +1,9 @@
-"""gRPC plumbing both servers share: rich errors, access, keepalive, serving, signals, GC, loop."""
+"""Serving plumbing the servers share: rich errors, access, keepalive, signals, GC, loop, logs."""
 
 from typing import TYPE_CHECKING
 
 from ._flags import add_access_arguments, add_event_loop_argument
+from ._http_log import http_server_logger
 from ._loop import (
     EVENT_LOOPS,
     default_event_loop,
@@ -86,6 +87,7 @@ __all__ = [
     "error_status",
     "event_loop_problem",
     "header_secret",
+    "http_server_logger",
     "install_signal_handlers",
     "run_on_loop",
     "running_event_loop",

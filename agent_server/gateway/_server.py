@@ -47,7 +47,7 @@ from agent_server.recorder import Recorder
 from agent_server.replay_model import ReplayBook, ReplayModel
 from agent_server.sse import MAX_EVENT_BYTES, SseEvent, SseSplitter
 from agent_server.turn import new_call_id
-from grpc_common import bearer_token, same_secret, split_listen
+from grpc_common import bearer_token, http_server_logger, same_secret, split_listen
 from rollout.agent.v1 import agent_pb2
 from rollout.trace.v1 import common_pb2
 from trace_reducer import (
@@ -174,7 +174,11 @@ class Gateway:
         app.router.add_route("*", "/{tail:.*}", self._not_found)
         # A client that goes away cancels its handler, and so its upstream request.
         self._runner = web.AppRunner(
-            app, handler_cancellation=True, access_log=None, shutdown_timeout=_STOP_GRACE
+            app,
+            handler_cancellation=True,
+            access_log=None,
+            logger=http_server_logger(f"{__name__}.http"),
+            shutdown_timeout=_STOP_GRACE,
         )
         await self._runner.setup()
         host, port = split_listen(self.settings.listen)

@@ -21,6 +21,7 @@ from agent_server.gateway import Gateway
 from agent_server.sse import MAX_EVENT_BYTES
 from rollout.trace.v1 import common_pb2
 from tests.gateway.conftest import StartGateway, bundles, calls, reduce_all
+from tests.malformed_http import MALFORMED_REQUESTS, SECRET, refusals, status_line
 
 COMPLETED = common_pb2.EXECUTION_STATUS_COMPLETED
 FAILED = common_pb2.EXECUTION_STATUS_FAILED
@@ -468,6 +469,22 @@ async def test_headers_that_are_not_utf8_are_answered(
     assert hinted[0].headers["x-rollout-session"].startswith("session_id#")
     assert traced.status_code == 200, traced.text
     assert any_traceback() == []
+
+
+@pytest.mark.parametrize("request_bytes", MALFORMED_REQUESTS.values(), ids=MALFORMED_REQUESTS)
+async def test_a_request_the_parser_refuses_is_logged_without_its_bytes(
+    start_gateway: StartGateway, caplog: pytest.LogCaptureFixture, request_bytes: bytes
+) -> None:
+    from grpc_common import AccessControl
+
+    caplog.set_level(logging.DEBUG)
+    gateway = await start_gateway(access=AccessControl(token=SECRET))
+    head = await status_line(gateway.port, request_bytes)
+    assert head.split(b" ")[1] == b"400", head
+    # Was: aiohttp's ERROR with its traceback, quoting the header line and the token in it.
+    (line,) = refusals(caplog.records)
+    assert line.startswith("WARNING refused a malformed HTTP request from 127.0.0.1: "), line
+    assert bundles(gateway.settings.trace_root) == []
 
 
 # -- request sizes -----------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -16,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.malformed_http import MALFORMED_REQUESTS, SECRET, refusals, status_line
 from tests.trace_reducer.conftest import GOLDEN, TRACE_REDUCER
 from trace_reducer.batch._listing import INDEX_FILE_NAME, list_runs
 from trace_reducer.view._site import TOKEN_COOKIE, SiteServer
@@ -147,3 +149,20 @@ def test_concurrent_listings_share_one_index(root: Path) -> None:
         assert done.returncode == 0, done.stderr
         assert done.stdout == honest
     assert isinstance(_index(root)["version"], int)
+
+
+@pytest.mark.parametrize("request_bytes", MALFORMED_REQUESTS.values(), ids=MALFORMED_REQUESTS)
+async def test_a_request_the_parser_refuses_is_logged_without_its_bytes(
+    root: Path, caplog: pytest.LogCaptureFixture, request_bytes: bytes
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    server = SiteServer(str(root), SECRET)
+    address = await server.start("127.0.0.1", 0)
+    try:
+        head = await status_line(int(address.rsplit(":", 1)[1].rstrip("/")), request_bytes)
+    finally:
+        await server.stop()
+    assert head.split(b" ")[1] == b"400", head
+    # Was: an ERROR with aiohttp's traceback, quoting the header line and the token in it.
+    (line,) = refusals(caplog.records)
+    assert line.startswith("WARNING refused a malformed HTTP request from 127.0.0.1: "), line

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-from grpc_common import same_secret
+from grpc_common import http_server_logger, same_secret
 
 from ..batch._listing import list_runs, public_run
 from ..bundle._confine import BundleRoot
@@ -179,7 +179,9 @@ class SiteServer:
         app.router.add_get("/api/runs", self._api_runs)
         app.router.add_get("/run/{bundle:.+}", self._run)
         app.router.add_get("/api/watch/{bundle:.+}", self._watch)
-        self._runner = web.AppRunner(app, access_log=None)
+        self._runner = web.AppRunner(
+            app, access_log=None, logger=http_server_logger(f"{__name__}.http")
+        )
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port, reuse_port=False)
         await site.start()
