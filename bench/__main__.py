@@ -432,11 +432,13 @@ def p5(root: Path) -> list[Row]:
         Row(
             "P5",
             f"across cores behind one address: the same {threads} threads at the default "
-            "window to `agent-server serve --workers 2` (the kernel spreading the clients' 8 "
+            "window to `agent-server serve --workers 2` (the kernel spreading the clients' 16 "
             "connections, each thread answered by the worker its StartThread reached)",
             f"{min(run.completed for run in grouped)}/{threads} completed; p99 "
             f"{_spread([run.p99_ms for run in grouped], ' ms')}; server CPU per delta (both "
-            f"workers and the supervisor) {_spread(grouped_us, ' us')}",
+            f"workers and the supervisor) {_spread(grouped_us, ' us')}; connections per "
+            "worker, by round: "
+            + ", ".join("/".join(str(n) for n in run.connections) for run in grouped),
             "(reference)",
             True,
             beside=f"p99 {statistics.median(run.p99_ms for run in grouped) / one_p99:.2f}x one "

@@ -200,13 +200,24 @@ class Concurrency:
     max_ms: float
     seconds: float
     cpu_seconds: dict[str, float]
+    # Behind one address: each worker's share of the clients' connections, once all are open.
+    connections: tuple[int, ...] = ()
 
 
 _STAMP = re.compile(r"@(\d+) ")
 
 
-async def _concurrent(addresses: list[str], threads: int, turns: int, window: int) -> Concurrency:
-    """`threads` threads at once, thread i owned by the server at addresses[i % len]."""
+async def _concurrent(
+    addresses: list[str],
+    threads: int,
+    turns: int,
+    window: int,
+    channels: int = 8,
+    on_ready: Callable[[], tuple[int, ...]] | None = None,
+) -> Concurrency:
+    """`threads` threads at once over `channels` connections per address, thread i owned by the
+    server at addresses[i % len]; on_ready is asked, once every thread is set up, for each
+    worker's share of the connections."""
     latencies: list[int] = []
 
     def on_delta(text: str, received_ns: int) -> None:
@@ -216,11 +227,11 @@ async def _concurrent(addresses: list[str], threads: int, turns: int, window: in
     prompts = [prompt(i) for i in range(turns)]
     start = asyncio.Event()
     async with contextlib.AsyncExitStack() as stack:
-        per_server = [await stack.enter_async_context(stubs(a, 8)) for a in addresses]
+        per_server = [await stack.enter_async_context(stubs(a, channels)) for a in addresses]
         tasks = [
             asyncio.create_task(
                 run_thread(
-                    per_server[i % len(addresses)][i // len(addresses) % 8],
+                    per_server[i % len(addresses)][i // len(addresses) % channels],
                     prompts,
                     on_delta=on_delta,
                     keep_text=False,
@@ -233,6 +244,7 @@ async def _concurrent(addresses: list[str], threads: int, turns: int, window: in
         # Every thread is started and subscribed before any turn starts (a bench, not a test:
         # the threads' set-up is not what is measured).
         await asyncio.sleep(2.0)
+        connections = on_ready() if on_ready is not None else ()
         began = time.perf_counter()
         start.set()
         runs = await asyncio.gather(*tasks, return_exceptions=True)
@@ -256,6 +268,7 @@ async def _concurrent(addresses: list[str], threads: int, turns: int, window: in
         latencies[-1] / 1e6,
         seconds,
         {},
+        connections,
     )
 
 
@@ -275,6 +288,30 @@ def _children(pid: int) -> list[int]:
     """The processes pid started (a supervisor's workers)."""
     text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
     return [int(child) for child in text.split()]
+
+
+def _connections_to(pids: list[int], port: int) -> tuple[int, ...]:
+    """How many established TCP connections on `port` each process holds (its socket fds
+    matched against the kernel's table): how the kernel spread the clients over the workers."""
+    established: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            local_port = int(fields[1].rsplit(":", 1)[1], 16)
+            if local_port == port and fields[3] == "01":
+                established.add(fields[9])
+    counts = []
+    for pid in pids:
+        held = 0
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:[") and target[8:-1] in established:
+                held += 1
+        counts.append(held)
+    return tuple(counts)
 
 
 def measure_p5(
@@ -317,11 +354,18 @@ def measure_p5(
         bare = stack.enter_context(grpc_floor.serve(word_delay))
 
         def run(into: list[Concurrency], used: list[Process], window: int) -> None:
+            on_ready: Callable[[], tuple[int, ...]] | None = None
+            # Behind one address the kernel's spread of connections decides each worker's
+            # share, so more connections than the two addresses' 8 each even it out.
+            channels = 8
             if used == [supervised]:
                 # The supervisor's own CPU counts too (it only waits), with its workers'.
                 loops = _children(supervised.popen.pid)
                 pids = {f"server{n}": pid for n, pid in enumerate(loops)}
                 pids["server-supervisor"] = supervised.popen.pid
+                port = int(supervised.address.rsplit(":", 1)[1])
+                on_ready = functools.partial(_connections_to, loops, port)
+                channels = 16
             else:
                 loops = [s.popen.pid for s in used]
                 pids = {f"server{n}": pid for n, pid in enumerate(loops)}
@@ -330,7 +374,7 @@ def measure_p5(
             loop_before = sum(cpu_seconds(pid, main_thread=True) for pid in loops)
             mine = os.times()
             addresses = [s.address for s in used]
-            result = asyncio.run(_concurrent(addresses, threads, turns, window))
+            result = asyncio.run(_concurrent(addresses, threads, turns, window, channels, on_ready))
             spent = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items()}
             spent["server"] = sum(v for k, v in spent.items() if k.startswith("server"))
             # The servers' event loop threads: a loop busier than its core is what queues.
