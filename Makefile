@@ -14,7 +14,7 @@ NPM_CACHE ?= $(or $(TMPDIR),/tmp)/rollout-trace-npm-cache
 # The package with every extra, and the project's own tools (pyproject's dependency groups, which
 # need pip >= 25.1), at the exact versions of constraints.txt.
 $(STAMP): pyproject.toml constraints.txt setup.py trace_reducer/bundle/_scan.c \
-		trace_reducer/reduce/_describe.c
+		trace_reducer/reduce/_describe.c agent_server/_sse_split.c
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade 'pip>=25.1'
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[otel,batch,ray,training]' --group dev

@@ -1,8 +1,9 @@
-"""The compiled parts: the bundle reader's frame scanner and the writer's text-delta frame, and
-the reducer's item description (everything else is in pyproject.toml).
+"""The compiled parts: the bundle reader's frame scanner and the writer's text-delta frame, the
+reducer's item description, and the agent's split of a provider read into events (everything
+else is in pyproject.toml).
 
-Both are optional: where they cannot be built (no C compiler), the package installs anyway and
-reads, writes and reduces bundles in pure Python, only slower.
+All are optional: where they cannot be built (no C compiler), the package installs anyway and
+reads, writes and reduces bundles and streams from providers in pure Python, only slower.
 """
 
 from setuptools import Extension, setup
@@ -18,6 +19,12 @@ setup(
         Extension(
             "trace_reducer.reduce._describe",
             sources=["trace_reducer/reduce/_describe.c"],
+            extra_compile_args=["-O2"],
+            optional=True,
+        ),
+        Extension(
+            "agent_server._sse_split",
+            sources=["agent_server/_sse_split.c"],
             extra_compile_args=["-O2"],
             optional=True,
         ),

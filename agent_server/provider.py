@@ -12,11 +12,17 @@ from datetime import UTC, datetime
 from typing import Any, NamedTuple, Protocol
 
 import aiohttp
+import orjson
 
 from agent_server.config import Secret
 from agent_server.sse import SseSplitter
 from trace_reducer import canonical_json
-from trace_reducer.bundle import fast_json
+from trace_reducer.bundle import LONG_NUMBER_DIGITS, fast_json
+
+try:
+    from agent_server import _sse_split
+except ImportError:  # built where a C compiler is (setup.py); the Python way otherwise
+    _sse_split = None  # type: ignore[assignment]
 
 CALL_ID_HEADER = "x-rollout-inference-call-id"
 _ERROR_BODY_LIMIT = 64 * 1024
@@ -82,6 +88,11 @@ class ResponsesDialect:
 
 
 RESPONSES = ResponsesDialect()
+
+if _sse_split is not None:
+    _sse_split.setup_events(
+        ProviderEvent, orjson.loads, orjson.JSONDecodeError, MAX_EVENT_DEPTH, LONG_NUMBER_DIGITS
+    )
 
 
 class ProviderError(Exception):
@@ -347,6 +358,13 @@ class EventBatches:
         self._call_id = call_id
         self._body = body
         self._decode = client.dialect.decoder()
+        # A whole read's Responses events in one C call (_sse_split.c), where it is built: the
+        # split and each event's parse_event, or None for a read it leaves to the steps below.
+        self._whole_read = (
+            _sse_split.responses_events
+            if _sse_split is not None and client.dialect is RESPONSES
+            else None
+        )
         self._splitter = SseSplitter()
         self._response: aiohttp.ClientResponse | None = None
         self._error: ProviderError | None = None
@@ -372,20 +390,36 @@ class EventBatches:
             if not chunk:
                 self.close()
                 return []
-            _, blocks = self._splitter.feed(chunk)
-            batch: list[ProviderEvent] = []
-            for block in blocks:
-                if not block.data:
-                    # `data:` lines with nothing in them carry no event to decode.
-                    continue
-                for event in self._decode(block.event, block.data):
-                    batch.append(event)
-                    if event.type in TERMINAL_EVENTS:
-                        self.close()
-                        return batch
-            if batch:
-                return batch
+            events = (
+                self._whole_read(chunk)
+                if self._whole_read is not None and self._splitter.whole(chunk)
+                else None
+            )
+            if events is None:
+                events = self._decoded(chunk)
+            for position, event in enumerate(events):
+                if event.type in TERMINAL_EVENTS:
+                    self.close()
+                    return events[: position + 1]
+            if events:
+                return events
         return []
+
+    def _decoded(self, chunk: bytes) -> list[ProviderEvent]:
+        """The events of what chunk completes, the dialect's decoder taking each SSE event, up
+        to a terminal one."""
+        _, blocks = self._splitter.feed(chunk)
+        events: list[ProviderEvent] = []
+        for block in blocks:
+            if not block.data:
+                # `data:` lines with nothing in them carry no event to decode.
+                continue
+            for event in self._decode(block.event, block.data):
+                events.append(event)
+                if event.type in TERMINAL_EVENTS:
+                    # Nothing after the end is decoded.
+                    return events
+        return events
 
     def _fail(self, error: ProviderError) -> None:
         self._error = error

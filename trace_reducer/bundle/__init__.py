@@ -19,7 +19,7 @@ from ._errors import (
 from ._framing import MAX_RECORD_BYTES, decode_varint, encode_record, encode_varint
 from ._integrity import describe_integrity, integrity_name, require_reducible
 from ._layout import REWARDS_FILE_NAME, STATE_FILE_NAME, TRACE_FILE_NAME
-from ._payloads import canonical_json, fast_json, payload_id
+from ._payloads import LONG_NUMBER_DIGITS, canonical_json, fast_json, payload_id
 from ._reader import BundleReader, FrameDecoder, read_bundle, resolve_trace_file
 from ._records import RecordBuilder, RecordSink
 from ._rewards import (
@@ -43,6 +43,7 @@ __all__ = [
     "FORMAT_VERSION",
     "LENGTH_REASONS",
     "LOGPROBS_INCLUDE",
+    "LONG_NUMBER_DIGITS",
     "MAX_RECORD_BYTES",
     "REWARDS_FILE_NAME",
     "STATE_FILE_NAME",
