@@ -10,6 +10,7 @@ import asyncio
 import logging
 import platform
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -21,8 +22,11 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    Metric,
     disable_created_metrics,
 )
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from agent_server.config import ConfigError, Settings
 from rollout.agent.v1 import agent_pb2
@@ -89,11 +93,29 @@ FIRST_DELTA_SECONDS = Histogram(
     buckets=_LATENCY_BUCKETS,
     registry=REGISTRY,
 )
-DELTAS = Counter(
-    "rollout_agent_deltas",
-    "Text deltas published to event streams (rate() gives deltas per second).",
-    registry=REGISTRY,
-)
+
+
+class _DeltaCount(Collector):
+    """rollout_agent_deltas_total, kept as a plain count: a Counter takes a lock per inc(),
+    and a delta is counted once per provider read of every stream. Counted and read under the
+    GIL: the scrape reads an int the event loop's thread alone changes."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def collect(self) -> Iterator[Metric]:
+        yield CounterMetricFamily(
+            "rollout_agent_deltas",
+            "Text deltas published to event streams (rate() gives deltas per second).",
+            value=self.count,
+        )
+
+    def describe(self) -> Iterator[Metric]:
+        yield CounterMetricFamily("rollout_agent_deltas", "", value=0)
+
+
+DELTAS = _DeltaCount()
+REGISTRY.register(DELTAS)
 TOKENS = Counter(
     "rollout_agent_tokens", "Tokens the provider reported, by kind.", ["kind"], registry=REGISTRY
 )
@@ -302,7 +324,7 @@ def _turn_ended(thread_id: str, event: agent_pb2.ThreadEvent) -> None:
 
 def on_delta(turn_id: str) -> None:
     """A text delta of the turn was published."""
-    DELTAS.inc()
+    DELTAS.count += 1
     stats = _turns.get(turn_id)
     if stats is not None and not stats.first_delta:
         stats.first_delta = True

@@ -6,7 +6,7 @@ import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, TypeAlias
 
 from google.protobuf import timestamp_pb2
@@ -28,9 +28,17 @@ def now() -> datetime:
 
 
 def timestamp(moment: datetime) -> timestamp_pb2.Timestamp:
-    stamp = timestamp_pb2.Timestamp()
-    stamp.FromDatetime(moment)
-    return stamp
+    """moment as a Timestamp (naive: UTC), what FromDatetime gives, without its arithmetic in
+    Python: every turn's events carry its times."""
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return timestamp_pb2.Timestamp(
+        seconds=(moment - _EPOCH) // _SECOND, nanos=moment.microsecond * 1000
+    )
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_SECOND = timedelta(seconds=1)
 
 
 @dataclass

@@ -29,6 +29,17 @@ def test_varint_round_trip(value: int) -> None:
     assert decode_varint(encoded + b"\xff", 0) == (value, len(encoded))
 
 
+def test_varint_is_protobufs_encoding_at_every_length_edge() -> None:
+    # A message whose only field is a uint64: its bytes after the tag are the varint.
+    assert encode_varint(0) == b"\x00"  # proto3 leaves a zero field out: compared alone
+    values = {1, 0x7F, 0x80, 0x81, 0x3FFF, 0x4000, 0x1FFFFF, 0x200000, 2**32, 2**64 - 1}
+    values |= {random.Random(3).randrange(2**64) for _ in range(500)}
+    for value in sorted(values):
+        assert encode_varint(value) == record_pb2.TraceRecord(seq=value).SerializeToString()[1:]
+    with pytest.raises(ValueError):
+        encode_varint(-1)
+
+
 def test_varint_incomplete_and_overlong() -> None:
     assert decode_varint(b"\x80\x80", 0) is None
     with pytest.raises(ValueError, match="longer than 10 bytes"):

@@ -29,6 +29,11 @@ _MAX_VARINT_BYTES = 10
 
 def encode_varint(value: int) -> bytes:
     """Unsigned LEB128, as protobuf writes lengths."""
+    # The lengths of nearly every record and event: one byte, or two.
+    if 0 <= value < 0x80:
+        return _SMALL_VARINTS[value]
+    if 0x80 <= value < 0x4000:
+        return bytes(((value & 0x7F) | 0x80, value >> 7))
     out = bytearray()
     while value > 0x7F:
         out.append((value & 0x7F) | 0x80)
