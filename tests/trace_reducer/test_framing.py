@@ -36,7 +36,7 @@ def test_varint_is_protobufs_encoding_at_every_length_edge() -> None:
     values |= {random.Random(3).randrange(2**64) for _ in range(500)}
     for value in sorted(values):
         assert encode_varint(value) == record_pb2.TraceRecord(seq=value).SerializeToString()[1:]
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="range"):
         encode_varint(-1)
 
 

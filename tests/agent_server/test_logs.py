@@ -1,0 +1,42 @@
+"""The server's log lines: a value quoted exactly when it must be, and the time of each line."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from datetime import UTC, datetime
+
+from agent_server.logs import TextFormatter
+
+_LINE = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3})Z INFO    agent_server: said ?(.*)")
+
+
+def _line(created: float, **fields: object) -> re.Match[str]:
+    record = logging.LogRecord("agent_server", logging.INFO, "x", 1, "said", None, None)
+    record.created = created
+    record.msecs = int((created - int(created)) * 1000) + 0.0
+    record.fields = fields
+    line = _LINE.fullmatch(TextFormatter().format(record))
+    assert line is not None
+    return line
+
+
+def test_a_value_is_quoted_when_it_holds_whitespace_a_quote_or_an_equals_sign() -> None:
+    # Every code point str.isspace() calls whitespace, and a sample of those it does not.
+    special = [chr(c) for c in range(0x110000) if chr(c).isspace()] + ['"', "="]
+    plain = ["a", "é", "日", "\u200b", "\x00", "_", "-", ":", "{", "\ufeff"]
+    for character in special + plain:
+        value = f"x{character}y"
+        pair = _line(0.0, field=value).group(2)
+        quoted = character in special
+        assert pair == f"field={json.dumps(value, ensure_ascii=False) if quoted else value}"
+    assert _line(0.0, field="").group(2) == 'field=""'
+
+
+def test_a_lines_time_is_its_records_to_the_millisecond() -> None:
+    for created in (0.0, 1.0009, 1_765_000_000.123456, 1_765_000_000.9999, 86_399.5):
+        stamp = _line(created).group(1)
+        moment = datetime.fromtimestamp(int(created), UTC)
+        millis = int((created - int(created)) * 1000)
+        assert stamp == f"{moment:%Y-%m-%dT%H:%M:%S}.{millis:03d}"
