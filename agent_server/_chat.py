@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 # Only the defaults here: `chat --help` must not load gRPC; run() loads the client.
 from agent_server._health import unreachable
+from agent_server.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from rollout_client import ADDRESS_ENV, DEFAULT_ADDRESS, address_from_env
 
 if TYPE_CHECKING:
@@ -24,10 +25,6 @@ PROG = "agent-server chat"
 HELP = "Type a message and press Enter. Ctrl-C interrupts a reply; /quit (or Ctrl-D) ends the chat."
 _HINT = "(Ctrl-C interrupts a reply; /quit or Ctrl-D ends the chat)"
 QUIT_COMMANDS = frozenset({"/quit", "/exit"})
-
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

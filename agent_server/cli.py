@@ -10,13 +10,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agent_server.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, PROG
+
 if TYPE_CHECKING:
     import logging
 
     from agent_server.config import Settings
     from agent_server.gateway._settings import GatewaySettings
-
-PROG = "agent-server"
 
 
 def _log() -> logging.Logger:
@@ -24,12 +24,6 @@ def _log() -> logging.Logger:
     import logging
 
     return logging.getLogger("agent_server")
-
-
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
 
 
 # Each command, its help, and the module and function that add its arguments. Only the

@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from agent_server.cli import EXIT_FAILED, EXIT_OK, PROG
 from agent_server.config import WORKER_ENV, Settings, WorkerRole
+from agent_server.exits import EXIT_FAILED, EXIT_OK, PROG
 from grpc_common import install_signal_handlers, split_listen
 
 __all__ = ["leave_socket_dir", "supervise", "watch_supervisor"]

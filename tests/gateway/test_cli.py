@@ -15,6 +15,7 @@ import pytest
 from aiohttp import web
 
 from agent_server import cli
+from agent_server.exits import EXIT_USAGE
 from rollout.trace.v1 import common_pb2
 from tests.gateway.conftest import calls, reduce_all
 
@@ -43,7 +44,7 @@ def test_bad_settings_exit_2_with_one_line(
 ) -> None:
     monkeypatch.delenv("ROLLOUT_TRACE_ROOT", raising=False)
     monkeypatch.delenv("ROLLOUT_PROVIDER_URL", raising=False)
-    assert cli.main(["gateway", *argv]) == cli.EXIT_USAGE
+    assert cli.main(["gateway", *argv]) == EXIT_USAGE
     err = capsys.readouterr().err
     assert message in err
     assert err.count("\n") == 1
