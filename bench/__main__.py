@@ -196,8 +196,15 @@ def p3(root: Path) -> list[Row]:
     # words, two turns), where a bundle's fixed costs weigh most.
     # Recording's cost per turn, by shape: (deltas a turn, [extra server CPU a turn, per round]).
     per_turn: list[tuple[float, list[float]]] = []
-    for reply_length, turns, target in ((300, 3, "<= 1.05"), (0, 2, "(reference)")):
-        result = agent_bench.measure_recording(root, turns=turns, reply_length=reply_length)
+    # The ratio of two figures that each move by +-5 % from round to round: six rounds of the
+    # headline shape put its median anywhere from 1.02 to 1.10 on the same tree, fourteen
+    # settle it within a point or two.
+    headline_rounds = int(os.environ.get("BENCH_P3_ROUNDS", "14"))
+    shapes = ((300, 3, "<= 1.05", headline_rounds), (0, 2, "(reference)", 6))
+    for reply_length, turns, target, rounds in shapes:
+        result = agent_bench.measure_recording(
+            root, rounds=rounds, turns=turns, reply_length=reply_length
+        )
         deltas_a_turn = result.deltas_per_round / (agent_bench.P3_THREADS * turns)
         per_turn.append(
             (
@@ -216,11 +223,12 @@ def p3(root: Path) -> list[Row]:
                 "P3",
                 "server CPU per delta, recording on / off, at a real pace (every delta its own "
                 f"read, the model in its own process): 20 threads x {turns} turns of "
-                f"{words} replies, {result.deltas_per_round:,} deltas a round, 6 alternating "
-                "rounds",
+                f"{words} replies, {result.deltas_per_round:,} deltas a round, {rounds} "
+                "alternating rounds",
                 f"on {_spread(result.on_us, ' us')}, off {_spread(result.off_us, ' us')} "
                 f"(min/median/max); ratio median {ratio:.3f} "
-                f"({min(ratios):.3f}-{max(ratios):.3f})",
+                f"({min(ratios):.3f}-{max(ratios):.3f}; "
+                f"{sum(r <= 1.05 for r in ratios)} of {len(ratios)} rounds at or under 1.05)",
                 target,
                 ratio <= 1.05 or target != "<= 1.05",
             )
