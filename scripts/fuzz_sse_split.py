@@ -16,6 +16,7 @@ import random
 import sys
 import time
 from types import ModuleType
+from typing import Any
 
 import orjson
 
@@ -38,7 +39,7 @@ def load(path: str) -> ModuleType:
 
 
 def sample_stream() -> bytes:
-    events = [
+    events: list[dict[str, Any]] = [
         {"type": "response.created", "response": {"id": "r", "output": []}},
         {"type": "response.output_text.delta", "item_id": "m", "delta": "wé€😀 \u2028"},
         {"type": "response.output_text.delta", "delta": "x" * 40, "n": 12345678901234567},
