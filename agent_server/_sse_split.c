@@ -1,5 +1,6 @@
 /* A provider read's events in one C call: the SSE split (agent_server/sse.py's parse_events)
- * and, for the Responses dialect, each event's JSON read (provider.py's parse_event).
+ * and, for the Responses dialect, each event's JSON read (provider.py's parse_event, which
+ * every dialect and the gateway call for an event's data, is here on its own too).
  *
  * Every delta a provider streams is its own read, and in Python the steps between the bytes
  * and the event (decode, split lines, partition, join, encode again, the digit scan, orjson's
@@ -168,26 +169,67 @@ static int sse_dispatch(PyObject *out, const char *name, Py_ssize_t name_size, c
     return append(out, make(sse_event, event, joined, NULL));
 }
 
-/* A ProviderEvent(type, data, raw) for a Responses event; an event whose data is empty carries
- * none and is skipped, as EventBatches skips it. */
-static int responses_dispatch(PyObject *out, const char *name, Py_ssize_t name_size,
-                              const char *data, Py_ssize_t data_size) {
-    if (data_size == 0) return 0;
+/* Whether an event's data may take the C way: no run of long_number digits (json keeps such an
+ * integer exact where orjson would not), no escaped surrogate (it may be a lone one, which the
+ * Python way replaces), no more brackets than an event may nest. */
+static int plain_data(const char *data, Py_ssize_t size) {
     Py_ssize_t run = 0, brackets = 0;
-    for (Py_ssize_t i = 0; i < data_size; i++) {
+    for (Py_ssize_t i = 0; i < size; i++) {
         char c = data[i];
         if (c >= '0' && c <= '9') {
-            if (++run >= long_number) return 1;
+            if (++run >= long_number) return 0;
             continue;
         }
         run = 0;
         brackets += (c == '[') | (c == '{');
-        /* An escaped surrogate may be a lone one, which the Python way replaces. */
-        if (c == '\\' && i + 2 < data_size && data[i + 1] == 'u' &&
+        if (c == '\\' && i + 2 < size && data[i + 1] == 'u' &&
             (data[i + 2] == 'd' || data[i + 2] == 'D'))
-            return 1;
+            return 0;
     }
-    if (brackets > max_depth) return 1;
+    return brackets <= max_depth;
+}
+
+/* ProviderEvent(type, data, raw) of plain data: `json` (bytes or str) read by orjson, `raw` the
+ * same text as str, `name` the SSE event's (str; NULL to make it from name_bytes). Steals
+ * nothing. NULL with no error set: the Python way must take it. */
+static PyObject *provider_event_of(PyObject *json, PyObject *raw, PyObject *name,
+                                   const char *name_bytes, Py_ssize_t name_size) {
+    PyObject *parsed = PyObject_CallOneArg(loads, json);
+    if (parsed == NULL) {
+        if (PyErr_ExceptionMatches(decode_error)) PyErr_Clear();
+        return NULL;
+    }
+    if (!PyDict_Check(parsed)) {
+        Py_DECREF(parsed);
+        return NULL;
+    }
+    PyObject *type = PyDict_GetItemWithError(parsed, s_type);
+    if (type == NULL && PyErr_Occurred()) {
+        Py_DECREF(parsed);
+        return NULL;
+    }
+    if (type != NULL && PyUnicode_Check(type)) {
+        Py_INCREF(type);
+    } else if (name != NULL) {
+        type = name;
+        Py_INCREF(type);
+    } else {
+        type = text(name_bytes, name_size);
+        if (type == NULL) {
+            Py_DECREF(parsed);
+            return NULL;
+        }
+    }
+    Py_INCREF(raw);
+    return make(provider_event, type, parsed, raw);
+}
+
+/* A ProviderEvent for a Responses event of a read; an event whose data is empty carries none
+ * and is skipped, as EventBatches skips it. */
+static int responses_dispatch(PyObject *out, const char *name, Py_ssize_t name_size,
+                              const char *data, Py_ssize_t data_size) {
+    if (data_size == 0) return 0;
+    if (!plain_data(data, data_size)) return 1;
     PyObject *raw = text(data, data_size);
     if (raw == NULL) return PyErr_Occurred() ? -1 : 1;
     PyObject *bytes = PyBytes_FromStringAndSize(data, data_size);
@@ -195,36 +237,11 @@ static int responses_dispatch(PyObject *out, const char *name, Py_ssize_t name_s
         Py_DECREF(raw);
         return -1;
     }
-    PyObject *parsed = PyObject_CallOneArg(loads, bytes);
+    PyObject *event = provider_event_of(bytes, raw, NULL, name, name_size);
     Py_DECREF(bytes);
-    if (parsed == NULL) {
-        Py_DECREF(raw);
-        if (!PyErr_ExceptionMatches(decode_error)) return -1;
-        PyErr_Clear();
-        return 1;
-    }
-    if (!PyDict_Check(parsed)) {
-        Py_DECREF(raw);
-        Py_DECREF(parsed);
-        return 1;
-    }
-    PyObject *type = PyDict_GetItemWithError(parsed, s_type);
-    if (type == NULL && PyErr_Occurred()) {
-        Py_DECREF(raw);
-        Py_DECREF(parsed);
-        return -1;
-    }
-    if (type != NULL && PyUnicode_Check(type)) {
-        Py_INCREF(type);
-    } else {
-        type = text(name, name_size);
-        if (type == NULL) {
-            Py_DECREF(raw);
-            Py_DECREF(parsed);
-            return PyErr_Occurred() ? -1 : 1;
-        }
-    }
-    return append(out, make(provider_event, type, parsed, raw));
+    Py_DECREF(raw);
+    if (event == NULL) return PyErr_Occurred() ? -1 : 1;
+    return append(out, event);
 }
 
 static PyObject *run(PyObject *block, Dispatch dispatch, PyObject *type, const char *who) {
@@ -265,6 +282,34 @@ static PyObject *responses_events(PyObject *module, PyObject *block) {
     return run(block, responses_dispatch, provider_event, "responses_events");
 }
 
+PyDoc_STRVAR(parse_event_doc,
+             "parse_event(sse_event: str, raw: str) -> ProviderEvent | None\n\n"
+             "provider.parse_event for the common case (see _sse_split.c); None for the rest.");
+
+static PyObject *parse_event(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (provider_event == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "_sse_split: parse_event's setup was not called");
+        return NULL;
+    }
+    if (nargs != 2 || !PyUnicode_Check(args[0]) || !PyUnicode_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "parse_event() takes two str");
+        return NULL;
+    }
+    Py_ssize_t size;
+    const char *data = PyUnicode_AsUTF8AndSize(args[1], &size);
+    if (data == NULL) {
+        /* A lone surrogate has no UTF-8: the Python way replaces it. */
+        if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) return NULL;
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    if (!plain_data(data, size)) Py_RETURN_NONE;
+    PyObject *event = provider_event_of(args[1], args[1], args[0], NULL, 0);
+    if (event == NULL && !PyErr_Occurred()) Py_RETURN_NONE;
+    return event;
+}
+
 static int tuple_type(PyObject *type) {
     if (PyType_Check(type) && PyType_IsSubtype((PyTypeObject *)type, &PyTuple_Type)) return 1;
     PyErr_SetString(PyExc_TypeError, "_sse_split: a named tuple type was expected");
@@ -284,7 +329,8 @@ static PyObject *setup_sse(PyObject *module, PyObject *type) {
 
 PyDoc_STRVAR(setup_events_doc,
              "setup_events(provider_event, loads, decode_error, max_depth, long_number)\n\n"
-             "What responses_events() is made of, handed over once by provider.py.");
+             "What responses_events() and parse_event() are made of, handed over once by "
+             "provider.py.");
 
 static PyObject *setup_events(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
@@ -314,6 +360,7 @@ static PyObject *setup_events(PyObject *module, PyObject *const *args, Py_ssize_
 static PyMethodDef methods[] = {
     {"parse_events", parse_events, METH_O, parse_events_doc},
     {"responses_events", responses_events, METH_O, responses_events_doc},
+    {"parse_event", (PyCFunction)(void (*)(void))parse_event, METH_FASTCALL, parse_event_doc},
     {"setup_sse", setup_sse, METH_O, setup_sse_doc},
     {"setup_events", (PyCFunction)(void (*)(void))setup_events, METH_FASTCALL, setup_events_doc},
     {NULL, NULL, 0, NULL},

@@ -440,6 +440,18 @@ def parse_event(sse_event: str, raw: str) -> ProviderEvent:
     `\\udXXX` escapes can produce and UTF-8 cannot carry) becomes U+FFFD, so the client, the
     recorded payloads and the reduced state all hold the same text. `raw` stays verbatim.
     """
+    if _sse_split is not None:
+        # The common case in one C call (_sse_split.c), the same steps as _parse_event's; None
+        # for whatever needs one of its other branches.
+        event: ProviderEvent | None = _sse_split.parse_event(sse_event, raw)
+        if event is not None:
+            return event
+    return _parse_event(sse_event, raw)
+
+
+def _parse_event(sse_event: str, raw: str) -> ProviderEvent:
+    """parse_event the Python way: the reference _sse_split.c follows, and every case it
+    leaves."""
     try:
         data = _loads(raw)
     except (ValueError, RecursionError):

@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from agent_server.provider import MAX_EVENT_DEPTH, ProviderEvent, parse_event
+from agent_server.provider import MAX_EVENT_DEPTH, ProviderEvent, _parse_event
 from agent_server.sse import SseEvent, _parse_events
 from trace_reducer.bundle import LONG_NUMBER_DIGITS
 
@@ -94,8 +94,12 @@ def main() -> None:
         read = split.responses_events(damaged)
         if read is not None:
             taken += 1
-            expected = [parse_event(e.event, e.data) for e in _parse_events(damaged) if e.data]
+            expected = [_parse_event(e.event, e.data) for e in _parse_events(damaged) if e.data]
             assert read == expected, damaged
+        for event in _parse_events(damaged):
+            single = split.parse_event(event.event, event.data)
+            if single is not None:
+                assert single == _parse_event(event.event, event.data), damaged
         inputs += 1
     print(f"fuzz-sse-split: {inputs:,} mutated reads, {taken:,} taken the C way, no memory error")
 

@@ -1,7 +1,7 @@
 """A provider read's events in C (_sse_split.c) against their Python reference.
 
 sse.parse_events and the agent's reader take the C way for the common case and the Python way
-(sse._parse_events, provider.parse_event) for the rest; the two must give every read the same
+(sse._parse_events, provider._parse_event) for the rest; the two must give every read the same
 events, and the C way must not keep what it allocates.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from agent_server import _sse_split, provider, sse
-from agent_server.provider import ProviderEvent, parse_event
+from agent_server.provider import ProviderEvent, _parse_event, parse_event
 from agent_server.sse import SseEvent, _parse_events
 from rollout.agent.v1 import agent_pb2
 from tests.agent_server.conftest import Harness, StartAgent
@@ -86,7 +86,7 @@ def _block(rng: random.Random) -> bytes:
 
 
 def _python_events(block: bytes) -> list[ProviderEvent]:
-    return [parse_event(event.event, event.data) for event in _parse_events(block) if event.data]
+    return [_parse_event(event.event, event.data) for event in _parse_events(block) if event.data]
 
 
 @pytest.mark.parametrize(
@@ -115,6 +115,24 @@ def test_the_c_way_reads_random_blocks_as_the_python_way_does(
             assert all(type(event) is made for event in events)
     # Not a test of nothing.
     assert taken > fewest_taken
+
+
+def test_the_c_way_reads_random_events_as_the_python_way_does() -> None:
+    rng = random.Random(8)
+    taken = 0
+    for _ in range(6000):
+        name = rng.choice(_NAMES)
+        raw = _data(rng)
+        if rng.random() < 0.05:
+            raw = raw.replace("a", "\ud800", 1)  # a lone surrogate, as a decoded read may hold
+        event = _sse_split.parse_event(name, raw)
+        if event is not None:
+            taken += 1
+            assert event == _parse_event(name, raw), raw
+            assert type(event) is ProviderEvent
+            assert event.raw is raw
+        assert parse_event(name, raw) == _parse_event(name, raw)
+    assert taken > 2500
 
 
 def test_sse_parse_events_gives_the_python_ways_events() -> None:
