@@ -18,9 +18,10 @@ from rollout.trace.v1 import record_pb2
 from trace_reducer import encode_record
 
 
-def load(path: str) -> ModuleType:
-    loader = importlib.machinery.ExtensionFileLoader("_scan", path)
-    spec = importlib.util.spec_from_loader("_scan", loader)
+def load(path: str, name: str = "_scan") -> ModuleType:
+    """The extension module `name` built at path (its init function is PyInit_<name>)."""
+    loader = importlib.machinery.ExtensionFileLoader(name, path)
+    spec = importlib.util.spec_from_loader(name, loader)
     assert spec is not None
     module = importlib.util.module_from_spec(spec)
     loader.exec_module(module)

@@ -9,8 +9,6 @@ inserted or dropped.
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import json
 import random
 import sys
@@ -19,23 +17,20 @@ from types import ModuleType
 from typing import Any
 
 import orjson
+from fuzz_scan import load, mutate
 
 from agent_server.provider import MAX_EVENT_DEPTH, ProviderEvent, _parse_event
 from agent_server.sse import SseEvent, _parse_events
 from trace_reducer.bundle import LONG_NUMBER_DIGITS
 
 
-def load(path: str) -> ModuleType:
-    loader = importlib.machinery.ExtensionFileLoader("_sse_split", path)
-    spec = importlib.util.spec_from_loader("_sse_split", loader)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    module.setup_sse(SseEvent)
-    module.setup_events(
+def load_split(path: str) -> ModuleType:
+    split = load(path, "_sse_split")
+    split.setup_sse(SseEvent)
+    split.setup_events(
         ProviderEvent, orjson.loads, orjson.JSONDecodeError, MAX_EVENT_DEPTH, LONG_NUMBER_DIGITS
     )
-    return module
+    return split
 
 
 def sample_stream() -> bytes:
@@ -59,35 +54,23 @@ def sample_stream() -> bytes:
     return "\n".join(lines).encode() + b"\n"
 
 
-def mutate(data: bytes, rng: random.Random) -> bytes:
-    out = bytearray(data)
-    for _ in range(rng.randint(1, 8)):
-        at = rng.randrange(len(out))
-        choice = rng.random()
-        if choice < 0.4:
-            out[at] = rng.randrange(256)
-        elif choice < 0.55:
-            out[at] = rng.choice(b'\n:\\"{}[] 0123456789du')
-        elif choice < 0.7:
-            del out[at : at + rng.randint(1, 20)]
-        elif choice < 0.9:
-            out[at:at] = rng.randbytes(rng.randint(1, 20))
-        else:
-            del out[at:]
-        if not out:
-            out = bytearray(b"\n")
+def mutate_read(data: bytes, rng: random.Random) -> bytes:
+    """fuzz_scan's mutations, some of them with the bytes SSE and JSON give a meaning to."""
+    out = bytearray(mutate(data, rng))
+    for _ in range(rng.randint(0, 3)):
+        out[rng.randrange(len(out))] = rng.choice(b'\n:\\"{}[] 0123456789du')
     return bytes(out)
 
 
 def main() -> None:
-    split = load(sys.argv[1])
+    split = load_split(sys.argv[1])
     seconds = float(sys.argv[2])
     rng = random.Random(int(sys.argv[3]) if len(sys.argv) > 3 else 0)
     data = sample_stream()
     deadline = time.monotonic() + seconds
     inputs = taken = 0
     while time.monotonic() < deadline:
-        damaged = mutate(data, rng)
+        damaged = mutate_read(data, rng)
         events = split.parse_events(damaged)
         if events is not None:
             assert events == _parse_events(damaged), damaged
