@@ -28,12 +28,19 @@ _MAX_VARINT_BYTES = 10
 
 
 def encode_varint(value: int) -> bytes:
-    """Unsigned LEB128, as protobuf writes lengths."""
-    # The lengths of nearly every record and event: one byte, or two.
+    """Unsigned LEB128, as protobuf writes lengths and integer fields; unrolled for the sizes
+    nearly every length and record field has (time_us: 4 bytes up to 4.5 minutes into a
+    bundle, 5 up to 9.5 hours)."""
     if 0 <= value < 0x80:
         return _SMALL_VARINTS[value]
     if 0x80 <= value < 0x4000:
-        return bytes(((value & 0x7F) | 0x80, value >> 7))
+        return bytes((value & 0x7F | 0x80, value >> 7))
+    if 0x4000 <= value < 0x200000:
+        return bytes((value & 0x7F | 0x80, value >> 7 & 0x7F | 0x80, value >> 14))
+    if 0x200000 <= value < 0x10000000:
+        return bytes(
+            (value & 0x7F | 0x80, value >> 7 & 0x7F | 0x80, value >> 14 & 0x7F | 0x80, value >> 21)
+        )
     out = bytearray()
     while value > 0x7F:
         out.append((value & 0x7F) | 0x80)
@@ -44,22 +51,6 @@ def encode_varint(value: int) -> bytes:
 
 # One-byte varints, made once: nearly every field of a text-delta record is one.
 _SMALL_VARINTS = tuple(bytes((value,)) for value in range(0x80))
-
-
-def _varint(value: int) -> bytes:
-    """encode_varint, unrolled for the sizes a record's fields have (time_us: 4 bytes up to
-    4.5 minutes into a bundle, 5 up to 9.5 hours)."""
-    if value < 0x80:
-        return _SMALL_VARINTS[value]
-    if value < 0x4000:
-        return bytes((value & 0x7F | 0x80, value >> 7))
-    if value < 0x200000:
-        return bytes((value & 0x7F | 0x80, value >> 7 & 0x7F | 0x80, value >> 14))
-    if value < 0x10000000:
-        return bytes(
-            (value & 0x7F | 0x80, value >> 7 & 0x7F | 0x80, value >> 14 & 0x7F | 0x80, value >> 21)
-        )
-    return encode_varint(value)
 
 
 def decode_varint(buf: bytes | bytearray | memoryview, pos: int) -> tuple[int, int] | None:
@@ -103,23 +94,23 @@ def encode_text_delta(
     serializes them; the caller keeps every value in its field's range (uint32, a known kind).
     """
     # OutputTextDelta: call (1) and delta (2, length-delimited), item (3), kind (4).
-    body = b"\x08" + _varint(call) if call else b""
+    body = b"\x08" + encode_varint(call) if call else b""
     if delta:
-        body += b"\x12" + _varint(len(delta)) + delta
+        body += b"\x12" + encode_varint(len(delta)) + delta
     if item:
-        body += b"\x18" + _varint(item)
+        body += b"\x18" + encode_varint(item)
     if kind:
-        body += b"\x20" + _varint(kind)
+        body += b"\x20" + encode_varint(kind)
     # TraceRecord: seq (1), time_us (2), output_text_delta (11, length-delimited).
-    times = b"\x10" + _varint(time_us) if time_us else b""
-    record = b"\x08" + _varint(seq) + times + b"\x5a" + _varint(len(body)) + body
+    times = b"\x10" + encode_varint(time_us) if time_us else b""
+    record = b"\x08" + encode_varint(seq) + times + b"\x5a" + encode_varint(len(body)) + body
     size = len(record) + CRC_TRAILER_BYTES
     if size > MAX_RECORD_BYTES:
         raise RecordTooLargeError(
             f"record of {size} bytes exceeds the {MAX_RECORD_BYTES}-byte limit"
         )
     checksum = int(google_crc32c.value(record))
-    return _varint(size) + record + CRC_FIELD.pack(CRC_TAG, checksum)
+    return encode_varint(size) + record + CRC_FIELD.pack(CRC_TAG, checksum)
 
 
 def verify_crc(frame: bytes) -> bool:
