@@ -8,7 +8,8 @@ every POST with `--events` text-delta events of the Responses API, each its own 
 * `httpx+aiohttp`: httpx on httpx-aiohttp's transport, httpx-sse (what the agent used next);
 * `agent`: the agent's own reader, `ProviderClient.batches` (aiohttp read in the caller's task,
   `agent_server.sse`, each event's JSON parsed and checked);
-* `aiohttp`: aiohttp alone, events split by hand (the floor: no checks, no layers).
+* `aiohttp`: aiohttp alone, events split by hand and each event's JSON read by orjson, as the
+  agent reads it (the floor: the read, the split and the parse, no checks, no layers).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 
 import aiohttp
 import httpx
+import orjson
 from httpx_aiohttp import AiohttpTransport
 from httpx_sse import aconnect_sse
 
@@ -104,7 +106,7 @@ async def _with_aiohttp(session: aiohttp.ClientSession, url: str) -> int:
             for block in blocks:
                 for line in block.split(b"\n"):
                     if line.startswith(b"data:"):
-                        json.loads(line[5:])
+                        orjson.loads(line[5:])
                         count += 1
     return count
 
