@@ -111,7 +111,8 @@ class _DeltaCount(Collector):
         )
 
     def describe(self) -> Iterator[Metric]:
-        yield CounterMetricFamily("rollout_agent_deltas", "", value=0)
+        # What registering it asks for: its name, which collect() gives.
+        return self.collect()
 
 
 DELTAS = _DeltaCount()
