@@ -10,8 +10,11 @@ same for the same code and input whatever else the machine is doing.
 stamped model, recording on) against this tree's server, DIR's server (a checkout of the commit
 before the lever: `git worktree add DIR main`) and the bare grpc.aio floor, in rounds whose order
 rotates; `p3` runs P3's (20 threads x 3 turns of 300-word replies at 5 ms a word) against four
-servers, each tree's with recording on and off. Both servers run on this interpreter and its
-installed dependencies; only the project's own packages come from DIR (PYTHONPATH).
+servers, each tree's with recording on and off. `f1` reads the same paced SSE streams
+(`bench.provider_floor`: 100 at once, 100 events each) with each tree's agent reader
+(`ProviderClient.batches`, on uvloop as the server runs it) beside the aiohttp floor, a fresh
+interpreter per reader and round. Both servers run on this interpreter and its installed
+dependencies; only the project's own packages come from DIR (PYTHONPATH).
 """
 
 from __future__ import annotations
@@ -294,6 +297,44 @@ def p5(
         print(_paired(figure, this_runs, [r[index] for r in results["base"]]))
 
 
+# One stack of bench.provider_floor (loaded by its file, this tree's) reading the paced
+# streams once, on uvloop; the agent's reader is the child's tree's.
+_F1_CHILD = """
+import importlib.util, json, sys, uvloop
+import trace_reducer
+floor_file, address, stack, streams = sys.argv[1:]
+spec = importlib.util.spec_from_file_location("_floor", floor_file)
+floor = sys.modules["_floor"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(floor)
+count, cpu = uvloop.run(floor._round(stack, address, int(streams)))
+print(json.dumps({"events": count, "cpu_us": cpu / count * 1e6, "_from": trace_reducer.__file__}))
+"""
+
+
+def f1(baseline: Path, rounds: int, streams: int = 100) -> None:
+    here = Path(__file__).resolve().parents[1]
+    floor_file = str(Path(__file__).with_name("provider_floor.py"))
+    argv = [sys.executable, "-m", "bench.provider_floor", "--serve"]
+    results: dict[str, list[float]] = {"floor": [], "base": [], "this": []}
+    with spawn(argv) as server:
+
+        def read(name: str, tree: Path, stack: str) -> None:
+            out = run_in_tree(tree, _F1_CHILD, floor_file, server.address, stack, str(streams))
+            results[name].append(out["cpu_us"])
+
+        _rotate(
+            [
+                functools.partial(read, "floor", here, "aiohttp"),
+                functools.partial(read, "base", baseline, "agent"),
+                functools.partial(read, "this", here, "agent"),
+            ],
+            rounds,
+        )
+    for name, runs in results.items():
+        print(f"{name:5s} client CPU µs an event {_spread(runs)} (min / median / max)")
+    print(_paired("CPU an event", results["this"], results["base"]))
+
+
 def p3(
     baseline: Path, rounds: int, threads: int = 20, turns: int = 3, base_args: tuple[str, ...] = ()
 ) -> None:
@@ -339,7 +380,7 @@ def p3(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("bench", choices=("p1", "p5", "p3"))
+    parser.add_argument("bench", choices=("p1", "p5", "p3", "f1"))
     parser.add_argument("bundles", nargs="*", help="p1: the bundles to replay")
     parser.add_argument("--baseline", type=Path, required=True, help="the other tree")
     parser.add_argument("--rounds", type=int, default=5)
@@ -364,6 +405,8 @@ def main() -> None:
             p1(baseline, args.rounds, args.bundles)
     elif args.bench == "p5":
         p5(baseline, args.rounds, threads=args.threads or 200, base_args=base_args)
+    elif args.bench == "f1":
+        f1(baseline, args.rounds)
     else:
         p3(baseline, args.rounds, threads=args.threads or 20, base_args=base_args)
 

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
 
 import trace_reducer
+from bench._harness import spawn
 from bench.jsonl_peer import write_codex_jsonl
-from bench.tree_ab import _instructions, run_in_tree
+from bench.tree_ab import _F1_CHILD, _instructions, run_in_tree
 
 from .trace_reducer.bundles import one_turn_bundle
 
@@ -51,3 +53,17 @@ def test_instructions_grow_with_the_replays_counted(tmp_path: Path) -> None:
     # Three more replays of a small bundle: more work, and far less than the interpreter's
     # start, which both runs share.
     assert 0 < some - none < none
+
+
+@pytest.mark.parametrize("stack", ["agent", "aiohttp"])
+def test_the_f1_child_reads_every_event_of_every_stream(
+    stack: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(_THIS_TREE)
+    floor_file = str(_THIS_TREE / "bench" / "provider_floor.py")
+    argv = [sys.executable, "-m", "bench.provider_floor", "--serve", "--events", "7"]
+    with spawn([*argv, "--interval", "0.001"]) as server:
+        out = run_in_tree(_THIS_TREE, _F1_CHILD, floor_file, server.address, stack, "3")
+    # Each stream: response.created, the 7 deltas, response.completed.
+    assert out["events"] == 3 * (1 + 7 + 1)
+    assert out["cpu_us"] > 0
