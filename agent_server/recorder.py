@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
+import queue
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +34,83 @@ _OUTPUT_TEXT = record_pb2.DELTA_KIND_UNSPECIFIED
 _WRITE_ERRORS = (RecordingError, RecordTooLargeError, OSError)
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
+
+
+class _DiskThreads:
+    """The threads recording's blocking calls run on (a bundle's create, its fsyncs, its close):
+    a queue and a few threads of its own, each call's result handed back to the loop.
+
+    asyncio.to_thread's trip through the loop's default executor costs about twice the CPU (a
+    context copied, an executor future chained to the loop's; F3: 143 against 74 µs a trip),
+    and a thread makes four or five of them; nor do fsyncs then queue behind other users of
+    the default executor (DNS lookups among them). As with to_thread, a call runs to its end
+    even when the task awaiting it is cancelled."""
+
+    def __init__(self, threads: int) -> None:
+        self._size = threads
+        self._lock = threading.Lock()
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        # A forked child has none of its parent's threads: it starts its own.
+        self._jobs: queue.SimpleQueue[
+            tuple[Callable[[], Any], asyncio.Future[Any], asyncio.AbstractEventLoop]
+        ] = queue.SimpleQueue()
+        self._started = 0
+
+    def run(self, call: Callable[[], _R]) -> asyncio.Future[_R]:
+        """call() on one of the threads; its result (or exception) in the returned future."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[_R] = loop.create_future()
+        if self._started < self._size:
+            self._start_one()
+        self._jobs.put((call, future, loop))
+        return future
+
+    def _start_one(self) -> None:
+        with self._lock:
+            if self._started < self._size:
+                self._started += 1
+                threading.Thread(target=self._serve, name="recording-disk", daemon=True).start()
+
+    def _serve(self) -> None:
+        jobs = self._jobs
+        while True:
+            call, future, loop = jobs.get()
+            try:
+                result = call()
+            except BaseException as error:  # noqa: BLE001 - the awaiting task's, as to_thread does
+                _hand_back(loop, _set_exception, future, error)
+            else:
+                _hand_back(loop, _set_result, future, result)
+            # Nothing of the call is kept while the thread waits for the next.
+            del call, future, loop
+
+
+def _hand_back(
+    loop: asyncio.AbstractEventLoop,
+    settle: Callable[[asyncio.Future[Any], Any], None],
+    future: asyncio.Future[Any],
+    value: Any,
+) -> None:
+    # A loop closed meanwhile raises RuntimeError: nobody awaits the result.
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(settle, future, value)
+
+
+def _set_result(future: asyncio.Future[Any], result: Any) -> None:
+    if not future.done():
+        future.set_result(result)
+
+
+def _set_exception(future: asyncio.Future[Any], error: BaseException) -> None:
+    if not future.done():
+        future.set_exception(error)
+
+
+# As many as the default executor would have on this machine, so as many fsyncs overlap.
+_disk = _DiskThreads(min(32, (os.cpu_count() or 1) + 4))
 
 
 @dataclass(frozen=True)
@@ -130,7 +211,7 @@ class Recorder:
                 raise RecordingError(str(error)) from error
             return cls(thread_id, writer, builder)
 
-        return await asyncio.to_thread(create)
+        return await _disk.run(create)
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -379,7 +460,7 @@ class Recorder:
             return
         async with self._io_lock:
             try:
-                await asyncio.to_thread(writer.sync)
+                await _disk.run(writer.sync)
             except _WRITE_ERRORS as error:
                 self._fail(error)
         telemetry.recorded(self.thread_id, writer.bytes_written)
@@ -395,7 +476,7 @@ class Recorder:
             return
         self._closing = True
         async with self._io_lock:
-            await asyncio.to_thread(writer.discard)
+            await _disk.run(writer.discard)
         self._builder = None
 
     async def finish(self, status: Status, reason: str) -> None:
@@ -409,7 +490,7 @@ class Recorder:
         self._closing = True
         async with self._io_lock:
             try:
-                await asyncio.to_thread(writer.close if ok else writer.abandon)
+                await _disk.run(writer.close if ok else writer.abandon)
             except _WRITE_ERRORS as error:
                 self._fail(error)
         telemetry.recorded(self.thread_id, writer.bytes_written, finished=True)

@@ -316,7 +316,7 @@ def _recording_phases_row(root: Path) -> Row:
         "recording's fixed part a turn, the Recorder alone (no server), 60 threads x 3 turns "
         "of 300 deltas, one thread at a time; CPU medians of 5 rounds: the bundle's start "
         "and finish shared by its turns, a turn's records with their payloads, the fsync "
-        "at turn end in a worker thread; beside them the bare fsync and worker round trip",
+        "at turn end on recording's disk threads; beside them the bare fsync and the round trip",
         f"{phases.fixed_per_turn:,.0f} us a turn: start + finish "
         f"{phases.per_turn('start') + phases.per_turn('finish'):,.0f}, "
         f"records {phases.records_per_turn:,.0f}, "
@@ -325,8 +325,9 @@ def _recording_phases_row(root: Path) -> Row:
         True,
         f"sync {_spread(list(phases.spread('sync')))} us",
         f"os.fsync alone {phases.spread(recording_bench.FSYNC_FLOOR)[1]:,.0f} us, "
-        f"a worker's round trip {phases.spread(recording_bench.HOP_FLOOR)[1]:,.0f} us "
-        f"(to a thread of its own: {phases.spread(recording_bench.OWN_THREAD_HOP)[1]:,.0f} us)",
+        f"a disk thread's round trip {phases.spread(recording_bench.HOP_FLOOR)[1]:,.0f} us "
+        f"(through asyncio.to_thread: "
+        f"{phases.spread(recording_bench.DEFAULT_EXECUTOR_HOP)[1]:,.0f} us)",
     )
 
 

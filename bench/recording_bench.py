@@ -5,14 +5,15 @@ fresh trace root under DIR (default: the system's temporary directory), one thre
 that the process's CPU time between two calls belongs to the phase between them: the bundle's
 creation with thread_started, each record of a turn (its payloads included), the turn's
 `--deltas` text deltas (one record and one `write()` each, as the server writes them), the
-fsync at turn end (in a worker thread, as the server does it) and the close. A turn is P3's: a
-user question, the whole history as the request's input, one assistant message of `--deltas`
-words, the raw `response.completed` event.
+fsync at turn end (on recording's own disk threads, as the server does it) and the close. A
+turn is P3's: a user question, the whole history as the request's input, one assistant message
+of `--deltas` words, the raw `response.completed` event.
 
 Beside the phases, in the same rounds: the bare operations the fixed part cannot do without,
-`os.fsync` of a file after the same appends, made in the calling thread, and the round trip to a
-worker thread (`asyncio.to_thread` of a function that does nothing, as the recorder makes it;
-and, in alternate samples, the same trip to a thread of its own fed through a queue). Each
+`os.fsync` of a file after the same appends, made in the calling thread, and the round trip to
+recording's disk threads with a function that does nothing (as the recorder makes it; and, in
+alternate samples, the same trip through the loop's default executor, `asyncio.to_thread`, which
+the recorder took until 2026-12-06). Each
 figure is CPU time (`time.process_time`, every thread of the process), the median over a round;
 the table gives min / median / max over `--rounds` rounds.
 """
@@ -23,25 +24,23 @@ import argparse
 import asyncio
 import json
 import os
-import queue
 import shutil
 import statistics
 import tempfile
-import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent_server.recorder import Recorder
+from agent_server.recorder import Recorder, _disk
 from rollout.trace.v1 import common_pb2
 
 _DONE = common_pb2.EXECUTION_STATUS_COMPLETED
 # Phases a thread has once (its share of each turn is the figure over --turns).
 PER_THREAD = ("start", "finish")
 FSYNC_FLOOR = "floor: os.fsync in the calling thread"
-HOP_FLOOR = "floor: a worker thread's round trip"
-OWN_THREAD_HOP = "floor: the round trip to a thread of its own"
+HOP_FLOOR = "floor: a disk thread's round trip"
+DEFAULT_EXECUTOR_HOP = "floor: the default executor's round trip (asyncio.to_thread)"
 
 
 class _Phases:
@@ -137,33 +136,8 @@ def _nothing() -> None:
     return None
 
 
-class _OwnThread:
-    """The other way to hand work to a thread: one thread, a queue, the loop told the result."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._work: queue.SimpleQueue[asyncio.Future[None] | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while (future := self._work.get()) is not None:
-            _nothing()
-            self._loop.call_soon_threadsafe(future.set_result, None)
-
-    def call(self) -> asyncio.Future[None]:
-        future = self._loop.create_future()
-        self._work.put(future)
-        return future
-
-    def stop(self) -> None:
-        self._work.put(None)
-        self._thread.join()
-
-
 async def _floors(directory: Path, samples: int, appends: int, clock: _Phases) -> None:
     fd, name = tempfile.mkstemp(dir=directory, prefix="recording-floor-")
-    own = _OwnThread(asyncio.get_running_loop())
     try:
         for number in range(samples):
             for _ in range(appends):
@@ -174,12 +148,11 @@ async def _floors(directory: Path, samples: int, appends: int, clock: _Phases) -
             # Each trip starts as cold as the server's does: right after an fsync.
             if number % 2:
                 await asyncio.to_thread(_nothing)
-                clock.lap(HOP_FLOOR)
+                clock.lap(DEFAULT_EXECUTOR_HOP)
             else:
-                await own.call()
-                clock.lap(OWN_THREAD_HOP)
+                await _disk.run(_nothing)
+                clock.lap(HOP_FLOOR)
     finally:
-        own.stop()
         os.close(fd)
         os.unlink(name)
 

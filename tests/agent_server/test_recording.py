@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
+import threading
 from pathlib import Path
 
 import pytest
 
-from agent_server.recorder import Recorder
+from agent_server.recorder import Recorder, _disk
 from rollout.agent.v1 import agent_pb2
 from rollout.trace.v1 import common_pb2, record_pb2, state_pb2
 from tests.agent_server.conftest import Harness, StartAgent, reduce_with_cli
@@ -242,3 +244,52 @@ async def test_a_thread_that_cannot_be_recorded_leaves_no_bundle(tmp_path: Path)
             tmp_path, "thread-1", model="m", instructions="", metadata={"k": "v" * (5 << 20)}
         )
     assert os.listdir(tmp_path) == []
+
+
+async def test_recording_s_disk_calls_do_not_queue_behind_the_default_executor(
+    tmp_path: Path,
+) -> None:
+    # Every thread of the loop's default executor busy (DNS lookups waiting on a slow
+    # resolver, say): a bundle is still created, synced and closed.
+    loop = asyncio.get_running_loop()
+    release = threading.Event()
+    workers = min(32, (os.cpu_count() or 1) + 4)
+    blocked = [loop.run_in_executor(None, release.wait) for _ in range(workers)]
+    try:
+        async with asyncio.timeout(10):
+            recorder = await Recorder.start(
+                tmp_path, "thread-1", model="m", instructions="", metadata={}
+            )
+            await recorder.sync()
+            await recorder.finish(common_pb2.EXECUTION_STATUS_COMPLETED, "")
+    finally:
+        release.set()
+        await asyncio.gather(*blocked)
+    found, integrity = records(Path(recorder.bundle_path))
+    assert integrity == state_pb2.INTEGRITY_STATUS_CLEAN
+    assert bodies(found) == ["header", "thread_started", "thread_ended", "footer"]
+
+
+async def test_a_disk_call_s_failure_and_a_cancelled_wait_leave_the_threads_serving() -> None:
+    def fail() -> None:
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match="No space left"):
+        await _disk.run(fail)
+    started = threading.Event()
+    release = threading.Event()
+
+    def slow() -> str:
+        started.set()
+        release.wait()
+        return "done"
+
+    waiting = asyncio.ensure_future(_disk.run(slow))
+    await asyncio.to_thread(started.wait)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    release.set()
+    # The call it waited for ran to its end; every thread still takes calls, at once.
+    results = await asyncio.gather(*(_disk.run(functools.partial(pow, n, 2)) for n in range(40)))
+    assert results == [n * n for n in range(40)]
