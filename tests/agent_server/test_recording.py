@@ -6,6 +6,8 @@ import asyncio
 import functools
 import json
 import logging
+import multiprocessing
+import multiprocessing.queues
 import os
 import threading
 from pathlib import Path
@@ -293,3 +295,26 @@ async def test_a_disk_call_s_failure_and_a_cancelled_wait_leave_the_threads_serv
     # The call it waited for ran to its end; every thread still takes calls, at once.
     results = await asyncio.gather(*(_disk.run(functools.partial(pow, n, 2)) for n in range(40)))
     assert results == [n * n for n in range(40)]
+
+
+def _disk_call_in_a_forked_child(results: multiprocessing.queues.Queue[int]) -> None:
+    async def call() -> int:
+        return await _disk.run(functools.partial(pow, 3, 4))
+
+    results.put(asyncio.run(call()))
+
+
+async def test_a_forked_child_starts_disk_threads_of_its_own() -> None:
+    # Every thread the parent may start is running (none of them exists in a child forked
+    # from it): the child's calls must not wait for them.
+    squares = await asyncio.gather(*(_disk.run(functools.partial(pow, n, 2)) for n in range(64)))
+    assert squares == [n * n for n in range(64)]
+    context = multiprocessing.get_context("fork")
+    results: multiprocessing.queues.Queue[int] = context.Queue()
+    child = context.Process(target=_disk_call_in_a_forked_child, args=(results,))
+    child.start()
+    try:
+        assert await asyncio.to_thread(results.get, timeout=30) == 81
+    finally:
+        await asyncio.to_thread(child.join, 30)
+    assert child.exitcode == 0
