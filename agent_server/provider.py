@@ -150,22 +150,25 @@ def url_secrets(base_url: str, api_key: Secret | None) -> list[str]:
     ]
 
 
+def _client_timeout(connect_timeout: float, sock_read: float | None) -> aiohttp.ClientTimeout:
+    """The timeouts of a request: no total; a request beyond the connection limit waits for
+    one as long as it would wait to connect, then fails (an agent's attempt is retried like
+    any connection failure); sock_read, when given, bounds each wait for bytes."""
+    return aiohttp.ClientTimeout(
+        total=None, connect=connect_timeout, sock_connect=connect_timeout, sock_read=sock_read
+    )
+
+
 def pooled_session(
     idle_timeout: float, connect_timeout: float, max_connections: int
 ) -> aiohttp.ClientSession:
     """The one HTTP transport of the agent's provider and of the gateway's upstream: the idle
-    timeout is the socket read timeout (for the answer's headers and between body reads).
-    Make it in the running loop."""
+    timeout is the socket read timeout (for the answer's headers and between body reads),
+    unless a request brings its own (the agent's stream: IdleWatch). Make it in the running
+    loop."""
     return aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=max_connections, keepalive_timeout=_KEEPALIVE_SECONDS),
-        # A request beyond the connection limit waits for one as long as it would wait to
-        # connect, then fails (an agent's attempt is retried like any connection failure).
-        timeout=aiohttp.ClientTimeout(
-            total=None,
-            connect=connect_timeout,
-            sock_connect=connect_timeout,
-            sock_read=idle_timeout,
-        ),
+        timeout=_client_timeout(connect_timeout, idle_timeout),
         # No cookie of one call (one thread's, one gateway client's) reaches another's.
         cookie_jar=aiohttp.DummyCookieJar(),
         trust_env=False,
@@ -272,9 +275,7 @@ class ProviderClient:
         self._connect_timeout = connect_timeout
         # The stream's own timeouts: the idle one is the attempt's (_open and IdleWatch), not
         # the session's per-read timer.
-        self._stream_timeout = aiohttp.ClientTimeout(
-            total=None, connect=connect_timeout, sock_connect=connect_timeout, sock_read=None
-        )
+        self._stream_timeout = _client_timeout(connect_timeout, None)
         self._secrets = url_secrets(self.base_url, api_key)
         # Made in the running loop, at the first attempt.
         self._http: aiohttp.ClientSession | None = None
