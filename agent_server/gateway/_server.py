@@ -40,7 +40,13 @@ from agent_server.gateway._sessions import (
     session_key_problem,
 )
 from agent_server.gateway._settings import GatewaySettings
-from agent_server.gateway._upstream import HOP_HEADERS, Upstream, release
+from agent_server.gateway._upstream import (
+    HOP_HEADERS,
+    Upstream,
+    idle_failure,
+    release,
+    upstream_status,
+)
 from agent_server.local_model import LocalModel
 from agent_server.provider import ProviderError, http_error, read_limited
 from agent_server.recorder import Recorder
@@ -335,9 +341,12 @@ class Gateway:
         try:
             answer = await upstream.open("GET", "/models", headers, None)
         except ProviderError as error:
-            return error_response(502, error.code, error.message)
+            return error_response(upstream_status(error), error.code, error.message)
         try:
             body = await answer.read()
+        except aiohttp.SocketTimeoutError:
+            silent = idle_failure("inside its answer")
+            return error_response(upstream_status(silent), silent.code, silent.message)
         except aiohttp.ClientError as error:
             return error_response(502, "upstream_unreachable", upstream.safe(upstream_text(error)))
         finally:
@@ -502,7 +511,7 @@ class Gateway:
             except ProviderError as error:
                 outcome.fail(error)
                 self._end(session, call, ordinal, outcome)
-                return error_response(502, error.code, error.message)
+                return error_response(upstream_status(error), error.code, error.message)
             if answer.status >= 400:
                 return await self._forward_error(session, call, ordinal, outcome, answer)
             if answer.headers.get("content-type", "").startswith("text/event-stream"):
@@ -554,6 +563,11 @@ class Gateway:
     ) -> web.StreamResponse:
         try:
             body = await read_limited(answer, MAX_EVENT_BYTES + 1, errors=True)
+        except aiohttp.SocketTimeoutError:
+            failure = idle_failure("inside its answer")
+            outcome.fail(failure)
+            self._end(session, call, ordinal, outcome)
+            return error_response(upstream_status(failure), failure.code, failure.message)
         except aiohttp.ClientError as error:
             outcome.fail(ProviderError("connection_error", f"upstream body lost: {error}"))
             self._end(session, call, ordinal, outcome)
@@ -647,13 +661,7 @@ class Gateway:
             outcome.cancel(self._cancel_reason())
             raise
         except aiohttp.ServerTimeoutError:
-            outcome.fail(
-                ProviderError(
-                    "stream_idle_timeout",
-                    "the upstream stream was idle too long",
-                    reason="stream_idle_timeout",
-                )
-            )
+            outcome.fail(idle_failure("inside its stream"))
             _drop_connection(request)
         except aiohttp.ClientError as error:
             outcome.fail(

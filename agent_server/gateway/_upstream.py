@@ -124,6 +124,10 @@ class Upstream:
                 allow_redirects=False,
                 skip_auto_headers=_NO_AUTO_HEADERS,
             )
+        except aiohttp.SocketTimeoutError as error:
+            # Connected, and then silent past --stream-idle-timeout before its headers: the
+            # same fact, in the same word, as a stream that goes silent later.
+            raise idle_failure("before answering") from error
         except aiohttp.ServerTimeoutError as error:
             raise ProviderError(
                 "upstream_timeout", f"timed out reaching the upstream: {self._describe(error)}"
@@ -144,6 +148,18 @@ class Upstream:
 
     def _describe(self, error: Exception) -> str:
         return self.safe(str(error) or type(error).__name__)
+
+
+def idle_failure(when: str) -> ProviderError:
+    """The upstream sent nothing for --stream-idle-timeout: before its answer's headers, inside
+    a body, or inside a stream."""
+    return ProviderError("stream_idle_timeout", f"the upstream was idle too long {when}")
+
+
+def upstream_status(error: ProviderError) -> int:
+    """The HTTP status a client gets for a call that failed before anything was forwarded:
+    504 when the upstream ran out of time, else 502."""
+    return 504 if error.code in {"stream_idle_timeout", "upstream_timeout"} else 502
 
 
 def release(answer: aiohttp.ClientResponse) -> None:

@@ -45,6 +45,7 @@ class Upstream:
 
         app.router.add_post("/v1/chat/completions", handle)
         app.router.add_post("/v1/responses", handle)
+        app.router.add_get("/v1/models", handle)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -307,6 +308,47 @@ async def test_an_upstream_body_past_the_bound_is_a_502(
     (call,) = calls(trace)
     assert call.execution.status == FAILED
     assert call.error.code == "response_too_large"
+    assert tracebacks() == []
+
+
+def _silent(release: asyncio.Event, *, after_headers: bool) -> Answer:
+    """An upstream that goes quiet: before its headers, or after them and half a body."""
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"content-type": "application/json"})
+        response.content_length = 100
+        if after_headers:
+            await response.prepare(request)
+            await response.write(b'{"id": "chatcmpl-1", ')
+        await release.wait()
+        return response
+
+    return answer
+
+
+@pytest.mark.parametrize("after_headers", [False, True], ids=["before-headers", "mid-body"])
+async def test_a_silent_upstream_is_a_504_recorded_as_the_idle_timeout(
+    start_gateway: StartGateway,
+    upstream: Upstream,
+    tracebacks: Callable[[], list[str]],
+    after_headers: bool,
+) -> None:
+    release = asyncio.Event()
+    upstream.answer = _silent(release, after_headers=after_headers)
+    gateway = await start_gateway(upstream.url, stream_idle_timeout=0.3)
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as http:
+        answer = await http.post("/chat/completions", json={"model": "m", "messages": [_user()]})
+        models = await http.get("/models")
+    release.set()
+    for got in (answer, models):
+        assert got.status_code == 504, got.text[:200]
+        error = got.json()["error"]
+        assert error["code"] == "stream_idle_timeout"
+        assert error["type"] == "server_error"
+        assert "idle too long" in error["message"]
+    (trace,) = reduce_all(gateway.settings.trace_root)
+    (call,) = calls(trace)
+    assert (call.execution.status, call.error.code) == (FAILED, "stream_idle_timeout")
     assert tracebacks() == []
 
 
