@@ -6,6 +6,7 @@ import argparse
 import math
 import os
 import socket
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +54,37 @@ CAPABILITIES = ("token-ids", "logprobs")
 
 class ConfigError(ValueError):
     """A flag or environment value that cannot be used."""
+
+
+def check_http_url(url: str, flag: str) -> None:
+    """Refuse at start-up a URL no request could be sent to. The message never repeats the
+    URL: it may carry credentials."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - raises on a port that is not a number or out of range
+    except ValueError as error:
+        raise ConfigError(f"{flag} is not a valid URL ({error})") from None
+    if parts.scheme not in ("http", "https"):
+        raise ConfigError(f"{flag} must be an http:// or https:// URL")
+    if not parts.hostname:
+        raise ConfigError(f"{flag} names no host")
+
+
+def redact_url(url: str) -> str:
+    """url as it may be recorded or logged: no `user:password@`, no query values."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    netloc = f"{host}:{port}" if port is not None else host
+    query = "&".join(
+        f"{name}=..." for name, _ in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+    )
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, ""))
 
 
 @dataclass(frozen=True)
@@ -144,8 +176,7 @@ class ProviderSettings:
 
     def __post_init__(self) -> None:
         where = f"[providers.{self.name}]"
-        if not self.url.startswith(("http://", "https://")):
-            raise ConfigError(f"{where} url must be an http:// or https:// URL")
+        check_http_url(self.url, f"{where} url")
         if self.api not in PROVIDER_APIS:
             raise ConfigError(f"{where} api must be one of {', '.join(PROVIDER_APIS)}")
         unknown = [c for c in self.capabilities if c not in CAPABILITIES]
@@ -240,10 +271,8 @@ class Settings:
             raise ConfigError("--model must not be empty")
         if self.provider_api not in PROVIDER_APIS:
             raise ConfigError(f"--provider-api must be one of {', '.join(PROVIDER_APIS)}")
-        if self.provider_url is not None and not self.provider_url.startswith(
-            ("http://", "https://")
-        ):
-            raise ConfigError("--provider-url must be an http:// or https:// URL")
+        if self.provider_url is not None:
+            check_http_url(self.provider_url, "--provider-url")
         if self.provider_url is not None and self.api_key is not None:
             netloc = self.provider_url.split("://", 1)[1].split("/", 1)[0]
             if "@" in netloc:
@@ -324,8 +353,9 @@ class Settings:
         found = []
         if self.provider_url is not None and self.model == DEFAULT_LOCAL_MODEL:
             found.append(
-                f"--provider-url is set but --model is not: threads that name no model will "
-                f"ask {self.provider_url} for {DEFAULT_LOCAL_MODEL!r}, the built-in model's name"
+                "--provider-url is set but --model is not: threads that name no model will "
+                f"ask {redact_url(self.provider_url)} for {DEFAULT_LOCAL_MODEL!r}, the built-in "
+                "model's name"
             )
         if self.provider_url is not None and self.api_key is None:
             found.append(

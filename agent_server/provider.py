@@ -15,7 +15,7 @@ from typing import Any, NamedTuple, Protocol
 import aiohttp
 import orjson
 
-from agent_server.config import Secret
+from agent_server.config import Secret, redact_url
 from agent_server.sse import SseSplitter
 from trace_reducer import canonical_json
 from trace_reducer.bundle import LONG_NUMBER_DIGITS, fast_json
@@ -117,23 +117,6 @@ class ProviderError(Exception):
         self.http_status = http_status
         self.retryable = retryable
         self.retry_after = retry_after
-
-
-def redact_url(url: str) -> str:
-    """url as it may be recorded or logged: no `user:password@`, no query values."""
-    parts = urllib.parse.urlsplit(url)
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    netloc = f"{host}:{port}" if port is not None else host
-    query = "&".join(
-        f"{name}=..." for name, _ in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
-    )
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, ""))
 
 
 def url_secrets(base_url: str, api_key: Secret | None) -> list[str]:

@@ -7,14 +7,13 @@ from collections.abc import Mapping
 
 import aiohttp
 
-from agent_server.config import Secret
+from agent_server.config import Secret, redact_url
 from agent_server.provider import (
     CALL_ID_HEADER,
     ProviderError,
     _connect_failure,
     _endpoint,
     pooled_session,
-    redact_url,
     url_secrets,
 )
 

@@ -71,6 +71,36 @@ def test_bad_values_are_config_errors(argv: list[str]) -> None:
         parse(argv, {})
 
 
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("http://alice:s3cret@[::1/v1", "--provider-url is not a valid URL (Invalid IPv6 URL)"),
+        ("http://alice:s3cret@host:99999/v1", "--provider-url is not a valid URL (Port out of"),
+        ("http://alice:s3cret@host:x/v1", "--provider-url is not a valid URL (Port could not"),
+        ("http:///v1", "--provider-url names no host"),
+        ("ftp://alice:s3cret@host/v1", "--provider-url must be an http:// or https:// URL"),
+    ],
+)
+def test_a_provider_url_no_request_could_use_is_refused_at_start(url: str, message: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        parse(["--provider-url", url], {})
+    assert str(raised.value).startswith(message), raised.value
+    assert "s3cret" not in str(raised.value)
+
+
+def test_a_named_provider_url_is_checked_the_same_way() -> None:
+    with pytest.raises(ConfigError, match=r"^\[providers.x\] url is not a valid URL"):
+        config.ProviderSettings(name="x", url="http://alice:s3cret@[::1")
+
+
+def test_the_start_up_warnings_never_show_the_url_credentials() -> None:
+    settings = parse(["--provider-url", "http://alice:s3cret@127.0.0.1:9/v1?key=s3cret-q"], {})
+    warnings = settings.warnings()
+    assert len(warnings) == 2
+    assert "http://127.0.0.1:9/v1?key=..." in warnings[0]
+    assert not any("s3cret" in warning for warning in warnings)
+
+
 @pytest.mark.parametrize("raw", ["sk-abc\n", "  sk-abc\t", "\r\nsk-abc\r\n"])
 def test_white_space_around_the_key_is_dropped(raw: str) -> None:
     settings = parse([], {"OPENAI_API_KEY": raw})

@@ -279,6 +279,7 @@ async def test_a_corrupt_bundle_needs_salvage(bundles: Bundles, tmp_path: Path) 
         (["{bundle}", "--header", "=value"], "--header must be KEY=VALUE"),
         (["{bundle}", "--endpoint", "ftp://127.0.0.1:1"], "--endpoint must be an http://"),
         (["{bundle}", "--endpoint", "http://127.0.0.1:notaport"], "--endpoint is not a URL"),
+        (["{bundle}", "--endpoint", f"http://u:{SECRET}@[::1"], "--endpoint is not a URL (Invalid"),
         (["{bundle}", "--endpoint", "127.0.0.1:4317"], "--endpoint must be an http://"),
         (["{bundle}", "--timeout", "0"], "--timeout must be a positive number"),
         (

@@ -238,7 +238,8 @@ def resolve_endpoint(endpoint: str | None, protocol: str) -> str:
         parts = urlsplit(given)
         parts.port  # noqa: B018 - raises on a port that is not a number
     except ValueError as error:
-        raise ExportConfigError(f"{source} is not a URL: {given!r} ({error})") from error
+        # Not repeated: an endpoint that does not parse may still carry credentials.
+        raise ExportConfigError(f"{source} is not a URL ({error})") from error
     if parts.username is not None or parts.password is not None:
         # The exporters would repeat the URL in their messages; credentials go in a header.
         raise ExportConfigError(
