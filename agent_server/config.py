@@ -21,6 +21,7 @@ from grpc_common import (
     default_event_loop,
     event_loop_problem,
     header_secret,
+    redact_url,
     split_listen,
 )
 
@@ -68,23 +69,6 @@ def check_http_url(url: str, flag: str) -> None:
         raise ConfigError(f"{flag} must be an http:// or https:// URL")
     if not parts.hostname:
         raise ConfigError(f"{flag} names no host")
-
-
-def redact_url(url: str) -> str:
-    """url as it may be recorded or logged: no `user:password@`, no query values."""
-    parts = urllib.parse.urlsplit(url)
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    netloc = f"{host}:{port}" if port is not None else host
-    query = "&".join(
-        f"{name}=..." for name, _ in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
-    )
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, ""))
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,11 @@ from typing import Any, NamedTuple, Protocol
 
 import aiohttp
 import orjson
+import yarl
 
-from agent_server.config import Secret, redact_url
+from agent_server.config import Secret
 from agent_server.sse import SseSplitter
+from grpc_common import Redactor, redact_url
 from trace_reducer import canonical_json
 from trace_reducer.bundle import LONG_NUMBER_DIGITS, fast_json
 
@@ -119,18 +121,12 @@ class ProviderError(Exception):
         self.retry_after = retry_after
 
 
-def url_secrets(base_url: str, api_key: Secret | None) -> list[str]:
-    """Everything a message must never show: the key, the URL's password and query values."""
-    parts = urllib.parse.urlsplit(base_url)
-    return [
-        secret
-        for secret in (
-            api_key.reveal() if api_key is not None else "",
-            urllib.parse.unquote(parts.password or ""),
-            *(value for _, value in urllib.parse.parse_qsl(parts.query)),
-        )
-        if secret
-    ]
+def provider_redactor(base_url: str, api_key: Secret | None) -> Redactor:
+    """What a provider's or an upstream's answers must never show: the key and everything
+    its URL carries."""
+    secrets = [api_key.reveal()] if api_key is not None else []
+    # aiohttp sends the URL as yarl spells it (`%2F` in a query value becomes `/`).
+    return Redactor(secrets, url=base_url, spellings=[str(yarl.URL(base_url))])
 
 
 def _client_timeout(connect_timeout: float, sock_read: float | None) -> aiohttp.ClientTimeout:
@@ -259,7 +255,7 @@ class ProviderClient:
         # The stream's own timeouts: the idle one is the attempt's (_open and IdleWatch), not
         # the session's per-read timer.
         self._stream_timeout = _client_timeout(connect_timeout, None)
-        self._secrets = url_secrets(self.base_url, api_key)
+        self.redactor = provider_redactor(self.base_url, api_key)
         # Made in the running loop, at the first attempt.
         self._http: aiohttp.ClientSession | None = None
 
@@ -269,11 +265,7 @@ class ProviderClient:
 
     def _safe(self, text: str) -> str:
         """Provider or transport text with the API key and URL credentials taken out."""
-        if self.base_url != self.display_url:
-            text = text.replace(self.base_url, self.display_url)
-        for secret in self._secrets:
-            text = text.replace(secret, "***")
-        return text
+        return self.redactor.text(text)
 
     def _describe(self, error: Exception) -> str:
         return self._safe(str(error) or type(error).__name__)
@@ -337,9 +329,7 @@ class ProviderClient:
     async def _check_answer(self, response: aiohttp.ClientResponse) -> None:
         """Raise the ProviderError of an answer that is not an event stream."""
         if response.status >= 400:
-            error = await _http_error(response)
-            error.message = self._safe(error.message)
-            raise error
+            raise await _http_error(response, self.redactor)
         if response.status != 200:
             raise ProviderError(
                 "unexpected_status",
@@ -565,32 +555,41 @@ def _cleaned(data: dict[str, Any]) -> dict[str, Any] | None:
     return root
 
 
-async def _http_error(response: aiohttp.ClientResponse) -> ProviderError:
+async def _http_error(response: aiohttp.ClientResponse, redactor: Redactor) -> ProviderError:
     body = b""
     while len(body) < _ERROR_BODY_LIMIT and (chunk := await response.content.readany()):
         body += chunk
     return http_error(
         response.status,
         body[:_ERROR_BODY_LIMIT],
+        redactor,
         response.reason or "",
         response.headers.get("Retry-After"),
     )
 
 
 def http_error(
-    status: int, body: bytes, reason_phrase: str = "", retry_after: str | None = None
+    status: int,
+    body: bytes,
+    redactor: Redactor,
+    reason_phrase: str = "",
+    retry_after: str | None = None,
 ) -> ProviderError:
     """The ProviderError of an HTTP error answer: its code and message from an OpenAI-style
-    error body when there is one."""
-    code, message = f"http_{status}", body[:2000].decode("utf-8", "replace").strip()
+    error body when there is one, with the secrets a server may echo (the key it was sent,
+    the URL's credentials) taken out of both before anything is cut short."""
+    text = body.decode("utf-8", "replace")
+    code, message = f"http_{status}", ""
     try:
         parsed = json.loads(body)
     except ValueError:
         parsed = None
     error = parsed.get("error") if isinstance(parsed, dict) else None
     if isinstance(error, dict):
-        code = str(error.get("code") or error.get("type") or code)
-        message = str(error.get("message") or message)
+        code = redactor.text(str(error.get("code") or error.get("type") or code))
+        message = redactor.text(str(error.get("message") or ""))
+    if not message:
+        message = redactor.text(text)[:2000].strip()
     return ProviderError(
         code,
         f"provider answered HTTP {status}: {message or reason_phrase}",

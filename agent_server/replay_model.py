@@ -23,7 +23,8 @@ from agent_server.loopback_http import (
     posted_route,
     send_error,
 )
-from agent_server.provider import pooled_session, read_limited
+from agent_server.provider import _endpoint, pooled_session, read_limited
+from grpc_common import Redactor
 from rollout.trace.v1 import common_pb2, record_pb2
 from trace_reducer import (
     CHAT_API,
@@ -526,6 +527,9 @@ class ReplayModel:
         self._book = book
         self._pace = pace
         self._live_url = live_url.rstrip("/") if live_url else None
+        # What the live provider may echo of its URL's credentials, kept from what is relayed
+        # (the agent's own redactor knows only this loopback URL and the key).
+        self._redactor = Redactor(url=self._live_url)
         self._http: LoopbackHttpServer | None = None
         self._live: aiohttp.ClientSession | None = None
         self._lock = asyncio.Lock()
@@ -647,18 +651,24 @@ class ReplayModel:
             return
         headers = {"Content-Type": "application/json"}
         headers.update({n: request.headers[n] for n in _FORWARDED_HEADERS if n in request.headers})
+        # The route goes before the URL's query, and its user info becomes Basic auth, as for
+        # the agent's own provider.
+        url, basic = _endpoint(self._live_url, route)
+        if basic is not None:
+            headers["Authorization"] = basic
+        redactor = self._redactor
         try:
-            async with self._live.post(
-                f"{self._live_url}{route}", data=request.body, headers=headers
-            ) as upstream:
+            async with self._live.post(url, data=request.body, headers=headers) as upstream:
                 content_type = upstream.headers.get("Content-Type", "application/json")
                 if upstream.status != 200 or not content_type.startswith("text/event-stream"):
                     body = await read_limited(upstream, MAX_BODY_BYTES, errors=True)
-                    await response.send(upstream.status, body, content_type=content_type)
+                    await response.send(
+                        upstream.status, redactor.data(body), content_type=content_type
+                    )
                     return
                 await response.start(content_type=content_type)
                 async for data in upstream.content.iter_any():
-                    await response.write(data)
+                    await response.write(redactor.data(data))
         except (aiohttp.ClientError, TimeoutError) as error:
             if response.started:
                 response.reset()

@@ -12,6 +12,7 @@ from agent_server.provider import ProviderError, ProviderEvent
 from agent_server.recorder import Recorder
 from agent_server.threads import Thread
 from agent_server.tools import ToolCall, new_tool_call_id
+from grpc_common import Redactor
 from rollout.agent.v1 import agent_pb2
 from rollout.trace.v1 import common_pb2, record_pb2
 from trace_reducer import LENGTH_REASONS, delta_tokens
@@ -146,6 +147,7 @@ class Response:
         thread: Thread,
         turn_id: str,
         on_tool_call: Callable[[ToolCall], None],
+        redactor: Redactor,
     ) -> None:
         self.ordinal = ordinal
         self.response_id = ""
@@ -162,6 +164,8 @@ class Response:
         # `response.incomplete`'s reason, as `response.incomplete:<reason>`, once it came.
         self.incomplete_reason = ""
         self._prompt_tokens = False
+        # The provider's key and URL credentials, taken out of what its events may echo.
+        self._redactor = redactor
 
     # -- finding outputs -----------------------------------------------------------------------
 
@@ -361,7 +365,7 @@ class Response:
         """Keep an event as the provider sent it. An event a dialect derived from another
         (a Chat chunk's Responses events) has no bytes of its own: its source was kept."""
         if raw:
-            self._recorder.provider_event(self.ordinal, event_type, raw)
+            self._recorder.provider_event(self.ordinal, event_type, self._redactor.data(raw))
 
     def _on_created(self, data: dict[str, Any], raw: str) -> bool:
         self.response_id = _str(data.get("response"), "id") or self.response_id
@@ -524,8 +528,8 @@ class Response:
         response = self._take_response(data)
         error = response.get("error") if isinstance(response, dict) else None
         raise ProviderError(
-            _str(error, "code") or "response_failed",
-            _str(error, "message", MAX_MESSAGE_CHARS)
+            self._said(error, "code") or "response_failed",
+            self._said(error, "message", MAX_MESSAGE_CHARS)
             or "the provider reported that the response failed",
             reason="response.failed",
         )
@@ -554,10 +558,16 @@ class Response:
         nested = data.get("error")
         source = nested if isinstance(nested, dict) else data
         raise ProviderError(
-            _str(source, "code") or _str(source, "type") or "provider_error",
-            _str(source, "message", MAX_MESSAGE_CHARS) or "the provider sent an error event",
+            self._said(source, "code") or self._said(source, "type") or "provider_error",
+            self._said(source, "message", MAX_MESSAGE_CHARS) or "the provider sent an error event",
             reason="error",
         )
+
+    def _said(self, mapping: Any, key: str, limit: int = MAX_ID_CHARS) -> str:
+        """What an error event says in a field, without the secrets it may echo (taken out
+        before the text is clipped, so no part of one is left)."""
+        value = mapping.get(key) if isinstance(mapping, dict) else None
+        return _clip(self._redactor.text(value), limit) if isinstance(value, str) else ""
 
     def _take_response(self, data: dict[str, Any]) -> Any:
         response = data.get("response")

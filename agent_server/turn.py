@@ -404,7 +404,9 @@ class TurnRunner:
             # The Responses API is the trace's default spelling: recorded as ''.
             provider_api="" if dialect.name == "responses" else dialect.name,
         )
-        response = self._response = Response(ordinal, thread, self._turn.id, self._on_tool_call)
+        response = self._response = Response(
+            ordinal, thread, self._turn.id, self._on_tool_call, self._provider.redactor
+        )
         telemetry.call_started(self._turn.id)
         body = dialect.body(envelope, thread.instructions, input_items)
         async with self._provider.batches(call_id, body) as reader:

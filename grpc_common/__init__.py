@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     )
     from ._keepalive import Keepalive
     from ._metrics import MetricsServer, RpcMetricsInterceptor
-    from ._secret import bearer_token, same_secret
+    from ._secret import Redactor, bearer_token, redact_url, same_secret
     from ._server import DEFAULT_MAX_RECEIVE_BYTES, GrpcServer, split_listen
     from ._signals import install_signal_handlers
 
@@ -50,6 +50,8 @@ _LAZY = {
     "split_listen": "_server",
     "install_signal_handlers": "_signals",
     "bearer_token": "_secret",
+    "Redactor": "_secret",
+    "redact_url": "_secret",
     "same_secret": "_secret",
     "tune_collector_for_serving": "_collector",
 }
@@ -76,6 +78,7 @@ __all__ = [
     "GrpcServer",
     "Keepalive",
     "MetricsServer",
+    "Redactor",
     "RpcMetricsInterceptor",
     "RpcStatusError",
     "StatusRule",
@@ -89,6 +92,7 @@ __all__ = [
     "header_secret",
     "http_server_logger",
     "install_signal_handlers",
+    "redact_url",
     "run_on_loop",
     "running_event_loop",
     "same_secret",

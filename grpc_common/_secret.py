@@ -1,8 +1,14 @@
-"""Comparing a secret a client sent with the expected one, whatever bytes the client sent."""
+"""Secrets: comparing one a client sent with the expected one, whatever bytes it sent; and
+taking secrets out of URLs, messages and data before they are shown, logged or recorded."""
 
 from __future__ import annotations
 
+import base64
 import hmac
+import re
+import urllib.parse
+from collections.abc import Iterable
+from typing import overload
 
 
 def same_secret(given: str | bytes, expected: str) -> bool:
@@ -24,3 +30,143 @@ def bearer_token(authorization: str) -> str | None:
     scheme); the scheme's case and the white space around the token do not matter."""
     scheme, _, token = authorization.strip().partition(" ")
     return token.strip() if scheme.lower() == "bearer" else None
+
+
+# A query parameter whose value authenticates (`?key=`, `?api-key=`, `?sig=`, `?token=`):
+# taken out of forwarded data too, where a value like `api-version=2024-02-01` is left alone.
+_SECRET_PARAMETER = re.compile(r"key|token|secret|sig|auth|pass|code|credential", re.IGNORECASE)
+# URL parts shorter than this are left in free text: `?v=1` must not blank every `1`.
+_MIN_TEXT_FORM = 4
+_MIN_DATA_FORM = 8
+_HIDDEN = "***"
+_HIDDEN_BYTES = _HIDDEN.encode()
+
+
+def redact_url(url: str) -> str:
+    """url as it may be recorded or logged: no user info, every query value (and a bare query
+    token) replaced by `...`; a port that does not parse is left out."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    netloc = f"{host}:{port}" if port is not None else host
+    query = "&".join(
+        f"{name}=..." if sep else "..."
+        for name, sep, _ in (piece.partition("=") for piece in parts.query.split("&") if piece)
+    )
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+
+
+class Redactor:
+    """Takes every form in which secrets may come back out of text and data.
+
+    The secrets: keys and tokens given as such, and what a URL carries — its password (or a
+    user name standing alone, `https://TOKEN@host`), the Basic Authorization value they make,
+    its query values — each as written in the URL, decoded, and decoded as a form. A server
+    that echoes a request back (an error quoting the Authorization header, a redirect) may
+    return any of them.
+
+    `text` is for messages (errors, logs): every form of four characters or more. `data` is
+    for bytes passed on or recorded as they came: only the forms that authenticate (the keys,
+    the password, the Basic value, values of query parameters named like a key, of eight
+    characters or more), so that a stream quoting `2024-02-01` is not altered.
+    """
+
+    def __init__(
+        self, secrets: Iterable[str] = (), url: str | None = None, spellings: Iterable[str] = ()
+    ) -> None:
+        """secrets: given as such; url: the URL whose credentials are secrets, shown as
+        redact_url shows it; spellings: the same URL as an HTTP client sends it (a client
+        that normalises the percent-encoding sends forms the URL as given does not hold)."""
+        given = {secret for secret in secrets if secret}
+        self._given = frozenset(given)
+        self._spellings = tuple(spellings)
+        text_forms = set(given)
+        data_forms = set(given)
+        self._url = url
+        self._display = redact_url(url) if url else None
+        for spelling in (url, *self._spellings) if url else ():
+            strong, weak = _url_forms(spelling)
+            text_forms |= {form for form in strong | weak if len(form) >= _MIN_TEXT_FORM}
+            data_forms |= {form for form in strong if len(form) >= _MIN_DATA_FORM}
+        # Longest first: a secret that holds another is taken out whole.
+        self._text = sorted(text_forms, key=len, reverse=True)
+        self._data = sorted(data_forms, key=len, reverse=True)
+        self._data_bytes = [form.encode() for form in self._data]
+
+    def adding(self, secrets: Iterable[str]) -> Redactor:
+        """This redactor with more secrets (a client's own token, passed on for one call)."""
+        more = {secret for secret in secrets if secret} - self._given
+        if not more:
+            return self
+        return Redactor([*self._given, *more], url=self._url, spellings=self._spellings)
+
+    def __bool__(self) -> bool:
+        return bool(self._text) or self._url != self._display
+
+    def text(self, text: str) -> str:
+        """text with the URL shown redacted and every secret as `***`."""
+        if self._url and self._display is not None and self._url in text:
+            text = text.replace(self._url, self._display)
+        for form in self._text:
+            if form in text:
+                text = text.replace(form, _HIDDEN)
+        return text
+
+    @overload
+    def data(self, data: bytes) -> bytes: ...
+
+    @overload
+    def data(self, data: str) -> str: ...
+
+    def data(self, data: bytes | str) -> bytes | str:
+        """data with every authenticating secret as `***` (the same object when none is in
+        it: a check per secret, cheap enough for every chunk of a stream)."""
+        if isinstance(data, bytes):
+            for form in self._data_bytes:
+                if form in data:
+                    data = data.replace(form, _HIDDEN_BYTES)
+            return data
+        for text_form in self._data:
+            if text_form in data:
+                data = data.replace(text_form, _HIDDEN)
+        return data
+
+
+def _url_forms(url: str) -> tuple[set[str], set[str]]:
+    """What a URL carries that a reply may echo: (the authenticating forms, the rest)."""
+    parts = urllib.parse.urlsplit(url)
+    strong: set[str] = set()
+    weak: set[str] = set()
+    if "@" in parts.netloc:
+        user, has_password, password = parts.netloc.rpartition("@")[0].partition(":")
+        # With a password the user name is an account's name, often a plain word ("admin");
+        # alone it is the token.
+        for raw in (password,) if has_password else (user,):
+            strong |= _decodings(raw)
+        plain = f"{urllib.parse.unquote(user)}:{urllib.parse.unquote(password)}"
+        try:
+            encoded = plain.encode("latin-1")
+        except UnicodeEncodeError:
+            encoded = plain.encode()
+        strong.add(base64.b64encode(encoded).decode())
+    for piece in parts.query.split("&"):
+        name, sep, value = piece.partition("=")
+        if not sep:
+            strong |= _decodings(name)
+        elif _SECRET_PARAMETER.search(name):
+            strong |= _decodings(value)
+        else:
+            weak |= _decodings(value)
+    strong.discard("")
+    weak.discard("")
+    return strong, weak - strong
+
+
+def _decodings(raw: str) -> set[str]:
+    """raw as written in a URL, percent-decoded, and decoded as a form (`+` a space)."""
+    return {raw, urllib.parse.unquote(raw), urllib.parse.unquote_plus(raw)}

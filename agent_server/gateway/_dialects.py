@@ -16,6 +16,7 @@ from agent_server.gateway._sessions import Session, SessionKey, hint_key
 from agent_server.provider import Decode, ProviderEvent, parse_event
 from agent_server.response import Response
 from agent_server.sse import SseEvent
+from grpc_common import Redactor
 from rollout.trace.v1 import common_pb2
 from trace_reducer import CHAT_API, canonical_json, chat_messages
 
@@ -50,10 +51,14 @@ class CallRecorder:
     """One call's upstream answer, recorded through the agent server's own Response handler
     (the events a dialect's decoder makes of the stream, or of a whole answer)."""
 
-    def __init__(self, dialect: Dialect, session: Session, ordinal: int, turn_id: str) -> None:
+    def __init__(
+        self, dialect: Dialect, session: Session, ordinal: int, turn_id: str, redactor: Redactor
+    ) -> None:
         self._dialect = dialect
         self.turn_id = turn_id
-        self._response = Response(ordinal, session.thread, turn_id, session.on_tool_call)
+        # What this call's answers must never show (the upstream's key, the client's token).
+        self.redactor = redactor
+        self._response = Response(ordinal, session.thread, turn_id, session.on_tool_call, redactor)
         self._decode = dialect.decoder()
         self._history = session.thread.history
         self._mark = len(self._history)

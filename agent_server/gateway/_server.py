@@ -53,7 +53,7 @@ from agent_server.recorder import Recorder
 from agent_server.replay_model import ReplayBook, ReplayModel
 from agent_server.sse import MAX_EVENT_BYTES, SseEvent, SseSplitter
 from agent_server.turn import new_call_id
-from grpc_common import bearer_token, http_server_logger, same_secret, split_listen
+from grpc_common import Redactor, bearer_token, http_server_logger, same_secret, split_listen
 from rollout.agent.v1 import agent_pb2
 from rollout.trace.v1 import common_pb2
 from trace_reducer import (
@@ -97,6 +97,14 @@ def error_response(status: int, code: str, message: str, kind: str = "") -> web.
     """An OpenAI-style error body, as the SDKs parse it."""
     body = {"error": {"message": message, "type": kind or _error_type(status), "code": code}}
     return web.json_response(body, status=status)
+
+
+def _redacted_error(redactor: Redactor, body: bytes) -> bytes:
+    """An upstream's error answer without the secrets it may echo; bytes that are not UTF-8
+    stay as they came."""
+    text = body.decode("utf-8", "surrogateescape")
+    safe = redactor.text(text)
+    return body if safe == text else safe.encode("utf-8", "surrogateescape")
 
 
 def _error_type(status: int) -> str:
@@ -336,8 +344,11 @@ class Gateway:
     async def _models(self, request: web.Request) -> web.StreamResponse:
         upstream = self._upstream
         assert upstream is not None
-        headers = upstream.headers_for(request.headers, "", request.headers.get("Authorization"))
+        # The client's Authorization goes upstream only when it is not the gateway's own token.
+        authorization = request.headers.get("Authorization") if self._token is None else None
+        headers = upstream.headers_for(request.headers, "", authorization)
         headers.pop("x-rollout-inference-call-id", None)
+        redactor = upstream.redactor_for(authorization)
         try:
             answer = await upstream.open("GET", "/models", headers, None)
         except ProviderError as error:
@@ -348,9 +359,10 @@ class Gateway:
             silent = idle_failure("inside its answer")
             return error_response(upstream_status(silent), silent.code, silent.message)
         except aiohttp.ClientError as error:
-            return error_response(502, "upstream_unreachable", upstream.safe(upstream_text(error)))
+            return error_response(502, "upstream_unreachable", redactor.text(upstream_text(error)))
         finally:
             release(answer)
+        body = _redacted_error(redactor, body) if answer.status >= 400 else redactor.data(body)
         return web.Response(status=answer.status, body=body, headers=_client_headers(answer))
 
     async def _responses_call(self, request: web.Request) -> web.StreamResponse:
@@ -496,14 +508,13 @@ class Gateway:
         )
         if recorder.status != _RECORDING:
             return _recording_failed(_stopped(recorder))
-        call = CallRecorder(dialect, session, ordinal, session.turn.id)
+        authorization = request.headers.get("Authorization") if self._token is None else None
+        call = CallRecorder(
+            dialect, session, ordinal, session.turn.id, upstream.redactor_for(authorization)
+        )
         outcome = _Outcome(call)
         outcome.strip = strip
-        headers = upstream.headers_for(
-            request.headers,
-            call_id,
-            request.headers.get("Authorization") if self._token is None else None,
-        )
+        headers = upstream.headers_for(request.headers, call_id, authorization)
         answer: aiohttp.ClientResponse | None = None
         try:
             try:
@@ -542,9 +553,15 @@ class Gateway:
         outcome: _Outcome,
         answer: aiohttp.ClientResponse,
     ) -> web.StreamResponse:
-        body = await read_limited(answer, _ERROR_BODY_LIMIT)
+        # What the upstream echoes of the key or the URL's credentials is taken out of what is
+        # recorded and of what the client gets.
+        body = _redacted_error(call.redactor, await read_limited(answer, _ERROR_BODY_LIMIT))
         error = http_error(
-            answer.status, body, answer.reason or "", answer.headers.get("retry-after")
+            answer.status,
+            body,
+            call.redactor,
+            answer.reason or "",
+            answer.headers.get("retry-after"),
         )
         session.recorder.provider_event(ordinal, "http_error", body.decode("utf-8", "replace"))
         outcome.fail(error)
@@ -562,7 +579,7 @@ class Gateway:
         answer: aiohttp.ClientResponse,
     ) -> web.StreamResponse:
         try:
-            body = await read_limited(answer, MAX_EVENT_BYTES + 1, errors=True)
+            body = call.redactor.data(await read_limited(answer, MAX_EVENT_BYTES + 1, errors=True))
         except aiohttp.SocketTimeoutError:
             failure = idle_failure("inside its answer")
             outcome.fail(failure)
@@ -617,7 +634,9 @@ class Gateway:
         try:
             await response.prepare(request)
             async for chunk in answer.content.iter_any():
-                ready, events = splitter.feed(chunk)
+                # An event that echoes the key (an `error` quoting the request) is recorded and
+                # passed on without it.
+                ready, events = splitter.feed(call.redactor.data(chunk))
                 if splitter.held > MAX_EVENT_BYTES:
                     # One event without end: nothing of it went out, and no more is read.
                     outcome.fail(

@@ -7,15 +7,16 @@ from collections.abc import Mapping
 
 import aiohttp
 
-from agent_server.config import Secret, redact_url
+from agent_server.config import Secret
 from agent_server.provider import (
     CALL_ID_HEADER,
     ProviderError,
     _connect_failure,
     _endpoint,
     pooled_session,
-    url_secrets,
+    provider_redactor,
 )
+from grpc_common import Redactor, bearer_token, redact_url
 
 # What one hop's HTTP says about its own connection, never passed on (RFC 9110 7.6.1), and
 # what the gateway sets itself.
@@ -61,10 +62,9 @@ class Upstream:
         parts = urllib.parse.urlsplit(endpoint)
         self._base = urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
         self._query = parts.query
-        self._url = base_url
         self.display_url = redact_url(base_url)
         self._api_key = api_key
-        self._secrets = url_secrets(base_url, api_key)
+        self.redactor = provider_redactor(base_url, api_key)
         # The agent's provider transport (aiohttp, read directly); made in the running loop.
         self._http = pooled_session(idle_timeout, connect_timeout, max_connections)
 
@@ -75,12 +75,13 @@ class Upstream:
     async def aclose(self) -> None:
         await self._http.close()
 
-    def safe(self, text: str) -> str:
-        """Text with the upstream's key and URL credentials taken out."""
-        text = text.replace(self._url, self.display_url)
-        for secret in self._secrets:
-            text = text.replace(secret, "***")
-        return text
+    def redactor_for(self, client_authorization: str | None) -> Redactor:
+        """What a call's answer must never show: the upstream's key and URL credentials, and
+        the client's own token when it is the one passed on."""
+        if self._api_key is not None or not client_authorization:
+            return self.redactor
+        token = bearer_token(client_authorization)
+        return self.redactor.adding([token or client_authorization.strip()])
 
     def headers_for(
         self, client_headers: Mapping[str, str], call_id: str, client_authorization: str | None
@@ -146,7 +147,7 @@ class Upstream:
             raise _not_sent() from error
 
     def _describe(self, error: Exception) -> str:
-        return self.safe(str(error) or type(error).__name__)
+        return self.redactor.text(str(error) or type(error).__name__)
 
 
 def idle_failure(when: str) -> ProviderError:

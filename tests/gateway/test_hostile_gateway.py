@@ -17,8 +17,10 @@ import httpx
 import pytest
 from aiohttp import web
 
+from agent_server.config import Secret
 from agent_server.gateway import Gateway
 from agent_server.sse import MAX_EVENT_BYTES
+from grpc_common import AccessControl
 from rollout.trace.v1 import common_pb2
 from tests.gateway.conftest import StartGateway, bundles, calls, reduce_all
 from tests.malformed_http import MALFORMED_REQUESTS, SECRET, refusals, status_line
@@ -350,6 +352,73 @@ async def test_a_silent_upstream_is_a_504_recorded_as_the_idle_timeout(
     (call,) = calls(trace)
     assert (call.execution.status, call.error.code) == (FAILED, "stream_idle_timeout")
     assert tracebacks() == []
+
+
+def _echoing(mode: str) -> Answer:
+    """An upstream that repeats the Authorization header and query it was sent."""
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        echo = f"{request.headers.get('Authorization', '')} {request.path_qs}"
+        if mode == "error-body":
+            return web.json_response({"error": {"message": echo, "code": echo}}, status=401)
+        event = {"type": "error", "code": "denied", "message": f"bad key: {echo}"}
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(f"event: error\ndata: {json.dumps(event)}\n\n".encode())
+        await response.write_eof()
+        return response
+
+    return answer
+
+
+@pytest.mark.parametrize("mode", ["error-body", "error-event"])
+@pytest.mark.parametrize("auth", ["upstream-key", "url-password", "client-token"])
+async def test_what_an_upstream_echoes_of_credentials_is_neither_recorded_nor_forwarded(
+    start_gateway: StartGateway,
+    upstream: Upstream,
+    tracebacks: Callable[[], list[str]],
+    mode: str,
+    auth: str,
+) -> None:
+    upstream.answer = _echoing(mode)
+    url, key, client = upstream.url + "?sig=S3CRETSIG", None, "S3CRETCLIENT"
+    if auth == "upstream-key":
+        key = Secret("sk-S3CRETKEY")
+    elif auth == "url-password":
+        url = url.replace("http://", "http://alice:S3CRETPW@")
+    gateway = await start_gateway(url, api_key=key)
+    headers = {"Authorization": f"Bearer {client}"}
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=30, headers=headers) as http:
+        body = {"model": "m", "input": "hi", "stream": mode == "error-event"}
+        answer = await http.post("/responses", json=body)
+        models = await http.get("/models")
+    for got in (answer, models):
+        assert "S3CRET" not in got.text, got.text[:300]
+        assert "UzNDUkVU" not in got.text, got.text[:300]
+    (bundle,) = bundles(gateway.settings.trace_root)
+    for path in bundle.iterdir():
+        data = path.read_bytes()
+        assert b"S3CRET" not in data, path.name
+        assert b"UzNDUkVU" not in data, path.name
+    assert "S3CRET" not in str(reduce_all(gateway.settings.trace_root))
+    assert tracebacks() == []
+
+
+async def test_models_never_sends_the_gateway_s_own_token_upstream(
+    start_gateway: StartGateway, upstream: Upstream
+) -> None:
+    seen: list[str] = []
+
+    async def models(request: web.Request) -> web.StreamResponse:
+        seen.append(request.headers.get("Authorization", ""))
+        return web.json_response({"object": "list", "data": []})
+
+    upstream.answer = models
+    gateway = await start_gateway(upstream.url, access=AccessControl(token="S3CRETGATEWAY"))
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as http:
+        answer = await http.get("/models", headers={"Authorization": "Bearer S3CRETGATEWAY"})
+    assert answer.status_code == 200, answer.text
+    assert seen == [""]
 
 
 # -- rewards -----------------------------------------------------------------------------------

@@ -19,10 +19,10 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from grpc_common import ERROR_DOMAIN, GrpcServer
 from rollout.reducer.v1 import reducer_pb2, reducer_pb2_grpc
 from rollout.trace.v1 import record_pb2, state_pb2
-from trace_reducer import Reducer, replay_bundle
+from trace_reducer import BundleWriter, RecordBuilder, Reducer, replay_bundle
 from trace_reducer.service import SERVICE_NAME, ReducerService, _service, add_to_server
 
-from .bundles import BundleBuilder, one_turn_bundle
+from .bundles import BundleBuilder, one_turn_bundle, user_item
 from .process import read_bytes_of_process
 from .test_hostile import crafted_bundles
 
@@ -179,6 +179,55 @@ async def test_bad_bundle_arguments(
     (served.root / "garbage" / "trace.binpb").write_bytes(os.urandom(300))
     got_code, info, _ = await refused(served.stub.ReduceBundle(reduce_request(bundle)))
     assert (got_code, info.reason) == (code, reason)
+
+
+async def _watch_into(stub: ReducerServiceAsyncStub, bundle: str, updates: list[str]) -> None:
+    request = reducer_pb2.WatchBundleRequest(bundle=bundle)
+    async for update in stub.WatchBundle(request):
+        updates.append(str(update))
+
+
+async def test_a_root_that_is_itself_a_fork_never_leads_to_its_parent_beside_it(
+    tmp_path: Path,
+) -> None:
+    # Was: asked for ".", the service reduced the root as a bundle and looked for the fork's
+    # parent beside it, outside the root, and answered with the parent's conversation.
+    parent = BundleBuilder(tmp_path, "parent")
+    shared = user_item("the parent's words, outside the root")
+    parent.turn("turn-1", [shared])
+    parent_dir = parent.close()
+    writer = BundleWriter.create(tmp_path, "child")
+    RecordBuilder(writer).thread_forked(
+        parent_thread_id="parent",
+        parent_bundle=parent_dir.name,
+        parent_trace_id="",
+        after_turn_id="turn-1",
+        group_id="g",
+        repetition_index=0,
+        shared_turns=1,
+        prefix_items=[shared],
+        copy_prefix=False,
+    )
+    writer.close()
+    root = writer.bundle_dir
+    server = await GrpcServer.start(
+        "127.0.0.1:0", lambda s: add_to_server(ReducerService(root), s), [SERVICE_NAME]
+    )
+    channel = grpc.aio.insecure_channel(server.address)
+    stub: ReducerServiceAsyncStub = reducer_pb2_grpc.ReducerServiceStub(channel)
+    try:
+        for bundle in (".", "trace.binpb", str(root), f"{root}/trace.binpb", "./."):
+            code, info, message = await refused(stub.ReduceBundle(reduce_request(bundle)))
+            assert (code, info.reason) == (grpc.StatusCode.INVALID_ARGUMENT, "BUNDLE_PATH_INVALID")
+            assert "names the bundle root itself" in message
+            updates: list[str] = []
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await _watch_into(stub, bundle, updates)
+            assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert not any("outside the root" in update for update in updates)
+    finally:
+        await channel.close(None)
+        await server.stop(None)
 
 
 def corrupt(bundle: Path) -> bytes:

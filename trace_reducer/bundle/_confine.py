@@ -109,11 +109,13 @@ class BundleRoot:
         Raises BundlePathError, OutsideRootError, BundleNotFoundError or NotABundleError.
         """
         parts = self._components(bundle)
+        if not parts:
+            raise self._the_root(bundle)
         fd = os.open(self.path, _DIR_FLAGS)
         try:
             for part in parts[:-1]:
                 fd = self._step(fd, part, bundle)
-            return self._open_last(fd, parts[-1] if parts else "", bundle)
+            return self._open_last(fd, parts[-1], bundle, at_root=len(parts) == 1)
         except BaseException:
             os.close(fd)
             raise
@@ -143,6 +145,14 @@ class BundleRoot:
         return [] if normal == os.curdir else normal.split(os.sep)
 
     @staticmethod
+    def _the_root(bundle: str) -> BundlePathError:
+        # A bundle is under the root, never the root itself: a fork's parent is looked for
+        # beside its bundle, and beside the root is outside it.
+        return BundlePathError(
+            f"bundle path {bundle!r} names the bundle root itself; name a bundle under it"
+        )
+
+    @staticmethod
     def _outside(bundle: str) -> OutsideRootError:
         return OutsideRootError(f"bundle path {bundle!r} is outside the bundle root")
 
@@ -154,24 +164,27 @@ class BundleRoot:
         os.close(parent)
         return child
 
-    def _open_last(self, parent: int, name: str, bundle: str) -> ConfinedBundle:
-        """`name` in parent is the bundle directory, or its trace file ("" = parent itself).
+    def _open_last(self, parent: int, name: str, bundle: str, *, at_root: bool) -> ConfinedBundle:
+        """`name` in parent is the bundle directory, or its trace file; parent is the root
+        itself when at_root.
 
         On success the bundle owns parent (or closed it); on failure the caller closes it.
         """
         directory = parent
         trace_name = TRACE_FILE_NAME
         file_named = False
-        if name:
-            try:
-                directory = os.open(name, _DIR_FLAGS, dir_fd=parent)
-            except OSError as error:
-                if error.errno != errno.ENOTDIR:
-                    raise self._explain(error, bundle) from error
-                trace_name = name  # the trace file itself was named
-                file_named = True
+        try:
+            directory = os.open(name, _DIR_FLAGS, dir_fd=parent)
+        except OSError as error:
+            if error.errno != errno.ENOTDIR:
+                raise self._explain(error, bundle) from error
+            trace_name = name  # the trace file itself was named
+            file_named = True
         try:
             trace = self._open_trace(directory, trace_name, bundle)
+            if file_named and at_root:
+                trace.close()
+                raise self._the_root(bundle)
         except BaseException:
             if directory != parent:
                 os.close(directory)
