@@ -122,7 +122,11 @@ def _typed(path: Path, key: str, value: Any, kind: type) -> Any:
     )
     if not ok:
         expected = {str: "a string", Path: "a path string", int: "an integer", float: "a number"}
-        raise ConfigFileError(f"--config: {path}: {key} must be {expected[kind]}, not {value!r}")
+        # The value is not repeated: a key or URL in the wrong place may be a secret.
+        shown = {list: "a list", dict: "a table", bool: "a boolean"}.get(
+            type(value), type(value).__name__
+        )
+        raise ConfigFileError(f"--config: {path}: {key} must be {expected[kind]}, not {shown}")
     if kind is Path:
         return path.parent / Path(value).expanduser()
     return kind(value)

@@ -29,6 +29,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from agent_server.config import ConfigError, Settings
+from grpc_common import redact_url
 from rollout.agent.v1 import agent_pb2
 from rollout.trace.v1 import common_pb2
 from trace_reducer.bundle._version import __version__
@@ -174,7 +175,7 @@ def start_live_export(settings: Settings) -> LiveExport | None:
     except ExportConfigError as error:
         raise ConfigError(f"--otlp-endpoint: {error}") from error
     install_live_export(live)
-    log.info("exporting each turn's spans to %s", settings.otlp_endpoint)
+    log.info("exporting each turn's spans to %s", redact_url(settings.otlp_endpoint))
     return live
 
 

@@ -92,7 +92,8 @@ def parse_tools(declared: Sequence[agent_pb2.FunctionTool]) -> tuple[Tool, ...]:
         parameters = _NO_PARAMETERS
         if tool.parameters_json:
             try:
-                parsed = json.loads(tool.parameters_json)
+                # NaN and Infinity are Python's, not JSON's: a provider refuses the request.
+                parsed = json.loads(tool.parameters_json, parse_constant=_not_json)
             except (ValueError, RecursionError) as error:
                 raise refuse(f"parameters_json is not JSON: {error}") from error
             if not isinstance(parsed, dict):
@@ -102,6 +103,10 @@ def parse_tools(declared: Sequence[agent_pb2.FunctionTool]) -> tuple[Tool, ...]:
             Tool(tool.name, tool.description, tool.parameters_json, parameters, tool.strict)
         )
     return tuple(tools)
+
+
+def _not_json(constant: str) -> object:
+    raise ValueError(f"{constant} is not a JSON number")
 
 
 @dataclass(frozen=True)

@@ -244,12 +244,15 @@ class TurnRunner:
                     async with asyncio.timeout(timeout):
                         await self._answered.wait()
                 except TimeoutError:
-                    return _Failure(
-                        TurnFailedError(
-                            "tool_output_timeout",
-                            f"no output for every tool call came within {timeout:g} s",
+                    # The last output may have been taken (its RPC answered OK) after the timer
+                    # fired and before this task resumed: then the round is answered.
+                    if self._pending:
+                        return _Failure(
+                            TurnFailedError(
+                                "tool_output_timeout",
+                                f"no output for every tool call came within {timeout:g} s",
+                            )
                         )
-                    )
             self._close_round()
             self._tool_rounds += 1
 

@@ -512,6 +512,7 @@ class Gateway:
         call = CallRecorder(
             dialect, session, ordinal, session.turn.id, upstream.redactor_for(authorization)
         )
+        session.call_started(call.turn_id)
         outcome = _Outcome(call)
         outcome.strip = strip
         headers = upstream.headers_for(request.headers, call_id, authorization)

@@ -79,6 +79,17 @@ class ClosedSession:
 
 
 @dataclass
+class _OpenTurn:
+    """A turn not ended yet: its calls running, how its last call that ended did, and whether
+    it ends once they are done (a later turn has begun)."""
+
+    turn: Turn
+    running: int = 0
+    last_call_status: common_pb2.ExecutionStatus.ValueType = COMPLETED
+    ending: bool = False
+
+
+@dataclass
 class Session:
     """One session: a thread with one bundle; its current turn; its last exchange."""
 
@@ -94,10 +105,9 @@ class Session:
     pending_tools: dict[str, ToolCall] = field(default_factory=dict)
     calls_running: int = 0
     closed: bool = False
-    # How the current turn's last call that ended did: a turn whose last call was cancelled
-    # (the client went away, the gateway stopped) and not answered by a later one was
-    # interrupted, and ends CANCELLED (SPEC section 4), not COMPLETED.
-    last_call_status: common_pb2.ExecutionStatus.ValueType = COMPLETED
+    # The turns not ended yet, by id: the current one, and earlier ones whose calls still run
+    # (a client may start the next turn while a call of the last one streams).
+    open_turns: dict[str, _OpenTurn] = field(default_factory=dict)
 
     @property
     def recorder(self) -> Recorder:
@@ -113,21 +123,45 @@ class Session:
         turn = Turn(id=turn_id, thread_id=self.thread.id, ordinal=ordinal)
         self.thread.turns[turn_id] = turn
         self.turn = turn
-        self.last_call_status = COMPLETED
+        self.open_turns[turn_id] = _OpenTurn(turn)
         return turn
 
-    def call_ended(self, turn_id: str, status: common_pb2.ExecutionStatus.ValueType) -> None:
-        """A call of turn turn_id ended with status (one of an ended turn changes nothing)."""
-        if self.turn is not None and self.turn.id == turn_id:
-            self.last_call_status = status
+    def call_started(self, turn_id: str) -> None:
+        """A call of turn turn_id was recorded as started; call_ended follows it."""
+        opened = self.open_turns.get(turn_id)
+        if opened is not None:
+            opened.running += 1
 
-    def end_turn(self) -> None:
-        """End the current turn: CANCELLED when its last call was, else COMPLETED (a failed
-        call leaves the turn to the client, which may retry it)."""
-        turn, self.turn = self.turn, None
-        if turn is None:
+    def call_ended(self, turn_id: str, status: common_pb2.ExecutionStatus.ValueType) -> None:
+        """A call of turn turn_id ended with status; an earlier turn waiting for its calls
+        ends with its last one (one of a turn already ended changes nothing)."""
+        opened = self.open_turns.get(turn_id)
+        if opened is None:
             return
-        status = CANCELLED if self.last_call_status == CANCELLED else COMPLETED
+        opened.running -= 1
+        opened.last_call_status = status
+        if opened.ending and opened.running <= 0:
+            self._record_end(opened)
+
+    def end_turn(self, *, now: bool = False) -> None:
+        """End the current turn, its unanswered tool calls cancelled. While calls of it still
+        run its turn_ended waits for the last of them: the reducer ends a turn's calls with
+        it, so their later records would contradict it. now: end every open turn at once
+        (the session is closing; what its calls record after that fails as recording does
+        once a bundle is finished)."""
+        turn, self.turn = self.turn, None
+        if turn is not None:
+            self._cancel_pending_tools()
+            opened = self.open_turns.get(turn.id)
+            if opened is not None:
+                opened.ending = True
+                if opened.running <= 0:
+                    self._record_end(opened)
+        if now:
+            for opened in list(self.open_turns.values()):
+                self._record_end(opened)
+
+    def _cancel_pending_tools(self) -> None:
         for call in self.pending_tools.values():
             call.status = agent_pb2.TOOL_CALL_STATUS_CANCELLED
             self.recorder.tool_call_ended(
@@ -139,6 +173,14 @@ class Session:
                 ),
             )
         self.pending_tools.clear()
+
+    def _record_end(self, opened: _OpenTurn) -> None:
+        """turn_ended: CANCELLED when the turn's last call was (the client went away, the
+        gateway stopped) and no later one answered (SPEC section 4), else COMPLETED (a failed
+        call leaves the turn to the client, which may retry it)."""
+        del self.open_turns[opened.turn.id]
+        turn = opened.turn
+        status = CANCELLED if opened.last_call_status == CANCELLED else COMPLETED
         self.recorder.turn_ended(turn.ordinal, status)
         # The turn's spans can go out (a live OTLP export): its records are written.
         telemetry.bundle_advanced(self.recorder.bundle_path)
@@ -277,7 +319,7 @@ class Sessions:
                 del self._by_key[session.key]
             for response_id in [r for r, s in self._by_response.items() if s is session]:
                 del self._by_response[response_id]
-            session.end_turn()
+            session.end_turn(now=True)
             await session.recorder.finish(COMPLETED, reason)
             session.thread.mark_closed()
             self._closed[session.key] = ClosedSession(

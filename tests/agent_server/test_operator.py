@@ -264,7 +264,12 @@ async def test_a_config_file_under_the_environment_and_the_flags(tmp_path: Path)
     ("content", "message"),
     [
         ('listen = "127.0.0.1:0"\nno-such-flag = 1\n', "unknown setting 'no-such-flag'"),
-        ('max-retries = "4"\n', "max-retries must be an integer"),
+        ('max-retries = "4"\n', "max-retries must be an integer, not str"),
+        # The value is never repeated: a URL or key in the wrong place may be a secret.
+        (
+            'provider-url = ["http://u:S3CRETPW@h/v1"]\n',
+            "provider-url must be a string, not a list",
+        ),
         ("model = \n", "is not valid TOML"),
         ('log-level = "loud"\n', "--log-level must be one of"),
     ],
@@ -278,6 +283,7 @@ async def test_a_bad_config_file_is_one_line_and_exit_2(
     assert code == 2
     assert stderr.startswith("agent-server: ")
     assert message in stderr
+    assert "S3CRET" not in stderr
     assert len(stderr.strip().splitlines()) == 1
 
 

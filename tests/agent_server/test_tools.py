@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -257,6 +259,11 @@ async def test_outputs_in_one_submission_and_the_next_turn_goes_on(local: Harnes
         ([LOOKUP, LOOKUP], "another tool"),
         ([agent_pb2.FunctionTool(name="t", parameters_json="{nope")], "not JSON"),
         ([agent_pb2.FunctionTool(name="t", parameters_json="[1]")], "JSON Schema object"),
+        (
+            [agent_pb2.FunctionTool(name="t", parameters_json='{"maximum": Infinity}')],
+            "Infinity is not a JSON number",
+        ),
+        ([agent_pb2.FunctionTool(name="t", parameters_json='{"a": NaN}')], "NaN is not"),
         ([agent_pb2.FunctionTool(name=f"t{n}") for n in range(129)], "at most 128"),
     ],
 )
@@ -484,3 +491,38 @@ async def test_a_served_agent_stopped_while_awaiting(tmp_path: Path, how: str) -
         assert tool_call.execution.status == RUNNING
         assert turn.execution.status == RUNNING
         assert rollout.conversation_items[tool_call.call_item_id].name == "lookup"
+
+
+# A tool_output_timeout no other wait in the server uses: only the tool wait gets the stand-in.
+_RACED_TIMEOUT = 123.25
+
+
+async def test_outputs_taken_as_the_timer_fires_answer_the_round(
+    start_agent: StartAgent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Was: the timer fired, SubmitToolOutputs ran before the turn task resumed and answered
+    # OK, and the turn still failed with tool_output_timeout. The stand-in timer expires at
+    # the moment the outputs wake the wait: the order the race produced.
+    real_timeout = asyncio.timeout
+
+    @contextlib.asynccontextmanager
+    async def expires_as_answered(delay: float | None) -> AsyncIterator[None]:
+        if delay != _RACED_TIMEOUT:
+            async with real_timeout(delay):
+                yield
+            return
+        yield
+        raise TimeoutError
+
+    monkeypatch.setattr(asyncio, "timeout", expires_as_answered)
+    agent = await start_agent(
+        provider_url=None, local_word_delay=0.0, tool_output_timeout=_RACED_TIMEOUT
+    )
+    thread, events, turn = await start_tool_turn(agent, "lookup it", [LOOKUP])
+    [call] = await requested(events, 1)
+    shown = await submit(agent, thread.id, turn.id, (call.call_id, "found", False))
+    assert shown.status == agent_pb2.TURN_STATUS_IN_PROGRESS
+    done = await events.turn_completed(turn.id)
+    assert done.status == agent_pb2.TURN_STATUS_COMPLETED, done.error
+    rollout = await closed_state(agent, thread)
+    assert rollout.turns[turn.id].execution.status == COMPLETED

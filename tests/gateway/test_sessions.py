@@ -13,10 +13,22 @@ from aiohttp import web
 
 from agent_server.gateway import Gateway
 from rollout.trace.v1 import common_pb2, state_pb2
+from tests.agent_server.scripted_provider import (
+    ScriptedProvider,
+    answer,
+    completed,
+    created,
+    item_added,
+    item_done,
+    message,
+    sse,
+    text_delta,
+)
 from tests.gateway.conftest import StartGateway, bundles, calls, reduce_all
 from trace_reducer import read_rewards, replay_bundle
 
 CLEAN = state_pb2.INTEGRITY_STATUS_CLEAN
+COMPLETED = common_pb2.EXECUTION_STATUS_COMPLETED
 
 
 def _client(gateway: Gateway, **headers: str) -> openai.AsyncOpenAI:
@@ -238,3 +250,39 @@ async def test_models_are_forwarded(start_gateway: StartGateway) -> None:
         assert seen == ["Bearer upstream-key"]
     finally:
         await runner.cleanup()
+
+
+async def test_a_turn_begun_while_the_last_one_streams_keeps_the_bundle_readable(
+    start_gateway: StartGateway, provider: ScriptedProvider
+) -> None:
+    # Was: the second user message ended the first turn while its call still streamed; the
+    # call's later records then contradicted its ended turn and the bundle did not reduce.
+    gateway = await start_gateway(provider.url)
+    go_on = asyncio.Event()
+    first = message("", "msg-1")
+    provider.queue(
+        sse(created("resp-1"), item_added(first), text_delta("first ", "msg-1")),
+        go_on,
+        sse(item_done(message("first answer", "msg-1")), completed("resp-1")),
+    )
+    provider.queue(answer("second answer", "msg-2", "resp-2"))
+    client = _client(gateway, **{"x-rollout-session": "overlap"})
+    stream = await client.responses.create(model="m", input="first question", stream=True)
+    async for event in stream:
+        if event.type == "response.output_text.delta":
+            break
+    second = await client.responses.create(model="m", input="second question", stream=True)
+    texts = [event.delta async for event in second if event.type == "response.output_text.delta"]
+    assert "".join(texts) == "second answer"
+    go_on.set()
+    async for _ in stream:
+        pass
+    await gateway.stop()
+    (path,) = bundles(gateway.settings.trace_root)
+    trace = replay_bundle(path)
+    assert trace.integrity.status == CLEAN
+    turns = sorted(trace.turns.values(), key=lambda turn: turn.execution.started_seq)
+    assert [turn.execution.status for turn in turns] == [COMPLETED, COMPLETED]
+    assert [call.execution.status for call in calls(trace)] == [COMPLETED, COMPLETED]
+    # The first turn ended after its call did, not when the second began.
+    assert turns[0].execution.ended_seq > turns[1].execution.started_seq

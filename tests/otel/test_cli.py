@@ -223,6 +223,25 @@ async def test_an_unreachable_receiver_is_one_line_and_exit_1(
     assert run.stdout == ""
 
 
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+async def test_an_endpoint_s_query_values_are_never_shown(bundles: Bundles, protocol: str) -> None:
+    closed = free_port()
+    run = await export_cli(
+        str(bundles.retried),
+        "--protocol",
+        protocol,
+        "--endpoint",
+        f"http://127.0.0.1:{closed}/v1/traces?api-key={SECRET}",
+        "--timeout",
+        "1",
+    )
+    assert run.code == 1
+    [line] = run.error_lines
+    shown = f"could not export spans to http://127.0.0.1:{closed}/v1/traces?api-key=..."
+    assert line.startswith(f"trace-reducer: {shown}"), line
+    assert SECRET not in run.stderr + run.stdout
+
+
 async def test_a_truncated_bundle_is_exported_with_a_warning(
     bundles: Bundles, tmp_path: Path
 ) -> None:
@@ -285,6 +304,15 @@ async def test_a_corrupt_bundle_needs_salvage(bundles: Bundles, tmp_path: Path) 
         (
             ["{bundle}", "--endpoint", f"http://user:{SECRET}@127.0.0.1:1"],
             "--endpoint must not hold credentials",
+        ),
+        # Without a scheme urlsplit reads `user` as one: the user info is found all the same.
+        (
+            ["{bundle}", "--endpoint", f"user:{SECRET}@collector:4317"],
+            "--endpoint must not hold credentials",
+        ),
+        (
+            ["{bundle}", "--endpoint", f"grpc://collector/?token={SECRET}"],
+            "--endpoint must be an http:// or https:// URL: 'grpc://collector/?token=...'",
         ),
     ],
 )

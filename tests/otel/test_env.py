@@ -170,6 +170,17 @@ async def test_flags_win_over_the_environment(bundles: Bundles) -> None:
             {"OTEL_EXPORTER_OTLP_ENDPOINT": "ftp://collector"},
             "OTEL_EXPORTER_OTLP_ENDPOINT must be an http:// or https:// URL: 'ftp://collector'",
         ),
+        # A malformed headers entry is named, never quoted (it may be the key itself).
+        (
+            {"OTEL_EXPORTER_OTLP_HEADERS": "S3CRETHDRONLY"},
+            "OTEL_EXPORTER_OTLP_HEADERS must be KEY=VALUE with KEY an HTTP field name "
+            "(got '…' without =)",
+        ),
+        (
+            {"OTEL_EXPORTER_OTLP_TRACES_HEADERS": "x-api-key=ok,bad key=S3CRETV"},
+            "OTEL_EXPORTER_OTLP_TRACES_HEADERS must be KEY=VALUE with KEY an HTTP field name "
+            "(got '…')",
+        ),
     ],
 )
 async def test_bad_environment_is_one_line_exit_2(

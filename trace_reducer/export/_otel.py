@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import requests
 from opentelemetry import trace as trace_api
@@ -21,6 +21,7 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from grpc_common import Redactor, redact_url
 from rollout.trace.v1 import state_pb2
 
 from ..bundle._errors import ExportConfigError, ExportFailedError
@@ -43,6 +44,8 @@ _PROTOCOL_ENV = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTO
 _TIMEOUT_ENV = ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT")
 _TRACES_ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
 _ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_ENDPOINT"
+_TRACES_HEADERS_ENV = "OTEL_EXPORTER_OTLP_TRACES_HEADERS"
+_HEADERS_ENV = "OTEL_EXPORTER_OTLP_HEADERS"
 # One export request stays under the 4 MiB a gRPC receiver takes by default: content makes a
 # chat span as large as the history it was sent.
 _BATCH_SPANS = 512
@@ -52,6 +55,16 @@ _SPAN_OVERHEAD_BYTES = 128
 _HEADER_KEY = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _DETAIL_CHARS = 400
 _HTTP_CAUSE_LOGGER = "opentelemetry.exporter.otlp.proto.http.cause"
+# The loggers that write what an export said: the exporters', their parsing of the headers
+# variables, and the cause of a failed HTTP request logged here.
+_EXPORTER_LOGGERS = (
+    "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+    "opentelemetry.exporter.otlp.proto.http._common",
+    "opentelemetry.exporter.otlp.proto.grpc.exporter",
+    "opentelemetry.exporter.otlp.proto.grpc.trace_exporter",
+    "opentelemetry.util.re",
+    _HTTP_CAUSE_LOGGER,
+)
 
 
 @dataclass(frozen=True)
@@ -155,19 +168,67 @@ def bundle_spans(
     return trace, plan_spans(plan_trace(trace, details, include_content=include_content))
 
 
-def parse_header(text: str) -> tuple[str, str]:
-    """`KEY=VALUE` as given to --header; the message never repeats the value (a secret)."""
+def parse_header(text: str, source: str = "--header") -> tuple[str, str]:
+    """`KEY=VALUE` as given to --header (or in the variable `source`); the message never
+    repeats the value (a secret)."""
     key, sep, value = text.partition("=")
     key = key.strip()
     if not sep or not _HEADER_KEY.fullmatch(key):
-        shown = key if _HEADER_KEY.fullmatch(key) else "…"
+        # Without `=` the text may be the value alone (a token pasted in): never shown.
+        shown = key if sep and _HEADER_KEY.fullmatch(key) else "…"
         raise ExportConfigError(
-            f"--header must be KEY=VALUE with KEY an HTTP field name (got {shown!r}"
+            f"{source} must be KEY=VALUE with KEY an HTTP field name (got {shown!r}"
             f"{'' if sep else ' without ='})"
         )
     if any(ch in value for ch in "\r\n\0"):
-        raise ExportConfigError(f"--header {key}: the value holds a line break or NUL")
+        raise ExportConfigError(f"{source} {key}: the value holds a line break or NUL")
     return key, value.strip()
+
+
+def _env_headers() -> list[tuple[str, str]]:
+    """OTEL_EXPORTER_OTLP_[TRACES_]HEADERS (`key=value,…`, values percent-encoded), read here
+    rather than by the exporter, whose warning about a malformed entry quotes it whole."""
+    found = _from_env((_TRACES_HEADERS_ENV, _HEADERS_ENV))
+    if found is None:
+        return []
+    name, value = found
+    pairs = []
+    for entry in value.split(","):
+        if entry.strip():
+            key, text = parse_header(entry, source=name)
+            pairs.append((key.lower(), unquote(text).strip()))
+    return pairs
+
+
+class _ExporterLogRedaction(logging.Filter):
+    """Takes the endpoints' and headers' secrets out of the exporters' log records (a filter
+    on each logger that writes them: a logger's filters see only its own records)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._redactors: list[Redactor] = []
+        self._installed = False
+
+    def add(self, redactor: Redactor) -> None:
+        if not redactor:
+            return
+        self._redactors.append(redactor)
+        if not self._installed:
+            for name in _EXPORTER_LOGGERS:
+                logging.getLogger(name).addFilter(self)
+            self._installed = True
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        safe = message
+        for redactor in self._redactors:
+            safe = redactor.text(safe)
+        if safe != message:
+            record.msg, record.args = safe, None
+        return True
+
+
+_EXPORTER_LOG_REDACTION = _ExporterLogRedaction()
 
 
 def _from_env(names: Sequence[str]) -> tuple[str, str] | None:
@@ -240,14 +301,19 @@ def resolve_endpoint(endpoint: str | None, protocol: str) -> str:
     except ValueError as error:
         # Not repeated: an endpoint that does not parse may still carry credentials.
         raise ExportConfigError(f"{source} is not a URL ({error})") from error
-    if parts.username is not None or parts.password is not None:
+    # `user:pw@host:4317` has no scheme, and urlsplit reads `user` as one: look for user info
+    # in what stands before the path however the URL is spelled.
+    authority = given.split("://", 1)[-1].split("/", 1)[0]
+    if parts.username is not None or parts.password is not None or "@" in authority:
         # The exporters would repeat the URL in their messages; credentials go in a header.
         raise ExportConfigError(
             f"{source} must not hold credentials: send them with --header or "
             "OTEL_EXPORTER_OTLP_HEADERS"
         )
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ExportConfigError(f"{source} must be an http:// or https:// URL: {given!r}")
+        raise ExportConfigError(
+            f"{source} must be an http:// or https:// URL: {redact_url(given)!r}"
+        )
     if protocol == "http/protobuf":
         if base:
             parts = parts._replace(path=parts.path.rstrip("/") + _HTTP_TRACES_PATH)
@@ -268,7 +334,10 @@ def otlp_exporter(
     protocol = resolve_protocol(protocol)
     url = resolve_endpoint(endpoint, protocol)
     timeout = resolve_timeout(timeout)
-    pairs = [parse_header(text) for text in headers]
+    pairs = [parse_header(text) for text in headers] or _env_headers()
+    # The exporters log the URL and what a receiver answers: never its query values or the
+    # headers' values (a receiver may echo an API key).
+    _EXPORTER_LOG_REDACTION.add(Redactor([value for _, value in pairs], url=url))
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
             OTLPSpanExporter as GrpcExporter,
@@ -428,7 +497,7 @@ def export_otlp(
     owned = exporter is None
     if exporter is None:
         exporter, url = otlp_exporter(endpoint, protocol, headers, timeout)
-        where = url
+        where = redact_url(url)
     try:
         results = []
         for one in made:
