@@ -53,7 +53,7 @@ from agent_server.errors import (
 from agent_server.events import EventBuffer
 from agent_server.provider import ProviderClient
 from agent_server.recorder import ForkSeed, Recorder
-from agent_server.threads import Thread, Turn
+from agent_server.threads import Thread, Turn, missing_reward_target
 from agent_server.tools import SubmittedOutput, Tool, parse_tools, tools_from_request
 from agent_server.training import Sampling, TokenCapture, settings_from_request
 from agent_server.turn import TurnRunner
@@ -617,15 +617,12 @@ class Agent:
             raise missing from error
         if trace.root_thread_id != thread_id:
             raise missing
-        if reward.turn_id and reward.turn_id not in trace.turns:
+        missing_target = missing_reward_target(trace, reward.turn_id, reward.item_id)
+        if missing_target == "turn":
             raise TurnNotFoundError(
                 f"thread {thread_id!r} has no turn {reward.turn_id!r}", turn_id=reward.turn_id
             )
-        if reward.item_id and not any(
-            item.responses_item_id == reward.item_id
-            and any(p.WhichOneof("producer") == "inference" for p in item.produced_by)
-            for item in trace.conversation_items.values()
-        ):
+        if missing_target == "item":
             raise ItemNotFoundError(
                 f"thread {thread_id!r} has no item {reward.item_id!r}", item_id=reward.item_id
             )

@@ -18,6 +18,7 @@ from agent_server.recorder import Recorder
 from agent_server.tools import SubmittedOutput, Tool, ToolCall
 from agent_server.training import Sampling, TokenCapture, fill_thread
 from rollout.agent.v1 import agent_pb2
+from rollout.trace.v1 import state_pb2
 from trace_reducer import RecordedSummary
 
 TurnStatus: TypeAlias = agent_pb2.TurnStatus.ValueType
@@ -234,6 +235,21 @@ def _stamp(event: agent_pb2.ThreadEvent) -> None:
     runs once per event)."""
     stamp = event.time
     stamp.seconds, stamp.nanos = divmod(time.time_ns(), 1_000_000_000)
+
+
+def missing_reward_target(trace: state_pb2.RolloutTrace, turn_id: str, item_id: str) -> str | None:
+    """What a reward names that a closed thread's reduced bundle lacks ("turn" or "item"),
+    checked as a live thread checks it: a turn by its id, an item by the id the model gave
+    it in an answer."""
+    if turn_id and turn_id not in trace.turns:
+        return "turn"
+    if item_id and not any(
+        item.responses_item_id == item_id
+        and any(p.WhichOneof("producer") == "inference" for p in item.produced_by)
+        for item in trace.conversation_items.values()
+    ):
+        return "item"
+    return None
 
 
 def recorded_thread(summary: RecordedSummary) -> agent_pb2.Thread:

@@ -52,17 +52,21 @@ from agent_server.provider import ProviderError, http_error, read_limited
 from agent_server.recorder import Recorder
 from agent_server.replay_model import ReplayBook, ReplayModel
 from agent_server.sse import MAX_EVENT_BYTES, SseEvent, SseSplitter
+from agent_server.threads import missing_reward_target
 from agent_server.turn import new_call_id
 from grpc_common import Redactor, bearer_token, http_server_logger, same_secret, split_listen
 from rollout.agent.v1 import agent_pb2
 from rollout.trace.v1 import common_pb2
 from trace_reducer import (
+    BundleError,
     RecordingError,
+    ReductionError,
     RewardError,
     RewardInput,
     append_reward,
     check_reward,
     classify_stop,
+    replay_bundle,
 )
 
 if TYPE_CHECKING:
@@ -768,8 +772,9 @@ class Gateway:
         )
 
     async def _reward(self, request: web.Request) -> web.Response:
-        """POST {session | thread_id, name, value, turn_id?, item_id?, weight?, source?,
-        metadata?}: one reward beside the session's bundle (the RecordReward sidecar)."""
+        """POST {session, name, value, turn_id?, item_id?, weight?, source?, metadata?}: one
+        reward beside the session's bundle (the RecordReward sidecar); a closed session's
+        turn and item are checked against its reduced bundle, as RecordReward checks them."""
         try:
             body = loads(await self._read_body(request))
         except TimeoutError:
@@ -777,8 +782,10 @@ class Gateway:
         if not isinstance(body, dict):
             return error_response(400, "invalid_json", "the request body must be a JSON object")
         key = body.get("session")
-        found = self.sessions.find(key) if isinstance(key, str) else None
-        closed = self.sessions.closed(key) if isinstance(key, str) and found is None else None
+        if not isinstance(key, str) or not key:
+            return error_response(400, "invalid_session", "session is required, as a string")
+        found = self.sessions.find(key)
+        closed = self.sessions.closed(key) if found is None else None
         if found is not None:
             thread_id = found.thread.id
             bundle, trace_id = found.recorder.bundle_path, found.recorder.trace_id
@@ -796,7 +803,9 @@ class Gateway:
                 weight=_number(body, "weight", 0.0),
                 source=_field(body, "source", str, ""),
                 metadata={
-                    _text(k, "metadata"): _text(str(v), "metadata")
+                    _text(k, "metadata"): _text(
+                        v if isinstance(v, str) else json.dumps(v), "metadata"
+                    )
                     for k, v in _field(body, "metadata", dict, {}).items()
                 },
                 recorded_by="gateway",
@@ -810,6 +819,15 @@ class Gateway:
                 and reward.item_id not in found.thread.accepted_items
             ):
                 return error_response(404, "item_not_found", f"no item {reward.item_id!r}")
+            if closed is not None and (reward.turn_id or reward.item_id):
+                try:
+                    trace = await asyncio.to_thread(replay_bundle, Path(bundle), compact=True)
+                except (BundleError, ReductionError) as error:
+                    return error_response(409, "bundle_unreadable", str(error))
+                missing = missing_reward_target(trace, reward.turn_id, reward.item_id)
+                if missing is not None:
+                    named = reward.turn_id if missing == "turn" else reward.item_id
+                    return error_response(404, f"{missing}_not_found", f"no {missing} {named!r}")
             seq = await asyncio.to_thread(append_reward, Path(bundle), reward, trace_id=trace_id)
         except RewardError as error:
             return error_response(400, error.reason.lower(), str(error))

@@ -194,10 +194,36 @@ async def test_rewards_over_http(gateway: Gateway) -> None:
             json={"session": "scored", "name": "x", "value": 1, "item_id": "msg_nobody"},
         )
         assert unknown.status_code == 404
+        # Was: 404 "no session None".
+        unnamed = await http.post("/rollout/v1/rewards", json={"name": "x", "value": 1})
+        assert (unnamed.status_code, unnamed.json()["error"]["code"]) == (400, "invalid_session")
+        closed = await http.post("/rollout/v1/sessions/scored/close")
+        assert closed.status_code == 200, closed.text
+        # A closed session's turn and item are checked against its bundle (was: recorded).
+        for field, code in (("turn_id", "turn_not_found"), ("item_id", "item_not_found")):
+            late = await http.post(
+                "/rollout/v1/rewards",
+                json={"session": "scored", "name": "x", "value": 1, field: "nope"},
+            )
+            assert (late.status_code, late.json()["error"]["code"]) == (404, code), late.text
+        after = await http.post(
+            "/rollout/v1/rewards",
+            json={
+                "session": "scored",
+                "name": "late",
+                "value": 0.5,
+                "item_id": reply.output[0].id,
+                "metadata": {"grader": {"v": 2}, "note": "kept"},
+            },
+        )
+        assert after.status_code == 200, after.text
     rewards = read_rewards(Path(ok.json()["bundle_path"]))
     assert [(r.name, r.value, r.item_id) for _, r in rewards.rewards] == [
-        ("pass", 1.0, reply.output[0].id)
+        ("pass", 1.0, reply.output[0].id),
+        ("late", 0.5, reply.output[0].id),
     ]
+    # A metadata value that is not a string is kept as JSON (was: Python's repr).
+    assert dict(rewards.rewards[-1][1].metadata) == {"grader": '{"v": 2}', "note": "kept"}
 
 
 async def test_the_gateway_token_is_required_and_never_recorded(
