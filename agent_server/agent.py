@@ -759,10 +759,14 @@ class Agent:
         if not turn_id:
             raise MissingTurnIdError("turn_id is required")
         turn = thread.turns.get(turn_id)
-        if turn is None or not turn.running:
-            state = "is not a turn of" if turn is None else "is no longer running in"
+        if turn is None:
+            # As every other RPC that names a turn says it (was: TURN_NOT_RUNNING).
+            raise TurnNotFoundError(
+                f"thread {thread_id!r} has no turn {turn_id!r}", turn_id=turn_id
+            )
+        if not turn.running:
             raise TurnNotRunningError(
-                f"turn {turn_id!r} {state} thread {thread_id!r}", turn_id=turn_id
+                f"turn {turn_id!r} is no longer running in thread {thread_id!r}", turn_id=turn_id
             )
         runner = thread.running
         if runner is not None and runner.turn is turn:

@@ -169,18 +169,19 @@ class EventBuffer:
 
     def check(self, after_index: int) -> None:
         """Raise EventsOutOfRangeError unless a subscription after `after_index` can start."""
+        # Only the replay window is promised to a new subscriber. Both ends go in every
+        # refusal, so a client can resume from whichever end it needs.
+        first = max(self._first, self._next_index - self._capacity)
+        ends = {"first_index": str(first), "last_index": str(self.last_index)}
         if after_index > self.last_index:
             raise EventsOutOfRangeError(
-                f"after_index {after_index} is beyond the last event {self.last_index}",
-                last_index=str(self.last_index),
+                f"after_index {after_index} is beyond the last event {self.last_index}", **ends
             )
-        # Only the replay window is promised to a new subscriber.
-        first = max(self._first, self._next_index - self._capacity)
         if after_index + 1 < first:
             raise EventsOutOfRangeError(
                 f"events after index {after_index} are no longer buffered; "
                 f"the oldest buffered event is {first}",
-                first_index=str(first),
+                **ends,
             )
 
     def _take(self, index: int) -> agent_pb2.ThreadEvent:
@@ -234,6 +235,7 @@ class EventBuffer:
                         f"the subscriber fell behind: event {position + 1} was dropped from the "
                         f"buffer; resume from index {self._first - 1} or later",
                         first_index=str(self._first),
+                        last_index=str(self.last_index),
                     )
                 if position < self.last_index:
                     if (

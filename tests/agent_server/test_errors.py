@@ -89,11 +89,15 @@ async def test_one_turn_at_a_time_and_none_after_close(
     )
     gate.set()
     await events.turn_completed(turn.id)
-    for turn_id in (turn.id, "turn_other"):
+    for turn_id, code, reason in (
+        (turn.id, Code.FAILED_PRECONDITION, "TURN_NOT_RUNNING"),
+        # A turn the thread never had is not found, as for every RPC that names a turn.
+        ("turn_other", Code.NOT_FOUND, "TURN_NOT_FOUND"),
+    ):
         await expect(
             agent.stub.Interrupt(agent_pb2.InterruptRequest(thread_id=thread.id, turn_id=turn_id)),
-            Code.FAILED_PRECONDITION,
-            "TURN_NOT_RUNNING",
+            code,
+            reason,
         )
     await expect(
         agent.stub.Interrupt(agent_pb2.InterruptRequest(thread_id=thread.id)),
@@ -122,6 +126,9 @@ async def test_stream_events_out_of_range(
     assert beyond.error is not None
     assert beyond.error.code() == Code.OUT_OF_RANGE
     assert error_reason(beyond.error) == "EVENT_INDEX_OUT_OF_RANGE"
+    # Both ends, whichever side the index is past (was: only the end it passed).
+    ends = dict(error_info(beyond.error).metadata)
+    assert (int(ends["first_index"]), int(ends["last_index"])) == (1, 0)
 
     live = agent.events(thread.id)
     turn = await agent.start_turn(thread.id, "count")
@@ -136,8 +143,10 @@ async def test_stream_events_out_of_range(
     await dropped.until_end()
     assert dropped.error is not None
     assert dropped.error.code() == Code.OUT_OF_RANGE
-    first_index = int(error_info(dropped.error).metadata["first_index"])
+    metadata = error_info(dropped.error).metadata
+    first_index = int(metadata["first_index"])
     assert first_index > 1
+    assert int(metadata["last_index"]) >= first_index
 
     resumed = agent.events(thread.id, after_index=first_index - 1)
     assert (await resumed.turn_completed(turn.id)).status == agent_pb2.TURN_STATUS_INTERRUPTED
