@@ -259,7 +259,18 @@ class LoopbackHttpServer:
             if not response.started:
                 from aiohttp import web
 
-                return web.Response(status=500, text="internal error")
+                # OpenAI-style, as every other answer of these servers: a client's SDK reads
+                # its code instead of failing on a body it cannot parse.
+                return web.json_response(
+                    {
+                        "error": {
+                            "code": "internal_error",
+                            "message": "internal error (details in the server log)",
+                            "type": "server_error",
+                        }
+                    },
+                    status=500,
+                )
             response.reset()
         return response.result()
 

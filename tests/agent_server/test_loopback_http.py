@@ -86,6 +86,22 @@ async def test_a_reset_drops_the_stream_mid_way() -> None:
     assert b"".join(seen) == b"data: one\n\n"
 
 
+async def test_a_handler_that_fails_answers_an_openai_style_500() -> None:
+    async def handle(request: HttpRequest, response: HttpResponse) -> None:
+        raise UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed")
+
+    server = await LoopbackHttpServer.start(handle)
+    try:
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            reply = await client.post("/", content=b"{}")
+    finally:
+        await server.stop()
+    # Was: `internal error` as plain text, which an OpenAI SDK cannot read as an error.
+    assert reply.status_code == 500
+    assert reply.json()["error"]["code"] == "internal_error"
+    assert reply.json()["error"]["type"] == "server_error"
+
+
 async def test_a_held_stream_ends_when_the_client_leaves() -> None:
     left = asyncio.Event()
     started = asyncio.Event()
