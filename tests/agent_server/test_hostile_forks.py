@@ -17,10 +17,10 @@ from rollout.reducer.v1 import reducer_pb2
 from rollout.trace.v1 import record_pb2, state_pb2
 from tests.agent_server.conftest import Harness, StartAgent
 from tests.agent_server.test_forks import fork, run_turn
-from tests.trace_reducer.bundles import BundleBuilder, user_item
+from tests.trace_reducer.bundles import BundleBuilder, fork_of, user_item
 from tests.trace_reducer.live import reducer_service
 from tests.trace_reducer.process import peak_bytes
-from trace_reducer import BundleWriter, RecordBuilder, read_bundle, replay_bundle
+from trace_reducer import read_bundle, replay_bundle
 from trace_reducer.bundle._payloads import UNPARSED_PAYLOAD_BUDGET
 
 TRACE_REDUCER = str(Path(sys.executable).parent / "trace-reducer")
@@ -173,22 +173,7 @@ def test_a_parent_costs_its_state_not_its_size(tmp_path: Path) -> None:
             bytes([index]) * (4 * MiB - 8192), record_pb2.PAYLOAD_KIND_INPUT_ITEM
         )
     parent_dir = parent.close()
-    writer = BundleWriter.create(tmp_path, "child")
-    records = RecordBuilder(writer)
-    records.thread_forked(
-        parent_thread_id="parent",
-        parent_bundle=parent_dir.name,
-        parent_trace_id="",
-        after_turn_id="turn-1",
-        group_id="g",
-        repetition_index=0,
-        shared_turns=1,
-        prefix_items=[shared],
-        copy_prefix=False,
-    )
-    records.thread_started("child", model="test-model", instructions="", metadata={})
-    writer.close()
-    child_dir = writer.bundle_dir
+    child_dir = fork_of(tmp_path, parent_dir, [shared], "child")
     with read_bundle(child_dir) as reader:
         assert reader.file_path.stat().st_size < 4096
 

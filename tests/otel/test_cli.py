@@ -209,7 +209,8 @@ async def test_an_unreachable_receiver_is_one_line_and_exit_1(
         "--protocol",
         protocol,
         "--endpoint",
-        f"http://127.0.0.1:{closed}",
+        # A query value is a secret too: the endpoint is shown without it.
+        f"http://127.0.0.1:{closed}/v1/traces?api-key={SECRET}",
         "--timeout",
         "1",
         "--header",
@@ -217,29 +218,11 @@ async def test_an_unreachable_receiver_is_one_line_and_exit_1(
     )
     assert run.code == 1
     [line] = run.error_lines
-    assert line.startswith(f"trace-reducer: could not export spans to http://127.0.0.1:{closed}")
+    shown = f"http://127.0.0.1:{closed}/v1/traces?api-key=..."
+    assert line.startswith(f"trace-reducer: could not export spans to {shown}"), line
     assert "refused" in line.lower()
     assert SECRET not in run.stderr + run.stdout
     assert run.stdout == ""
-
-
-@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
-async def test_an_endpoint_s_query_values_are_never_shown(bundles: Bundles, protocol: str) -> None:
-    closed = free_port()
-    run = await export_cli(
-        str(bundles.retried),
-        "--protocol",
-        protocol,
-        "--endpoint",
-        f"http://127.0.0.1:{closed}/v1/traces?api-key={SECRET}",
-        "--timeout",
-        "1",
-    )
-    assert run.code == 1
-    [line] = run.error_lines
-    shown = f"could not export spans to http://127.0.0.1:{closed}/v1/traces?api-key=..."
-    assert line.startswith(f"trace-reducer: {shown}"), line
-    assert SECRET not in run.stderr + run.stdout
 
 
 async def test_a_truncated_bundle_is_exported_with_a_warning(

@@ -192,3 +192,24 @@ def one_turn_bundle(
     else:
         bundle.writer.abandon()
     return bundle.bundle_dir
+
+
+def fork_of(root: Path, parent_dir: Path, prefix_items: list[Item], thread_id: str) -> Path:
+    """A bundle under root that forks the parent (thread `parent`) after its turn `turn-1`,
+    sharing prefix_items without copying them; closed after thread_started."""
+    writer = BundleWriter.create(root, thread_id)
+    records = RecordBuilder(writer)
+    records.thread_forked(
+        parent_thread_id="parent",
+        parent_bundle=parent_dir.name,
+        parent_trace_id="",
+        after_turn_id="turn-1",
+        group_id="g",
+        repetition_index=0,
+        shared_turns=1,
+        prefix_items=prefix_items,
+        copy_prefix=False,
+    )
+    records.thread_started(thread_id, model="test-model", instructions="", metadata={})
+    writer.close()
+    return writer.bundle_dir

@@ -19,10 +19,10 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from grpc_common import ERROR_DOMAIN, GrpcServer
 from rollout.reducer.v1 import reducer_pb2, reducer_pb2_grpc
 from rollout.trace.v1 import record_pb2, state_pb2
-from trace_reducer import BundleWriter, RecordBuilder, Reducer, replay_bundle
+from trace_reducer import Reducer, replay_bundle
 from trace_reducer.service import SERVICE_NAME, ReducerService, _service, add_to_server
 
-from .bundles import BundleBuilder, one_turn_bundle, user_item
+from .bundles import BundleBuilder, fork_of, one_turn_bundle, user_item
 from .process import read_bytes_of_process
 from .test_hostile import crafted_bundles
 
@@ -195,21 +195,7 @@ async def test_a_root_that_is_itself_a_fork_never_leads_to_its_parent_beside_it(
     parent = BundleBuilder(tmp_path, "parent")
     shared = user_item("the parent's words, outside the root")
     parent.turn("turn-1", [shared])
-    parent_dir = parent.close()
-    writer = BundleWriter.create(tmp_path, "child")
-    RecordBuilder(writer).thread_forked(
-        parent_thread_id="parent",
-        parent_bundle=parent_dir.name,
-        parent_trace_id="",
-        after_turn_id="turn-1",
-        group_id="g",
-        repetition_index=0,
-        shared_turns=1,
-        prefix_items=[shared],
-        copy_prefix=False,
-    )
-    writer.close()
-    root = writer.bundle_dir
+    root = fork_of(tmp_path, parent.close(), [shared], "child")
     server = await GrpcServer.start(
         "127.0.0.1:0", lambda s: add_to_server(ReducerService(root), s), [SERVICE_NAME]
     )
