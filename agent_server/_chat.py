@@ -49,19 +49,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from grpc_common import header_secret
+    from grpc_common import header_secret, variable_name
 
     token = None
     if args.auth_token_env:
         try:
+            name = variable_name(args.auth_token_env, "--auth-token-env")
             token = header_secret(
-                os.environ.get(args.auth_token_env, ""),
-                f"the token in {args.auth_token_env} (--auth-token-env)",
+                os.environ.get(name, ""), f"the token in {name} (--auth-token-env)"
             )
         except ValueError as error:
             return _fail(str(error))
         if not token:
-            return _fail(f"--auth-token-env names {args.auth_token_env}, which is unset or empty")
+            return _fail(f"--auth-token-env names {name}, which is unset or empty")
     tls: bool | Path = args.tls_ca if args.tls_ca is not None else bool(args.tls)
     # A stream started closed (`<&-`, `>&-`) is None here: there is no conversation to have, and
     # nothing is opened on the server for it.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,7 @@ class AccessControl:
         env = os.environ if environ is None else environ
         token = None
         if token_env:
+            token_env = variable_name(token_env, "--auth-token-env")
             token = header_secret(
                 env.get(token_env, ""), f"the token in {token_env} (--auth-token-env)"
             )
@@ -58,6 +60,22 @@ class AccessControl:
         if self.tls_cert is None or self.tls_key is None:
             return None
         return grpc.ssl_server_credentials([(self.tls_key, self.tls_cert)])
+
+
+_VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def variable_name(value: str, flag: str) -> str:
+    """value, checked to be an environment variable's name, as flag (`--api-key-env`) takes.
+
+    The flags that name a secret's variable are easily given the secret itself
+    (`--api-key-env sk-…`), and each message about the variable names it; what cannot be a
+    name is therefore refused without being repeated. A name is shown: it is not a secret,
+    and "OPENAI_API_KEY is unset" is what the user needs to read.
+    """
+    if not _VARIABLE_NAME.fullmatch(value):
+        raise ValueError(f"{flag} takes the NAME of a variable, not its value")
+    return value
 
 
 def header_secret(value: str, what: str) -> str:

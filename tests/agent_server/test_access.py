@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
 from pathlib import Path
 
 import grpc
@@ -103,3 +104,35 @@ async def test_a_token_no_header_can_carry_refuses_to_start(token: str) -> None:
     assert "the token in AGENT_TOKEN (--auth-token-env)" in message
     assert TOKEN not in message + stdout.decode()
     assert "Traceback" not in message
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["serve", "--auth-token-env", "sk-S3CRETTOKEN"],
+        ["gateway", "--auth-token-env", "sk-S3CRETTOKEN"],
+        ["chat", "--auth-token-env", "sk-S3CRETTOKEN"],
+        ["serve", "--provider-url", "http://127.0.0.1:9/v1", "--api-key-env", "sk-S3CRETKEY"],
+        ["gateway", "--api-key-env", "sk-S3CRETKEY"],
+    ],
+)
+def test_a_secret_given_for_its_variable_name_is_refused_unrepeated(
+    argv: list[str], tmp_path: Path
+) -> None:
+    # Was: "--auth-token-env names sk-S3CRETTOKEN, which is unset or empty", and a start-up
+    # warning naming the key for --api-key-env.
+    if argv[0] == "gateway":
+        argv = [*argv, "--trace-root", str(tmp_path)]
+    result = subprocess.run(
+        [AGENT_SERVER, *argv, "--listen" if argv[0] != "chat" else "--address", "127.0.0.1:0"],
+        env=clean_env(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    flag = argv[argv.index("--api-key-env") if "--api-key-env" in argv else 1]
+    prog = "agent-server chat" if argv[0] == "chat" else "agent-server"
+    assert result.returncode == 2
+    assert result.stderr == f"{prog}: {flag} takes the NAME of a variable, not its value\n"
+    assert "S3CRET" not in result.stdout
