@@ -136,3 +136,36 @@ def test_a_secret_given_for_its_variable_name_is_refused_unrepeated(
     assert result.returncode == 2
     assert result.stderr == f"{prog}: {flag} takes the NAME of a variable, not its value\n"
     assert "S3CRET" not in result.stdout
+
+
+@pytest.mark.parametrize("program", ["agent-server", "trace-reducer"])
+def test_a_certificate_or_key_that_cannot_serve_is_refused_naming_the_file(
+    program: str, certificate: tuple[Path, Path], tmp_path: Path
+) -> None:
+    cert, key = certificate
+    _, other_key = test_server.make_certificate(tmp_path, "other-")
+    junk = tmp_path / "passwd"
+    junk.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    argv = [str(Path(AGENT_SERVER).parent / program), "serve", "--listen", "127.0.0.1:0"]
+    if program == "trace-reducer":
+        argv += ["--bundle-root", str(tmp_path)]
+    expected = {
+        (junk, key): f"--tls-cert: {junk} holds no PEM certificate",
+        (cert, junk): f"--tls-key: {junk} holds no PEM private key",
+        (cert, other_key): (
+            f"--tls-cert / --tls-key: {cert} and {other_key} do not load as a certificate chain "
+            "and its key (key values mismatch)"
+        ),
+    }
+    for (given_cert, given_key), message in expected.items():
+        result = subprocess.run(
+            [*argv, "--tls-cert", str(given_cert), "--tls-key", str(given_key)],
+            env=clean_env(),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        # Was: gRPC C-core log lines, then "cannot listen on 127.0.0.1:0: Failed to bind", exit 1.
+        assert (result.returncode, result.stderr) == (2, f"{program}: {message}\n")
+        assert "PRIVATE KEY" not in result.stderr
