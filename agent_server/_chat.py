@@ -13,7 +13,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 # Only the defaults here: `chat --help` must not load gRPC; run() loads the client.
-from agent_server._health import unreachable
+from agent_server._health import address_problem, unreachable
 from agent_server.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from rollout_client import ADDRESS_ENV, DEFAULT_ADDRESS, address_from_env
 
@@ -51,6 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from grpc_common import header_secret, variable_name
 
+    problem = address_problem(args.address)
+    if problem is not None:
+        return _fail(problem)
     token = None
     if args.auth_token_env:
         try:

@@ -588,6 +588,12 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
     api_key_env = _variable_name(pick("api_key_env") or DEFAULT_API_KEY_ENV, "--api-key-env")
     key = _api_key(env.get(api_key_env, ""), api_key_env)
     trace_root = pick("trace_root", "ROLLOUT_TRACE_ROOT")
+    # Given, but empty (`--trace-root "$DIR"` with DIR unset): not "record nothing", which is
+    # leaving the flag out, nor the current directory; refused, as an empty --listen is.
+    if trace_root == "":
+        raise ConfigError("--trace-root is empty: give a directory, or leave it out to not record")
+    if pick("listen", "ROLLOUT_LISTEN") == "":
+        raise ConfigError(f"--listen is empty: give HOST:PORT (default {DEFAULT_LISTEN})")
     replay_from = pick("replay_from")
     access = AccessControl()
     if hasattr(args, "auth_token_env"):
