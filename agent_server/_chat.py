@@ -13,7 +13,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 # Only the defaults here: `chat --help` must not load gRPC; run() loads the client.
-from agent_server._health import unreachable
+from agent_server._health import address_problem, unreachable
 from agent_server.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from rollout_client import ADDRESS_ENV, DEFAULT_ADDRESS, address_from_env
 
@@ -49,20 +49,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from grpc_common import header_secret
+    from grpc_common import header_secret, variable_name
 
+    problem = address_problem(args.address)
+    if problem is not None:
+        return _fail(problem)
     token = None
     if args.auth_token_env:
         try:
+            name = variable_name(args.auth_token_env, "--auth-token-env")
             token = header_secret(
-                os.environ.get(args.auth_token_env, ""),
-                f"the token in {args.auth_token_env} (--auth-token-env)",
+                os.environ.get(name, ""), f"the token in {name} (--auth-token-env)"
             )
         except ValueError as error:
             return _fail(str(error))
         if not token:
-            return _fail(f"--auth-token-env names {args.auth_token_env}, which is unset or empty")
+            return _fail(f"--auth-token-env names {name}, which is unset or empty")
     tls: bool | Path = args.tls_ca if args.tls_ca is not None else bool(args.tls)
+    # A stream started closed (`<&-`, `>&-`) is None here: there is no conversation to have, and
+    # nothing is opened on the server for it.
+    if sys.stdin is None:
+        return _fail("standard input is closed: there is nothing to read the messages from")
+    if sys.stdout is None:
+        return _fail("standard output is closed: there is nowhere to show the replies")
     _enable_line_editing()
     ctrl_c = _CtrlC()
     previous_handler = signal.signal(signal.SIGINT, ctrl_c)
@@ -96,18 +105,43 @@ def _chat(args: argparse.Namespace, token: str | None, tls: bool | Path, ctrl_c:
         # A Ctrl-C pressed meanwhile arrives now, with no prompt and no turn: it is ignored.
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     with client:
-        print(f"connected to {args.address}: thread {thread.id} on model {thread.model}")
-        print(HELP)
         try:
-            _converse(thread, ctrl_c)
-            closed = thread.close()
+            try:
+                print(f"connected to {args.address}: thread {thread.id} on model {thread.model}")
+                print(HELP)
+                _converse(thread, ctrl_c)
+            finally:
+                # However the conversation ended (/quit, end of input, a reader gone, a full
+                # disk), the thread is closed: its bundle gets its footer now, not when the
+                # server next shuts down, and the server stops holding it.
+                closed = thread.close()
+            if closed.bundle_path:
+                print(f"thread closed; bundle: {closed.bundle_path}")
+            else:
+                print("thread closed (the server does not record: no bundle)")
+            # Flushed here, where a failure is still caught, not at the interpreter's exit.
+            sys.stdout.flush()
         except RpcError as error:
             return _fail(f"lost the server: {error}", EXIT_FAILED)
-    if closed.bundle_path:
-        print(f"thread closed; bundle: {closed.bundle_path}")
-    else:
-        print("thread closed (the server does not record: no bundle)")
+        except BrokenPipeError:
+            # The reader went away (`| head -1`): the Unix way is to stop without a word.
+            _discard_stdout()
+            return EXIT_FAILED
+        except OSError as error:
+            _discard_stdout()
+            return _fail(
+                f"cannot go on: {error.strerror or error}; thread {thread.id} closed", EXIT_FAILED
+            )
     return EXIT_OK
+
+
+def _discard_stdout() -> None:
+    """Point stdout at the null device: what is still buffered for a stdout that failed would
+    fail again at the interpreter's exit, as an "Exception ignored" message."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
 
 
 class _CtrlC:

@@ -28,10 +28,24 @@ def unreachable(address: str, detail: str) -> str:
     )
 
 
+# A probe that waits longer than this is waiting for nothing; past it gRPC's deadline overflows.
+MAX_TIMEOUT = 3600.0
+
+
+def address_problem(address: str) -> str | None:
+    """Why a client command's --address cannot name a server (for a usage error), or None.
+    An empty one (`--address "$ADDR"` with ADDR unset) was tried as it is, and answered with
+    a status and no address (`: UNKNOWN`)."""
+    if not address.strip():
+        return f"--address is empty: give the server's HOST:PORT (default {DEFAULT_ADDRESS})"
+    return None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Print the server's health status. Exit codes: 0 SERVING; 1 not serving, or no server "
-        "answers (one line says why); 2 a --tls-ca file that cannot be read."
+        "answers (one line says why); 2 an empty --address, a --timeout that is not a number "
+        "of seconds from 0 to 3600, or a --tls-ca file that cannot be read."
     )
     parser.add_argument(
         "--address",
@@ -98,6 +112,12 @@ def run(args: argparse.Namespace) -> int:
     # Imported here, not above: `--help` needs none of gRPC.
     import grpc
 
+    problem = address_problem(args.address)
+    if problem is None and not (0 < args.timeout <= MAX_TIMEOUT):  # NaN fails it too
+        problem = f"--timeout must be a number of seconds above 0, at most {MAX_TIMEOUT:g}"
+    if problem is not None:
+        print(f"{PROG}: {problem}", file=sys.stderr)
+        return 2
     if args.tls or args.tls_ca is not None:
         try:
             roots = args.tls_ca.read_bytes() if args.tls_ca is not None else None

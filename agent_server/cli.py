@@ -102,14 +102,8 @@ def _command(argv: Sequence[str]) -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = _parser(_command(argv)).parse_args(argv)
-    if args.command == "chat":
-        from agent_server import _chat
-
-        return _chat.run(args)
-    if args.command == "health":
-        from agent_server import _health
-
-        return _health.run(args)
+    if args.command in ("chat", "health"):
+        return _client_command(args)
     if args.command == "gateway":
         return _gateway_command(args)
     from agent_server import config, logs
@@ -144,6 +138,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except Exception as error:  # noqa: BLE001 - the last line of defence: no traceback for users
         print(f"{PROG}: {error or type(error).__name__}", file=sys.stderr)
+        return EXIT_FAILED
+    return code
+
+
+def _client_command(args: argparse.Namespace) -> int:
+    """`chat` or `health`; each says what went wrong itself, this is the last line of defence."""
+    from agent_server import _chat, _health
+
+    command = _chat if args.command == "chat" else _health
+    try:
+        code: int = command.run(args)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except Exception as error:  # noqa: BLE001 - no traceback for users
+        print(f"{command.PROG}: {error or type(error).__name__}", file=sys.stderr)
         return EXIT_FAILED
     return code
 

@@ -23,6 +23,7 @@ from grpc_common import (
     header_secret,
     redact_url,
     split_listen,
+    variable_name,
 )
 
 _T = TypeVar("_T")
@@ -584,9 +585,15 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
 
     serving = hasattr(args, "workers")
     provider_url = pick("provider_url", "ROLLOUT_PROVIDER_URL")
-    api_key_env = pick("api_key_env") or DEFAULT_API_KEY_ENV
+    api_key_env = _variable_name(pick("api_key_env") or DEFAULT_API_KEY_ENV, "--api-key-env")
     key = _api_key(env.get(api_key_env, ""), api_key_env)
     trace_root = pick("trace_root", "ROLLOUT_TRACE_ROOT")
+    # Given, but empty (`--trace-root "$DIR"` with DIR unset): not "record nothing", which is
+    # leaving the flag out, nor the current directory; refused, as an empty --listen is.
+    if trace_root == "":
+        raise ConfigError("--trace-root is empty: give a directory, or leave it out to not record")
+    if pick("listen", "ROLLOUT_LISTEN") == "":
+        raise ConfigError(f"--listen is empty: give HOST:PORT (default {DEFAULT_LISTEN})")
     replay_from = pick("replay_from")
     access = AccessControl()
     if hasattr(args, "auth_token_env"):
@@ -673,7 +680,9 @@ def _named_providers(
 ) -> list[ProviderSettings]:
     providers = []
     for name, table in tables.items():
-        key_env = table.get("key-env") or DEFAULT_API_KEY_ENV
+        key_env = _variable_name(
+            table.get("key-env") or DEFAULT_API_KEY_ENV, f"[providers.{name}] key-env"
+        )
         key = _api_key(env.get(key_env, ""), key_env)
         providers.append(
             ProviderSettings(
@@ -698,6 +707,13 @@ def _api_key(value: str, variable: str) -> str:
     """
     try:
         return header_secret(value, f"the API key in {variable}")
+    except ValueError as error:
+        raise ConfigError(str(error)) from error
+
+
+def _variable_name(value: str, flag: str) -> str:
+    try:
+        return variable_name(value, flag)
     except ValueError as error:
         raise ConfigError(str(error)) from error
 

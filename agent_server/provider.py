@@ -513,7 +513,7 @@ def _parse_event(sse_event: str, raw: str) -> ProviderEvent:
     # Cheap tests first: nearly every event is a small, flat, clean delta.
     suspicious_escape = "\\ud" in raw or "\\uD" in raw
     if suspicious_escape or raw.count("{") + raw.count("[") > MAX_EVENT_DEPTH:
-        cleaned = _cleaned(data)
+        cleaned = without_lone_surrogates(data)
         if cleaned is None:
             return ProviderEvent(sse_event, None, raw)
         data = cleaned
@@ -530,9 +530,10 @@ def _loads(raw: str) -> Any:
     return value if fast else json.loads(raw)
 
 
-def _cleaned(data: dict[str, Any]) -> dict[str, Any] | None:
-    """data with lone surrogates replaced in every key and string; None when nested deeper
-    than MAX_EVENT_DEPTH. Walks with an explicit stack, never recursion."""
+def without_lone_surrogates(data: dict[str, Any]) -> dict[str, Any] | None:
+    """data with lone surrogates replaced by U+FFFD in every key and string; None when nested
+    deeper than MAX_EVENT_DEPTH. Walks with an explicit stack, never recursion. (The built-in
+    local model cleans the requests it is sent with it too.)"""
     root: dict[str, Any] = {}
     stack: list[tuple[Any, Any, int]] = [(data, root, 1)]
     while stack:

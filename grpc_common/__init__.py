@@ -13,7 +13,7 @@ from ._loop import (
 )
 
 if TYPE_CHECKING:
-    from ._access import AccessControl, header_secret
+    from ._access import AccessControl, header_secret, variable_name
     from ._collector import tune_collector_for_serving
     from ._errors import (
         ERROR_DOMAIN,
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 _LAZY = {
     "AccessControl": "_access",
     "header_secret": "_access",
+    "variable_name": "_access",
     "ERROR_DOMAIN": "_errors",
     "INTERNAL_REASON": "_errors",
     "ErrorMapping": "_errors",
@@ -98,4 +99,5 @@ __all__ = [
     "same_secret",
     "split_listen",
     "tune_collector_for_serving",
+    "variable_name",
 ]

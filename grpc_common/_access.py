@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import binascii
+import contextlib
 import os
-from collections.abc import Mapping
+import re
+import ssl
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +42,7 @@ class AccessControl:
         env = os.environ if environ is None else environ
         token = None
         if token_env:
+            token_env = variable_name(token_env, "--auth-token-env")
             token = header_secret(
                 env.get(token_env, ""), f"the token in {token_env} (--auth-token-env)"
             )
@@ -49,6 +54,7 @@ class AccessControl:
         if tls_cert is not None and tls_key is not None:
             cert = _read_file(tls_cert, "--tls-cert")
             key = _read_file(tls_key, "--tls-key")
+            _check_pem(cert, key, tls_cert, tls_key)
         return cls(token=token, tls_cert=cert, tls_key=key)
 
     def interceptors(self) -> list[grpc.aio.ServerInterceptor[Any, Any]]:
@@ -58,6 +64,22 @@ class AccessControl:
         if self.tls_cert is None or self.tls_key is None:
             return None
         return grpc.ssl_server_credentials([(self.tls_key, self.tls_cert)])
+
+
+_VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def variable_name(value: str, flag: str) -> str:
+    """value, checked to be an environment variable's name, as flag (`--api-key-env`) takes.
+
+    The flags that name a secret's variable are easily given the secret itself
+    (`--api-key-env sk-…`), and each message about the variable names it; what cannot be a
+    name is therefore refused without being repeated. A name is shown: it is not a secret,
+    and "OPENAI_API_KEY is unset" is what the user needs to read.
+    """
+    if not _VARIABLE_NAME.fullmatch(value):
+        raise ValueError(f"{flag} takes the NAME of a variable, not its value")
+    return value
 
 
 def header_secret(value: str, what: str) -> str:
@@ -83,6 +105,71 @@ def _char_name(char: str) -> str:
     if char.isprintable():
         return f"U+{ord(char):04X}, not ASCII"
     return f"control character U+{ord(char):04X}"
+
+
+_PEM_BLOCK = re.compile(rb"-----BEGIN ([A-Z0-9 ]+)-----\s*([A-Za-z0-9+/=\s]+?)\s*-----END \1-----")
+
+
+def _check_pem(cert: bytes, key: bytes, cert_path: Path, key_path: Path) -> None:
+    """Refuse, naming the file, a certificate or key that is not PEM, or a key that is not the
+    certificate's. gRPC would only find out when binding, with C-core log lines and "Failed to
+    bind to address", a message about the port, not the file."""
+    if not _pem_blocks(cert, lambda label: label == b"CERTIFICATE"):
+        raise ValueError(f"--tls-cert: {cert_path} holds no PEM certificate")
+    if not _pem_blocks(key, lambda label: label.endswith(b"PRIVATE KEY")):
+        raise ValueError(f"--tls-key: {key_path} holds no PEM private key")
+    # OpenSSL itself on what was read (not the paths again: a file may have changed, or be a
+    # pipe), where the platform can give bytes a path without a file on disk.
+    if not hasattr(os, "memfd_create"):
+        return
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    with _memory_file(cert) as cert_file, _memory_file(key) as key_file:
+        try:
+            context.load_cert_chain(cert_file, key_file, password=_no_password)
+        except ssl.SSLError as error:
+            # OpenSSL's reason is a constant's name: KEY_VALUES_MISMATCH, PEM_LIB.
+            reason = (error.reason or "").lower().replace("_", " ") or "OpenSSL cannot parse them"
+            raise ValueError(f"{_UNUSABLE.format(cert_path, key_path)} ({reason})") from None
+        except _EncryptedKeyError:
+            raise ValueError(
+                f"{_UNUSABLE.format(cert_path, key_path)} (the key is encrypted; gRPC takes "
+                "only an unencrypted one)"
+            ) from None
+
+
+_UNUSABLE = "--tls-cert / --tls-key: {} and {} do not load as a certificate chain and its key"
+
+
+class _EncryptedKeyError(Exception):
+    pass
+
+
+def _no_password() -> str:
+    # Asked for an encrypted key's password: gRPC could not be given one either, and OpenSSL
+    # would otherwise prompt on the terminal.
+    raise _EncryptedKeyError
+
+
+def _pem_blocks(data: bytes, wanted: Callable[[bytes], bool]) -> bool:
+    """Whether data holds a PEM block wanted by its label whose body is base64."""
+    for block in _PEM_BLOCK.finditer(data):
+        if wanted(block.group(1)):
+            try:
+                binascii.a2b_base64(block.group(2))
+            except binascii.Error:
+                continue
+            return True
+    return False
+
+
+@contextlib.contextmanager
+def _memory_file(data: bytes) -> Iterator[str]:
+    fd = os.memfd_create("tls-pem", os.MFD_CLOEXEC)
+    try:
+        os.write(fd, data)
+        yield f"/proc/self/fd/{fd}"
+    finally:
+        os.close(fd)
 
 
 def _read_file(path: Path, flag: str) -> bytes:

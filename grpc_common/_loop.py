@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import os
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -38,9 +39,33 @@ def _loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
     return None
 
 
+def open_standard_fds() -> None:
+    """Open the null device onto whichever of fds 0, 1 and 2 is closed.
+
+    A process started with one closed (`<&-`, `>&-`, a supervisor that closes them) would hand
+    that number to the next socket or pipe it opens, and libuv (uvloop) aborts the process when
+    it closes such an fd: it asserts that it never owns 0-2 (`uv__close: Assertion
+    'fd > STDERR_FILENO'`, exit 134 at SIGTERM, after the bundles were closed). The
+    open file is the lowest free number, so opening until a number above 2 comes back fills
+    exactly the closed ones. Python's own sys.stdin / sys.stdout stay None (prints do nothing).
+    """
+    while True:
+        fd = os.open(os.devnull, os.O_RDWR)
+        if fd > 2:
+            os.close(fd)
+            return
+        # os.open makes it close-on-exec; as a standard stream it is passed on to children
+        # (the --workers processes) like any other.
+        os.set_inheritable(fd, True)
+
+
 def run_on_loop(main: Coroutine[Any, Any, _T], event_loop: str) -> _T:
     """asyncio.run(main) on the named event loop (one of EVENT_LOOPS, checked beforehand with
-    event_loop_problem): the same cancellation of what is left, the same Ctrl-C handling."""
+    event_loop_problem): the same cancellation of what is left, the same Ctrl-C handling.
+
+    Every server runs through here, so here is where fds 0-2 are made sure of, before the loop
+    or any server creates a socket (open_standard_fds)."""
+    open_standard_fds()
     with asyncio.Runner(loop_factory=_loop_factory(event_loop)) as runner:
         return runner.run(main)
 

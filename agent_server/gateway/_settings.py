@@ -152,6 +152,8 @@ def from_args(
         file = _config_file.load(Path(str(config_path))) if config_path else {}
     except _config_file.ConfigFileError as error:
         raise ConfigError(str(error)) from error
+    if args.listen == "":
+        raise ConfigError(f"--listen is empty: give HOST:PORT (default {DEFAULT_LISTEN})")
     return GatewaySettings(
         agent=agent,
         listen=args.listen or file.get("gateway_listen") or DEFAULT_LISTEN,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
 from pathlib import Path
 
 import grpc
@@ -103,3 +104,68 @@ async def test_a_token_no_header_can_carry_refuses_to_start(token: str) -> None:
     assert "the token in AGENT_TOKEN (--auth-token-env)" in message
     assert TOKEN not in message + stdout.decode()
     assert "Traceback" not in message
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["serve", "--auth-token-env", "sk-S3CRETTOKEN"],
+        ["gateway", "--auth-token-env", "sk-S3CRETTOKEN"],
+        ["chat", "--auth-token-env", "sk-S3CRETTOKEN"],
+        ["serve", "--provider-url", "http://127.0.0.1:9/v1", "--api-key-env", "sk-S3CRETKEY"],
+        ["gateway", "--api-key-env", "sk-S3CRETKEY"],
+    ],
+)
+def test_a_secret_given_for_its_variable_name_is_refused_unrepeated(
+    argv: list[str], tmp_path: Path
+) -> None:
+    # Was: "--auth-token-env names sk-S3CRETTOKEN, which is unset or empty", and a start-up
+    # warning naming the key for --api-key-env.
+    if argv[0] == "gateway":
+        argv = [*argv, "--trace-root", str(tmp_path)]
+    result = subprocess.run(
+        [AGENT_SERVER, *argv, "--listen" if argv[0] != "chat" else "--address", "127.0.0.1:0"],
+        env=clean_env(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    flag = argv[argv.index("--api-key-env") if "--api-key-env" in argv else 1]
+    prog = "agent-server chat" if argv[0] == "chat" else "agent-server"
+    assert result.returncode == 2
+    assert result.stderr == f"{prog}: {flag} takes the NAME of a variable, not its value\n"
+    assert "S3CRET" not in result.stdout
+
+
+@pytest.mark.parametrize("program", ["agent-server", "trace-reducer"])
+def test_a_certificate_or_key_that_cannot_serve_is_refused_naming_the_file(
+    program: str, certificate: tuple[Path, Path], tmp_path: Path
+) -> None:
+    cert, key = certificate
+    _, other_key = test_server.make_certificate(tmp_path, "other-")
+    junk = tmp_path / "passwd"
+    junk.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    argv = [str(Path(AGENT_SERVER).parent / program), "serve", "--listen", "127.0.0.1:0"]
+    if program == "trace-reducer":
+        argv += ["--bundle-root", str(tmp_path)]
+    expected = {
+        (junk, key): f"--tls-cert: {junk} holds no PEM certificate",
+        (cert, junk): f"--tls-key: {junk} holds no PEM private key",
+        (cert, other_key): (
+            f"--tls-cert / --tls-key: {cert} and {other_key} do not load as a certificate chain "
+            "and its key (key values mismatch)"
+        ),
+    }
+    for (given_cert, given_key), message in expected.items():
+        result = subprocess.run(
+            [*argv, "--tls-cert", str(given_cert), "--tls-key", str(given_key)],
+            env=clean_env(),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        # Was: gRPC C-core log lines, then "cannot listen on 127.0.0.1:0: Failed to bind", exit 1.
+        assert (result.returncode, result.stderr) == (2, f"{program}: {message}\n")
+        assert "PRIVATE KEY" not in result.stderr

@@ -193,3 +193,99 @@ def test_chat_reads_its_token_from_the_named_variable() -> None:
         )
         assert unset.returncode == 2
         assert "NOPE, which is unset or empty" in unset.stderr
+
+
+def _close_fd_0() -> None:
+    # Run in the child before exec: the chat starts with no standard input at all (`<&-`).
+    os.close(0)
+
+
+def test_chat_refuses_a_closed_stdin_or_stdout_before_opening_a_thread(tmp_path: Path) -> None:
+    traces = tmp_path / "traces"
+    with live_server("--trace-root", str(traces)) as server:
+        no_stdin = subprocess.run(
+            [AGENT_SERVER, "chat", "--address", server.address],
+            env=server_env(),
+            preexec_fn=_close_fd_0,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        no_stdout = subprocess.run(
+            [AGENT_SERVER, "chat", "--address", server.address],
+            env=server_env(),
+            input="hello\n",
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            # Closed in the child once its stdout is set up: `>&-`.
+            preexec_fn=lambda: os.close(1),
+            text=True,
+            timeout=60,
+        )
+    assert no_stdin.returncode == 2, no_stdin.stderr  # was 1, an AttributeError traceback
+    assert no_stdin.stderr == (
+        "agent-server chat: standard input is closed: there is nothing to read the messages from\n"
+    )
+    assert no_stdout.returncode == 2, no_stdout.stderr
+    assert no_stdout.stderr == (
+        "agent-server chat: standard output is closed: there is nowhere to show the replies\n"
+    )
+    # Neither opened a thread.
+    assert not traces.exists() or not any(traces.iterdir())
+
+
+def _only_bundle(traces: Path) -> Path:
+    (bundle,) = traces.iterdir()
+    return bundle
+
+
+def test_a_reader_gone_ends_the_chat_quietly_and_closes_its_thread(tmp_path: Path) -> None:
+    traces = tmp_path / "traces"
+    with live_server("--trace-root", str(traces)) as server:
+        chat = subprocess.Popen(
+            [AGENT_SERVER, "chat", "--address", server.address],
+            env=server_env(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert chat.stdin is not None
+        assert chat.stdout is not None
+        assert chat.stderr is not None
+        # `| head -1`: one line read, then the reader goes away; the reply meets a broken pipe.
+        assert chat.stdout.readline().startswith("connected to ")
+        chat.stdout.close()
+        chat.stdin.write("hello there\n/quit\n")
+        chat.stdin.close()
+        code = chat.wait(timeout=60)
+        stderr = chat.stderr.read()
+        chat.stderr.close()
+        # Checked while the server still runs: a thread left open would get its footer only
+        # when the server shuts down.
+        complete = replay_bundle(_only_bundle(traces)).recording_complete
+    assert code == 1
+    assert stderr == ""  # was a BrokenPipeError traceback
+    assert complete  # was: the thread stayed ACTIVE on the server
+
+
+def test_a_failing_stdout_is_one_line_and_the_thread_is_closed(tmp_path: Path) -> None:
+    traces = tmp_path / "traces"
+    with live_server("--trace-root", str(traces)) as server, open("/dev/full", "w") as full:
+        result = subprocess.run(
+            [AGENT_SERVER, "chat", "--address", server.address],
+            env=server_env(),
+            input="hello there\n/quit\n",
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+        bundle = _only_bundle(traces)
+        complete = replay_bundle(bundle).recording_complete
+    assert result.returncode == 1
+    assert result.stderr == (
+        "agent-server chat: cannot go on: No space left on device; "
+        f"thread {bundle_thread(bundle)} closed\n"
+    )  # was an OSError traceback
+    assert complete  # was: the thread stayed ACTIVE on the server

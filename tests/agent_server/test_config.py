@@ -191,3 +191,30 @@ def test_the_event_loop_comes_from_the_flag_the_environment_or_the_file(tmp_path
     file.write_text('event-loop = "trio"\n')
     with pytest.raises(ConfigError, match=r"^--event-loop must be one of uvloop, asyncio$"):
         config.from_args(parser.parse_args(["--config", str(file)]), {})
+
+
+@pytest.mark.parametrize("given", ["sk-S3CRETKEY", "S3CRET KEY", "9S3CRET", "S3CRET\n"])
+def test_a_key_given_where_its_variable_name_goes_is_refused_unrepeated(
+    given: str, tmp_path: Path
+) -> None:
+    # Was: the start-up warning "--provider-url is set but sk-S3CRETKEY (--api-key-env) is
+    # unset or empty" wrote the key into the log.
+    argv = ["--provider-url", "http://127.0.0.1:9/v1", "--model", "m", "--api-key-env", given]
+    with pytest.raises(ConfigError) as raised:
+        parse(argv, {})
+    assert str(raised.value) == "--api-key-env takes the NAME of a variable, not its value"
+    # The same in a named provider's table of the config file.
+    file = tmp_path / "settings.toml"
+    file.write_text(f'[providers.p]\nurl = "http://127.0.0.1:9/v1"\nkey-env = {given!r}\n')
+    parser = argparse.ArgumentParser()
+    config.add_serve_arguments(parser)
+    with pytest.raises(ConfigError) as raised:
+        config.from_args(parser.parse_args(["--config", str(file)]), {})
+    assert str(raised.value) == "[providers.p] key-env takes the NAME of a variable, not its value"
+    assert "S3CRET" not in str(raised.value)
+
+
+def test_a_variable_name_is_still_named() -> None:
+    argv = ["--provider-url", "http://127.0.0.1:9/v1", "--model", "m", "--api-key-env", "_MY_KEY2"]
+    (warning,) = parse(argv, {}).warnings()
+    assert "_MY_KEY2 (--api-key-env) is unset or empty" in warning

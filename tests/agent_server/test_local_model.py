@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import aiohttp
 import pytest
 
 from agent_server.local_model import LocalModel, last_user_text, reply_words
@@ -68,3 +69,33 @@ def test_last_user_text() -> None:
     ]
     assert last_user_text(items) == "new"
     assert last_user_text("garbage") == ""
+
+
+@pytest.mark.parametrize(
+    ("route", "body"),
+    [
+        # JSON's escape of a lone surrogate, as a gateway client sends it (was: HTTP 500).
+        ("/responses", b'{"model": "m", "input": "\\ud800"}'),
+        ("/responses", b'{"model": "m", "stream": true, "input": "a\\udfff\\ud800"}'),
+        (
+            "/chat/completions",
+            b'{"model": "m", "messages": [{"role": "user", "content": "\\ud800 hi"}]}',
+        ),
+        # The surrogate encoded as bytes, which json reads with surrogatepass.
+        ("/responses", b'{"model": "m", "input": "x\xed\xa0\x80y"}'),
+    ],
+)
+async def test_lone_surrogates_in_a_request_become_u_fffd(route: str, body: bytes) -> None:
+    model = await LocalModel.start(word_delay=0, full_protocol=True)
+    try:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(model.url + route, data=body) as answer,
+        ):
+            status, text = answer.status, await answer.text()
+    finally:
+        await model.stop()
+    assert status == 200, text  # was 500 "internal error": UnicodeEncodeError
+    assert "\\ufffd" in text or "\ufffd" in text
+    assert "\\ud8" not in text
+    assert "\\udf" not in text

@@ -9,6 +9,7 @@ import json
 import logging
 import re
 import signal
+import subprocess
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -339,3 +340,37 @@ def test_the_documented_config_file_loads(tmp_path: Path) -> None:
         "--provider-url is set but OPENAI_API_KEY (--api-key-env) is unset or empty: "
         "requests go to the provider without an API key"
     ]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        # Was: `agent-server health: : UNKNOWN`, exit 1.
+        (["health", "--address", ""], "agent-server health: --address is empty"),
+        # Was: accepted, "did not answer within -1 s", exit 1.
+        (["health", "--timeout", "-1"], "agent-server health: --timeout must be"),
+        (["health", "--timeout", "nan"], "agent-server health: --timeout must be"),
+        (["chat", "--address", ""], "agent-server chat: --address is empty"),
+        # Was: listened on the default address without a word.
+        (["serve", "--listen", ""], "agent-server: --listen is empty"),
+        # Was: recording quietly off.
+        (["serve", "--trace-root", ""], "agent-server: --trace-root is empty"),
+        (["gateway", "--listen", "", "--trace-root", "{tmp}"], "agent-server: --listen is empty"),
+        (["gateway", "--trace-root", ""], "agent-server: --trace-root is empty"),
+    ],
+)
+def test_an_empty_address_root_or_a_bad_timeout_is_a_usage_error(
+    args: list[str], message: str, tmp_path: Path
+) -> None:
+    result = subprocess.run(
+        [AGENT_SERVER, *(arg.format(tmp=tmp_path) for arg in args)],
+        env=clean_env(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        # A command that takes the empty value serves (or waits) instead: the timeout fails it.
+        timeout=30,
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith(message)
+    assert result.stderr.count("\n") == 1

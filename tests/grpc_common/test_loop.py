@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
 from importlib.machinery import ModuleSpec
+from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -15,6 +23,8 @@ from grpc_common import (
     run_on_loop,
     running_event_loop,
 )
+from rollout_client import SyncAgentClient
+from trace_reducer import replay_bundle
 
 
 async def _which() -> tuple[str, str]:
@@ -74,3 +84,79 @@ def test_what_is_left_running_is_cancelled_as_asyncio_run_does() -> None:
 
     assert run_on_loop(main(), "uvloop") == 7
     assert cancelled == [True]
+
+
+# -- servers started with their standard fds closed ---------------------------------------------
+
+_BIN = Path(sys.executable).parent
+
+
+def _closing(*fds: int) -> Callable[[], None]:
+    # Run in the child just before exec, after its pipes are in place: `<&-`, `>&-`.
+    def close() -> None:
+        for fd in fds:
+            os.close(fd)
+
+    return close
+
+
+def _started(process: subprocess.Popen[str], stream: IO[str], pattern: str) -> re.Match[str]:
+    """The first line of stream matching pattern; the server's output up to there if none."""
+    seen = []
+    for line in stream:
+        seen.append(line)
+        found = re.search(pattern, line)
+        if found:
+            return found
+    process.kill()
+    raise AssertionError(f"the server never said it listens: {''.join(seen)}")
+
+
+def _stopped(process: subprocess.Popen[str]) -> tuple[int, str]:
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    return process.returncode, stderr
+
+
+def test_agent_server_with_stdin_and_stdout_closed_stops_cleanly(tmp_path: Path) -> None:
+    traces = tmp_path / "traces"
+    process = subprocess.Popen(
+        [_BIN / "agent-server", "serve", "--listen", "127.0.0.1:0", "--trace-root", traces],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        preexec_fn=_closing(0, 1),
+        text=True,
+    )
+    assert process.stderr is not None
+    # stdout is closed: the address is read from the start-up log line on stderr.
+    address = _started(process, process.stderr, r"listening on (\S+)").group(1)
+    with SyncAgentClient(address) as client:
+        thread = client.start_thread()
+    code, stderr = _stopped(process)
+    assert code == 0, stderr  # was 134: uv__close: Assertion `fd > STDERR_FILENO' failed
+    assert "Assertion" not in stderr
+    (bundle,) = traces.iterdir()
+    assert bundle.name.endswith(thread.id)
+    # The thread left open is closed by the shutdown, its bundle whole.
+    assert replay_bundle(bundle).recording_complete
+
+
+@pytest.mark.parametrize("server", ["gateway", "trace-reducer"])
+def test_the_other_servers_with_stdin_closed_stop_cleanly(server: str, tmp_path: Path) -> None:
+    argv = {
+        "gateway": [_BIN / "agent-server", "gateway", "--trace-root", tmp_path],
+        "trace-reducer": [_BIN / "trace-reducer", "serve", "--bundle-root", tmp_path],
+    }[server]
+    process = subprocess.Popen(
+        [*argv, "--listen", "127.0.0.1:0"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=_closing(0),
+        text=True,
+    )
+    assert process.stdout is not None
+    _started(process, process.stdout, r"^listening on ")
+    code, stderr = _stopped(process)
+    assert code == 0, stderr  # was 134, libuv's assertion

@@ -184,9 +184,14 @@ def test_access_flags_are_checked() -> None:
 @pytest.fixture
 def certificate(tmp_path: Path) -> tuple[Path, Path]:
     """A self-signed certificate for 127.0.0.1 and its key, made with the openssl command."""
+    return make_certificate(tmp_path)
+
+
+def make_certificate(directory: Path, name: str = "") -> tuple[Path, Path]:
+    """`certificate`'s pair, made in directory as {name}cert.pem and {name}key.pem."""
     if shutil.which("openssl") is None:
         pytest.skip("needs the openssl command")
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert, key = directory / f"{name}cert.pem", directory / f"{name}key.pem"
     subprocess.run(
         [
             "openssl",
