@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 from agent_server import toy_tokens
+from agent_server.config import DEFAULT_LOCAL_MODEL
 from agent_server.loopback_http import HttpRequest, HttpResponse, LoopbackHttpServer
 from agent_server.provider import without_lone_surrogates
 from trace_reducer import LOGPROBS_INCLUDE
@@ -177,6 +178,10 @@ class LocalModel:
 
     async def _handle(self, request: HttpRequest, response: HttpResponse) -> None:
         route = request.path.rstrip("/").split("?")[0]
+        if request.method == "GET" and route == "/models":
+            # What an SDK's models.list() asks first (the gateway forwards it).
+            await response.send(200, _MODELS)
+            return
         if request.method != "POST" or route not in ("/responses", "/chat/completions"):
             await _error(
                 response, 404, "not_found", f"no route for {request.method} {request.path}"
@@ -361,6 +366,20 @@ class LocalModel:
 
 
 _CALL_HEADER = "x-rollout-inference-call-id"
+# GET /models: the one model (it answers to any name; this is the server's default).
+_MODELS = json.dumps(
+    {
+        "object": "list",
+        "data": [
+            {
+                "id": DEFAULT_LOCAL_MODEL,
+                "object": "model",
+                "created": 0,
+                "owned_by": "rollout-trace",
+            }
+        ],
+    }
+).encode()
 
 
 def _full_protocol(send: _Send) -> _Send:
@@ -560,8 +579,13 @@ def _responses_body(chat: dict[str, Any]) -> dict[str, Any]:
         "max_output_tokens": chat.get("max_completion_tokens", chat.get("max_tokens")),
         "return_token_ids": chat.get("return_token_ids"),
         "temperature": chat.get("temperature"),
-        "usage": (chat.get("stream_options") or {}).get("include_usage") is True,
+        "usage": _include_usage(chat.get("stream_options")),
     }
+
+
+def _include_usage(options: Any) -> bool:
+    # Whatever shape a client sends (a string, a list) is no request for usage, not a 500.
+    return isinstance(options, dict) and options.get("include_usage") is True
 
 
 class _ChunkSink(Protocol):

@@ -99,3 +99,24 @@ async def test_lone_surrogates_in_a_request_become_u_fffd(route: str, body: byte
     assert "\\ufffd" in text or "\ufffd" in text
     assert "\\ud8" not in text
     assert "\\udf" not in text
+
+
+@pytest.mark.parametrize("options", ["yes", ["include_usage"], None, {"include_usage": True}])
+async def test_any_stream_options_shape_is_answered(options: object) -> None:
+    # Was: a string or list made the model fail (AttributeError), a 500 through the gateway.
+    model = await LocalModel.start(word_delay=0)
+    try:
+        async with aiohttp.ClientSession() as session:
+            body = {
+                "model": "local-echo-1",
+                "stream": True,
+                "stream_options": options,
+                "messages": [{"role": "user", "content": "hi"}],
+            }
+            async with session.post(f"{model.url}/chat/completions", json=body) as reply:
+                status, text = reply.status, await reply.text()
+    finally:
+        await model.stop()
+    assert status == 200, text
+    assert text.rstrip().endswith("data: [DONE]")
+    assert ('"usage"' in text) == (options == {"include_usage": True})

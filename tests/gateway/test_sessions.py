@@ -312,3 +312,10 @@ async def test_a_turn_begun_while_the_last_one_streams_keeps_the_bundle_readable
     assert [call.execution.status for call in calls(trace)] == [COMPLETED, COMPLETED]
     # The first turn ended after its call did, not when the second began.
     assert turns[0].execution.ended_seq > turns[1].execution.started_seq
+
+
+async def test_the_built_in_model_lists_itself(gateway: Gateway) -> None:
+    # Was: 404 from the built-in upstream, so an SDK's models.list() failed on a default
+    # gateway.
+    listed = await _client(gateway).models.list()
+    assert [model.id async for model in listed] == ["local-echo-1"]
