@@ -382,6 +382,28 @@ def test_an_output_that_is_not_a_regular_file_is_refused_not_replaced(
     assert not (bundle / "view.html").exists()
 
 
+@pytest.mark.parametrize("command", ["reduce", "view"])
+def test_an_output_onto_the_recording_is_refused(tmp_path: Path, command: str) -> None:
+    bundle = one_turn_bundle(tmp_path)
+    assert run("reward", bundle, "--name", "score", "--value", "1").returncode == 0
+    other = one_turn_bundle(tmp_path / "other")
+    alias = tmp_path / "alias.binpb"
+    os.link(bundle / "trace.binpb", alias)  # the recording under a name of no bundle
+    kept = {path: path.read_bytes() for path in (*bundle.iterdir(), other / "trace.binpb")}
+    for target in (bundle / "trace.binpb", bundle / "rewards.binpb", alias, other / "trace.binpb"):
+        result = run(command, bundle, "-o", target)
+        assert result.returncode == 2, (target, result.stderr)
+        assert_one_clean_line(result.stderr)
+        assert f"-o {target}: a bundle's recording" in result.stderr
+    assert {path: path.read_bytes() for path in kept} == kept
+    # Nothing written beside them either (no state.json, no view.html).
+    assert set(bundle.iterdir()) == {path for path in kept if path.parent == bundle}
+    if command == "view":
+        result = run("view", bundle, "--diff", other, "-o", other / "trace.binpb")
+        assert result.returncode == 2, result.stderr
+        assert (other / "trace.binpb").read_bytes() == kept[other / "trace.binpb"]
+
+
 def test_reward_writes_nothing_where_there_is_no_bundle(tmp_path: Path) -> None:
     inputs = bad_inputs(tmp_path)
     for name in ("garbage trace.binpb", "empty file"):

@@ -37,7 +37,7 @@ from ..bundle._errors import (
 )
 from ..bundle._framing import DEFAULT_MAX_UPLOAD_BYTES
 from ..bundle._integrity import describe_integrity, integrity_name, require_reducible
-from ..bundle._layout import STATE_FILE_NAME, TRACE_FILE_NAME
+from ..bundle._layout import REWARDS_FILE_NAME, STATE_FILE_NAME, TRACE_FILE_NAME
 from ..bundle._reader import read_bundle, resolve_trace_file
 from ..bundle._version import __version__
 from ..reduce._replay import replay_bundle
@@ -68,12 +68,15 @@ class _CommandError(Exception):
         self.code = code
 
 
-def _output_file(given: str | None, default: Path, *, instead: str = "") -> Path:
+def _output_file(
+    given: str | None, default: Path, *, instead: str = "", inputs: Sequence[Path] = ()
+) -> Path:
     """Where `-o` asks a file to be written, or `default` without it.
 
     The file is written beside its target and renamed over it, so what the name holds is
     replaced, not written through: a name that is not a regular file (a symlink such as
-    /dev/stdout, a FIFO, a device, a directory) is refused rather than swapped for a file.
+    /dev/stdout, a FIFO, a device, a directory) is refused rather than swapped for a file,
+    and so is a recording (see _is_a_recording): the output would be all that was left of it.
     """
     if given is None:
         return default
@@ -81,19 +84,41 @@ def _output_file(given: str | None, default: Path, *, instead: str = "") -> Path
         raise _CommandError("-o: the path is empty", EXIT_USAGE)
     target = Path(given)
     try:
-        mode = target.lstat().st_mode
+        found = target.lstat()
     except FileNotFoundError:
         return target
     except OSError as error:
         raise _CommandError(f"-o {given}: {describe_os_error(error)}", EXIT_USAGE) from error
-    if not stat.S_ISREG(mode):
-        kind = "a symbolic link" if stat.S_ISLNK(mode) else "not a regular file"
+    if not stat.S_ISREG(found.st_mode):
+        kind = "a symbolic link" if stat.S_ISLNK(found.st_mode) else "not a regular file"
         raise _CommandError(
             f"-o {given}: {kind}; the output replaces the file named, so give a new path or "
             f"a regular file{instead}",
             EXIT_USAGE,
         )
+    if _is_a_recording(target, found, inputs):
+        raise _CommandError(
+            f"-o {given}: a bundle's recording, which the output would replace; give "
+            f"another path{instead}",
+            EXIT_USAGE,
+        )
     return target
+
+
+def _is_a_recording(target: Path, found: os.stat_result, inputs: Sequence[Path]) -> bool:
+    """Whether target is a trace or rewards file: by its name, or by being (under any name,
+    a hard link included) one of the inputs' trace files or the rewards beside them."""
+    if target.name in (TRACE_FILE_NAME, REWARDS_FILE_NAME):
+        return True
+    for trace_file in inputs:
+        for record in (trace_file, trace_file.parent / REWARDS_FILE_NAME):
+            try:
+                kept = record.stat()
+            except OSError:
+                continue  # no rewards yet: nothing there to lose
+            if (kept.st_dev, kept.st_ino) == (found.st_dev, found.st_ino):
+                return True
+    return False
 
 
 # -- reduce -----------------------------------------------------------------------------------
@@ -129,7 +154,10 @@ def _reduce(args: argparse.Namespace) -> int:
         sys.stdout.flush()
         return EXIT_OK
     target = _output_file(
-        args.output, trace_file.parent / STATE_FILE_NAME, instead=" (--stdout writes to stdout)"
+        args.output,
+        trace_file.parent / STATE_FILE_NAME,
+        instead=" (--stdout writes to stdout)",
+        inputs=[trace_file],
     )
     print(write_state_json(trace, target, expand=expand), flush=True)
     return EXIT_OK
@@ -280,7 +308,7 @@ def _view(args: argparse.Namespace) -> int:
             f"warning: {integrity_name(integrity.status).lower()} bundle {args.bundle}: "
             f"{integrity.detail}; showing the {integrity.records_read} records before it"
         )
-    target = _output_file(args.output, trace_file.parent / VIEW_FILE_NAME)
+    target = _output_file(args.output, trace_file.parent / VIEW_FILE_NAME, inputs=[trace_file])
     path = save_view(data, target, title=f"rollout {trace_file.parent.name}")
     print(path, flush=True)
     if args.open and not webbrowser.open(path.resolve().as_uri()):
@@ -293,8 +321,10 @@ def _view_diff(args: argparse.Namespace) -> int:
     from ..view._diff_page import DIFF_FILE_NAME, write_diff
 
     trace_file = resolve_trace_file(args.bundle)
-    resolve_trace_file(args.diff)
-    target = _output_file(args.output, trace_file.parent / DIFF_FILE_NAME)
+    other = resolve_trace_file(args.diff)
+    target = _output_file(
+        args.output, trace_file.parent / DIFF_FILE_NAME, inputs=[trace_file, other]
+    )
     path = write_diff(args.bundle, args.diff, target)
     print(path, flush=True)
     if args.open and not webbrowser.open(path.resolve().as_uri()):
