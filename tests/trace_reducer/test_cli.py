@@ -469,3 +469,114 @@ def test_export_otlp_refuses_a_timeout_past_a_day(tmp_path: Path) -> None:
     assert result.returncode == 2, result.stderr
     assert_one_clean_line(result.stderr)
     assert "up to 86400" in result.stderr
+
+
+def run_with_stdout(stdout: str, *args: str | Path) -> subprocess.CompletedProcess[str]:
+    """The command with its stdout "closed" (fd 1 not open), "full" (/dev/full) or "gone"
+    (a pipe whose reader has already left, as `| head` leaves it)."""
+    command = [*COMMAND, *map(str, args)]
+    if stdout == "closed":
+        command = ["sh", "-c", 'exec "$@" >&-', "sh", *command]
+        return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    if stdout == "full":
+        target = os.open("/dev/full", os.O_WRONLY)
+    else:
+        reader, target = os.pipe()
+        os.close(reader)
+    try:
+        return subprocess.run(
+            command, stdout=target, stderr=subprocess.PIPE, text=True, timeout=60, check=False
+        )
+    finally:
+        os.close(target)
+
+
+def said(stderr: str) -> list[str]:
+    """The lines the command said itself, as `trace-reducer: ...`, without the prefix."""
+    prefix = "trace-reducer: "
+    return [line.removeprefix(prefix) for line in stderr.splitlines() if line.startswith(prefix)]
+
+
+def output_commands(tmp_path: Path) -> dict[str, list[str | Path]]:
+    root = tmp_path / "root"
+    bundle = one_turn_bundle(root)
+    return {
+        "reduce --stdout": ["reduce", bundle, "--stdout"],
+        "reduce": ["reduce", bundle, "-o", tmp_path / "state.json"],
+        "dump": ["dump", bundle],
+        "list": ["list", root],
+        "reduce-all": ["reduce-all", root, "--jobs", "1", "--force"],
+        "diff": ["diff", bundle, bundle],
+    }
+
+
+@pytest.mark.parametrize("stdout", ["closed", "full"])
+def test_an_output_that_cannot_be_written_is_one_line_and_an_error(
+    tmp_path: Path, stdout: str
+) -> None:
+    reasons = {"closed": "it is closed", "full": "No space left on device"}
+    for name, args in output_commands(tmp_path).items():
+        result = run_with_stdout(stdout, *args)
+        # diff's 1 means "a difference": a report not written is its 2, as for diff(1).
+        assert result.returncode == (2 if name == "diff" else 1), (name, result.stderr)
+        assert "Traceback" not in result.stderr
+        # reduce-all's progress lines aside, one line says what failed.
+        assert said(result.stderr) == [f"cannot write to stdout: {reasons[stdout]}"], name
+
+
+def test_a_reader_that_went_away_ends_the_command_quietly(tmp_path: Path) -> None:
+    for name, args in output_commands(tmp_path).items():
+        result = run_with_stdout("gone", *args)
+        assert result.returncode == (2 if name == "diff" else 1), (name, result.stderr)
+        assert "Traceback" not in result.stderr
+        assert said(result.stderr) == [], name
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+@pytest.mark.parametrize("stdout", ["closed", "full", "gone"])
+def test_serve_serves_on_when_its_stdout_fails(tmp_path: Path, stdout: str) -> None:
+    bundle = one_turn_bundle(tmp_path)
+    address = f"127.0.0.1:{free_port()}"
+    command = [*COMMAND, "serve", "--listen", address, "--bundle-root", str(tmp_path)]
+    if stdout == "closed":
+        command = ["sh", "-c", 'exec "$@" >&-', "sh", *command]
+        target = None
+    elif stdout == "full":
+        target = os.open("/dev/full", os.O_WRONLY)
+    else:
+        reader, target = os.pipe()
+        os.close(reader)
+    process = subprocess.Popen(command, stdout=target, stderr=subprocess.PIPE, text=True)
+    if target is not None:
+        os.close(target)
+    try:
+        with grpc.insecure_channel(address) as channel:
+            grpc.channel_ready_future(channel).result(timeout=30)
+            stub = reducer_pb2_grpc.ReducerServiceStub(channel)
+            response = stub.ReduceBundle(reducer_pb2.ReduceBundleRequest(bundle=bundle.name))
+            assert response.trace == replay_bundle(bundle)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=20) == 0
+        assert process.stderr is not None
+        stderr = process.stderr.read()
+        assert "Traceback" not in stderr
+        assert "Exception ignored" not in stderr
+        lines = said(stderr)
+        if stdout == "gone":
+            assert lines == []
+        else:
+            assert len(lines) == 1, stderr
+            assert lines[0].startswith("cannot write to stdout: ")
+            assert lines[0].endswith("; serving on")
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import json
 import logging
 import os
@@ -48,6 +49,7 @@ from ._common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, PROG, s
 from ._diff import add_parser as add_diff_parser
 from ._list import add_parser as add_list_parser
 from ._progress import progress_for
+from ._stdout import StdoutError, guarded_stdout, silence_stdout
 from ._training import add_parsers as add_training_parsers
 
 if TYPE_CHECKING:
@@ -375,12 +377,12 @@ async def _serve_site(root: str, host: str, port: int, token: str | None, open_p
     stop = asyncio.Event()
     install_signal_handlers(stop.set)
     shown = f"{address}?token={token}" if token else address
-    print(f"serving {shown}", flush=True)
-    if next(walk_bundles(root, irregular=True), None) is None:
-        say(f"no bundles under {root} yet: the list shows each as it is written (Ctrl-C stops)")
-    if open_page and not webbrowser.open(shown):
-        say(f"no browser could be started; open {shown} yourself")
     try:
+        _announce(f"serving {shown}")
+        if next(walk_bundles(root, irregular=True), None) is None:
+            say(f"no bundles under {root} yet: the list shows each as it is written (Ctrl-C stops)")
+        if open_page and not webbrowser.open(shown):
+            say(f"no browser could be started; open {shown} yourself")
         await stop.wait()
     finally:
         await server.stop()
@@ -456,7 +458,7 @@ async def _serve_async(
             metrics = MetricsServer.start(metrics_listen, registry)
         except (ValueError, OSError) as error:
             raise _CommandError(f"--metrics-listen: {error}", EXIT_USAGE) from error
-        print(f"metrics at {metrics.url}", flush=True)
+        _announce(f"metrics at {metrics.url}")
     try:
         server = await GrpcServer.start(
             listen,
@@ -471,12 +473,28 @@ async def _serve_async(
         raise _CommandError(f"--listen: {error}", EXIT_USAGE) from error
     stop = asyncio.Event()
     install_signal_handlers(stop.set)
-    print(f"listening on {server.address}", flush=True)
-    await stop.wait()
-    await server.stop(grace=5.0)
-    if metrics is not None:
-        metrics.stop()
+    try:
+        _announce(f"listening on {server.address}")
+        await stop.wait()
+    finally:
+        # Stopped whatever ended the wait: an unstopped grpc.aio server prints a traceback
+        # when it is collected after its loop closed.
+        await server.stop(grace=5.0)
+        if metrics is not None:
+            metrics.stop()
     return EXIT_OK
+
+
+def _announce(line: str) -> None:
+    """A server's start-up line on stdout. What was asked for is the server, not the line:
+    a stdout that is closed, full, or whose reader has gone (`serve | head -1` reading the
+    address) leaves it serving, and says so unless the reader just left."""
+    try:
+        print(line, flush=True)
+    except StdoutError as error:
+        silence_stdout()
+        if error.errno != errno.EPIPE:
+            say(f"{error.describe()}; serving on")
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -713,8 +731,21 @@ _NAME_ENDS = frozenset(" \t\n\"'<>")
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; never lets a traceback out."""
     args = build_parser().parse_args(argv)
+    with guarded_stdout():
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The command, and the one place its failures become a line and an exit code."""
     try:
         code: int = args.run(args)
+        # What is still buffered fails here, not after the exit code was chosen.
+        sys.stdout.flush()
+    except StdoutError as error:
+        silence_stdout()
+        if error.errno != errno.EPIPE:  # `| head`: the reader went away; nothing to say
+            say(error.describe())
+        return int(getattr(args, "output_failed", EXIT_FAILED))
     except _CommandError as failure:
         say(str(failure))
         return failure.code
@@ -733,8 +764,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             say(describe_os_error(error))
             return EXIT_FAILED
         # The reader went away (`| head`); say nothing more to it.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_FAILED
+        silence_stdout()
+        return int(getattr(args, "output_failed", EXIT_FAILED))
     except OSError as error:
         say(describe_os_error(error))
         return EXIT_FAILED
