@@ -248,10 +248,12 @@ def recently_modified(store: Store, location: str, window: float) -> bool:
 def parse_storage_options(pairs: list[str]) -> StorageOptions:
     """KEY=VALUE flags as fsspec keyword arguments (strings; fsspec coerces what it needs)."""
     options = []
-    for pair in pairs:
+    for n, pair in enumerate(pairs, 1):
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise ValueError(f"--storage-option expects KEY=VALUE, got {pair!r}")
+            # Not echoed: a value typed without its key (a secret key, say) would be shown.
+            problem = "no '='" if not sep else "no KEY before '='"
+            raise ValueError(f"--storage-option expects KEY=VALUE; option {n} has {problem}")
         options.append((key, value))
     return tuple(options)
 

@@ -26,6 +26,8 @@ from ._common import (
     EXIT_OK,
     add_storage_option_argument,
     job_count,
+    redact,
+    root_failure,
     warn,
 )
 from ._progress import Progress, progress_for
@@ -133,12 +135,8 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         store = open_store(options.root, storage_options)
-    except ImportError as error:
-        if error.name is None:  # fsspec's own "install gcsfs to access ..." message
-            raise BundleError(f"cannot open {args.root}: {error}") from error
-        raise _missing_extra(error) from error
-    except ValueError as error:
-        raise BundleError(f"cannot open {args.root}: {error}") from error
+    except (ImportError, ValueError) as error:
+        raise root_failure("reduce-all", args.root, error, "open") from error
     if store.process_local and args.ray is not None:
         raise BundleError(f"--ray cannot reach {args.root}: it exists in this process only")
     try:
@@ -146,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
     except BundleError:
         raise
     except Exception as error:
-        raise BundleError(f"cannot list {args.root}: {error}") from error
+        raise root_failure("reduce-all", args.root, error, "list") from error
     root = store.display(store.root) if is_url(options.root) else store.root
     if not entries:
         raise BundleError(f"no trace bundles (directories holding trace.binpb) under {root}")
@@ -203,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
         table_rows=table_rows,
         interrupted=interrupted,
     )
-    print("\n".join(lines), flush=True)
+    print(redact("\n".join(lines)), flush=True)
     if interrupted:
         return EXIT_INTERRUPTED
     if table_error:

@@ -5,6 +5,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+import urllib.parse
+from collections.abc import Iterable
+
+from grpc_common import Redactor
+
+from ..bundle._errors import BundleError, MissingExtraError
 
 __all__ = [
     "EXIT_FAILED",
@@ -14,7 +20,10 @@ __all__ = [
     "MAX_JOBS",
     "PROG",
     "add_storage_option_argument",
+    "hide_secrets",
     "job_count",
+    "redact",
+    "root_failure",
     "say",
     "warn",
 ]
@@ -41,9 +50,51 @@ def job_count(text: str) -> int:
     return value
 
 
+_redactors: list[Redactor] = []
+# Shorter user names are left in text: hiding `u` would blank every u.
+_MIN_SECRET = 4
+
+
+def hide_secrets(urls: Iterable[str | None]) -> None:
+    """From now on what the command says (say, warn, redact) shows the URLs it was given
+    (roots, tables) with no credentials: an error message quotes the URL, and fsspec's and
+    botocore's messages quote it again."""
+    parsed = [(url, _parts(url)) for url in urls if url and "://" in url]
+    with_credentials = [(url, p) for url, p in parsed if p and (p.username or p.query)]
+    # s3://KEY_ID:SECRET@bucket: the key id too (the Redactor hides a user standing alone).
+    users = [p.username for _, p in with_credentials if len(p.username or "") >= _MIN_SECRET]
+    _redactors[:] = [Redactor(filter(None, users), url=url) for url, _ in with_credentials]
+    # One that does not parse has no parts to take out: it is not shown at all.
+    _redactors.extend(Redactor([url]) for url, p in parsed if p is None)
+
+
+def _parts(url: str) -> urllib.parse.SplitResult | None:
+    try:
+        return urllib.parse.urlsplit(url)
+    except ValueError:
+        return None
+
+
+def redact(text: str) -> str:
+    for redactor in _redactors:
+        text = redactor.text(text)
+    return text
+
+
+def root_failure(command: str, root: str, error: Exception, doing: str) -> Exception:
+    """Opening or listing a root (a URL, mostly) failed: the extra it needs is missing, or the
+    one line (exit 2) naming the root, for the URL's protocol, bucket or service to be fixed."""
+    if isinstance(error, ImportError) and error.name is not None:
+        return MissingExtraError(command, "batch", error.name)
+    # fsspec's own "install gcsfs to access ..." is an ImportError naming no module.
+    return BundleError(f"cannot {doing} {root}: {error}")
+
+
 def say(message: str) -> None:
     """One line on stderr, named after the command: how errors and notes reach the user."""
-    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+    # One line even when a library's message (botocore's, say) runs over several.
+    line = " ".join(redact(message).splitlines())
+    print(f"{PROG}: {line}", file=sys.stderr, flush=True)
 
 
 def warn(message: str) -> None:

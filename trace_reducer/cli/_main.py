@@ -45,7 +45,15 @@ from ..reduce._replay import replay_bundle
 from ..reduce._requests import request_body
 from ..reduce._state_json import iter_state_json, write_state_json
 from ._batch import add_parser as add_reduce_all_parser
-from ._common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, PROG, say
+from ._common import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    PROG,
+    hide_secrets,
+    say,
+)
 from ._diff import add_parser as add_diff_parser
 from ._list import add_parser as add_list_parser
 from ._progress import progress_for
@@ -731,6 +739,7 @@ _NAME_ENDS = frozenset(" \t\n\"'<>")
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; never lets a traceback out."""
     args = build_parser().parse_args(argv)
+    hide_secrets((getattr(args, "root", None), getattr(args, "tables", None)))
     with guarded_stdout():
         return _run(args)
 
