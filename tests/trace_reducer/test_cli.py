@@ -200,14 +200,97 @@ def test_usage_errors_exit_2_without_traceback(tmp_path: Path) -> None:
         assert "--max-upload-bytes" in result.stderr, limit
 
 
-def test_unwritable_output_exits_1(tmp_path: Path) -> None:
+def test_an_output_where_nothing_can_be_written_is_bad_input(tmp_path: Path) -> None:
+    # Was: exit 1 (reduce's "corrupt") once the work was done, where other bad input is 2.
     bundle = one_turn_bundle(tmp_path)
-    target = tmp_path / "no-such-dir" / "state.json"
-    result = run("reduce", bundle, "-o", target)
-    assert result.returncode == 1
-    assert_one_clean_line(result.stderr)
-    # The path the user gave, not the temporary file the state is first written to.
-    assert f"No such file or directory: {target}" in result.stderr
+    a_file = tmp_path / "a-file"
+    a_file.write_text("keep me")
+    missing = tmp_path / "no-such-dir"
+    for args, said in (
+        (["reduce", bundle, "-o", missing / "state.json"], f"no such directory: {missing}"),
+        (["view", bundle, "-o", missing / "view.html"], f"no such directory: {missing}"),
+        (["view", tmp_path, "-o", a_file], "not a directory"),
+        (["view", tmp_path, "-o", a_file / "site"], f"not a directory: {a_file}"),
+        (["export-rl", bundle, "--format", "jsonl", "--out", a_file], "not a directory"),
+        (["export-rl", bundle, "--format", "jsonl", "--out", "/dev/full"], "not a directory"),
+    ):
+        result = run(*args)
+        assert result.returncode == 2, (args, result.stderr)
+        assert_one_clean_line(result.stderr)
+        assert said in result.stderr, (args, result.stderr)
+    assert not missing.exists()
+    assert a_file.read_text() == "keep me"
+    assert not (bundle / "state.json").exists()
+
+
+def test_an_empty_path_is_not_the_current_directory(tmp_path: Path) -> None:
+    # Was: `reduce-all ''` reduced every bundle under the current directory; `list ''`,
+    # `serve --bundle-root ''` and `export-rl --out ''` used it quietly too.
+    bundle = one_turn_bundle(tmp_path / "root")
+    for args in (
+        ["list", ""],
+        ["reduce-all", ""],
+        ["view", ""],
+        ["export-rl", bundle, "--format", "jsonl", "--out", ""],
+        ["export-rl", "", "--format", "jsonl", "--out", tmp_path / "out"],
+        ["reduce", bundle, "--parent", ""],
+        ["serve", "--bundle-root", ""],
+    ):
+        result = subprocess.run(
+            [*COMMAND, *map(str, args)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+            cwd=bundle.parent,
+        )
+        assert result.returncode == 2, (args, result.stderr)
+        assert "Traceback" not in result.stderr
+        assert "the path is empty" in result.stderr, (args, result.stderr)
+    assert sorted(p.name for p in bundle.iterdir()) == ["trace.binpb"]
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_parent_that_is_no_bundle_is_said(tmp_path: Path) -> None:
+    # Was: ignored, exit 0, the fork left unresolved without a word.
+    bundle = one_turn_bundle(tmp_path / "root")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for parent in (tmp_path / "missing", fifo):
+        for args in (
+            ["reduce", bundle, "--parent", parent, "--stdout"],
+            [
+                "export-rl",
+                bundle,
+                "--format",
+                "jsonl",
+                "--out",
+                tmp_path / "out",
+                "--parent",
+                parent,
+            ],
+        ):
+            result = run(*args)
+            assert result.returncode == 2, (args, result.stderr)
+            assert_one_clean_line(result.stderr)
+            assert f"--parent {parent}: " in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_view_of_one_bundle_refuses_the_server_s_flags(tmp_path: Path) -> None:
+    # Was: --listen ignored, the page written to view.html.
+    bundle = one_turn_bundle(tmp_path / "root")
+    for args in (
+        ["view", bundle, "--listen", "127.0.0.1:0"],
+        ["view", bundle, "--token-env", "TOKEN"],
+        ["view", bundle, "--diff", bundle, "--listen", "127.0.0.1:0"],
+        ["view", bundle.parent, "-o", tmp_path / "site", "--listen", "127.0.0.1:0"],
+    ):
+        result = run(*args)
+        assert result.returncode == 2, (args, result.stderr)
+        assert_one_clean_line(result.stderr)
+    assert sorted(p.name for p in bundle.iterdir()) == ["trace.binpb"]
+    assert not (tmp_path / "site").exists()
 
 
 def test_dump_prints_one_line_per_record(tmp_path: Path) -> None:

@@ -26,8 +26,10 @@ from ._common import (
     EXIT_OK,
     add_storage_option_argument,
     job_count,
+    path_argument,
     redact,
     root_failure,
+    seconds_argument,
     warn,
 )
 from ._progress import Progress, progress_for
@@ -65,7 +67,11 @@ def add_parser(commands: Any) -> None:
             "an unreadable URL, the extra --tables or --ray needs not installed)."
         ),
     )
-    parser.add_argument("root", help="a directory, or an fsspec URL (s3://bucket/prefix, ...)")
+    parser.add_argument(
+        "root",
+        type=path_argument,
+        help="a directory, or an fsspec URL (s3://bucket/prefix, ...)",
+    )
     parser.add_argument(
         "--jobs",
         type=job_count,
@@ -79,7 +85,10 @@ def add_parser(commands: Any) -> None:
         "--salvage", action="store_true", help="reduce corrupt bundles up to the damage"
     )
     parser.add_argument(
-        "--tables", metavar="DIR", help="write Parquet tables here (a directory or URL)"
+        "--tables",
+        type=path_argument,
+        metavar="DIR",
+        help="write Parquet tables here (a directory or URL)",
     )
     parser.add_argument(
         "--ray",
@@ -90,7 +99,7 @@ def add_parser(commands: Any) -> None:
     )
     parser.add_argument(
         "--live-window",
-        type=float,
+        type=seconds_argument,
         default=10.0,
         metavar="SECONDS",
         help="an unfinished bundle modified this recently is live, not damaged (default 10)",

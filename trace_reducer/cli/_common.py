@@ -4,9 +4,13 @@ an error is printed as, and the fsspec option flag."""
 from __future__ import annotations
 
 import argparse
+import errno
+import math
+import os
 import sys
 import urllib.parse
 from collections.abc import Iterable
+from pathlib import Path
 
 from grpc_common import Redactor
 
@@ -20,11 +24,16 @@ __all__ = [
     "MAX_JOBS",
     "PROG",
     "add_storage_option_argument",
+    "check_output_dir",
+    "check_parents",
     "hide_secrets",
     "job_count",
+    "path_argument",
     "redact",
     "root_failure",
     "say",
+    "seconds_argument",
+    "unwritable_place",
     "warn",
 ]
 
@@ -88,6 +97,63 @@ def root_failure(command: str, root: str, error: Exception, doing: str) -> Excep
         return MissingExtraError(command, "batch", error.name)
     # fsspec's own "install gcsfs to access ..." is an ImportError naming no module.
     return BundleError(f"cannot {doing} {root}: {error}")
+
+
+def path_argument(text: str) -> str:
+    """A path a command reads or writes: an empty one is a slip (an unset variable), not the
+    current directory, which `reduce-all ''` reduced whole."""
+    if not text:
+        raise argparse.ArgumentTypeError("the path is empty (. is the current directory)")
+    return text
+
+
+def seconds_argument(text: str) -> float:
+    """A number of seconds, finite and not negative."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expects a number of seconds, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number from 0, got {text}")
+    return value
+
+
+def check_parents(parents: Iterable[str]) -> None:
+    """Each `--parent` is a bundle: one missing or not readable (a FIFO) is a mistake to say,
+    not a fork silently left unresolved."""
+    from ..bundle._reader import resolve_trace_file
+
+    for parent in parents:
+        try:
+            resolve_trace_file(parent)
+        except BundleError as error:
+            raise BundleError(f"--parent {parent}: {error}") from error
+
+
+def unwritable_place(target: Path, *, directory: bool) -> str | None:
+    """Why target (a file, or a directory made if missing) cannot be written, found before any
+    work: a bad output path is bad input (exit 2), as a bad input path is; None if it can be."""
+    if directory and target.exists():
+        if not target.is_dir():
+            return "not a directory"
+        place = target
+    elif directory:  # made with its parents, in the nearest directory there is
+        place = next((parent for parent in target.parents if parent.exists()), Path("."))
+        if not place.is_dir():
+            return f"not a directory: {place}"
+    else:
+        place = target.parent
+        if not place.is_dir():
+            return f"no such directory: {place}"
+    if not os.access(place, os.W_OK | os.X_OK):
+        return f"cannot write in {place}: {os.strerror(errno.EACCES)}"
+    return None
+
+
+def check_output_dir(flag: str, given: str) -> None:
+    problem = unwritable_place(Path(given), directory=True)
+    if problem is not None:
+        raise BundleError(f"{flag} {given}: {problem}")
 
 
 def say(message: str) -> None:

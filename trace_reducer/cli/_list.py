@@ -7,7 +7,14 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from ..bundle._errors import BundleError
-from ._common import EXIT_OK, add_storage_option_argument, redact, root_failure, warn
+from ._common import (
+    EXIT_OK,
+    add_storage_option_argument,
+    path_argument,
+    redact,
+    root_failure,
+    warn,
+)
 
 if TYPE_CHECKING:
     from ..batch._listing import RunFilter
@@ -86,7 +93,11 @@ def add_parser(commands: Any) -> None:
             "reduce-all's state.json when it is fresh."
         ),
     )
-    parser.add_argument("root", help="a directory, or an fsspec URL (s3://bucket/prefix, ...)")
+    parser.add_argument(
+        "root",
+        type=path_argument,
+        help="a directory, or an fsspec URL (s3://bucket/prefix, ...)",
+    )
     add_filter_arguments(parser)
     parser.add_argument(
         "--sort",

@@ -51,8 +51,12 @@ from ._common import (
     EXIT_OK,
     EXIT_USAGE,
     PROG,
+    check_output_dir,
+    check_parents,
     hide_secrets,
+    path_argument,
     say,
+    unwritable_place,
 )
 from ._diff import add_parser as add_diff_parser
 from ._list import add_parser as add_list_parser
@@ -66,6 +70,7 @@ if TYPE_CHECKING:
     from ..export._otel import ExportedBundle
 
 DEFAULT_LISTEN = "127.0.0.1:50052"
+DEFAULT_VIEW_LISTEN = "127.0.0.1:8765"
 _PREVIEW_CHARS = 60
 _FIELDS_CHARS = 240
 
@@ -96,6 +101,9 @@ def _output_file(
     try:
         found = target.lstat()
     except FileNotFoundError:
+        problem = unwritable_place(target, directory=False)
+        if problem is not None:
+            raise _CommandError(f"-o {given}: {problem}", EXIT_USAGE) from None
         return target
     except OSError as error:
         raise _CommandError(f"-o {given}: {describe_os_error(error)}", EXIT_USAGE) from error
@@ -136,6 +144,7 @@ def _is_a_recording(target: Path, found: os.stat_result, inputs: Sequence[Path])
 
 def _reduce(args: argparse.Namespace) -> int:
     trace_file = resolve_trace_file(args.bundle)
+    check_parents(args.parent)
     # Held compact either way: the complete form is written a call at a time from it.
     trace = replay_bundle(trace_file, parents=args.parent, compact=True)
     expand = not args.compact
@@ -301,14 +310,22 @@ def _view(args: argparse.Namespace) -> int:
     from ..view._view import VIEW_FILE_NAME, reduce_for_view, save_view
 
     source = Path(args.bundle)
-    if args.diff:
-        return _view_diff(args)
-    if source.is_dir() and not (source / TRACE_FILE_NAME).exists():
+    if source.is_dir() and not (source / TRACE_FILE_NAME).exists() and not args.diff:
         if not holds_bundles(source):
             raise BundleError(
                 f"not a trace bundle (no {TRACE_FILE_NAME}), nor a root of bundles: {source}"
             )
         return _view_root(args)
+    for flag, value in (("--listen", args.listen), ("--token-env", args.token_env)):
+        if value is not None:
+            # Said, not ignored: a page written where a server was asked for misleads.
+            raise _CommandError(
+                f"{flag} serves a root of bundles; {args.bundle} is one bundle, whose page "
+                "is written to a file (-o names it)",
+                EXIT_USAGE,
+            )
+    if args.diff:
+        return _view_diff(args)
     trace_file = resolve_trace_file(args.bundle)
     data = reduce_for_view(trace_file)
     integrity = data.trace.integrity
@@ -349,14 +366,20 @@ def _view_root(args: argparse.Namespace) -> int:
     if args.output is not None:
         if not args.output:
             raise _CommandError("-o: the path is empty", EXIT_USAGE)
+        if args.listen is not None:
+            raise _CommandError(
+                "-o writes the site to files, --listen serves it: give one of them", EXIT_USAGE
+            )
+        check_output_dir("-o", args.output)
         index = write_site(args.bundle, args.output)
         print(index, flush=True)
         return EXIT_OK
-    host, _, port_text = args.listen.rpartition(":")
+    listen = args.listen or DEFAULT_VIEW_LISTEN
+    host, _, port_text = listen.rpartition(":")
     host = host.strip("[]")
     if not host or not port_text.isdigit() or int(port_text) > 65535:
         raise _CommandError(
-            f"--listen expects HOST:PORT (a port from 0 to 65535), got {args.listen!r}",
+            f"--listen expects HOST:PORT (a port from 0 to 65535), got {listen!r}",
             EXIT_USAGE,
         )
     token: str | None = None
@@ -558,6 +581,7 @@ def build_parser() -> argparse.ArgumentParser:
     reduce.add_argument(
         "--parent",
         action="append",
+        type=path_argument,
         default=[],
         metavar="BUNDLE",
         help="a fork's parent bundle when it is not beside the fork (repeatable)",
@@ -644,7 +668,9 @@ def build_parser() -> argparse.ArgumentParser:
         "the run list (or write it as a static site with -o DIR)",
     )
     view.add_argument(
-        "bundle", help="bundle directory or its trace.binpb, or a root holding bundles"
+        "bundle",
+        type=path_argument,
+        help="bundle directory or its trace.binpb, or a root holding bundles",
     )
     view.add_argument(
         "-o",
@@ -661,9 +687,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     view.add_argument(
         "--listen",
-        default="127.0.0.1:8765",
         metavar="HOST:PORT",
-        help="where a root is served (default 127.0.0.1:8765); off loopback a token is required",
+        help=f"where a root is served (default {DEFAULT_VIEW_LISTEN}); off loopback a token "
+        "is required",
     )
     view.add_argument(
         "--token-env",
@@ -686,7 +712,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help=f"gRPC address; port 0 picks a free one (default {DEFAULT_LISTEN})",
     )
-    serve.add_argument("--bundle-root", metavar="DIR", help="bundles are read under here (cwd)")
+    serve.add_argument(
+        "--bundle-root",
+        type=path_argument,
+        metavar="DIR",
+        help="bundles are read under here (cwd)",
+    )
     add_access_arguments(serve)
     serve.add_argument(
         "--max-upload-bytes",
