@@ -209,6 +209,9 @@ def test_damaged_bundles_are_reported_and_never_stop_the_batch(traces: Path) -> 
         (["{tmp}/empty-dir", "--jobs", "99999999999999999999"], "must be from 1 to 1024"),
         (["{tmp}/empty-dir", "--jobs", "many"], "expects a whole number, got 'many'"),
         (["{tmp}/a-bundle"], "is a bundle, not a root of bundles"),
+        (["{tmp}/empty-dir", "--tables", ""], "the path is empty"),
+        (["{tmp}/empty-dir", "--live-window", "nan"], "must be a finite number from 0"),
+        (["{tmp}/empty-dir", "--live-window", "-5"], "must be a finite number from 0"),
     ],
 )
 def test_bad_input_gets_one_line_and_exit_2(tmp_path: Path, args: list[str], message: str) -> None:

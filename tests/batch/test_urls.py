@@ -3,14 +3,23 @@ file:// and memory://."""
 
 from __future__ import annotations
 
+import os
 import shlex
+import socket
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.batch.conftest import Corpus, bundles_under, expected_state, reduce_all
+from tests.batch.conftest import (
+    TRACE_REDUCER,
+    Corpus,
+    bundles_under,
+    expected_state,
+    reduce_all,
+)
 from tests.docs import block
 from trace_reducer import cli
 
@@ -151,3 +160,61 @@ def test_the_readme_s3_command(s3_endpoint: str, traces: Path, corpus: Corpus) -
         written = fs.cat_file(f"rollouts/2026-11/{bundle.name}/state.json")
         assert written.decode() == expected_state(bundle)
     assert fs.find("rollouts/tables/2026-11/bundles")
+
+
+def _trace_reducer(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [TRACE_REDUCER, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **AWS_ENV},
+        check=False,
+    )
+
+
+def _our_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("trace-reducer")]
+
+
+@pytest.mark.parametrize("command", ["list", "reduce-all"])
+@pytest.mark.parametrize(
+    ("root", "message"),
+    [
+        ("bogus://x", "cannot open bogus://x: Protocol not known: bogus"),
+        ("s3://", "cannot open s3://: Cannot traverse all of S3"),
+    ],
+)
+def test_a_url_no_store_can_open_is_one_line_and_exit_2(
+    command: str, root: str, message: str
+) -> None:
+    # Was, for list: `internal error: ValueError: ...`, exit 1.
+    if command == "reduce-all" and root == "s3://":
+        message = message.replace("cannot open", "cannot list")  # s3fs opens, then refuses
+    result = _trace_reducer(command, root)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert _our_lines(result.stderr) == [f"trace-reducer: {message}"]
+
+
+@pytest.mark.parametrize("command", ["list", "reduce-all"])
+def test_a_root_url_s_credentials_are_never_shown(command: str) -> None:
+    # Was: the URL as given, in our line and again inside botocore's message.
+    with socket.socket() as probe:  # a loopback port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    secrets = ("S3CRETPW", "S3CRETQ", "AKIAXXXX", "S3CRETNOEQ")
+    cases = [
+        [command, "s3://AKIAXXXX:S3CRETPW@bucket/prefix"],
+        [command, f"http://user:S3CRETPW@127.0.0.1:{closed}/x?sig=S3CRETQ"],
+        [command, "s3://bucket/prefix", "--storage-option", "S3CRETNOEQ"],
+        [command, "http://user:S3CRETPW@[::1/x"],  # a URL that does not parse
+    ]
+    for args in cases:
+        result = _trace_reducer(*args)
+        assert "Traceback" not in result.stderr
+        shown = result.stdout + result.stderr
+        assert not [secret for secret in secrets if secret in shown], (args, shown)
+        if result.returncode != 0:  # list of an HTTP root nothing answers is an empty table
+            assert result.returncode == 2, (args, result.stderr)
+            assert len(_our_lines(result.stderr)) == 1, (args, result.stderr)

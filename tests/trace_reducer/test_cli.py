@@ -200,14 +200,97 @@ def test_usage_errors_exit_2_without_traceback(tmp_path: Path) -> None:
         assert "--max-upload-bytes" in result.stderr, limit
 
 
-def test_unwritable_output_exits_1(tmp_path: Path) -> None:
+def test_an_output_where_nothing_can_be_written_is_bad_input(tmp_path: Path) -> None:
+    # Was: exit 1 (reduce's "corrupt") once the work was done, where other bad input is 2.
     bundle = one_turn_bundle(tmp_path)
-    target = tmp_path / "no-such-dir" / "state.json"
-    result = run("reduce", bundle, "-o", target)
-    assert result.returncode == 1
-    assert_one_clean_line(result.stderr)
-    # The path the user gave, not the temporary file the state is first written to.
-    assert f"No such file or directory: {target}" in result.stderr
+    a_file = tmp_path / "a-file"
+    a_file.write_text("keep me")
+    missing = tmp_path / "no-such-dir"
+    for args, said in (
+        (["reduce", bundle, "-o", missing / "state.json"], f"no such directory: {missing}"),
+        (["view", bundle, "-o", missing / "view.html"], f"no such directory: {missing}"),
+        (["view", tmp_path, "-o", a_file], "not a directory"),
+        (["view", tmp_path, "-o", a_file / "site"], f"not a directory: {a_file}"),
+        (["export-rl", bundle, "--format", "jsonl", "--out", a_file], "not a directory"),
+        (["export-rl", bundle, "--format", "jsonl", "--out", "/dev/full"], "not a directory"),
+    ):
+        result = run(*args)
+        assert result.returncode == 2, (args, result.stderr)
+        assert_one_clean_line(result.stderr)
+        assert said in result.stderr, (args, result.stderr)
+    assert not missing.exists()
+    assert a_file.read_text() == "keep me"
+    assert not (bundle / "state.json").exists()
+
+
+def test_an_empty_path_is_not_the_current_directory(tmp_path: Path) -> None:
+    # Was: `reduce-all ''` reduced every bundle under the current directory; `list ''`,
+    # `serve --bundle-root ''` and `export-rl --out ''` used it quietly too.
+    bundle = one_turn_bundle(tmp_path / "root")
+    for args in (
+        ["list", ""],
+        ["reduce-all", ""],
+        ["view", ""],
+        ["export-rl", bundle, "--format", "jsonl", "--out", ""],
+        ["export-rl", "", "--format", "jsonl", "--out", tmp_path / "out"],
+        ["reduce", bundle, "--parent", ""],
+        ["serve", "--bundle-root", ""],
+    ):
+        result = subprocess.run(
+            [*COMMAND, *map(str, args)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+            cwd=bundle.parent,
+        )
+        assert result.returncode == 2, (args, result.stderr)
+        assert "Traceback" not in result.stderr
+        assert "the path is empty" in result.stderr, (args, result.stderr)
+    assert sorted(p.name for p in bundle.iterdir()) == ["trace.binpb"]
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_parent_that_is_no_bundle_is_said(tmp_path: Path) -> None:
+    # Was: ignored, exit 0, the fork left unresolved without a word.
+    bundle = one_turn_bundle(tmp_path / "root")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for parent in (tmp_path / "missing", fifo):
+        for args in (
+            ["reduce", bundle, "--parent", parent, "--stdout"],
+            [
+                "export-rl",
+                bundle,
+                "--format",
+                "jsonl",
+                "--out",
+                tmp_path / "out",
+                "--parent",
+                parent,
+            ],
+        ):
+            result = run(*args)
+            assert result.returncode == 2, (args, result.stderr)
+            assert_one_clean_line(result.stderr)
+            assert f"--parent {parent}: " in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_view_of_one_bundle_refuses_the_server_s_flags(tmp_path: Path) -> None:
+    # Was: --listen ignored, the page written to view.html.
+    bundle = one_turn_bundle(tmp_path / "root")
+    for args in (
+        ["view", bundle, "--listen", "127.0.0.1:0"],
+        ["view", bundle, "--token-env", "TOKEN"],
+        ["view", bundle, "--diff", bundle, "--listen", "127.0.0.1:0"],
+        ["view", bundle.parent, "-o", tmp_path / "site", "--listen", "127.0.0.1:0"],
+    ):
+        result = run(*args)
+        assert result.returncode == 2, (args, result.stderr)
+        assert_one_clean_line(result.stderr)
+    assert sorted(p.name for p in bundle.iterdir()) == ["trace.binpb"]
+    assert not (tmp_path / "site").exists()
 
 
 def test_dump_prints_one_line_per_record(tmp_path: Path) -> None:
@@ -382,6 +465,28 @@ def test_an_output_that_is_not_a_regular_file_is_refused_not_replaced(
     assert not (bundle / "view.html").exists()
 
 
+@pytest.mark.parametrize("command", ["reduce", "view"])
+def test_an_output_onto_the_recording_is_refused(tmp_path: Path, command: str) -> None:
+    bundle = one_turn_bundle(tmp_path)
+    assert run("reward", bundle, "--name", "score", "--value", "1").returncode == 0
+    other = one_turn_bundle(tmp_path / "other")
+    alias = tmp_path / "alias.binpb"
+    os.link(bundle / "trace.binpb", alias)  # the recording under a name of no bundle
+    kept = {path: path.read_bytes() for path in (*bundle.iterdir(), other / "trace.binpb")}
+    for target in (bundle / "trace.binpb", bundle / "rewards.binpb", alias, other / "trace.binpb"):
+        result = run(command, bundle, "-o", target)
+        assert result.returncode == 2, (target, result.stderr)
+        assert_one_clean_line(result.stderr)
+        assert f"-o {target}: a bundle's recording" in result.stderr
+    assert {path: path.read_bytes() for path in kept} == kept
+    # Nothing written beside them either (no state.json, no view.html).
+    assert set(bundle.iterdir()) == {path for path in kept if path.parent == bundle}
+    if command == "view":
+        result = run("view", bundle, "--diff", other, "-o", other / "trace.binpb")
+        assert result.returncode == 2, result.stderr
+        assert (other / "trace.binpb").read_bytes() == kept[other / "trace.binpb"]
+
+
 def test_reward_writes_nothing_where_there_is_no_bundle(tmp_path: Path) -> None:
     inputs = bad_inputs(tmp_path)
     for name in ("garbage trace.binpb", "empty file"):
@@ -447,3 +552,114 @@ def test_export_otlp_refuses_a_timeout_past_a_day(tmp_path: Path) -> None:
     assert result.returncode == 2, result.stderr
     assert_one_clean_line(result.stderr)
     assert "up to 86400" in result.stderr
+
+
+def run_with_stdout(stdout: str, *args: str | Path) -> subprocess.CompletedProcess[str]:
+    """The command with its stdout "closed" (fd 1 not open), "full" (/dev/full) or "gone"
+    (a pipe whose reader has already left, as `| head` leaves it)."""
+    command = [*COMMAND, *map(str, args)]
+    if stdout == "closed":
+        command = ["sh", "-c", 'exec "$@" >&-', "sh", *command]
+        return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    if stdout == "full":
+        target = os.open("/dev/full", os.O_WRONLY)
+    else:
+        reader, target = os.pipe()
+        os.close(reader)
+    try:
+        return subprocess.run(
+            command, stdout=target, stderr=subprocess.PIPE, text=True, timeout=60, check=False
+        )
+    finally:
+        os.close(target)
+
+
+def said(stderr: str) -> list[str]:
+    """The lines the command said itself, as `trace-reducer: ...`, without the prefix."""
+    prefix = "trace-reducer: "
+    return [line.removeprefix(prefix) for line in stderr.splitlines() if line.startswith(prefix)]
+
+
+def output_commands(tmp_path: Path) -> dict[str, list[str | Path]]:
+    root = tmp_path / "root"
+    bundle = one_turn_bundle(root)
+    return {
+        "reduce --stdout": ["reduce", bundle, "--stdout"],
+        "reduce": ["reduce", bundle, "-o", tmp_path / "state.json"],
+        "dump": ["dump", bundle],
+        "list": ["list", root],
+        "reduce-all": ["reduce-all", root, "--jobs", "1", "--force"],
+        "diff": ["diff", bundle, bundle],
+    }
+
+
+@pytest.mark.parametrize("stdout", ["closed", "full"])
+def test_an_output_that_cannot_be_written_is_one_line_and_an_error(
+    tmp_path: Path, stdout: str
+) -> None:
+    reasons = {"closed": "it is closed", "full": "No space left on device"}
+    for name, args in output_commands(tmp_path).items():
+        result = run_with_stdout(stdout, *args)
+        # diff's 1 means "a difference": a report not written is its 2, as for diff(1).
+        assert result.returncode == (2 if name == "diff" else 1), (name, result.stderr)
+        assert "Traceback" not in result.stderr
+        # reduce-all's progress lines aside, one line says what failed.
+        assert said(result.stderr) == [f"cannot write to stdout: {reasons[stdout]}"], name
+
+
+def test_a_reader_that_went_away_ends_the_command_quietly(tmp_path: Path) -> None:
+    for name, args in output_commands(tmp_path).items():
+        result = run_with_stdout("gone", *args)
+        assert result.returncode == (2 if name == "diff" else 1), (name, result.stderr)
+        assert "Traceback" not in result.stderr
+        assert said(result.stderr) == [], name
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+@pytest.mark.parametrize("stdout", ["closed", "full", "gone"])
+def test_serve_serves_on_when_its_stdout_fails(tmp_path: Path, stdout: str) -> None:
+    bundle = one_turn_bundle(tmp_path)
+    address = f"127.0.0.1:{free_port()}"
+    command = [*COMMAND, "serve", "--listen", address, "--bundle-root", str(tmp_path)]
+    if stdout == "closed":
+        command = ["sh", "-c", 'exec "$@" >&-', "sh", *command]
+        target = None
+    elif stdout == "full":
+        target = os.open("/dev/full", os.O_WRONLY)
+    else:
+        reader, target = os.pipe()
+        os.close(reader)
+    process = subprocess.Popen(command, stdout=target, stderr=subprocess.PIPE, text=True)
+    if target is not None:
+        os.close(target)
+    try:
+        with grpc.insecure_channel(address) as channel:
+            grpc.channel_ready_future(channel).result(timeout=30)
+            stub = reducer_pb2_grpc.ReducerServiceStub(channel)
+            response = stub.ReduceBundle(reducer_pb2.ReduceBundleRequest(bundle=bundle.name))
+            assert response.trace == replay_bundle(bundle)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=20) == 0
+        assert process.stderr is not None
+        stderr = process.stderr.read()
+        assert "Traceback" not in stderr
+        assert "Exception ignored" not in stderr
+        lines = said(stderr)
+        if stdout == "gone":
+            assert lines == []
+        else:
+            assert len(lines) == 1, stderr
+            assert lines[0].startswith("cannot write to stdout: ")
+            assert lines[0].endswith("; serving on")
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()

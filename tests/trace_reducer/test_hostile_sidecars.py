@@ -137,3 +137,29 @@ def test_another_writer_and_a_replaced_sidecar_are_read_again(bundle: Path) -> N
     sidecar.write_bytes(sidecar.read_bytes()[:-3])  # torn by a writer that died
     assert append_reward(bundle, reward(5), trace_id="t") == 2
     assert [r.value for _, r in read_rewards(bundle).rewards] == [5.0]
+
+
+def test_a_file_that_is_no_sidecar_is_refused_not_cut(bundle: Path) -> None:
+    # Was: `g` read as a frame of 103 bytes, the file as torn with 0 records, cut to 0 bytes
+    # and a new sidecar written in its place.
+    sidecar = bundle / REWARDS_FILE_NAME
+    for foreign in (b"garbage\x00\xff", b"precious notes\n", b"\x01"):
+        sidecar.write_bytes(foreign)
+        with pytest.raises(RewardError, match="not a rewards sidecar") as raised:
+            append_reward(bundle, reward(), trace_id="t")
+        assert raised.value.reason == "REWARDS_CORRUPT"  # RecordReward's DATA_LOSS
+        result = run_cli("reward", bundle, "--name", "score", "--value", "1")
+        assert result.returncode == 1, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+        assert "not a rewards sidecar" in result.stderr
+        assert sidecar.read_bytes() == foreign
+
+
+def test_a_sidecar_torn_after_its_header_is_still_repaired(bundle: Path) -> None:
+    assert append_reward(bundle, reward(1), trace_id="t") == 2
+    sidecar = bundle / REWARDS_FILE_NAME
+    header_and_one = sidecar.read_bytes()
+    sidecar.write_bytes(header_and_one + b"\x40torn")  # a writer died mid-append
+    assert append_reward(bundle, reward(2), trace_id="t") == 3
+    assert sidecar.read_bytes().startswith(header_and_one)
+    assert [r.value for _, r in read_rewards(bundle).rewards] == [1.0, 2.0]

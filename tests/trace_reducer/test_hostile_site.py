@@ -125,6 +125,26 @@ async def test_served_paths_never_leave_the_root(
     assert "Traceback" not in captured.err + captured.out
 
 
+async def test_a_trace_put_in_the_served_root_is_passed_over(
+    site: str, root: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    bundle = next(p for p in sorted(os.listdir(root)) if p.startswith("2026"))
+    async with httpx.AsyncClient(base_url=site, cookies={TOKEN_COOKIE: "s3cret-token"}) as http:
+        honest = (await http.get("/api/runs")).json()["runs"]
+        # A stray trace after the viewer started. Was: every list answer 500, every page 404
+        # "... is a bundle, not a root of bundles".
+        shutil.copy(root / bundle / "trace.binpb", root / "trace.binpb")
+        assert (await http.get("/api/runs")).json()["runs"] == honest
+        assert (await http.get("/")).status_code == 200
+        page = await http.get(f"/run/{bundle}")
+        assert page.status_code == 200, page.text
+        # The root itself is still no run of it.
+        assert (await http.get("/run/.")).status_code in (403, 404)
+        assert (await http.get("/run/trace.binpb")).status_code in (403, 404)
+    captured = capfd.readouterr()
+    assert "Traceback" not in captured.err + captured.out
+
+
 @pytest.mark.parametrize("listen", ["127.0.0.1:99999", "127.0.0.1:-1", "127.0.0.1:", ":80x"])
 def test_view_listen_values_no_socket_takes(root: Path, listen: str) -> None:
     done = _run("view", str(root), "--listen", listen, timeout=30)

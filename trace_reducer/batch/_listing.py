@@ -382,13 +382,17 @@ def list_runs(
     warn: Callable[[str], None] = lambda _: None,
     index_path: Path | None = None,
     now: float | None = None,
+    bundle_root_refused: bool = True,
 ) -> Listing:
     """Every bundle under root, summarized: from the index when its files have not changed
     since, else from its fresh state.json or by reducing it; the index is then updated.
 
-    Raises BundleError (BundleNotFoundError, NotABundleError) when root is not a directory."""
+    Raises BundleError (BundleNotFoundError, NotABundleError) when root is not a directory,
+    or is a bundle itself unless bundle_root_refused is False (its trace.binpb is then passed
+    over)."""
     with _no_cycle_collection():
-        return _list_runs(root, storage_options, warn, index_path, now)
+        store = open_store(root, storage_options, bundle_root_refused=bundle_root_refused)
+        return _list_runs(store, root, warn, index_path, now)
 
 
 @contextlib.contextmanager
@@ -405,13 +409,12 @@ def _no_cycle_collection() -> Iterator[None]:
 
 
 def _list_runs(
+    store: Store,
     root: str,
-    storage_options: tuple[tuple[str, str], ...],
     warn: Callable[[str], None],
     index_path: Path | None,
     now: float | None,
 ) -> Listing:
-    store = open_store(root, storage_options)
     entries = store.discover(warn)
     index = RunIndex.load(index_path or _index_path(store, root))
     moment = time.time() if now is None else now

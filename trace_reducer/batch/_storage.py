@@ -86,15 +86,18 @@ class LocalStore:
 
     process_local = False
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, *, bundle_root_refused: bool = True) -> None:
         self.root = os.path.abspath(root)
+        # False for a root served as it changes: a trace.binpb put in it later is passed over
+        # (the walk starts below the root), not every page of it refused.
+        self._bundle_root_refused = bundle_root_refused
 
     def discover(self, warn: Callable[[str], None]) -> list[BundleEntry]:
         if not os.path.exists(self.root):
             raise BundleNotFoundError(f"no such file or directory: {self.root}")
         if not os.path.isdir(self.root):
             raise NotABundleError(f"not a directory: {self.root}")
-        if os.path.lexists(os.path.join(self.root, TRACE_FILE_NAME)):
+        if self._bundle_root_refused and os.path.lexists(os.path.join(self.root, TRACE_FILE_NAME)):
             # A bundle is never a root (walk_bundles starts below it): say so, not "none here".
             raise NotABundleError(
                 f"{self.root} is a bundle, not a root of bundles: give the directory holding it"
@@ -230,13 +233,15 @@ class _StoreForkResolver(BundleForkResolver):
 
 
 @functools.lru_cache(maxsize=8)
-def open_store(root: str, options: StorageOptions = ()) -> Store:
+def open_store(
+    root: str, options: StorageOptions = (), *, bundle_root_refused: bool = True
+) -> Store:
     """The store for root; cached so a worker process opens each once, not once per bundle."""
     if root.startswith("file://"):
-        return LocalStore(root.removeprefix("file://"))
+        return LocalStore(root.removeprefix("file://"), bundle_root_refused=bundle_root_refused)
     if is_url(root):
         return FsspecStore(root, options)
-    return LocalStore(root)
+    return LocalStore(root, bundle_root_refused=bundle_root_refused)
 
 
 def recently_modified(store: Store, location: str, window: float) -> bool:
@@ -248,10 +253,12 @@ def recently_modified(store: Store, location: str, window: float) -> bool:
 def parse_storage_options(pairs: list[str]) -> StorageOptions:
     """KEY=VALUE flags as fsspec keyword arguments (strings; fsspec coerces what it needs)."""
     options = []
-    for pair in pairs:
+    for n, pair in enumerate(pairs, 1):
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise ValueError(f"--storage-option expects KEY=VALUE, got {pair!r}")
+            # Not echoed: a value typed without its key (a secret key, say) would be shown.
+            problem = "no '='" if not sep else "no KEY before '='"
+            raise ValueError(f"--storage-option expects KEY=VALUE; option {n} has {problem}")
         options.append((key, value))
     return tuple(options)
 

@@ -150,8 +150,9 @@ def append_reward(bundle_dir: Path, reward: RewardInput, *, trace_id: str) -> in
     The file is created with its own header on first use, and opened as the trace is: never
     through a symbolic link, never a FIFO or anything but a regular file. Writers (the agent,
     the CLI) take an exclusive lock, so their records never interleave. A torn last frame (a
-    writer died mid-append, before it acknowledged anything) is cut off first; a corrupt file
-    is refused, never appended to. Raises RewardError.
+    writer died mid-append, before it acknowledged anything) is cut off first; a corrupt file,
+    or one that does not begin with a whole header (no sidecar at all), is refused, never
+    appended to. Raises RewardError.
     """
     path = bundle_dir / REWARDS_FILE_NAME
     try:
@@ -168,6 +169,14 @@ def append_reward(bundle_dir: Path, reward: RewardInput, *, trace_id: str) -> in
         if integrity.status == CORRUPT:
             raise RewardError(
                 f"{path} is corrupt, not appending to it: {integrity.detail}", "REWARDS_CORRUPT"
+            )
+        if header is None and tail.size:
+            # Not a sidecar a writer of ours began: its header is the first frame, written
+            # whole before any reward. Cutting a "torn tail" here would wipe someone's file.
+            raise RewardError(
+                f"{path} is not a rewards sidecar (it does not begin with a whole header "
+                "frame), not appending to it",
+                "REWARDS_CORRUPT",
             )
         if integrity.status == TRUNCATED:
             os.ftruncate(fd, integrity.bytes_read)

@@ -26,6 +26,10 @@ from ._common import (
     EXIT_OK,
     add_storage_option_argument,
     job_count,
+    path_argument,
+    redact,
+    root_failure,
+    seconds_argument,
     warn,
 )
 from ._progress import Progress, progress_for
@@ -63,7 +67,11 @@ def add_parser(commands: Any) -> None:
             "an unreadable URL, the extra --tables or --ray needs not installed)."
         ),
     )
-    parser.add_argument("root", help="a directory, or an fsspec URL (s3://bucket/prefix, ...)")
+    parser.add_argument(
+        "root",
+        type=path_argument,
+        help="a directory, or an fsspec URL (s3://bucket/prefix, ...)",
+    )
     parser.add_argument(
         "--jobs",
         type=job_count,
@@ -77,7 +85,10 @@ def add_parser(commands: Any) -> None:
         "--salvage", action="store_true", help="reduce corrupt bundles up to the damage"
     )
     parser.add_argument(
-        "--tables", metavar="DIR", help="write Parquet tables here (a directory or URL)"
+        "--tables",
+        type=path_argument,
+        metavar="DIR",
+        help="write Parquet tables here (a directory or URL)",
     )
     parser.add_argument(
         "--ray",
@@ -88,7 +99,7 @@ def add_parser(commands: Any) -> None:
     )
     parser.add_argument(
         "--live-window",
-        type=float,
+        type=seconds_argument,
         default=10.0,
         metavar="SECONDS",
         help="an unfinished bundle modified this recently is live, not damaged (default 10)",
@@ -133,12 +144,8 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         store = open_store(options.root, storage_options)
-    except ImportError as error:
-        if error.name is None:  # fsspec's own "install gcsfs to access ..." message
-            raise BundleError(f"cannot open {args.root}: {error}") from error
-        raise _missing_extra(error) from error
-    except ValueError as error:
-        raise BundleError(f"cannot open {args.root}: {error}") from error
+    except (ImportError, ValueError) as error:
+        raise root_failure("reduce-all", args.root, error, "open") from error
     if store.process_local and args.ray is not None:
         raise BundleError(f"--ray cannot reach {args.root}: it exists in this process only")
     try:
@@ -146,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     except BundleError:
         raise
     except Exception as error:
-        raise BundleError(f"cannot list {args.root}: {error}") from error
+        raise root_failure("reduce-all", args.root, error, "list") from error
     root = store.display(store.root) if is_url(options.root) else store.root
     if not entries:
         raise BundleError(f"no trace bundles (directories holding trace.binpb) under {root}")
@@ -203,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
         table_rows=table_rows,
         interrupted=interrupted,
     )
-    print("\n".join(lines), flush=True)
+    print(redact("\n".join(lines)), flush=True)
     if interrupted:
         return EXIT_INTERRUPTED
     if table_error:

@@ -4,7 +4,17 @@ an error is printed as, and the fsspec option flag."""
 from __future__ import annotations
 
 import argparse
+import errno
+import math
+import os
 import sys
+import urllib.parse
+from collections.abc import Iterable
+from pathlib import Path
+
+from grpc_common import Redactor
+
+from ..bundle._errors import BundleError, MissingExtraError
 
 __all__ = [
     "EXIT_FAILED",
@@ -14,8 +24,16 @@ __all__ = [
     "MAX_JOBS",
     "PROG",
     "add_storage_option_argument",
+    "check_output_dir",
+    "check_parents",
+    "hide_secrets",
     "job_count",
+    "path_argument",
+    "redact",
+    "root_failure",
     "say",
+    "seconds_argument",
+    "unwritable_place",
     "warn",
 ]
 
@@ -41,9 +59,108 @@ def job_count(text: str) -> int:
     return value
 
 
+_redactors: list[Redactor] = []
+# Shorter user names are left in text: hiding `u` would blank every u.
+_MIN_SECRET = 4
+
+
+def hide_secrets(urls: Iterable[str | None]) -> None:
+    """From now on what the command says (say, warn, redact) shows the URLs it was given
+    (roots, tables) with no credentials: an error message quotes the URL, and fsspec's and
+    botocore's messages quote it again."""
+    parsed = [(url, _parts(url)) for url in urls if url and "://" in url]
+    with_credentials = [(url, p) for url, p in parsed if p and (p.username or p.query)]
+    # s3://KEY_ID:SECRET@bucket: the key id too (the Redactor hides a user standing alone).
+    users = [p.username for _, p in with_credentials if len(p.username or "") >= _MIN_SECRET]
+    _redactors[:] = [Redactor(filter(None, users), url=url) for url, _ in with_credentials]
+    # One that does not parse has no parts to take out: it is not shown at all.
+    _redactors.extend(Redactor([url]) for url, p in parsed if p is None)
+
+
+def _parts(url: str) -> urllib.parse.SplitResult | None:
+    try:
+        return urllib.parse.urlsplit(url)
+    except ValueError:
+        return None
+
+
+def redact(text: str) -> str:
+    for redactor in _redactors:
+        text = redactor.text(text)
+    return text
+
+
+def root_failure(command: str, root: str, error: Exception, doing: str) -> Exception:
+    """Opening or listing a root (a URL, mostly) failed: the extra it needs is missing, or the
+    one line (exit 2) naming the root, for the URL's protocol, bucket or service to be fixed."""
+    if isinstance(error, ImportError) and error.name is not None:
+        return MissingExtraError(command, "batch", error.name)
+    # fsspec's own "install gcsfs to access ..." is an ImportError naming no module.
+    return BundleError(f"cannot {doing} {root}: {error}")
+
+
+def path_argument(text: str) -> str:
+    """A path a command reads or writes: an empty one is a slip (an unset variable), not the
+    current directory, which `reduce-all ''` reduced whole."""
+    if not text:
+        raise argparse.ArgumentTypeError("the path is empty (. is the current directory)")
+    return text
+
+
+def seconds_argument(text: str) -> float:
+    """A number of seconds, finite and not negative."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expects a number of seconds, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number from 0, got {text}")
+    return value
+
+
+def check_parents(parents: Iterable[str]) -> None:
+    """Each `--parent` is a bundle: one missing or not readable (a FIFO) is a mistake to say,
+    not a fork silently left unresolved."""
+    from ..bundle._reader import resolve_trace_file
+
+    for parent in parents:
+        try:
+            resolve_trace_file(parent)
+        except BundleError as error:
+            raise BundleError(f"--parent {parent}: {error}") from error
+
+
+def unwritable_place(target: Path, *, directory: bool) -> str | None:
+    """Why target (a file, or a directory made if missing) cannot be written, found before any
+    work: a bad output path is bad input (exit 2), as a bad input path is; None if it can be."""
+    if directory and target.exists():
+        if not target.is_dir():
+            return "not a directory"
+        place = target
+    elif directory:  # made with its parents, in the nearest directory there is
+        place = next((parent for parent in target.parents if parent.exists()), Path("."))
+        if not place.is_dir():
+            return f"not a directory: {place}"
+    else:
+        place = target.parent
+        if not place.is_dir():
+            return f"no such directory: {place}"
+    if not os.access(place, os.W_OK | os.X_OK):
+        return f"cannot write in {place}: {os.strerror(errno.EACCES)}"
+    return None
+
+
+def check_output_dir(flag: str, given: str) -> None:
+    problem = unwritable_place(Path(given), directory=True)
+    if problem is not None:
+        raise BundleError(f"{flag} {given}: {problem}")
+
+
 def say(message: str) -> None:
     """One line on stderr, named after the command: how errors and notes reach the user."""
-    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+    # One line even when a library's message (botocore's, say) runs over several.
+    line = " ".join(redact(message).splitlines())
+    print(f"{PROG}: {line}", file=sys.stderr, flush=True)
 
 
 def warn(message: str) -> None:

@@ -7,7 +7,8 @@ from typing import Any
 
 from ..reduce._diff import diff_report, diff_runs
 
-EXIT_SAME, EXIT_DIFFERENT = 0, 1
+# 2 is trouble, as for diff(1): a report that could not be written is not a difference.
+EXIT_SAME, EXIT_DIFFERENT, EXIT_TROUBLE = 0, 1, 2
 
 
 def _diff(args: argparse.Namespace) -> int:
@@ -22,9 +23,10 @@ def add_parser(commands: Any) -> None:
         help="compare two bundles call by call; name the first call where they differ",
         description="Compares the root threads of two bundles call by call: the request "
         "(apart from the fields a replay sets aside), the status, the accepted items, the "
-        "tool calls and the tokens. Exit codes: 0 no difference, 1 a difference, 2 bad input.",
+        "tool calls and the tokens. Exit codes: 0 no difference, 1 a difference, 2 bad input "
+        "or a report that could not be written.",
     )
     diff.add_argument("a", help="bundle directory or its trace.binpb")
     diff.add_argument("b", help="bundle directory or its trace.binpb")
     # `trace-reducer view A --diff B` shows the same comparison as a page.
-    diff.set_defaults(run=_diff)
+    diff.set_defaults(run=_diff, output_failed=EXIT_TROUBLE)

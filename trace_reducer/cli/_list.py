@@ -7,7 +7,14 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from ..bundle._errors import BundleError
-from ._common import EXIT_OK, add_storage_option_argument, warn
+from ._common import (
+    EXIT_OK,
+    add_storage_option_argument,
+    path_argument,
+    redact,
+    root_failure,
+    warn,
+)
 
 if TYPE_CHECKING:
     from ..batch._listing import RunFilter
@@ -86,7 +93,11 @@ def add_parser(commands: Any) -> None:
             "reduce-all's state.json when it is fresh."
         ),
     )
-    parser.add_argument("root", help="a directory, or an fsspec URL (s3://bucket/prefix, ...)")
+    parser.add_argument(
+        "root",
+        type=path_argument,
+        help="a directory, or an fsspec URL (s3://bucket/prefix, ...)",
+    )
     add_filter_arguments(parser)
     parser.add_argument(
         "--sort",
@@ -103,7 +114,7 @@ def add_parser(commands: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..batch._listing import check_sort_key, format_table, list_runs, run_line, sort_runs
-    from ..batch._storage import parse_storage_options
+    from ..batch._storage import is_url, parse_storage_options
 
     try:
         chosen = run_filter(args)
@@ -114,7 +125,17 @@ def run(args: argparse.Namespace) -> int:
     if args.limit is not None and args.limit < 0:
         raise BundleError("--limit must be 0 or more")
 
-    listing = list_runs(args.root, storage_options=options, warn=warn)
+    try:
+        listing = list_runs(args.root, storage_options=options, warn=warn)
+    except BundleError:
+        raise
+    except (ImportError, ValueError) as error:
+        raise root_failure("list", args.root, error, "open") from error
+    except Exception as error:
+        if not is_url(args.root):
+            raise  # a local tree's I/O error is reported as every command reports one
+        # A bucket, service or URL that cannot be listed (fsspec's, botocore's errors).
+        raise root_failure("list", args.root, error, "list") from error
     runs = sort_runs([r for r in listing.runs if chosen.matches(r)], sort_key)
     if args.limit is not None:
         runs = runs[: args.limit]
@@ -122,8 +143,8 @@ def run(args: argparse.Namespace) -> int:
         # The lines the index keeps, written as they are (a changed or live run's anew).
         out = sys.stdout
         for start in range(0, len(runs), 4096):
-            out.write("".join(f"{run_line(entry)}\n" for entry in runs[start : start + 4096]))
+            out.write(redact("".join(f"{run_line(e)}\n" for e in runs[start : start + 4096])))
         out.flush()
     else:
-        print(format_table(runs))
+        print(redact(format_table(runs)))
     return EXIT_OK

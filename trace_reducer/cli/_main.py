@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import json
 import logging
 import os
@@ -37,17 +38,30 @@ from ..bundle._errors import (
 )
 from ..bundle._framing import DEFAULT_MAX_UPLOAD_BYTES
 from ..bundle._integrity import describe_integrity, integrity_name, require_reducible
-from ..bundle._layout import STATE_FILE_NAME, TRACE_FILE_NAME
+from ..bundle._layout import REWARDS_FILE_NAME, STATE_FILE_NAME, TRACE_FILE_NAME
 from ..bundle._reader import read_bundle, resolve_trace_file
 from ..bundle._version import __version__
 from ..reduce._replay import replay_bundle
 from ..reduce._requests import request_body
 from ..reduce._state_json import iter_state_json, write_state_json
 from ._batch import add_parser as add_reduce_all_parser
-from ._common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, PROG, say
+from ._common import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    PROG,
+    check_output_dir,
+    check_parents,
+    hide_secrets,
+    path_argument,
+    say,
+    unwritable_place,
+)
 from ._diff import add_parser as add_diff_parser
 from ._list import add_parser as add_list_parser
 from ._progress import progress_for
+from ._stdout import StdoutError, guarded_stdout, silence_stdout
 from ._training import add_parsers as add_training_parsers
 
 if TYPE_CHECKING:
@@ -56,6 +70,7 @@ if TYPE_CHECKING:
     from ..export._otel import ExportedBundle
 
 DEFAULT_LISTEN = "127.0.0.1:50052"
+DEFAULT_VIEW_LISTEN = "127.0.0.1:8765"
 _PREVIEW_CHARS = 60
 _FIELDS_CHARS = 240
 
@@ -68,12 +83,15 @@ class _CommandError(Exception):
         self.code = code
 
 
-def _output_file(given: str | None, default: Path, *, instead: str = "") -> Path:
+def _output_file(
+    given: str | None, default: Path, *, instead: str = "", inputs: Sequence[Path] = ()
+) -> Path:
     """Where `-o` asks a file to be written, or `default` without it.
 
     The file is written beside its target and renamed over it, so what the name holds is
     replaced, not written through: a name that is not a regular file (a symlink such as
-    /dev/stdout, a FIFO, a device, a directory) is refused rather than swapped for a file.
+    /dev/stdout, a FIFO, a device, a directory) is refused rather than swapped for a file,
+    and so is a recording (see _is_a_recording): the output would be all that was left of it.
     """
     if given is None:
         return default
@@ -81,19 +99,44 @@ def _output_file(given: str | None, default: Path, *, instead: str = "") -> Path
         raise _CommandError("-o: the path is empty", EXIT_USAGE)
     target = Path(given)
     try:
-        mode = target.lstat().st_mode
+        found = target.lstat()
     except FileNotFoundError:
+        problem = unwritable_place(target, directory=False)
+        if problem is not None:
+            raise _CommandError(f"-o {given}: {problem}", EXIT_USAGE) from None
         return target
     except OSError as error:
         raise _CommandError(f"-o {given}: {describe_os_error(error)}", EXIT_USAGE) from error
-    if not stat.S_ISREG(mode):
-        kind = "a symbolic link" if stat.S_ISLNK(mode) else "not a regular file"
+    if not stat.S_ISREG(found.st_mode):
+        kind = "a symbolic link" if stat.S_ISLNK(found.st_mode) else "not a regular file"
         raise _CommandError(
             f"-o {given}: {kind}; the output replaces the file named, so give a new path or "
             f"a regular file{instead}",
             EXIT_USAGE,
         )
+    if _is_a_recording(target, found, inputs):
+        raise _CommandError(
+            f"-o {given}: a bundle's recording, which the output would replace; give "
+            f"another path{instead}",
+            EXIT_USAGE,
+        )
     return target
+
+
+def _is_a_recording(target: Path, found: os.stat_result, inputs: Sequence[Path]) -> bool:
+    """Whether target is a trace or rewards file: by its name, or by being (under any name,
+    a hard link included) one of the inputs' trace files or the rewards beside them."""
+    if target.name in (TRACE_FILE_NAME, REWARDS_FILE_NAME):
+        return True
+    for trace_file in inputs:
+        for record in (trace_file, trace_file.parent / REWARDS_FILE_NAME):
+            try:
+                kept = record.stat()
+            except OSError:
+                continue  # no rewards yet: nothing there to lose
+            if (kept.st_dev, kept.st_ino) == (found.st_dev, found.st_ino):
+                return True
+    return False
 
 
 # -- reduce -----------------------------------------------------------------------------------
@@ -101,6 +144,7 @@ def _output_file(given: str | None, default: Path, *, instead: str = "") -> Path
 
 def _reduce(args: argparse.Namespace) -> int:
     trace_file = resolve_trace_file(args.bundle)
+    check_parents(args.parent)
     # Held compact either way: the complete form is written a call at a time from it.
     trace = replay_bundle(trace_file, parents=args.parent, compact=True)
     expand = not args.compact
@@ -129,7 +173,10 @@ def _reduce(args: argparse.Namespace) -> int:
         sys.stdout.flush()
         return EXIT_OK
     target = _output_file(
-        args.output, trace_file.parent / STATE_FILE_NAME, instead=" (--stdout writes to stdout)"
+        args.output,
+        trace_file.parent / STATE_FILE_NAME,
+        instead=" (--stdout writes to stdout)",
+        inputs=[trace_file],
     )
     print(write_state_json(trace, target, expand=expand), flush=True)
     return EXIT_OK
@@ -263,14 +310,22 @@ def _view(args: argparse.Namespace) -> int:
     from ..view._view import VIEW_FILE_NAME, reduce_for_view, save_view
 
     source = Path(args.bundle)
-    if args.diff:
-        return _view_diff(args)
-    if source.is_dir() and not (source / TRACE_FILE_NAME).exists():
+    if source.is_dir() and not (source / TRACE_FILE_NAME).exists() and not args.diff:
         if not holds_bundles(source):
             raise BundleError(
                 f"not a trace bundle (no {TRACE_FILE_NAME}), nor a root of bundles: {source}"
             )
         return _view_root(args)
+    for flag, value in (("--listen", args.listen), ("--token-env", args.token_env)):
+        if value is not None:
+            # Said, not ignored: a page written where a server was asked for misleads.
+            raise _CommandError(
+                f"{flag} serves a root of bundles; {args.bundle} is one bundle, whose page "
+                "is written to a file (-o names it)",
+                EXIT_USAGE,
+            )
+    if args.diff:
+        return _view_diff(args)
     trace_file = resolve_trace_file(args.bundle)
     data = reduce_for_view(trace_file)
     integrity = data.trace.integrity
@@ -280,7 +335,7 @@ def _view(args: argparse.Namespace) -> int:
             f"warning: {integrity_name(integrity.status).lower()} bundle {args.bundle}: "
             f"{integrity.detail}; showing the {integrity.records_read} records before it"
         )
-    target = _output_file(args.output, trace_file.parent / VIEW_FILE_NAME)
+    target = _output_file(args.output, trace_file.parent / VIEW_FILE_NAME, inputs=[trace_file])
     path = save_view(data, target, title=f"rollout {trace_file.parent.name}")
     print(path, flush=True)
     if args.open and not webbrowser.open(path.resolve().as_uri()):
@@ -293,8 +348,10 @@ def _view_diff(args: argparse.Namespace) -> int:
     from ..view._diff_page import DIFF_FILE_NAME, write_diff
 
     trace_file = resolve_trace_file(args.bundle)
-    resolve_trace_file(args.diff)
-    target = _output_file(args.output, trace_file.parent / DIFF_FILE_NAME)
+    other = resolve_trace_file(args.diff)
+    target = _output_file(
+        args.output, trace_file.parent / DIFF_FILE_NAME, inputs=[trace_file, other]
+    )
     path = write_diff(args.bundle, args.diff, target)
     print(path, flush=True)
     if args.open and not webbrowser.open(path.resolve().as_uri()):
@@ -309,14 +366,20 @@ def _view_root(args: argparse.Namespace) -> int:
     if args.output is not None:
         if not args.output:
             raise _CommandError("-o: the path is empty", EXIT_USAGE)
+        if args.listen is not None:
+            raise _CommandError(
+                "-o writes the site to files, --listen serves it: give one of them", EXIT_USAGE
+            )
+        check_output_dir("-o", args.output)
         index = write_site(args.bundle, args.output)
         print(index, flush=True)
         return EXIT_OK
-    host, _, port_text = args.listen.rpartition(":")
+    listen = args.listen or DEFAULT_VIEW_LISTEN
+    host, _, port_text = listen.rpartition(":")
     host = host.strip("[]")
     if not host or not port_text.isdigit() or int(port_text) > 65535:
         raise _CommandError(
-            f"--listen expects HOST:PORT (a port from 0 to 65535), got {args.listen!r}",
+            f"--listen expects HOST:PORT (a port from 0 to 65535), got {listen!r}",
             EXIT_USAGE,
         )
     token: str | None = None
@@ -345,12 +408,12 @@ async def _serve_site(root: str, host: str, port: int, token: str | None, open_p
     stop = asyncio.Event()
     install_signal_handlers(stop.set)
     shown = f"{address}?token={token}" if token else address
-    print(f"serving {shown}", flush=True)
-    if next(walk_bundles(root, irregular=True), None) is None:
-        say(f"no bundles under {root} yet: the list shows each as it is written (Ctrl-C stops)")
-    if open_page and not webbrowser.open(shown):
-        say(f"no browser could be started; open {shown} yourself")
     try:
+        _announce(f"serving {shown}")
+        if next(walk_bundles(root, irregular=True), None) is None:
+            say(f"no bundles under {root} yet: the list shows each as it is written (Ctrl-C stops)")
+        if open_page and not webbrowser.open(shown):
+            say(f"no browser could be started; open {shown} yourself")
         await stop.wait()
     finally:
         await server.stop()
@@ -426,7 +489,7 @@ async def _serve_async(
             metrics = MetricsServer.start(metrics_listen, registry)
         except (ValueError, OSError) as error:
             raise _CommandError(f"--metrics-listen: {error}", EXIT_USAGE) from error
-        print(f"metrics at {metrics.url}", flush=True)
+        _announce(f"metrics at {metrics.url}")
     try:
         server = await GrpcServer.start(
             listen,
@@ -441,12 +504,28 @@ async def _serve_async(
         raise _CommandError(f"--listen: {error}", EXIT_USAGE) from error
     stop = asyncio.Event()
     install_signal_handlers(stop.set)
-    print(f"listening on {server.address}", flush=True)
-    await stop.wait()
-    await server.stop(grace=5.0)
-    if metrics is not None:
-        metrics.stop()
+    try:
+        _announce(f"listening on {server.address}")
+        await stop.wait()
+    finally:
+        # Stopped whatever ended the wait: an unstopped grpc.aio server prints a traceback
+        # when it is collected after its loop closed.
+        await server.stop(grace=5.0)
+        if metrics is not None:
+            metrics.stop()
     return EXIT_OK
+
+
+def _announce(line: str) -> None:
+    """A server's start-up line on stdout. What was asked for is the server, not the line:
+    a stdout that is closed, full, or whose reader has gone (`serve | head -1` reading the
+    address) leaves it serving, and says so unless the reader just left."""
+    try:
+        print(line, flush=True)
+    except StdoutError as error:
+        silence_stdout()
+        if error.errno != errno.EPIPE:
+            say(f"{error.describe()}; serving on")
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -502,6 +581,7 @@ def build_parser() -> argparse.ArgumentParser:
     reduce.add_argument(
         "--parent",
         action="append",
+        type=path_argument,
         default=[],
         metavar="BUNDLE",
         help="a fork's parent bundle when it is not beside the fork (repeatable)",
@@ -588,7 +668,9 @@ def build_parser() -> argparse.ArgumentParser:
         "the run list (or write it as a static site with -o DIR)",
     )
     view.add_argument(
-        "bundle", help="bundle directory or its trace.binpb, or a root holding bundles"
+        "bundle",
+        type=path_argument,
+        help="bundle directory or its trace.binpb, or a root holding bundles",
     )
     view.add_argument(
         "-o",
@@ -605,9 +687,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     view.add_argument(
         "--listen",
-        default="127.0.0.1:8765",
         metavar="HOST:PORT",
-        help="where a root is served (default 127.0.0.1:8765); off loopback a token is required",
+        help=f"where a root is served (default {DEFAULT_VIEW_LISTEN}); off loopback a token "
+        "is required",
     )
     view.add_argument(
         "--token-env",
@@ -630,7 +712,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help=f"gRPC address; port 0 picks a free one (default {DEFAULT_LISTEN})",
     )
-    serve.add_argument("--bundle-root", metavar="DIR", help="bundles are read under here (cwd)")
+    serve.add_argument(
+        "--bundle-root",
+        type=path_argument,
+        metavar="DIR",
+        help="bundles are read under here (cwd)",
+    )
     add_access_arguments(serve)
     serve.add_argument(
         "--max-upload-bytes",
@@ -683,8 +770,22 @@ _NAME_ENDS = frozenset(" \t\n\"'<>")
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; never lets a traceback out."""
     args = build_parser().parse_args(argv)
+    hide_secrets((getattr(args, "root", None), getattr(args, "tables", None)))
+    with guarded_stdout():
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The command, and the one place its failures become a line and an exit code."""
     try:
         code: int = args.run(args)
+        # What is still buffered fails here, not after the exit code was chosen.
+        sys.stdout.flush()
+    except StdoutError as error:
+        silence_stdout()
+        if error.errno != errno.EPIPE:  # `| head`: the reader went away; nothing to say
+            say(error.describe())
+        return int(getattr(args, "output_failed", EXIT_FAILED))
     except _CommandError as failure:
         say(str(failure))
         return failure.code
@@ -703,8 +804,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             say(describe_os_error(error))
             return EXIT_FAILED
         # The reader went away (`| head`); say nothing more to it.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_FAILED
+        silence_stdout()
+        return int(getattr(args, "output_failed", EXIT_FAILED))
     except OSError as error:
         say(describe_os_error(error))
         return EXIT_FAILED

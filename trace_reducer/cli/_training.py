@@ -11,7 +11,16 @@ from ..bundle._reader import resolve_trace_file
 from ..bundle._rewards import RewardInput, append_reward, check_reward
 from ..export._rl import FORMATS, ExportError, export_rl
 from ..reduce._replay import replay_bundle
-from ._common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PROG, job_count
+from ._common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    PROG,
+    check_output_dir,
+    check_parents,
+    job_count,
+    path_argument,
+)
 from ._common import say as _say
 from ._progress import progress_for
 
@@ -72,6 +81,8 @@ def _reward(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
+    check_parents(args.parent)
+    check_output_dir("--out", args.out)
     progress = progress_for("export-rl", quiet=args.quiet)
     try:
         try:
@@ -148,12 +159,14 @@ def add_parsers(commands: Any) -> None:
         "export-rl",
         help="write one training sample per thread: tokens, loss masks, logprobs, rewards",
         description="Exit codes: 0 written; 1 a corrupt bundle without --salvage, records "
-        "that contradict each other, an unwritable output; 2 bad input, or pyarrow (the "
+        "that contradict each other, an output that failed as it was written; 2 bad input "
+        "(--out not a directory that can be written in, --parent no bundle), or pyarrow (the "
         "training extra) not installed for verl or skyrl.",
     )
     export.add_argument(
         "paths",
         nargs="+",
+        type=path_argument,
         metavar="bundle-or-root",
         help="a bundle directory, or a directory holding bundles",
     )
@@ -163,10 +176,17 @@ def add_parsers(commands: Any) -> None:
         choices=FORMATS,
         help="jsonl (plain JSON lines), verl, skyrl or art (docs/training.md)",
     )
-    export.add_argument("--out", required=True, metavar="DIR", help="where the files are written")
+    export.add_argument(
+        "--out",
+        required=True,
+        type=path_argument,
+        metavar="DIR",
+        help="where the files are written",
+    )
     export.add_argument(
         "--parent",
         action="append",
+        type=path_argument,
         default=[],
         metavar="BUNDLE",
         help="a parent bundle of forks that is not beside them (repeatable)",

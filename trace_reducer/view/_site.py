@@ -58,9 +58,12 @@ def _relative(root: str, bundle: str) -> str:
 
 
 def _page_runs(root: str, href: Callable[[str], str]) -> list[dict[str, Any]]:
-    """The runs as the list page shows them, each with the link to its page."""
+    """The runs as the list page shows them, each with the link to its page.
+
+    A trace.binpb that turns up in the served root later is passed over: refusing the root
+    then (as `list` refuses a bundle given as a root) answered every page with an error."""
     runs = []
-    for run in list_runs(root).runs:
+    for run in list_runs(root, bundle_root_refused=False).runs:
         entry = public_run(run)
         entry["text"] = run["text"][:PAGE_TEXT_CHARS]
         entry["href"] = href(_relative(root, run["bundle"]))

@@ -1,0 +1,130 @@
+"""stdout whose failures say they are stdout's, so `main` can tell "the output is gone or full"
+from an input file that could not be read or written.
+
+A write to a closed descriptor, a pipe whose reader left, or /dev/full raises the same OSError
+as any other file; and with fd 1 closed Python sets `sys.stdout` to None, where print() writes
+nothing and `sys.stdout.write` is an AttributeError. Under `guarded_stdout()` every write to
+fd 1 that fails raises StdoutError instead, and a closed fd 1 fails the first write.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
+
+__all__ = ["StdoutError", "guarded_stdout", "silence_stdout"]
+
+
+class StdoutError(OSError):
+    """A write to stdout failed (closed, a pipe nobody reads, a full device)."""
+
+    def describe(self) -> str:
+        if self.errno == errno.EBADF:
+            return "cannot write to stdout: it is closed"
+        return f"cannot write to stdout: {self.strerror or 'failed'}"
+
+
+class _Fd1(io.RawIOBase):
+    """fd 1 as raw bytes; `closed_at_start`: it was closed when the command began (it now
+    holds /dev/null, so that no file opened later takes its number), and every write fails."""
+
+    def __init__(self, closed_at_start: bool) -> None:
+        super().__init__()
+        self._closed_at_start = closed_at_start
+        # Set once stdout failed: what is still buffered is dropped (see silence_stdout).
+        self.discarding = False
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return 1
+
+    def isatty(self) -> bool:
+        return not self._closed_at_start and os.isatty(1)
+
+    def write(self, data: ReadableBuffer, /) -> int | None:
+        if self.discarding:
+            return memoryview(data).nbytes
+        if self._closed_at_start:
+            raise StdoutError(errno.EBADF, os.strerror(errno.EBADF))
+        try:
+            return os.write(1, data)
+        except BlockingIOError:
+            return None  # a non-blocking stdout: the buffer keeps it, as for FileIO
+        except OSError as error:
+            raise StdoutError(error.errno, error.strerror) from None
+
+
+def _reserve_standard_fds() -> bool:
+    """Put /dev/null on each of fds 0-2 that is closed; whether fd 1 was.
+
+    A closed one would be the number the next file or socket opened gets: a state.json
+    written through "stdout", a socket uvloop refuses to close (it aborts the process).
+    """
+    closed = []
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            closed.append(fd)
+    for fd in closed:
+        null = os.open(os.devnull, os.O_RDWR)
+        if null != fd:
+            os.dup2(null, fd)
+            os.close(null)
+    return 1 in closed
+
+
+_guarded: _Fd1 | None = None
+
+
+@contextmanager
+def guarded_stdout() -> Iterator[None]:
+    """While the command runs, sys.stdout raises StdoutError when fd 1 fails.
+
+    A stdout someone else put in place (a test's capture, a program that called `main`
+    with its own) is left as it is.
+    """
+    fd1_closed = _reserve_standard_fds()
+    real = sys.stdout
+    if real is not None and real is not sys.__stdout__:
+        yield
+        return
+    global _guarded
+    _guarded = _Fd1(fd1_closed)
+    sys.stdout = io.TextIOWrapper(
+        io.BufferedWriter(_guarded),
+        encoding=real.encoding if real is not None else "utf-8",
+        errors=real.errors if real is not None else "strict",
+        line_buffering=real.line_buffering if real is not None else False,
+        write_through=False,
+    )
+    try:
+        yield
+    finally:
+        try:
+            sys.stdout.flush()
+        except StdoutError:
+            silence_stdout()
+            sys.stdout.flush()
+        sys.stdout = real
+        _guarded = None
+
+
+def silence_stdout() -> None:
+    """What is still to be written to stdout goes to /dev/null: the interpreter's last flush
+    would only fail again, as an "Exception ignored" traceback."""
+    if _guarded is not None:
+        _guarded.discarding = True
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.close(null)
