@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import importlib.util
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -142,6 +144,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
+def _announce(line: str) -> None:
+    """A server's start-up line on stdout. What was asked for is the server, not the line:
+    a stdout that is closed, full, or whose reader has gone (`serve | head -1` reading the
+    address) leaves it serving, and the log says so unless the reader just left."""
+    try:
+        print(line, flush=True)
+    except OSError as error:
+        # The interpreter's last flush would fail again, as an "Exception ignored" traceback.
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+        if error.errno != errno.EPIPE:
+            _log().warning("cannot write to stdout (%s); serving on", error.strerror or error)
+
+
 def _client_command(args: argparse.Namespace) -> int:
     """`chat` or `health`; each says what went wrong itself, this is the last line of defence."""
     from agent_server import _chat, _health
@@ -181,7 +198,7 @@ async def _serve(settings: Settings) -> int:
 
         watch_supervisor(stop.set)
     _log().info("listening on %s (event loop %s)", server.address, running_event_loop())
-    print(f"listening on {server.address}", flush=True)
+    _announce(f"listening on {server.address}")
     await stop.wait()
     _log().info("shutting down")
     await server.stop()
@@ -243,7 +260,7 @@ async def _run_gateway(settings: GatewaySettings) -> int:
         gateway.upstream_url,
         running_event_loop(),
     )
-    print(f"listening on {gateway.url}", flush=True)
+    _announce(f"listening on {gateway.url}")
     await stop.wait()
     _log().info("shutting down")
     await gateway.stop()

@@ -8,6 +8,7 @@ from ._loop import (
     EVENT_LOOPS,
     default_event_loop,
     event_loop_problem,
+    open_standard_fds,
     run_on_loop,
     running_event_loop,
 )
@@ -93,6 +94,7 @@ __all__ = [
     "header_secret",
     "http_server_logger",
     "install_signal_handlers",
+    "open_standard_fds",
     "redact_url",
     "run_on_loop",
     "running_event_loop",

@@ -39,8 +39,8 @@ def _loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
     return None
 
 
-def open_standard_fds() -> None:
-    """Open the null device onto whichever of fds 0, 1 and 2 is closed.
+def open_standard_fds() -> frozenset[int]:
+    """Open the null device onto whichever of fds 0, 1 and 2 is closed; return those.
 
     A process started with one closed (`<&-`, `>&-`, a supervisor that closes them) would hand
     that number to the next socket or pipe it opens, and libuv (uvloop) aborts the process when
@@ -49,14 +49,16 @@ def open_standard_fds() -> None:
     open file is the lowest free number, so opening until a number above 2 comes back fills
     exactly the closed ones. Python's own sys.stdin / sys.stdout stay None (prints do nothing).
     """
+    filled: set[int] = set()
     while True:
         fd = os.open(os.devnull, os.O_RDWR)
         if fd > 2:
             os.close(fd)
-            return
+            return frozenset(filled)
         # os.open makes it close-on-exec; as a standard stream it is passed on to children
         # (the --workers processes) like any other.
         os.set_inheritable(fd, True)
+        filled.add(fd)
 
 
 def run_on_loop(main: Coroutine[Any, Any, _T], event_loop: str) -> _T:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import socket
 from pathlib import Path
 
 import grpc
+import httpx
 import pytest
 from google.protobuf import json_format
 
@@ -246,3 +249,49 @@ async def test_kill_9_keeps_every_item_a_client_saw_completed(
         assert call.execution.status == common_pb2.EXECUTION_STATUS_RUNNING
         partial = [d.partial_text for d in call.discarded_outputs]
         assert partial == (["survives"] if point == 1 else ["cut short"])
+
+
+@pytest.mark.parametrize("stdout", ["full", "gone"])
+@pytest.mark.parametrize("command", ["serve", "gateway"])
+async def test_a_server_serves_on_when_its_stdout_fails(
+    tmp_path: Path, command: str, stdout: str
+) -> None:
+    # Was: `agent-server serve | true` exited 1 with "[Errno 32] Broken pipe".
+    if stdout == "full":
+        target = os.open("/dev/full", os.O_WRONLY)
+    else:
+        reader, target = os.pipe()
+        os.close(reader)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    argv = [command, "--listen", f"127.0.0.1:{port}", "--trace-root", str(tmp_path / "traces")]
+    process = await asyncio.create_subprocess_exec(
+        AGENT_SERVER, *argv, stdout=target, stderr=asyncio.subprocess.PIPE, env=clean_env()
+    )
+    os.close(target)
+    try:
+        if command == "serve":
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                await asyncio.wait_for(channel.channel_ready(), 30)
+        else:
+            async with httpx.AsyncClient(timeout=30) as http:
+                async with asyncio.timeout(30):
+                    while True:
+                        try:
+                            reply = await http.get(f"http://127.0.0.1:{port}/rollout/v1/sessions")
+                            break
+                        except httpx.ConnectError:
+                            await asyncio.sleep(0.05)
+                assert reply.status_code == 200
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), 30) == 0
+        assert process.stderr is not None
+        stderr = (await process.stderr.read()).decode()
+        assert "Traceback" not in stderr
+        assert "Exception ignored" not in stderr
+        assert ("cannot write to stdout" in stderr) == (stdout == "full"), stderr
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()

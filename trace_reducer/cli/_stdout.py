@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+from grpc_common import open_standard_fds
+
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
 
@@ -64,26 +66,6 @@ class _Fd1(io.RawIOBase):
             raise StdoutError(error.errno, error.strerror) from None
 
 
-def _reserve_standard_fds() -> bool:
-    """Put /dev/null on each of fds 0-2 that is closed; whether fd 1 was.
-
-    A closed one would be the number the next file or socket opened gets: a state.json
-    written through "stdout", a socket uvloop refuses to close (it aborts the process).
-    """
-    closed = []
-    for fd in (0, 1, 2):
-        try:
-            os.fstat(fd)
-        except OSError:
-            closed.append(fd)
-    for fd in closed:
-        null = os.open(os.devnull, os.O_RDWR)
-        if null != fd:
-            os.dup2(null, fd)
-            os.close(null)
-    return 1 in closed
-
-
 _guarded: _Fd1 | None = None
 
 
@@ -94,7 +76,9 @@ def guarded_stdout() -> Iterator[None]:
     A stdout someone else put in place (a test's capture, a program that called `main`
     with its own) is left as it is.
     """
-    fd1_closed = _reserve_standard_fds()
+    # A closed fd would be the number the next file or socket opened gets: a state.json
+    # written through "stdout", a socket uvloop refuses to close (it aborts the process).
+    fd1_closed = 1 in open_standard_fds()
     real = sys.stdout
     if real is not None and real is not sys.__stdout__:
         yield
