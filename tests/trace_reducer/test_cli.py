@@ -663,3 +663,12 @@ def test_serve_serves_on_when_its_stdout_fails(tmp_path: Path, stdout: str) -> N
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_a_token_given_where_its_variable_goes_is_never_repeated(tmp_path: Path) -> None:
+    # Was: "--token-env sk-…: the variable is not set", the token itself in the message.
+    root = one_turn_bundle(tmp_path / "root").parent
+    result = run("view", root, "--listen", "127.0.0.1:0", "--token-env", "sk-S3CRET-token")
+    assert result.returncode == 2, result.stderr
+    assert "S3CRET" not in result.stderr
+    assert "--token-env takes the NAME of a variable, not its value" in result.stderr

@@ -386,6 +386,12 @@ def _view_root(args: argparse.Namespace) -> int:
     from ..view._site import is_loopback
 
     if args.token_env:
+        from grpc_common import variable_name
+
+        try:
+            variable_name(args.token_env, "--token-env")
+        except ValueError as error:
+            raise _CommandError(str(error), EXIT_USAGE) from None
         token = os.environ.get(args.token_env) or None
         if token is None:
             raise _CommandError(
