@@ -74,11 +74,12 @@ def run(args: argparse.Namespace) -> int:
         return _fail("standard output is closed: there is nowhere to show the replies")
     _enable_line_editing()
     ctrl_c = _CtrlC()
-    previous_handler = signal.signal(signal.SIGINT, ctrl_c)
+    previous = {number: signal.signal(number, ctrl_c) for number in _HANDLED}
     try:
         return _chat(args, token, tls, ctrl_c)
     finally:
-        signal.signal(signal.SIGINT, previous_handler)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 def _chat(args: argparse.Namespace, token: str | None, tls: bool | Path, ctrl_c: _CtrlC) -> int:
@@ -87,7 +88,7 @@ def _chat(args: argparse.Namespace, token: str | None, tls: bool | Path, ctrl_c:
     # Ctrl-C must reach the main thread, which waits at the prompt in a read that only a signal
     # delivered to it wakes: the threads the client starts (its event loop, gRPC's own, made by
     # its first call) inherit a mask with SIGINT blocked, so the kernel never hands it to them.
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, set(_HANDLED))
     try:
         try:
             client = SyncAgentClient(args.address, token=token, tls=tls)
@@ -132,7 +133,7 @@ def _chat(args: argparse.Namespace, token: str | None, tls: bool | Path, ctrl_c:
             return _fail(
                 f"cannot go on: {error.strerror or error}; thread {thread.id} closed", EXIT_FAILED
             )
-    return EXIT_OK
+    return 128 + ctrl_c.ended_by if ctrl_c.ended_by else EXIT_OK
 
 
 def _discard_stdout() -> None:
@@ -144,8 +145,18 @@ def _discard_stdout() -> None:
         os.close(devnull)
 
 
+# Ctrl-C, and the signals that end a terminal's programs (its window closed: SIGHUP; `kill`:
+# SIGTERM), which end the chat the same way /quit does, the thread closed on the way out.
+_HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class _HungUpError(Exception):
+    """SIGTERM or SIGHUP at the prompt: the chat ends as at /quit."""
+
+
 class _CtrlC:
-    """SIGINT's handler for the chat: at the prompt Ctrl-C raises, during a reply it interrupts.
+    """The chat's signal handler: at the prompt Ctrl-C raises, during a reply it interrupts;
+    SIGTERM and SIGHUP do the same and then end the chat (`ended`).
 
     During a reply the handler never raises: a KeyboardInterrupt could land anywhere (inside a
     print, between two calls) and escape as a traceback. It asks the server to interrupt the
@@ -154,16 +165,22 @@ class _CtrlC:
 
     def __init__(self) -> None:
         self.at_prompt = False
+        self.ended = False
+        # The signal that ended the chat; it exits as a process that signal ended does.
+        self.ended_by = 0
         self._turn: SyncTurn | None = None
         self._started = False
         self._pressed = False
         self._asked: concurrent.futures.Future[agent_pb2.Turn] | None = None
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
+        if signum != signal.SIGINT:
+            self.ended = True
+            self.ended_by = signum
         if self.at_prompt:
             # Disarmed before raising: a second Ctrl-C meanwhile cannot raise outside the try.
             self.at_prompt = False
-            raise KeyboardInterrupt
+            raise _HungUpError if self.ended else KeyboardInterrupt
         self._pressed = True
         if self._turn is not None and self._started:
             self._ask()
@@ -189,12 +206,12 @@ class _CtrlC:
 
 
 def _converse(thread: SyncThread, ctrl_c: _CtrlC) -> None:
-    while True:
+    while not ctrl_c.ended:
         try:
             ctrl_c.at_prompt = True
             line = input("you> ")
             ctrl_c.at_prompt = False
-        except EOFError:
+        except (EOFError, _HungUpError):
             ctrl_c.at_prompt = False
             print()
             return

@@ -8,10 +8,13 @@ import os
 import pty
 import re
 import select
+import signal
 import subprocess
 import termios
 import time
 from pathlib import Path
+
+import pytest
 
 from agent_server.local_model import reply_words
 from rollout.trace.v1 import common_pb2
@@ -289,3 +292,30 @@ def test_a_failing_stdout_is_one_line_and_the_thread_is_closed(tmp_path: Path) -
         f"thread {bundle_thread(bundle)} closed\n"
     )  # was an OSError traceback
     assert complete  # was: the thread stayed ACTIVE on the server
+
+
+@pytest.mark.parametrize("hangup", [signal.SIGHUP, signal.SIGTERM])
+def test_a_hangup_ends_the_chat_and_closes_its_thread(tmp_path: Path, hangup: int) -> None:
+    # Was: the terminal closed (SIGHUP) or `kill` (SIGTERM) ended the chat on the spot, its
+    # thread left open on the server and its bundle unfinished until the server stopped.
+    traces = tmp_path / "traces"
+    with live_server("--trace-root", str(traces), "--local-word-delay", "0.05") as server:
+        chat = Terminal(
+            [AGENT_SERVER, "chat", "--address", server.address], server_env(TERM="dumb")
+        )
+        try:
+            chat.expect(PROMPT)
+            chat.type("stop me midway please\r")
+            chat.expect('You said: "stop me midway please"')
+            # During a reply: the turn is interrupted, then the chat ends as at /quit.
+            chat.process.send_signal(hangup)
+            bundle = Path(chat.expect(r"thread closed; bundle: (\S+)").group(1))
+            assert chat.wait() == 128 + hangup
+        finally:
+            if chat.process.poll() is None:
+                chat.process.kill()
+    assert "Traceback" not in chat.output
+    rollout = replay_bundle(bundle)
+    assert rollout.recording_complete
+    (turn_id,) = rollout.threads[bundle_thread(bundle)].turn_ids
+    assert rollout.turns[turn_id].execution.status == common_pb2.EXECUTION_STATUS_CANCELLED
