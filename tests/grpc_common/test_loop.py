@@ -144,10 +144,11 @@ def test_agent_server_with_stdin_and_stdout_closed_stops_cleanly(tmp_path: Path)
 
 @pytest.mark.parametrize("server", ["gateway", "trace-reducer"])
 def test_the_other_servers_with_stdin_closed_stop_cleanly(server: str, tmp_path: Path) -> None:
-    argv = {
+    commands: dict[str, list[str | Path]] = {
         "gateway": [_BIN / "agent-server", "gateway", "--trace-root", tmp_path],
         "trace-reducer": [_BIN / "trace-reducer", "serve", "--bundle-root", tmp_path],
-    }[server]
+    }
+    argv = commands[server]
     process = subprocess.Popen(
         [*argv, "--listen", "127.0.0.1:0"],
         stdin=subprocess.DEVNULL,

@@ -214,7 +214,7 @@ def test_an_output_where_nothing_can_be_written_is_bad_input(tmp_path: Path) -> 
         (["export-rl", bundle, "--format", "jsonl", "--out", a_file], "not a directory"),
         (["export-rl", bundle, "--format", "jsonl", "--out", "/dev/full"], "not a directory"),
     ):
-        result = run(*args)
+        result = run(*map(str, args))
         assert result.returncode == 2, (args, result.stderr)
         assert_one_clean_line(result.stderr)
         assert said in result.stderr, (args, result.stderr)
@@ -270,7 +270,7 @@ def test_a_parent_that_is_no_bundle_is_said(tmp_path: Path) -> None:
                 parent,
             ],
         ):
-            result = run(*args)
+            result = run(*map(str, args))
             assert result.returncode == 2, (args, result.stderr)
             assert_one_clean_line(result.stderr)
             assert f"--parent {parent}: " in result.stderr
@@ -286,7 +286,7 @@ def test_view_of_one_bundle_refuses_the_server_s_flags(tmp_path: Path) -> None:
         ["view", bundle, "--diff", bundle, "--listen", "127.0.0.1:0"],
         ["view", bundle.parent, "-o", tmp_path / "site", "--listen", "127.0.0.1:0"],
     ):
-        result = run(*args)
+        result = run(*map(str, args))
         assert result.returncode == 2, (args, result.stderr)
         assert_one_clean_line(result.stderr)
     assert sorted(p.name for p in bundle.iterdir()) == ["trace.binpb"]
