@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 
 import pytest
 
@@ -13,6 +14,11 @@ def pytest_configure(config: pytest.Config) -> None:
     # The tests' own HTTP client (httpx; the product speaks aiohttp) logs every request at
     # INFO: hostile tests' URLs, lone surrogates and all, are no line for a server's log.
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    # A suite started in the background of a script (`make test &`) inherits SIGINT ignored,
+    # and so would every command it starts: the Ctrl-C tests want a terminal's SIGINT. A
+    # handler (unlike "ignored") is reset to the default in a program the suite starts.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 # After `-m`/`-k` deselected theirs: a run without engine tests starts no engine.

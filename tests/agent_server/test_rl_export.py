@@ -260,7 +260,8 @@ async def test_export_rl_refuses_bad_input(tmp_path: Path, local: Harness) -> No
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     code, _, err = await export(thread.bundle_path, "--format", "jsonl", "--out", str(blocker))
-    assert code == 1
+    # A file where the output directory goes is bad input, refused before any work.
+    assert code == 2
     assert str(blocker) in err
     code, _, err = await export(thread.bundle_path, "--format", "csv", "--out", str(tmp_path))
     assert code == 2
