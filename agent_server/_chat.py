@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 # Only the defaults here: `chat --help` must not load gRPC; run() loads the client.
 from agent_server._health import address_problem, unreachable
 from agent_server.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from grpc_common import discard_stdout
 from rollout_client import ADDRESS_ENV, DEFAULT_ADDRESS, address_from_env
 
 if TYPE_CHECKING:
@@ -126,23 +127,14 @@ def _chat(args: argparse.Namespace, token: str | None, tls: bool | Path, ctrl_c:
             return _fail(f"lost the server: {error}", EXIT_FAILED)
         except BrokenPipeError:
             # The reader went away (`| head -1`): the Unix way is to stop without a word.
-            _discard_stdout()
+            discard_stdout()
             return EXIT_FAILED
         except OSError as error:
-            _discard_stdout()
+            discard_stdout()
             return _fail(
                 f"cannot go on: {error.strerror or error}; thread {thread.id} closed", EXIT_FAILED
             )
     return 128 + ctrl_c.ended_by if ctrl_c.ended_by else EXIT_OK
-
-
-def _discard_stdout() -> None:
-    """Point stdout at the null device: what is still buffered for a stdout that failed would
-    fail again at the interpreter's exit, as an "Exception ignored" message."""
-    with contextlib.suppress(OSError, ValueError):
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
 
 
 # Ctrl-C, and the signals that end a terminal's programs (its window closed: SIGHUP; `kill`:

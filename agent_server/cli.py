@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import errno
 import importlib
 import importlib.util
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -144,21 +142,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
-def _announce(line: str) -> None:
-    """A server's start-up line on stdout. What was asked for is the server, not the line:
-    a stdout that is closed, full, or whose reader has gone (`serve | head -1` reading the
-    address) leaves it serving, and the log says so unless the reader just left."""
-    try:
-        print(line, flush=True)
-    except OSError as error:
-        # The interpreter's last flush would fail again, as an "Exception ignored" traceback.
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, sys.stdout.fileno())
-        os.close(null)
-        if error.errno != errno.EPIPE:
-            _log().warning("cannot write to stdout (%s); serving on", error.strerror or error)
-
-
 def _client_command(args: argparse.Namespace) -> int:
     """`chat` or `health`; each says what went wrong itself, this is the last line of defence."""
     from agent_server import _chat, _health
@@ -179,7 +162,12 @@ async def _serve(settings: Settings) -> int:
 
     from agent_server.config import ConfigError
     from agent_server.server import AgentServer
-    from grpc_common import install_signal_handlers, running_event_loop, tune_collector_for_serving
+    from grpc_common import (
+        announce,
+        install_signal_handlers,
+        running_event_loop,
+        tune_collector_for_serving,
+    )
 
     try:
         server = await AgentServer.start(settings)
@@ -198,7 +186,7 @@ async def _serve(settings: Settings) -> int:
 
         watch_supervisor(stop.set)
     _log().info("listening on %s (event loop %s)", server.address, running_event_loop())
-    _announce(f"listening on {server.address}")
+    announce(f"listening on {server.address}", _log().warning)
     await stop.wait()
     _log().info("shutting down")
     await server.stop()
@@ -236,7 +224,12 @@ async def _run_gateway(settings: GatewaySettings) -> int:
 
     from agent_server.gateway import Gateway
     from agent_server.server import trace_root_problem
-    from grpc_common import install_signal_handlers, running_event_loop, tune_collector_for_serving
+    from grpc_common import (
+        announce,
+        install_signal_handlers,
+        running_event_loop,
+        tune_collector_for_serving,
+    )
 
     problem = trace_root_problem(settings.trace_root)
     if problem:
@@ -260,7 +253,7 @@ async def _run_gateway(settings: GatewaySettings) -> int:
         gateway.upstream_url,
         running_event_loop(),
     )
-    _announce(f"listening on {gateway.url}")
+    announce(f"listening on {gateway.url}", _log().warning)
     await stop.wait()
     _log().info("shutting down")
     await gateway.stop()

@@ -6,11 +6,14 @@ from ._flags import add_access_arguments, add_event_loop_argument
 from ._http_log import http_server_logger
 from ._loop import (
     EVENT_LOOPS,
+    announce,
     default_event_loop,
+    discard_stdout,
     event_loop_problem,
     open_standard_fds,
     run_on_loop,
     running_event_loop,
+    stdout_failure,
 )
 
 if TYPE_CHECKING:
@@ -87,8 +90,10 @@ __all__ = [
     "abort",
     "add_access_arguments",
     "add_event_loop_argument",
+    "announce",
     "bearer_token",
     "default_event_loop",
+    "discard_stdout",
     "error_status",
     "event_loop_problem",
     "header_secret",
@@ -100,6 +105,7 @@ __all__ = [
     "running_event_loop",
     "same_secret",
     "split_listen",
+    "stdout_failure",
     "tune_collector_for_serving",
     "variable_name",
 ]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import importlib.util
 import os
 from collections.abc import Callable, Coroutine
@@ -59,6 +61,37 @@ def open_standard_fds() -> frozenset[int]:
         # (the --workers processes) like any other.
         os.set_inheritable(fd, True)
         filled.add(fd)
+
+
+def discard_stdout() -> None:
+    """Point fd 1 at the null device: what is still buffered for a stdout that failed would
+    fail again at the interpreter's exit, as an "Exception ignored" traceback."""
+    with contextlib.suppress(OSError):
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 1)
+        os.close(null)
+
+
+def stdout_failure(error: OSError) -> str:
+    """What a failed write to stdout is said as."""
+    if error.errno == errno.EBADF:
+        return "cannot write to stdout: it is closed"
+    return f"cannot write to stdout: {error.strerror or 'failed'}"
+
+
+def announce(
+    line: str, warn: Callable[[str], None], discard: Callable[[], None] = discard_stdout
+) -> None:
+    """A server's start-up line on stdout. What was asked for is the server, not the line:
+    a stdout that is closed, full, or whose reader has gone (`serve | head -1` reading the
+    address) leaves it serving (discard then takes what stdout still holds), and warn says
+    so unless the reader just left."""
+    try:
+        print(line, flush=True)
+    except OSError as error:
+        discard()
+        if error.errno != errno.EPIPE:
+            warn(f"{stdout_failure(error)}; serving on")
 
 
 def run_on_loop(main: Coroutine[Any, Any, _T], event_loop: str) -> _T:

@@ -21,6 +21,7 @@ from google.protobuf import json_format, text_format
 from grpc_common import (
     add_access_arguments,
     add_event_loop_argument,
+    announce,
     default_event_loop,
     event_loop_problem,
     run_on_loop,
@@ -415,7 +416,7 @@ async def _serve_site(root: str, host: str, port: int, token: str | None, open_p
     install_signal_handlers(stop.set)
     shown = f"{address}?token={token}" if token else address
     try:
-        _announce(f"serving {shown}")
+        announce(f"serving {shown}", say, silence_stdout)
         if next(walk_bundles(root, irregular=True), None) is None:
             say(f"no bundles under {root} yet: the list shows each as it is written (Ctrl-C stops)")
         if open_page and not webbrowser.open(shown):
@@ -495,7 +496,7 @@ async def _serve_async(
             metrics = MetricsServer.start(metrics_listen, registry)
         except (ValueError, OSError) as error:
             raise _CommandError(f"--metrics-listen: {error}", EXIT_USAGE) from error
-        _announce(f"metrics at {metrics.url}")
+        announce(f"metrics at {metrics.url}", say, silence_stdout)
     try:
         server = await GrpcServer.start(
             listen,
@@ -511,7 +512,7 @@ async def _serve_async(
     stop = asyncio.Event()
     install_signal_handlers(stop.set)
     try:
-        _announce(f"listening on {server.address}")
+        announce(f"listening on {server.address}", say, silence_stdout)
         await stop.wait()
     finally:
         # Stopped whatever ended the wait: an unstopped grpc.aio server prints a traceback
@@ -520,18 +521,6 @@ async def _serve_async(
         if metrics is not None:
             metrics.stop()
     return EXIT_OK
-
-
-def _announce(line: str) -> None:
-    """A server's start-up line on stdout. What was asked for is the server, not the line:
-    a stdout that is closed, full, or whose reader has gone (`serve | head -1` reading the
-    address) leaves it serving, and says so unless the reader just left."""
-    try:
-        print(line, flush=True)
-    except StdoutError as error:
-        silence_stdout()
-        if error.errno != errno.EPIPE:
-            say(f"{error.describe()}; serving on")
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from grpc_common import open_standard_fds
+from grpc_common import discard_stdout, open_standard_fds, stdout_failure
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
@@ -29,9 +29,7 @@ class StdoutError(OSError):
     """A write to stdout failed (closed, a pipe nobody reads, a full device)."""
 
     def describe(self) -> str:
-        if self.errno == errno.EBADF:
-            return "cannot write to stdout: it is closed"
-        return f"cannot write to stdout: {self.strerror or 'failed'}"
+        return stdout_failure(self)
 
 
 class _Fd1(io.RawIOBase):
@@ -109,6 +107,4 @@ def silence_stdout() -> None:
     would only fail again, as an "Exception ignored" traceback."""
     if _guarded is not None:
         _guarded.discarding = True
-    null = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(null, 1)
-    os.close(null)
+    discard_stdout()
