@@ -20,7 +20,7 @@ from agent_server.config import Secret
 from agent_server.sse import SseSplitter
 from grpc_common import Redactor, redact_url
 from trace_reducer import canonical_json
-from trace_reducer.bundle import LONG_NUMBER_DIGITS, fast_json
+from trace_reducer.bundle import LONG_NUMBER_DIGITS, fast_json, os_error_reason
 
 try:
     from agent_server import _sse_split
@@ -383,7 +383,7 @@ def _idle_failure() -> ProviderError:
 def _connect_failure(error: aiohttp.ClientConnectorError) -> str:
     """Why a connection could not be made (refused, no route, no such host, a TLS failure)."""
     reason = error.os_error
-    detail = reason.strerror if isinstance(reason, OSError) and reason.strerror else str(reason)
+    detail = os_error_reason(reason) if isinstance(reason, OSError) else str(reason)
     if isinstance(reason, ConnectionRefusedError):
         detail = "connection refused"
     return f"cannot connect to {error.host}:{error.port}: {detail}"

@@ -4,6 +4,7 @@ from typing import TYPE_CHECKING
 
 from ._flags import add_access_arguments, add_event_loop_argument
 from ._http_log import http_server_logger
+from ._limits import raise_open_file_limit
 from ._loop import (
     EVENT_LOOPS,
     announce,
@@ -100,6 +101,7 @@ __all__ = [
     "http_server_logger",
     "install_signal_handlers",
     "open_standard_fds",
+    "raise_open_file_limit",
     "redact_url",
     "run_on_loop",
     "running_event_loop",

@@ -10,6 +10,8 @@ import os
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
+from ._limits import raise_open_file_limit
+
 _T = TypeVar("_T")
 
 # The names `--event-loop` takes. uvloop (libuv under asyncio's interface) does a stream's
@@ -99,8 +101,10 @@ def run_on_loop(main: Coroutine[Any, Any, _T], event_loop: str) -> _T:
     event_loop_problem): the same cancellation of what is left, the same Ctrl-C handling.
 
     Every server runs through here, so here is where fds 0-2 are made sure of, before the loop
-    or any server creates a socket (open_standard_fds)."""
+    or any server creates a socket (open_standard_fds), and where the open-file limit is
+    raised to what the process is allowed (raise_open_file_limit)."""
     open_standard_fds()
+    raise_open_file_limit()
     with asyncio.Runner(loop_factory=_loop_factory(event_loop)) as runner:
         return runner.run(main)
 

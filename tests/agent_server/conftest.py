@@ -183,8 +183,12 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 @contextlib.asynccontextmanager
-async def serve(*args: str, **env: str) -> AsyncIterator[Served]:
-    """Run `agent-server serve --listen 127.0.0.1:0 ARGS`; SIGTERM it on the way out."""
+async def serve(
+    *args: str, preexec: Callable[[], None] | None = None, **env: str
+) -> AsyncIterator[Served]:
+    """Run `agent-server serve --listen 127.0.0.1:0 ARGS`; SIGTERM it on the way out.
+
+    preexec: run in the child before it starts (a limit set, say)."""
     process = await asyncio.create_subprocess_exec(
         AGENT_SERVER,
         "serve",
@@ -194,6 +198,7 @@ async def serve(*args: str, **env: str) -> AsyncIterator[Served]:
         env=clean_env(**env),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
+        preexec_fn=preexec,
     )
     assert process.stdout is not None
     assert process.stderr is not None

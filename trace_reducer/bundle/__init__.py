@@ -15,6 +15,7 @@ from ._errors import (
     ReductionError,
     RewardError,
     describe_os_error,
+    os_error_reason,
 )
 from ._framing import MAX_RECORD_BYTES, decode_varint, encode_record, encode_varint
 from ._integrity import describe_integrity, integrity_name, require_reducible
@@ -82,6 +83,7 @@ __all__ = [
     "fast_json",
     "holds_bundles",
     "integrity_name",
+    "os_error_reason",
     "payload_id",
     "read_bundle",
     "read_rewards",

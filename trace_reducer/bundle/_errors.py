@@ -26,6 +26,8 @@ service turns into its exit code or status (cli/_main.py, service/_service.py, b
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 
 from rollout.trace.v1 import state_pb2
@@ -124,6 +126,25 @@ class RayUnavailableError(MissingExtraError):
 
 def describe_os_error(error: OSError, path: str | os.PathLike[str] | None = None) -> str:
     """`<reason>: <path>`, naming `path` (what the user gave) over the file the OS tried."""
-    reason = error.strerror or str(error) or type(error).__name__
+    reason = os_error_reason(error)
     named = path if path is not None else error.filename
     return f"{reason}: {os.fsdecode(named)}" if named is not None else reason
+
+
+def os_error_reason(error: OSError) -> str:
+    """The OS's reason for error, and for the open-file limit what it is and how to move it:
+    a busy server meets it (each open thread keeps its bundle open), and "Too many open files"
+    alone does not say that the limit is the process's, nor which."""
+    reason = error.strerror or str(error) or type(error).__name__
+    if error.errno == errno.EMFILE:
+        held = "its limit of open files"
+        with contextlib.suppress(ImportError, OSError, ValueError):
+            import resource
+
+            held = f"its limit of {resource.getrlimit(resource.RLIMIT_NOFILE)[0]} open files"
+        reason = (
+            f"{reason} (the process is at {held}; each open thread or session keeps its "
+            "bundle open: raise the limit, e.g. `ulimit -n`, systemd's LimitNOFILE, docker's "
+            "--ulimit nofile)"
+        )
+    return reason
