@@ -667,8 +667,8 @@ class ReplayModel:
                     )
                     return
                 await response.start(content_type=content_type)
-                async for data in upstream.content.iter_any():
-                    await response.write(redactor.data(data))
+                async for data in redactor.chunks(upstream.content.iter_any()):
+                    await response.write(data)
         except (aiohttp.ClientError, TimeoutError) as error:
             if response.started:
                 response.reset()

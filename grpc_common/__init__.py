@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     )
     from ._keepalive import Keepalive
     from ._metrics import MetricsServer, RpcMetricsInterceptor
-    from ._secret import Redactor, bearer_token, redact_url, same_secret
+    from ._secret import Redactor, StreamRedactor, bearer_token, redact_url, same_secret
     from ._server import DEFAULT_MAX_RECEIVE_BYTES, GrpcServer, split_listen
     from ._signals import install_signal_handlers
 
@@ -57,6 +57,7 @@ _LAZY = {
     "install_signal_handlers": "_signals",
     "bearer_token": "_secret",
     "Redactor": "_secret",
+    "StreamRedactor": "_secret",
     "redact_url": "_secret",
     "same_secret": "_secret",
     "tune_collector_for_serving": "_collector",
@@ -88,6 +89,7 @@ __all__ = [
     "RpcMetricsInterceptor",
     "RpcStatusError",
     "StatusRule",
+    "StreamRedactor",
     "abort",
     "add_access_arguments",
     "add_event_loop_argument",

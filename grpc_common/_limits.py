@@ -44,4 +44,3 @@ def raise_open_file_limit(
             set_limit(resource.RLIMIT_NOFILE, (limit, hard))
             return limit
     return soft
-

@@ -7,7 +7,7 @@ import base64
 import hmac
 import re
 import urllib.parse
-from collections.abc import Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Iterable
 from typing import overload
 
 
@@ -135,6 +135,100 @@ class Redactor:
             if text_form in data:
                 data = data.replace(text_form, _HIDDEN)
         return data
+
+    def stream(self) -> StreamRedactor:
+        """A StreamRedactor of this redactor's data forms, for one stream of chunks."""
+        return StreamRedactor(self)
+
+    async def chunks(self, source: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
+        """source's chunks (a network read each) through one StreamRedactor, its held tail
+        last: what a forwarded or recorded stream is passed through, so that a secret an
+        upstream echoes across two reads is taken out too. Empty pieces are not yielded."""
+        stream = self.stream()
+        async for chunk in source:
+            piece = stream.feed(chunk)
+            if piece:
+                yield piece
+        tail = stream.flush()
+        if tail:
+            yield tail
+
+
+class StreamRedactor:
+    """Redactor.data over a stream that arrives in chunks.
+
+    `data` applied per network read misses a secret that one read ends in and the next goes
+    on with: neither half matches, and the secret passes whole. This holds back only the tail
+    that could still become one — the longest suffix of what came that is a proper prefix of
+    some data form, so under the longest form's length — and returns every other byte at
+    once: a chunk that ends otherwise (an SSE event's `\n\n`) goes out whole, without waiting
+    for the next read.
+
+    Guaranteed: what feed and flush return, joined, equals `data` of the whole stream, however
+    it is cut, as long as no occurrence of one form in it partly overlaps an occurrence of
+    another (one form inside another is taken out whole, as `data` takes it; forms holding
+    `*` are not supposed to be there). Whatever the overlaps, every byte passes `data`, and no
+    complete occurrence is split between two returned pieces.
+    """
+
+    __slots__ = ("_forms", "_held", "_redactor")
+
+    def __init__(self, redactor: Redactor) -> None:
+        self._redactor = redactor
+        self._forms = redactor._data_bytes
+        self._held = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        """What of chunk (after what was held) can be passed on now, redacted; chunk itself
+        when there is no secret, and none begins in its tail or in it."""
+        if not self._forms:
+            return chunk
+        data = self._held + chunk if self._held else chunk
+        cut = self._cut(data)
+        self._held = data[cut:]
+        return self._redactor.data(data if cut == len(data) else data[:cut])
+
+    def flush(self) -> bytes:
+        """What was held, redacted: at the stream's end, where it can no longer grow into a
+        secret."""
+        held, self._held = self._held, b""
+        return self._redactor.data(held) if held else held
+
+    def _cut(self, data: bytes) -> int:
+        """Where what is passed on ends: before the longest tail that may become a form, and
+        never inside a whole form (which a tail of another may overlap)."""
+        cut = self._tail(data, 0)
+        while cut < len(data):
+            end = self._across(data, cut)
+            if end is None:
+                break
+            cut = self._tail(data, end)
+        return cut
+
+    def _tail(self, data: bytes, start: int) -> int:
+        """The start of data's longest suffix from start on that is a proper prefix of some
+        form (len(data) for none). Only the places of a form's first byte within its length
+        of the end are looked at: a few `find`s a chunk for the usual one without them."""
+        size = len(data)
+        cut = size
+        for form in self._forms:
+            first = form[0]
+            at = data.find(first, max(start, size - len(form) + 1), cut)
+            while at != -1:
+                if form.startswith(data[at:]):
+                    cut = at
+                    break
+                at = data.find(first, at + 1, cut)
+        return cut
+
+    def _across(self, data: bytes, cut: int) -> int | None:
+        """The furthest end of a whole form in data that begins before cut and ends after it."""
+        end = None
+        for form in self._forms:
+            at = data.find(form, max(0, cut - len(form) + 1), cut + len(form) - 1)
+            if -1 < at < cut:
+                end = max(end or 0, at + len(form))
+        return end
 
 
 def _url_forms(url: str) -> tuple[set[str], set[str]]:

@@ -638,10 +638,11 @@ class Gateway:
         terminal = False
         try:
             await response.prepare(request)
-            async for chunk in answer.content.iter_any():
-                # An event that echoes the key (an `error` quoting the request) is recorded and
-                # passed on without it.
-                ready, events = splitter.feed(call.redactor.data(chunk))
+            # An event that echoes the key (an `error` quoting the request) is recorded and
+            # passed on without it, even when the key came in two reads; what the redactor held
+            # back at the end comes last, before the splitter's rest.
+            async for chunk in call.redactor.chunks(answer.content.iter_any()):
+                ready, events = splitter.feed(chunk)
                 if splitter.held > MAX_EVENT_BYTES:
                     # One event without end: nothing of it went out, and no more is read.
                     outcome.fail(

@@ -404,6 +404,55 @@ async def test_what_an_upstream_echoes_of_credentials_is_neither_recorded_nor_fo
     assert tracebacks() == []
 
 
+@pytest.mark.parametrize("cut", [1, 7, 11], ids=lambda cut: f"key[:{cut}]")
+async def test_a_key_an_upstream_echoes_across_two_reads_is_neither_recorded_nor_forwarded(
+    start_gateway: StartGateway,
+    upstream: Upstream,
+    tracebacks: Callable[[], list[str]],
+    cut: int,
+) -> None:
+    # Was: the gateway redacted each read alone, neither half matched, and the key reached
+    # the client and the bundle.
+    key = "sk-S3CRETKEY"
+    first_event_out = asyncio.Event()
+
+    async def split_echo(request: web.Request) -> web.StreamResponse:
+        created = {"type": "response.created", "response": {"id": "resp_1", "output": []}}
+        echo = request.headers.get("Authorization", "")
+        event = {"type": "error", "code": "denied", "message": f"bad key: {echo}"}
+        text = f"event: error\ndata: {json.dumps(event)}\n\n"
+        at = text.index(key) + cut
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(f"data: {json.dumps(created)}\n\n{text[:at]}".encode())
+        # The second half goes out once the client has the first event: the gateway has read
+        # the first half alone by then.
+        await first_event_out.wait()
+        await response.write(text[at:].encode())
+        await response.write_eof()
+        return response
+
+    upstream.answer = split_echo
+    gateway = await start_gateway(upstream.url, api_key=Secret(key))
+    received = b""
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as http:
+        body = {"model": "m", "input": "hi", "stream": True}
+        async with http.stream("POST", "/responses", json=body) as answer:
+            async for chunk in answer.aiter_bytes():
+                received += chunk
+                if b"response.created" in received:
+                    first_event_out.set()
+    assert b"bad key: Bearer ***" in received, received
+    assert b"S3CRET" not in received, received
+    (bundle,) = bundles(gateway.settings.trace_root)
+    trace = (bundle / "trace.binpb").read_bytes()
+    assert b"***" in trace
+    for path in bundle.iterdir():
+        assert b"S3CRET" not in path.read_bytes(), path.name
+    assert "S3CRET" not in str(reduce_all(gateway.settings.trace_root))
+    assert tracebacks() == []
+
+
 async def test_models_never_sends_the_gateway_s_own_token_upstream(
     start_gateway: StartGateway, upstream: Upstream
 ) -> None:

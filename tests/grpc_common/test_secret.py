@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import base64
+import random
+from collections.abc import AsyncIterator
+from itertools import pairwise
 
 import pytest
 
@@ -75,3 +78,74 @@ def test_adding_a_secret_keeps_the_rest() -> None:
     assert with_client.text("sk-KEY-1234 QUERYSECRET CLIENTTOKEN") == "*** *** ***"
     assert redactor.text("CLIENTTOKEN") == "CLIENTTOKEN"
     assert redactor.adding([""]) is redactor
+
+
+# -- a stream of chunks ------------------------------------------------------------------------
+
+_STREAM_REDACTOR = Redactor(
+    ["sk-KEY-1234", "my-sk-KEY-1234-too"],
+    url="http://alice:PASSWORD9@host/v1?sig=SIGNATURE1&version=2024-02-01",
+)
+# Several secrets, one beside another, one inside a longer one, starts that come to nothing.
+_STREAM = (
+    b'data: {"message": "bad key: Bearer sk-KEY-1234", "auth": "Basic '
+    + base64.b64encode(b"alice:PASSWORD9")
+    + b'"}\n\nevent: error\ndata: sk-KEY sk-KEY-1234SIGNATURE1 my-sk-KEY-1234-too 2024-02-01'
+    + b" PASSWORD PASSWORD9 SIGNATURE\n\n"
+)
+
+
+def _streamed(redactor: Redactor, stream: bytes, cuts: list[int]) -> bytes:
+    redacting = redactor.stream()
+    bounds = [0, *cuts, len(stream)]
+    pieces = [redacting.feed(stream[a:b]) for a, b in pairwise(bounds)]
+    return b"".join([*pieces, redacting.flush()])
+
+
+def test_a_stream_cut_anywhere_is_redacted_as_a_whole() -> None:
+    whole = _STREAM_REDACTOR.data(_STREAM)
+    assert b"KEY-1234" not in whole
+    assert b"PASSWORD9" not in whole
+    assert b"SIGNATURE1" not in whole
+    for cut in range(len(_STREAM) + 1):
+        assert _streamed(_STREAM_REDACTOR, _STREAM, [cut]) == whole, cut
+
+
+def test_a_stream_cut_many_times_is_redacted_as_a_whole() -> None:
+    whole = _STREAM_REDACTOR.data(_STREAM)
+    rng = random.Random(7)
+    for _ in range(500):
+        cuts = sorted(rng.sample(range(len(_STREAM) + 1), rng.randint(2, 40)))
+        assert _streamed(_STREAM_REDACTOR, _STREAM, cuts) == whole, cuts
+    # A byte a read.
+    assert _streamed(_STREAM_REDACTOR, _STREAM, list(range(len(_STREAM) + 1))) == whole
+
+
+def test_only_a_tail_that_may_become_a_secret_is_held() -> None:
+    redacting = _STREAM_REDACTOR.stream()
+    event = b'data: {"text": "sk-KEY-1234 SIGNATURE1 sk-KEY"}\n\n'
+    assert redacting.feed(event) == b'data: {"text": "*** *** sk-KEY"}\n\n'
+    clean = b'data: {"text": "nothing secret"}\n\n'
+    assert redacting.feed(clean) is clean
+    assert redacting.feed(b"data: Bearer sk-KE") == b"data: Bearer "
+    assert redacting.feed(b"Y-12") == b""
+    assert redacting.feed(b"34 and SIGNAT") == b"*** and "
+    assert redacting.flush() == b"SIGNAT"
+    assert redacting.flush() == b""
+    assert redacting.feed(clean) is clean
+
+
+def test_a_stream_without_secrets_is_passed_on_as_it_came() -> None:
+    redacting = Redactor().stream()
+    for chunk in (b"data: sk-", b"KEY-1234\n\n", b""):
+        assert redacting.feed(chunk) is chunk
+    assert redacting.flush() == b""
+
+
+async def test_chunks_passes_a_stream_on_redacted_and_its_held_tail_last() -> None:
+    async def reads() -> AsyncIterator[bytes]:
+        for chunk in (b"a sk-KEY-", b"1234 b", b"", b" sk-KEY-12"):
+            yield chunk
+
+    got = [chunk async for chunk in _STREAM_REDACTOR.chunks(reads())]
+    assert got == [b"a ", b"*** b", b" ", b"sk-KEY-12"]
