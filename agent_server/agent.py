@@ -57,6 +57,7 @@ from agent_server.threads import Thread, Turn, missing_reward_target
 from agent_server.tools import SubmittedOutput, Tool, parse_tools, tools_from_request
 from agent_server.training import Sampling, TokenCapture, settings_from_request
 from agent_server.turn import TurnRunner
+from grpc_common import outlive_caller
 from rollout.agent.v1 import agent_pb2
 from rollout.trace.v1 import common_pb2
 from trace_reducer import (
@@ -255,10 +256,10 @@ class Agent:
     async def _shielded_start(self, spec: _ThreadSpec) -> Thread:
         # A caller that gives up must not leave a bundle without its thread behind: the thread
         # is made anyway, and shutdown finishes its bundle like any other.
-        starting = asyncio.create_task(self._start_thread(spec))
+        starting = asyncio.create_task(self._start_thread(spec), name="StartThread")
         self._starting.add(starting)
         starting.add_done_callback(self._starting.discard)
-        return await asyncio.shield(starting)
+        return await outlive_caller(starting)
 
     async def _start_thread(self, spec: _ThreadSpec) -> Thread:
         thread_id = f"thread_{uuid.uuid4().hex}"
@@ -650,11 +651,13 @@ class Agent:
             point = self._branch_point(thread.last_call_id, len(thread.turns))
             if point is None:
                 return
-            pending = asyncio.create_task(self._branch(thread, root, point))
+            pending = asyncio.create_task(
+                self._branch(thread, root, point), name=f"branch of {thread.id}"
+            )
             self._branching[thread_id] = pending
             pending.add_done_callback(lambda _: self._branching.pop(thread_id, None))
         # Shielded: a caller that gives up must not leave the thread between two bundles.
-        await asyncio.shield(pending)
+        await outlive_caller(pending)
 
     async def _branch(self, thread: Thread, root: Path, point: BranchPoint) -> None:
         recorded = point.thread
@@ -836,7 +839,7 @@ class Agent:
                 name=f"close {thread.id}",
             )
         # The close goes on when the caller is cancelled; every caller sees the same end.
-        await asyncio.shield(thread.closing)
+        await outlive_caller(thread.closing)
 
     async def _finish_thread(
         self,

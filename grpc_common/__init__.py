@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from ._secret import Redactor, StreamRedactor, bearer_token, redact_url, same_secret
     from ._server import DEFAULT_MAX_RECEIVE_BYTES, GrpcServer, split_listen
     from ._signals import install_signal_handlers
+    from ._tasks import outlive_caller
 
 # gRPC takes a noticeable time to import: what needs it loads on first use, so that a command
 # that only builds its parser (or never serves) does not pay for it.
@@ -61,6 +62,7 @@ _LAZY = {
     "redact_url": "_secret",
     "same_secret": "_secret",
     "tune_collector_for_serving": "_collector",
+    "outlive_caller": "_tasks",
 }
 
 
@@ -103,6 +105,7 @@ __all__ = [
     "http_server_logger",
     "install_signal_handlers",
     "open_standard_fds",
+    "outlive_caller",
     "raise_open_file_limit",
     "redact_url",
     "run_on_loop",

@@ -18,6 +18,7 @@ from agent_server.events import EventBuffer
 from agent_server.recorder import Recorder
 from agent_server.threads import Thread, Turn
 from agent_server.tools import TRACE_STATUS, ToolCall
+from grpc_common import outlive_caller
 from rollout.agent.v1 import agent_pb2
 from rollout.trace.v1 import common_pb2
 from trace_reducer import RecordingError
@@ -259,14 +260,16 @@ class Sessions:
             return existing, False
         creating = self._creating.get(key.key)
         if creating is None:
-            creating = asyncio.create_task(self._create(key, model, reason))
+            creating = asyncio.create_task(
+                self._create(key, model, reason), name=f"session {key.key}"
+            )
             self._creating[key.key] = creating
             try:
-                session = await asyncio.shield(creating)
+                session = await outlive_caller(creating)
             finally:
                 self._creating.pop(key.key, None)
             return session, True
-        return await asyncio.shield(creating), False
+        return await outlive_caller(creating), False
 
     async def _create(self, key: SessionKey, model: str, reason: str) -> Session:
         thread_id = f"thread_{uuid.uuid4().hex}"

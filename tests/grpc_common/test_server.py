@@ -113,6 +113,22 @@ async def test_abort_carries_error_info(server: GrpcServer) -> None:
     )
 
 
+# Past gRPC's own pending-call default (1,000, all shed past 3,000), which cancelled a few
+# dozen of 1,500 StartThreads sent at once.
+BURST = 3_500
+
+
+async def test_a_burst_of_calls_is_answered_whole(server: GrpcServer) -> None:
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        replies = await asyncio.gather(
+            *(health.Check(health_pb2.HealthCheckRequest()) for _ in range(BURST)),
+            return_exceptions=True,
+        )
+    failed = [reply for reply in replies if isinstance(reply, BaseException)]
+    assert not failed, f"{len(failed)} of {BURST} failed, the first: {failed[0]!r}"
+
+
 async def test_port_in_use_is_refused(server: GrpcServer) -> None:
     with pytest.raises(OSError, match="cannot listen"):
         await GrpcServer.start(server.address, _register, [_SERVICE])
