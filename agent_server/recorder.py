@@ -311,6 +311,7 @@ class Recorder:
         input_items: Sequence[Mapping[str, Any]],
         policy_version: str = "",
         provider_api: str = "",
+        input_as_string: bool = False,
     ) -> int:
         ordinal = self._call(
             RecordBuilder.inference_started,
@@ -323,6 +324,7 @@ class Recorder:
             input_items=input_items,
             policy_version=policy_version,
             provider_api=provider_api,
+            input_as_string=input_as_string,
         )
         return ordinal or 0
 

@@ -454,11 +454,11 @@ class ReplayBook:
         for index, thread in enumerate(self._threads):
             if index not in self._claimed and comparable_request(thread.calls[0].request) == wanted:
                 return self._claim(index, body)
-        if self._continues_live(body):
+        if self._continues_live(wanted):
             return Answer(live=True), None
         self.diverged += 1
         if self._on_divergence == "live":
-            self._go_live(body)
+            self._go_live(wanted)
             return Answer(live=True, divergence=self._describe(wanted)), None
         return Answer(divergence=self._describe(wanted)), None
 
@@ -466,17 +466,20 @@ class ReplayBook:
         cursor.position += 1
         if self._branch_at and cursor.position >= self._branch_at:
             cursor.position = len(cursor.thread.calls)
-            self._go_live(body)
+            self._go_live(comparable_request(body))
             return Answer(live=True)
         self.answered += 1
         return Answer(call=cursor.thread.calls[cursor.position - 1])
 
-    def _go_live(self, body: dict[str, Any]) -> None:
-        items = _conversation(body)
+    def _go_live(self, wanted: dict[str, Any]) -> None:
+        """A thread goes live from the request `wanted` (as comparable_request makes it)."""
+        items = _conversation(wanted)
         self._live_inputs.append(list(items) if isinstance(items, list) else [])
 
-    def _continues_live(self, body: dict[str, Any]) -> bool:
-        items = _conversation(body)
+    def _continues_live(self, wanted: dict[str, Any]) -> bool:
+        """Whether the request `wanted` (as comparable_request makes it) extends the last
+        input of a thread that went live, compared as recorded calls are."""
+        items = _conversation(wanted)
         if not isinstance(items, list):
             return False
         for index, before in enumerate(self._live_inputs):

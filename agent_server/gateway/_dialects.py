@@ -108,6 +108,10 @@ class Dialect(Protocol):
     def envelope(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """The request body without its conversation."""
 
+    def input_as_string(self, body: Mapping[str, Any]) -> bool:
+        """Whether the conversation came as a string, the short form of one user message
+        (`inference_started.input_as_string`: the trace gives the body back as it was)."""
+
     def fingerprint(self, entry: Mapping[str, Any]) -> str:
         """What stays the same when a client sends an entry back."""
 
@@ -166,6 +170,9 @@ class ResponsesDialect:
 
     def envelope(self, body: Mapping[str, Any]) -> dict[str, Any]:
         return {key: value for key, value in body.items() if key != "input"}
+
+    def input_as_string(self, body: Mapping[str, Any]) -> bool:
+        return isinstance(body.get("input"), str)
 
     def fingerprint(self, entry: Mapping[str, Any]) -> str:
         kind = entry.get("type") or ("message" if "role" in entry else "")
@@ -270,6 +277,9 @@ class ChatDialect:
 
     def envelope(self, body: Mapping[str, Any]) -> dict[str, Any]:
         return {key: value for key, value in body.items() if key != "messages"}
+
+    def input_as_string(self, body: Mapping[str, Any]) -> bool:
+        return False
 
     def fingerprint(self, entry: Mapping[str, Any]) -> str:
         calls = entry.get("tool_calls")

@@ -509,6 +509,7 @@ class Gateway:
             envelope=dialect.envelope(body),
             input_items=dialect.items(entries),
             provider_api=dialect.provider_api,
+            input_as_string=dialect.input_as_string(body),
         )
         if recorder.status != _RECORDING:
             return _recording_failed(_stopped(recorder))

@@ -16,6 +16,7 @@ from openai.types.responses import ResponseTextDeltaEvent
 
 from agent_server.gateway import Gateway
 from rollout.trace.v1 import common_pb2, state_pb2
+from tests.agent_server.conftest import TRACE_REDUCER
 from tests.agent_server.scripted_provider import ScriptedProvider, answer
 from tests.gateway.conftest import (
     StartGateway,
@@ -25,7 +26,7 @@ from tests.gateway.conftest import (
     only_trace,
     reduce_all,
 )
-from trace_reducer import request_body
+from trace_reducer import canonical_json, request_body
 
 COMPLETED = common_pb2.EXECUTION_STATUS_COMPLETED
 FAILED = common_pb2.EXECUTION_STATUS_FAILED
@@ -226,3 +227,54 @@ async def test_upstream_url_credentials_go_as_basic_auth_and_nowhere_else(
     shown = caplog.text + call.provider_base_url + gateway.upstream_url
     assert "s3cret" not in shown
     assert "127.0.0.1" in call.provider_base_url
+
+
+async def test_request_gives_back_a_string_input_as_it_was_sent(
+    start_gateway: StartGateway, provider: ScriptedProvider
+) -> None:
+    # `input` a string, the API's short form of one user message, is recorded as that message
+    # (the conversation every reader knows), and `trace-reducer request` gives back the body the
+    # upstream got (was: the message list, `{"input":[{"content":...,"role":"user"}],...}`).
+    gateway = await start_gateway(provider.url)
+    session = {"x-rollout-session": "one-session"}
+    async with httpx.AsyncClient(base_url=gateway.url, headers=session) as http:
+        provider.queue(answer("first"))
+        sent = await http.post("/responses", json={"model": "m", "input": "a string input"})
+        assert sent.status_code == 200
+        # The same text as a list stays a list.
+        provider.queue(answer("second", response_id="resp-2"))
+        listed = {"model": "m", "input": [{"role": "user", "content": "a string input"}]}
+        assert (await http.post("/responses", json=listed)).status_code == 200
+    client = openai.AsyncOpenAI(
+        base_url=gateway.url, api_key="unused", max_retries=0, default_headers=session
+    )
+    provider.queue(answer("third", response_id="resp-3"))
+    stream = await client.responses.create(model="m", input="a streamed string", stream=True)
+    assert "".join([e.delta async for e in stream if isinstance(e, ResponseTextDeltaEvent)])
+    await gateway.stop()
+    upstream_got = [json.loads(request.body) for request in provider.requests]
+    assert upstream_got[0] == {"model": "m", "input": "a string input"}
+    assert [body["input"] for body in upstream_got] == [
+        "a string input",
+        [{"role": "user", "content": "a string input"}],
+        "a streamed string",
+    ]
+    (bundle,) = bundles(_root(gateway))
+    trace = only_trace(_root(gateway))
+    for call, got in zip(calls(trace), upstream_got, strict=True):
+        process = await asyncio.create_subprocess_exec(
+            TRACE_REDUCER,
+            "request",
+            str(bundle),
+            call.inference_call_id,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        printed, stderr = await process.communicate()
+        assert process.returncode == 0, stderr.decode()
+        assert printed == canonical_json(got) + b"\n"
+        assert request_body(bundle, call.inference_call_id) == canonical_json(got)
+    # The trace's conversation is the user message either way.
+    first = calls(trace)[0]
+    (item,) = (trace.conversation_items[i] for i in first.request_item_ids)
+    assert (item.role, item.content[0].text) == (state_pb2.CONVERSATION_ROLE_USER, "a string input")

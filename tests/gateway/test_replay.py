@@ -3,6 +3,7 @@ from a recorded gateway run — the same run again, and a divergence."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from tests.agent_server.scripted_provider import ScriptedProvider
 from tests.agent_server.test_chat_dialect import chunk, stream
 from tests.agent_server.test_replay import assert_same_run
 from tests.gateway.conftest import StartGateway, bundles
+from trace_reducer import read_recorded_thread, request_body
 
 QUESTIONS = ("hello gateway", "and again, please")
 
@@ -101,3 +103,81 @@ async def test_a_changed_request_diverges_and_can_go_live(
     assert onward.replay is not None
     assert (onward.replay.answered, onward.replay.diverged) == (1, 1)
     assert len(provider.requests) == 1
+
+
+async def _ask(gateway: Gateway, inputs: tuple[Any, ...]) -> list[str]:
+    """One session of Responses calls, the first whole and the rest streamed; what each was told."""
+    client = openai.AsyncOpenAI(
+        base_url=gateway.url,
+        api_key="unused",
+        max_retries=0,
+        default_headers={"x-rollout-session": "plain-strings"},
+    )
+    told: list[str] = []
+    for index, given in enumerate(inputs):
+        if index == 0:
+            whole = await client.responses.create(model="local", input=given)
+            told.append(whole.output_text)
+            continue
+        stream = await client.responses.create(model="local", input=given, stream=True)
+        told.append(
+            "".join([e.delta async for e in stream if e.type == "response.output_text.delta"])
+        )
+    await client.close()
+    return told
+
+
+def _sent(bundle: Path) -> list[Any]:
+    """The `input` of each request of a bundle, as `trace-reducer request` gives it back."""
+    return [
+        json.loads(request_body(bundle, call.inference_call_id))["input"]
+        for call in read_recorded_thread(bundle).calls
+    ]
+
+
+async def test_a_string_input_replays(start_gateway: StartGateway, tmp_path: Path) -> None:
+    # The OpenAI SDK's most common shape: `input` a string (was: 409, the recorded request
+    # rebuilt as the one user message and compared with the string).
+    asked = ("hello str whole", "hello str stream")
+    live = await start_gateway()
+    told = await _ask(live, asked)
+    await live.stop()
+    (original,) = bundles(live.settings.trace_root)
+    assert _sent(original) == list(asked)
+
+    replay = await start_gateway(replay_from=live.settings.trace_root, trace_root=tmp_path / "r")
+    assert await _ask(replay, asked) == told
+    assert replay.replay is not None
+    assert (replay.replay.answered, replay.replay.diverged) == (2, 0)
+    await replay.stop()
+    (replayed,) = bundles(replay.settings.trace_root)
+    assert _sent(replayed) == list(asked)
+    await assert_same_run(original, replayed)
+
+
+async def test_a_string_and_its_one_user_message_are_one_request(
+    start_gateway: StartGateway, tmp_path: Path
+) -> None:
+    # A string `input` is the one user message it stands for (the API's short form): a run
+    # recorded with either shape replays to a client sending the other, and `diff` sees the
+    # same run (was: 409, `input: [{"content": ..., "role": "user"}] vs "..."`).
+    texts = ("one shape", "or the other")
+    as_string: tuple[Any, ...] = texts
+    as_message = tuple([{"role": "user", "content": text}] for text in texts)
+    shapes = ((as_message, as_string), (as_string, as_message))
+    for index, (recorded, replayed_with) in enumerate(shapes):
+        root = tmp_path / f"recorded-{index}"
+        live = await start_gateway(trace_root=root)
+        told = await _ask(live, recorded)
+        await live.stop()
+        (original,) = bundles(root)
+        assert _sent(original) == list(recorded)
+
+        replay = await start_gateway(replay_from=root, trace_root=root.with_name(root.name + "-r"))
+        assert await _ask(replay, replayed_with) == told
+        assert replay.replay is not None
+        assert (replay.replay.answered, replay.replay.diverged) == (2, 0)
+        await replay.stop()
+        (replayed,) = bundles(replay.settings.trace_root)
+        assert _sent(replayed) == list(replayed_with)
+        await assert_same_run(original, replayed)

@@ -188,8 +188,11 @@ class RecordBuilder:
         input_items: Sequence[Mapping[str, Any]],
         policy_version: str = "",
         provider_api: str = "",
+        input_as_string: bool = False,
     ) -> int:
-        """An attempt about to send `envelope` with `input` = input_items (the whole history).
+        """An attempt about to send `envelope` with `input` = input_items (the whole history);
+        input_as_string: it sends `input` as the string that is the one user message of
+        input_items (InferenceStarted.input_as_string).
 
         Only what follows the part shared with the thread's previous request is recorded, so a
         bundle grows with the conversation, not with its square.
@@ -207,6 +210,7 @@ class RecordBuilder:
             new_items=input_items[prefix:],
             policy_version=policy_version,
             provider_api=provider_api,
+            input_as_string=input_as_string,
         )
 
     def inference_started_after_prefix(
@@ -222,6 +226,7 @@ class RecordBuilder:
         new_items: Sequence[Mapping[str, Any]],
         policy_version: str = "",
         provider_api: str = "",
+        input_as_string: bool = False,
     ) -> int:
         """The record exactly as given: prefix_count items of the previous input, then new_items."""
         self._calls += 1
@@ -245,6 +250,7 @@ class RecordBuilder:
                     input_prefix_count=prefix_count,
                     policy_version=policy_version,
                     provider_api=provider_api,
+                    input_as_string=input_as_string,
                 )
             )
         )

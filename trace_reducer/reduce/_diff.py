@@ -22,10 +22,14 @@ REPLAY_IGNORED_ITEM_FIELDS = ("id",)
 
 
 def comparable_request(body: dict[str, Any]) -> dict[str, Any]:
-    """A request body without the fields a replay sets aside (REPLAY_IGNORED_FIELDS)."""
+    """A request body without the fields a replay sets aside (REPLAY_IGNORED_FIELDS), and with
+    a string `input` as the one user message it stands for (the Responses API's short form:
+    `"s"` and `[{"role": "user", "content": "s"}]` are one request)."""
     kept = {key: value for key, value in body.items() if key not in REPLAY_IGNORED_FIELDS}
     items = kept.get("input")
-    if isinstance(items, list):
+    if isinstance(items, str):
+        kept["input"] = [{"content": items, "role": "user"}]
+    elif isinstance(items, list):
         kept["input"] = [
             {k: v for k, v in item.items() if k not in REPLAY_IGNORED_ITEM_FIELDS}
             if isinstance(item, dict)

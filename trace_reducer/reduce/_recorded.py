@@ -184,6 +184,7 @@ def read_recorded_thread(
                 [item(pid) for pid in state.input_payload_ids],
                 provider_api=begun.provider_api,
                 instructions=payload(instructions_id).decode() if instructions_id else "",
+                input_as_string=begun.input_as_string,
             )
         except (ValueError, RecursionError) as error:
             # A payload the reducer kept opaque (nested past any parser) cannot be sent again.

@@ -18,20 +18,41 @@ from ._parents import ParentBundle, fork_payload
 
 
 def compose_request(
-    envelope: dict[str, Any], items: list[Any], *, provider_api: str, instructions: str
+    envelope: dict[str, Any],
+    items: list[Any],
+    *,
+    provider_api: str,
+    instructions: str,
+    input_as_string: bool = False,
 ) -> dict[str, Any]:
-    """The body a call sent, from its recorded envelope and input items: `input` set, or for
-    Chat Completions `messages` made from the thread's instructions and those items."""
+    """The body a call sent, from its recorded envelope and input items: `input` set (to the
+    string it was sent as, with input_as_string: InferenceStarted.input_as_string), or for Chat
+    Completions `messages` made from the thread's instructions and those items."""
     if provider_api == CHAT_API:
         envelope["messages"] = chat_messages(instructions, items)
     else:
-        envelope["input"] = items
+        text = _string_input(items) if input_as_string else None
+        envelope["input"] = items if text is None else text
     return envelope
+
+
+def _string_input(items: list[Any]) -> str | None:
+    """The text of a Responses `input` that is one user message `{"content": text, "role":
+    "user"}`, which the API also takes as the string alone (its short form); None for any
+    other input."""
+    if len(items) != 1 or not isinstance(items[0], dict):
+        return None
+    (item,) = items
+    content = item.get("content")
+    if item.keys() == {"content", "role"} and item["role"] == "user" and isinstance(content, str):
+        return content
+    return None
 
 
 def request_body(path: str | os.PathLike[str], inference_call_id: str) -> bytes:
     """The JSON body that inference call sent: its envelope with `input` set from its payloads
-    (for Chat Completions, `messages` from the thread's instructions and those items).
+    (the string it was, when the call sent one; for Chat Completions, `messages` from the
+    thread's instructions and those items).
 
     Raises RequestNotFoundError when the bundle (up to any damage) has no such call, and
     BundleError when its records do not fit together.
@@ -77,6 +98,7 @@ def request_body(path: str | os.PathLike[str], inference_call_id: str) -> bytes:
                             [json.loads(payload(pid)) for pid in inputs],
                             provider_api=started.provider_api,
                             instructions=payload(pid).decode() if pid else "",
+                            input_as_string=started.input_as_string,
                         )
                         return canonical_json(request)
             except (PayloadError, ValueError) as error:

@@ -411,6 +411,7 @@ class InferenceStarted(_message.Message):
     INPUT_PREFIX_COUNT_FIELD_NUMBER: _builtins.int
     POLICY_VERSION_FIELD_NUMBER: _builtins.int
     PROVIDER_API_FIELD_NUMBER: _builtins.int
+    INPUT_AS_STRING_FIELD_NUMBER: _builtins.int
     call: _builtins.int
     turn: _builtins.int
     inference_call_id: _builtins.str
@@ -420,7 +421,7 @@ class InferenceStarted(_message.Message):
     provider_base_url: _builtins.str
     """The provider's base URL; never carries credentials."""
     request_envelope_payload_id: _builtins.str
-    """The JSON request body without its `input` array."""
+    """The JSON request body without its `input` (the array, or the string of input_as_string)."""
     input_prefix_count: _builtins.int
     """How many items at the start of the `input` array are the first items of the thread's
     previous inference call's `input` (all of it, prefix included). A conversation re-sends its
@@ -433,6 +434,12 @@ class InferenceStarted(_message.Message):
     """The API the request spoke: empty for the Responses API (the envelope plus `input`),
     `chat` for Chat Completions (the envelope plus `messages`: the thread's instructions and
     these input items as trace_reducer.chat_messages translates them).
+    """
+    input_as_string: _builtins.bool
+    """The request sent `input` as a string, the Responses API's short form of one user message:
+    the call's input is that one message, {"content": <the string>, "role": "user"}, and the
+    body had its content where the list goes. Unset when the body sent a list (as the agent
+    always does); only the gateway, recording what its clients sent, sets it.
     """
     @_builtins.property
     def input_payload_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -454,10 +461,11 @@ class InferenceStarted(_message.Message):
         input_prefix_count: _builtins.int = ...,
         policy_version: _builtins.str = ...,
         provider_api: _builtins.str = ...,
+        input_as_string: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "call", b"call", "inference_call_id", b"inference_call_id", "input_payload_ids", b"input_payload_ids", "input_prefix_count", b"input_prefix_count", "model", b"model", "policy_version", b"policy_version", "provider_api", b"provider_api", "provider_base_url", b"provider_base_url", "request_envelope_payload_id", b"request_envelope_payload_id", "turn", b"turn"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "call", b"call", "inference_call_id", b"inference_call_id", "input_as_string", b"input_as_string", "input_payload_ids", b"input_payload_ids", "input_prefix_count", b"input_prefix_count", "model", b"model", "policy_version", b"policy_version", "provider_api", b"provider_api", "provider_base_url", b"provider_base_url", "request_envelope_payload_id", b"request_envelope_payload_id", "turn", b"turn"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
