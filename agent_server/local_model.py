@@ -213,6 +213,9 @@ class LocalModel:
         chat = route == "/chat/completions"
         if chat:
             body = _responses_body(body)
+            # A whole answer always counts its tokens (OpenAI's and vLLM's do); a stream only
+            # when `stream_options.include_usage` asks, in a last chunk of no choices.
+            body["usage"] = body["usage"] or whole
         # The local model's idea of tokens: its toy tokenizer's, on the prompt it renders.
         prompt = toy_tokens.render_prompt(body.get("instructions"), body.get("input"))
         sampler = _Sampler.for_request(body, len(prompt), request.headers.get(_CALL_HEADER, ""))

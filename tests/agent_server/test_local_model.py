@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import aiohttp
 import pytest
 
@@ -120,3 +122,37 @@ async def test_any_stream_options_shape_is_answered(options: object) -> None:
     assert status == 200, text
     assert text.rstrip().endswith("data: [DONE]")
     assert ('"usage"' in text) == (options == {"include_usage": True})
+
+
+async def test_a_whole_chat_answer_counts_its_tokens_as_the_stream_does() -> None:
+    # Was: no `usage` in a non-streamed chat.completion, so gateway bundles recorded 0 tokens.
+    model = await LocalModel.start(word_delay=0, full_protocol=True)
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "count"}]
+    try:
+        async with aiohttp.ClientSession() as session:
+            url = f"{model.url}/chat/completions"
+            async with session.post(url, json={"model": "m", "messages": messages}) as reply:
+                whole = await reply.json()
+            body = {
+                "model": "m",
+                "messages": messages,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+            async with session.post(url, json=body) as reply:
+                chunks = [
+                    line.removeprefix("data: ")
+                    for line in (await reply.text()).splitlines()
+                    if line.startswith("data: ")
+                ]
+    finally:
+        await model.stop()
+    assert chunks[-1] == "[DONE]"
+    # OpenAI's last chunk before [DONE]: no choices, the usage.
+    last = json.loads(chunks[-2])
+    assert last["choices"] == []
+    usage = whole["usage"]
+    assert usage == last["usage"]
+    assert usage["prompt_tokens"] > 0
+    assert usage["completion_tokens"] > 0
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]

@@ -136,6 +136,9 @@ async def test_async_chat_whole_and_streamed(gateway: Gateway) -> None:
     whole = await client.chat.completions.create(model="local", messages=messages)
     answer = whole.choices[0].message.content
     assert answer
+    # Was: no usage in the built-in model's whole answer, and 0 tokens in the bundle.
+    assert whole.usage is not None
+    assert whole.usage.completion_tokens > 0
     messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": "more"}]
     pieces = []
     stream = await client.chat.completions.create(
@@ -150,6 +153,7 @@ async def test_async_chat_whole_and_streamed(gateway: Gateway) -> None:
     first, second = calls(trace)
     assert items_text(trace, first.response_item_ids) == answer
     assert items_text(trace, second.response_item_ids) == "".join(pieces)
+    assert first.usage.output_tokens == whole.usage.completion_tokens
     assert second.usage.output_tokens > 0
     assert len(trace.turns) == 2
     # The exact messages each call sent come back from the trace.
