@@ -54,7 +54,8 @@ class GatewaySettings:
             raise ConfigError(f"--listen: {error}") from error
         if self.agent.trace_root is None:
             raise ConfigError(
-                "--trace-root is required: the gateway exists to record (env ROLLOUT_TRACE_ROOT)"
+                "--trace-root is required: the gateway exists to record (the flag, "
+                "ROLLOUT_TRACE_ROOT or trace-root in the config file)"
             )
 
     @property
@@ -74,8 +75,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the OpenAI-compatible base URL requests go to, e.g. http://127.0.0.1:8000/v1 "
         "(env ROLLOUT_PROVIDER_URL; default: the built-in local model)",
     )
-    parser.add_argument(
-        "--trace-root", help="record every session under this directory (env ROLLOUT_TRACE_ROOT)"
+    trace_root = parser.add_argument(
+        "--trace-root",
+        metavar="DIR",
+        help="record every session under this directory; required, as the flag, the "
+        "environment variable ROLLOUT_TRACE_ROOT or trace-root in the config file",
     )
     parser.add_argument(
         "--api-key-env",
@@ -130,6 +134,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--log-format", choices=logs.FORMATS, help="text or JSON lines on stderr (default text)"
     )
     add_event_loop_argument(parser, env="ROLLOUT_EVENT_LOOP")
+    _usage_shows_required(parser, trace_root)
+
+
+def _usage_shows_required(parser: argparse.ArgumentParser, action: argparse.Action) -> None:
+    """The usage line shows the flag without brackets: it is required, though not to argparse,
+    which would refuse its environment variable and config-file key in its stead."""
+    action.required = True
+    try:
+        usage = parser.format_usage()
+    finally:
+        action.required = False
+    parser.usage = usage.removeprefix("usage: ").rstrip("\n").replace("%", "%%")
 
 
 def from_args(

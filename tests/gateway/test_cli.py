@@ -51,6 +51,18 @@ def test_bad_settings_exit_2_with_one_line(
     assert "Traceback" not in err
 
 
+def test_the_usage_line_shows_the_trace_root_required(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Was: `[--trace-root TRACE_ROOT]`, though leaving it out is "--trace-root is required".
+    with pytest.raises(SystemExit):
+        cli.main(["gateway", "--help"])
+    usage = capsys.readouterr().out.split("\n\n")[0]
+    assert " --trace-root DIR " in " ".join(usage.split())
+    assert "[--trace-root" not in usage
+    assert usage.startswith("usage: agent-server gateway [-h] [--listen ")
+
+
 def test_a_config_file_sets_the_gateway_keys(tmp_path: Path) -> None:
     from agent_server.gateway import _settings
 
