@@ -163,6 +163,7 @@ async def _serve(settings: Settings) -> int:
     from agent_server.config import ConfigError
     from agent_server.server import AgentServer
     from grpc_common import (
+        ListenError,
         announce,
         install_signal_handlers,
         running_event_loop,
@@ -171,11 +172,11 @@ async def _serve(settings: Settings) -> int:
 
     try:
         server = await AgentServer.start(settings)
-    except ConfigError as error:
+    except (ConfigError, ListenError) as error:
+        # A ListenError names the address: `cannot listen on HOST:PORT: address already in use`.
         print(f"{PROG}: {error}", file=sys.stderr)
         return EXIT_USAGE
     except OSError as error:
-        # The message names the address already.
         print(f"{PROG}: {error}", file=sys.stderr)
         return EXIT_FAILED
     tune_collector_for_serving()
@@ -225,6 +226,7 @@ async def _run_gateway(settings: GatewaySettings) -> int:
     from agent_server.gateway import Gateway
     from agent_server.server import trace_root_problem
     from grpc_common import (
+        ListenError,
         announce,
         install_signal_handlers,
         running_event_loop,
@@ -238,7 +240,7 @@ async def _run_gateway(settings: GatewaySettings) -> int:
 
     try:
         gateway = await Gateway.start(settings)
-    except ConfigError as error:  # --otlp-endpoint's settings, checked by the exporter
+    except (ConfigError, ListenError) as error:  # ConfigError: --otlp-endpoint's settings
         print(f"{PROG}: {error}", file=sys.stderr)
         return EXIT_USAGE
     except OSError as error:

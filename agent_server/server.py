@@ -19,7 +19,13 @@ from agent_server.local_model import LocalModel
 from agent_server.provider import ProviderClient
 from agent_server.replay_model import ReplayBook, ReplayModel
 from agent_server.service import SERVICE_NAME, AgentService, add_to_server
-from grpc_common import GrpcServer, MetricsServer, RpcMetricsInterceptor
+from grpc_common import (
+    GrpcServer,
+    MetricsServer,
+    RpcMetricsInterceptor,
+    refuse_address_in_use,
+    split_listen,
+)
 
 if TYPE_CHECKING:
     from trace_reducer.export._live import LiveExport
@@ -77,9 +83,14 @@ class AgentServer:
         """Start the replay provider (--replay-from), else the local model when no provider
         URL is set, then the gRPC server.
 
-        Raises ValueError / OSError when the listen address is unusable, ConfigError when
-        the bundles to replay cannot be read.
+        Raises ValueError / OSError (ListenError: `cannot listen on HOST:PORT: address already
+        in use`) when the listen address is unusable, ConfigError when the bundles to replay
+        cannot be read.
         """
+        if settings.worker is None:
+            # An address in use is said first, before the models start and log; a worker
+            # shares its port with the others (GrpcServer.start's reuse_port).
+            refuse_address_in_use(*split_listen(settings.listen), settings.listen)
         if settings.trace_root is not None:
             problem = trace_root_problem(settings.trace_root)
             if problem:

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from agent_server.config import WORKER_ENV, Settings, WorkerRole
-from agent_server.exits import EXIT_FAILED, EXIT_OK, PROG
-from grpc_common import install_signal_handlers, split_listen
+from agent_server.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PROG
+from grpc_common import install_signal_handlers, listen_error, refuse_address_in_use, split_listen
 
 __all__ = ["leave_socket_dir", "supervise", "watch_supervisor"]
 
@@ -32,15 +32,12 @@ def _reserve(host: str, port: int) -> socket.socket:
     """A socket bound to (host, port) with SO_REUSEPORT, never listening: it holds the port
     (port 0: a free one) for the workers, who bind it the same way, until they all have.
 
-    A concrete port is first bound without SO_REUSEPORT, so that one already in use is an error
-    here, as it is for one process, rather than shared with whoever holds it."""
+    A concrete port is first tried without SO_REUSEPORT, so that one already in use is an
+    error here, as it is for one process, rather than shared with whoever holds it."""
+    refuse_address_in_use(host, port, _address(host, port))
     family, kind, proto, _, address = socket.getaddrinfo(
         host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
     )[0]
-    if port:
-        with socket.socket(family, kind, proto) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind(address)
     held = socket.socket(family, kind, proto)
     try:
         held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -119,11 +116,8 @@ async def supervise(settings: Settings, argv: Sequence[str]) -> int:
     try:
         held = _reserve(host, port)
     except OSError as error:
-        print(
-            f"{PROG}: cannot listen on {settings.listen}: {error.strerror or error}",
-            file=sys.stderr,
-        )
-        return EXIT_FAILED
+        print(f"{PROG}: {listen_error(settings.listen, error)}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         socket_dir = _socket_dir(settings.workers)
     except OSError as error:

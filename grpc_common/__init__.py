@@ -5,6 +5,7 @@ from typing import TYPE_CHECKING
 from ._flags import add_access_arguments, add_event_loop_argument
 from ._http_log import http_server_logger
 from ._limits import raise_open_file_limit
+from ._listen import ListenError, listen_error, refuse_address_in_use
 from ._loop import (
     EVENT_LOOPS,
     announce,
@@ -86,6 +87,7 @@ __all__ = [
     "ErrorMapping",
     "GrpcServer",
     "Keepalive",
+    "ListenError",
     "MetricsServer",
     "Redactor",
     "RpcMetricsInterceptor",
@@ -104,10 +106,12 @@ __all__ = [
     "header_secret",
     "http_server_logger",
     "install_signal_handlers",
+    "listen_error",
     "open_standard_fds",
     "outlive_caller",
     "raise_open_file_limit",
     "redact_url",
+    "refuse_address_in_use",
     "run_on_loop",
     "running_event_loop",
     "same_secret",

@@ -12,6 +12,7 @@ import grpc
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 
 from ._handlers import Continuation, _handler_like, behaviour_of, stream_responses
+from ._listen import listen_error
 from ._server import split_listen
 
 if TYPE_CHECKING:
@@ -134,12 +135,13 @@ class MetricsServer:
 
     @classmethod
     def start(cls, listen: str, registry: CollectorRegistry) -> MetricsServer:
-        """Raises OSError when the address cannot be bound, ValueError when it is not one."""
+        """Raises ListenError (an OSError) when the address cannot be bound, ValueError when
+        it is not one."""
         host, port = split_listen(listen)
         try:
             server, _ = start_http_server(port, addr=host, registry=registry)
         except OSError as error:
-            raise OSError(f"cannot serve metrics on {listen}: {error.strerror or error}") from error
+            raise listen_error(listen, error, "serve metrics on") from error
         return cls(server, host)
 
     @property

@@ -12,6 +12,7 @@ from grpc_health.v1._async import HealthServicer
 from ._access import AccessControl
 from ._handlers import MalformedRequestInterceptor
 from ._keepalive import Keepalive
+from ._listen import ListenError, refuse_address_in_use
 from ._reflection import enable_reflection
 
 # gRPC's own default is 4 MiB; requests a little over a service's limits must reach it.
@@ -73,10 +74,14 @@ class GrpcServer:
         --workers`: the kernel spreads connections over them); off, a port in use is an error.
         private_addresses: more addresses (`unix:PATH`) served without TLS, the same services,
         token and interceptors: how the processes of `--workers` reach each other.
-        Raises ValueError for a malformed address and OSError when it cannot be bound.
+        Raises ValueError for a malformed address and ListenError (an OSError) when it cannot
+        be bound: `cannot listen on HOST:PORT: address already in use`.
         """
         access = access or AccessControl()
         host, port = split_listen(listen)
+        if not reuse_port:
+            # Before gRPC's C core tries: it would say only "Failed to bind", and log lines.
+            refuse_address_in_use(host, port, listen)
         # Without this off, a second server asking for a port in use silently shares it.
         server = grpc.aio.server(
             interceptors=[
@@ -107,15 +112,15 @@ class GrpcServer:
             else:
                 bound = server.add_secure_port(address, credentials)
         except RuntimeError as error:
-            raise OSError(f"cannot listen on {listen}: {error}") from error
+            raise ListenError(f"cannot listen on {listen}: {error}") from error
         if bound == 0:
-            raise OSError(f"cannot listen on {listen}")
+            raise ListenError(f"cannot listen on {listen}")
         for private in private_addresses:
             try:
                 if server.add_insecure_port(private) == 0:
                     raise RuntimeError("not bound")
             except RuntimeError as error:
-                raise OSError(f"cannot listen on {private}: {error}") from error
+                raise ListenError(f"cannot listen on {private}: {error}") from error
         await server.start()
         for name in service_names:
             await health.set(name, health_pb2.HealthCheckResponse.SERVING)

@@ -54,7 +54,15 @@ from agent_server.replay_model import ReplayBook, ReplayModel
 from agent_server.sse import MAX_EVENT_BYTES, SseEvent, SseSplitter
 from agent_server.threads import missing_reward_target
 from agent_server.turn import new_call_id
-from grpc_common import Redactor, bearer_token, http_server_logger, same_secret, split_listen
+from grpc_common import (
+    Redactor,
+    bearer_token,
+    http_server_logger,
+    listen_error,
+    refuse_address_in_use,
+    same_secret,
+    split_listen,
+)
 from rollout.agent.v1 import agent_pb2
 from rollout.trace.v1 import common_pb2
 from trace_reducer import (
@@ -163,6 +171,8 @@ class Gateway:
         return gateway
 
     async def _start(self) -> None:
+        # An address in use is said first, before the model starts and logs.
+        refuse_address_in_use(*split_listen(self.settings.listen), self.settings.listen)
         agent = self.settings.agent
         base_url = agent.provider_url
         if agent.replay_from is not None:
@@ -204,7 +214,11 @@ class Gateway:
         try:
             # Before the first request can come; stopped with the rest if the start fails.
             self._live_export = telemetry.start_live_export(agent)
-            await self._site.start()
+            try:
+                await self._site.start()
+            except OSError as error:
+                # `cannot listen on HOST:PORT: address already in use`, as every server says.
+                raise listen_error(self.settings.listen, error) from error
         except BaseException:
             await self._close_parts()
             raise

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import shutil
+import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import grpc
@@ -20,7 +23,10 @@ from grpc_common import (
     ERROR_DOMAIN,
     AccessControl,
     GrpcServer,
+    ListenError,
+    MetricsServer,
     abort,
+    refuse_address_in_use,
     split_listen,
 )
 from tests.grpc_common.conftest import register_unary, unary_server
@@ -130,8 +136,72 @@ async def test_a_burst_of_calls_is_answered_whole(server: GrpcServer) -> None:
 
 
 async def test_port_in_use_is_refused(server: GrpcServer) -> None:
-    with pytest.raises(OSError, match="cannot listen"):
+    # Was: "cannot listen on …: Failed to bind to address …; set GRPC_VERBOSITY=debug …".
+    with pytest.raises(ListenError) as raised:
         await GrpcServer.start(server.address, _register, [_SERVICE])
+    assert str(raised.value) == f"cannot listen on {server.address}: address already in use"
+
+
+def test_a_metrics_port_in_use_is_said_the_same_way() -> None:
+    from prometheus_client import CollectorRegistry
+
+    with _occupied() as listen, pytest.raises(ListenError) as raised:
+        MetricsServer.start(listen, CollectorRegistry())
+    assert str(raised.value) == f"cannot serve metrics on {listen}: address already in use"
+
+
+@contextlib.contextmanager
+def _occupied() -> Iterator[str]:
+    """HOST:PORT of a port another socket listens on."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        yield f"127.0.0.1:{taken.getsockname()[1]}"
+
+
+_BIN = Path(sys.executable).parent
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["agent-server", "serve"],
+        ["agent-server", "serve", "--workers", "2"],
+        ["agent-server", "gateway", "--trace-root", "{tmp}"],
+        ["trace-reducer", "serve", "--bundle-root", "{tmp}"],
+    ],
+    ids=["serve", "serve-workers", "gateway", "trace-reducer-serve"],
+)
+def test_an_address_in_use_is_one_line_and_exit_2(command: list[str], tmp_path: Path) -> None:
+    # Was: exit 1 with "Failed to bind … set GRPC_VERBOSITY=debug …" (trace-reducer serve
+    # after a C-core line `E… add_port.cc:83] Failed to add port …`), and the gateway's
+    # "[Errno 98] error while attempting to bind on address ('127.0.0.1', …)".
+    if "--workers" in command and not hasattr(socket, "SO_REUSEPORT"):
+        pytest.skip("--workers needs SO_REUSEPORT")
+    program, *args = (part.replace("{tmp}", str(tmp_path)) for part in command)
+    # A user's shell: no GRPC_VERBOSITY (importing agent_server sets it here).
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ROLLOUT_", "GRPC_"))}
+    with _occupied() as listen:
+        done = subprocess.run(
+            [str(_BIN / program), *args, "--listen", listen],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert (done.returncode, done.stderr) == (
+        2,
+        f"{program}: cannot listen on {listen}: address already in use\n",
+    )
+    assert done.stdout == ""
+
+
+def test_a_free_address_is_not_refused() -> None:
+    with socket.socket() as once:
+        once.bind(("127.0.0.1", 0))
+        port = once.getsockname()[1]
+    refuse_address_in_use("127.0.0.1", port, f"127.0.0.1:{port}")
+    refuse_address_in_use("127.0.0.1", 0, "127.0.0.1:0")
 
 
 @pytest.mark.parametrize("listen", ["nohost", "host:", ":80", "h:99999", "h:x"])

@@ -469,6 +469,7 @@ async def _serve_async(
 
     from grpc_common import (
         GrpcServer,
+        ListenError,
         MetricsServer,
         RpcMetricsInterceptor,
         install_signal_handlers,
@@ -505,10 +506,12 @@ async def _serve_async(
             access,
             rpc_metrics=rpc_metrics,
         )
-    except ValueError as error:
+    except (ValueError, ListenError) as error:
         if metrics is not None:
             metrics.stop()
-        raise _CommandError(f"--listen: {error}", EXIT_USAGE) from error
+        # A ListenError names the address: `cannot listen on HOST:PORT: address already in use`.
+        where = "" if isinstance(error, ListenError) else "--listen: "
+        raise _CommandError(f"{where}{error}", EXIT_USAGE) from error
     stop = asyncio.Event()
     install_signal_handlers(stop.set)
     try:
