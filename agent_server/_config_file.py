@@ -1,4 +1,5 @@
-"""The TOML configuration file: the flags of `agent-server serve`, as `name = value` lines."""
+"""The TOML configuration file: the flags of `agent-server serve` and `gateway`, as `name = value`
+lines."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-# Every key a file may set: the flag's name without its dashes, and the type of its value.
+# Every key a file may set: the flag's name without its dashes, and the type of its value
+# (`list`: a list of strings, as a repeatable flag gives; `bool`: a flag that takes no value).
+# Every flag of `serve` and `gateway` but --config has one (tests/agent_server/test_config.py);
+# the gateway's --listen is `gateway-listen` here and its --upstream is `provider-url`.
 KEYS: dict[str, type] = {
     "listen": str,
     "provider-url": str,
@@ -28,7 +32,13 @@ KEYS: dict[str, type] = {
     "auth-token-env": str,
     "tls-cert": Path,
     "tls-key": Path,
+    "keepalive-time": float,
+    "max-connection-age": float,
     "metrics-listen": str,
+    "otlp-endpoint": str,
+    "otlp-protocol": str,
+    "otlp-header": list,
+    "otlp-include-content": bool,
     "log-level": str,
     "log-format": str,
     "event-loop": str,
@@ -40,6 +50,7 @@ KEYS: dict[str, type] = {
     # `agent-server gateway` only.
     "gateway-listen": str,
     "session-idle-timeout": float,
+    "token-ids": bool,
 }
 
 
@@ -112,21 +123,38 @@ def _providers(path: Path, value: Any) -> dict[str, dict[str, Any]]:
 
 
 def _typed(path: Path, key: str, value: Any, kind: type) -> Any:
-    # TOML's booleans are ints to Python; no setting here is a boolean.
-    ok = (
-        isinstance(value, str)
-        if kind in (str, Path)
-        else isinstance(value, int | float) and not isinstance(value, bool)
-        if kind is float
-        else isinstance(value, int) and not isinstance(value, bool)
-    )
+    # TOML's booleans are ints to Python: a number setting takes no boolean, nor the reverse.
+    if kind in (str, Path):
+        ok = isinstance(value, str)
+    elif kind is bool:
+        ok = isinstance(value, bool)
+    elif kind is list:
+        ok = isinstance(value, list) and all(isinstance(entry, str) for entry in value)
+    elif kind is float:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, int) and not isinstance(value, bool)
     if not ok:
-        expected = {str: "a string", Path: "a path string", int: "an integer", float: "a number"}
+        expected = {
+            str: "a string",
+            Path: "a path string",
+            int: "an integer",
+            float: "a number",
+            bool: "true or false",
+            list: "a list of strings",
+        }
         # The value is not repeated: a key or URL in the wrong place may be a secret.
-        shown = {list: "a list", dict: "a table", bool: "a boolean"}.get(
-            type(value), type(value).__name__
-        )
+        shown = _kind_of(value)
+        if isinstance(value, list) and kind is list:
+            odd = next(entry for entry in value if not isinstance(entry, str))
+            shown = f"a list holding {_kind_of(odd)}"
         raise ConfigFileError(f"--config: {path}: {key} must be {expected[kind]}, not {shown}")
     if kind is Path:
         return path.parent / Path(value).expanduser()
     return kind(value)
+
+
+def _kind_of(value: Any) -> str:
+    return {list: "a list", dict: "a table", bool: "a boolean"}.get(
+        type(value), type(value).__name__
+    )

@@ -50,6 +50,15 @@ MAX_WORKERS = 256
 REPLAY_PACES = ("recorded", "fast")
 REPLAY_ON_DIVERGENCE = ("fail", "live")
 PROVIDER_APIS = ("responses", "chat")
+OTLP_PROTOCOLS = ("grpc", "http/protobuf")
+# The OpenTelemetry variables the live export reads for what a `--otlp-*` setting leaves unset
+# (trace_reducer.export: resolve_protocol, the headers, capture_content). Set, one of them wins
+# over the config file, as every environment variable does.
+OTLP_ENV: dict[str, tuple[str, ...]] = {
+    "otlp_protocol": ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"),
+    "otlp_header": ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_EXPORTER_OTLP_HEADERS"),
+    "otlp_include_content": ("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT",),
+}
 # What a provider may be asked for beyond the API's core (a named provider's `capabilities`).
 CAPABILITIES = ("token-ids", "logprobs")
 
@@ -105,6 +114,9 @@ class Bounds:
 MAX_SECONDS = 365 * 24 * 3600.0
 _MAX_COUNT = 2**31 - 1
 
+# gRPC takes its connection timings as milliseconds in a C int.
+_MAX_GRPC_SECONDS = (2**31 - 1) // 1000
+
 # Every number setting of Settings and what it may be: checked in one place, at start-up,
 # whether it came from a flag, the environment or the --config file.
 NUMBER_SETTINGS: dict[str, Bounds] = {
@@ -120,6 +132,11 @@ NUMBER_SETTINGS: dict[str, Bounds] = {
     "tool_output_timeout": Bounds(0, exclusive=True, high=MAX_SECONDS, unit="seconds"),
     "replay_branch_at": Bounds(0, integer=True, high=_MAX_COUNT),
     "workers": Bounds(1, integer=True, high=MAX_WORKERS),
+}
+# The settings that go into an object of their own (Keepalive), checked as they are read.
+GIVEN_NUMBER_SETTINGS: dict[str, Bounds] = {
+    "keepalive_time": Bounds(0, exclusive=True, high=_MAX_GRPC_SECONDS, unit="seconds"),
+    "max_connection_age": Bounds(0, exclusive=True, high=_MAX_GRPC_SECONDS, unit="seconds"),
 }
 
 
@@ -274,6 +291,8 @@ class Settings:
                 split_listen(self.metrics_listen)
             except ValueError as error:
                 raise ConfigError(f"--metrics-listen: {error}") from error
+        if self.otlp_protocol is not None and self.otlp_protocol not in OTLP_PROTOCOLS:
+            raise ConfigError(f"--otlp-protocol must be one of {', '.join(OTLP_PROTOCOLS)}")
         if self.log_level not in logs.LEVELS:
             raise ConfigError(f"--log-level must be one of {', '.join(logs.LEVELS)}")
         if self.log_format not in logs.FORMATS:
@@ -543,7 +562,7 @@ def add_otlp_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--otlp-protocol",
-        choices=("grpc", "http/protobuf"),
+        choices=OTLP_PROTOCOLS,
         help="default OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL, else grpc",
     )
     parser.add_argument(
@@ -575,13 +594,28 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
     except _config_file.ConfigFileError as error:
         raise ConfigError(str(error)) from error
 
+    def from_file(name: str) -> Any:
+        # Only a setting the command has a flag for: one file serves `serve` and `gateway`
+        # alike, and the gateway has no --replay-branch-at, say.
+        return file.get(name) if hasattr(args, name) else None
+
     def pick(name: str, env_name: str | None = None) -> Any:
         value = flag(name)
-        if value is not None:
-            return value
-        if env_name and env.get(env_name):
+        if value is None and env_name and env.get(env_name):
             return env[env_name]
-        return file.get(name)
+        if value is None:
+            value = from_file(name)
+        bounds = GIVEN_NUMBER_SETTINGS.get(name)
+        if bounds is not None and value is not None:
+            bounds.check(name, value)
+        return value
+
+    def pick_otlp(name: str) -> Any:
+        # Its OpenTelemetry variable is read by the export itself: None leaves it to that.
+        value = flag(name)
+        if value is not None or any(env.get(v, "").strip() for v in OTLP_ENV[name]):
+            return value
+        return from_file(name)
 
     serving = hasattr(args, "workers")
     provider_url = pick("provider_url", "ROLLOUT_PROVIDER_URL")
@@ -606,13 +640,11 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
             )
         except ValueError as error:
             raise ConfigError(str(error)) from error
-    try:
-        keepalive = Keepalive(
-            time=_default(pick("keepalive_time"), Keepalive.time),
-            max_connection_age=pick("max_connection_age"),
-        )
-    except ValueError as error:
-        raise ConfigError(f"--keepalive-time / --max-connection-age: {error}") from error
+    # Checked as they are picked (GIVEN_NUMBER_SETTINGS), each error naming its flag.
+    keepalive = Keepalive(
+        time=_default(pick("keepalive_time"), Keepalive.time),
+        max_connection_age=pick("max_connection_age"),
+    )
     return Settings(
         listen=pick("listen", "ROLLOUT_LISTEN") or DEFAULT_LISTEN,
         provider_url=provider_url.rstrip("/") if provider_url else None,
@@ -640,9 +672,9 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
         keepalive=keepalive,
         metrics_listen=pick("metrics_listen", "ROLLOUT_METRICS_LISTEN"),
         otlp_endpoint=pick("otlp_endpoint"),
-        otlp_protocol=pick("otlp_protocol"),
-        otlp_headers=tuple(pick("otlp_header") or ()),
-        otlp_include_content=pick("otlp_include_content"),
+        otlp_protocol=pick_otlp("otlp_protocol"),
+        otlp_headers=tuple(pick_otlp("otlp_header") or ()),
+        otlp_include_content=pick_otlp("otlp_include_content"),
         log_level=pick("log_level", "ROLLOUT_LOG_LEVEL") or "info",
         log_format=pick("log_format", "ROLLOUT_LOG_FORMAT") or "text",
         event_loop=pick("event_loop", "ROLLOUT_EVENT_LOOP") or default_event_loop(),

@@ -67,13 +67,17 @@ class GatewaySettings:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of `agent-server gateway`."""
     parser.add_argument(
-        "--listen", help=f"HTTP address HOST:PORT the clients call (default {DEFAULT_LISTEN})"
+        "--listen",
+        metavar="HOST:PORT",
+        help=f"HTTP address the clients call (default {DEFAULT_LISTEN}; gateway-listen in the "
+        "config file)",
     )
     parser.add_argument(
         "--upstream",
         metavar="URL",
         help="the OpenAI-compatible base URL requests go to, e.g. http://127.0.0.1:8000/v1 "
-        "(env ROLLOUT_PROVIDER_URL; default: the built-in local model)",
+        "(env ROLLOUT_PROVIDER_URL, provider-url in the config file; default: the built-in "
+        "local model)",
     )
     trace_root = parser.add_argument(
         "--trace-root",
@@ -90,7 +94,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--config",
         type=Path,
         metavar="FILE",
-        help="the agent server's TOML settings file (env ROLLOUT_CONFIG); flags win over it",
+        help="the agent server's TOML settings file (env ROLLOUT_CONFIG); flags and "
+        "environment variables win over it",
     )
     parser.add_argument(
         "--stream-idle-timeout",
@@ -131,7 +136,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     config.add_replay_arguments(parser, live="--upstream", branch=False)
     parser.add_argument(
-        "--log-format", choices=logs.FORMATS, help="text or JSON lines on stderr (default text)"
+        "--log-format",
+        choices=logs.FORMATS,
+        help="text or JSON lines on stderr (default text; env ROLLOUT_LOG_FORMAT)",
     )
     add_event_loop_argument(parser, env="ROLLOUT_EVENT_LOOP")
     _usage_shows_required(parser, trace_root)
@@ -178,7 +185,7 @@ def from_args(
             file.get("session_idle_timeout"),
             DEFAULT_SESSION_IDLE_TIMEOUT,
         ),
-        token_ids=bool(args.token_ids) if args.token_ids is not None else False,
+        token_ids=bool(_pick(args.token_ids, file.get("token_ids"), False)),
     )
 
 

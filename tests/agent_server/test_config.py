@@ -218,3 +218,159 @@ def test_a_variable_name_is_still_named() -> None:
     argv = ["--provider-url", "http://127.0.0.1:9/v1", "--model", "m", "--api-key-env", "_MY_KEY2"]
     (warning,) = parse(argv, {}).warnings()
     assert "_MY_KEY2 (--api-key-env) is unset or empty" in warning
+
+
+# -- every flag from the config file ----------------------------------------------------------
+
+# Flags of `serve` and `gateway` the file names otherwise (docs/operating.md says so), and the
+# one it cannot hold.
+GATEWAY_FILE_KEYS = {"--listen": "gateway-listen", "--upstream": "provider-url"}
+NOT_IN_THE_FILE = {"-h", "--help", "--config"}
+
+
+def _flags(command: str) -> list[str]:
+    from agent_server.gateway import _settings
+
+    parser = argparse.ArgumentParser()
+    (config.add_serve_arguments if command == "serve" else _settings.add_arguments)(parser)
+    return [
+        option
+        for action in parser._actions
+        for option in action.option_strings
+        if option not in NOT_IN_THE_FILE
+    ]
+
+
+@pytest.mark.parametrize(
+    ("command", "flag"),
+    [(command, flag) for command in ("serve", "gateway") for flag in _flags(command)],
+)
+def test_every_flag_of_serve_and_the_gateway_has_its_config_key(command: str, flag: str) -> None:
+    # Was: keepalive-time, max-connection-age and the otlp-* flags were "unknown setting",
+    # exit 2, though the README says every setting may come from the file.
+    from agent_server import _config_file
+
+    key = GATEWAY_FILE_KEYS.get(flag, flag[2:]) if command == "gateway" else flag[2:]
+    assert key in _config_file.KEYS
+
+
+def _serve_file(tmp_path: Path, text: str, env: dict[str, str] | None = None) -> Settings:
+    file = tmp_path / "agent.toml"
+    file.write_text(text)
+    parser = argparse.ArgumentParser()
+    config.add_serve_arguments(parser)
+    return config.from_args(parser.parse_args(["--config", str(file)]), env or {})
+
+
+def test_the_connection_and_live_export_settings_come_from_the_file(tmp_path: Path) -> None:
+    settings = _serve_file(
+        tmp_path,
+        "keepalive-time = 30\nmax-connection-age = 3600.5\n"
+        'otlp-endpoint = "http://127.0.0.1:4317"\notlp-protocol = "http/protobuf"\n'
+        'otlp-header = ["x-team=rl", "x-run=7"]\notlp-include-content = true\n'
+        'trace-root = "traces"\n',
+    )
+    assert (settings.keepalive.time, settings.keepalive.max_connection_age) == (30.0, 3600.5)
+    assert settings.otlp_endpoint == "http://127.0.0.1:4317"
+    assert settings.otlp_protocol == "http/protobuf"
+    assert settings.otlp_headers == ("x-team=rl", "x-run=7")
+    assert settings.otlp_include_content is True
+
+
+def test_the_gateway_takes_token_ids_from_the_file(tmp_path: Path) -> None:
+    from agent_server.gateway import _settings
+
+    file = tmp_path / "gateway.toml"
+    file.write_text('trace-root = "traces"\ntoken-ids = true\n')
+    parser = argparse.ArgumentParser()
+    _settings.add_arguments(parser)
+    assert _settings.from_args(parser.parse_args(["--config", str(file)]), {}).token_ids
+
+
+def test_the_opentelemetry_variables_win_over_the_file(tmp_path: Path) -> None:
+    text = 'otlp-protocol = "http/protobuf"\notlp-header = ["k=v"]\notlp-include-content = true\n'
+    env = {
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+        "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "k=env",
+        "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "false",
+    }
+    settings = _serve_file(tmp_path, text, env)
+    # None: the export reads the variable, as it does with neither flag nor file.
+    assert (settings.otlp_protocol, settings.otlp_headers) == (None, ())
+    assert settings.otlp_include_content is None
+
+
+def test_the_opentelemetry_variables_are_the_ones_the_export_reads() -> None:
+    pytest.importorskip("opentelemetry.sdk", reason="the live export needs the otel extra")
+    from trace_reducer.export import _genai, _otel
+
+    assert config.OTLP_ENV == {
+        "otlp_protocol": _otel._PROTOCOL_ENV,
+        "otlp_header": (_otel._TRACES_HEADERS_ENV, _otel._HEADERS_ENV),
+        "otlp_include_content": (_genai.CAPTURE_CONTENT_ENV,),
+    }
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('otlp-header = "authorization=S3CRET"', "otlp-header must be a list of strings, not str"),
+        ('otlp-header = ["a", 7]', "otlp-header must be a list of strings, not a list holding int"),
+        ('otlp-include-content = "S3CRET"', "otlp-include-content must be true or false, not str"),
+        ("token-ids = 1", "token-ids must be true or false, not int"),
+        ("keepalive-time = true", "keepalive-time must be a number, not a boolean"),
+        ('otlp-endpoint = ["http://u:S3CRET@h"]', "otlp-endpoint must be a string, not a list"),
+    ],
+)
+def test_a_new_key_of_the_wrong_type_is_named_not_repeated(
+    tmp_path: Path, line: str, message: str
+) -> None:
+    with pytest.raises(ConfigError) as raised:
+        _serve_file(tmp_path, line + "\n")
+    assert str(raised.value).endswith(message)
+    assert "S3CRET" not in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("keepalive-time = inf", "--keepalive-time must be"),
+        ("keepalive-time = 0", "--keepalive-time must be more than 0 seconds"),
+        ("max-connection-age = nan", "--max-connection-age must be a finite number"),
+        ("max-connection-age = 1e300", "--max-connection-age must be at most"),
+        ('otlp-protocol = "grpcs"', "--otlp-protocol must be one of grpc, http/protobuf"),
+    ],
+)
+def test_the_new_keys_values_are_checked(tmp_path: Path, line: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=f"^{message}"):
+        _serve_file(tmp_path, line + "\n")
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "-1", "1e300"])
+def test_the_keepalive_flags_are_finite_and_in_range(value: str) -> None:
+    # Was: `--keepalive-time inf` exited 1 with "cannot convert float infinity to integer".
+    parser = argparse.ArgumentParser()
+    config.add_serve_arguments(parser)
+    for flag in ("--keepalive-time", "--max-connection-age"):
+        with pytest.raises(ConfigError, match=f"^{flag} must be"):
+            config.from_args(parser.parse_args([f"{flag}={value}"]), {})
+
+
+def test_a_command_takes_from_the_file_only_the_settings_it_has_flags_for(tmp_path: Path) -> None:
+    # One file for `serve` and `gateway`: the gateway has no --replay-branch-at (a branch is a
+    # fork, and sessions have none), so the key is `serve`'s alone.
+    from agent_server.gateway import _settings
+
+    file = tmp_path / "both.toml"
+    file.write_text(
+        f'trace-root = "traces"\nreplay-from = {str(tmp_path)!r}\nreplay-branch-at = 3\n'
+        'provider-url = "http://127.0.0.1:9/v1"\nmodel = "m"\n'
+    )
+    gateway = argparse.ArgumentParser()
+    _settings.add_arguments(gateway)
+    agent = _settings.from_args(gateway.parse_args(["--config", str(file)]), {}).agent
+    assert agent.replay_branch_at == 0
+    assert agent.provider_url == "http://127.0.0.1:9/v1"  # the gateway's --upstream
+    serve = argparse.ArgumentParser()
+    config.add_serve_arguments(serve)
+    assert config.from_args(serve.parse_args(["--config", str(file)]), {}).replay_branch_at == 3

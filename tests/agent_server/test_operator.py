@@ -342,6 +342,26 @@ def test_the_documented_config_file_loads(tmp_path: Path) -> None:
     ]
 
 
+def _listed(text: str, start: str, end: str) -> set[str]:
+    """The `names` of the docs' text from `start` to the first `end` after it."""
+    begin = text.index(start)
+    return set(re.findall(r"`([^`]+)`", text[begin : text.index(end, begin)]))
+
+
+def test_the_operating_guide_lists_every_config_key_and_variable() -> None:
+    # Was: provider-api, providers, session-idle-timeout and gateway-listen were accepted but
+    # not listed, nor ROLLOUT_PROVIDER_API.
+    from agent_server import _config_file
+    from tests.docs import REPO
+
+    guide = " ".join((REPO / "docs" / "operating.md").read_text().split())
+    assert _listed(guide, "Keys: ", ". ") == {*_config_file.KEYS, "providers"}
+    sources = [REPO / "agent_server" / "config.py", REPO / "agent_server/gateway/_settings.py"]
+    variable = re.compile(r'"(ROLLOUT_[A-Z_]+)"')
+    read = {name for path in sources for name in variable.findall(path.read_text())}
+    assert _listed(guide, "The environment variables are ", ". ") == read
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
