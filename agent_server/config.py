@@ -133,10 +133,12 @@ NUMBER_SETTINGS: dict[str, Bounds] = {
     "replay_branch_at": Bounds(0, integer=True, high=_MAX_COUNT),
     "workers": Bounds(1, integer=True, high=MAX_WORKERS),
 }
-# The settings that go into an object of their own (Keepalive), checked as they are read.
+# The settings that go into an object of their own (Keepalive), and a given --replay-branch-at
+# (0 is Settings' "off", never a call: calls count from 1), checked as they are read.
 GIVEN_NUMBER_SETTINGS: dict[str, Bounds] = {
     "keepalive_time": Bounds(0, exclusive=True, high=_MAX_GRPC_SECONDS, unit="seconds"),
     "max_connection_age": Bounds(0, exclusive=True, high=_MAX_GRPC_SECONDS, unit="seconds"),
+    "replay_branch_at": Bounds(1, integer=True, high=_MAX_COUNT),
 }
 
 

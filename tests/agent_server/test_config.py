@@ -356,6 +356,23 @@ def test_the_keepalive_flags_are_finite_and_in_range(value: str) -> None:
             config.from_args(parser.parse_args([f"{flag}={value}"]), {})
 
 
+# -- --replay-branch-at -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_replay_branch_at_counts_calls_from_1(tmp_path: Path, value: str) -> None:
+    # Was: 0 accepted without a word, and meaning "no branch"; -1 the same.
+    parser = argparse.ArgumentParser()
+    config.add_serve_arguments(parser)
+    argv = ["--replay-from", str(tmp_path), "--provider-url", "http://127.0.0.1:9/v1"]
+    with pytest.raises(ConfigError, match=rf"^--replay-branch-at must be 1 or more, not {value}$"):
+        config.from_args(parser.parse_args([*argv, "--replay-branch-at", value]), {})
+    with pytest.raises(ConfigError, match=r"^--replay-branch-at must be 1 or more"):
+        _serve_file(tmp_path, f"replay-branch-at = {value}\n")
+    branched = config.from_args(parser.parse_args([*argv, "--replay-branch-at", "1"]), {})
+    assert branched.replay_branch_at == 1
+
+
 def test_a_command_takes_from_the_file_only_the_settings_it_has_flags_for(tmp_path: Path) -> None:
     # One file for `serve` and `gateway`: the gateway has no --replay-branch-at (a branch is a
     # fork, and sessions have none), so the key is `serve`'s alone.
