@@ -368,6 +368,11 @@ class Settings:
                 f"--provider-url is set but {self.api_key_env} (--api-key-env) is unset or "
                 "empty: requests go to the provider without an API key"
             )
+        if self.otlp_endpoint is not None and self.trace_root is None:
+            found.append(
+                "--otlp-endpoint is set but --trace-root is not: the live export sends the spans "
+                "of recorded bundles, so nothing will be exported"
+            )
         return found
 
 
@@ -560,7 +565,8 @@ def add_otlp_arguments(parser: argparse.ArgumentParser) -> None:
         "--otlp-endpoint",
         metavar="URL",
         help="send each turn's OpenTelemetry spans to this OTLP receiver as the turn ends, in "
-        "the background (the spans of `trace-reducer export-otlp`; needs the otel extra)",
+        "the background (the spans of `trace-reducer export-otlp` of the recorded bundles: "
+        "needs --trace-root, and the otel extra)",
     )
     parser.add_argument(
         "--otlp-protocol",

@@ -373,6 +373,23 @@ def test_replay_branch_at_counts_calls_from_1(tmp_path: Path, value: str) -> Non
     assert branched.replay_branch_at == 1
 
 
+# -- start-up warnings ------------------------------------------------------------------------
+
+
+def test_a_live_export_without_recording_is_warned_about() -> None:
+    # Was: silence, and no span ever sent (the live export reduces the recorded bundles).
+    endpoint = ["--otlp-endpoint", "http://127.0.0.1:4317"]
+    parser = argparse.ArgumentParser()
+    config.add_serve_arguments(parser)
+    (warning,) = config.from_args(parser.parse_args(endpoint), {}).warnings()
+    assert warning == (
+        "--otlp-endpoint is set but --trace-root is not: the live export sends the spans of "
+        "recorded bundles, so nothing will be exported"
+    )
+    recording = parser.parse_args([*endpoint, "--trace-root", "/tmp/t"])
+    assert config.from_args(recording, {}).warnings() == []
+
+
 def test_a_command_takes_from_the_file_only_the_settings_it_has_flags_for(tmp_path: Path) -> None:
     # One file for `serve` and `gateway`: the gateway has no --replay-branch-at (a branch is a
     # fork, and sessions have none), so the key is `serve`'s alone.
