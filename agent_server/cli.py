@@ -170,6 +170,10 @@ async def _serve(settings: Settings) -> int:
         tune_collector_for_serving,
     )
 
+    # Before the port opens: a SIGTERM that comes as soon as clients can connect (and start
+    # threads) must shut down gracefully, closing their bundles, not kill the process.
+    stop = asyncio.Event()
+    install_signal_handlers(stop.set)
     try:
         server = await AgentServer.start(settings)
     except (ConfigError, ListenError) as error:
@@ -180,8 +184,6 @@ async def _serve(settings: Settings) -> int:
         print(f"{PROG}: {error}", file=sys.stderr)
         return EXIT_FAILED
     tune_collector_for_serving()
-    stop = asyncio.Event()
-    install_signal_handlers(stop.set)
     if settings.worker is not None:
         from agent_server.workers import watch_supervisor
 
@@ -238,6 +240,9 @@ async def _run_gateway(settings: GatewaySettings) -> int:
         _log().warning("%s; sessions will answer 503 until it is fixed", problem)
     from agent_server.config import ConfigError
 
+    # Before the port opens, as serve's: a SIGTERM as soon as it listens closes the sessions.
+    stop = asyncio.Event()
+    install_signal_handlers(stop.set)
     try:
         gateway = await Gateway.start(settings)
     except (ConfigError, ListenError) as error:  # ConfigError: --otlp-endpoint's settings
@@ -247,8 +252,6 @@ async def _run_gateway(settings: GatewaySettings) -> int:
         print(f"{PROG}: {error}", file=sys.stderr)
         return EXIT_FAILED
     tune_collector_for_serving()
-    stop = asyncio.Event()
-    install_signal_handlers(stop.set)
     _log().info(
         "gateway at %s, upstream %s (event loop %s)",
         gateway.url,

@@ -295,3 +295,40 @@ async def test_a_server_serves_on_when_its_stdout_fails(
         if process.returncode is None:
             process.kill()
             await process.wait()
+
+
+@pytest.mark.parametrize("command", ["serve", "gateway"])
+async def test_a_sigterm_as_soon_as_the_port_opens_shuts_down_gracefully(
+    tmp_path: Path, command: str
+) -> None:
+    # Was: the handlers came after the start (and its collector pass), so a SIGTERM in between
+    # killed the process outright, bundles of threads already started left without a footer.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    argv = [command, "--listen", f"127.0.0.1:{port}", "--trace-root", str(tmp_path / "traces")]
+    process = await asyncio.create_subprocess_exec(
+        AGENT_SERVER,
+        *argv,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+        env=clean_env(),
+    )
+    try:
+        async with asyncio.timeout(30):
+            while True:
+                try:
+                    _, writer = await asyncio.open_connection("127.0.0.1", port)
+                except OSError:
+                    await asyncio.sleep(0.001)  # polling the port, not waiting for an outcome
+                    continue
+                writer.close()
+                break
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), 30) == 0
+        assert process.stderr is not None
+        assert "Traceback" not in (await process.stderr.read()).decode()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
