@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import socket
 import tempfile
 import time
 from collections.abc import Iterator
@@ -114,6 +115,35 @@ def test_bare_ray_starts_and_stops_its_own(traces: Path, tmp_path: Path) -> None
             time.sleep(0.1)
     finally:
         shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.mark.parametrize("scheme", ["", "ray://"])
+def test_an_address_nothing_listens_on_is_one_line_and_exit_2(scheme: str, traces: Path) -> None:
+    """ray.init retries a GCS address nothing answers on for ever: the address is tried first,
+    and named as it was given (Ray would name it by the host's IP)."""
+    with socket.socket() as bound:  # bound, never listening: a connection is refused
+        bound.bind(("127.0.0.1", 0))
+        address = f"{scheme}127.0.0.1:{bound.getsockname()[1]}"
+        result = reduce_all(str(traces), "--ray", address, env=RAY_ENV, timeout=30)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [
+        f"trace-reducer: cannot join Ray at {address}: Connection refused (is a Ray head "
+        "running there? `ray start --head` prints the address to give)"
+    ]
+    assert not list(traces.rglob("state.json"))
+
+
+@pytest.mark.parametrize("address", ["head", "head:port", "head:70000", "ray://head:1/x"])
+def test_an_address_that_is_not_host_port_is_one_line_and_exit_2(
+    address: str, traces: Path
+) -> None:
+    result = reduce_all(str(traces), "--ray", address, env=RAY_ENV, timeout=30)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.splitlines() == [
+        f"trace-reducer: --ray {address}: expects auto, HOST:PORT or ray://HOST:PORT "
+        "(bare --ray starts a local Ray)"
+    ]
 
 
 def _processes_using(path: str) -> list[int]:

@@ -4,19 +4,57 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
+import urllib.parse
 from typing import Any
 
-from ..bundle._errors import RayUnavailableError
+from ..bundle._errors import BundleError, RayUnavailableError, os_error_reason
 from ._batch import BatchOptions, Chunk, Done, Handle, reduce_chunk
 
 LOCAL = "local"
+AUTO = "auto"
+CLIENT = "ray://"
+# The port a ray:// address without one means (Ray client's own default).
+CLIENT_PORT = 10001
+# How long the head's port may take to accept a connection before it is said to be unreachable.
+REACH_SECONDS = 3.0
+
+
+def check_reachable(address: str, timeout: float = REACH_SECONDS) -> None:
+    """An explicit HOST:PORT or ray://HOST[:PORT] must accept a TCP connection: ray.init
+    otherwise retries the address for ever (and names it by the host's IP, not as given).
+    Raises BundleError (exit 2) naming the address as the user gave it."""
+    client = address.startswith(CLIENT)
+    rest = address[len(CLIENT) :] if client else address
+    parts = urllib.parse.urlsplit("//" + rest)
+    try:
+        host, port = parts.hostname, parts.port
+    except ValueError:  # a port that is not a number, or out of range
+        host, port = None, None
+    if client and host and port is None and not rest.endswith(":"):
+        port = CLIENT_PORT
+    if not host or not port or parts.path or parts.query or parts.fragment:
+        raise BundleError(
+            f"--ray {address}: expects auto, HOST:PORT or ray://HOST:PORT (bare --ray starts "
+            "a local Ray)"
+        )
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            pass
+    except OSError as error:
+        reason = "no answer" if isinstance(error, TimeoutError) else os_error_reason(error)
+        raise BundleError(
+            f"cannot join Ray at {address}: {reason} (is a Ray head running there? "
+            "`ray start --head` prints the address to give)"
+        ) from error
 
 
 class RayEngine:
     """Submits chunks of bundles as Ray tasks; starts a local Ray or joins a running cluster.
 
     address: LOCAL starts a Ray for this run (and stops it after); "auto" or HOST:PORT or
-    ray://HOST:PORT joins one. A Ray already initialised in this process is used as it is.
+    ray://HOST:PORT joins one (an explicit address must accept a connection within
+    REACH_SECONDS). A Ray already initialised in this process is used as it is.
     """
 
     name = "ray"
@@ -34,6 +72,8 @@ class RayEngine:
             raise RayUnavailableError("--ray", "ray", error.name) from error
         self._ray: Any = ray
         self._owns = not ray.is_initialized()
+        if self._owns and address not in (LOCAL, AUTO):
+            check_reachable(address)
         if self._owns:
             settings: dict[str, Any] = {
                 "include_dashboard": False,

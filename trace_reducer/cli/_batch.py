@@ -122,7 +122,7 @@ def _engine(args: argparse.Namespace, store: Store) -> Engine:
 
     try:
         return RayEngine(args.ray, args.jobs)
-    except RayUnavailableError:
+    except (RayUnavailableError, BundleError):  # already one line naming --ray's address
         raise
     except Exception as error:  # Ray's own errors, as one line
         where = "a local Ray" if args.ray == "local" else f"Ray at {args.ray}"
