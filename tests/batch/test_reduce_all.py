@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import pty
 import re
@@ -28,6 +29,7 @@ from tests.batch.conftest import (
     reduce_all,
 )
 from trace_reducer import BundleWriter, read_bundle
+from trace_reducer.batch._storage import integrity_from_state_json
 
 
 def _counts(stdout: str) -> dict[str, int]:
@@ -363,3 +365,103 @@ def test_progress_bar_on_a_terminal(traces: Path) -> None:
     # The bar replaces the plain lines; the summary still follows.
     assert f"reduce-all: {count}/{count} bundles (100%)" not in text
     assert f"reduce-all: {count} bundles under" in text
+
+
+def _corrupt_copy(traces: Path) -> Path:
+    source = bundles_under(traces)[0]
+    corrupt = traces / "damaged" / "corrupt"
+    shutil.copytree(source, corrupt)
+    data = bytearray((corrupt / "trace.binpb").read_bytes())
+    data[_frames(corrupt / "trace.binpb")[5][0] + 4] ^= 0x10
+    (corrupt / "trace.binpb").write_bytes(bytes(data))
+    age(corrupt / "trace.binpb", 3600)
+    return corrupt
+
+
+@pytest.mark.parametrize("salvaged_by", ["reduce-all --salvage", "reduce --salvage"])
+def test_a_corrupt_bundle_salvaged_before_still_fails_a_run_that_does_not_salvage(
+    salvaged_by: str, traces: Path, tmp_path: Path
+) -> None:
+    good = bundles_under(traces)
+    corrupt = _corrupt_copy(traces)
+    assert reduce_all(str(traces)).returncode == 1
+    if salvaged_by == "reduce-all --salvage":
+        assert reduce_all(str(traces), "--salvage").returncode == 0
+    else:
+        done = subprocess.run(
+            [TRACE_REDUCER, "reduce", str(corrupt), "--salvage"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+    assert (corrupt / "state.json").exists()
+
+    every = len(good) + 1
+    plain = reduce_all(str(traces))
+    with_tables = reduce_all(str(traces), "--tables", str(tmp_path / "tables"))
+    for result in (plain, with_tables):
+        # Every bundle found is counted by integrity, up to date or not, tables or not.
+        assert result.returncode == 1, result.stdout + result.stderr
+        counts = _counts(result.stdout)
+        assert counts["up to date"] == every
+        assert (counts["CLEAN"], counts["CORRUPT"]) == (len(good), 1)
+        assert re.search(
+            rf"^  CORRUPT at byte \d+ \(seq \d+\): {corrupt}: .*\(salvaged before\)$",
+            result.stdout,
+            re.M,
+        )
+        assert "  corrupt bundles salvaged before are still corrupt: --salvage" in result.stdout
+
+    salvaging = reduce_all(str(traces), "--salvage")
+    assert salvaging.returncode == 0, salvaging.stdout
+    assert (_counts(salvaging.stdout)["up to date"], _counts(salvaging.stdout)["CORRUPT"]) == (
+        every,
+        1,
+    )
+    assert "(salvaged before)" in salvaging.stdout
+    assert "still corrupt" not in salvaging.stdout
+
+
+def test_up_to_date_integrities_come_from_list_s_index_when_it_is_current(traces: Path) -> None:
+    good = bundles_under(traces)
+    corrupt = _corrupt_copy(traces)
+    assert reduce_all(str(traces), "--salvage").returncode == 0
+    listed = subprocess.run(
+        [TRACE_REDUCER, "list", str(traces)], capture_output=True, text=True, check=False
+    )
+    assert listed.returncode == 0, listed.stderr
+    # A state.json changed behind the index's back (its time kept): the index is believed, so
+    # it was not read. A CORRUPT bundle's state.json is read still, for the damage it names.
+    stale = good[0] / "state.json"
+    written = stale.stat()
+    stale.write_text("{}")
+    os.utime(stale, ns=(written.st_atime_ns, written.st_mtime_ns))
+
+    indexed = reduce_all(str(traces))
+    assert indexed.returncode == 1, indexed.stdout + indexed.stderr
+    counts = _counts(indexed.stdout)
+    assert (counts["up to date"], counts["reduced"]) == (len(good) + 1, 0)
+    assert (counts["CLEAN"], counts["CORRUPT"]) == (len(good), 1)
+    assert re.search(rf"^  CORRUPT at .*: {corrupt}: .*\(salvaged before\)$", indexed.stdout, re.M)
+
+    # Without the index every up-to-date state.json is read for its integrity: the one that
+    # cannot be is rebuilt from its bundle.
+    (traces / ".trace-list.json").unlink()
+    read = reduce_all(str(traces))
+    assert read.returncode == 1, read.stdout + read.stderr
+    counts = _counts(read.stdout)
+    assert (counts["up to date"], counts["reduced"]) == (len(good), 1)
+    assert (counts["CLEAN"], counts["CORRUPT"]) == (len(good), 1)
+    assert stale.read_text() == expected_state(good[0])
+
+
+def test_an_integrity_is_read_without_parsing_the_rest_of_its_state(traces: Path) -> None:
+    assert reduce_all(str(traces)).returncode == 0
+    for bundle in bundles_under(traces):
+        text = (bundle / "state.json").read_text()
+        whole = json_format.Parse(text, state_pb2.RolloutTrace()).integrity
+        assert integrity_from_state_json(text.encode()) == whole
+        # Laid out otherwise (one line, keys in another order), it is parsed whole.
+        other = json.dumps(dict(reversed(json.loads(text).items())))
+        assert integrity_from_state_json(other.encode()) == whole

@@ -7,7 +7,7 @@ import multiprocessing.forkserver
 import signal
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from concurrent import futures
 from concurrent.futures.process import BrokenProcessPool
@@ -58,7 +58,8 @@ class BatchOptions:
 class BundleTask:
     index: int
     location: str
-    # The listing showed a state.json at least as new as trace.binpb: read it, do not reduce.
+    # The listing showed a state.json at least as new as trace.binpb: read it (its integrity
+    # alone unless tables are wanted), do not reduce.
     state_is_fresh: bool = False
     attempts: int = 0
 
@@ -106,7 +107,7 @@ def reduce_one(task: BundleTask, options: BatchOptions) -> BundleResult:
     trace: state_pb2.RolloutTrace | None = None
     try:
         if task.state_is_fresh:
-            trace = _read_fresh_state(store, task.location)
+            trace = _read_fresh_state(store, task.location, whole=options.tables)
         if trace is not None:
             outcome = Outcome.UP_TO_DATE
         else:
@@ -143,9 +144,13 @@ def reduce_one(task: BundleTask, options: BatchOptions) -> BundleResult:
     return result
 
 
-def _read_fresh_state(store: Store, location: str) -> state_pb2.RolloutTrace | None:
+def _read_fresh_state(store: Store, location: str, *, whole: bool) -> state_pb2.RolloutTrace | None:
+    """The state.json an earlier run wrote: whole when its table rows are wanted, else only
+    its integrity (all the summary and the exit code need, read without parsing the rest)."""
     try:
-        return store.read_state(location)
+        if whole:
+            return store.read_state(location)
+        return state_pb2.RolloutTrace(integrity=store.read_integrity(location))
     except Exception:  # noqa: BLE001 - an unreadable state.json is rebuilt from the bundle
         return None
 
@@ -303,23 +308,58 @@ class Listener(Protocol):
     def finished(self) -> None: ...
 
 
-def plan(entries: list[BundleEntry], options: BatchOptions) -> tuple[list[BundleTask], int]:
-    """Tasks for the bundles that need a worker, and how many need none (fresh, no tables)."""
+# Integrities the summary only counts: a CORRUPT bundle's line names its damage, read from its
+# state.json.
+_COUNTED_ONLY = frozenset({"CLEAN", "UNCLOSED", "TRUNCATED"})
+
+
+def plan(
+    entries: list[BundleEntry],
+    options: BatchOptions,
+    indexed: Callable[[BundleEntry], str | None] = lambda _: None,
+) -> tuple[list[BundleTask], Counter[str]]:
+    """Tasks for the bundles that need a worker, and the integrities of the up-to-date ones
+    that need none: no tables wanted, and `indexed` (`list`'s index) knows the integrity of
+    the state.json as it is now. Every other up-to-date bundle's state.json is read by a
+    worker, for its integrity (and with tables, its rows)."""
     tasks: list[BundleTask] = []
-    skipped = 0
+    known: Counter[str] = Counter()
     for entry in entries:
         fresh = entry.state_is_fresh and not options.force
         if fresh and not options.tables:
-            skipped += 1
-            continue
+            integrity = indexed(entry)
+            if integrity in _COUNTED_ONLY:
+                known[integrity] += 1
+                continue
         tasks.append(BundleTask(len(tasks), entry.location, state_is_fresh=fresh))
-    return tasks, skipped
+    return tasks, known
 
 
-def chunked(tasks: list[BundleTask], slots: int) -> list[Chunk]:
+# Reading an up-to-date bundle's integrity (no tables wanted) costs about this much of reducing
+# a bundle: chunks of them are this much larger, or the dispatch would cost more than the work.
+_INTEGRITY_ONLY_WEIGHT = 1 / 16
+
+
+def chunked(tasks: list[BundleTask], slots: int, options: BatchOptions) -> list[Chunk]:
+    def weight(task: BundleTask) -> float:
+        light = task.state_is_fresh and not options.tables
+        return _INTEGRITY_ONLY_WEIGHT if light else 1.0
+
+    weights = [weight(task) for task in tasks]
     # Enough chunks to keep every slot busy to the end, few enough to spread the dispatch cost.
-    size = max(1, min(16, len(tasks) // (slots * 8)))
-    return [tasks[start : start + size] for start in range(0, len(tasks), size)]
+    size = max(1, min(16, int(sum(weights) // (slots * 8))))
+    chunks: list[Chunk] = []
+    chunk: Chunk = []
+    filled = 0.0
+    for task, task_weight in zip(tasks, weights, strict=True):
+        chunk.append(task)
+        filled += task_weight
+        if filled >= size:
+            chunks.append(chunk)
+            chunk, filled = [], 0.0
+    if chunk:
+        chunks.append(chunk)
+    return chunks
 
 
 def drive(
@@ -331,7 +371,7 @@ def drive(
 ) -> None:
     """Keep the engine busy, collect results, and hand them to emit in bundle order (so the
     tables do not depend on which worker finished first). Ctrl-C propagates after cleanup."""
-    pending: deque[Chunk] = deque(chunked(tasks, engine.slots))
+    pending: deque[Chunk] = deque(chunked(tasks, engine.slots, options))
     in_flight: dict[Handle, Chunk] = {}
     ready: dict[int, BundleResult] = {}
     next_index = 0

@@ -56,6 +56,7 @@ _INTEGRITY = {
     for name, value in state_pb2.IntegrityStatus.items()
 }
 _MAYBE_LIVE = {"unclosed", "truncated"}
+_INTEGRITY_NAMES = frozenset({"clean", "unclosed", "truncated", "corrupt"})
 
 
 def _iso(stamp: Any) -> str:
@@ -350,6 +351,36 @@ class RunIndex:
             os.replace(temp, self.path)
         except OSError:
             temp.unlink(missing_ok=True)
+
+
+def indexed_integrity(store: Store, root: str) -> Callable[[BundleEntry], str | None]:
+    """What the index `list` keeps under root says of a bundle's integrity (CLEAN, UNCLOSED,
+    TRUNCATED, CORRUPT), when its files have not changed since; None when it has no such
+    entry. Reads the index's first line alone (the entries' heads), not its runs or texts:
+    reduce-all counts an up-to-date bundle's integrity so without opening its state.json."""
+    try:
+        with os.fdopen(open_regular_file(_index_path(store, root), os.O_RDONLY), "rb") as source:
+            top = json.loads(source.readline())
+    except (OSError, ValueError, RecursionError):  # none, or not ours: as RunIndex.load
+        return lambda _: None
+    if not isinstance(top, dict) or top.get("version") != _INDEX_VERSION:
+        return lambda _: None
+    heads = top.get("entries")
+    if not isinstance(heads, list):
+        return lambda _: None
+    kept = {
+        head[0]: (head[1], head[3])
+        for head in heads
+        if type(head) is list and len(head) == 5 and type(head[0]) is str
+    }
+
+    def integrity(entry: BundleEntry) -> str | None:
+        times, name = kept.get(entry.location, (None, None))
+        if times != _key(entry) or type(name) is not str or name not in _INTEGRITY_NAMES:
+            return None
+        return name.upper()
+
+    return integrity
 
 
 def _reduce(store: Store, entry: BundleEntry) -> state_pb2.RolloutTrace:

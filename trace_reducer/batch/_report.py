@@ -16,8 +16,12 @@ _READ = (Outcome.REDUCED, Outcome.SALVAGED, Outcome.CORRUPT, Outcome.LIVE)
 
 @dataclass
 class Tally:
-    """Running totals; keeps the few bundles worth naming, not every result."""
+    """Running totals; keeps the few bundles worth naming, not every result.
 
+    salvage: this run salvages, so a CORRUPT bundle salvaged before does not fail it.
+    """
+
+    salvage: bool = False
     outcomes: Counter[Outcome] = field(default_factory=Counter)
     integrities: Counter[str] = field(default_factory=Counter)
     records: int = 0
@@ -28,6 +32,17 @@ class Tally:
     corrupt: list[BundleResult] = field(default_factory=list)
     failed: list[BundleResult] = field(default_factory=list)
     live: list[str] = field(default_factory=list)
+    # Up-to-date bundles no worker looked at (their integrity known from `list`'s index).
+    known: int = 0
+    # Up-to-date CORRUPT bundles: an earlier run (or `reduce --salvage`) salvaged them.
+    salvaged_before: int = 0
+
+    def add_known(self, integrities: Counter[str]) -> None:
+        """Up-to-date bundles counted without a worker, by integrity."""
+        count = sum(integrities.values())
+        self.known += count
+        self.outcomes[Outcome.UP_TO_DATE] += count
+        self.integrities.update(integrities)
 
     def add(self, result: BundleResult) -> None:
         self.done += 1
@@ -41,6 +56,7 @@ class Tally:
             self.failed.append(result)
         elif result.integrity == "CORRUPT":
             self.corrupt.append(result)
+            self.salvaged_before += result.outcome == Outcome.UP_TO_DATE
         if result.outcome in _READ:
             self.records += result.records
             self.bytes += result.bytes
@@ -52,8 +68,10 @@ class Tally:
 
     @property
     def failing(self) -> bool:
-        """Whether the batch exits 1: a corrupt bundle left unsalvaged, or one not reduced."""
-        return bool(self.outcomes[Outcome.CORRUPT] or self.outcomes[Outcome.FAILED])
+        """Whether the batch exits 1: a corrupt bundle left unsalvaged (or salvaged by an
+        earlier run, when this one does not salvage), or one not reduced."""
+        unsalvaged = self.salvaged_before and not self.salvage
+        return bool(self.outcomes[Outcome.CORRUPT] or self.outcomes[Outcome.FAILED] or unsalvaged)
 
 
 def summary(
@@ -61,7 +79,6 @@ def summary(
     *,
     root: str,
     found: int,
-    skipped: int,
     seconds: float,
     engine: str,
     slots: int,
@@ -74,12 +91,9 @@ def summary(
     how = f"{engine}, {_plural(slots, 'worker')}" if slots else engine
     lines = [f"reduce-all: {_plural(found, 'bundle')} under {root} {state} {seconds:.1f} s ({how})"]
     counts = [f"{outcome} {tally.outcomes[outcome]:,}" for outcome in Outcome]
-    counts[list(Outcome).index(Outcome.UP_TO_DATE)] = (
-        f"up to date {tally.outcomes[Outcome.UP_TO_DATE] + skipped:,}"
-    )
     lines.append("  bundles: " + ", ".join(counts))
     if interrupted:
-        lines.append(f"  not finished or not reported: {found - skipped - tally.done:,}")
+        lines.append(f"  not finished or not reported: {found - tally.known - tally.done:,}")
     lines.append(
         "  integrity: " + ", ".join(f"{name} {tally.integrities[name]:,}" for name in _INTEGRITIES)
     )
@@ -115,6 +129,11 @@ def summary(
             lines.append(f"  tables: {tables} (rows: {written})")
     if tally.outcomes[Outcome.CORRUPT]:
         lines.append("  corrupt bundles were not reduced: --salvage reduces them up to the damage")
+    if tally.salvaged_before and not tally.salvage:
+        lines.append(
+            "  corrupt bundles salvaged before are still corrupt: --salvage accepts the state.json "
+            "salvaged up to the damage"
+        )
     return lines
 
 

@@ -17,6 +17,7 @@ from ..batch._batch import (
     drive,
     plan,
 )
+from ..batch._listing import indexed_integrity
 from ..batch._report import Tally, summary
 from ..batch._storage import Store, is_url, open_store, parse_storage_options
 from ..bundle._errors import BundleError, MissingExtraError
@@ -157,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
     root = store.display(store.root) if is_url(options.root) else store.root
     if not entries:
         raise BundleError(f"no trace bundles (directories holding trace.binpb) under {root}")
-    tasks, skipped = plan(entries, options)
+    tasks, known = plan(entries, options, indexed_integrity(store, options.root))
 
     sink = None
     if args.tables is not None:
@@ -168,7 +169,8 @@ def run(args: argparse.Namespace) -> int:
         sink = TableSink(args.tables, dict(storage_options))
 
     engine = _engine(args, store) if tasks else None
-    tally = Tally()
+    tally = Tally(salvage=options.salvage)
+    tally.add_known(known)
 
     def emit(result: BundleResult) -> None:
         tally.add(result)
@@ -202,7 +204,6 @@ def run(args: argparse.Namespace) -> int:
         tally,
         root=root,
         found=len(entries),
-        skipped=skipped,
         seconds=seconds,
         engine=engine.name if engine is not None else "nothing to reduce",
         slots=engine.slots if engine is not None else 0,
