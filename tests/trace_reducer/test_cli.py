@@ -547,6 +547,35 @@ def test_a_file_name_that_is_not_utf8_is_named_in_one_line(tmp_path: Path) -> No
     assert "run\\xff" in result.stderr
 
 
+@pytest.mark.parametrize("command", ["list", "reduce-all", "view", "export-rl"])
+def test_every_command_taking_a_root_says_it_passed_over_a_name_that_is_not_utf8(
+    tmp_path: Path, command: str
+) -> None:
+    root = tmp_path / "root"
+    good = one_turn_bundle(root / "good")
+    one_turn_bundle(tmp_path / "src").rename(os.fsdecode(bytes(root) + b"/run\xff"))
+    args: dict[str, list[str | Path]] = {
+        "list": ["list", root],
+        "reduce-all": ["reduce-all", root, "--jobs", "1"],
+        "view": ["view", root, "-o", tmp_path / "site"],
+        "export-rl": ["export-rl", root, "--format", "jsonl", "--out", tmp_path / "out"],
+    }
+    result = run(*args[command])
+    assert result.returncode == 0, result.stderr
+    assert said(result.stderr) == [
+        f"warning: passed over {root}/run\\xff: its name is not valid UTF-8 (rename it)"
+    ]
+    # The bundle beside it is read as ever.
+    if command == "list":
+        assert len(result.stdout.splitlines()) == 2, result.stdout  # the header and its run
+    elif command == "reduce-all":
+        assert (good / "state.json").is_file()
+    elif command == "view":
+        assert len(list((tmp_path / "site" / "runs").iterdir())) == 1
+    else:
+        assert len((tmp_path / "out" / "samples.jsonl").read_text().splitlines()) == 1
+
+
 def test_export_otlp_refuses_a_timeout_past_a_day(tmp_path: Path) -> None:
     result = run("export-otlp", one_turn_bundle(tmp_path), "--timeout", "1e300")
     assert result.returncode == 2, result.stderr

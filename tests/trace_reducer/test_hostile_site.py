@@ -186,3 +186,30 @@ async def test_a_request_the_parser_refuses_is_logged_without_its_bytes(
     # Was: an ERROR with aiohttp's traceback, quoting the header line and the token in it.
     (line,) = refusals(caplog.records)
     assert line.startswith("WARNING refused a malformed HTTP request from 127.0.0.1: "), line
+
+
+@pytest.fixture
+def odd_root(root: Path) -> tuple[Path, int]:
+    """The corpus with one more bundle, under a name that is not UTF-8; and how many bundles
+    have names that are."""
+    named = sorted(root.glob("*/trace.binpb"))
+    shutil.copytree(named[0].parent, os.fsdecode(bytes(root) + b"/run\xff"))
+    return root, len(named)
+
+
+async def test_the_served_list_says_once_that_it_passed_over_a_name_that_is_not_utf8(
+    odd_root: tuple[Path, int],
+) -> None:
+    root, named = odd_root
+    warnings: list[str] = []
+    server = SiteServer(str(root), None, warn=warnings.append)
+    address = await server.start("127.0.0.1", 0)
+    try:
+        async with httpx.AsyncClient(base_url=address) as http:
+            answers = [await http.get("/api/runs") for _ in range(3)]
+    finally:
+        await server.stop()
+    assert [answer.status_code for answer in answers] == [200] * 3
+    assert len(answers[-1].json()["runs"]) == named
+    # Once, not on every refresh of the list.
+    assert warnings == [f"passed over {root}/run\\xff: its name is not valid UTF-8 (rename it)"]

@@ -58,6 +58,7 @@ from ._common import (
     path_argument,
     say,
     unwritable_place,
+    warn,
 )
 from ._diff import add_parser as add_diff_parser
 from ._list import add_parser as add_list_parser
@@ -372,7 +373,7 @@ def _view_root(args: argparse.Namespace) -> int:
                 "-o writes the site to files, --listen serves it: give one of them", EXIT_USAGE
             )
         check_output_dir("-o", args.output)
-        index = write_site(args.bundle, args.output)
+        index = write_site(args.bundle, args.output, warn=warn)
         print(index, flush=True)
         return EXIT_OK
     listen = args.listen or DEFAULT_VIEW_LISTEN
@@ -410,7 +411,7 @@ async def _serve_site(root: str, host: str, port: int, token: str | None, open_p
 
     from ..view._site import SiteServer
 
-    server = SiteServer(root, token)
+    server = SiteServer(root, token, warn=warn)
     address = await server.start(host, port)
     stop = asyncio.Event()
     install_signal_handlers(stop.set)

@@ -20,6 +20,7 @@ from ._common import (
     check_parents,
     job_count,
     path_argument,
+    warn,
 )
 from ._common import say as _say
 from ._progress import progress_for
@@ -95,6 +96,7 @@ def _export(args: argparse.Namespace) -> int:
                 jobs=args.jobs,
                 started=progress.started,
                 progress=progress.advanced,
+                warn=warn,
             )
         finally:
             progress.finished()

@@ -52,14 +52,16 @@ def stop_name(reason: common_pb2.StopReason.ValueType) -> str:
 # -- finding and reducing bundles ---------------------------------------------------------------
 
 
-def find_bundles(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
+def find_bundles(
+    paths: Iterable[str | os.PathLike[str]], *, warn: Callable[[str], None] | None = None
+) -> list[Path]:
     """Bundle directories: each path a bundle, or a trace root holding bundles (found as
-    reduce-all finds them)."""
+    reduce-all finds them; a directory passed over on the way is said to `warn`)."""
     found: list[Path] = []
     for given in paths:
         path = Path(given)
         if path.is_dir() and not (path / TRACE_FILE_NAME).exists():
-            inside = [Path(bundle.path) for bundle in walk_bundles(path)]
+            inside = [Path(bundle.path) for bundle in walk_bundles(path, warn=warn)]
             if not inside:
                 raise NotABundleError(f"not a bundle and no bundles in it: {path}")
             found.extend(inside)
@@ -755,19 +757,21 @@ def export_rl(
     jobs: int = 1,
     started: Callable[[int], None] | None = None,
     progress: Callable[[int], None] | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> Exported:
     """Write the samples of the bundles under `paths` in format `fmt` into out_dir.
 
     `jobs` processes reduce the bundles (the samples keep the order of the bundles either
     way); `started(total)` is called once the bundles are found and `progress(count)` as each
-    `count` of them is reduced.
+    `count` of them is reduced; `warn` is told of each directory under a root passed over
+    (a name that is not UTF-8, one that cannot be listed) as it is found.
 
     Raises BundleError for paths that hold no bundle (or a corrupt one, unless salvaging),
     ReductionError for contradicting records, ExportError when the file cannot be written.
     """
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
-    bundles = find_bundles(paths)
+    bundles = find_bundles(paths, warn=warn)
     if started is not None:
         started(len(bundles))
     warnings: list[str] = []

@@ -57,13 +57,17 @@ def _relative(root: str, bundle: str) -> str:
     return os.path.relpath(bundle, root)
 
 
-def _page_runs(root: str, href: Callable[[str], str]) -> list[dict[str, Any]]:
-    """The runs as the list page shows them, each with the link to its page.
+def _page_runs(
+    root: str, href: Callable[[str], str], warn: Callable[[str], None]
+) -> list[dict[str, Any]]:
+    """The runs as the list page shows them, each with the link to its page; a directory
+    passed over (a name that is not UTF-8, one that cannot be listed) is said to `warn`, as
+    `list` says it.
 
     A trace.binpb that turns up in the served root later is passed over: refusing the root
     then (as `list` refuses a bundle given as a root) answered every page with an error."""
     runs = []
-    for run in list_runs(root, bundle_root_refused=False).runs:
+    for run in list_runs(root, bundle_root_refused=False, warn=warn).runs:
         entry = public_run(run)
         entry["text"] = run["text"][:PAGE_TEXT_CHARS]
         entry["href"] = href(_relative(root, run["bundle"]))
@@ -117,12 +121,15 @@ def _static_name(relative: str) -> str:
     return name + ".html"
 
 
-def write_site(root: str, output: str | os.PathLike[str]) -> Path:
+def write_site(
+    root: str, output: str | os.PathLike[str], *, warn: Callable[[str], None] = lambda _: None
+) -> Path:
     """The list (index.html) and every run's page (runs/*.html) under output, for reading
-    offline: relative links, nothing fetched. Returns the index's path."""
+    offline: relative links, nothing fetched. Returns the index's path. `warn` is told of
+    each directory passed over."""
     target = Path(output)
     (target / "runs").mkdir(parents=True, exist_ok=True, mode=0o700)
-    runs = _page_runs(root, lambda relative: f"runs/{_static_name(relative)}")
+    runs = _page_runs(root, lambda relative: f"runs/{_static_name(relative)}", warn)
     links = _links(runs)
     # A run page sits one level down: its links to other runs are siblings.
     page_links = {
@@ -161,12 +168,17 @@ def _reduce_confined(root: BundleRoot, relative: str) -> Any:
 class SiteServer:
     """The served viewer: `/` the list, `/run/<bundle>` a run page, `/api/runs` the list as
     JSON, `/api/watch/<bundle>` a run's growth as server-sent events. Bound elsewhere than
-    loopback, every request needs the token (once in the URL, then a cookie)."""
+    loopback, every request needs the token (once in the URL, then a cookie). `warn` is told
+    of each directory passed over once, not on every refresh of the list."""
 
-    def __init__(self, root: str, token: str | None) -> None:
+    def __init__(
+        self, root: str, token: str | None, *, warn: Callable[[str], None] = lambda _: None
+    ) -> None:
         self.root = os.path.abspath(root)
         self._confined = BundleRoot(self.root)
         self._token = token
+        self._warn = warn
+        self._warned: set[str] = set()
         self._runner: Any = None
         self.address = ""
 
@@ -240,8 +252,15 @@ class SiteServer:
 
     def _runs(self) -> list[dict[str, Any]]:
         return _page_runs(
-            self.root, lambda relative: "run/" + urllib.parse.quote(relative, safe="/")
+            self.root,
+            lambda relative: "run/" + urllib.parse.quote(relative, safe="/"),
+            self._warn_once,
         )
+
+    def _warn_once(self, message: str) -> None:
+        if message not in self._warned:
+            self._warned.add(message)
+            self._warn(message)
 
     async def _list(self, request: Any) -> Any:
         from aiohttp import web
