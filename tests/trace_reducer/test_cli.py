@@ -25,7 +25,7 @@ from trace_reducer import (
     state_to_json,
 )
 
-from .bundles import COMPLETED, BundleBuilder, one_turn_bundle
+from .bundles import COMPLETED, BundleBuilder, fork_of, one_turn_bundle, user_item
 
 COMMAND = [sys.executable, "-m", "trace_reducer.cli"]
 
@@ -108,6 +108,29 @@ def test_unclosed_and_truncated_warn_and_succeed(tmp_path: Path) -> None:
     assert_one_clean_line(result.stderr)
     assert "warning: truncated" in result.stderr
     assert json.loads(result.stdout)["integrity"]["status"] == "INTEGRITY_STATUS_TRUNCATED"
+
+
+@pytest.mark.parametrize("command", ["reduce", "view"])
+def test_a_fork_whose_parent_is_missing_warns_and_succeeds(tmp_path: Path, command: str) -> None:
+    parent = BundleBuilder(tmp_path, "parent")
+    shared = user_item("the parent's words")
+    parent.turn("turn-1", [shared])
+    parent_dir = parent.close()
+    fork = fork_of(tmp_path, parent_dir, [shared], "child")
+    # Found beside the fork, the parent resolves it and nothing is said.
+    result = run(command, fork)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+
+    parent_dir.rename(tmp_path / "elsewhere")
+    result = run(command, fork)
+    assert result.returncode == 0, result.stderr
+    assert_one_clean_line(result.stderr)
+    assert said(result.stderr) == [
+        f"warning: unresolved fork {fork}: fork of thread parent: its parent bundle "
+        f"{parent_dir.name} was not found, 1 shared item(s) and 1 payload(s) are unresolved "
+        "(give the parent bundle to resolve them)"
+    ]
 
 
 def corrupt_copy(tmp_path: Path) -> tuple[Path, int]:

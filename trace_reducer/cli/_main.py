@@ -144,6 +144,26 @@ def _is_a_recording(target: Path, found: os.stat_result, inputs: Sequence[Path])
 # -- reduce -----------------------------------------------------------------------------------
 
 
+def _warn_incomplete(integrity: state_pb2.Integrity, bundle: str, *, showing: bool) -> None:
+    """The one line on stderr `reduce` and `view` give for a state that is not the whole
+    rollout (the exit code stays 0): a bundle damaged or unfinished (CORRUPT and salvaged,
+    UNCLOSED, TRUNCATED), or a fork whose parent's part was not found."""
+    status = integrity.status
+    records = integrity.records_read
+    if status == state_pb2.INTEGRITY_STATUS_CLEAN:
+        if integrity.fork_unresolved:
+            # The detail names the parent, what of it is missing and how to give it.
+            say(f"warning: unresolved fork {bundle}: {integrity.detail}")
+        return
+    if showing:
+        done = f"showing the {records} records before it"
+    elif status == state_pb2.INTEGRITY_STATUS_CORRUPT:
+        done = f"salvaged {records} records before it"
+    else:
+        done = f"reduced {records} records"
+    say(f"warning: {integrity_name(status).lower()} bundle {bundle}: {integrity.detail}; {done}")
+
+
 def _reduce(args: argparse.Namespace) -> int:
     trace_file = resolve_trace_file(args.bundle)
     check_parents(args.parent)
@@ -158,17 +178,7 @@ def _reduce(args: argparse.Namespace) -> int:
         raise _CommandError(
             f"{error} (--salvage reduces the records before it)", EXIT_FAILED
         ) from error
-    status = integrity.status
-    if status == state_pb2.INTEGRITY_STATUS_CORRUPT:
-        say(
-            f"warning: corrupt bundle {args.bundle}: {integrity.detail}; salvaged "
-            f"{integrity.records_read} records before it"
-        )
-    elif status != state_pb2.INTEGRITY_STATUS_CLEAN:
-        say(
-            f"warning: {integrity_name(status).lower()} bundle {args.bundle}: "
-            f"{integrity.detail}; reduced {integrity.records_read} records"
-        )
+    _warn_incomplete(integrity, args.bundle, showing=False)
     if args.stdout:
         for piece in iter_state_json(trace, expand=expand):
             sys.stdout.write(piece)
@@ -332,11 +342,7 @@ def _view(args: argparse.Namespace) -> int:
     data = reduce_for_view(trace_file)
     integrity = data.trace.integrity
     require_reducible(integrity, salvage=True, source=args.bundle)
-    if integrity.status != state_pb2.INTEGRITY_STATUS_CLEAN:
-        say(
-            f"warning: {integrity_name(integrity.status).lower()} bundle {args.bundle}: "
-            f"{integrity.detail}; showing the {integrity.records_read} records before it"
-        )
+    _warn_incomplete(integrity, args.bundle, showing=True)
     target = _output_file(args.output, trace_file.parent / VIEW_FILE_NAME, inputs=[trace_file])
     path = save_view(data, target, title=f"rollout {trace_file.parent.name}")
     print(path, flush=True)
