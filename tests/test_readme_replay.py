@@ -69,7 +69,7 @@ async def test_record_change_the_tool_replay_and_diff(tmp_path: Path) -> None:
     assert process.returncode == 1, stderr.decode()
     report = stdout.decode()
     # Call 1 answered the greeting, call 2 asked for the tool, whose output now differs.
-    assert "calls 1-1 are the same" in report
+    assert "call 1 is the same" in report
     assert "first difference at call 2" in report
     assert "tool calls" in report
     assert "characters" in report

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.trace_reducer.conftest import GOLDEN
+
 BIN = Path(sys.executable).parent
 
 
@@ -59,3 +61,47 @@ def test_two_request_bodies_side_by_side() -> None:
     assert '-      "content": "hi",' in lines
     assert '+      "content": "ho",' in lines
     assert request_difference(comparable_request({"model": "a"}), {}) == "identical"
+
+
+def _report(a: Path, b: Path) -> list[str]:
+    """`trace-reducer diff A B`'s lines, without the request bodies' unified diff."""
+    result = _run(str(BIN / "trace-reducer"), "diff", str(a), str(b))
+    assert result.returncode in (0, 1), result.stderr
+    return [
+        line for line in result.stdout.splitlines() if not line.startswith((" ", "+", "-", "@"))
+    ]
+
+
+def test_the_report_s_words_agree_with_its_numbers() -> None:
+    one_call = GOLDEN / "20261201T234337Z-thread_0f558eb4ac894d71a303ef0caeaf39b6"
+    two_calls = GOLDEN / "20261201T234337Z-thread_57eadcfe992e412fbecd2efb8caebf72"
+    three_calls = GOLDEN / "20261201T234337Z-thread_1dc265563cca454ebed4c4d224c02ef0"
+    assert _report(one_call, one_call) == [
+        f"A: {one_call} (1 call)",
+        f"B: {one_call} (1 call)",
+        "no difference in 1 call",
+    ]
+    assert _report(one_call, three_calls)[:3] == [
+        f"A: {one_call} (1 call)",
+        f"B: {three_calls} (3 calls)",
+        "call 1 is the same",  # was: calls 1-1 are the same
+    ]
+    assert _report(three_calls, two_calls)[2] == "calls 1-2 are the same"
+
+    # Each aspect is named once (was: "tool calls: : 0 entries vs 1", "status: body: ...").
+    tools = GOLDEN / "20261201T234337Z-thread_778f00a2cb9a4ebd9496c7994a86ac8f"
+    no_tools = GOLDEN / "20261201T234337Z-thread_085421a179e84ce1bcea619a69fa0a2a"
+    result = _run(str(BIN / "trace-reducer"), "diff", str(no_tools), str(tools))
+    details = [
+        line for line in result.stdout.splitlines() if line.startswith("  ") and ": " in line
+    ]
+    assert details[:4] == [
+        '  request: include: absent vs ["message.output_text.logprobs"]',
+        '  status: "CANCELLED" vs "COMPLETED"',
+        "  accepted items: 0 entries vs 1",
+        "  tool calls: 0 entries vs 1",
+    ]
+    assert (
+        "  tool calls: 1 entry vs 0"
+        in _run(str(BIN / "trace-reducer"), "diff", str(tools), str(no_tools)).stdout.splitlines()
+    )

@@ -44,8 +44,11 @@ def _clip(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def request_difference(recorded: Any, other: Any, path: str = "") -> str:
-    """The first place two JSON values differ, in one line: `input[3].output: "a" vs "b"`."""
+def request_difference(recorded: Any, other: Any, path: str = "", *, whole: str = "body") -> str:
+    """The first place two JSON values differ, in one line: `input[3].output: "a" vs "b"`.
+
+    whole: what the values are called when they differ as a whole (a request `body`); ""
+    says just how (`3 entries vs 4`), for a caller that has named them already."""
     if isinstance(recorded, dict) and isinstance(other, dict):
         for key in sorted(set(recorded) | set(other)):
             where = f"{path}.{key}" if path else key
@@ -56,16 +59,22 @@ def request_difference(recorded: Any, other: Any, path: str = "") -> str:
             if recorded[key] != other[key]:
                 return request_difference(recorded[key], other[key], where)
         return "identical"
+    label = path or whole
+    named = f"{label}: " if label else ""
     if isinstance(recorded, list) and isinstance(other, list):
         for index, (mine, theirs) in enumerate(zip(recorded, other, strict=False)):
             if mine != theirs:
                 return request_difference(mine, theirs, f"{path}[{index}]")
         if len(recorded) != len(other):
-            return f"{path}: {len(recorded)} entries vs {len(other)}"
+            return f"{named}{_count(len(recorded), 'entry', 'entries')} vs {len(other)}"
         return "identical"
     if recorded == other:
         return "identical"
-    return f"{path or 'body'}: {_clip(recorded)} vs {_clip(other)}"
+    return f"{named}{_clip(recorded)} vs {_clip(other)}"
+
+
+def _count(number: int, one: str, many: str) -> str:
+    return f"{number} {one if number == 1 else many}"
 
 
 def body_diff(a: dict[str, Any], b: dict[str, Any], names: tuple[str, str]) -> list[str]:
@@ -248,7 +257,7 @@ def _compare(views_a: list[CallView], views_b: list[CallView]) -> RunDiff:
         ):
             if left != right:
                 aspects.append(aspect)
-                details.append(f"{aspect}: {request_difference(left, right)}")
+                details.append(f"{aspect}: {request_difference(left, right, whole='')}")
         if aspects:
             return RunDiff(
                 len(views_a),
@@ -282,7 +291,10 @@ def diff_report(result: RunDiff, a: str, b: str) -> list[str]:
     """The comparison as a person reads it (`diff` prints it, `view --diff` shows it): each
     run's size, the first differing call with what differs there, and a unified diff of the
     two request bodies when they differ (its lines last, from the one starting `--- A`)."""
-    lines = [f"A: {a} ({result.calls_a} calls)", f"B: {b} ({result.calls_b} calls)"]
+    lines = [
+        f"A: {a} ({_count(result.calls_a, 'call', 'calls')})",
+        f"B: {b} ({_count(result.calls_b, 'call', 'calls')})",
+    ]
     lines.extend(
         f"warning: {side} is {damage}"
         for side, damage in (("A", result.damage_a), ("B", result.damage_b))
@@ -290,9 +302,11 @@ def diff_report(result: RunDiff, a: str, b: str) -> list[str]:
     )
     first = result.first
     if first is None:
-        lines.append(f"no difference in {result.same_calls} calls")
+        lines.append(f"no difference in {_count(result.same_calls, 'call', 'calls')}")
         return lines
-    if result.same_calls:
+    if result.same_calls == 1:
+        lines.append("call 1 is the same")
+    elif result.same_calls:
         lines.append(f"calls 1-{result.same_calls} are the same")
     ids = " / ".join(call.inference_call_id if call else "-" for call in (first.a, first.b))
     lines.append(f"first difference at call {first.number} ({ids}): {', '.join(first.aspects)}")

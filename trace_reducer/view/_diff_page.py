@@ -34,7 +34,7 @@ def render_diff(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> str:
     runs = "<br>".join(f'<span class="run">{html.escape(line)}</span>' for line in head[:2])
     verdict, *details = head[2:]
     if result.first is not None and result.same_calls:
-        # "calls 1-N are the same" comes before the verdict it leads to.
+        # "calls 1-N are the same" (or "call 1 is") comes before the verdict it leads to.
         same, verdict, *details = head[2:]
         details.insert(0, same)
     values = dict(
