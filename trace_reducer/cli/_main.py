@@ -418,9 +418,10 @@ async def _serve_site(root: str, host: str, port: int, token: str | None, open_p
     from ..view._site import SiteServer
 
     server = SiteServer(root, token, warn=warn)
-    address = await server.start(host, port)
+    # Before the port opens, as every server's: a signal as soon as it listens stops it cleanly.
     stop = asyncio.Event()
     install_signal_handlers(stop.set)
+    address = await server.start(host, port)
     shown = f"{address}?token={token}" if token else address
     try:
         announce(f"serving {shown}", say, silence_stdout)
@@ -505,6 +506,9 @@ async def _serve_async(
         except (ValueError, OSError) as error:
             raise _CommandError(f"--metrics-listen: {error}", EXIT_USAGE) from error
         announce(f"metrics at {metrics.url}", say, silence_stdout)
+    # Before the port opens, as every server's: a signal as soon as it listens stops it cleanly.
+    stop = asyncio.Event()
+    install_signal_handlers(stop.set)
     try:
         server = await GrpcServer.start(
             listen,
@@ -519,8 +523,6 @@ async def _serve_async(
         # A ListenError names the address: `cannot listen on HOST:PORT: address already in use`.
         where = "" if isinstance(error, ListenError) else "--listen: "
         raise _CommandError(f"{where}{error}", EXIT_USAGE) from error
-    stop = asyncio.Event()
-    install_signal_handlers(stop.set)
     try:
         announce(f"listening on {server.address}", say, silence_stdout)
         await stop.wait()
