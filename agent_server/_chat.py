@@ -45,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tls-ca", type=Path, metavar="PEM", help="connect with TLS, trusting these certificates"
     )
-    parser.add_argument("--model", default="", help="model of the thread (the server's default)")
+    parser.add_argument("--model", help="model of the thread (the server's default)")
     parser.add_argument("--instructions", default="", help="system instructions of the thread")
 
 
@@ -55,6 +55,9 @@ def run(args: argparse.Namespace) -> int:
     problem = address_problem(args.address)
     if problem is not None:
         return _fail(problem)
+    if args.model == "":
+        # Not the default said another way: an empty name is a mistake (an unset variable).
+        return _fail("--model is empty: give a model name, or leave it out for the server's")
     token = None
     if args.auth_token_env:
         try:
@@ -96,7 +99,7 @@ def _chat(args: argparse.Namespace, token: str | None, tls: bool | Path, ctrl_c:
         except RolloutError as error:
             return _fail(str(error))
         try:
-            thread = client.start_thread(model=args.model, instructions=args.instructions)
+            thread = client.start_thread(model=args.model or "", instructions=args.instructions)
         except UnavailableError as error:
             client.close()
             return _fail(unreachable(args.address, error.message), EXIT_FAILED)

@@ -371,6 +371,8 @@ def test_the_operating_guide_lists_every_config_key_and_variable() -> None:
         (["health", "--timeout", "-1"], "agent-server health: --timeout must be"),
         (["health", "--timeout", "nan"], "agent-server health: --timeout must be"),
         (["chat", "--address", ""], "agent-server chat: --address is empty"),
+        # Was: the server's default model, without a word.
+        (["chat", "--model", ""], "agent-server chat: --model is empty"),
         # Was: listened on the default address without a word.
         (["serve", "--listen", ""], "agent-server: --listen is empty"),
         # Was: recording quietly off.
