@@ -74,7 +74,7 @@ vllm:
 	scripts/vllm-serve.sh $${VLLM_PORT:-8000}
 
 pytest: $(STAMP) test-backends
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=25
 
 # The TypeScript client compiled, then its end-to-end test against `agent-server serve`.
 test-ts: $(STAMP) $(TS_STAMP)
