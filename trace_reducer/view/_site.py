@@ -17,12 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from grpc_common import http_server_logger, same_secret
+from rollout.trace.v1 import state_pb2
 
 from ..batch._listing import list_runs, public_run
 from ..bundle._confine import BundleRoot
 from ..bundle._errors import BundleError, ReductionError
 from ..bundle._layout import TRACE_FILE_NAME
 from ..bundle._reader import BundleReader
+from ._run_page import RunLinks
 from ._view import (
     _PLACEHOLDER,
     PAGE_SCRIPT,
@@ -75,22 +77,55 @@ def _page_runs(
     return runs
 
 
-def _links(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """What a run page needs to link its parent, children and group: every run by thread id."""
-    by_thread: dict[str, Any] = {}
-    for run in runs:
-        if not run["thread_id"]:
-            continue
-        fork = run["fork"] or {}
-        by_thread[run["thread_id"]] = {
-            "href": run["href"],
-            "status": run["status"],
-            "rewards": run["rewards"],
-            "parent_thread_id": fork.get("parent_thread_id", ""),
-            "group_id": fork.get("group_id", ""),
-            "repetition_index": fork.get("repetition_index", 0),
+class _Links:
+    """Every run's link by thread id, and for each page only its own family's: its fork
+    ancestors and parent, the runs that continue it, and the others of its fork group.
+
+    A page carried every run of the root before: a site of 1,500 one-turn rollouts was 524 MB,
+    each page 0.33 MB of links it never showed, growing with the square of the runs."""
+
+    def __init__(self, runs: list[dict[str, Any]]) -> None:
+        self._by_thread: dict[str, dict[str, Any]] = {}
+        self._children: dict[str, list[str]] = {}
+        self._groups: dict[str, list[str]] = {}
+        for run in runs:
+            thread = run["thread_id"]
+            if not thread:
+                continue
+            fork = run["fork"] or {}
+            info = {
+                "href": run["href"],
+                "status": run["status"],
+                "rewards": run["rewards"],
+                "parent_thread_id": fork.get("parent_thread_id", ""),
+                "group_id": fork.get("group_id", ""),
+                "repetition_index": fork.get("repetition_index", 0),
+            }
+            self._by_thread[thread] = info
+            if info["parent_thread_id"]:
+                self._children.setdefault(info["parent_thread_id"], []).append(thread)
+            if info["group_id"]:
+                self._groups.setdefault(info["group_id"], []).append(thread)
+
+    def for_page(
+        self, trace: state_pb2.RolloutTrace, href: Callable[[str], str] = lambda href: href
+    ) -> RunLinks:
+        """What the page of `trace` links (_run.js: parent, ancestors, children, group), each
+        href passed through `href` (to make it relative to where the page sits)."""
+        me = trace.root_thread_id
+        family = {me, *self._children.get(me, ())}
+        if trace.HasField("fork"):
+            fork = trace.fork
+            family.add(fork.parent_thread_id)
+            family.update(link.thread_id for link in fork.ancestors)
+            family.update(self._groups.get(fork.group_id, ()) if fork.group_id else ())
+        return {
+            "runs": {
+                thread: {**info, "href": href(info["href"])}
+                for thread in sorted(family)
+                if (info := self._by_thread.get(thread)) is not None
+            }
         }
-    return {"runs": by_thread}
 
 
 def render_list(runs: list[dict[str, Any]], *, served: bool, title: str) -> str:
@@ -130,14 +165,7 @@ def write_site(
     target = Path(output)
     (target / "runs").mkdir(parents=True, exist_ok=True, mode=0o700)
     runs = _page_runs(root, lambda relative: f"runs/{_static_name(relative)}", warn)
-    links = _links(runs)
-    # A run page sits one level down: its links to other runs are siblings.
-    page_links = {
-        "runs": {
-            thread: {**info, "href": info["href"].removeprefix("runs/")}
-            for thread, info in links["runs"].items()
-        }
-    }
+    links = _Links(runs)
     confined = BundleRoot(root)
     for run in runs:
         relative = _relative(root, run["bundle"])
@@ -145,6 +173,8 @@ def write_site(
             data = _reduce_confined(confined, relative)
         except (BundleError, ReductionError, OSError):
             continue
+        # A run page sits one level down: its links to other runs are siblings.
+        page_links = links.for_page(data.trace, lambda href: href.removeprefix("runs/"))
         save_view(
             data, target / "runs" / _static_name(relative), f"rollout {relative}", links=page_links
         )
@@ -289,7 +319,7 @@ class SiteServer:
         # Links from /run/<bundle> to /run/<other>: relative to this page's directory.
         depth = relative.count("/")
         up = "../" * (depth + 1)
-        links = _links([{**run, "href": up + run["href"]} for run in runs])
+        links = _Links(runs).for_page(data.trace, lambda href: up + href)
         live = None
         if not data.trace.recording_complete:
             live = up + "api/watch/" + urllib.parse.quote(relative, safe="/")
