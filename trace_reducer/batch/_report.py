@@ -6,6 +6,7 @@ import heapq
 from collections import Counter
 from dataclasses import dataclass, field
 
+from ..bundle._names import counted
 from ._batch import BundleResult, Outcome
 
 _SLOWEST = 5
@@ -88,8 +89,8 @@ def summary(
 ) -> list[str]:
     """The lines printed at the end of a batch."""
     state = "interrupted after" if interrupted else "in"
-    how = f"{engine}, {_plural(slots, 'worker')}" if slots else engine
-    lines = [f"reduce-all: {_plural(found, 'bundle')} under {root} {state} {seconds:.1f} s ({how})"]
+    how = f"{engine}, {counted(slots, 'worker')}" if slots else engine
+    lines = [f"reduce-all: {counted(found, 'bundle')} under {root} {state} {seconds:.1f} s ({how})"]
     counts = [f"{outcome} {tally.outcomes[outcome]:,}" for outcome in Outcome]
     lines.append("  bundles: " + ", ".join(counts))
     if interrupted:
@@ -135,7 +136,3 @@ def summary(
             "salvaged up to the damage"
         )
     return lines
-
-
-def _plural(count: int, noun: str) -> str:
-    return f"{count:,} {noun}{'' if count == 1 else 's'}"

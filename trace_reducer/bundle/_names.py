@@ -47,3 +47,9 @@ def execution_word(status: common_pb2.ExecutionStatus.ValueType) -> str:
 
 def integrity_word(status: state_pb2.IntegrityStatus.ValueType) -> str:
     return INTEGRITY_WORDS.get(status, "UNSPECIFIED")
+
+
+def counted(count: int, noun: str, many: str | None = None) -> str:
+    """`1 call`, `1,500 calls`: a count and its noun, in the plural (`many`, else noun + s)
+    unless it is one; the CLI's reports say their counts so."""
+    return f"{count:,} {noun if count == 1 else many or noun + 's'}"

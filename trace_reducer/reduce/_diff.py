@@ -11,6 +11,7 @@ from rollout.trace.v1 import common_pb2, state_pb2
 
 from ..bundle._errors import BundleError
 from ..bundle._integrity import integrity_name
+from ..bundle._names import counted
 from ._recorded import RecordedCall, RecordedThread, read_recorded_thread
 
 # What a replay and `diff` set aside when comparing request bodies: fields a run may vary
@@ -66,15 +67,11 @@ def request_difference(recorded: Any, other: Any, path: str = "", *, whole: str 
             if mine != theirs:
                 return request_difference(mine, theirs, f"{path}[{index}]")
         if len(recorded) != len(other):
-            return f"{named}{_count(len(recorded), 'entry', 'entries')} vs {len(other)}"
+            return f"{named}{counted(len(recorded), 'entry', 'entries')} vs {len(other)}"
         return "identical"
     if recorded == other:
         return "identical"
     return f"{named}{_clip(recorded)} vs {_clip(other)}"
-
-
-def _count(number: int, one: str, many: str) -> str:
-    return f"{number} {one if number == 1 else many}"
 
 
 def body_diff(a: dict[str, Any], b: dict[str, Any], names: tuple[str, str]) -> list[str]:
@@ -292,8 +289,8 @@ def diff_report(result: RunDiff, a: str, b: str) -> list[str]:
     run's size, the first differing call with what differs there, and a unified diff of the
     two request bodies when they differ (its lines last, from the one starting `--- A`)."""
     lines = [
-        f"A: {a} ({_count(result.calls_a, 'call', 'calls')})",
-        f"B: {b} ({_count(result.calls_b, 'call', 'calls')})",
+        f"A: {a} ({counted(result.calls_a, 'call')})",
+        f"B: {b} ({counted(result.calls_b, 'call')})",
     ]
     lines.extend(
         f"warning: {side} is {damage}"
@@ -302,7 +299,7 @@ def diff_report(result: RunDiff, a: str, b: str) -> list[str]:
     )
     first = result.first
     if first is None:
-        lines.append(f"no difference in {_count(result.same_calls, 'call', 'calls')}")
+        lines.append(f"no difference in {counted(result.same_calls, 'call')}")
         return lines
     if result.same_calls == 1:
         lines.append("call 1 is the same")
