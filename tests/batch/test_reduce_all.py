@@ -12,6 +12,7 @@ import shutil
 import signal
 import struct
 import subprocess
+import sys
 import termios
 import time
 from pathlib import Path
@@ -465,3 +466,37 @@ def test_an_integrity_is_read_without_parsing_the_rest_of_its_state(traces: Path
         # Laid out otherwise (one line, keys in another order), it is parsed whole.
         other = json.dumps(dict(reversed(json.loads(text).items())))
         assert integrity_from_state_json(other.encode()) == whole
+
+
+_READ_UNDER_A_CAP = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (160 << 20, resource.getrlimit(resource.RLIMIT_AS)[1]))
+from trace_reducer.batch._storage import LocalStore
+try:
+    print(LocalStore(sys.argv[1]).read_integrity(sys.argv[1]).records_read)
+except ValueError:
+    print("refused")
+"""
+
+
+def test_an_integrity_is_read_in_bounded_memory_however_large_the_state(tmp_path: Path) -> None:
+    # A state.json of 256 MiB (sparse: no disk used) read by a process allowed 160 MiB: the
+    # integrity at its end is found a chunk at a time; without one, the file is refused (its
+    # bundle is then reduced again), not read whole (was: the whole file read, MemoryError).
+    state = tmp_path / "state.json"
+    at_end = (
+        b'{\n  "integrity": {\n    "recordsRead": "7",\n'
+        b'    "status": "INTEGRITY_STATUS_CLEAN"\n  }\n}\n'
+    )
+    for tail, expected in ((at_end, "7"), (b"", "refused")):
+        with state.open("wb") as file:
+            file.truncate(256 << 20)
+            file.seek(256 << 20)
+            file.write(tail)
+        done = subprocess.run(
+            [sys.executable, "-c", _READ_UNDER_A_CAP, str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.stdout.strip() == expected, done.stderr

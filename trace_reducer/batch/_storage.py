@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import io
 import json
 import os
 import posixpath
@@ -142,7 +143,7 @@ class LocalStore:
     def read_integrity(self, location: str) -> state_pb2.Integrity:
         fd = open_regular_file(os.path.join(location, STATE_FILE_NAME), os.O_RDONLY)
         with open(fd, "rb") as file:
-            return integrity_from_state_json(file.read())
+            return read_integrity_from(file)
 
     def read_rewards(self, location: str) -> RewardFile:
         return read_rewards(Path(location))
@@ -209,7 +210,8 @@ class FsspecStore:
         return json_format.Parse(data.decode("utf-8"), state_pb2.RolloutTrace())
 
     def read_integrity(self, location: str) -> state_pb2.Integrity:
-        return integrity_from_state_json(self.fs.cat_file(f"{location}/{STATE_FILE_NAME}"))
+        with self.fs.open(f"{location}/{STATE_FILE_NAME}", "rb") as file:
+            return read_integrity_from(file)
 
     def read_rewards(self, location: str) -> RewardFile:
         try:
@@ -266,20 +268,37 @@ _COUNTS = frozenset(
 )
 
 
+# Read this much of a state.json at a time looking for its integrity; the integrity object
+# itself is never this large. A state.json laid out otherwise is parsed whole only up to
+# _WHOLE_PARSE_BYTES: past it, it is rebuilt from its bundle (a reduce, whose memory does not
+# grow with the bundle) rather than read into memory whole.
+_CHUNK_BYTES = 1 << 20
+_WHOLE_PARSE_BYTES = 64 << 20
+
+
 def integrity_from_state_json(data: bytes) -> state_pb2.Integrity:
+    """read_integrity_from a state.json's bytes."""
+    return read_integrity_from(io.BytesIO(data))
+
+
+def read_integrity_from(file: BinaryIO) -> state_pb2.Integrity:
     """A state.json's integrity without parsing the rest of it (the bulk: every item, call and
-    turn); a state.json not laid out as state_to_json writes it is parsed whole. Raises
+    turn) nor holding it in memory: read a chunk at a time up to the integrity object. One not
+    laid out as state_to_json writes it is parsed whole, up to _WHOLE_PARSE_BYTES. Raises
     (ValueError, protobuf's ParseError, ...) when it holds no integrity that can be read."""
-    start = data.find(_INTEGRITY_KEY)
-    end = data.find(_INTEGRITY_END, start) if start >= 0 else -1
     value: Any = None
-    if end >= 0:
+    found = _integrity_object(file)
+    if found is not None:
         try:
-            value = json.loads(data[start + len(_INTEGRITY_KEY) - 1 : end + len(_INTEGRITY_END)])
+            value = json.loads(found)
         except ValueError:
             value = None
     if not isinstance(value, dict):
-        value = json.loads(data)["integrity"]
+        file.seek(0)
+        whole = file.read(_WHOLE_PARSE_BYTES + 1)
+        if len(whole) > _WHOLE_PARSE_BYTES:
+            raise ValueError("a state.json not laid out as reduce writes it, too large to parse")
+        value = json.loads(whole)["integrity"]
     try:
         # What ParseDict makes of state_to_json's integrity (its counts as strings, its status
         # by name), at a tenth of its cost: ParseDict was most of reading an integrity.
@@ -289,6 +308,31 @@ def integrity_from_state_json(data: bytes) -> state_pb2.Integrity:
         return state_pb2.Integrity(**fields)
     except (TypeError, ValueError):  # a field unknown, or of the wrong type: ParseDict says
         return json_format.ParseDict(value, state_pb2.Integrity())
+
+
+def _integrity_object(file: BinaryIO) -> bytes | None:
+    """The bytes of the top-level integrity object (`{` to its `}`), read a chunk at a time;
+    None when there is none where state_to_json puts it."""
+    overlap = len(_INTEGRITY_KEY) - 1
+    carried = b""
+    while True:
+        chunk = file.read(_CHUNK_BYTES)
+        if not chunk:
+            return None
+        window = carried + chunk
+        at = window.find(_INTEGRITY_KEY)
+        if at >= 0:
+            found = window[at + overlap :]
+            break
+        carried = window[-overlap:]
+    while True:
+        end = found.find(_INTEGRITY_END)
+        if end >= 0:
+            return found[: end + len(_INTEGRITY_END)]
+        chunk = file.read(_CHUNK_BYTES)
+        if not chunk or len(found) > _CHUNK_BYTES:
+            return None
+        found += chunk
 
 
 def recently_modified(store: Store, location: str, window: float) -> bool:
