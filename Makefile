@@ -11,13 +11,16 @@ NPM_CACHE ?= $(or $(TMPDIR),/tmp)/rollout-trace-npm-cache
 .PHONY: demo test check lint protos check-protos ts-protos check-ts-protos check-breaking \
 	pytest test-ts test-backends engine vllm check-package fuzz bench clean
 
-# The package with every extra, and the project's own tools (pyproject's dependency groups, which
-# need pip >= 25.1), at the exact versions of constraints.txt.
+# The package with every extra, and the project's own tools (pyproject's dependency groups), at
+# the exact versions of constraints.txt, installed by uv (its cache is uv's own, under
+# $${XDG_CACHE_HOME:-~/.cache}/uv). Bytecode is compiled now: the suite starts hundreds of
+# interpreters, and PYTHONDONTWRITEBYTECODE would otherwise make each compile its imports again.
 $(STAMP): pyproject.toml constraints.txt setup.py trace_reducer/bundle/_scan.c \
 		trace_reducer/reduce/_describe.c agent_server/_sse_split.c
 	python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade 'pip>=25.1'
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[otel,batch,ray,training]' --group dev
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt uv
+	$(BIN)/uv pip install --quiet --python $(PY) --compile-bytecode -c constraints.txt \
+		-e '.[otel,batch,ray,training]' --group dev
 	touch $@
 
 demo: $(STAMP)
@@ -81,7 +84,9 @@ test-ts: $(STAMP) $(TS_STAMP)
 	cd $(TS) && npm run --silent build
 	cd $(TS) && AGENT_SERVER="$(abspath $(BIN))/agent-server" npm test --silent
 
-test: check test-ts pytest
+# Set-up first, then the checks and the TypeScript test beside pytest (scripts/test.sh says why).
+test: $(STAMP) $(TS_STAMP) test-backends
+	scripts/test.sh
 
 # The long fuzz run: tens of thousands of mutated and crafted bundles through the reader,
 # reducer and CLI, and thousands of hostile provider streams through the agent.

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# `make test`: the checks and the TypeScript client's test (`make check test-ts`) run beside
+# pytest, at a lower priority, their output held in a file and printed once pytest ends, so that
+# pytest's progress stays readable. pytest keeps about one of two cores busy on average (its own
+# process, and each test's servers while they answer); the checks, mostly mypy and the package's
+# build and install, each use one and fill the other. Exits non-zero when either part failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+log=$(mktemp "${TMPDIR:-/tmp}/rollout-checks.XXXXXX")
+trap 'rm -f "$log"' EXIT
+
+nice -n 10 make --no-print-directory check test-ts >"$log" 2>&1 &
+checks=$!
+make --no-print-directory pytest
+pytest_status=$?
+wait "$checks"
+checks_status=$?
+
+echo "--- make check test-ts (run beside pytest) ---"
+cat "$log"
+if [ "$checks_status" -ne 0 ]; then
+    echo "make test: the checks failed (exit $checks_status)" >&2
+fi
+if [ "$pytest_status" -ne 0 ]; then
+    echo "make test: pytest failed (exit $pytest_status)" >&2
+fi
+[ "$pytest_status" -eq 0 ] && [ "$checks_status" -eq 0 ]
