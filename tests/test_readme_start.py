@@ -60,8 +60,16 @@ def test_the_quickstart(tmp_path: Path) -> None:
     assert Path(view[1]).is_file()
     assert Path(view[1]).parent == Path(state[1]).parent
 
-    # `make test` is what CI runs (.ci/run); what it does is what the comment lists.
-    plan = _make("-n", "test", "-o", "clients/typescript/node_modules/.installed", tmp=tmp_path)
+    # `make test` is what CI runs (.ci/run); what it does is what the comment lists: its script
+    # runs `make check test-ts` beside `make pytest`.
+    ts_stamp = ("-o", "clients/typescript/node_modules/.installed")
+    test_plan = _make("-n", "test", *ts_stamp, tmp=tmp_path)
+    assert test_plan.returncode == 0, test_plan.stderr
+    assert "scripts/test.sh" in test_plan.stdout
+    script = (REPO / "scripts" / "test.sh").read_text()
+    assert "make --no-print-directory check test-ts" in script
+    assert "make --no-print-directory pytest" in script
+    plan = _make("-n", "check", "test-ts", "pytest", *ts_stamp, tmp=tmp_path)
     assert plan.returncode == 0, plan.stderr
     for step in [
         "gen_protos.py --check",  # codegen freshness
