@@ -21,10 +21,11 @@ from rollout.trace.v1 import state_pb2
 from ..bundle._errors import BundleError, CorruptBundleError, ReductionError, describe_os_error
 from ..bundle._integrity import integrity_name, require_reducible
 from ..bundle._layout import TRACE_FILE_NAME
+from ..bundle._liveness import LIVE_WINDOW
 from ..bundle._reader import BundleReader
 from ..reduce._pass import reduce_reader
 from ._rows import Packed, bundle_day, bundle_rows
-from ._storage import BundleEntry, StorageOptions, Store, open_store, recently_modified
+from ._storage import BundleEntry, StorageOptions, Store, open_store, still_written
 
 _CORRUPT = state_pb2.INTEGRITY_STATUS_CORRUPT
 # A bundle the writer may still be appending to: no footer (yet), or a frame half written.
@@ -51,7 +52,7 @@ class BatchOptions:
     force: bool = False
     salvage: bool = False
     tables: bool = False
-    live_window: float = 10.0
+    live_window: float = LIVE_WINDOW
 
 
 @dataclass(frozen=True)
@@ -159,7 +160,7 @@ def _decide(
     store: Store, location: str, trace: state_pb2.RolloutTrace, options: BatchOptions
 ) -> Outcome:
     integrity = trace.integrity
-    if (integrity.status in _MAYBE_LIVE or integrity.records_read == 0) and recently_modified(
+    if (integrity.status in _MAYBE_LIVE or integrity.records_read == 0) and still_written(
         store, location, options.live_window
     ):
         return Outcome.LIVE

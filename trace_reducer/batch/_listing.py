@@ -24,6 +24,7 @@ from rollout.trace.v1 import common_pb2, state_pb2
 
 from ..bundle._confine import open_regular_file
 from ..bundle._errors import BundleError, ReductionError
+from ..bundle._liveness import being_written
 from ._storage import BundleEntry, LocalStore, Store, open_store
 
 __all__ = [
@@ -44,8 +45,6 @@ INDEX_FILE_NAME = ".trace-list.json"
 _INDEX_VERSION = 2
 # What --text searches: the start of every item's text, up to this much per bundle.
 TEXT_CHARS = 16_384
-# An unfinished bundle modified this recently is being written (as reduce-all decides).
-LIVE_WINDOW = 10.0
 
 _STATUS = {
     value: name.removeprefix("EXECUTION_STATUS_").lower()
@@ -439,6 +438,13 @@ def _no_cycle_collection() -> Iterator[None]:
             gc.enable()
 
 
+def _still_written(store: Store, entry: BundleEntry, integrity: str, moment: float) -> bool:
+    # The lock is looked at only for a bundle that has no footer: one open of its file.
+    if integrity not in _MAYBE_LIVE:
+        return False
+    return being_written(store.writer_holds(entry.location), entry.trace_mtime, moment)
+
+
 def _list_runs(
     store: Store,
     root: str,
@@ -455,14 +461,12 @@ def _list_runs(
     for entry in entries:
         seen.add(entry.location)
         key = _key(entry)
-        live = entry.trace_mtime is not None and moment - entry.trace_mtime < LIVE_WINDOW
         kept = index.get(entry.location, key)
         if kept is not None:
             cached += 1
             fields, text = kept
-            run = Run(
-                fields, functools.partial(_text_of, text), live=live and fields[2] in _MAYBE_LIVE
-            )
+            live = _still_written(store, entry, fields[2], moment)
+            run = Run(fields, functools.partial(_text_of, text), live=live)
         else:
             bundle = store.display(entry.location)
             try:
@@ -471,7 +475,8 @@ def _list_runs(
                 summary = _unreadable(bundle, str(error))
             except OSError as error:
                 summary = _unreadable(bundle, f"{error.strerror or error}")
-            run = Run.of(summary, live=live and summary["integrity"] in _MAYBE_LIVE)
+            live = _still_written(store, entry, summary["integrity"], moment)
+            run = Run.of(summary, live=live)
             index.keep(entry.location, key, run)
             reduced += 1
         runs.append(run)

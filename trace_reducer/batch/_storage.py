@@ -22,6 +22,7 @@ from ..bundle._confine import open_regular_file, sidecar_problem
 from ..bundle._discover import walk_bundles
 from ..bundle._errors import BundleNotFoundError, NotABundleError
 from ..bundle._layout import REWARDS_FILE_NAME, STATE_FILE_NAME, TRACE_FILE_NAME
+from ..bundle._liveness import being_written, writer_holds_file
 from ..bundle._reader import BundleReader
 from ..bundle._rewards import RewardFile, decode_rewards, read_rewards
 from ..reduce._forks import BundleForkResolver, is_bundle_name
@@ -69,6 +70,8 @@ class Store(Protocol):
     def open_trace(self, location: str) -> BinaryIO: ...
 
     def trace_mtime(self, location: str) -> float | None: ...
+
+    def writer_holds(self, location: str) -> bool | None: ...
 
     def write_state(self, location: str, trace: state_pb2.RolloutTrace) -> None: ...
 
@@ -131,6 +134,9 @@ class LocalStore:
 
     def trace_mtime(self, location: str) -> float | None:
         return _stat_mtime(os.path.join(location, TRACE_FILE_NAME))
+
+    def writer_holds(self, location: str) -> bool | None:
+        return writer_holds_file(os.path.join(location, TRACE_FILE_NAME))
 
     def write_state(self, location: str, trace: state_pb2.RolloutTrace) -> None:
         write_state_json(trace, os.path.join(location, STATE_FILE_NAME))
@@ -201,6 +207,10 @@ class FsspecStore:
             return _info_mtime(self.fs.info(path))
         except FileNotFoundError:
             return None
+
+    def writer_holds(self, location: str) -> bool | None:
+        # No lock reaches a writer through object storage: the file's age decides.
+        return None
 
     def write_state(self, location: str, trace: state_pb2.RolloutTrace) -> None:
         self.fs.pipe_file(f"{location}/{STATE_FILE_NAME}", state_to_json(trace).encode("utf-8"))
@@ -335,10 +345,11 @@ def _integrity_object(file: BinaryIO) -> bytes | None:
         found += chunk
 
 
-def recently_modified(store: Store, location: str, window: float) -> bool:
-    """Whether the bundle's trace.binpb changed within the last `window` seconds."""
-    mtime = store.trace_mtime(location)
-    return mtime is not None and time.time() - mtime < window
+def still_written(store: Store, location: str, window: float) -> bool:
+    """Whether an unfinished bundle is being written: bundle.being_written's rule."""
+    return being_written(
+        store.writer_holds(location), store.trace_mtime(location), time.time(), window
+    )
 
 
 def parse_storage_options(pairs: list[str]) -> StorageOptions:

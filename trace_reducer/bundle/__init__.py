@@ -20,6 +20,7 @@ from ._errors import (
 from ._framing import MAX_RECORD_BYTES, decode_varint, encode_record, encode_varint
 from ._integrity import describe_integrity, integrity_name, require_reducible
 from ._layout import REWARDS_FILE_NAME, STATE_FILE_NAME, TRACE_FILE_NAME
+from ._liveness import LIVE_WINDOW, being_written, writer_holds, writer_holds_file
 from ._payloads import LONG_NUMBER_DIGITS, canonical_json, fast_json, payload_id
 from ._reader import BundleReader, FrameDecoder, read_bundle, resolve_trace_file
 from ._records import RecordBuilder, RecordSink
@@ -43,6 +44,7 @@ from ._writer import FORMAT_VERSION, BundleWriter
 __all__ = [
     "FORMAT_VERSION",
     "LENGTH_REASONS",
+    "LIVE_WINDOW",
     "LOGPROBS_INCLUDE",
     "LONG_NUMBER_DIGITS",
     "MAX_RECORD_BYTES",
@@ -71,6 +73,7 @@ __all__ = [
     "__version__",
     "append_reward",
     "attach_rewards",
+    "being_written",
     "canonical_json",
     "check_reward",
     "classify_stop",
@@ -92,4 +95,6 @@ __all__ = [
     "sampling_settings",
     "thread_bundles",
     "walk_bundles",
+    "writer_holds",
+    "writer_holds_file",
 ]

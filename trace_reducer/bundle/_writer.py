@@ -16,6 +16,7 @@ from rollout.trace.v1 import record_pb2
 from ._errors import RecordingError, describe_os_error
 from ._framing import MAX_RECORD_BYTES, encode_record, encode_text_delta
 from ._layout import TRACE_FILE_NAME, bundle_dir_name
+from ._liveness import lock_for_writing, release_writing_lock
 from ._payloads import payload_id
 from ._version import __version__
 
@@ -41,7 +42,8 @@ class BundleWriter:
     """Appends records to one bundle's trace.binpb; never appends after close or failure.
 
     Every frame goes to the OS in a single write() (an unbuffered file descriptor), so a killed
-    process loses nothing it had recorded; sync() makes it durable.
+    process loses nothing it had recorded; sync() makes it durable. The file is locked for
+    writing (flock) until it is closed or fails, which tells readers it is being written.
     """
 
     def __init__(self, bundle_dir: Path, fd: int, trace_id: str, created_at: datetime) -> None:
@@ -101,6 +103,8 @@ class BundleWriter:
         except OSError as error:
             _remove_bundle(staging)
             raise RecordingError(describe_os_error(error, root / name)) from error
+        # Before the bundle has its name: no reader ever sees it without its writer's lock.
+        lock_for_writing(fd)
         writer = cls(root / name, fd, trace_id or uuid.uuid4().hex, created_at)
         header = record_pb2.Header(
             format_version=FORMAT_VERSION,
@@ -279,6 +283,8 @@ class BundleWriter:
 
     def _fail(self) -> None:
         self.failed = True
+        # Nothing more is written: a reader following the bundle stops waiting for it.
+        release_writing_lock(self._fd)
 
     def _release(self) -> None:
         if not self.closed:

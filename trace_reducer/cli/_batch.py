@@ -21,6 +21,7 @@ from ..batch._listing import indexed_integrity
 from ..batch._report import Tally, summary
 from ..batch._storage import Store, is_url, open_store, parse_storage_options
 from ..bundle._errors import BundleError, MissingExtraError
+from ..bundle._liveness import LIVE_WINDOW
 from ._common import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -101,9 +102,11 @@ def add_parser(commands: Any) -> None:
     parser.add_argument(
         "--live-window",
         type=seconds_argument,
-        default=10.0,
+        default=LIVE_WINDOW,
         metavar="SECONDS",
-        help="an unfinished bundle modified this recently is live, not damaged (default 10)",
+        help="an unfinished bundle is live, not damaged, while its writer holds it open or, "
+        "where that cannot be seen (object storage), while it was modified this recently "
+        f"(default {LIVE_WINDOW:g})",
     )
     add_storage_option_argument(parser, "URL roots and tables")
     parser.set_defaults(run=run)

@@ -458,6 +458,9 @@ def _watch(args: argparse.Namespace) -> int:
     except CorruptBundleError as error:
         raise _CommandError(str(error), EXIT_FAILED) from error
     integrity = trace.integrity
+    if integrity.status != state_pb2.INTEGRITY_STATUS_CLEAN:
+        # The watch ended with no footer: its writer went away (killed, or its recording failed).
+        raise _CommandError(f"{args.bundle}: {describe_integrity(integrity)}", EXIT_FAILED)
     print(f"recording complete: {integrity.records_read} records", flush=True)
     return EXIT_OK
 
@@ -707,7 +710,9 @@ def build_parser() -> argparse.ArgumentParser:
     view.set_defaults(run=_view)
 
     watch = commands.add_parser(
-        "watch", help="print a bundle's transcript live as it is written, until it completes"
+        "watch",
+        help="print a bundle's transcript live as it is written, until it completes or its"
+        " writer is gone",
     )
     watch.add_argument("bundle", help="bundle directory or its trace.binpb")
     watch.set_defaults(run=_watch)

@@ -13,6 +13,7 @@ from typing import Any, BinaryIO, TypeVar
 
 from rollout.trace.v1 import state_pb2
 
+from ..bundle._liveness import LIVE_WINDOW, being_written, writer_holds
 from ..bundle._reader import TRUNCATED, UNCLOSED, FrameDecoder, Integrity
 from ..bundle._rewards import read_rewards
 from ..reduce._forks import BundleForkResolver
@@ -27,6 +28,8 @@ MIN_UPDATE_INTERVAL = 0.1
 _READ_BYTES = 1 << 20
 # Building a large state takes a while: updates never take more than about a fifth of the time.
 _UPDATE_COST_FACTOR = 4.0
+# While nothing arrives, whether the writer is still there is asked this often.
+WRITER_CHECK_INTERVAL = 1.0
 # Every record starts with seq (field 1, varint): tag 0x08, and the header's seq is 1.
 _HEADER_START = b"\x08\x01"
 _HEAD_BYTES = 16
@@ -40,7 +43,8 @@ class WatchUpdate:
     trace: state_pb2.RolloutTrace
     records_read: int
     final: bool
-    """No update follows: the footer was read (CLEAN) or the bundle is damaged (CORRUPT)."""
+    """No update follows: the footer was read (CLEAN), the bundle is damaged (CORRUPT), or its
+    writer is gone without closing it (UNCLOSED or TRUNCATED, the integrity's detail says so)."""
 
 
 class _Follower:
@@ -63,6 +67,8 @@ class _Follower:
         self.position = 0
         self.head = b""
         self.final = False
+        # Set when the writer went away without a footer: nothing more will come.
+        self.writer_gone = ""
 
     def grew(self) -> bool:
         return os.fstat(self.source.fileno()).st_size > self.position
@@ -83,9 +89,29 @@ class _Follower:
             self.final = _over(self.decoder.finish(), self.head)
         return len(records)
 
+    def check_writer(self, window: float) -> None:
+        """End the watch when no writer holds the file and it has not changed for `window`
+        seconds (bundle.being_written's rule); called only while the file is not growing."""
+        fd = self.source.fileno()
+        holds = writer_holds(fd)
+        if being_written(holds, os.fstat(fd).st_mtime, time.time(), window):
+            return
+        if holds is False:
+            self.writer_gone = "no writer holds it open"
+        else:
+            self.writer_gone = f"unchanged for {window:g} s and no lock tells of a writer"
+        self.final = True
+
     def update(self) -> WatchUpdate:
         integrity = self.decoder.finish()
-        if not self.final:
+        if self.writer_gone and integrity.status in (UNCLOSED, TRUNCATED):
+            ended = Integrity()
+            ended.CopyFrom(integrity)
+            ended.detail = (
+                f"{integrity.detail}: the recording stopped without completing ({self.writer_gone})"
+            )
+            integrity = ended
+        elif not self.final:
             # A frame still being written is awaited, not reported as a torn tail.
             integrity = Integrity(
                 status=UNCLOSED,
@@ -129,16 +155,19 @@ async def follow_bundle(
     poll_interval: float = POLL_INTERVAL,
     min_interval: float = MIN_UPDATE_INTERVAL,
     rewards_dir_fd: int | None = None,
+    live_window: float = LIVE_WINDOW,
 ) -> AsyncGenerator[WatchUpdate, None]:
     """Updates of a bundle's reduced state as its trace.binpb grows, until the footer.
 
     Reads each byte once (a push decoder and the incremental reducer), so a long recording
-    costs what its new records cost. The last update has `final` set: after the footer (CLEAN)
-    or at the first bad frame (CORRUPT). A bundle without a footer is followed until the caller
-    stops iterating. Raises ReductionError when records contradict each other, OSError when the
-    file cannot be read. trace_file may be a file already open (then bundle_dir says where a
-    fork's parent is looked for, and rewards_dir_fd, if given, the descriptor of that
-    directory the final state's rewards are read through).
+    costs what its new records cost. The last update has `final` set: after the footer (CLEAN),
+    at the first bad frame (CORRUPT), or once the bundle is no longer being written
+    (bundle.being_written: no writer holds its lock, and where the lock cannot tell, nothing
+    changed for `live_window` seconds), its integrity UNCLOSED or TRUNCATED. Raises
+    ReductionError when records contradict each other, OSError when the file cannot be read.
+    trace_file may be a file already open (then bundle_dir says where a fork's parent is looked
+    for, and rewards_dir_fd, if given, the descriptor of that directory the final state's
+    rewards are read through).
     """
     source = Path(trace_file) if isinstance(trace_file, str | os.PathLike) else trace_file
     follower = await asyncio.to_thread(_Follower, source, bundle_dir, rewards_dir_fd)
@@ -154,9 +183,19 @@ async def follow_bundle(
     try:
         next_update = -math.inf
         pending = False
+        next_writer_check = time.monotonic() + WRITER_CHECK_INTERVAL
         while True:
             if follower.grew():
                 pending = bool(await run(follower.read)) or pending
+                next_writer_check = time.monotonic() + WRITER_CHECK_INTERVAL
+            elif not follower.final and time.monotonic() >= next_writer_check:
+                follower.check_writer(live_window)
+                next_writer_check = time.monotonic() + WRITER_CHECK_INTERVAL
+                if follower.final and follower.grew():
+                    # The writer's last frames landed after the size was looked at.
+                    follower.final = False
+                    follower.writer_gone = ""
+                    continue
             now = time.monotonic()
             if follower.final or (pending and now >= next_update):
                 update = await run(follower.update)

@@ -72,7 +72,8 @@ class ReducerServiceServicer:
 
     def WatchBundle(self, request, context):
         """Follows a bundle under the bundle root as it is written: the reduced state each time new
-        records have arrived (at most about ten a second), ending after the footer.
+        records have arrived (at most about ten a second), ending after the footer, or once its
+        writer is gone without one (the last state's integrity UNCLOSED or TRUNCATED).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -39,7 +39,8 @@ class ReducerServiceStub:
     """Reduces a bundle uploaded as a stream of `trace.binpb` chunks."""
     WatchBundle: _grpc.UnaryStreamMultiCallable[_reducer_pb2.WatchBundleRequest, _reducer_pb2.WatchBundleResponse]
     """Follows a bundle under the bundle root as it is written: the reduced state each time new
-    records have arrived (at most about ten a second), ending after the footer.
+    records have arrived (at most about ten a second), ending after the footer, or once its
+    writer is gone without one (the last state's integrity UNCLOSED or TRUNCATED).
     """
 
 @_typing.type_check_only
@@ -53,7 +54,8 @@ class ReducerServiceAsyncStub(ReducerServiceStub):
     """Reduces a bundle uploaded as a stream of `trace.binpb` chunks."""
     WatchBundle: _aio.UnaryStreamMultiCallable[_reducer_pb2.WatchBundleRequest, _reducer_pb2.WatchBundleResponse]  # type: ignore[assignment]
     """Follows a bundle under the bundle root as it is written: the reduced state each time new
-    records have arrived (at most about ten a second), ending after the footer.
+    records have arrived (at most about ten a second), ending after the footer, or once its
+    writer is gone without one (the last state's integrity UNCLOSED or TRUNCATED).
     """
 
 class ReducerServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -82,7 +84,8 @@ class ReducerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_reducer_pb2.WatchBundleResponse], _abc.AsyncIterator[_reducer_pb2.WatchBundleResponse]]:
         """Follows a bundle under the bundle root as it is written: the reduced state each time new
-        records have arrived (at most about ten a second), ending after the footer.
+        records have arrived (at most about ten a second), ending after the footer, or once its
+        writer is gone without one (the last state's integrity UNCLOSED or TRUNCATED).
         """
 
 def add_ReducerServiceServicer_to_server(servicer: ReducerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -187,7 +187,8 @@ export const ReducerService: GenService<{
   },
   /**
    * Follows a bundle under the bundle root as it is written: the reduced state each time new
-   * records have arrived (at most about ten a second), ending after the footer.
+   * records have arrived (at most about ten a second), ending after the footer, or once its
+   * writer is gone without one (the last state's integrity UNCLOSED or TRUNCATED).
    *
    * @generated from rpc rollout.reducer.v1.ReducerService.WatchBundle
    */
