@@ -435,6 +435,13 @@ def test_a_bundle_being_written_updates_the_list_and_its_page(
             stub.CloseThread(agent_pb2.CloseThreadRequest(thread_id=thread.id))
             listing.page.wait_for_selector(f"{row}.st-completed", timeout=15_000)
             assert int(listing.page.get_attribute("body", "data-updates") or 0) >= 1
+            # Once nothing changes, a poll is answered without the list: the page sent its tag.
+            unchanged = listing.page.wait_for_event(
+                "response",
+                lambda response: response.url.endswith("/api/runs") and response.status == 304,
+                timeout=15_000,
+            )
+            assert unchanged.headers["etag"]
     finally:
         agent.send_signal(signal.SIGTERM)
         agent.wait(timeout=20)

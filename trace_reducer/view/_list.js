@@ -120,10 +120,15 @@
     if (count) count.textContent = ` ${shown.length} of ${runs.length} runs`;
   }
 
+  // The list as last fetched: an unchanged one is answered 304, without its body.
+  let tag = null;
+
   async function poll() {
     try {
-      const response = await fetch("api/runs", { credentials: "same-origin", cache: "no-store" });
+      const headers = tag === null ? {} : { "If-None-Match": tag };
+      const response = await fetch("api/runs", { credentials: "same-origin", cache: "no-store", headers });
       if (response.ok) {
+        tag = response.headers.get("ETag");
         const fresh = (await response.json()).runs;
         if (JSON.stringify(fresh) !== JSON.stringify(runs)) {
           runs = fresh;

@@ -302,8 +302,16 @@ class SiteServer:
     async def _api_runs(self, request: Any) -> Any:
         from aiohttp import web
 
-        runs = await asyncio.to_thread(self._runs)
-        return web.json_response({"runs": runs})
+        body, tag = await asyncio.to_thread(self._runs_json)
+        # The list polls every 2 s: an unchanged list (the usual answer) goes without its body,
+        # which for a root of thousands of runs is megabytes a poll, and as much JSON to parse.
+        if tag in _entity_tags(request.headers.get("If-None-Match", "")):
+            return web.Response(status=304, headers={"ETag": tag})
+        return web.Response(body=body, content_type="application/json", headers={"ETag": tag})
+
+    def _runs_json(self) -> tuple[bytes, str]:
+        body = json.dumps({"runs": self._runs()}).encode()
+        return body, f'"{hashlib.blake2b(body, digest_size=16).hexdigest()}"'
 
     async def _run(self, request: Any) -> Any:
         from aiohttp import web
@@ -357,6 +365,11 @@ class SiteServer:
         finally:
             bundle.trace.close()
         return response
+
+
+def _entity_tags(header: str) -> list[str]:
+    """The tags of an If-None-Match header (weak ones compared as strong: the body is ours)."""
+    return [tag.strip().removeprefix("W/") for tag in header.split(",")]
 
 
 async def _updates(updates: Any) -> AsyncIterator[tuple[int, bool]]:

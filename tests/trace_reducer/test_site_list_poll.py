@@ -1,0 +1,48 @@
+"""The served list's JSON, which the page polls every 2 s: an unchanged list is answered 304
+without its body, a changed one in full with a new tag."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+
+from tests.trace_reducer.bundles import one_turn_bundle
+from trace_reducer.view._site import SiteServer
+
+
+async def test_an_unchanged_list_is_not_sent_again(tmp_path: Path) -> None:
+    root = tmp_path / "traces"
+    one_turn_bundle(root, thread_id="thr_first")
+    server = SiteServer(str(root), None)
+    base = await server.start("127.0.0.1", 0)
+    try:
+        async with httpx.AsyncClient(base_url=base) as http:
+            first = await http.get("/api/runs")
+            assert first.status_code == 200
+            tag = first.headers["ETag"]
+            assert tag[0] == tag[-1] == '"'
+            [run] = first.json()["runs"]
+            assert run["thread_id"] == "thr_first"
+
+            same = await http.get("/api/runs", headers={"If-None-Match": tag})
+            assert same.status_code == 304
+            assert same.content == b""
+            assert same.headers["ETag"] == tag
+            # Any of a list of tags, weak or strong, as a cache would send them.
+            listed = await http.get("/api/runs", headers={"If-None-Match": f'"other", W/{tag}'})
+            assert listed.status_code == 304
+            stale = await http.get("/api/runs", headers={"If-None-Match": '"other"'})
+            assert stale.status_code == 200
+            assert stale.content == first.content
+
+            one_turn_bundle(root, thread_id="thr_second")
+            grown = await http.get("/api/runs", headers={"If-None-Match": tag})
+            assert grown.status_code == 200
+            assert grown.headers["ETag"] != tag
+            assert {run["thread_id"] for run in grown.json()["runs"]} == {
+                "thr_first",
+                "thr_second",
+            }
+    finally:
+        await server.stop()
