@@ -2,10 +2,11 @@
 
 A BundleWriter holds an exclusive `flock` on its trace.binpb from the moment the file exists
 until it is closed or its recording fails; the kernel drops the lock when the process dies,
-`kill -9` included. A reader that can take a shared lock on the file knows no writer is left.
-Where the lock says nothing (a store without locks, a file system whose locks do not reach the
-writer's host, a writer from before the lock), a file changed within the last `LIVE_WINDOW`
-seconds is taken to be written still, as before.
+`kill -9` included. A held lock is proof of a writer, however long it has been quiet. A free
+one is not proof of none (a writer from before the lock, a file system whose locks do not reach
+the writer's host, a store without locks), so a file changed within the last `LIVE_WINDOW`
+seconds counts as being written whatever its lock says: a dead writer's bundle is taken for
+finished once it has been quiet that long.
 """
 
 from __future__ import annotations

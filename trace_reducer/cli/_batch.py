@@ -104,9 +104,8 @@ def add_parser(commands: Any) -> None:
         type=seconds_argument,
         default=LIVE_WINDOW,
         metavar="SECONDS",
-        help="an unfinished bundle is live, not damaged, while its writer holds it open or, "
-        "where that cannot be seen (object storage), while it was modified this recently "
-        f"(default {LIVE_WINDOW:g})",
+        help="an unfinished bundle is live, not damaged, while its writer holds it open or "
+        f"while it was modified this recently (default {LIVE_WINDOW:g})",
     )
     add_storage_option_argument(parser, "URL roots and tables")
     parser.set_defaults(run=run)
