@@ -7,10 +7,12 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 log=$(mktemp "${TMPDIR:-/tmp}/rollout-checks.XXXXXX")
-trap 'rm -f "$log"' EXIT
 
-nice -n 10 make --no-print-directory check test-ts >"$log" 2>&1 &
+# In a session of their own, so that when pytest is stopped (Ctrl-C) the checks, mypy and pip
+# included, stop with it instead of running on unseen.
+setsid --wait nice -n 10 make --no-print-directory check test-ts >"$log" 2>&1 &
 checks=$!
+trap 'kill -- -"$checks" 2>/dev/null; rm -f "$log"' EXIT
 make --no-print-directory pytest
 pytest_status=$?
 wait "$checks"
