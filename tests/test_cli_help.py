@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pytest
 
 from agent_server import Settings
 from agent_server import cli as agent_cli
+from tests.commands import run_each
 from tests.docs import DOCS, REPO, Block, shell_blocks
 from trace_reducer.cli import _main as reducer_cli
 
@@ -76,14 +76,9 @@ def test_every_argument_has_help_and_shows_its_default(command: str) -> None:
 @pytest.mark.parametrize("program", ["agent-server", "trace-reducer"])
 def test_help_runs_for_every_command(program: str) -> None:
     """The installed commands print their help (each subcommand's too) and exit 0."""
-    commands = [key.split(" ", 1)[1] for key in PARSERS if key.startswith(f"{program} ")]
-    for command in ["", *commands]:
-        shown = subprocess.run(
-            [str(BIN / program), *command.split(), "--help"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+    commands = ["", *(key.split(" ", 1)[1] for key in PARSERS if key.startswith(f"{program} "))]
+    results = run_each([[str(BIN / program), *command.split(), "--help"] for command in commands])
+    for command, shown in zip(commands, results, strict=True):
         assert shown.returncode == 0, shown.stderr
         assert shown.stdout.startswith(f"usage: {program} {command}".rstrip()), shown.stdout
         assert not shown.stderr

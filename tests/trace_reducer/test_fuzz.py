@@ -11,7 +11,6 @@ import json
 import os
 import random
 import re
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +19,7 @@ import pytest
 
 from bench.synthetic import Shape, write_conversation
 from rollout.trace.v1 import common_pb2, record_pb2, state_pb2
+from tests.commands import run_each
 from trace_reducer import (
     REWARDS_FILE_NAME,
     BundleError,
@@ -176,21 +176,19 @@ def test_mutations_never_crash_and_are_never_clean(pristine: bytes) -> None:
 def test_cli_never_prints_a_traceback(pristine: bytes, tmp_path: Path) -> None:
     rng = random.Random(7)
     bounds = _frame_bounds(pristine)
+    runs: list[tuple[str, list[str]]] = []
     for sample in range(CLI_SAMPLES):
         mutation = MUTATIONS[sample % len(MUTATIONS)]
         bundle = tmp_path / f"bundle-{sample}"
         bundle.mkdir()
         (bundle / "trace.binpb").write_bytes(mutation(rng, pristine, bounds))
-        for args in (["reduce", str(bundle)], ["dump", str(bundle)]):
-            done = subprocess.run(
-                [sys.executable, "-m", "trace_reducer.cli", *args],
-                capture_output=True,
-                text=True,
-                check=False,
-                timeout=60,
-            )
-            assert "Traceback" not in done.stderr + done.stdout, (mutation.__name__, args)
-            assert done.returncode in {0, 1, 2}, (mutation.__name__, args, done.stderr)
+        runs += [
+            (mutation.__name__, args) for args in (["reduce", str(bundle)], ["dump", str(bundle)])
+        ]
+    results = run_each([[sys.executable, "-m", "trace_reducer.cli", *args] for _, args in runs])
+    for (name, args), done in zip(runs, results, strict=True):
+        assert "Traceback" not in done.stderr + done.stdout, (name, args)
+        assert done.returncode in {0, 1, 2}, (name, args, done.stderr)
 
 
 # -- crafted bundles: every frame intact (right CRC, right seq), the content hostile -------------
@@ -482,21 +480,17 @@ def test_crafted_bundles_reduce_or_fail_cleanly() -> None:
 
 def test_cli_never_prints_a_traceback_for_crafted_bundles(tmp_path: Path) -> None:
     rng = random.Random(11)
+    runs: list[list[str]] = []
     for sample in range(CLI_SAMPLES):
         bundle = tmp_path / f"crafted-{sample}"
         bundle.mkdir()
         (bundle / "trace.binpb").write_bytes(hostile_bundle(rng))
-        for args in (["reduce", str(bundle)], ["dump", str(bundle)], ["request", str(bundle), "x"]):
-            done = subprocess.run(
-                [sys.executable, "-m", "trace_reducer.cli", *args],
-                capture_output=True,
-                text=True,
-                check=False,
-                timeout=60,
-            )
-            assert "Traceback" not in done.stderr + done.stdout, args
-            assert "internal error" not in done.stderr, (args, done.stderr)
-            assert done.returncode in {0, 1, 2}, (args, done.stderr)
+        runs += [["reduce", str(bundle)], ["dump", str(bundle)], ["request", str(bundle), "x"]]
+    results = run_each([[sys.executable, "-m", "trace_reducer.cli", *args] for args in runs])
+    for args, done in zip(runs, results, strict=True):
+        assert "Traceback" not in done.stderr + done.stdout, args
+        assert "internal error" not in done.stderr, (args, done.stderr)
+        assert done.returncode in {0, 1, 2}, (args, done.stderr)
 
 
 SIDECAR_ITERATIONS = int(os.environ.get("FUZZ_SIDECAR_ITERATIONS", "30"))
