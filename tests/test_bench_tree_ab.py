@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -51,8 +52,9 @@ def test_instructions_grow_with_the_replays_counted(tmp_path: Path) -> None:
     write_codex_jsonl(Path(bundle), jsonl)
     peer_file = str(_THIS_TREE / "bench" / "jsonl_peer.py")
     args = (peer_file, str(jsonl), bundle, "compact")
-    none = _instructions(_THIS_TREE, *args, "0")
-    some = _instructions(_THIS_TREE, *args, "3")
+    # The two runs side by side: each is one interpreter under valgrind, on a core of its own.
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        none, some = pool.map(lambda replays: _instructions(_THIS_TREE, *args, replays), "03")
     # Three more replays of a small bundle: more work, and far less than the interpreter's
     # start, which both runs share.
     assert 0 < some - none < none
