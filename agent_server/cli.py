@@ -100,6 +100,13 @@ def _command(argv: Sequence[str]) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from grpc_common import open_standard_fds
+
+    # Before anything opens a file or socket: started with fd 0, 1 or 2 closed (`<&-`), the
+    # next one opened takes its number; gRPC's poller took fd 0 for its epoll and, now and then,
+    # aborted the client at exit (`epoll_wait error: Bad file descriptor`, SIGABRT).
+    # sys.stdin and sys.stdout stay None, so `chat` still says which stream is closed.
+    open_standard_fds()
     argv = sys.argv[1:] if argv is None else list(argv)
     args = _parser(_command(argv)).parse_args(argv)
     if args.command in ("chat", "health"):
