@@ -162,8 +162,8 @@ async def follow_bundle(
     Reads each byte once (a push decoder and the incremental reducer), so a long recording
     costs what its new records cost. The last update has `final` set: after the footer (CLEAN),
     at the first bad frame (CORRUPT), or once the bundle is no longer being written
-    (bundle.being_written: no writer holds its lock, and where the lock cannot tell, nothing
-    changed for `live_window` seconds), its integrity UNCLOSED or TRUNCATED. Raises
+    (bundle.being_written: no writer holds its lock and nothing changed for `live_window`
+    seconds), its integrity UNCLOSED or TRUNCATED. Raises
     ReductionError when records contradict each other, OSError when the file cannot be read.
     trace_file may be a file already open (then bundle_dir says where a fork's parent is looked
     for, and rewards_dir_fd, if given, the descriptor of that directory the final state's
