@@ -16,7 +16,7 @@ NPM_CACHE ?= $(or $(TMPDIR),/tmp)/rollout-trace-npm-cache
 # $${XDG_CACHE_HOME:-~/.cache}/uv). Bytecode is compiled now: the suite starts hundreds of
 # interpreters, and PYTHONDONTWRITEBYTECODE would otherwise make each compile its imports again.
 $(STAMP): pyproject.toml constraints.txt setup.py trace_reducer/bundle/_scan.c \
-		trace_reducer/reduce/_describe.c agent_server/_sse_split.c
+		trace_reducer/bundle/_canonical.c trace_reducer/reduce/_describe.c agent_server/_sse_split.c
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt uv
 	$(BIN)/uv pip install --quiet --python $(PY) --compile-bytecode -c constraints.txt \

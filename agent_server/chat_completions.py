@@ -20,8 +20,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent_server.provider import Decode, ProviderEvent, parse_event
-from trace_reducer import LOGPROBS_INCLUDE, chat_messages
+from agent_server.provider import Decode, EncodedItems, ProviderEvent, parse_event
+from trace_reducer import LOGPROBS_INCLUDE, canonical_json, chat_messages
 
 CHUNK_EVENT = "chat.completion.chunk"
 DONE_EVENT = "chat.completion.done"
@@ -369,10 +369,15 @@ class ChatDialect:
     def envelope(self, responses_envelope: dict[str, Any]) -> dict[str, Any]:
         return envelope(responses_envelope)
 
-    def body(
-        self, chat_envelope: dict[str, Any], instructions: str, items: list[dict[str, Any]]
-    ) -> dict[str, Any]:
-        return request_body(chat_envelope, instructions, items)
+    def request(
+        self,
+        chat_envelope: dict[str, Any],
+        instructions: str,
+        items: list[dict[str, Any]],
+        encoded: EncodedItems,
+    ) -> bytes:
+        # The items become messages (some merged), so their own encodings do not serve here.
+        return canonical_json(request_body(chat_envelope, instructions, items))
 
     def decoder(self) -> Decode:
         mapper = ChunkMapper()

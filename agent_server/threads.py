@@ -13,7 +13,7 @@ from google.protobuf import timestamp_pb2
 
 from agent_server import telemetry
 from agent_server.events import MAX_DELTA_CHARS, EventBuffer
-from agent_server.provider import ProviderClient
+from agent_server.provider import EncodedItems, ProviderClient
 from agent_server.recorder import Recorder
 from agent_server.tools import SubmittedOutput, Tool, ToolCall
 from agent_server.training import Sampling, TokenCapture, fill_thread
@@ -127,6 +127,8 @@ class Thread:
     turns: dict[str, Turn] = field(default_factory=dict)
     # Every item the model has been shown or has produced, in order: the next request's input.
     history: list[dict[str, Any]] = field(default_factory=list)
+    # The history's items as its last request encoded them (each request re-sends them all).
+    encoded_history: EncodedItems = field(default_factory=EncodedItems)
     # The runner of the turn that has not yet emitted turn_completed; changed only by
     # begin_turn and end_turn.
     running: Runner | None = None
@@ -170,6 +172,7 @@ class Thread:
         """The thread is over: its history is no longer needed, its events stay for replay."""
         self.closed_at = now()
         self.history = []
+        self.encoded_history.clear()
         self.events.close()
 
     def to_proto(self, *, with_turns: bool = True) -> agent_pb2.Thread:

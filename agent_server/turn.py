@@ -411,7 +411,7 @@ class TurnRunner:
             ordinal, thread, self._turn.id, self._on_tool_call, self._provider.redactor
         )
         telemetry.call_started(self._turn.id)
-        body = dialect.body(envelope, thread.instructions, input_items)
+        body = dialect.request(envelope, thread.instructions, input_items, thread.encoded_history)
         async with self._provider.batches(call_id, body) as reader:
             while batch := await reader.next():
                 try:

@@ -58,6 +58,11 @@ def spawn(argv: Sequence[str]) -> Iterator[Process]:
         process.stop()
 
 
+def prompt(index: int) -> str:
+    """The user text of a bench thread's turn `index`."""
+    return f"Question {index}: what did the model see when it answered the previous question?"
+
+
 def agent_server_argv(
     *, trace_root: Path | None, word_delay: float = 0.0, provider_url: str | None = None
 ) -> list[str]:

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import functools
 import os
-import re
 import sys
 import time
 from collections.abc import Callable
@@ -14,8 +13,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from agent_server.local_model import reply_words
-from bench import grpc_floor
-from bench._harness import Process, ThreadRun, agent_server_argv, run_thread, spawn, stubs
+from bench import grpc_floor, relay_floor
+from bench._harness import (
+    Process,
+    ThreadRun,
+    agent_server_argv,
+    prompt,
+    run_thread,
+    spawn,
+    stubs,
+)
 from rollout.trace.v1 import record_pb2
 from trace_reducer import decode_varint, request_body
 
@@ -28,19 +35,19 @@ def cpu_seconds(pid: int, *, main_thread: bool = False) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def prompt(index: int) -> str:
-    return f"Question {index}: what did the model see when it answered the previous question?"
-
-
 # -- P3 ---------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Recording:
-    """Server CPU per delta with recording on and off, one figure per round."""
+    """Server CPU per delta with recording on and off, one figure per round: the agent's, and
+    the bare relay's (bench.relay_floor: the model's stream read, written and sent on, nothing
+    else), in the same rounds."""
 
     on_us: list[float]
     off_us: list[float]
+    floor_on_us: list[float]
+    floor_off_us: list[float]
     deltas_per_round: int
 
 
@@ -51,7 +58,7 @@ async def _paced_threads(address: str, threads: int, turns: int) -> int:
 
     def on_delta(text: str, received_ns: int) -> None:
         nonlocal stamps
-        stamps += len(_STAMP.findall(text))
+        stamps += len(grpc_floor.STAMP.findall(text))
 
     async with stubs(address, 4) as clients:
         runs = await asyncio.gather(
@@ -80,8 +87,8 @@ def measure_recording(
     """Server CPU per delta, recording on vs off, at a real pace.
 
     The model runs in its own process and sends every delta as its own write, `word_delay`
-    apart; two agent servers (one recording) take turns, alternating which goes first, so both
-    share whatever else the machine is doing.
+    apart; two agent servers (one recording) and two bare relays (one recording) take turns,
+    the order rotating each round, so all share whatever else the machine is doing.
     """
     model_argv = [sys.executable, "-m", "bench._stamped_model", "--word-delay", str(word_delay)]
     model_argv += ["--reply-length", str(reply_length)]
@@ -89,19 +96,42 @@ def measure_recording(
         spawn(model_argv) as model,
         spawn(agent_server_argv(trace_root=None, provider_url=model.address)) as off,
         spawn(agent_server_argv(trace_root=root / "p3", provider_url=model.address)) as on,
+        relay_floor.serve(model.address, turns, None) as relay_off,
+        relay_floor.serve(model.address, turns, root / "p3-relay") as relay_on,
     ):
-        servers = {True: on, False: off}
-        for server in servers.values():
+        for server in (on, off):
             asyncio.run(_paced_threads(server.address, 2, 1))  # warm-up
-        per_delta: dict[bool, list[float]] = {True: [], False: []}
+        for bare in (relay_on, relay_off):
+            relay_floor.drive(bare, 2)
+        per_delta: dict[str, list[float]] = {}
         deltas = 0
+
+        def agent(name: str, server: Process) -> None:
+            nonlocal deltas
+            before = cpu_seconds(server.popen.pid)
+            deltas = asyncio.run(_paced_threads(server.address, threads, turns))
+            per_delta.setdefault(name, []).append(
+                (cpu_seconds(server.popen.pid) - before) / deltas * 1e6
+            )
+
+        def relay(name: str, server: Process) -> None:
+            result = relay_floor.drive(server, threads, channels=4)
+            per_delta.setdefault(name, []).append(result.server_cpu_seconds / result.deltas * 1e6)
+
+        contenders = [
+            # Rotated, each of a pair (on, off) goes first in half the rounds.
+            functools.partial(agent, "on", on),
+            functools.partial(relay, "floor on", relay_on),
+            functools.partial(agent, "off", off),
+            functools.partial(relay, "floor off", relay_off),
+        ]
         for round_ in range(rounds):
-            for recording in (True, False) if round_ % 2 else (False, True):
-                pid = servers[recording].popen.pid
-                before = cpu_seconds(pid)
-                deltas = asyncio.run(_paced_threads(servers[recording].address, threads, turns))
-                per_delta[recording].append((cpu_seconds(pid) - before) / deltas * 1e6)
-        return Recording(per_delta[True], per_delta[False], deltas)
+            shift = round_ % len(contenders)
+            for contender in contenders[shift:] + contenders[:shift]:
+                contender()
+        return Recording(
+            per_delta["on"], per_delta["off"], per_delta["floor on"], per_delta["floor off"], deltas
+        )
 
 
 # -- P4 ---------------------------------------------------------------------------------------
@@ -204,9 +234,6 @@ class Concurrency:
     connections: tuple[int, ...] = ()
 
 
-_STAMP = re.compile(r"@(\d+) ")
-
-
 async def _concurrent(
     addresses: list[str],
     threads: int,
@@ -221,7 +248,7 @@ async def _concurrent(
     latencies: list[int] = []
 
     def on_delta(text: str, received_ns: int) -> None:
-        for stamp in _STAMP.findall(text):
+        for stamp in grpc_floor.STAMP.findall(text):
             latencies.append(received_ns - int(stamp))
 
     prompts = [prompt(i) for i in range(turns)]
@@ -282,6 +309,8 @@ class P5:
     floor: dict[int, list[grpc_floor.Floor]]
     spread: list[Concurrency]
     workers: list[Concurrency]
+    # The bare relay, recording (bench.relay_floor): the whole job's floor, at window 0.
+    relay: list[grpc_floor.Floor]
 
 
 def _children(pid: int) -> list[int]:
@@ -323,13 +352,15 @@ def measure_p5(
     word_delay: float = 0.02,
 ) -> P5:
     """The agent server (recording) and the bare grpc.aio floor streaming to `threads` clients
-    at each flush window, and two agent servers sharing the threads at the last window (each
-    thread owned by one process, the client choosing), the order rotating each round."""
+    at each flush window, the bare relay (reading the same model, recording) at window 0, and
+    two agent servers sharing the threads at the last window (each thread owned by one
+    process, the client choosing), the order rotating each round."""
     model_argv = [sys.executable, "-m", "bench._stamped_model", "--word-delay", str(word_delay)]
     agent: dict[int, list[Concurrency]] = {window: [] for window in windows}
     floor: dict[int, list[grpc_floor.Floor]] = {window: [] for window in windows}
     spread: list[Concurrency] = []
     workers: list[Concurrency] = []
+    relay: list[grpc_floor.Floor] = []
     # The floor streams as many deltas to each client as the model sends a thread.
     per_stream = sum(len(reply_words(prompt(i))) for i in range(turns))
     with contextlib.ExitStack() as stack:
@@ -352,6 +383,9 @@ def measure_p5(
             )
         )
         bare = stack.enter_context(grpc_floor.serve(word_delay))
+        relay_server = stack.enter_context(
+            relay_floor.serve(model.address, turns, root / "p5-relay")
+        )
 
         def run(into: list[Concurrency], used: list[Process], window: int) -> None:
             on_ready: Callable[[], tuple[int, ...]] | None = None
@@ -392,10 +426,11 @@ def measure_p5(
                     window,
                 )
             )
+        contenders.append(lambda: relay.append(relay_floor.drive(relay_server, threads)))
         contenders.append(functools.partial(run, spread, servers, windows[-1]))
         contenders.append(functools.partial(run, workers, [supervised], windows[-1]))
         for round_number in range(rounds):
             shift = round_number % len(contenders)
             for contender in contenders[shift:] + contenders[:shift]:
                 contender()
-    return P5(agent, floor, spread, workers)
+    return P5(agent, floor, spread, workers, relay)

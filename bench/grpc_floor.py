@@ -32,7 +32,7 @@ from rollout.agent.v1 import agent_pb2, agent_pb2_grpc
 _THREAD_ID = "thread_" + "0" * 32
 _TURN_ID = "turn_" + "0" * 32
 _ITEM_ID = "msg_" + "0" * 32
-_STAMP = re.compile(r"@(\d+) ")
+STAMP = re.compile(r"@(\d+) ")
 
 
 def _streamer(interval: float) -> Any:
@@ -102,6 +102,16 @@ class Floor:
     p99_ms: float
     server_cpu_seconds: float
 
+    @classmethod
+    def of(cls, latencies: list[int], messages: int, server_cpu_seconds: float) -> Floor:
+        """The figures of one run: each stamped delta's latency in ns, the messages sent."""
+        ordered = sorted(latencies)
+
+        def pct(p: float) -> float:
+            return ordered[min(len(ordered) - 1, int(p * len(ordered)))] / 1e6
+
+        return cls(len(ordered), messages, pct(0.50), pct(0.99), server_cpu_seconds)
+
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a live process."""
@@ -120,7 +130,7 @@ async def _drive(address: str, streams: int, deltas: int, window: int) -> tuple[
         async for response in stub.StreamEvents(request):
             now = time.monotonic_ns()
             messages += 1
-            for stamp in _STAMP.findall(response.event.agent_message_delta.delta):
+            for stamp in STAMP.findall(response.event.agent_message_delta.delta):
                 latencies.append(now - int(stamp))
 
     async with stubs(address, 8) as clients:
@@ -140,13 +150,7 @@ def drive(server: Process, streams: int, deltas: int, window: int = 0) -> Floor:
     """`deltas` stamped deltas to each of `streams` clients at once, at this flush window."""
     before = cpu_seconds(server.popen.pid)
     latencies, messages = asyncio.run(_drive(server.address, streams, deltas, window))
-    spent = cpu_seconds(server.popen.pid) - before
-    latencies.sort()
-
-    def pct(p: float) -> float:
-        return latencies[min(len(latencies) - 1, int(p * len(latencies)))] / 1e6
-
-    return Floor(len(latencies), messages, pct(0.50), pct(0.99), spent)
+    return Floor.of(latencies, messages, cpu_seconds(server.popen.pid) - before)
 
 
 def main() -> None:

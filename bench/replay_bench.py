@@ -16,8 +16,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench._harness import agent_server_argv, run_thread, spawn, stubs
-from bench.agent_bench import cpu_seconds, prompt
+from bench._harness import agent_server_argv, prompt, run_thread, spawn, stubs
+from bench.agent_bench import cpu_seconds
 
 
 @dataclass(frozen=True)

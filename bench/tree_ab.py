@@ -6,6 +6,10 @@ fresh interpreter per tree and round, the order alternating; each time is CPU ti
 three. With `--instructions` it counts each replay's instructions under callgrind instead: the
 same for the same code and input whatever else the machine is doing.
 
+`python -m bench.tree_ab --baseline DIR long` runs 4 threads of 300 turns each (`--threads`,
+`--turns`; 20-word replies, the whole history re-sent with every request) against each tree's
+recording server, reporting server CPU a turn.
+
 `python -m bench.tree_ab --baseline DIR p5` runs P5's load (200 threads x 50 deltas/s on the
 stamped model, recording on) against this tree's server, DIR's server (a checkout of the commit
 before the lever: `git worktree add DIR main`) and the bare grpc.aio floor, in rounds whose order
@@ -36,7 +40,7 @@ from pathlib import Path
 
 from agent_server.local_model import reply_words
 from bench import agent_bench, grpc_floor
-from bench._harness import Process, agent_server_argv, spawn
+from bench._harness import Process, agent_server_argv, prompt, spawn
 from bench.jsonl_peer import write_codex_jsonl
 
 # Run with the tree's project first on the path: nothing of bench/ is imported from there, the
@@ -248,7 +252,7 @@ def p5(
     base_args: tuple[str, ...] = (),
 ) -> None:
     model_argv = [sys.executable, "-m", "bench._stamped_model", "--word-delay", "0.02"]
-    per_stream = sum(len(reply_words(agent_bench.prompt(i))) for i in range(turns))
+    per_stream = sum(len(reply_words(prompt(i))) for i in range(turns))
     root = Path(tempfile.mkdtemp(prefix="tree-ab-p5-"))
     # name -> (server CPU µs a delta, p99 ms, deltas a message) per round
     results: dict[str, list[tuple[float, float, float]]] = {"floor": [], "base": [], "this": []}
@@ -378,13 +382,44 @@ def p3(
         )
 
 
+def long(baseline: Path, rounds: int, threads: int = 4, turns: int = 300) -> None:
+    """Long threads: server CPU a turn over `turns` turns of 20-word replies a thread (the
+    whole history re-sent with every request), recording on, each tree's server in turn."""
+    model_argv = [sys.executable, "-m", "bench._stamped_model", "--word-delay", "0"]
+    model_argv += ["--reply-length", "20"]
+    root = Path(tempfile.mkdtemp(prefix="tree-ab-long-"))
+    results: dict[str, list[float]] = {"base": [], "this": []}
+    with contextlib.ExitStack() as stack:
+        model = stack.enter_context(spawn(model_argv))
+        servers = {
+            name: stack.enter_context(
+                _server_of(
+                    tree, agent_server_argv(trace_root=root / name, provider_url=model.address)
+                )
+            )
+            for name, tree in (("this", None), ("base", baseline))
+        }
+
+        def run(name: str) -> None:
+            pid = servers[name].popen.pid
+            before = agent_bench.cpu_seconds(pid)
+            asyncio.run(agent_bench._paced_threads(servers[name].address, threads, turns))
+            results[name].append((agent_bench.cpu_seconds(pid) - before) / (threads * turns) * 1e6)
+
+        _rotate([functools.partial(run, "base"), functools.partial(run, "this")], rounds)
+    for name, runs in results.items():
+        print(f"{name:5s} server CPU µs a turn {_spread(runs)} (min / median / max)")
+    print(_paired("CPU a turn", results["this"], results["base"]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("bench", choices=("p1", "p5", "p3", "f1"))
+    parser.add_argument("bench", choices=("p1", "p5", "p3", "f1", "long"))
     parser.add_argument("bundles", nargs="*", help="p1: the bundles to replay")
     parser.add_argument("--baseline", type=Path, required=True, help="the other tree")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--threads", type=int, help="p5: default 200; p3: default 20")
+    parser.add_argument("--threads", type=int, help="p5: default 200; p3: default 20; long: 4")
+    parser.add_argument("--turns", type=int, default=300, help="long: turns a thread")
     parser.add_argument(
         "--base-args", default="", help="p5, p3: flags added to the baseline's servers"
     )
@@ -407,6 +442,8 @@ def main() -> None:
         p5(baseline, args.rounds, threads=args.threads or 200, base_args=base_args)
     elif args.bench == "f1":
         f1(baseline, args.rounds)
+    elif args.bench == "long":
+        long(baseline, args.rounds, threads=args.threads or 4, turns=args.turns)
     else:
         p3(baseline, args.rounds, threads=args.threads or 20, base_args=base_args)
 

@@ -26,7 +26,8 @@ bundle=$(ls -d "$work"/traces/*/)
 "$work/venv/bin/trace-reducer" reduce "$bundle" >/dev/null
 "$work/venv/bin/trace-reducer" view "$bundle" >/dev/null
 # The C parts were built into the wheel (they are optional only where no compiler is).
-for extension in trace_reducer.bundle._scan trace_reducer.reduce._describe agent_server._sse_split; do
+for extension in trace_reducer.bundle._scan trace_reducer.bundle._canonical trace_reducer.reduce._describe \
+    agent_server._sse_split; do
     "$work/venv/bin/python" -c "import $extension" ||
         { echo "check-package: the wheel has no $extension" >&2; exit 1; }
 done

@@ -21,7 +21,13 @@ from ._framing import MAX_RECORD_BYTES, decode_varint, encode_record, encode_var
 from ._integrity import describe_integrity, integrity_name, require_reducible
 from ._layout import REWARDS_FILE_NAME, STATE_FILE_NAME, TRACE_FILE_NAME
 from ._liveness import LIVE_WINDOW, being_written, writer_holds, writer_holds_file
-from ._payloads import LONG_NUMBER_DIGITS, canonical_json, fast_json, payload_id
+from ._payloads import (
+    LONG_NUMBER_DIGITS,
+    canonical_json,
+    canonical_json_with_list,
+    fast_json,
+    payload_id,
+)
 from ._reader import BundleReader, FrameDecoder, read_bundle, resolve_trace_file
 from ._records import RecordBuilder, RecordSink
 from ._rewards import (
@@ -75,6 +81,7 @@ __all__ = [
     "attach_rewards",
     "being_written",
     "canonical_json",
+    "canonical_json_with_list",
     "check_reward",
     "classify_stop",
     "decode_varint",

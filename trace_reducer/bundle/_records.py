@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeAlias
@@ -511,8 +512,11 @@ def _shared_prefix(
     previous: Sequence[Mapping[str, Any]], current: Sequence[Mapping[str, Any]]
 ) -> int:
     """How many leading items current shares with previous (usually the very same objects)."""
-    count = 0
-    for before, now in zip(previous, current, strict=False):
+    # The very same objects found in one C-level pass (a request re-sends the whole history);
+    # from the first other object on, equal ones count too.
+    same = list(map(operator.is_, previous, current))
+    count = same.index(False) if False in same else len(same)
+    for before, now in zip(previous[count:], current[count:], strict=False):
         if before is not now and before != now:
             break
         count += 1
