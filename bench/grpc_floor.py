@@ -36,6 +36,8 @@ STAMP = re.compile(r"@(\d+) ")
 
 
 def _streamer(interval: float) -> Any:
+    """StreamEvents's handler: `after_index` stamped deltas, `interval` apart."""
+
     async def stream_events(
         request: agent_pb2.StreamEventsRequest, context: Any
     ) -> AsyncIterator[agent_pb2.StreamEventsResponse]:
@@ -72,19 +74,24 @@ def _streamer(interval: float) -> Any:
                 hold_until = now + window if window else 0.0
                 yield agent_pb2.StreamEventsResponse(event=event)
 
-    handler = grpc.unary_stream_rpc_method_handler(
+    return grpc.unary_stream_rpc_method_handler(
         stream_events,
         request_deserializer=agent_pb2.StreamEventsRequest.FromString,
         response_serializer=agent_pb2.StreamEventsResponse.SerializeToString,
     )
-    return grpc.method_handlers_generic_handler(
-        "rollout.agent.v1.AgentService", {"StreamEvents": handler}
-    )
 
 
-async def _serve(interval: float) -> None:
+async def serve_stream_events(handler: Any) -> None:
+    """A bare grpc.aio server answering AgentService's StreamEvents with handler, on
+    127.0.0.1:0, until SIGTERM or SIGINT; it prints `listening on HOST:PORT` once it is up."""
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-    server.add_generic_rpc_handlers((_streamer(interval),))
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                "rollout.agent.v1.AgentService", {"StreamEvents": handler}
+            ),
+        )
+    )
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     stop = asyncio.Event()
@@ -157,7 +164,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--serve", action="store_true", required=True)
     parser.add_argument("--interval", type=float, default=0.02)
-    run_on_loop(_serve(parser.parse_args().interval), default_event_loop())
+    handler = _streamer(parser.parse_args().interval)
+    run_on_loop(serve_stream_events(handler), default_event_loop())
 
 
 if __name__ == "__main__":

@@ -34,8 +34,8 @@ import grpc
 import orjson
 
 from bench._harness import Process, prompt, spawn, stubs
-from bench.grpc_floor import STAMP, Floor, cpu_seconds
-from grpc_common import default_event_loop, install_signal_handlers, run_on_loop
+from bench.grpc_floor import STAMP, Floor, cpu_seconds, serve_stream_events
+from grpc_common import default_event_loop, run_on_loop
 from rollout.agent.v1 import agent_pb2, agent_pb2_grpc
 
 _THREAD_ID = "thread_" + "0" * 32
@@ -117,25 +117,14 @@ class _Relay:
 
 async def _serve(model_url: str, turns: int, record: Path | None) -> None:
     relay = _Relay(model_url, turns, record)
-    handler = grpc.unary_stream_rpc_method_handler(
-        relay.stream_events, request_deserializer=agent_pb2.StreamEventsRequest.FromString
-    )
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-    server.add_generic_rpc_handlers(
-        (
-            grpc.method_handlers_generic_handler(
-                "rollout.agent.v1.AgentService", {"StreamEvents": handler}
-            ),
+    try:
+        await serve_stream_events(
+            grpc.unary_stream_rpc_method_handler(
+                relay.stream_events, request_deserializer=agent_pb2.StreamEventsRequest.FromString
+            )
         )
-    )
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    stop = asyncio.Event()
-    install_signal_handlers(stop.set)
-    print(f"listening on 127.0.0.1:{port}", flush=True)
-    await stop.wait()
-    await server.stop(None)
-    await relay.close()
+    finally:
+        await relay.close()
 
 
 @contextlib.contextmanager

@@ -79,6 +79,30 @@ static void put_unit(char *at, Py_UCS4 unit) {
     at[5] = hex[unit & 0xf];
 }
 
+/* The escape json writes for a character it does not write as itself, at `at`; returns the
+ * end. A character past U+FFFF becomes its surrogate pair. */
+static char *put_escape(char *at, Py_UCS4 c) {
+    *at++ = '\\';
+    switch (c) {
+    case '"': *at++ = '"'; return at;
+    case '\\': *at++ = '\\'; return at;
+    case '\b': *at++ = 'b'; return at;
+    case '\f': *at++ = 'f'; return at;
+    case '\n': *at++ = 'n'; return at;
+    case '\r': *at++ = 'r'; return at;
+    case '\t': *at++ = 't'; return at;
+    }
+    at--; /* put_unit writes its own backslash */
+    if (c >= 0x10000) {
+        Py_UCS4 v = c - 0x10000;
+        put_unit(at, 0xd800 | ((v >> 10) & 0x3ff));
+        at += 6;
+        c = 0xdc00 | (v & 0x3ff);
+    }
+    put_unit(at, c);
+    return at + 6;
+}
+
 /* Whether json writes an ASCII character as itself (space to `~`, but for `"` and `\`). */
 static char plain[128];
 
@@ -108,20 +132,7 @@ static int put_string(Buffer *out, PyObject *text) {
             memcpy(at, run, (size_t)(from - run));
             at += from - run;
             if (from == end) break;
-            unsigned char c = *from++;
-            *at++ = '\\';
-            switch (c) {
-            case '"': *at++ = '"'; break;
-            case '\\': *at++ = '\\'; break;
-            case '\b': *at++ = 'b'; break;
-            case '\f': *at++ = 'f'; break;
-            case '\n': *at++ = 'n'; break;
-            case '\r': *at++ = 'r'; break;
-            case '\t': *at++ = 't'; break;
-            default:
-                put_unit(at - 1, c);
-                at += 5;
-            }
+            at = put_escape(at, *from++);
         }
         *at++ = '"';
         out->size = at - out->data;
@@ -139,30 +150,10 @@ static int put_string(Buffer *out, PyObject *text) {
     *at++ = '"';
     for (Py_ssize_t i = 0; i < length; i++) {
         Py_UCS4 c = PyUnicode_READ(kind, data, i);
-        if (c >= ' ' && c <= '~' && c != '"' && c != '\\') {
+        if (c < 128 && plain[c]) {
             *at++ = (char)c;
-            continue;
-        }
-        *at++ = '\\';
-        switch (c) {
-        case '"': *at++ = '"'; break;
-        case '\\': *at++ = '\\'; break;
-        case '\b': *at++ = 'b'; break;
-        case '\f': *at++ = 'f'; break;
-        case '\n': *at++ = 'n'; break;
-        case '\r': *at++ = 'r'; break;
-        case '\t': *at++ = 't'; break;
-        default:
-            at--; /* put_unit writes its own backslash */
-            if (c >= 0x10000) {
-                Py_UCS4 v = c - 0x10000;
-                put_unit(at, 0xd800 | ((v >> 10) & 0x3ff));
-                put_unit(at + 6, 0xdc00 | (v & 0x3ff));
-                at += 12;
-            } else {
-                put_unit(at, c);
-                at += 6;
-            }
+        } else {
+            at = put_escape(at, c);
         }
     }
     *at++ = '"';
