@@ -35,6 +35,19 @@ _ITEM_ID = "msg_" + "0" * 32
 STAMP = re.compile(r"@(\d+) ")
 
 
+def delta_response(index: int, text: str) -> agent_pb2.StreamEventsResponse:
+    """The message a floor sends for a run of deltas: the event the agent makes, stamped now."""
+    response = agent_pb2.StreamEventsResponse()
+    event = response.event
+    event.index = index
+    event.thread_id = _THREAD_ID
+    event.turn_id = _TURN_ID
+    event.agent_message_delta.item_id = _ITEM_ID
+    event.agent_message_delta.delta = text
+    event.time.seconds, event.time.nanos = divmod(time.time_ns(), 1_000_000_000)
+    return response
+
+
 def _streamer(interval: float) -> Any:
     """StreamEvents's handler: `after_index` stamped deltas, `interval` apart."""
 
@@ -61,18 +74,10 @@ def _streamer(interval: float) -> Any:
                 next_word = now + interval
             if pending and now >= hold_until:
                 index += 1
-                event = agent_pb2.ThreadEvent(
-                    index=index,
-                    thread_id=_THREAD_ID,
-                    turn_id=_TURN_ID,
-                    agent_message_delta=agent_pb2.AgentMessageDeltaEvent(
-                        item_id=_ITEM_ID, delta="".join(pending)
-                    ),
-                )
-                event.time.seconds, event.time.nanos = divmod(time.time_ns(), 1_000_000_000)
+                response = delta_response(index, "".join(pending))
                 pending = []
                 hold_until = now + window if window else 0.0
-                yield agent_pb2.StreamEventsResponse(event=event)
+                yield response
 
     return grpc.unary_stream_rpc_method_handler(
         stream_events,

@@ -34,13 +34,10 @@ import grpc
 import orjson
 
 from bench._harness import Process, prompt, spawn, stubs
-from bench.grpc_floor import STAMP, Floor, cpu_seconds, serve_stream_events
+from bench.grpc_floor import STAMP, Floor, cpu_seconds, delta_response, serve_stream_events
 from grpc_common import default_event_loop, run_on_loop
 from rollout.agent.v1 import agent_pb2, agent_pb2_grpc
 
-_THREAD_ID = "thread_" + "0" * 32
-_TURN_ID = "turn_" + "0" * 32
-_ITEM_ID = "msg_" + "0" * 32
 _DELTA = "response.output_text.delta"
 # What a delta record holds beyond its text (seq, time, call, item, kind, CRC: P4's ~20 bytes).
 _RECORD_HEAD = b"\x00" * 20
@@ -96,18 +93,7 @@ class _Relay:
                         if fd is not None:
                             os.write(fd, _RECORD_HEAD + text.encode())
                         index += 1
-                        event = agent_pb2.ThreadEvent(
-                            index=index,
-                            thread_id=_THREAD_ID,
-                            turn_id=_TURN_ID,
-                            agent_message_delta=agent_pb2.AgentMessageDeltaEvent(
-                                item_id=_ITEM_ID, delta=text
-                            ),
-                        )
-                        event.time.seconds, event.time.nanos = divmod(time.time_ns(), 1_000_000_000)
-                        await context.write(
-                            agent_pb2.StreamEventsResponse(event=event).SerializeToString()
-                        )
+                        await context.write(delta_response(index, text).SerializeToString())
                 if fd is not None:
                     os.fsync(fd)
         finally:
