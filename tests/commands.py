@@ -1,5 +1,7 @@
-"""Many independent runs of the installed commands at once, one per core: a test that checks
-dozens of short runs (each mostly an interpreter starting) waits for them side by side."""
+"""Running the installed commands: many short runs at once, one per core (a test that checks
+dozens, each mostly an interpreter starting, waits for them side by side); and a command started
+with what a test changes before it runs (closed standard streams, a file limit, a terminal).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import os
 import subprocess
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 
 def run_each(
@@ -19,3 +22,30 @@ def run_each(
 
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         return list(pool.map(run, argvs))
+
+
+def exec_argv(
+    argv: Sequence[str | Path],
+    *,
+    closed: Sequence[int] = (),
+    nofile: tuple[int, int] | None = None,
+    terminal: bool = False,
+) -> list[str]:
+    """argv, started by small programs that each make one change and exec the next, so the
+    command runs as the very process started (its pid is the one signalled): `closed` fds
+    closed (`<&-`, `>&-`), RLIMIT_NOFILE set to (soft, hard), or a new session whose
+    controlling terminal is its standard input.
+
+    Not a preexec_fn: with one, subprocess forks where it otherwise vforks, which runs gRPC's
+    fork handlers in the child; since grpcio 1.81 they restart its poller there, and the poller
+    dies on the epoll fd that close_fds closes before the exec ("epoll_wait error: Bad file
+    descriptor", grpc/grpc#43055), so now and then the command never started.
+    """
+    command = [str(part) for part in argv]
+    if closed:
+        command = ["sh", "-c", 'exec "$0" "$@" ' + " ".join(f"{fd}>&-" for fd in closed), *command]
+    if nofile is not None:
+        command = ["prlimit", f"--nofile={nofile[0]}:{nofile[1]}", "--", *command]
+    if terminal:
+        command = ["setsid", "--ctty", *command]
+    return command

@@ -22,6 +22,7 @@ from agent_server import AgentServer, Settings
 from rollout.agent.v1 import agent_pb2, agent_pb2_grpc
 from rollout.trace.v1 import state_pb2
 from tests.agent_server.scripted_provider import ScriptedProvider
+from tests.commands import exec_argv
 from tests.streams import StreamLog
 
 TRACE_REDUCER = str(Path(sys.executable).parent / "trace-reducer")
@@ -184,21 +185,16 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 @contextlib.asynccontextmanager
 async def serve(
-    *args: str, preexec: Callable[[], None] | None = None, **env: str
+    *args: str, nofile: tuple[int, int] | None = None, **env: str
 ) -> AsyncIterator[Served]:
     """Run `agent-server serve --listen 127.0.0.1:0 ARGS`; SIGTERM it on the way out.
 
-    preexec: run in the child before it starts (a limit set, say)."""
+    nofile: its open-file limit, (soft, hard)."""
     process = await asyncio.create_subprocess_exec(
-        AGENT_SERVER,
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        *args,
+        *exec_argv([AGENT_SERVER, "serve", "--listen", "127.0.0.1:0", *args], nofile=nofile),
         env=clean_env(**env),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
-        preexec_fn=preexec,
     )
     assert process.stdout is not None
     assert process.stderr is not None

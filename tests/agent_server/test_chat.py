@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import pty
 import re
 import select
 import signal
 import subprocess
-import termios
 import time
 from pathlib import Path
 
@@ -18,16 +16,11 @@ import pytest
 
 from agent_server.local_model import reply_words
 from rollout.trace.v1 import common_pb2
+from tests.commands import exec_argv
 from tests.live_server import AGENT_SERVER, live_server, server_env
 from trace_reducer import replay_bundle
 
 PROMPT = "you> "
-
-
-def _take_terminal() -> None:
-    # The child is a session leader (start_new_session); the pty becomes its terminal, so
-    # Ctrl-C typed into it is a SIGINT to the chat, as in a real terminal.
-    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
 
 class Terminal:
@@ -35,14 +28,10 @@ class Terminal:
 
     def __init__(self, argv: list[str], env: dict[str, str]) -> None:
         self._master, slave = pty.openpty()
+        # A session of its own whose terminal is the pty, so Ctrl-C typed into it is a SIGINT
+        # to the chat, as in a real terminal.
         self.process = subprocess.Popen(
-            argv,
-            stdin=slave,
-            stdout=slave,
-            stderr=slave,
-            env=env,
-            start_new_session=True,
-            preexec_fn=_take_terminal,
+            exec_argv(argv, terminal=True), stdin=slave, stdout=slave, stderr=slave, env=env
         )
         os.close(slave)
         self.output = ""
@@ -198,30 +187,24 @@ def test_chat_reads_its_token_from_the_named_variable() -> None:
         assert "NOPE, which is unset or empty" in unset.stderr
 
 
-def _close_fd_0() -> None:
-    # Run in the child before exec: the chat starts with no standard input at all (`<&-`).
-    os.close(0)
-
-
 def test_chat_refuses_a_closed_stdin_or_stdout_before_opening_a_thread(tmp_path: Path) -> None:
     traces = tmp_path / "traces"
     with live_server("--trace-root", str(traces)) as server:
         no_stdin = subprocess.run(
-            [AGENT_SERVER, "chat", "--address", server.address],
+            # The chat starts with no standard input at all (`<&-`).
+            exec_argv([AGENT_SERVER, "chat", "--address", server.address], closed=[0]),
             env=server_env(),
-            preexec_fn=_close_fd_0,
             capture_output=True,
             text=True,
             timeout=60,
         )
         no_stdout = subprocess.run(
-            [AGENT_SERVER, "chat", "--address", server.address],
+            # Closed once its stdout is set up: `>&-`.
+            exec_argv([AGENT_SERVER, "chat", "--address", server.address], closed=[1]),
             env=server_env(),
             input="hello\n",
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
-            # Closed in the child once its stdout is set up: `>&-`.
-            preexec_fn=lambda: os.close(1),
             text=True,
             timeout=60,
         )

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import resource
-from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -11,18 +9,12 @@ import pytest
 
 from rollout.agent.v1 import agent_pb2, agent_pb2_grpc
 from tests.agent_server.conftest import error_reason, serve
+from tests.commands import exec_argv
 from trace_reducer import replay_bundle
 
 # Each open thread keeps its bundle open: more threads than the soft limit has files.
 THREADS = 120
 LOW = 64
-
-
-def _limit_files(soft: int, hard: int) -> Callable[[], None]:
-    def limit() -> None:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-
-    return limit
 
 
 async def _run_turn(stub: agent_pb2_grpc.AgentServiceAsyncStub, thread_id: str) -> agent_pb2.Turn:
@@ -48,7 +40,7 @@ async def test_more_threads_than_the_soft_limit_allows_files_all_record(tmp_path
         serve(
             "--local-word-delay",
             "0",
-            preexec=_limit_files(LOW, 4096),
+            nofile=(LOW, 4096),
             ROLLOUT_TRACE_ROOT=str(traces),
         ) as served,
         grpc.aio.insecure_channel(served.address) as channel,
@@ -76,7 +68,7 @@ async def test_the_hard_limit_met_is_named_and_the_server_serves_on(tmp_path: Pa
         serve(
             "--local-word-delay",
             "0",
-            preexec=_limit_files(LOW, LOW),
+            nofile=(LOW, LOW),
             ROLLOUT_TRACE_ROOT=str(traces),
         ) as served,
         grpc.aio.insecure_channel(served.address) as channel,
@@ -118,8 +110,7 @@ def test_raise_open_file_limit_takes_the_soft_limit_to_the_hard(soft: int) -> No
         "print(now, *resource.getrlimit(resource.RLIMIT_NOFILE))"
     )
     done = subprocess.run(
-        [sys.executable, "-c", script],
-        preexec_fn=_limit_files(soft, 4096),
+        exec_argv([sys.executable, "-c", script], nofile=(soft, 4096)),
         capture_output=True,
         text=True,
         check=True,

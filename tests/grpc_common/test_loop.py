@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import os
 import re
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
 from importlib.machinery import ModuleSpec
 from pathlib import Path
 from typing import IO
@@ -24,6 +22,7 @@ from grpc_common import (
     running_event_loop,
 )
 from rollout_client import SyncAgentClient
+from tests.commands import exec_argv
 from trace_reducer import replay_bundle
 
 
@@ -91,15 +90,6 @@ def test_what_is_left_running_is_cancelled_as_asyncio_run_does() -> None:
 _BIN = Path(sys.executable).parent
 
 
-def _closing(*fds: int) -> Callable[[], None]:
-    # Run in the child just before exec, after its pipes are in place: `<&-`, `>&-`.
-    def close() -> None:
-        for fd in fds:
-            os.close(fd)
-
-    return close
-
-
 def _started(process: subprocess.Popen[str], stream: IO[str], pattern: str) -> re.Match[str]:
     """The first line of stream matching pattern; the server's output up to there if none."""
     seen = []
@@ -121,11 +111,14 @@ def _stopped(process: subprocess.Popen[str]) -> tuple[int, str]:
 def test_agent_server_with_stdin_and_stdout_closed_stops_cleanly(tmp_path: Path) -> None:
     traces = tmp_path / "traces"
     process = subprocess.Popen(
-        [_BIN / "agent-server", "serve", "--listen", "127.0.0.1:0", "--trace-root", traces],
+        # Closed once its pipes are in place: `<&-`, `>&-`.
+        exec_argv(
+            [_BIN / "agent-server", "serve", "--listen", "127.0.0.1:0", "--trace-root", traces],
+            closed=[0, 1],
+        ),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
-        preexec_fn=_closing(0, 1),
         text=True,
     )
     assert process.stderr is not None
@@ -150,11 +143,10 @@ def test_the_other_servers_with_stdin_closed_stop_cleanly(server: str, tmp_path:
     }
     argv = commands[server]
     process = subprocess.Popen(
-        [*argv, "--listen", "127.0.0.1:0"],
+        exec_argv([*argv, "--listen", "127.0.0.1:0"], closed=[0]),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        preexec_fn=_closing(0),
         text=True,
     )
     assert process.stdout is not None
