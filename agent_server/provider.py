@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import email.utils
 import json
-import operator
 import re
 import urllib.parse
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -26,6 +25,7 @@ from trace_reducer.bundle import (
     canonical_json_with_list,
     fast_json,
     os_error_reason,
+    same_objects_prefix,
 )
 
 try:
@@ -81,9 +81,7 @@ class EncodedItems:
     def of(self, items: Sequence[object]) -> list[bytes]:
         """canonical_json of each of items, in order."""
         kept, encoded = self._items, self._encoded
-        # Where the first item differs, in one C-level pass.
-        matches = list(map(operator.is_, kept, items))
-        same = matches.index(False) if False in matches else len(matches)
+        same = same_objects_prefix(kept, items)
         del kept[same:], encoded[same:]
         for item in items[same:]:
             kept.append(item)

@@ -29,7 +29,7 @@ from ._payloads import (
     payload_id,
 )
 from ._reader import BundleReader, FrameDecoder, read_bundle, resolve_trace_file
-from ._records import RecordBuilder, RecordSink
+from ._records import RecordBuilder, RecordSink, same_objects_prefix
 from ._rewards import (
     RewardInput,
     append_reward,
@@ -99,6 +99,7 @@ __all__ = [
     "read_rewards",
     "require_reducible",
     "resolve_trace_file",
+    "same_objects_prefix",
     "sampling_settings",
     "thread_bundles",
     "walk_bundles",

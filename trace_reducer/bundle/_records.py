@@ -508,14 +508,22 @@ class RecordBuilder:
         )
 
 
+def same_objects_prefix(previous: Sequence[object], current: Sequence[object]) -> int:
+    """How many leading items of current are the very objects at the same places of previous,
+    found in one C-level pass (a request re-sends the whole history)."""
+    matches = list(map(operator.is_, previous, current))
+    try:
+        return matches.index(False)
+    except ValueError:
+        return len(matches)
+
+
 def _shared_prefix(
     previous: Sequence[Mapping[str, Any]], current: Sequence[Mapping[str, Any]]
 ) -> int:
     """How many leading items current shares with previous (usually the very same objects)."""
-    # The very same objects found in one C-level pass (a request re-sends the whole history);
-    # from the first other object on, equal ones count too.
-    same = list(map(operator.is_, previous, current))
-    count = same.index(False) if False in same else len(same)
+    # From the first object that is not the very same one on, equal ones count too.
+    count = same_objects_prefix(previous, current)
     for before, now in zip(previous[count:], current[count:], strict=False):
         if before is not now and before != now:
             break
