@@ -58,6 +58,15 @@ def spawn(argv: Sequence[str]) -> Iterator[Process]:
         process.stop()
 
 
+def rotate(contenders: Sequence[Callable[[], None]], rounds: int) -> None:
+    """Run every contender once a round, `rounds` rounds, each round starting one further on,
+    so that no contender always runs first or after the same one."""
+    for round_number in range(rounds):
+        shift = round_number % len(contenders)
+        for contender in [*contenders[shift:], *contenders[:shift]]:
+            contender()
+
+
 def prompt(index: int) -> str:
     """The user text of a bench thread's turn `index`."""
     return f"Question {index}: what did the model see when it answered the previous question?"

@@ -19,6 +19,7 @@ from bench._harness import (
     ThreadRun,
     agent_server_argv,
     prompt,
+    rotate,
     run_thread,
     spawn,
     stubs,
@@ -125,10 +126,7 @@ def measure_recording(
             functools.partial(agent, "off", off),
             functools.partial(relay, "floor off", relay_off),
         ]
-        for round_ in range(rounds):
-            shift = round_ % len(contenders)
-            for contender in contenders[shift:] + contenders[:shift]:
-                contender()
+        rotate(contenders, rounds)
         return Recording(
             per_delta["on"], per_delta["off"], per_delta["floor on"], per_delta["floor off"], deltas
         )
@@ -429,8 +427,5 @@ def measure_p5(
         contenders.append(lambda: relay.append(relay_floor.drive(relay_server, threads)))
         contenders.append(functools.partial(run, spread, servers, windows[-1]))
         contenders.append(functools.partial(run, workers, [supervised], windows[-1]))
-        for round_number in range(rounds):
-            shift = round_number % len(contenders)
-            for contender in contenders[shift:] + contenders[:shift]:
-                contender()
+        rotate(contenders, rounds)
     return P5(agent, floor, spread, workers, relay)

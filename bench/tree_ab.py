@@ -35,12 +35,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from agent_server.local_model import reply_words
 from bench import agent_bench, grpc_floor
-from bench._harness import Process, agent_server_argv, prompt, spawn
+from bench._harness import Process, agent_server_argv, prompt, rotate, spawn
 from bench.jsonl_peer import write_codex_jsonl
 
 # Run with the tree's project first on the path: nothing of bench/ is imported from there, the
@@ -110,13 +110,6 @@ def _spread(values: list[float]) -> str:
     return f"{min(values):.1f} / {statistics.median(values):.1f} / {max(values):.1f}"
 
 
-def _rotate(contenders: list[Callable[[], None]], rounds: int) -> None:
-    for round_number in range(rounds):
-        shift = round_number % len(contenders)
-        for contender in contenders[shift:] + contenders[:shift]:
-            contender()
-
-
 def p1(baseline: Path, rounds: int, bundles: list[str]) -> None:
     trees = {"base": str(baseline), "this": str(Path(__file__).resolve().parents[1])}
     peer_file = str(Path(__file__).with_name("jsonl_peer.py"))
@@ -129,7 +122,7 @@ def p1(baseline: Path, rounds: int, bundles: list[str]) -> None:
             out = run_in_tree(Path(trees[tree]), _P1_CHILD, peer_file, jsonl_dir, *bundles)
             results[tree].append(out)
 
-        _rotate([functools.partial(child, tree) for tree in trees], rounds)
+        rotate([functools.partial(child, tree) for tree in trees], rounds)
     for number, bundle in enumerate(bundles):
         print(bundle)
         for name in _P1_CONTENDERS:
@@ -289,7 +282,7 @@ def p5(
                 (run.server_cpu_seconds / run.deltas * 1e6, run.p99_ms, run.deltas / run.messages)
             )
 
-        _rotate([floor, lambda: agent("base"), lambda: agent("this")], rounds)
+        rotate([floor, lambda: agent("base"), lambda: agent("this")], rounds)
     for name, runs in results.items():
         print(
             f"{name:5s} server CPU µs a delta {_spread([r[0] for r in runs])}; p99 ms "
@@ -326,7 +319,7 @@ def f1(baseline: Path, rounds: int, streams: int = 100) -> None:
             out = run_in_tree(tree, _F1_CHILD, floor_file, server.address, stack, str(streams))
             results[name].append(out["cpu_us"])
 
-        _rotate(
+        rotate(
             [
                 functools.partial(read, "floor", here, "aiohttp"),
                 functools.partial(read, "base", baseline, "agent"),
@@ -371,7 +364,7 @@ def p3(
             deltas = asyncio.run(agent_bench._paced_threads(servers[name].address, threads, turns))
             results[name].append((agent_bench.cpu_seconds(pid) - before) / deltas * 1e6)
 
-        _rotate([functools.partial(run, name) for name in sorted(names)], rounds)
+        rotate([functools.partial(run, name) for name in sorted(names)], rounds)
     for tree_name in ("base", "this"):
         on, off = results[(tree_name, True)], results[(tree_name, False)]
         ratios = [a / b for a, b in zip(on, off, strict=True)]
@@ -406,7 +399,7 @@ def long(baseline: Path, rounds: int, threads: int = 4, turns: int = 300) -> Non
             asyncio.run(agent_bench._paced_threads(servers[name].address, threads, turns))
             results[name].append((agent_bench.cpu_seconds(pid) - before) / (threads * turns) * 1e6)
 
-        _rotate([functools.partial(run, "base"), functools.partial(run, "this")], rounds)
+        rotate([functools.partial(run, "base"), functools.partial(run, "this")], rounds)
     for name, runs in results.items():
         print(f"{name:5s} server CPU µs a turn {_spread(runs)} (min / median / max)")
     print(_paired("CPU a turn", results["this"], results["base"]))
