@@ -110,14 +110,14 @@ class Items:
         self.items = ThreadItems()
         self.created: list[str] = []
 
-    def request(self, inputs: list[ItemInfo]) -> list[str]:
+    def request(self, inputs: list[ItemInfo], *, known: int = 0) -> list[str]:
         def new_item(index: int) -> str:
             item_id = f"new-{len(self.created) + 1}"
             self.created.append(item_id)
             self.items.register(item_id, inputs[index].key, inputs[index].responses_item_id)
             return item_id
 
-        return self.items.match_request(inputs, new_item)
+        return self.items.match_request(inputs, new_item, known=known)
 
 
 def test_matching_by_position_then_id_then_content() -> None:
@@ -153,3 +153,22 @@ def test_position_wins_over_first_seen_content() -> None:
     assert items.request([a, a]) == ["new-1", "new-2"]
     # The history was rewritten at the front; the copy at index 1 is still the one seen there.
     assert items.request([b, a]) == ["new-3", "new-2"]
+
+
+def test_content_matches_find_copies_a_cut_back_request_let_go() -> None:
+    """Each request after the first is `known` inputs of the previous one plus its own: the
+    same content appended turn after turn is a new item each time, and once a request cuts the
+    history back, the copies it dropped are found by content again, first-seen first."""
+    a = info({"role": "user", "content": "a"})
+    x = info({"role": "user", "content": "x"})
+    y = info({"role": "user", "content": "y"})
+    z = info({"role": "user", "content": "z"})
+    items = Items()
+    assert items.request([a]) == ["new-1"]
+    assert items.request([a], known=1) == ["new-2"]
+    assert items.request([a], known=2) == ["new-3"]
+    assert items.request([a], known=3) == ["new-4"]
+    # Back to the first input: new-2 to new-4 left the request. Past their three positions
+    # content finds the first-seen copy not in the request.
+    assert items.request([x, y, z, a], known=1) == ["new-5", "new-6", "new-7", "new-2"]
+    assert items.request([a, a], known=5) == ["new-3", "new-4"]

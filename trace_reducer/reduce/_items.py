@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import orjson
 from google.protobuf import timestamp_pb2
@@ -338,7 +338,16 @@ def _canonical(value: object) -> str:
 class ThreadItems:
     """The conversation items of one thread, indexed for matching the next request's input."""
 
-    __slots__ = ("_by_key", "_by_responses_id", "_in_request", "_previous_ids", "_previous_keys")
+    __slots__ = (
+        "_by_key",
+        "_by_responses_id",
+        "_generation",
+        "_in_request",
+        "_key_cursors",
+        "_previous_ids",
+        "_previous_keys",
+        "_responses_id_cursors",
+    )
 
     def __init__(self) -> None:
         self._by_key: dict[Hashable, list[str]] = {}
@@ -349,6 +358,15 @@ class ThreadItems:
         self._previous_keys: list[Hashable] = []
         self._previous_ids: list[str] = []
         self._in_request: set[str] = set()
+        # For each list of _by_key and _by_responses_id searched: how many of its first items
+        # are in _in_request, and the generation that is true for. _in_request only grows
+        # while a request is matched, and loses items only where a request departs from the
+        # previous one (a new generation), so the count holds until then; without it each
+        # input repeating a content (the same tool call and output every turn) would walk every
+        # earlier copy, a thread costing the square of its length.
+        self._key_cursors: dict[Hashable, tuple[int, int]] = {}
+        self._responses_id_cursors: dict[str, tuple[int, int]] = {}
+        self._generation = 0
 
     def register(self, item_id: str, key: Hashable, responses_item_id: str) -> None:
         """Make an item of the thread findable by its content and its Responses id."""
@@ -384,7 +402,10 @@ class ThreadItems:
         tail_keys = previous_keys[known:]
         del previous_ids[known:]
         del previous_keys[known:]
-        in_request.difference_update(tail_ids)
+        if tail_ids:
+            in_request.difference_update(tail_ids)
+            self._generation += 1
+        generation = self._generation
         matched: list[str] = []
         for index, info in enumerate(inputs):
             item_id = None
@@ -394,10 +415,16 @@ class ThreadItems:
                     item_id = candidate
             if item_id is None and info.responses_item_id:
                 item_id = _first_unused(
-                    self._by_responses_id.get(info.responses_item_id), in_request
+                    self._by_responses_id,
+                    self._responses_id_cursors,
+                    info.responses_item_id,
+                    in_request,
+                    generation,
                 )
             if item_id is None:
-                item_id = _first_unused(self._by_key.get(info.key), in_request)
+                item_id = _first_unused(
+                    self._by_key, self._key_cursors, info.key, in_request, generation
+                )
             if item_id is None:
                 item_id = new_item(index)
             in_request.add(item_id)
@@ -407,9 +434,23 @@ class ThreadItems:
         return matched
 
 
-def _first_unused(candidates: list[str] | None, used: set[str]) -> str | None:
-    if candidates:
-        for candidate in candidates:
-            if candidate not in used:
-                return candidate
-    return None
+_Key = TypeVar("_Key", bound=Hashable)
+
+
+def _first_unused(
+    index: dict[_Key, list[str]],
+    cursors: dict[_Key, tuple[int, int]],
+    key: _Key,
+    used: set[str],
+    generation: int,
+) -> str | None:
+    """The first item of index[key] not in `used`, starting past those its cursor counts."""
+    candidates = index.get(key)
+    if not candidates:
+        return None
+    cursor = cursors.get(key)
+    position = cursor[1] if cursor is not None and cursor[0] == generation else 0
+    while position < len(candidates) and candidates[position] in used:
+        position += 1
+    cursors[key] = (generation, position)
+    return candidates[position] if position < len(candidates) else None
