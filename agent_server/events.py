@@ -26,6 +26,10 @@ HOLD_FACTOR = 4
 # The wire tag of StreamEventsResponse's only field, `event` (field 1, length-delimited).
 _EVENT_FIELD_TAG = b"\x0a"
 
+# An event as a subscriber sends it: its StreamEventsResponse message, and whether it is a text
+# delta (what a flush window holds).
+_Sent = tuple[bytes, bool]
+
 
 class EventBuffer:
     """Keeps the last `capacity` events of a thread; subscribers never slow the publisher.
@@ -44,6 +48,11 @@ class EventBuffer:
     delayed, and a subscriber that cannot keep up with one message per delta gets fewer,
     larger ones instead of lagging.
 
+    An event is serialized once, as the StreamEventsResponse every subscriber sends, when it is
+    first handed out (or when it is published with nobody attached, as nothing can join it
+    then); from then on the buffer keeps only those bytes, a fifth of what the message takes,
+    since an open thread keeps up to `capacity` events however long ago they were read.
+
     A subscriber with a flush window holds the newest event, when it is such a joinable delta,
     until `flush_window` seconds after the last delta it was handed, so that the item's deltas
     arriving meanwhile join it: at most one delta event per window, the first at once. A
@@ -54,7 +63,8 @@ class EventBuffer:
     def __init__(self, capacity: int) -> None:
         self._capacity = capacity
         self._hold_limit = capacity * HOLD_FACTOR
-        self._events: deque[agent_pb2.ThreadEvent] = deque()
+        # An event not handed out yet (it may still be joined), or what it was sent as.
+        self._events: deque[agent_pb2.ThreadEvent | _Sent] = deque()
         self._first = 1  # index of _events[0]
         self._next_index = 1
         self._closed = False
@@ -72,8 +82,6 @@ class EventBuffer:
         # Text merged into an event not yet handed out, joined when it first is.
         self._parts: dict[int, list[str]] = {}
         self._part_chars: dict[int, int] = {}
-        # Handed-out events as StreamEventsResponse messages, encoded once for all subscribers.
-        self._encoded: dict[int, bytes] = {}
 
     @property
     def last_index(self) -> int:
@@ -93,13 +101,22 @@ class EventBuffer:
             return event
         event.index = self._next_index
         self._next_index += 1
-        self._events.append(event)
-        if event.WhichOneof("kind") == "agent_message_delta":
-            body = event.agent_message_delta
-            if not body.refusal:
-                self._joinable[(event.turn_id, body.item_id)] = event
-        elif self._joinable:
-            self._joinable.clear()
+        is_delta = event.WhichOneof("kind") == "agent_message_delta"
+        if not self._positions:
+            # Nobody attached, so nothing joins it (merge_delta): sent as it is, whenever.
+            self._events.append(_sent(event, is_delta))
+            if is_delta:
+                self._joinable.pop((event.turn_id, event.agent_message_delta.item_id), None)
+            elif self._joinable:
+                self._joinable.clear()
+        else:
+            self._events.append(event)
+            if is_delta:
+                body = event.agent_message_delta
+                if not body.refusal:
+                    self._joinable[(event.turn_id, body.item_id)] = event
+            elif self._joinable:
+                self._joinable.clear()
         if len(self._events) > self._capacity:
             self._trim()
         self._wake()
@@ -111,10 +128,9 @@ class EventBuffer:
         while len(events) > self._capacity and (
             held >= self._first or len(events) > self._hold_limit
         ):
-            dropped = events.popleft()
-            self._parts.pop(dropped.index, None)
-            self._part_chars.pop(dropped.index, None)
-            self._encoded.pop(dropped.index, None)
+            events.popleft()
+            self._parts.pop(self._first, None)
+            self._part_chars.pop(self._first, None)
             self._first += 1
 
     def merge_delta(self, turn_id: str, item_id: str, delta: str) -> bool:
@@ -184,42 +200,38 @@ class EventBuffer:
                 **ends,
             )
 
-    def _take(self, index: int) -> agent_pb2.ThreadEvent:
-        event = self._events[index - self._first]
+    def _take(self, index: int) -> _Sent:
+        """The event at index as sent, serialized (with what joined it) the first time."""
+        self._taken = max(self._taken, index)
+        slot = index - self._first
+        entry = self._events[slot]
+        if isinstance(entry, tuple):
+            return entry
         parts = self._parts.pop(index, None)
         if parts is not None:
             self._part_chars.pop(index, None)
-            event.agent_message_delta.delta = "".join(parts)
-        self._taken = max(self._taken, index)
-        return event
-
-    def encoded(self, event: agent_pb2.ThreadEvent) -> bytes:
-        """The StreamEventsResponse carrying an event subscribe() yielded, serialized once
-        however many subscribers send it (a handed-out event never changes again)."""
-        index = event.index
-        message = self._encoded.get(index)
-        if message is None:
-            body = event.SerializeToString()
-            message = _EVENT_FIELD_TAG + encode_varint(len(body)) + body
-            if index >= self._first:
-                self._encoded[index] = message
-        return message
+            entry.agent_message_delta.delta = "".join(parts)
+        sent = _sent(entry, entry.WhichOneof("kind") == "agent_message_delta")
+        self._events[slot] = sent
+        return sent
 
     def _joinable_at(self, index: int) -> bool:
         """Whether the event at index is a delta that the item's next delta may still join."""
         if index <= self._taken:
             return False
         event = self._events[index - self._first]
-        if event.WhichOneof("kind") != "agent_message_delta":
+        if isinstance(event, tuple) or event.WhichOneof("kind") != "agent_message_delta":
             return False
         key = (event.turn_id, event.agent_message_delta.item_id)
         return self._joinable.get(key) is event
 
     async def subscribe(
         self, after_index: int, flush_window: float = 0.0
-    ) -> AsyncGenerator[agent_pb2.ThreadEvent, None]:
-        """Yield the events after `after_index`, then live ones until the buffer closes;
-        with a flush window (seconds), at most one delta event per window (see the class)."""
+    ) -> AsyncGenerator[bytes, None]:
+        """Yield the events after `after_index`, then live ones until the buffer closes, each
+        as the serialized StreamEventsResponse that carries it (the same bytes for every
+        subscriber); with a flush window (seconds), at most one delta event per window (see
+        the class)."""
         self.check(after_index)
         subscriber = next(self._subscriber_ids)
         position = after_index
@@ -257,10 +269,10 @@ class EventBuffer:
                         continue
                     position += 1
                     self._positions[subscriber] = position
-                    event = self._take(position)
-                    if flush_window and event.WhichOneof("kind") == "agent_message_delta":
+                    message, is_delta = self._take(position)
+                    if flush_window and is_delta:
                         hold_until = loop.time() + flush_window
-                    yield event
+                    yield message
                     continue
                 if self._closed:
                     return
@@ -272,3 +284,10 @@ class EventBuffer:
         finally:
             del self._positions[subscriber]
             telemetry.subscriber_detached()
+
+
+def _sent(event: agent_pb2.ThreadEvent, is_delta: bool) -> _Sent:
+    """The StreamEventsResponse carrying event, serialized: the message is only a field
+    around it, so its bytes are the event's own with that field's tag and length before them."""
+    body = event.SerializeToString()
+    return _EVENT_FIELD_TAG + encode_varint(len(body)) + body, is_delta

@@ -88,8 +88,8 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             events = self._agent.thread(request.thread_id).events
             # Already-serialized StreamEventsResponse messages (see add_to_server).
             write = context.write
-            async for event in events.subscribe(request.after_index, window_ms / 1000):
-                await write(events.encoded(event))
+            async for message in events.subscribe(request.after_index, window_ms / 1000):
+                await write(message)
 
     async def GetThread(  # noqa: N802
         self, request: agent_pb2.GetThreadRequest, context: Context

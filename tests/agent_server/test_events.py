@@ -9,6 +9,7 @@ import pytest
 from agent_server.errors import EventsOutOfRangeError
 from agent_server.events import EventBuffer
 from rollout.agent.v1 import agent_pb2
+from tests.agent_server.event_reader import Subscription
 
 
 def event(delta: str) -> agent_pb2.ThreadEvent:
@@ -22,7 +23,7 @@ def deltas(events: list[agent_pb2.ThreadEvent]) -> list[str]:
 
 
 async def collect(buffer: EventBuffer, after: int) -> list[agent_pb2.ThreadEvent]:
-    return [e async for e in buffer.subscribe(after)]
+    return [e async for e in Subscription(buffer, after)]
 
 
 async def test_replay_then_live_then_end_on_close() -> None:
@@ -55,7 +56,7 @@ async def test_dropped_events_are_out_of_range() -> None:
 async def test_a_slow_subscriber_never_blocks_the_publisher_and_learns_it_fell_behind() -> None:
     buffer = EventBuffer(3)
     buffer.publish(event("a"))
-    slow = buffer.subscribe(0)
+    slow = Subscription(buffer, 0)
     assert deltas([await anext(slow)]) == ["a"]
     # The publisher goes on without waiting for the subscriber, which keeps its events held
     # up to HOLD_FACTOR times the capacity, and no further.
@@ -69,7 +70,7 @@ async def test_a_slow_subscriber_never_blocks_the_publisher_and_learns_it_fell_b
 async def test_a_burst_beyond_the_capacity_reaches_a_reading_subscriber() -> None:
     buffer = EventBuffer(3)
     buffer.publish(event("-"))
-    reader = buffer.subscribe(0)
+    reader = Subscription(buffer, 0)
     await anext(reader)
     burst = "abcdefghij"  # more than the capacity, within what the buffer holds for readers
     for text in burst:
@@ -84,8 +85,8 @@ async def test_a_burst_beyond_the_capacity_reaches_a_reading_subscriber() -> Non
 
 async def test_only_the_subscriber_that_stopped_reading_falls_behind() -> None:
     buffer = EventBuffer(3)
-    stalled = buffer.subscribe(0)
-    fast = buffer.subscribe(0)
+    stalled = Subscription(buffer, 0)
+    fast = Subscription(buffer, 0)
     buffer.publish(event("a"))
     assert deltas([await anext(stalled), await anext(fast)]) == ["a", "a"]
     received = 0
@@ -101,7 +102,7 @@ async def test_only_the_subscriber_that_stopped_reading_falls_behind() -> None:
 async def test_deltas_of_interleaved_items_merge_while_nobody_has_them() -> None:
     buffer = EventBuffer(3)
     buffer.publish(event("-"))
-    reader = buffer.subscribe(0)
+    reader = Subscription(buffer, 0)
     await anext(reader)
     for count in range(1000):
         item = "a" if count % 2 else "b"
@@ -137,31 +138,45 @@ async def test_a_handed_out_event_is_serialized_once_for_every_subscriber() -> N
             agent_message_delta=agent_pb2.AgentMessageDeltaEvent(item_id="j", delta="x")
         )
     )
-    assert deltas([await anext(first), await anext(second)]) == ["x", "x"]
-    buffer.publish(event("a"))
+    await anext(first)
+    await anext(second)
+    joined = buffer.publish(event("a"))
     assert buffer.merge_delta("", "i", "b")  # joined before anyone has the event
-    got_first, got_second = await anext(first), await anext(second)
-    encoded = buffer.encoded(got_first)
+    sent_first, sent_second = await anext(first), await anext(second)
     # What the second subscriber sends is the very same bytes, not a second serialization.
-    assert buffer.encoded(got_second) is encoded
-    message = agent_pb2.StreamEventsResponse.FromString(encoded)
-    assert message.event == got_first
+    assert sent_second is sent_first
+    message = agent_pb2.StreamEventsResponse.FromString(sent_first)
+    assert message.event.index == joined.index == 2
     assert message.event.agent_message_delta.delta == "ab"
-    assert encoded == agent_pb2.StreamEventsResponse(event=got_first).SerializeToString()
-    await first.aclose()
-    await second.aclose()
+    assert sent_first == agent_pb2.StreamEventsResponse(event=joined).SerializeToString()
+    # A subscriber replaying it later sends the same bytes too.
+    late = buffer.subscribe(1)
+    assert await anext(late) is sent_first
+    for reader in (first, second, late):
+        await reader.aclose()
 
 
-async def test_a_dropped_event_takes_its_serialized_copy_with_it() -> None:
-    buffer = EventBuffer(2)
+async def test_events_are_kept_as_sent_once_handed_out_or_published_to_nobody() -> None:
+    """A thread keeps its last `capacity` events however long ago they were read: each as the
+    bytes a subscriber sends, not as a message, once nothing can join it any more."""
+    buffer = EventBuffer(4)
     reader = buffer.subscribe(0)
-    for text in "abcd":
+    for text in "abc":
         buffer.publish(event(text))
-        buffer.encoded(await anext(reader))
+        await anext(reader)
+    buffer.publish(event("d"))  # not handed out yet: the next delta may join it
+    assert [type(entry) for entry in buffer._events] == [tuple, tuple, tuple, agent_pb2.ThreadEvent]
     await reader.aclose()
-    buffer.publish(event("e"))
-    # Only the events still buffered keep their bytes.
-    assert sorted(buffer._encoded) == [4]
+    buffer.publish(event("e"))  # nobody attached: kept as sent at once
+    assert [type(entry) for entry in buffer._events] == [
+        tuple,
+        tuple,
+        agent_pb2.ThreadEvent,
+        tuple,
+    ]
+    # Whichever way each was kept, a replay reads them all the same.
+    buffer.close()
+    assert deltas([e async for e in Subscription(buffer, 1)]) == ["b", "c", "d", "e"]
 
 
 async def test_waits_that_end_without_an_event_leave_nothing_behind() -> None:
@@ -170,7 +185,7 @@ async def test_waits_that_end_without_an_event_leave_nothing_behind() -> None:
     # Subscribers that wait on a quiet thread and leave (a client's deadline), and one that
     # waits out its flush window on a held delta: none of their waits stays with the buffer.
     for _ in range(50):
-        reader = buffer.subscribe(1)
+        reader = Subscription(buffer, 1)
         waiting = asyncio.create_task(anext(reader))
         await asyncio.sleep(0)
         assert len(buffer._waiters) == 1
@@ -178,14 +193,14 @@ async def test_waits_that_end_without_an_event_leave_nothing_behind() -> None:
         with pytest.raises(asyncio.CancelledError):
             await waiting
         assert buffer._waiters == []
-    held = buffer.subscribe(0, flush_window=0.05)
+    held = Subscription(buffer, 0, flush_window=0.05)
     assert deltas([await anext(held)]) == ["a"]
     buffer.publish(event("b"))
     # "b" is held for the window, then handed over: the wait timed out, and was dropped.
     assert deltas([await anext(held)]) == ["b"]
     assert buffer._waiters == []
     # A subscriber still waiting is woken by the next publish, each on its own future.
-    readers = [buffer.subscribe(2) for _ in range(3)]
+    readers = [Subscription(buffer, 2) for _ in range(3)]
     waits = [asyncio.create_task(anext(reader)) for reader in readers]
     await asyncio.sleep(0)
     assert len(buffer._waiters) == 3

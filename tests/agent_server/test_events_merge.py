@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from agent_server.events import EventBuffer
 from rollout.agent.v1 import agent_pb2
+from tests.agent_server.event_reader import Subscription
 
 
 def delta_event(delta: str, item_id: str = "i", turn_id: str = "t") -> agent_pb2.ThreadEvent:
@@ -27,13 +30,13 @@ async def test_without_subscribers_nothing_is_merged() -> None:
     for text in "abc":
         publish_delta(buffer, text)
     buffer.close()
-    assert texts([e async for e in buffer.subscribe(0)]) == ["a", "b", "c"]
+    assert texts([e async for e in Subscription(buffer, 0)]) == ["a", "b", "c"]
 
 
 async def test_a_waiting_subscriber_gets_what_arrived_meanwhile_as_one_event() -> None:
     buffer = EventBuffer(10)
     publish_delta(buffer, "a")
-    live = buffer.subscribe(0)
+    live = Subscription(buffer, 0)
     first = await anext(live)
     assert texts([first]) == ["a"]
     # "a" was handed out: it is never changed again; "b" starts a new event that "c" joins.
@@ -49,15 +52,15 @@ async def test_a_waiting_subscriber_gets_what_arrived_meanwhile_as_one_event() -
     assert [e.index for e in [first, *rest]] == [1, 2, 3, 4, 5]
     assert first.agent_message_delta.delta == "a"
     # A later subscriber replays the same events.
-    replay = [e async for e in buffer.subscribe(0)]
+    replay = [e async for e in Subscription(buffer, 0)]
     assert texts(replay) == ["a", "bc", "x", "", "d"]
 
 
 async def test_an_event_one_subscriber_has_is_frozen_for_every_other() -> None:
     buffer = EventBuffer(10)
     publish_delta(buffer, "a")
-    fast = buffer.subscribe(0)
-    slow = buffer.subscribe(0)
+    fast = Subscription(buffer, 0)
+    slow = Subscription(buffer, 0)
     assert texts([await anext(fast), await anext(slow)]) == ["a", "a"]
     publish_delta(buffer, "b")
     assert texts([await anext(fast)]) == ["b"]
@@ -66,3 +69,22 @@ async def test_an_event_one_subscriber_has_is_frozen_for_every_other() -> None:
     buffer.close()
     assert texts([e async for e in slow]) == ["b", "c"]
     assert texts([e async for e in fast]) == ["c"]
+
+
+async def test_a_delta_published_to_nobody_ends_its_items_run() -> None:
+    """A delta published while nobody is attached is kept as sent; the item's next delta, once
+    someone attaches, must not join the earlier event it left waiting, ahead of it."""
+    buffer = EventBuffer(10)
+    publish_delta(buffer, "-", item_id="other")
+    reader = Subscription(buffer, 0)
+    await anext(reader)
+    publish_delta(buffer, "a")  # waiting for the reader: the item's next delta may join it
+    await reader.aclose()
+    publish_delta(buffer, "b")  # nobody attached
+    again = asyncio.create_task(anext(Subscription(buffer, 3)))
+    await asyncio.sleep(0)
+    assert buffer.subscribers == 1  # waiting for what follows "b"
+    publish_delta(buffer, "c")
+    buffer.close()
+    assert texts([await again]) == ["c"]
+    assert texts([e async for e in Subscription(buffer, 0)]) == ["-", "a", "b", "c"]

@@ -8,6 +8,7 @@ import pytest
 from agent_server.events import EventBuffer
 from rollout.agent.v1 import agent_pb2
 from tests.agent_server.conftest import EventLog, Harness, StartAgent, error_reason
+from tests.agent_server.event_reader import Subscription
 from tests.agent_server.test_events_merge import delta_event, publish_delta, texts
 
 # Longer than any test runs: only another event or the end of the stream releases a held delta.
@@ -16,7 +17,7 @@ FOREVER = 3600.0
 
 async def test_the_first_delta_goes_at_once_and_the_next_ones_join_while_held() -> None:
     buffer = EventBuffer(10)
-    live = buffer.subscribe(0, flush_window=FOREVER)
+    live = Subscription(buffer, 0, flush_window=FOREVER)
     publish_delta(buffer, "a")
     first = await anext(live)
     assert texts([first]) == ["a"]
@@ -35,13 +36,13 @@ async def test_the_first_delta_goes_at_once_and_the_next_ones_join_while_held() 
     buffer.close()
     assert [e async for e in live] == []
     # A subscriber resuming after the merged event's index misses nothing and sees nothing twice.
-    assert [e.index for e in [e async for e in buffer.subscribe(merged.index)]] == [3]
-    assert texts([e async for e in buffer.subscribe(0)])[:2] == ["a", "bcd"]
+    assert [e.index for e in [e async for e in Subscription(buffer, merged.index)]] == [3]
+    assert texts([e async for e in Subscription(buffer, 0)])[:2] == ["a", "bcd"]
 
 
 async def test_the_window_ending_releases_a_held_delta() -> None:
     buffer = EventBuffer(10)
-    live = buffer.subscribe(0, flush_window=0.05)
+    live = Subscription(buffer, 0, flush_window=0.05)
     publish_delta(buffer, "a")
     assert texts([await anext(live)]) == ["a"]
     publish_delta(buffer, "b")
@@ -53,7 +54,7 @@ async def test_the_window_ending_releases_a_held_delta() -> None:
 
 async def test_close_and_another_item_release_a_held_delta() -> None:
     buffer = EventBuffer(10)
-    live = buffer.subscribe(0, flush_window=FOREVER)
+    live = Subscription(buffer, 0, flush_window=FOREVER)
     publish_delta(buffer, "a")
     await anext(live)
     publish_delta(buffer, "b")
@@ -67,8 +68,8 @@ async def test_close_and_another_item_release_a_held_delta() -> None:
 
 async def test_a_subscriber_without_window_freezes_what_it_takes() -> None:
     buffer = EventBuffer(10)
-    held = buffer.subscribe(0, flush_window=FOREVER)
-    eager = buffer.subscribe(0)
+    held = Subscription(buffer, 0, flush_window=FOREVER)
+    eager = Subscription(buffer, 0)
     publish_delta(buffer, "a")
     assert texts([await anext(held), await anext(eager)]) == ["a", "a"]
     publish_delta(buffer, "b")
@@ -82,7 +83,7 @@ async def test_a_subscriber_without_window_freezes_what_it_takes() -> None:
 
 async def test_a_window_of_zero_never_holds() -> None:
     buffer = EventBuffer(10)
-    live = buffer.subscribe(0, flush_window=0.0)
+    live = Subscription(buffer, 0, flush_window=0.0)
     buffer.publish(delta_event("a"))
     assert texts([await anext(live)]) == ["a"]
     nxt = anext(live)
