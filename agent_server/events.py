@@ -49,9 +49,9 @@ class EventBuffer:
     larger ones instead of lagging.
 
     An event is serialized once, as the StreamEventsResponse every subscriber sends, when it is
-    first handed out (or when it is published with nobody attached, as nothing can join it
-    then); from then on the buffer keeps only those bytes, a fifth of what the message takes,
-    since an open thread keeps up to `capacity` events however long ago they were read.
+    first handed out; from then on the buffer keeps only those bytes, a fifth of what the
+    message takes, since an open thread keeps up to `capacity` events however long ago they
+    were read. One nobody reads (the gateway's threads have no subscriber) is never serialized.
 
     A subscriber with a flush window holds the newest event, when it is such a joinable delta,
     until `flush_window` seconds after the last delta it was handed, so that the item's deltas
@@ -72,7 +72,8 @@ class EventBuffer:
         # asyncio.Event keeps, without the Event made per publish and its wait's loop lookup
         # (on Python 3.11 a getpid() system call each time), once per delta.
         self._waiters: list[asyncio.Future[None]] = []
-        # The highest index handed to any subscriber: events up to it are frozen.
+        # The highest index handed to any subscriber, or that one started after: events up to
+        # it are frozen.
         self._taken = 0
         # Attached subscribers and the index of the last event each was handed.
         self._positions: dict[int, int] = {}
@@ -101,22 +102,13 @@ class EventBuffer:
             return event
         event.index = self._next_index
         self._next_index += 1
-        is_delta = event.WhichOneof("kind") == "agent_message_delta"
-        if not self._positions:
-            # Nobody attached, so nothing joins it (merge_delta): sent as it is, whenever.
-            self._events.append(_sent(event, is_delta))
-            if is_delta:
-                self._joinable.pop((event.turn_id, event.agent_message_delta.item_id), None)
-            elif self._joinable:
-                self._joinable.clear()
-        else:
-            self._events.append(event)
-            if is_delta:
-                body = event.agent_message_delta
-                if not body.refusal:
-                    self._joinable[(event.turn_id, body.item_id)] = event
-            elif self._joinable:
-                self._joinable.clear()
+        self._events.append(event)
+        if event.WhichOneof("kind") == "agent_message_delta":
+            body = event.agent_message_delta
+            if not body.refusal:
+                self._joinable[(event.turn_id, body.item_id)] = event
+        elif self._joinable:
+            self._joinable.clear()
         if len(self._events) > self._capacity:
             self._trim()
         self._wake()
@@ -236,6 +228,9 @@ class EventBuffer:
         subscriber = next(self._subscriber_ids)
         position = after_index
         self._positions[subscriber] = position
+        # What it starts after is as good as handed out: a delta joining an event there would
+        # reach none of it.
+        self._taken = max(self._taken, position)
         loop = asyncio.get_running_loop()
         # Before this loop time the newest delta event is held for its item's next deltas.
         hold_until = 0.0

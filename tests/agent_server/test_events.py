@@ -156,9 +156,10 @@ async def test_a_handed_out_event_is_serialized_once_for_every_subscriber() -> N
         await reader.aclose()
 
 
-async def test_events_are_kept_as_sent_once_handed_out_or_published_to_nobody() -> None:
+async def test_an_event_is_kept_as_sent_once_handed_out() -> None:
     """A thread keeps its last `capacity` events however long ago they were read: each as the
-    bytes a subscriber sends, not as a message, once nothing can join it any more."""
+    bytes a subscriber sends, not as a message, once one has been handed it; an event nobody
+    has read is never serialized."""
     buffer = EventBuffer(4)
     reader = buffer.subscribe(0)
     for text in "abc":
@@ -167,16 +168,13 @@ async def test_events_are_kept_as_sent_once_handed_out_or_published_to_nobody() 
     buffer.publish(event("d"))  # not handed out yet: the next delta may join it
     assert [type(entry) for entry in buffer._events] == [tuple, tuple, tuple, agent_pb2.ThreadEvent]
     await reader.aclose()
-    buffer.publish(event("e"))  # nobody attached: kept as sent at once
-    assert [type(entry) for entry in buffer._events] == [
-        tuple,
-        tuple,
-        agent_pb2.ThreadEvent,
-        tuple,
-    ]
-    # Whichever way each was kept, a replay reads them all the same.
+    buffer.publish(event("e"))  # nobody attached
+    kinds = [type(entry) for entry in buffer._events]
+    assert kinds == [tuple, tuple, agent_pb2.ThreadEvent, agent_pb2.ThreadEvent]
+    # A replay reads them all the same, and keeps what it was handed as sent.
     buffer.close()
     assert deltas([e async for e in Subscription(buffer, 1)]) == ["b", "c", "d", "e"]
+    assert [type(entry) for entry in buffer._events] == [tuple] * 4
 
 
 async def test_waits_that_end_without_an_event_leave_nothing_behind() -> None:

@@ -71,16 +71,17 @@ async def test_an_event_one_subscriber_has_is_frozen_for_every_other() -> None:
     assert texts([e async for e in fast]) == ["c"]
 
 
-async def test_a_delta_published_to_nobody_ends_its_items_run() -> None:
-    """A delta published while nobody is attached is kept as sent; the item's next delta, once
-    someone attaches, must not join the earlier event it left waiting, ahead of it."""
+async def test_a_subscriber_starting_after_an_event_is_not_sent_deltas_joined_to_it() -> None:
+    """Nobody was handed "b", but a subscriber starts after it (a client asking only for what
+    comes next): the item's next delta is an event of its own, not joined to "b" where that
+    subscriber would never see it."""
     buffer = EventBuffer(10)
     publish_delta(buffer, "-", item_id="other")
     reader = Subscription(buffer, 0)
     await anext(reader)
     publish_delta(buffer, "a")  # waiting for the reader: the item's next delta may join it
     await reader.aclose()
-    publish_delta(buffer, "b")  # nobody attached
+    publish_delta(buffer, "b")  # nobody attached: no subscriber has it
     again = asyncio.create_task(anext(Subscription(buffer, 3)))
     await asyncio.sleep(0)
     assert buffer.subscribers == 1  # waiting for what follows "b"

@@ -7,7 +7,7 @@ import pytest
 
 from agent_server.events import EventBuffer
 from rollout.agent.v1 import agent_pb2
-from tests.agent_server.conftest import EventLog, Harness, StartAgent, error_reason
+from tests.agent_server.conftest import EventLog, Harness, StartAgent, error_info, error_reason
 from tests.agent_server.event_reader import Subscription
 from tests.agent_server.test_events_merge import delta_event, publish_delta, texts
 
@@ -138,3 +138,50 @@ async def test_a_window_above_a_second_is_refused(agent: Harness) -> None:
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error_reason(raised.value) == "INVALID_FLUSH_WINDOW"
     assert "1001" in (raised.value.details() or "")
+
+
+async def test_a_client_joining_mid_reply_after_the_last_event_gets_the_rest_as_deltas(
+    start_agent: StartAgent,
+) -> None:
+    """A client asking only for what comes next (after the last index, learnt from a refusal)
+    while a reply streams that nobody else reads: the item's next deltas come to it as events,
+    not joined to the delta event before its start, which it never receives."""
+    agent = await start_agent(provider_url=None, local_word_delay=0.05)
+    thread = await agent.start_thread()
+    first = _stream(agent, thread.id)
+    turn = await agent.start_turn(thread.id, "tell me what a client joining late should see")
+    deltas_seen = 0
+
+    def second_delta(event: agent_pb2.ThreadEvent) -> bool:
+        nonlocal deltas_seen
+        deltas_seen += event.WhichOneof("kind") == "agent_message_delta"
+        return deltas_seen == 2
+
+    taken = (await first.wait_for(second_delta)).index
+    await first.close()  # the reply goes on with nobody reading it
+
+    async def last_index() -> int:
+        """Where the events are, as a client learns it: the refusal of an index beyond them."""
+        beyond = agent.stub.StreamEvents(
+            agent_pb2.StreamEventsRequest(thread_id=thread.id, after_index=10**9)
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await anext(aiter(beyond))
+        return int(error_info(raised.value).metadata["last_index"])
+
+    # Asked until a delta nobody was handed is the last event (a word comes every 50 ms).
+    while (last := await last_index()) <= taken:
+        pass
+    joined = _stream(agent, thread.id, after_index=last)
+    await joined.turn_completed(turn.id)
+    replay = _stream(agent, thread.id)
+    await replay.turn_completed(turn.id)
+    text = replay.of_kind("item_completed")[-1].item_completed.item.text
+    joined_deltas = joined.of_kind("agent_message_delta")
+    assert joined_deltas, "the reply ended before the client joined: nothing was tested"
+    before = "".join(
+        e.agent_message_delta.delta
+        for e in replay.of_kind("agent_message_delta")
+        if e.index <= last
+    )
+    assert before + "".join(e.agent_message_delta.delta for e in joined_deltas) == text
