@@ -3,9 +3,7 @@ listing reads no bundle at all, and filters over those summaries."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import gc
 import hashlib
 import json
 import math
@@ -25,6 +23,7 @@ from rollout.trace.v1 import common_pb2, state_pb2
 from ..bundle._confine import open_regular_file
 from ..bundle._errors import BundleError, ReductionError
 from ..bundle._liveness import being_written
+from ..reduce._pass import no_cycle_collection
 from ._storage import BundleEntry, LocalStore, Store, open_store
 
 __all__ = [
@@ -420,22 +419,9 @@ def list_runs(
     Raises BundleError (BundleNotFoundError, NotABundleError) when root is not a directory,
     or is a bundle itself unless bundle_root_refused is False (its trace.binpb is then passed
     over)."""
-    with _no_cycle_collection():
+    with no_cycle_collection():
         store = open_store(root, storage_options, bundle_root_refused=bundle_root_refused)
         return _list_runs(store, root, warn, index_path, now)
-
-
-@contextlib.contextmanager
-def _no_cycle_collection() -> Iterator[None]:
-    # A listing makes a few objects per bundle and no reference cycle, yet at 100,000 bundles
-    # the collector's passes over them cost a third of a warm listing's time.
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _still_written(store: Store, entry: BundleEntry, integrity: str, moment: float) -> bool:
