@@ -239,9 +239,8 @@ class Run(Mapping[str, Any]):
         each field in turn, a third of a served list's poll at 1,500 runs."""
         data = dict(self._parsed())
         data.pop("text", None)  # an index line written elsewhere may hold one
-        for key in ("status", "integrity", "started"):
-            if key in data:
-                data[key] = getattr(self, key)
+        for key in _EAGER.intersection(data):
+            data[key] = getattr(self, key)
         data["live"] = self.live
         return data
 
