@@ -14,7 +14,7 @@ import pytest
 
 from tests.trace_reducer.conftest import GOLDEN, TRACE_REDUCER
 from trace_reducer import RewardInput, append_reward
-from trace_reducer.batch._listing import INDEX_FILE_NAME, Run, _unreadable, list_runs
+from trace_reducer.batch._listing import INDEX_FILE_NAME, list_runs
 
 
 def run_list(*args: str) -> subprocess.CompletedProcess[str]:
@@ -237,22 +237,3 @@ def test_a_file_that_is_no_bundle_is_listed_unreadable(root: Path) -> None:
     run = next(r for r in listed(str(root)) if str(r["bundle"]).endswith("thread_empty"))
     assert run["status"] == "unreadable"
     assert names(listed(str(root), "--status", "unreadable")) >= {"thread_empty"}
-
-
-@pytest.mark.parametrize("live", [False, True])
-def test_a_runs_public_fields_in_one_go_are_the_mappings(live: bool) -> None:
-    """Run.public() (what the served list and --json show) is the mapping read key by key,
-    without the search text, in the same order: for a run summarized, one read back from the
-    index, one whose index line is damaged, and one whose line holds `text` and `live`."""
-    summary = _unreadable("runs/a", "")
-    summary.update(status="completed", integrity="CLEAN", started="2026-12-07T08:00:00Z")
-    summary.update(text="what was said", thread_id="thread-a", turns=3)
-    made = Run.of(summary, live=live)
-    read_back = Run(made.kept(), "what was said", live=live)
-    damaged = Run(["{not json", "completed", "CLEAN", ""], "", live=live)
-    written_elsewhere = json.loads(made.kept()[0]) | {"text": "x", "live": True}
-    odd = Run([json.dumps(written_elsewhere), "completed", "CLEAN", ""], "", live=live)
-    for run in (made, read_back, damaged, odd):
-        by_key = {key: value for key, value in run.items() if key != "text"}
-        assert list(run.public().items()) == list(by_key.items())
-        assert run.public()["status"] == ("live" if live else run["status"])

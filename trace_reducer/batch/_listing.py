@@ -234,16 +234,6 @@ class Run(Mapping[str, Any]):
     def __repr__(self) -> str:
         return f"Run({dict(self)!r})"
 
-    def public(self) -> dict[str, Any]:
-        """public_run(self), made from its parsed fields in one go: the mapping's way asks for
-        each field in turn, a third of a served list's poll at 1,500 runs."""
-        data = dict(self._parsed())
-        data.pop("text", None)  # an index line written elsewhere may hold one
-        for key in _EAGER.intersection(data):
-            data[key] = getattr(self, key)
-        data["live"] = self.live
-        return data
-
     def json_line(self) -> str:
         """The line `list --json` prints: every field but the search text, `live` last."""
         if self.live:
@@ -687,8 +677,6 @@ def format_table(runs: Sequence[Mapping[str, Any]]) -> str:
 
 def public_run(run: Mapping[str, Any]) -> dict[str, Any]:
     """A run as --json prints it: the summary without the search text."""
-    if isinstance(run, Run):
-        return run.public()
     return {key: value for key, value in run.items() if key != "text"}
 
 
