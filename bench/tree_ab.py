@@ -1,10 +1,11 @@
 """A lever measured end to end: this tree's code against another tree's, in the same run.
 
 `python -m bench.tree_ab --baseline DIR p1 BUNDLE...` times `replay_bundle` (complete, then
-compact) of each tree on each bundle beside the lazy JSONL peer (this tree's, for both), in a
-fresh interpreter per tree and round, the order alternating; each time is CPU time, the best of
-three. With `--instructions` it counts each replay's instructions under callgrind instead: the
-same for the same code and input whatever else the machine is doing.
+compact) of each tree on each bundle beside the lazy JSONL peer (this tree's, for both), in a fresh
+interpreter per tree and round, the order alternating; each time is CPU time, the best of three
+(with `--repeat N`, the mean of N back to back, as a batch or a service replays). With
+`--instructions` it counts each replay's instructions under callgrind instead: the same for the
+same code and input whatever else the machine is doing.
 
 `python -m bench.tree_ab --baseline DIR long` runs 4 threads of 300 turns each (`--threads`,
 `--turns`; 20-word replies, the whole history re-sent with every request) against each tree's
@@ -66,11 +67,20 @@ def contenders(peer_file, bundle, jsonl):
 _P1_CHILD = (
     _CHILD_CONTENDERS
     + """
-peer_file, jsonl_dir, *bundles = sys.argv[1:]
+peer_file, jsonl_dir, repeat, *bundles = sys.argv[1:]
+repeat = int(repeat)
 out = {}
 for number, bundle in enumerate(bundles):
     work = contenders(peer_file, bundle, pathlib.Path(jsonl_dir, f"{number}.jsonl"))
     for name, run in work.items():
+        if repeat:
+            # Back to back, as a batch or a service replays: the collector's share counts.
+            run()
+            started = time.process_time()
+            for _ in range(repeat):
+                run()
+            out[f"{number} {name}"] = (time.process_time() - started) / repeat
+            continue
         best = float("inf")
         for _ in range(3):
             gc.collect()
@@ -110,7 +120,7 @@ def _spread(values: list[float]) -> str:
     return f"{min(values):.1f} / {statistics.median(values):.1f} / {max(values):.1f}"
 
 
-def p1(baseline: Path, rounds: int, bundles: list[str]) -> None:
+def p1(baseline: Path, rounds: int, bundles: list[str], repeat: int = 0) -> None:
     trees = {"base": str(baseline), "this": str(Path(__file__).resolve().parents[1])}
     peer_file = str(Path(__file__).with_name("jsonl_peer.py"))
     results: dict[str, list[dict[str, float]]] = {tree: [] for tree in trees}
@@ -119,7 +129,9 @@ def p1(baseline: Path, rounds: int, bundles: list[str]) -> None:
             write_codex_jsonl(Path(bundle), Path(jsonl_dir) / f"{number}.jsonl")
 
         def child(tree: str) -> None:
-            out = run_in_tree(Path(trees[tree]), _P1_CHILD, peer_file, jsonl_dir, *bundles)
+            out = run_in_tree(
+                Path(trees[tree]), _P1_CHILD, peer_file, jsonl_dir, str(repeat), *bundles
+            )
             results[tree].append(out)
 
         rotate([functools.partial(child, tree) for tree in trees], rounds)
@@ -421,6 +433,13 @@ def main() -> None:
         action="store_true",
         help="p1: count each replay's instructions under callgrind instead of timing it",
     )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=0,
+        help="p1: the mean of this many replays back to back in one interpreter (the cycle "
+        "collector's share included), instead of the best of three each after a collection",
+    )
     args = parser.parse_args()
     baseline = args.baseline.resolve()
     base_args = tuple(shlex.split(args.base_args))
@@ -430,7 +449,7 @@ def main() -> None:
         if args.instructions:
             p1_instructions(baseline, args.bundles)
         else:
-            p1(baseline, args.rounds, args.bundles)
+            p1(baseline, args.rounds, args.bundles, repeat=args.repeat)
     elif args.bench == "p5":
         p5(baseline, args.rounds, threads=args.threads or 200, base_args=base_args)
     elif args.bench == "f1":

@@ -13,7 +13,7 @@ import pytest
 import trace_reducer
 from bench._harness import spawn
 from bench.jsonl_peer import write_codex_jsonl
-from bench.tree_ab import _F1_CHILD, _instructions, run_in_tree
+from bench.tree_ab import _F1_CHILD, _P1_CHILD, _P1_CONTENDERS, _instructions, run_in_tree
 
 from .trace_reducer.bundles import one_turn_bundle
 
@@ -40,6 +40,18 @@ def test_a_tree_without_the_project_is_refused(
     with pytest.raises(RuntimeError, match="imported trace_reducer from"):
         run_in_tree(empty, _REPORT)
     assert os.getcwd() == str(_THIS_TREE)
+
+
+@pytest.mark.parametrize("repeat", ["0", "2"])
+def test_the_p1_child_times_every_contender_best_of_three_or_back_to_back(
+    tmp_path: Path, repeat: str
+) -> None:
+    bundle = str(one_turn_bundle(tmp_path))
+    write_codex_jsonl(Path(bundle), tmp_path / "0.jsonl")
+    peer_file = str(_THIS_TREE / "bench" / "jsonl_peer.py")
+    times = run_in_tree(_THIS_TREE, _P1_CHILD, peer_file, str(tmp_path), repeat, bundle)
+    assert set(times) == {f"0 {name}" for name in _P1_CONTENDERS}
+    assert all(seconds > 0 for seconds in times.values())
 
 
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="needs valgrind")

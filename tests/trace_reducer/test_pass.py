@@ -1,4 +1,5 @@
-"""The one read-and-reduce pass: the cycle collector is off while it reads, as it was after."""
+"""The one read-and-reduce pass: the cycle collector is off while it reads, as it was after,
+and has nothing left to collect once the reduction is gone."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from tests.trace_reducer.bundles import one_turn_bundle
-from trace_reducer import read_bundle
+from tests.trace_reducer.conftest import GOLDEN
+from trace_reducer import TRACE_FILE_NAME, read_bundle, replay_bundle
 from trace_reducer.reduce._pass import reduce_reader
 
 
@@ -53,3 +55,21 @@ def test_the_collector_is_on_again_after_a_pass_that_fails(tmp_path: Path) -> No
     with read_bundle(one_turn_bundle(tmp_path)) as reader, pytest.raises(RuntimeError):
         reduce_reader(reader, forks=None, on_batch=fail)
     assert gc.isenabled()
+
+
+@pytest.mark.usefixtures("collector_restored")
+@pytest.mark.parametrize("compact", [False, True])
+def test_a_reduction_leaves_nothing_for_the_cycle_collector(compact: bool) -> None:
+    # The reducer's working set (every item, turn and call it kept) must go with it: left in
+    # cycles, it waits for a collection that costs a replay's worth of time to trace it.
+    bundles = sorted(path.parent for path in GOLDEN.rglob(TRACE_FILE_NAME))
+    # Once each first: a message class's first use makes its own lasting cycles.
+    traces = [replay_bundle(bundle) for bundle in bundles]
+    assert any(trace.tool_calls for trace in traces)
+    assert any(not trace.recording_complete for trace in traces)
+    for bundle in bundles:
+        gc.collect()
+        gc.disable()
+        replay_bundle(bundle, compact=compact)
+        assert gc.collect() == 0, bundle.name
+        gc.enable()

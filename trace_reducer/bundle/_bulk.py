@@ -65,8 +65,9 @@ def varint_size(value: int) -> int:
 # -- message types for reading many records as one ---------------------------------------------
 
 
-def _message_types() -> tuple[type[Message], type[Message], type[Message]]:
-    """(Merged, Records, Delta), built from TraceRecord's own descriptor so that they follow it.
+def _message_types() -> tuple[type[Message], type[Message], type[Message], type[Message]]:
+    """(MergedBatch, RecordBatch, Delta, Merged), built from TraceRecord's own descriptor so
+    that they follow it.
 
     Merged has every field of TraceRecord, repeated, the bodies as bytes but
     output_text_delta, which is a singular Delta (OutputTextDelta with repeated fields): a
@@ -128,10 +129,12 @@ def _message_types() -> tuple[type[Message], type[Message], type[Message]]:
     def get(name: str) -> type[Message]:
         return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{package}.{name}"))
 
-    return get("MergedBatch"), get("RecordBatch"), get("Delta")
+    return get("MergedBatch"), get("RecordBatch"), get("Delta"), get("Merged")
 
 
-_MergedBatch, _RecordBatch, _Delta = _message_types()
+# Merged is held although only read through MergedBatch: a class upb makes on demand for a
+# field's message and nobody holds is left in a cycle for the collector at its first use.
+_MergedBatch, _RecordBatch, _Delta, _Merged = _message_types()
 
 
 # -- CRC-32C algebra -----------------------------------------------------------------------------

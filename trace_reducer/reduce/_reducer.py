@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Container, Iterable
-from typing import Any, NoReturn
+from typing import Any, ClassVar, NoReturn
 
 from google.protobuf import timestamp_pb2
 from google.protobuf.descriptor import FieldDescriptor
@@ -236,6 +236,9 @@ def _check_new(
         _fail(record, f"duplicate {what} id {context_id}")
 
 
+_Handlers = dict[str | None, Callable[["Reducer", _Record], None]]
+
+
 class Reducer:
     """Applies records one at a time; state() is the reduced graph of what was applied so far.
 
@@ -283,7 +286,7 @@ class Reducer:
         # Items are parsed once, however many later requests repeat them; their bytes go.
         self._item_infos: dict[str, ItemInfo] = {}
         # Until the header arrives every body takes the slow path, which rejects it.
-        self._handlers: dict[str | None, Callable[[_Record], None]] = {"header": self._on_header}
+        self._handlers = Reducer._BEFORE_HEADER
 
     # -- public surface -------------------------------------------------------------------
 
@@ -300,7 +303,7 @@ class Reducer:
         if handler is None:
             self._unhandled(record, kind)
         else:
-            handler(record)
+            handler(self, record)
         self._last_time_us = record.time_us
         self._records += 1
 
@@ -341,7 +344,7 @@ class Reducer:
                 if handler is None:
                     self._unhandled(record, kind)
                 else:
-                    handler(record)
+                    handler(self, record)
                 last = record
                 inline += 1
         finally:
@@ -381,7 +384,15 @@ class Reducer:
         Nothing can be applied, nor a state asked for, after it."""
         self._check_not_taken()
         self._taken = True
-        return self._finished(self._trace, compact=compact)
+        trace = self._finished(self._trace, compact=compact)
+        # What never ended still links turn, call and output both ways: unlinked, all of it
+        # goes with the reducer rather than when the cycle collector next runs.
+        for turn in self._turns.values():
+            turn.calls.clear()
+            turn.tool_calls.clear()
+        for call in self._calls.values():
+            call.latest = None
+        return trace
 
     def _check_not_taken(self) -> None:
         if self._taken:
@@ -617,28 +628,7 @@ class Reducer:
         created = header.created_at
         self._base_us = created.seconds * 1_000_000 + created.nanos // 1000
         _check_time(record.seq, self._base_us, "the header's created_at")
-        self._handlers = {
-            "footer": self._on_footer,
-            "payload": self._on_payload,
-            "thread_started": self._on_thread_started,
-            "turn_started": self._on_turn_started,
-            "inference_started": self._on_inference_started,
-            "response_created": self._on_response_created,
-            "output_item_added": self._on_output_item_added,
-            "output_text_delta": self._on_output_text_delta,
-            "output_item_done": self._on_output_item_done,
-            "provider_event": self._on_provider_event,
-            "inference_ended": self._on_inference_ended,
-            "interrupt_requested": self._on_interrupt_requested,
-            "turn_ended": self._on_turn_ended,
-            "thread_ended": self._on_thread_ended,
-            "tool_call_started": self._on_tool_call_started,
-            "tool_output_submitted": self._on_tool_output_submitted,
-            "tool_call_ended": self._on_tool_call_ended,
-            "thread_forked": self._on_thread_forked,
-            "prompt_tokens": self._on_prompt_tokens,
-            "reward_recorded": self._on_reward_recorded,
-        }
+        self._handlers = Reducer._AFTER_HEADER
 
     def _on_footer(self, record: _Record) -> None:
         # The reader checks the count; the footer adds nothing to the state.
@@ -1048,6 +1038,8 @@ class Reducer:
             output.parts = None
             output.chunks.clear()
         call.open.clear()
+        # The output points back at its call: kept, the pair would wait for the cycle collector.
+        call.latest = None
         call.ended = True
         self._streaming.pop(call.ordinal, None)
 
@@ -1091,6 +1083,9 @@ class Reducer:
             if not tool_call.ended:
                 self._end(tool_call.msg.execution, body.status, record)
                 tool_call.ended = True
+        # Only ending them needs the lists, and their calls point back at the turn.
+        turn.calls.clear()
+        turn.tool_calls.clear()
 
     # -- tool calls -------------------------------------------------------------------------
 
@@ -1179,3 +1174,30 @@ class Reducer:
             _fail(record, f"thread {thread.msg.thread_id} has already ended")
         self._end(thread.msg.execution, body.status, record)
         thread.ended = True
+
+    # The handlers by record body, as plain functions: bound methods kept on the instance
+    # would make a cycle, and every reduction's whole working set would then wait for the
+    # cycle collector instead of going when the reducer does.
+    _BEFORE_HEADER: ClassVar[_Handlers] = {"header": _on_header}
+    _AFTER_HEADER: ClassVar[_Handlers] = {
+        "footer": _on_footer,
+        "payload": _on_payload,
+        "thread_started": _on_thread_started,
+        "turn_started": _on_turn_started,
+        "inference_started": _on_inference_started,
+        "response_created": _on_response_created,
+        "output_item_added": _on_output_item_added,
+        "output_text_delta": _on_output_text_delta,
+        "output_item_done": _on_output_item_done,
+        "provider_event": _on_provider_event,
+        "inference_ended": _on_inference_ended,
+        "interrupt_requested": _on_interrupt_requested,
+        "turn_ended": _on_turn_ended,
+        "thread_ended": _on_thread_ended,
+        "tool_call_started": _on_tool_call_started,
+        "tool_output_submitted": _on_tool_output_submitted,
+        "tool_call_ended": _on_tool_call_ended,
+        "thread_forked": _on_thread_forked,
+        "prompt_tokens": _on_prompt_tokens,
+        "reward_recorded": _on_reward_recorded,
+    }
