@@ -3,12 +3,24 @@ without its body, a changed one in full with a new tag."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import httpx
 
 from tests.trace_reducer.bundles import one_turn_bundle
-from trace_reducer.view._site import SiteServer
+from trace_reducer.view._site import SiteServer, _listed_runs, _page_runs, _page_runs_json
+
+
+def test_the_polled_json_is_the_list_pages_runs_spliced_from_the_kept_lines(root: Path) -> None:
+    # The golden corpus (forks, rewards, tools, failed, torn, corrupt), text no ASCII encoder
+    # would leave alone, and a run still being written, whose line is not the kept one.
+    one_turn_bundle(root, text='réponse 答え \u2028 </script> "quoted"', thread_id="thr_text")
+    one_turn_bundle(root, close=False, thread_id="thr_live")
+    listed = _listed_runs(str(root), lambda relative: f"run/{relative}", lambda _: None)
+    assert len(listed) > 10
+    assert any(run.live for run, _ in listed)
+    assert json.loads(_page_runs_json(listed)) == {"runs": _page_runs(listed)}
 
 
 async def test_an_unchanged_list_is_not_sent_again(tmp_path: Path) -> None:

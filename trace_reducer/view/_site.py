@@ -19,7 +19,7 @@ from typing import Any
 from grpc_common import http_server_logger, same_secret
 from rollout.trace.v1 import state_pb2
 
-from ..batch._listing import list_runs, public_run
+from ..batch._listing import Run, list_runs, public_run
 from ..bundle._confine import BundleRoot
 from ..bundle._errors import BundleError, ReductionError
 from ..bundle._layout import TRACE_FILE_NAME
@@ -59,22 +59,46 @@ def _relative(root: str, bundle: str) -> str:
     return os.path.relpath(bundle, root)
 
 
-def _page_runs(
-    root: str, href: Callable[[str], str], warn: Callable[[str], None]
-) -> list[dict[str, Any]]:
-    """The runs as the list page shows them, each with the link to its page; a directory
-    passed over (a name that is not UTF-8, one that cannot be listed) is said to `warn`, as
-    `list` says it.
+# A run as listed and the link to its page.
+_Listed = list[tuple[Run, str]]
+
+
+def _listed_runs(root: str, href: Callable[[str], str], warn: Callable[[str], None]) -> _Listed:
+    """Every run under root with the link to its page (`href` of its path under root); a
+    directory passed over (a name that is not UTF-8, one that cannot be listed) is said to
+    `warn`, as `list` says it.
 
     A trace.binpb that turns up in the served root later is passed over: refusing the root
     then (as `list` refuses a bundle given as a root) answered every page with an error."""
+    listing = list_runs(root, bundle_root_refused=False, warn=warn)
+    return [(run, href(_relative(root, run["bundle"]))) for run in listing.runs]
+
+
+def _page_runs(listed: _Listed) -> list[dict[str, Any]]:
+    """The runs as the list page shows them: `list --json`'s fields, the start of the search
+    text, the link."""
     runs = []
-    for run in list_runs(root, bundle_root_refused=False, warn=warn).runs:
+    for run, link in listed:
         entry = public_run(run)
-        entry["text"] = run["text"][:PAGE_TEXT_CHARS]
-        entry["href"] = href(_relative(root, run["bundle"]))
+        entry["text"] = run.text[:PAGE_TEXT_CHARS]
+        entry["href"] = link
         runs.append(entry)
     return runs
+
+
+_PAGE_JSON = json.JSONEncoder(separators=(",", ":"))
+
+
+def _page_runs_json(listed: _Listed) -> bytes:
+    """`{"runs": _page_runs(listed)}` as JSON, each run's fields spliced from the line the
+    listing keeps rather than decoded and encoded again: the list page asks every 2 s."""
+    encode = _PAGE_JSON.encode
+    parts = [
+        f'{run.json_line()[:-1]},"text":{encode(run.text[:PAGE_TEXT_CHARS])},'
+        f'"href":{encode(link)}}}'
+        for run, link in listed
+    ]
+    return f'{{"runs":[{",".join(parts)}]}}'.encode()
 
 
 class _Links:
@@ -84,17 +108,17 @@ class _Links:
     A page carried every run of the root before: a site of 1,500 one-turn rollouts was 524 MB,
     each page 0.33 MB of links it never showed, growing with the square of the runs."""
 
-    def __init__(self, runs: list[dict[str, Any]]) -> None:
+    def __init__(self, listed: _Listed) -> None:
         self._by_thread: dict[str, dict[str, Any]] = {}
         self._children: dict[str, list[str]] = {}
         self._groups: dict[str, list[str]] = {}
-        for run in runs:
+        for run, link in listed:
             thread = run["thread_id"]
             if not thread:
                 continue
             fork = run["fork"] or {}
             info = {
-                "href": run["href"],
+                "href": link,
                 "status": run["status"],
                 "rewards": run["rewards"],
                 "parent_thread_id": fork.get("parent_thread_id", ""),
@@ -164,10 +188,10 @@ def write_site(
     each directory passed over."""
     target = Path(output)
     (target / "runs").mkdir(parents=True, exist_ok=True, mode=0o700)
-    runs = _page_runs(root, lambda relative: f"runs/{_static_name(relative)}", warn)
-    links = _Links(runs)
+    listed = _listed_runs(root, lambda relative: f"runs/{_static_name(relative)}", warn)
+    links = _Links(listed)
     confined = BundleRoot(root)
-    for run in runs:
+    for run, _ in listed:
         relative = _relative(root, run["bundle"])
         try:
             data = _reduce_confined(confined, relative)
@@ -180,7 +204,8 @@ def write_site(
         )
     index = target / "index.html"
     index.write_text(
-        render_list(runs, served=False, title=f"rollouts under {root}"), encoding="utf-8"
+        render_list(_page_runs(listed), served=False, title=f"rollouts under {root}"),
+        encoding="utf-8",
     )
     index.chmod(0o600)
     return index
@@ -280,8 +305,8 @@ class SiteServer:
 
     # -- handlers ------------------------------------------------------------------------------
 
-    def _runs(self) -> list[dict[str, Any]]:
-        return _page_runs(
+    def _runs(self) -> _Listed:
+        return _listed_runs(
             self.root,
             lambda relative: "run/" + urllib.parse.quote(relative, safe="/"),
             self._warn_once,
@@ -295,7 +320,7 @@ class SiteServer:
     async def _list(self, request: Any) -> Any:
         from aiohttp import web
 
-        runs = await asyncio.to_thread(self._runs)
+        runs = await asyncio.to_thread(lambda: _page_runs(self._runs()))
         text = render_list(runs, served=True, title=f"rollouts under {self.root}")
         return web.Response(text=text, content_type="text/html")
 
@@ -310,7 +335,7 @@ class SiteServer:
         return web.Response(body=body, content_type="application/json", headers={"ETag": tag})
 
     def _runs_json(self) -> tuple[bytes, str]:
-        body = json.dumps({"runs": self._runs()}).encode()
+        body = _page_runs_json(self._runs())
         return body, f'"{hashlib.blake2b(body, digest_size=16).hexdigest()}"'
 
     async def _run(self, request: Any) -> Any:
@@ -319,7 +344,7 @@ class SiteServer:
         relative = request.match_info["bundle"]
         try:
             data = await asyncio.to_thread(_reduce_confined, self._confined, relative)
-            runs = await asyncio.to_thread(self._runs)
+            listed = await asyncio.to_thread(self._runs)
         except BundleError as error:
             return web.Response(status=404, text=f"{error}\n")
         except ReductionError as error:
@@ -327,7 +352,7 @@ class SiteServer:
         # Links from /run/<bundle> to /run/<other>: relative to this page's directory.
         depth = relative.count("/")
         up = "../" * (depth + 1)
-        links = _Links(runs).for_page(data.trace, lambda href: up + href)
+        links = _Links(listed).for_page(data.trace, lambda href: up + href)
         live = None
         if not data.trace.recording_complete:
             live = up + "api/watch/" + urllib.parse.quote(relative, safe="/")
