@@ -27,12 +27,22 @@
       const test = rewardFilter(state.reward);
       if (test && !test(run)) return false;
     }
-    if (state.text) {
-      const needle = state.text.toLowerCase();
-      const hay = [run.thread_id, run.model, run.bundle, run.text, ...Object.values(run.metadata || {}), ...(run.tools || [])];
-      if (!hay.some((v) => String(v || "").toLowerCase().includes(needle))) return false;
-    }
+    if (state.text && !haystack(run).includes(state.text.toLowerCase())) return false;
     return true;
+  }
+
+  // Each run's searchable text, lower-cased once while the list stays as fetched: a keystroke
+  // searches thousands of runs, and each run's text is up to a thousand characters. The
+  // fields are joined by a character no search can span.
+  let haystacks = new WeakMap();
+  function haystack(run) {
+    let hay = haystacks.get(run);
+    if (hay === undefined) {
+      const fields = [run.thread_id, run.model, run.bundle, run.text, ...Object.values(run.metadata || {}), ...(run.tools || [])];
+      hay = fields.map((v) => String(v || "").toLowerCase()).join("\u0000");
+      haystacks.set(run, hay);
+    }
+    return hay;
   }
 
   function sortValue(run, key) {
@@ -45,16 +55,19 @@
     return run[key];
   }
 
+  // Runs with a value for the key, in its order, then the runs without one as they came: one
+  // pass to split them, each run's value taken once.
   function sorted(list) {
     const key = state.sort;
-    const present = list.filter((r) => sortValue(r, key) !== undefined && sortValue(r, key) !== null && sortValue(r, key) !== "");
-    const missing = list.filter((r) => !present.includes(r));
-    present.sort((a, b) => {
-      const x = sortValue(a, key), y = sortValue(b, key);
-      const order = x < y ? -1 : x > y ? 1 : 0;
-      return state.descending ? -order : order;
-    });
-    return present.concat(missing);
+    const present = [], missing = [];
+    for (const run of list) {
+      const value = sortValue(run, key);
+      if (value === undefined || value === null || value === "") missing.push(run);
+      else present.push([value, run]);
+    }
+    const sign = state.descending ? -1 : 1;
+    present.sort((a, b) => sign * (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0));
+    return present.map((pair) => pair[1]).concat(missing);
   }
 
   function options(id, label, values) {
@@ -101,8 +114,14 @@
     }
   }
 
+  // Rows drawn at once; "show more" adds as many again. Thousands of rows would be drawn again
+  // at every keystroke of a search.
+  const PAGE_ROWS = 500;
+  let drawnRows = PAGE_ROWS;
+
   function draw() {
-    const shown = sorted(runs.filter(matches));
+    const matching = sorted(runs.filter(matches));
+    const shown = matching.slice(0, drawnRows);
     const head = el("tr", {}, COLUMNS.map(([key, label]) => {
       const th = el("th", { "data-sort": key, "aria-sort": state.sort === key ? (state.descending ? "descending" : "ascending") : null },
         label, state.sort === key ? (state.descending ? " \u25bc" : " \u25b2") : "");
@@ -115,9 +134,18 @@
     }));
     const body = shown.map((run) => el("tr", { class: `run st-${run.status}`, "data-thread": run.thread_id, "data-bundle": run.bundle },
       COLUMNS.map(([key]) => cell(run, key))));
-    document.getElementById("main").replaceChildren(el("table", { id: "runs" }, el("thead", {}, head), el("tbody", {}, body)));
+    const table = el("table", { id: "runs" }, el("thead", {}, head), el("tbody", {}, body));
+    const rest = matching.length - shown.length;
+    const more = rest > 0
+      ? el("button", { id: "more", type: "button" }, `show ${Math.min(rest, PAGE_ROWS).toLocaleString()} more of ${rest.toLocaleString()}`)
+      : "";
+    if (more) more.addEventListener("click", () => { drawnRows += PAGE_ROWS; draw(); });
+    document.getElementById("main").replaceChildren(table, more);
     const count = document.getElementById("count");
-    if (count) count.textContent = ` ${shown.length} of ${runs.length} runs`;
+    if (count) {
+      const drawn = rest > 0 ? `${shown.length} shown, ` : "";
+      count.textContent = ` ${drawn}${matching.length} of ${runs.length} runs`;
+    }
   }
 
   // The list as last fetched: an unchanged one is answered 304, without its body.
@@ -132,6 +160,7 @@
         const fresh = (await response.json()).runs;
         if (JSON.stringify(fresh) !== JSON.stringify(runs)) {
           runs = fresh;
+          haystacks = new WeakMap();
           filters();
           draw();
           document.body.dataset.updates = String(Number(document.body.dataset.updates || 0) + 1);
