@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -28,7 +29,7 @@ import pytest
 pytest.importorskip(
     "playwright.sync_api", reason="needs the viewer-tests extra (make installs it into .venv)"
 )
-from playwright.sync_api import Browser, Dialog, Page
+from playwright.sync_api import Browser, Dialog, Page, Route
 from playwright.sync_api import Error as PlaywrightError
 
 from agent_server.config import Settings
@@ -399,6 +400,28 @@ def test_a_list_of_many_runs_draws_a_page_of_rows_and_searches_them_all(
         assert sorted(row_threads(page)) == [f"thr_{i:04d}" for i in range(600)]
         assert page.inner_text("#count").strip() == "600 of 600 runs"
         assert page.locator("#more").count() == 0
+
+
+def test_the_list_polls_less_often_while_its_server_is_slow_to_answer(
+    open_page: OpenPage, tmp_path: Path
+) -> None:
+    root = tmp_path / "runs"
+    one_turn_bundle(root, thread_id="thr_only")
+    with served(root) as address:
+        page = open_page(address).page
+        # The page's policy allows no script of ours: attribute selectors, then.
+        page.wait_for_selector("body[data-poll-ms='2000']", state="attached")
+
+        def slow(route: Route) -> None:
+            # A server slow to answer, as one listing tens of thousands of runs is.
+            time.sleep(0.6)
+            route.continue_()
+
+        page.route("**/api/runs", slow)
+        page.wait_for_selector("body:not([data-poll-ms='2000'])", state="attached", timeout=30_000)
+        assert int(page.get_attribute("body", "data-poll-ms") or 0) >= 2400
+        page.unroute("**/api/runs")
+        page.wait_for_selector("body[data-poll-ms='2000']", state="attached", timeout=30_000)
 
 
 def test_a_bundle_being_written_updates_the_list_and_its_page(

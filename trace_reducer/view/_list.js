@@ -7,6 +7,10 @@
   let runs = DATA.runs;
   const state = { text: "", status: "", integrity: "", model: "", reward: "", sort: "started", descending: true };
   const POLL_MS = 2000;
+  // The next poll waits this many times as long as the last one took, when that is longer: a
+  // server takes seconds to list a root of tens of thousands of runs, and one open page must
+  // not keep it listing all the time.
+  const POLL_BACKOFF = 4;
   const { el, shortId, fmtNumber } = RolloutPage;
 
   function rewardFilter(text) {
@@ -152,6 +156,7 @@
   let tag = null;
 
   async function poll() {
+    const started = performance.now();
     try {
       const headers = tag === null ? {} : { "If-None-Match": tag };
       const response = await fetch("api/runs", { credentials: "same-origin", cache: "no-store", headers });
@@ -169,7 +174,9 @@
     } catch (e) {
       // The server went away; the list stays as it was.
     }
-    setTimeout(poll, POLL_MS);
+    const wait = Math.max(POLL_MS, Math.round(POLL_BACKOFF * (performance.now() - started)));
+    document.body.dataset.pollMs = String(wait);
+    setTimeout(poll, wait);
   }
 
   filters();
