@@ -3,7 +3,6 @@ and has nothing left to collect once the reduction is gone."""
 
 from __future__ import annotations
 
-import functools
 import gc
 from collections.abc import Iterator
 from pathlib import Path
@@ -68,6 +67,9 @@ def test_a_reduction_leaves_nothing_for_the_cycle_collector(compact: bool) -> No
     traces = [replay_bundle(bundle) for bundle in bundles]
     assert any(trace.tool_calls for trace in traces)
     assert any(not trace.recording_complete for trace in traces)
-    for bundle in bundles:
-        replay = functools.partial(replay_bundle, bundle, compact=compact)
-        assert left_in_cycles(replay) == [], bundle.name
+
+    def replay_each() -> None:
+        for bundle in bundles:
+            replay_bundle(bundle, compact=compact)
+
+    assert left_in_cycles(replay_each) == []
