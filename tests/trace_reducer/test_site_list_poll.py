@@ -9,7 +9,8 @@ from pathlib import Path
 import httpx
 
 from tests.trace_reducer.bundles import one_turn_bundle
-from trace_reducer.view._site import SiteServer, _listed_runs, _page_runs, _page_runs_json
+from trace_reducer.batch._listing import public_run
+from trace_reducer.view._site import PAGE_TEXT_CHARS, SiteServer, _listed_runs, _page_runs_json
 
 
 def test_the_polled_json_is_the_list_pages_runs_spliced_from_the_kept_lines(root: Path) -> None:
@@ -20,7 +21,35 @@ def test_the_polled_json_is_the_list_pages_runs_spliced_from_the_kept_lines(root
     listed = _listed_runs(str(root), lambda relative: f"run/{relative}", lambda _: None)
     assert len(listed) > 10
     assert any(run.live for run, _ in listed)
-    assert json.loads(_page_runs_json(listed)) == {"runs": _page_runs(listed)}
+    # What the page shows of a run: `list --json`'s fields, the start of its text, its link.
+    expected = [
+        {**public_run(run), "text": run.text[:PAGE_TEXT_CHARS], "href": link}
+        for run, link in listed
+    ]
+    assert json.loads(_page_runs_json(listed)) == {"runs": expected}
+
+
+async def test_the_page_comes_with_its_lists_tag_so_its_first_poll_is_not_sent_again(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "traces"
+    one_turn_bundle(root, text="a reply with </script> in it", thread_id="thr_first")
+    server = SiteServer(str(root), None)
+    base = await server.start("127.0.0.1", 0)
+    try:
+        async with httpx.AsyncClient(base_url=base) as http:
+            page = (await http.get("/")).text
+            start = page.index('id="list-data">') + len('id="list-data">')
+            data = json.loads(page[start : page.index("</script>", start)])
+            assert data["served"] is True
+            assert [run["thread_id"] for run in data["runs"]] == ["thr_first"]
+            polled = await http.get("/api/runs")
+            assert data["tag"] == polled.headers["ETag"]
+            assert data["runs"] == polled.json()["runs"]
+            again = await http.get("/api/runs", headers={"If-None-Match": data["tag"]})
+            assert again.status_code == 304
+    finally:
+        await server.stop()
 
 
 async def test_an_unchanged_list_is_not_sent_again(tmp_path: Path) -> None:

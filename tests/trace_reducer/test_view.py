@@ -258,7 +258,7 @@ def test_the_pages_share_one_copy_of_the_helpers(tmp_path: Path) -> None:
     bundle = one_turn_bundle(tmp_path)
     pages = [
         write_view(bundle).read_text(encoding="utf-8"),
-        render_list([], served=False, title="runs"),
+        render_list(b'{"runs":[]}', served=False, title="runs"),
     ]
     for page in pages:
         # Inlined once, ahead of the page's own script, and allowed to run by its hash.

@@ -152,8 +152,9 @@
     }
   }
 
-  // The list as last fetched: an unchanged one is answered 304, without its body.
-  let tag = null;
+  // The list as last fetched (first, the one the page came with): an unchanged one is
+  // answered 304, without its body.
+  let tag = DATA.tag || null;
 
   async function poll() {
     const started = performance.now();

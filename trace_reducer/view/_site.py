@@ -19,7 +19,7 @@ from typing import Any
 from grpc_common import http_server_logger, same_secret
 from rollout.trace.v1 import state_pb2
 
-from ..batch._listing import Run, list_runs, public_run
+from ..batch._listing import Run, list_runs
 from ..bundle._confine import BundleRoot
 from ..bundle._errors import BundleError, ReductionError
 from ..bundle._layout import TRACE_FILE_NAME
@@ -74,24 +74,13 @@ def _listed_runs(root: str, href: Callable[[str], str], warn: Callable[[str], No
     return [(run, href(_relative(root, run["bundle"]))) for run in listing.runs]
 
 
-def _page_runs(listed: _Listed) -> list[dict[str, Any]]:
-    """The runs as the list page shows them: `list --json`'s fields, the start of the search
-    text, the link."""
-    runs = []
-    for run, link in listed:
-        entry = public_run(run)
-        entry["text"] = run.text[:PAGE_TEXT_CHARS]
-        entry["href"] = link
-        runs.append(entry)
-    return runs
-
-
 _PAGE_JSON = json.JSONEncoder(separators=(",", ":"))
 
 
 def _page_runs_json(listed: _Listed) -> bytes:
-    """`{"runs": _page_runs(listed)}` as JSON, each run's fields spliced from the line the
-    listing keeps rather than decoded and encoded again: the list page asks every 2 s."""
+    """`{"runs": [...]}`, the runs as the list page shows them: each `list --json`'s fields, the
+    start of its search text and its link, spliced from the line the listing keeps rather than
+    decoded and encoded again (the served list asks for it every 2 s)."""
     encode = _PAGE_JSON.encode
     parts = [
         f'{run.json_line()[:-1]},"text":{encode(run.text[:PAGE_TEXT_CHARS])},'
@@ -152,7 +141,13 @@ class _Links:
         }
 
 
-def render_list(runs: list[dict[str, Any]], *, served: bool, title: str) -> str:
+def render_list(runs_json: bytes, *, served: bool, title: str, tag: str | None = None) -> str:
+    """The list page of `runs_json` (_page_runs_json's); `tag`, its entity tag as /api/runs
+    answers it, lets the served page's first poll be answered 304."""
+    # One JSON object: the runs' bytes spliced in after the page's own fields. Inside <script>
+    # no `<` may survive (see _script_json); in JSON one occurs only within a string.
+    head = _script_json({"served": served, "tag": tag})
+    data = f"{head[:-1]},{runs_json.decode()[1:]}".replace("<", "\\u003c")
     page_script = _asset(PAGE_SCRIPT)
     script = _asset("_list.js")
     values = {
@@ -162,7 +157,7 @@ def render_list(runs: list[dict[str, Any]], *, served: bool, title: str) -> str:
         "CONNECT": "'self'" if served else "'none'",
         "PAGE_SCRIPT": page_script,
         "SCRIPT": script,
-        "DATA": _script_json({"runs": runs, "served": served}),
+        "DATA": data,
     }
     return _PLACEHOLDER.sub(lambda match: values[match[1]], _asset("_list.html"))
 
@@ -204,7 +199,7 @@ def write_site(
         )
     index = target / "index.html"
     index.write_text(
-        render_list(_page_runs(listed), served=False, title=f"rollouts under {root}"),
+        render_list(_page_runs_json(listed), served=False, title=f"rollouts under {root}"),
         encoding="utf-8",
     )
     index.chmod(0o600)
@@ -320,8 +315,8 @@ class SiteServer:
     async def _list(self, request: Any) -> Any:
         from aiohttp import web
 
-        runs = await asyncio.to_thread(lambda: _page_runs(self._runs()))
-        text = render_list(runs, served=True, title=f"rollouts under {self.root}")
+        body, tag = await asyncio.to_thread(self._runs_json)
+        text = render_list(body, served=True, title=f"rollouts under {self.root}", tag=tag)
         return web.Response(text=text, content_type="text/html")
 
     async def _api_runs(self, request: Any) -> Any:
