@@ -161,16 +161,14 @@
     try {
       const headers = tag === null ? {} : { "If-None-Match": tag };
       const response = await fetch("api/runs", { credentials: "same-origin", cache: "no-store", headers });
+      // The tag is a digest of the list's bytes: an answer with a body is a changed list.
       if (response.ok) {
         tag = response.headers.get("ETag");
-        const fresh = (await response.json()).runs;
-        if (JSON.stringify(fresh) !== JSON.stringify(runs)) {
-          runs = fresh;
-          haystacks = new WeakMap();
-          filters();
-          draw();
-          document.body.dataset.updates = String(Number(document.body.dataset.updates || 0) + 1);
-        }
+        runs = (await response.json()).runs;
+        haystacks = new WeakMap();
+        filters();
+        draw();
+        document.body.dataset.updates = String(Number(document.body.dataset.updates || 0) + 1);
       }
     } catch (e) {
       // The server went away; the list stays as it was.
