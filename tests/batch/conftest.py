@@ -36,6 +36,10 @@ RAY_ENV = {
     "RAY_USAGE_STATS_ENABLED": "0",
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
     "RAY_AUTH_MODE": "disabled",
+    # Ray waits 30 s for its GCS server to bind; on a fresh machine whose first vLLM engine is
+    # starting at the same time (the suite starts it in the background) that was not enough
+    # once. Ray's own choice for a slow store is 120 s.
+    "RAY_gcs_server_port_wait_time_s": "120",
 }
 
 

@@ -15,10 +15,14 @@ import pytest
 
 from tests.batch.conftest import RAY_ENV, age, bundles_under, expected_state, reduce_all
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("ray") is None,
-    reason="--ray needs the ray extra: pip install -e '.[ray]' (make test installs it)",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        importlib.util.find_spec("ray") is None,
+        reason="--ray needs the ray extra: pip install -e '.[ray]' (make test installs it)",
+    ),
+    # Starting Ray may wait up to RAY_ENV's 120 s for its GCS server on a busy fresh machine.
+    pytest.mark.timeout(180),
+]
 
 
 def _short_temp_dir() -> str:

@@ -11,10 +11,11 @@ import json
 import os
 import re
 import sys
+import time
 import urllib.parse
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from grpc_common import http_server_logger, same_secret
 from rollout.trace.v1 import state_pb2
@@ -42,6 +43,8 @@ __all__ = ["SiteServer", "is_loopback", "write_site"]
 PAGE_TEXT_CHARS = 1000
 TOKEN_COOKIE = "trace_view_token"  # noqa: S105 - the name of the cookie, not a secret
 _PLAIN_NAME_BYTE = re.compile(r"[A-Za-z0-9.-]")
+# A listing of the served root that took this long is answered again for a while after it.
+SLOW_LISTING_SECONDS = 0.25
 # Page names stay under the 255 bytes most file systems allow a name.
 _MAX_PAGE_STEM = 200
 
@@ -88,6 +91,79 @@ def _page_runs_json(listed: _Listed) -> bytes:
         for run, link in listed
     ]
     return f'{{"runs":[{",".join(parts)}]}}'.encode()
+
+
+class _Snapshot(NamedTuple):
+    """One listing of the root: the runs with their links, the list page's JSON of them and its
+    entity tag, and when the listing ended and how long it took (by the listing's clock)."""
+
+    listed: _Listed
+    body: bytes
+    tag: str
+    ended: float
+    took: float
+
+
+def _snapshot_of(listed: _Listed) -> tuple[_Listed, bytes, str]:
+    body = _page_runs_json(listed)
+    return listed, body, f'"{hashlib.blake2b(body, digest_size=16).hexdigest()}"'
+
+
+class _SharedListing:
+    """The served root's runs, listed once for every request that asks while a listing runs,
+    and a slow listing reused for a while after it ends.
+
+    The list page polls (every 2 s, per open tab) and every run page links its family, and a
+    root of 100,000 runs takes seconds of CPU to list, each request listing it alone. A
+    listing that took `took` >= `slow` seconds is therefore answered again until 2 x `took`
+    after it ended, so listing keeps at most about a third of the server busy however many
+    pages ask, and what a page shows is at most about 3 x `took` old; a quicker one is never
+    reused, so a small root is listed afresh for each request."""
+
+    def __init__(
+        self,
+        list_now: Callable[[], tuple[_Listed, bytes, str]],
+        *,
+        slow: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._list_now = list_now
+        self._slow = slow
+        self._clock = clock
+        self._latest: _Snapshot | None = None
+        self._running: asyncio.Future[_Snapshot] | None = None
+
+    async def get(self) -> _Snapshot:
+        latest = self._latest
+        if (
+            latest is not None
+            and latest.took >= self._slow
+            and self._clock() - latest.ended < 2 * latest.took
+        ):
+            return latest
+        running = self._running
+        if running is None:
+            running = self._running = asyncio.ensure_future(self._list())
+            # Every waiter may be gone (their clients closed) when a listing fails.
+            running.add_done_callback(_retrieved)
+        # Shielded: one waiter's client closing must not stop the listing for the others.
+        return await asyncio.shield(running)
+
+    async def _list(self) -> _Snapshot:
+        started = self._clock()
+        try:
+            listed, body, tag = await asyncio.to_thread(self._list_now)
+        finally:
+            self._running = None
+        ended = self._clock()
+        snapshot = _Snapshot(listed, body, tag, ended, ended - started)
+        self._latest = snapshot
+        return snapshot
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 class _Links:
@@ -229,6 +305,9 @@ class SiteServer:
         self._token = token
         self._warn = warn
         self._warned: set[str] = set()
+        self._listing = _SharedListing(
+            lambda: _snapshot_of(self._runs()), slow=SLOW_LISTING_SECONDS
+        )
         self._runner: Any = None
         self.address = ""
 
@@ -315,23 +394,24 @@ class SiteServer:
     async def _list(self, request: Any) -> Any:
         from aiohttp import web
 
-        body, tag = await asyncio.to_thread(self._runs_json)
-        text = render_list(body, served=True, title=f"rollouts under {self.root}", tag=tag)
+        listing = await self._listing.get()
+        text = render_list(
+            listing.body, served=True, title=f"rollouts under {self.root}", tag=listing.tag
+        )
         return web.Response(text=text, content_type="text/html")
 
     async def _api_runs(self, request: Any) -> Any:
         from aiohttp import web
 
-        body, tag = await asyncio.to_thread(self._runs_json)
+        listing = await self._listing.get()
+        tag = listing.tag
         # The list polls every 2 s: an unchanged list (the usual answer) goes without its body,
         # which for a root of thousands of runs is megabytes a poll, and as much JSON to parse.
         if tag in _entity_tags(request.headers.get("If-None-Match", "")):
             return web.Response(status=304, headers={"ETag": tag})
-        return web.Response(body=body, content_type="application/json", headers={"ETag": tag})
-
-    def _runs_json(self) -> tuple[bytes, str]:
-        body = _page_runs_json(self._runs())
-        return body, f'"{hashlib.blake2b(body, digest_size=16).hexdigest()}"'
+        return web.Response(
+            body=listing.body, content_type="application/json", headers={"ETag": tag}
+        )
 
     async def _run(self, request: Any) -> Any:
         from aiohttp import web
@@ -339,7 +419,7 @@ class SiteServer:
         relative = request.match_info["bundle"]
         try:
             data = await asyncio.to_thread(_reduce_confined, self._confined, relative)
-            listed = await asyncio.to_thread(self._runs)
+            listed = (await self._listing.get()).listed
         except BundleError as error:
             return web.Response(status=404, text=f"{error}\n")
         except ReductionError as error:
