@@ -148,6 +148,24 @@ def _p1_rows(shape: str, target_rate: int, result: reducer_bench.P1, rounds: int
             result.jsonl_lines,
         ),
     ]
+    copy = times[reducer_bench.COPY_FLOOR]
+    compact = times[reducer_bench.COMPACT]
+    expansion = times[reducer_bench.REPLAY].median - compact.median
+    rows.append(
+        Row(
+            "P1",
+            "the complete form's floor past the compact one: every call's whole request (its "
+            "item and input payload ids) copied into a state's call, nothing else "
+            f"({shape.partition(':')[0]})",
+            f"{copy.median * 1e3:.2f} ms",
+            "(floor)",
+            True,
+            f"{copy.low * 1e3:.2f} to {copy.high * 1e3:.2f} ms",
+            f"compact + this: {(compact.median + copy.median) / lazy.median:.2f}x the lazy "
+            f"peer's time; the complete form spends {expansion * 1e3:.2f} ms past the compact "
+            "one",
+        )
+    )
     for name, what, records in others:
         work = times[name]
         rows.append(

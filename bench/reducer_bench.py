@@ -19,7 +19,7 @@ from unittest import mock
 
 from bench.jsonl_peer import reduce_codex_jsonl, write_codex_jsonl
 from bench.synthetic import Shape, write_conversation
-from rollout.trace.v1 import record_pb2
+from rollout.trace.v1 import record_pb2, state_pb2
 from trace_reducer import (
     TRACE_FILE_NAME,
     decode_varint,
@@ -122,6 +122,37 @@ def validating_read(bundle: Path) -> int:
         return int(reader.integrity.records_read)
 
 
+class CompleteRequests:
+    """The complete form's own floor: every inference call's whole request (its item ids and
+    input payload ids, as `replay_bundle` gives them) copied into a state's call, nothing else.
+
+    The complete form is the compact one with these lists copied in; copying a list of strings
+    into a protobuf message costs a string each, where a peer holding Python lists slices
+    references. The lists, and one fresh state with its calls for each copy() (`copies` of
+    them), are made beforehand: each copy fills new memory, as a replay's expansion does."""
+
+    def __init__(self, bundle: Path, copies: int) -> None:
+        self.requests: list[state_pb2.InferenceCall] = []
+        for call in replay_bundle(bundle).inference_calls.values():
+            request = state_pb2.InferenceCall()
+            request.request_item_ids.extend(call.request_item_ids)
+            request.input_payload_ids.extend(call.input_payload_ids)
+            self.requests.append(request)
+        self._targets = [self._fresh_calls() for _ in range(copies)]
+        self.state = state_pb2.RolloutTrace()
+
+    def _fresh_calls(self) -> tuple[state_pb2.RolloutTrace, list[state_pb2.InferenceCall]]:
+        state = state_pb2.RolloutTrace()
+        return state, [state.inference_calls[str(n)] for n in range(len(self.requests))]
+
+    def copy(self) -> int:
+        """Copy every request into the next fresh state (kept as `state`); how many calls."""
+        self.state, calls = self._targets.pop()
+        for call, request in zip(calls, self.requests, strict=True):
+            call.CopyFrom(request)
+        return len(calls)
+
+
 @dataclass(frozen=True)
 class P1:
     records: int
@@ -140,6 +171,7 @@ REPLAY = "replay_bundle"
 COMPACT = "replay_bundle(compact=True)"
 PEER = "JSONL + orjson"
 LAZY_PEER = "JSONL + orjson, delta lines skipped"
+COPY_FLOOR = "the complete form's requests copied"
 
 
 LARGE = Shape(turns=1000, deltas_per_turn=1000)
@@ -157,6 +189,7 @@ def measure_p1(bundle: Path, jsonl: Path, rounds: int) -> P1:
     bundle (its JSONL twin written to `jsonl`)."""
     trace_file = bundle / TRACE_FILE_NAME
     lines = write_codex_jsonl(bundle, jsonl)
+    requests = CompleteRequests(bundle, copies=rounds)
     contenders: list[tuple[str, Callable[[], object]]] = [
         (FLOOR, lambda: read_and_parse(trace_file)),
         (TAG_FLOOR, lambda: read_split_tag(trace_file)),
@@ -167,6 +200,7 @@ def measure_p1(bundle: Path, jsonl: Path, rounds: int) -> P1:
         (PYTHON_READER, lambda: replay_in_python(bundle)),
         (PEER, lambda: reduce_codex_jsonl(jsonl)),
         (LAZY_PEER, lambda: reduce_codex_jsonl(jsonl, lazy=True)),
+        (COPY_FLOOR, requests.copy),
     ]
     eager, lazy = reduce_codex_jsonl(jsonl), reduce_codex_jsonl(jsonl, lazy=True)
     if eager != lazy:
