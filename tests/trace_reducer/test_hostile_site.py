@@ -213,3 +213,31 @@ async def test_the_served_list_says_once_that_it_passed_over_a_name_that_is_not_
     assert len(answers[-1].json()["runs"]) == named
     # Once, not on every refresh of the list.
     assert warnings == [f"passed over {root}/run\\xff: its name is not valid UTF-8 (rename it)"]
+
+
+async def test_a_served_root_removed_is_a_503_that_says_so_until_it_is_back(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "served"
+    bundle = sorted(GOLDEN.glob("*-thread_*"))[0]
+    shutil.copytree(bundle, root / "one")
+    warnings: list[str] = []
+    server = SiteServer(str(root), None, warn=warnings.append)
+    address = await server.start("127.0.0.1", 0)
+    try:
+        async with httpx.AsyncClient(base_url=address) as http:
+            assert (await http.get("/api/runs")).status_code == 200
+            shutil.rmtree(root)
+            gone = [await http.get(path) for path in ("/api/runs", "/", "/api/runs")]
+            assert [answer.status_code for answer in gone] == [503] * 3
+            reason = f"the served root cannot be listed: no such file or directory: {root}"
+            assert {answer.text for answer in gone} == {reason + "\n"}
+            assert all("Traceback" not in answer.text for answer in gone)
+            shutil.copytree(bundle, root / "one")
+            back = await http.get("/api/runs")
+            assert back.status_code == 200
+            assert len(back.json()["runs"]) == 1
+    finally:
+        await server.stop()
+    # Said once to the operator, not at every poll.
+    assert warnings == [reason]

@@ -391,10 +391,25 @@ class SiteServer:
             self._warned.add(message)
             self._warn(message)
 
+    async def _listed(self) -> _Snapshot | Any:
+        """The root's latest listing, or the 503 that says why it cannot be listed (the root
+        removed or unreadable while served): the operator is told once, the page keeps the
+        list it has and asks again at its next poll."""
+        from aiohttp import web
+
+        try:
+            return await self._listing.get()
+        except BundleError as error:
+            reason = f"the served root cannot be listed: {error}"
+            self._warn_once(reason)
+            return web.Response(status=503, text=f"{reason}\n")
+
     async def _list(self, request: Any) -> Any:
         from aiohttp import web
 
-        listing = await self._listing.get()
+        listing = await self._listed()
+        if not isinstance(listing, _Snapshot):
+            return listing
         text = render_list(
             listing.body, served=True, title=f"rollouts under {self.root}", tag=listing.tag
         )
@@ -403,7 +418,9 @@ class SiteServer:
     async def _api_runs(self, request: Any) -> Any:
         from aiohttp import web
 
-        listing = await self._listing.get()
+        listing = await self._listed()
+        if not isinstance(listing, _Snapshot):
+            return listing
         tag = listing.tag
         # The list polls every 2 s: an unchanged list (the usual answer) goes without its body,
         # which for a root of thousands of runs is megabytes a poll, and as much JSON to parse.
