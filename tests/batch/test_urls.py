@@ -215,6 +215,20 @@ def test_a_root_url_s_credentials_are_never_shown(command: str) -> None:
         assert "Traceback" not in result.stderr
         shown = result.stdout + result.stderr
         assert not [secret for secret in secrets if secret in shown], (args, shown)
-        if result.returncode != 0:  # list of an HTTP root nothing answers is an empty table
-            assert result.returncode == 2, (args, result.stderr)
-            assert len(_our_lines(result.stderr)) == 1, (args, result.stderr)
+        assert result.returncode == 2, (args, result.stderr)
+        assert len(_our_lines(result.stderr)) == 1, (args, result.stderr)
+
+
+@pytest.mark.parametrize("command", ["list", "reduce-all"])
+def test_a_url_root_nothing_answers_says_so(command: str) -> None:
+    # Was, for list: an empty table and exit 0 (fsspec's walk passes over what it cannot
+    # read); for reduce-all: "no trace bundles under ...".
+    with socket.socket() as probe:  # a loopback port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    root = f"http://127.0.0.1:{closed}/traces"
+    result = _trace_reducer(command, root)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    [line] = _our_lines(result.stderr)
+    assert line.startswith(f"trace-reducer: cannot list {root}: Cannot connect to host"), line

@@ -176,6 +176,14 @@ class FsspecStore:
 
     def discover(self, warn: Callable[[str], None]) -> list[BundleEntry]:
         found: dict[str, dict[str, Any]] = self.fs.find(self.path, withdirs=False, detail=True)
+        if not found:
+            # fsspec's walk passes over what it cannot read, so a host nothing answers (or a
+            # name that does not resolve) finds nothing, as an empty root does: the root itself
+            # asked for says which it is. Nothing there at all is an empty root, as on S3.
+            try:
+                self.fs.ls(self.path, detail=False)
+            except FileNotFoundError:
+                pass
         states: dict[str, float | None] = {}
         traces: dict[str, float | None] = {}
         rewards: dict[str, float | None] = {}
