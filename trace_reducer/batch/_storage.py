@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import json
@@ -180,10 +181,8 @@ class FsspecStore:
             # fsspec's walk passes over what it cannot read, so a host nothing answers (or a
             # name that does not resolve) finds nothing, as an empty root does: the root itself
             # asked for says which it is. Nothing there at all is an empty root, as on S3.
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 self.fs.ls(self.path, detail=False)
-            except FileNotFoundError:
-                pass
         states: dict[str, float | None] = {}
         traces: dict[str, float | None] = {}
         rewards: dict[str, float | None] = {}
