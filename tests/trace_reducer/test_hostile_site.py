@@ -19,6 +19,7 @@ import pytest
 
 from tests.malformed_http import MALFORMED_REQUESTS, SECRET, refusals, status_line
 from tests.trace_reducer.conftest import GOLDEN, TRACE_REDUCER
+from tests.trace_reducer.site import served_site
 from trace_reducer.batch._listing import INDEX_FILE_NAME, list_runs
 from trace_reducer.view._site import TOKEN_COOKIE, SiteServer
 
@@ -222,22 +223,17 @@ async def test_a_served_root_removed_is_a_503_that_says_so_until_it_is_back(
     bundle = sorted(GOLDEN.glob("*-thread_*"))[0]
     shutil.copytree(bundle, root / "one")
     warnings: list[str] = []
-    server = SiteServer(str(root), None, warn=warnings.append)
-    address = await server.start("127.0.0.1", 0)
-    try:
-        async with httpx.AsyncClient(base_url=address) as http:
-            assert (await http.get("/api/runs")).status_code == 200
-            shutil.rmtree(root)
-            gone = [await http.get(path) for path in ("/api/runs", "/", "/api/runs")]
-            assert [answer.status_code for answer in gone] == [503] * 3
-            reason = f"the served root cannot be listed: no such file or directory: {root}"
-            assert {answer.text for answer in gone} == {reason + "\n"}
-            assert all("Traceback" not in answer.text for answer in gone)
-            shutil.copytree(bundle, root / "one")
-            back = await http.get("/api/runs")
-            assert back.status_code == 200
-            assert len(back.json()["runs"]) == 1
-    finally:
-        await server.stop()
+    async with served_site(root, warn=warnings.append) as http:
+        assert (await http.get("/api/runs")).status_code == 200
+        shutil.rmtree(root)
+        gone = [await http.get(path) for path in ("/api/runs", "/", "/api/runs")]
+        assert [answer.status_code for answer in gone] == [503] * 3
+        reason = f"the served root cannot be listed: no such file or directory: {root}"
+        assert {answer.text for answer in gone} == {reason + "\n"}
+        assert all("Traceback" not in answer.text for answer in gone)
+        shutil.copytree(bundle, root / "one")
+        back = await http.get("/api/runs")
+        assert back.status_code == 200
+        assert len(back.json()["runs"]) == 1
     # Said once to the operator, not at every poll.
     assert warnings == [reason]

@@ -7,12 +7,12 @@ import asyncio
 import threading
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.trace_reducer.bundles import one_turn_bundle
+from tests.trace_reducer.site import served_site
 from trace_reducer.view import _site
-from trace_reducer.view._site import SiteServer, _Listed, _SharedListing
+from trace_reducer.view._site import _Listed, _SharedListing
 
 
 class _Root:
@@ -116,18 +116,13 @@ async def test_the_servers_list_and_run_pages_take_the_shared_listing(
     monkeypatch.setattr(_site, "_listed_runs", counted)
     root = tmp_path / "traces"
     one_turn_bundle(root, thread_id="thr_first")
-    server = SiteServer(str(root), None)
-    base = await server.start("127.0.0.1", 0)
-    try:
-        async with httpx.AsyncClient(base_url=base) as http:
-            first = (await http.get("/api/runs")).json()["runs"]
-            assert [run["thread_id"] for run in first] == ["thr_first"]
-            page = await http.get(first[0]["href"])
-            assert page.status_code == 200
-            assert len(calls) == 2
-            one_turn_bundle(root, thread_id="thr_second")
-            runs = (await http.get("/api/runs")).json()["runs"]
-            assert sorted(run["thread_id"] for run in runs) == ["thr_first", "thr_second"]
-            assert len(calls) == 3
-    finally:
-        await server.stop()
+    async with served_site(root) as http:
+        first = (await http.get("/api/runs")).json()["runs"]
+        assert [run["thread_id"] for run in first] == ["thr_first"]
+        page = await http.get(first[0]["href"])
+        assert page.status_code == 200
+        assert len(calls) == 2
+        one_turn_bundle(root, thread_id="thr_second")
+        runs = (await http.get("/api/runs")).json()["runs"]
+        assert sorted(run["thread_id"] for run in runs) == ["thr_first", "thr_second"]
+        assert len(calls) == 3
