@@ -132,6 +132,19 @@ def _error_type(status: int) -> str:
 _NAMED = frozenset({SOURCE_HEADER, SOURCE_PATH})
 
 
+# The fields of POST /rollout/v1/rewards, in the order the documentation gives them.
+_REWARD_FIELDS = (
+    "session",
+    "name",
+    "value",
+    "turn_id",
+    "item_id",
+    "weight",
+    "source",
+    "metadata",
+)
+
+
 class _SessionKeyError(ValueError):
     """A client named a session by a key that cannot be one."""
 
@@ -797,6 +810,15 @@ class Gateway:
             return _slow_body(self.settings.request_read_timeout)
         if not isinstance(body, dict):
             return error_response(400, "invalid_json", "the request body must be a JSON object")
+        unknown = sorted(str(name) for name in body if name not in _REWARD_FIELDS)
+        if unknown:
+            # A misspelt target (`turn` for `turn_id`) would otherwise put the reward on the
+            # whole thread without a word.
+            return error_response(
+                400,
+                "invalid_reward",
+                f"unknown field {unknown[0]!r}: a reward takes {', '.join(_REWARD_FIELDS)}",
+            )
         key = body.get("session")
         if not isinstance(key, str) or not key:
             return error_response(400, "invalid_session", "session is required, as a string")

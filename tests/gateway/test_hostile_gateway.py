@@ -481,8 +481,16 @@ async def test_models_never_sends_the_gateway_s_own_token_upstream(
         ({"value": 1, "metadata": {"k": "\ud800"}}, None),
         ({"value": 1, "metadata": [1]}, "invalid_reward"),
         ({"value": 1, "name": ["x"]}, "invalid_reward"),
+        ({"value": 1, "turn": "turn_1"}, "invalid_reward"),
     ],
-    ids=["value-10^400", "weight-10^400", "surrogate-metadata", "metadata-list", "name-list"],
+    ids=[
+        "value-10^400",
+        "weight-10^400",
+        "surrogate-metadata",
+        "metadata-list",
+        "name-list",
+        "misspelt-turn-id",
+    ],
 )
 async def test_a_hostile_reward_is_a_400(
     start_gateway: StartGateway,
