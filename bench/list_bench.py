@@ -52,17 +52,24 @@ def spread(values: list[float]) -> str:
     return f"{min(values):.2f} / {statistics.median(values):.2f} / {max(values):.2f} s"
 
 
-def measure_list(root: Path, bundles: int, templates: int = 200, rounds: int = 5) -> ListResult:
-    made = root / "list-templates"
-    make_bundles(made, templates)
-    sources = sorted(made.glob("*/trace.binpb"))
-    runs = root / "list-root"
-    runs.mkdir()
-    # Hard links of server-made bundles: each is a real bundle to reduce, made in seconds.
+def linked_root(runs: Path, templates: Path, bundles: int, made: int = 200) -> None:
+    """Fill `runs` with `bundles` bundles, each a hard link of one of `made` one-turn
+    rollouts recorded by the agent server into `templates` (recorded once, kept after): each
+    is a real bundle to reduce, made in seconds. Those already there are kept."""
+    if not templates.is_dir():
+        make_bundles(templates, made)
+    sources = sorted(templates.glob("*/trace.binpb"))
+    runs.mkdir(parents=True, exist_ok=True)
     for index in range(bundles):
         bundle = runs / f"20260101T000000Z-thread_{index:032x}"
-        bundle.mkdir()
-        os.link(sources[index % len(sources)], bundle / "trace.binpb")
+        bundle.mkdir(exist_ok=True)
+        if not (bundle / "trace.binpb").exists():
+            os.link(sources[index % len(sources)], bundle / "trace.binpb")
+
+
+def measure_list(root: Path, bundles: int, templates: int = 200, rounds: int = 5) -> ListResult:
+    runs = root / "list-root"
+    linked_root(runs, root / "list-templates", bundles, templates)
     listing = [TRACE_REDUCER, "list", str(runs), "--json"]
     result = ListResult(bundles, templates, _timed(listing))
     # Alternating rounds, the floor first in every other one: neither always runs second.

@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 
 from bench.agent_bench import cpu_seconds
-from bench.batch_bench import make_bundles
+from bench.list_bench import linked_root
 
 THIS_TREE = Path(__file__).resolve().parents[1]
 _ADDRESS = re.compile(r"serving (http://127\.0\.0\.1:\d+/)")
@@ -38,7 +38,6 @@ _ADDRESS = re.compile(r"serving (http://127\.0\.0\.1:\d+/)")
 _POLL_SECONDS = 2.0
 _POLL_BACKOFF = 4
 _PAGE_EVERY = 1.0
-_TEMPLATES = 200
 
 
 @dataclass(frozen=True)
@@ -125,20 +124,6 @@ def measure(root: Path, tree: Path, *, tabs: int, seconds: float) -> SiteRound:
     )
 
 
-def make_root(root: Path, runs: int) -> None:
-    """Fill root with `runs` hard links of _TEMPLATES server-made one-turn rollouts."""
-    templates = root.parent / f"{root.name}-templates"
-    if not templates.is_dir():
-        make_bundles(templates, _TEMPLATES)
-    sources = sorted(templates.glob("*/trace.binpb"))
-    root.mkdir(parents=True, exist_ok=True)
-    for index in range(runs):
-        bundle = root / f"20260101T000000Z-thread_{index:032x}"
-        bundle.mkdir(exist_ok=True)
-        if not (bundle / "trace.binpb").exists():
-            os.link(sources[index % len(sources)], bundle / "trace.binpb")
-
-
 def _spread(values: list[float], scale: float = 1.0, unit: str = "") -> str:
     ordered = sorted(value * scale for value in values)
     return f"{ordered[0]:.2f} / {statistics.median(ordered):.2f} / {ordered[-1]:.2f}{unit}"
@@ -154,7 +139,7 @@ def main() -> None:
     parser.add_argument("--make", type=int, default=0, metavar="N")
     args = parser.parse_args()
     if args.make:
-        make_root(args.root, args.make)
+        linked_root(args.root, args.root.parent / f"{args.root.name}-templates", args.make)
     trees = [Path(tree).resolve() for tree in args.trees.split(",")]
     results: dict[Path, list[SiteRound]] = {tree: [] for tree in trees}
     for number in range(args.rounds):

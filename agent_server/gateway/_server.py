@@ -810,7 +810,7 @@ class Gateway:
             return _slow_body(self.settings.request_read_timeout)
         if not isinstance(body, dict):
             return error_response(400, "invalid_json", "the request body must be a JSON object")
-        unknown = sorted(str(name) for name in body if name not in _REWARD_FIELDS)
+        unknown = sorted(name for name in body if name not in _REWARD_FIELDS)
         if unknown:
             # A misspelt target (`turn` for `turn_id`) would otherwise put the reward on the
             # whole thread without a word.

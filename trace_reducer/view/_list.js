@@ -37,8 +37,9 @@
 
   // Each run's searchable text, lower-cased once while the list stays as fetched: a keystroke
   // searches thousands of runs, and each run's text is up to a thousand characters. The
-  // fields are joined by a character no search can span.
-  let haystacks = new WeakMap();
+  // fields are joined by a character no search can span. Keyed weakly by the run object, so a
+  // polled list (new objects) starts afresh and the old entries go with the old runs.
+  const haystacks = new WeakMap();
   function haystack(run) {
     let hay = haystacks.get(run);
     if (hay === undefined) {
@@ -165,7 +166,6 @@
       if (response.ok) {
         tag = response.headers.get("ETag");
         runs = (await response.json()).runs;
-        haystacks = new WeakMap();
         filters();
         draw();
         document.body.dataset.updates = String(Number(document.body.dataset.updates || 0) + 1);
