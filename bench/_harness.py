@@ -20,6 +20,21 @@ from rollout.agent.v1 import agent_pb2, agent_pb2_grpc
 AGENT_SERVER = str(Path(sys.executable).parent / "agent-server")
 
 
+def cpu_seconds(pid: int, *, main_thread: bool = False) -> float:
+    """User + system CPU time of a live process, to the nanosecond (main_thread: of its first
+    thread alone, the one a server's event loop runs on).
+
+    Not /proc/PID/stat's clock ticks: a short run that spends under a tick (10 ms) would read as
+    none at all. Linux lets any process read another's CPU clock (the id `clock_getcpuclockid`
+    gives: the pid's complement shifted, CPUCLOCK_SCHED); a thread's is only for its own
+    process, so the first thread's comes from its scheduler statistics, also in nanoseconds.
+    """
+    if main_thread:
+        with open(f"/proc/{pid}/task/{pid}/schedstat") as schedstat:
+            return int(schedstat.read().split()[0]) / 1e9
+    return time.clock_gettime((~pid << 3) | 2)
+
+
 @dataclass
 class Process:
     """A child that printed `listening on ADDRESS`; stopped with SIGTERM like a service."""

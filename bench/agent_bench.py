@@ -18,6 +18,7 @@ from bench._harness import (
     Process,
     ThreadRun,
     agent_server_argv,
+    cpu_seconds,
     prompt,
     rotate,
     run_thread,
@@ -26,15 +27,6 @@ from bench._harness import (
 )
 from rollout.trace.v1 import record_pb2
 from trace_reducer import decode_varint, request_body
-
-
-def cpu_seconds(pid: int, *, main_thread: bool = False) -> float:
-    """User + system CPU time of a live process (main_thread: of its first thread alone, the
-    one a server's event loop runs on)."""
-    stat = f"/proc/{pid}/task/{pid}/stat" if main_thread else f"/proc/{pid}/stat"
-    fields = Path(stat).read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
 
 # -- P3 ---------------------------------------------------------------------------------------
 

@@ -30,8 +30,7 @@ from typing import Any
 import grpc
 import httpx
 
-from bench._harness import AGENT_SERVER, spawn
-from bench.agent_bench import cpu_seconds
+from bench._harness import AGENT_SERVER, cpu_seconds, spawn
 from rollout.agent.v1 import agent_pb2, agent_pb2_grpc
 
 REPO = Path(__file__).resolve().parent.parent

@@ -21,8 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from bench._harness import AGENT_SERVER, spawn
-from bench.agent_bench import cpu_seconds
+from bench._harness import AGENT_SERVER, cpu_seconds, spawn
 
 # A model's pace (20 chunks/s a stream): 2,000 chunks/s at 100 streams, on 2 shared cores.
 _WORDS = 20

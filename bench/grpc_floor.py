@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
 import re
 import sys
 import time
@@ -25,7 +24,7 @@ from typing import Any
 
 import grpc
 
-from bench._harness import Process, spawn, stubs
+from bench._harness import Process, cpu_seconds, spawn, stubs
 from grpc_common import default_event_loop, install_signal_handlers, run_on_loop
 from rollout.agent.v1 import agent_pb2, agent_pb2_grpc
 
@@ -123,13 +122,6 @@ class Floor:
             return ordered[min(len(ordered) - 1, int(p * len(ordered)))] / 1e6
 
         return cls(len(ordered), messages, pct(0.50), pct(0.99), server_cpu_seconds)
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a live process."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def _drive(address: str, streams: int, deltas: int, window: int) -> tuple[list[int], int]:

@@ -33,8 +33,8 @@ import aiohttp
 import grpc
 import orjson
 
-from bench._harness import Process, prompt, spawn, stubs
-from bench.grpc_floor import STAMP, Floor, cpu_seconds, delta_response, serve_stream_events
+from bench._harness import Process, cpu_seconds, prompt, spawn, stubs
+from bench.grpc_floor import STAMP, Floor, delta_response, serve_stream_events
 from grpc_common import default_event_loop, run_on_loop
 from rollout.agent.v1 import agent_pb2, agent_pb2_grpc
 

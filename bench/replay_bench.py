@@ -16,8 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench._harness import agent_server_argv, prompt, run_thread, spawn, stubs
-from bench.agent_bench import cpu_seconds
+from bench._harness import agent_server_argv, cpu_seconds, prompt, run_thread, spawn, stubs
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.agent_bench import cpu_seconds
+from bench._harness import cpu_seconds
 from bench.list_bench import linked_root
 
 THIS_TREE = Path(__file__).resolve().parents[1]

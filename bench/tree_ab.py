@@ -41,7 +41,7 @@ from pathlib import Path
 
 from agent_server.local_model import reply_words
 from bench import agent_bench, grpc_floor
-from bench._harness import Process, agent_server_argv, prompt, rotate, spawn
+from bench._harness import Process, agent_server_argv, cpu_seconds, prompt, rotate, spawn
 from bench.jsonl_peer import write_codex_jsonl
 
 # Run with the tree's project first on the path: nothing of bench/ is imported from there, the
@@ -277,13 +277,13 @@ def p5(
 
         def agent(name: str) -> None:
             pid = servers[name].popen.pid
-            before = agent_bench.cpu_seconds(pid)
+            before = cpu_seconds(pid)
             run = asyncio.run(
                 agent_bench._concurrent([servers[name].address], threads, turns, window)
             )
             if run.completed != threads:
                 raise RuntimeError(f"{name}: {run.completed} of {threads} threads completed")
-            spent = agent_bench.cpu_seconds(pid) - before
+            spent = cpu_seconds(pid) - before
             results[name].append(
                 (spent / run.deltas * 1e6, run.p99_ms, run.deltas / run.delta_events)
             )
@@ -372,9 +372,9 @@ def p3(
 
         def run(name: tuple[str, bool]) -> None:
             pid = servers[name].popen.pid
-            before = agent_bench.cpu_seconds(pid)
+            before = cpu_seconds(pid)
             deltas = asyncio.run(agent_bench._paced_threads(servers[name].address, threads, turns))
-            results[name].append((agent_bench.cpu_seconds(pid) - before) / deltas * 1e6)
+            results[name].append((cpu_seconds(pid) - before) / deltas * 1e6)
 
         rotate([functools.partial(run, name) for name in sorted(names)], rounds)
     for tree_name in ("base", "this"):
@@ -407,9 +407,9 @@ def long(baseline: Path, rounds: int, threads: int = 4, turns: int = 300) -> Non
 
         def run(name: str) -> None:
             pid = servers[name].popen.pid
-            before = agent_bench.cpu_seconds(pid)
+            before = cpu_seconds(pid)
             asyncio.run(agent_bench._paced_threads(servers[name].address, threads, turns))
-            results[name].append((agent_bench.cpu_seconds(pid) - before) / (threads * turns) * 1e6)
+            results[name].append((cpu_seconds(pid) - before) / (threads * turns) * 1e6)
 
         rotate([functools.partial(run, "base"), functools.partial(run, "this")], rounds)
     for name, runs in results.items():
