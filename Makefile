@@ -9,7 +9,7 @@ TS_STAMP := $(TS)/node_modules/.installed
 NPM_CACHE ?= $(or $(TMPDIR),/tmp)/rollout-trace-npm-cache
 
 .PHONY: demo test check lint protos check-protos ts-protos check-ts-protos check-breaking \
-	pytest test-ts test-backends engine vllm check-package fuzz bench clean
+	pytest ts-build ts-e2e test-ts test-backends engine vllm check-package fuzz bench clean
 
 # The package with every extra, and the project's own tools (pyproject's dependency groups), at
 # the exact versions of constraints.txt, installed by uv (its cache is uv's own, under
@@ -79,13 +79,21 @@ vllm:
 pytest: $(STAMP) test-backends
 	$(BIN)/pytest -q --durations=25
 
-# The TypeScript client compiled, then its end-to-end test against `agent-server serve`.
-test-ts: $(STAMP) $(TS_STAMP)
+# The TypeScript client compiled (dist/). `make test` does it before pytest starts: pytest runs
+# docs/clients.md's example on it, and skipped that test when the build beside it came late.
+ts-build: $(TS_STAMP)
 	cd $(TS) && npm run --silent build
+
+# The compiled client's end-to-end test against `agent-server serve`.
+ts-e2e: $(STAMP)
 	cd $(TS) && AGENT_SERVER="$(abspath $(BIN))/agent-server" npm test --silent
 
+# The TypeScript client compiled, then its end-to-end test.
+test-ts: $(STAMP) ts-build
+	$(MAKE) --no-print-directory ts-e2e
+
 # Set-up first, then the checks and the TypeScript test beside pytest (scripts/test.sh says why).
-test: $(STAMP) $(TS_STAMP) test-backends
+test: $(STAMP) $(TS_STAMP) test-backends ts-build
 	scripts/test.sh
 
 # The long fuzz run: tens of thousands of mutated and crafted bundles through the reader,

@@ -29,7 +29,8 @@ def test_a_few_milliseconds_of_another_process_are_counted(main_thread: bool) ->
     child = subprocess.Popen(
         [sys.executable, "-c", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
-    assert child.stdin is not None and child.stdout is not None
+    assert child.stdin is not None
+    assert child.stdout is not None
     try:
         assert child.stdout.readline() == "ready\n"
         before = cpu_seconds(child.pid, main_thread=main_thread)

@@ -61,13 +61,16 @@ def test_the_quickstart(tmp_path: Path) -> None:
     assert Path(view[1]).parent == Path(state[1]).parent
 
     # `make test` is what CI runs (.ci/run); what it does is what the comment lists: its script
-    # runs `make check test-ts` beside `make pytest`.
+    # compiles the TypeScript client, then runs `make check ts-e2e` beside `make pytest`.
     ts_stamp = ("-o", "clients/typescript/node_modules/.installed")
     test_plan = _make("-n", "test", *ts_stamp, tmp=tmp_path)
     assert test_plan.returncode == 0, test_plan.stderr
     assert "scripts/test.sh" in test_plan.stdout
+    assert test_plan.stdout.index("npm run --silent build") < test_plan.stdout.index(
+        "scripts/test.sh"
+    )
     script = (REPO / "scripts" / "test.sh").read_text()
-    assert "make --no-print-directory check test-ts" in script
+    assert "make --no-print-directory check ts-e2e" in script
     assert "make --no-print-directory pytest" in script
     plan = _make("-n", "check", "test-ts", "pytest", *ts_stamp, tmp=tmp_path)
     assert plan.returncode == 0, plan.stderr
