@@ -2,14 +2,19 @@
 list pages poll.
 
 `python -m bench.site_bench ROOT` serves ROOT with `trace-reducer view ROOT --listen` and, for
-`--seconds`, has `--tabs` clients poll `/api/runs` as the list page does (the tag of the list
-they have sent back, the next poll after the longer of 2 s and four times the last answer's
-time) while one client opens a run page every second, the pages spread over the root. Each
-round reports the server's CPU share (CPU seconds over the round's wall time, from /proc) and
-the median and slowest run page and poll. With `--trees A,B` each tree's server takes a turn,
-the order alternating each round (a tree's project packages from its directory on
-PYTHONPATH, as `bench.tree_ab` runs them); `--make N` first fills ROOT with N hard links of 200
-server-made one-turn rollouts, the way `bench p9` makes its root.
+`--seconds`, has `--tabs` clients poll `/api/runs` as the list page does (its question: the
+newest runs first, a page of them, which a tree from before the served list was paged answers
+with every run, as its page asked; the tag of the answer they have sent back; the next poll
+after the longer of 2 s and four times the last answer's time) while one client opens a run
+page every second, the pages spread over the root. Each round reports the server's CPU share
+(CPU seconds over the round's wall time, from /proc) and the median and slowest run page and
+poll. With `--browser` each round first opens the list page in headless Chromium (the server
+warm): the page's bytes, the seconds until it is ready, its script's heap, and the seconds from
+typing one run's bundle name into the search box until that run is the only row. With
+`--trees A,B` each tree's server takes a turn, the order alternating each round (a tree's
+project packages from its directory on PYTHONPATH, as `bench.tree_ab` runs them); `--make N`
+first fills ROOT with N hard links of 200 server-made one-turn rollouts, the way `bench p9`
+makes its root.
 """
 
 from __future__ import annotations
@@ -40,6 +45,22 @@ _POLL_BACKOFF = 4
 _PAGE_EVERY = 1.0
 
 
+# The list page's own question (_list.js, _site._PAGE_QUERY).
+_PAGE_QUESTION = {"sort": "-started", "limit": "500"}
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+@dataclass(frozen=True)
+class ListPage:
+    """The list page in a browser: its document's bytes, the seconds until it is ready, its
+    script's heap in bytes once ready, and the seconds a search for one run took."""
+
+    size: int
+    ready: float
+    heap: float
+    search: float
+
+
 @dataclass(frozen=True)
 class SiteRound:
     cpu_share: float
@@ -48,6 +69,46 @@ class SiteRound:
     poll_median: float
     pages: int
     polls: int
+    list_page: ListPage | None = None
+
+
+def open_list(address: str, bundle: str) -> ListPage:
+    """The list page of the server at address in headless Chromium, searched for `bundle`."""
+    # Asked apart: a browser keeps no body as large as a list page of every run was.
+    size = len(httpx.get(address, timeout=600).raise_for_status().content)
+    import tempfile
+
+    from playwright.sync_api import sync_playwright
+
+    with tempfile.TemporaryDirectory() as home, sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=str(CHROMIUM),
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--no-first-run"],
+            env={**os.environ, "HOME": home},
+        )  # fmt: skip
+        try:
+            page = browser.new_page()
+            started = time.perf_counter()
+            page.goto(address, timeout=600_000)
+            page.wait_for_selector("body[data-ready=true]", timeout=600_000)
+            ready = time.perf_counter() - started
+            metrics = page.context.new_cdp_session(page)
+            metrics.send("Performance.enable")
+            heap = next(
+                metric["value"]
+                for metric in metrics.send("Performance.getMetrics")["metrics"]
+                if metric["name"] == "JSHeapUsedSize"
+            )
+            started = time.perf_counter()
+            page.fill("#search", bundle.rsplit("/", 1)[-1])
+            # The page's policy lets no script of ours run: a selector, then.
+            only = f'#runs tbody tr[data-bundle="{bundle}"]:only-child'
+            page.wait_for_selector(only, state="attached", timeout=600_000)
+            search = time.perf_counter() - started
+        finally:
+            browser.close()
+    return ListPage(size, ready, heap, search)
 
 
 @contextmanager
@@ -75,13 +136,17 @@ def _served(root: Path, tree: Path) -> Iterator[tuple[str, int]]:
         popen.wait()
 
 
-def measure(root: Path, tree: Path, *, tabs: int, seconds: float) -> SiteRound:
+def measure(
+    root: Path, tree: Path, *, tabs: int, seconds: float, browser: bool = False
+) -> SiteRound:
     """One round against `tree`'s served viewer of root."""
     with _served(root, tree) as (address, pid), httpx.Client(base_url=address, timeout=600) as http:
         runs = http.get("/api/runs").raise_for_status().json()["runs"]  # the index made warm
         if not runs:
             raise RuntimeError(f"no runs under {root}")
         links = [run["href"] for run in runs[:: max(1, len(runs) // 50)]]
+        # The run listed last: the newest-first page draws it last, or not at all.
+        list_page = open_list(address, runs[-1]["bundle"]) if browser else None
         stop = threading.Event()
         polls: list[float] = []
 
@@ -90,7 +155,11 @@ def measure(root: Path, tree: Path, *, tabs: int, seconds: float) -> SiteRound:
                 tag = None
                 while not stop.is_set():
                     started = time.perf_counter()
-                    answer = client.get("/api/runs", headers={"If-None-Match": tag} if tag else {})
+                    answer = client.get(
+                        "/api/runs",
+                        params=_PAGE_QUESTION,
+                        headers={"If-None-Match": tag} if tag else {},
+                    )
                     took = time.perf_counter() - started
                     polls.append(took)
                     tag = answer.headers["ETag"]
@@ -121,6 +190,7 @@ def measure(root: Path, tree: Path, *, tabs: int, seconds: float) -> SiteRound:
         statistics.median(polls) if polls else float("nan"),
         len(pages),
         len(polls),
+        list_page,
     )
 
 
@@ -137,6 +207,7 @@ def main() -> None:
     parser.add_argument("--tabs", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--make", type=int, default=0, metavar="N")
+    parser.add_argument("--browser", action="store_true", help="the list page in Chromium too")
     args = parser.parse_args()
     if args.make:
         linked_root(args.root, args.root.parent / f"{args.root.name}-templates", args.make)
@@ -144,7 +215,9 @@ def main() -> None:
     results: dict[Path, list[SiteRound]] = {tree: [] for tree in trees}
     for number in range(args.rounds):
         for tree in trees if number % 2 == 0 else trees[::-1]:
-            result = measure(args.root, tree, tabs=args.tabs, seconds=args.seconds)
+            result = measure(
+                args.root, tree, tabs=args.tabs, seconds=args.seconds, browser=args.browser
+            )
             results[tree].append(result)
             print(f"round {number} {tree}: {result}", flush=True)
     for tree, rounds in results.items():
@@ -154,6 +227,14 @@ def main() -> None:
             f"{_spread([r.page_max for r in rounds], unit=' s')}; poll (median of a round) "
             f"{_spread([r.poll_median for r in rounds], unit=' s')} (min / median / max)"
         )
+        opened = [r.list_page for r in rounds if r.list_page is not None]
+        if opened:
+            print(
+                f"{tree}: list page {_spread([o.size for o in opened], 1e-6, ' MB')}, ready in "
+                f"{_spread([o.ready for o in opened], unit=' s')}, script heap "
+                f"{_spread([o.heap for o in opened], 1e-6, ' MB')}, a search for one run "
+                f"{_spread([o.search for o in opened], unit=' s')} (min / median / max)"
+            )
 
 
 if __name__ == "__main__":

@@ -15,7 +15,14 @@ import pytest
 from tests.trace_reducer.collector import left_in_cycles
 from tests.trace_reducer.conftest import GOLDEN, TRACE_REDUCER
 from trace_reducer import RewardInput, append_reward
-from trace_reducer.batch._listing import INDEX_FILE_NAME, Listing, list_runs
+from trace_reducer.batch._listing import (
+    INDEX_FILE_NAME,
+    Listing,
+    Run,
+    RunFilter,
+    _unreadable,
+    list_runs,
+)
 
 
 def run_list(*args: str) -> subprocess.CompletedProcess[str]:
@@ -249,3 +256,29 @@ def test_a_file_that_is_no_bundle_is_listed_unreadable(root: Path) -> None:
     run = next(r for r in listed(str(root)) if str(r["bundle"]).endswith("thread_empty"))
     assert run["status"] == "unreadable"
     assert names(listed(str(root), "--status", "unreadable")) >= {"thread_empty"}
+
+
+@pytest.mark.parametrize(
+    ("needle", "found"),
+    [
+        ("MODEL-x", True),  # any case
+        ("thr_searched", True),
+        ("a sunny\u0000reply", True),  # a NUL the text itself holds
+        ("key-value", True),  # a metadata value
+        ("model-xthr", False),  # across two fields: no field holds it
+        ("model-x\u0000thr", False),
+    ],
+)
+def test_text_searches_each_field_alone(needle: str, found: bool) -> None:
+    summary = _unreadable("/runs/b1", "")
+    summary |= {
+        "thread_id": "thr_searched",
+        "model": "model-x",
+        "text": "a sunny\u0000reply",
+        "metadata": {"k": "key-value"},
+    }
+    run = Run.of(summary)
+    chosen = RunFilter(text=needle)
+    assert chosen.matches(run) is found
+    # The same answer for a run as a plain mapping (no text kept lower-cased).
+    assert chosen.matches({**run, "text": summary["text"]}) is found

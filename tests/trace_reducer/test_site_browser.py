@@ -277,6 +277,12 @@ def embedded_records(page: str) -> int:
     return int(data["trace"]["integrity"]["records_read"])
 
 
+def settled(page: Page) -> None:
+    """Waits for the served list to draw its server's answer to the change just made (a
+    static list draws at once)."""
+    page.wait_for_selector("body[data-busy=false]", state="attached")
+
+
 def row_threads(page: Page) -> list[str]:
     threads: list[str] = page.eval_on_selector_all(
         "#runs tbody tr", "rows => rows.map(r => r.dataset.thread)"
@@ -297,21 +303,31 @@ def test_the_list_filters_searches_sorts_and_opens_each_run(
         assert page.inner_text("#count").strip() == f"{len(everyone)} of {len(everyone)} runs"
 
         page.select_option("#status", "failed")
+        settled(page)
         assert row_threads(page) == [recorded.failed]
         page.select_option("#status", "")
+        settled(page)
         page.select_option("#integrity", "corrupt")
+        settled(page)
         assert row_threads(page) == [recorded.corrupt]
         page.select_option("#integrity", "truncated")
+        settled(page)
         assert row_threads(page) == [recorded.torn]
         page.select_option("#integrity", "")
+        settled(page)
         page.fill("#reward", "score<0.6")
+        settled(page)
         assert set(row_threads(page)) == {recorded.forks[1], recorded.forks[2]}
         page.fill("#reward", "")
+        settled(page)
         page.fill("#search", "two and two")
+        settled(page)
         assert set(row_threads(page)) == {recorded.parent, *recorded.forks}
         page.fill("#search", "")
+        settled(page)
 
         page.click("th[data-sort=tokens]")
+        settled(page)
         tokens = [
             int(t.replace(",", ""))
             for t in page.eval_on_selector_all(
@@ -321,10 +337,13 @@ def test_the_list_filters_searches_sorts_and_opens_each_run(
         assert tokens == sorted(tokens)
         assert len(set(tokens)) > 1
         page.click("th[data-sort=tokens]")
+        settled(page)
         assert page.get_attribute("th[data-sort=tokens]", "aria-sort") == "descending"
 
         # The low-reward fork: its reward, its parent and its group's siblings, linked.
         page.fill("#reward", "score<0.2")
+        settled(page)
+        assert row_threads(page) == [recorded.forks[1]]
         page.click(f"tr[data-thread={recorded.forks[1]}] a.run-link")
         page.wait_for_selector("body[data-rollout-ready=true]")
         assert page.inner_text("#rewards .reward-name") == "score"
@@ -385,18 +404,24 @@ def test_a_list_of_many_runs_draws_a_page_of_rows_and_searches_them_all(
         page = open_page(address).page
         assert len(row_threads(page)) == 500
         assert page.inner_text("#count").strip() == "500 shown, 600 of 600 runs"
+        # The page holds the rows it draws; its server searches, filters and sorts the rest.
+        data = json.loads(page.inner_text("#list-data"))
+        assert len(data["runs"]) == 500
         assert page.inner_text("#more") == "show 100 more of 100"
 
         # The search runs over every run, drawn or not.
         drawn = set(row_threads(page))
         hidden = next(f"thr_{i:04d}" for i in range(600) if f"thr_{i:04d}" not in drawn)
         page.fill("#search", hidden)
+        settled(page)
         assert row_threads(page) == [hidden]
         assert page.inner_text("#count").strip() == "1 of 600 runs"
         assert page.locator("#more").count() == 0
         page.fill("#search", "")
+        settled(page)
 
         page.click("#more")
+        settled(page)
         assert sorted(row_threads(page)) == [f"thr_{i:04d}" for i in range(600)]
         assert page.inner_text("#count").strip() == "600 of 600 runs"
         assert page.locator("#more").count() == 0
@@ -417,10 +442,10 @@ def test_the_list_polls_less_often_while_its_server_is_slow_to_answer(
             time.sleep(0.6)
             route.continue_()
 
-        page.route("**/api/runs", slow)
+        page.route(re.compile(r"/api/runs\?"), slow)
         page.wait_for_selector("body:not([data-poll-ms='2000'])", state="attached", timeout=30_000)
         assert int(page.get_attribute("body", "data-poll-ms") or 0) >= 2400
-        page.unroute("**/api/runs")
+        page.unroute(re.compile(r"/api/runs\?"))
         page.wait_for_selector("body[data-poll-ms='2000']", state="attached", timeout=30_000)
 
 
@@ -490,7 +515,7 @@ def test_a_bundle_being_written_updates_the_list_and_its_page(
             # Once nothing changes, a poll is answered without the list: the page sent its tag.
             unchanged = listing.page.wait_for_event(
                 "response",
-                lambda response: response.url.endswith("/api/runs") and response.status == 304,
+                lambda response: "/api/runs?" in response.url and response.status == 304,
                 timeout=15_000,
             )
             assert unchanged.headers["etag"]
@@ -557,6 +582,27 @@ def test_static_site_reads_offline(recorded: Recorded, open_page: OpenPage, tmp_
     )
     listing = open_page((site / "index.html").as_uri())
     assert len(row_threads(listing.page)) == 8
+    # Offline, the page searches, filters and sorts the runs it holds itself.
+    page = listing.page
+    page.select_option("#status", "failed")
+    assert row_threads(page) == [recorded.failed]
+    page.select_option("#status", "")
+    page.fill("#reward", "score<0.6")
+    assert set(row_threads(page)) == {recorded.forks[1], recorded.forks[2]}
+    page.fill("#reward", "")
+    page.fill("#search", "two and two")
+    assert set(row_threads(page)) == {recorded.parent, *recorded.forks}
+    assert page.inner_text("#count").strip() == "4 of 8 runs"
+    page.fill("#search", "")
+    page.click("th[data-sort=tokens]")
+    tokens = [
+        int(t.replace(",", ""))
+        for t in page.eval_on_selector_all(
+            "#runs tbody tr td:nth-child(7)", "cells => cells.map(c => c.textContent)"
+        )
+    ]
+    assert tokens == sorted(tokens)
+    assert len(set(tokens)) > 1
     listing.page.click(f"tr[data-thread={recorded.forks[0]}] a.run-link")
     listing.page.wait_for_selector("body[data-rollout-ready=true]")
     assert listing.page.inner_text("#rewards .reward-value") == "0.9000"

@@ -1,5 +1,6 @@
 """The served viewer lists its root once for every request that asks while a listing runs, and
-answers a slow listing again for twice as long as it took; a quick one never."""
+answers a slow listing again for twice as long as it took, and while the next one runs; a quick
+one never."""
 
 from __future__ import annotations
 
@@ -68,10 +69,38 @@ async def test_a_slow_listing_is_answered_again_for_twice_what_it_took() -> None
     assert (first.took, first.ended) == (3.0, 103.0)
     root.now = 108.9
     assert await shared.get() is first
+    assert shared._running is None
     root.now = 109.0
-    again = await shared.get()
+    # Then the next listing starts, and until it ends every request is answered the last one.
+    root.release = threading.Event()
+    assert await shared.get() is first
+    assert await shared.get() is first
+    running = shared._running
+    assert running is not None
+    root.release.set()
+    again = await running
     assert again.body == b"listing 2"
+    assert await shared.get() is again
     assert root.listings == 2
+
+
+async def test_a_failed_listing_after_a_slow_one_is_told_to_the_next_request() -> None:
+    root = _Root(took=3.0)
+    shared = _shared(root)
+    first = await shared.get()
+    root.now += 2 * first.took
+    root.error = OSError("the root went away")
+    assert await shared.get() is first
+    running = shared._running
+    assert running is not None
+    with pytest.raises(OSError, match="the root went away"):
+        await running
+    # The slow listing is not answered again: the next request lists, and hears the failure.
+    with pytest.raises(OSError, match="the root went away"):
+        await shared.get()
+    root.error = None
+    assert (await shared.get()).body == b"listing 4"
+    assert root.listings == 4
 
 
 async def test_a_failed_listing_reaches_every_waiter_and_the_next_request_lists_again() -> None:

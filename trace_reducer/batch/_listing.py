@@ -170,6 +170,7 @@ class Run(Mapping[str, Any]):
         "_data",
         "_line",
         "_recorded_status",
+        "_searched",
         "_text",
         "integrity",
         "live",
@@ -183,6 +184,7 @@ class Run(Mapping[str, Any]):
         self._line, self._recorded_status, self.integrity, self.started = kept
         self._text = text
         self._data: dict[str, Any] | None = None
+        self._searched: str | None = None
         self.live = live
 
     @classmethod
@@ -204,6 +206,13 @@ class Run(Mapping[str, Any]):
         if not isinstance(self._text, str):
             self._text = self._text()
         return self._text
+
+    def searched_text(self) -> str:
+        """_searched_text of this run, made once: the served list asks question after question
+        of the same runs, and lower-casing each run's text for each costs most of an answer."""
+        if self._searched is None:
+            self._searched = _searched_text(self)
+        return self._searched
 
     def _parsed(self) -> dict[str, Any]:
         if self._data is None:
@@ -489,21 +498,22 @@ _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-def parse_reward_filter(text: str) -> tuple[str, str, float]:
-    """`KEY>=X` (or <=, >, <, =, !=) as (key, operator, value); ValueError says why not."""
+def parse_reward_filter(text: str, *, name: str = "--reward") -> tuple[str, str, float]:
+    """`KEY>=X` (or <=, >, <, =, !=) as (key, operator, value); ValueError says why not,
+    calling the value `name`."""
     match = _REWARD.match(text)
     if match is None:
-        raise ValueError(f"--reward expects KEY>=X (or <=, >, <, =, !=), got {text!r}")
+        raise ValueError(f"{name} expects KEY>=X (or <=, >, <, =, !=), got {text!r}")
     try:
         value = float(match[3])
     except ValueError:
-        raise ValueError(f"--reward {text!r}: {match[3]!r} is not a number") from None
+        raise ValueError(f"{name} {text!r}: {match[3]!r} is not a number") from None
     if math.isnan(value):
-        raise ValueError(f"--reward {text!r}: the value must be a number")
+        raise ValueError(f"{name} {text!r}: the value must be a number")
     return match[1], match[2], value
 
 
-def parse_since(text: str, now: datetime | None = None) -> datetime:
+def parse_since(text: str, now: datetime | None = None, *, name: str = "--since") -> datetime:
     """An ISO date or time (UTC when it names no zone), or an age: 30m, 2h, 7d."""
     moment = now or datetime.now(UTC)
     relative = _RELATIVE.match(text.strip())
@@ -517,7 +527,7 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
         parsed = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:
         raise ValueError(
-            f"--since expects an ISO date or time, or an age such as 30m, 2h, 7d; got {text!r}"
+            f"{name} expects an ISO date or time, or an age such as 30m, 2h, 7d; got {text!r}"
         ) from None
     return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
 
@@ -553,16 +563,59 @@ class RunFilter:
             return False
         if self.text:
             needle = self.text.lower()
-            haystack = (
-                run["thread_id"],
-                run["model"],
-                run["bundle"],
-                run["text"],
-                *run["metadata"].values(),
-            )
-            if not any(needle in value.lower() for value in haystack):
+            if _FIELD_END in needle:
+                # It could span two fields of the joined text: each field alone, then.
+                fields = _searched_fields(run)
+                if not any(needle in value.lower() for value in fields):
+                    return False
+            elif needle not in (
+                run.searched_text() if isinstance(run, Run) else _searched_text(run)
+            ):
                 return False
         return True
+
+    @classmethod
+    def of(cls, values: Mapping[str, Sequence[str]], *, prefix: str = "--") -> RunFilter:
+        """The filter `values` describe, by FILTER_NAMES (each name's values as given:
+        repeated, or a,b; since and text their last); ValueError names a bad one, spelt
+        prefix + name (`list`'s flags, the served list's query parameters)."""
+
+        def given(name: str) -> Sequence[str]:
+            return values.get(name, ())
+
+        since = given("since")
+        text = given("text")
+        return cls(
+            statuses=split_values(given("status"), flag=f"{prefix}status", known=STATUS_NAMES),
+            integrities=split_values(
+                given("integrity"), flag=f"{prefix}integrity", known=INTEGRITY_NAMES
+            ),
+            models=split_values(given("model")),
+            rewards=tuple(
+                parse_reward_filter(text, name=f"{prefix}reward") for text in given("reward")
+            ),
+            since=parse_since(since[-1], name=f"{prefix}since") if since and since[-1] else None,
+            tools=frozenset(given("tool")),
+            text=text[-1] if text else "",
+        )
+
+
+def _searched_fields(run: Mapping[str, Any]) -> tuple[str, ...]:
+    """What --text searches: the run's ids, model, bundle path, text and metadata values."""
+    return (run["thread_id"], run["model"], run["bundle"], run["text"], *run["metadata"].values())
+
+
+# Between the fields of the searched text: a search without it matches within one field only.
+_FIELD_END = "\0"
+
+
+def _searched_text(run: Mapping[str, Any]) -> str:
+    """_searched_fields lower-cased, joined by _FIELD_END."""
+    return _FIELD_END.join(_searched_fields(run)).lower()
+
+
+# The names of RunFilter.of's values: `list`'s filter flags, the served list's parameters.
+FILTER_NAMES = ("status", "integrity", "model", "reward", "since", "tool", "text")
 
 
 def split_values(
@@ -585,7 +638,18 @@ STATUS_NAMES = frozenset(_STATUS.values()) | {"live", "unreadable"}
 INTEGRITY_NAMES = frozenset(_INTEGRITY.values())
 
 
-SORT_KEYS = ("started", "duration", "tokens", "turns", "calls", "status", "model")
+SORT_KEYS = (
+    "started",
+    "duration",
+    "tokens",
+    "turns",
+    "calls",
+    "tool_calls",
+    "status",
+    "integrity",
+    "model",
+    "thread_id",
+)
 
 
 def sort_runs(runs: Sequence[Mapping[str, Any]], key: str) -> list[Mapping[str, Any]]:
@@ -608,11 +672,12 @@ def sort_runs(runs: Sequence[Mapping[str, Any]], key: str) -> list[Mapping[str, 
     return [run for _, run in present] + missing
 
 
-def check_sort_key(key: str) -> str:
-    name = key.removeprefix("-")
-    if name in SORT_KEYS or (name.startswith("reward:") and len(name) > len("reward:")):
+def check_sort_key(key: str, *, name: str = "--sort") -> str:
+    """key, if sort_runs takes it; ValueError otherwise, calling it `name`."""
+    bare = key.removeprefix("-")
+    if bare in SORT_KEYS or (bare.startswith("reward:") and len(bare) > len("reward:")):
         return key
-    raise ValueError(f"--sort expects one of {', '.join(SORT_KEYS)} or reward:NAME, got {key!r}")
+    raise ValueError(f"{name} expects one of {', '.join(SORT_KEYS)} or reward:NAME, got {key!r}")
 
 
 # -- the text table -------------------------------------------------------------------------

@@ -63,24 +63,14 @@ def add_filter_arguments(parser: argparse.ArgumentParser) -> None:
 def run_filter(args: argparse.Namespace) -> RunFilter:
     """The filter the flags describe; ValueError names a bad flag."""
     # Imported when a listing runs, not for every command's start.
-    from ..batch._listing import (
-        INTEGRITY_NAMES,
-        STATUS_NAMES,
-        RunFilter,
-        parse_reward_filter,
-        parse_since,
-        split_values,
-    )
+    from ..batch._listing import FILTER_NAMES, RunFilter
 
-    return RunFilter(
-        statuses=split_values(args.status, flag="--status", known=STATUS_NAMES),
-        integrities=split_values(args.integrity, flag="--integrity", known=INTEGRITY_NAMES),
-        models=split_values(args.model),
-        rewards=tuple(parse_reward_filter(text) for text in args.reward),
-        since=parse_since(args.since) if args.since else None,
-        tools=frozenset(args.tool),
-        text=args.text or "",
-    )
+    values: dict[str, list[str]] = {}
+    for name in FILTER_NAMES:
+        given = getattr(args, name)
+        if given:
+            values[name] = given if isinstance(given, list) else [given]
+    return RunFilter.of(values)
 
 
 def add_parser(commands: Any) -> None:
@@ -103,8 +93,8 @@ def add_parser(commands: Any) -> None:
         "--sort",
         default="started",
         metavar="KEY",
-        help="started (default), duration, tokens, turns, calls, status, model or "
-        "reward:NAME; --sort=-KEY for descending",
+        help="started (default), duration, tokens, turns, calls, tool_calls, status, "
+        "integrity, model, thread_id or reward:NAME; --sort=-KEY for descending",
     )
     parser.add_argument("--limit", type=int, metavar="N", help="at most N runs")
     parser.add_argument("--json", action="store_true", help="JSON lines, one run each")

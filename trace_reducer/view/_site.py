@@ -15,12 +15,19 @@ import time
 import urllib.parse
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from grpc_common import http_server_logger, same_secret
 from rollout.trace.v1 import state_pb2
 
-from ..batch._listing import Run, list_runs
+from ..batch._listing import (
+    FILTER_NAMES,
+    Run,
+    RunFilter,
+    check_sort_key,
+    list_runs,
+    sort_runs,
+)
 from ..bundle._confine import BundleRoot
 from ..bundle._errors import BundleError, ReductionError
 from ..bundle._layout import TRACE_FILE_NAME
@@ -41,10 +48,15 @@ __all__ = ["SiteServer", "is_loopback", "write_site"]
 
 # The list page carries this much of each run's text for its search box.
 PAGE_TEXT_CHARS = 1000
+# The list draws this many rows, and "show more" as many again (the served list asks its
+# server for as many as it draws).
+LIST_PAGE_ROWS = 500
 TOKEN_COOKIE = "trace_view_token"  # noqa: S105 - the name of the cookie, not a secret
 _PLAIN_NAME_BYTE = re.compile(r"[A-Za-z0-9.-]")
 # A listing of the served root that took this long is answered again for a while after it.
 SLOW_LISTING_SECONDS = 0.25
+# How many answers of /api/runs about one listing are kept (each open list page asks one).
+_KEPT_ANSWERS = 64
 # Page names stay under the 255 bytes most file systems allow a name.
 _MAX_PAGE_STEM = 200
 
@@ -93,6 +105,81 @@ def _page_runs_json(listed: _Listed) -> bytes:
     return f'{{"runs":[{",".join(parts)}]}}'.encode()
 
 
+class _Query(NamedTuple):
+    """A question /api/runs is asked: `list`'s filters, sort and limit, by the same names."""
+
+    chosen: RunFilter
+    sort: str
+    limit: int | None
+    # Its canonical spelling, under which its answer to a listing is kept; "" for none kept.
+    key: str
+
+
+# The served list page's own question: the newest runs first, a page of them.
+_PAGE_QUERY = ("sort", "-started"), ("limit", str(LIST_PAGE_ROWS))
+_QUERY_NAMES = (*FILTER_NAMES, "sort", "limit")
+
+
+def _parse_query(items: list[tuple[str, str]]) -> _Query:
+    """The question the parameters ask (`list`'s filter names, `sort`, `limit`); ValueError
+    says what is wrong, naming the parameter."""
+    values: dict[str, list[str]] = {}
+    for name, value in items:
+        if name not in _QUERY_NAMES:
+            raise ValueError(
+                f"unknown parameter {name!r}: /api/runs takes {', '.join(_QUERY_NAMES)}"
+            )
+        values.setdefault(name, []).append(value)
+    chosen = RunFilter.of(values, prefix="")
+    sort = check_sort_key(values.get("sort", ["started"])[-1], name="sort")
+    limit = None
+    if "limit" in values:
+        given = values["limit"][-1]
+        # ASCII digits, few enough for int() to take them all (no "²", no 5,000 digits).
+        if not (given.isascii() and given.isdigit() and len(given) <= 12):
+            raise ValueError(f"limit expects a whole number, 0 or more; got {given[:40]!r}")
+        limit = int(given)
+    # An age (`since=2h`) moves with the clock: its answer is never kept.
+    key = "" if "since" in values else urllib.parse.urlencode(sorted(items))
+    return _Query(chosen, sort, limit, key)
+
+
+def _facets(listed: _Listed) -> dict[str, list[str]]:
+    """What the served list's menus offer: the statuses, integrities and models its runs have,
+    and their reward names (the rewards column sorts by the first)."""
+    statuses: set[str] = set()
+    integrities: set[str] = set()
+    models: set[str] = set()
+    rewards: set[str] = set()
+    for run, _ in listed:
+        statuses.add(run["status"])
+        integrities.add(run["integrity"])
+        models.add(run["model"])
+        rewards.update(run["rewards"])
+    return {
+        "status": sorted(statuses),
+        "integrity": sorted(filter(None, integrities)),
+        "model": sorted(filter(None, models)),
+        "reward": sorted(rewards),
+    }
+
+
+def _answer(listed: _Listed, query: _Query, facets: dict[str, list[str]]) -> bytes:
+    """/api/runs's answer to a question: the runs it chooses, in its order, at most its limit
+    of them, as the list page shows them; how many it chooses, of how many; the facets."""
+    links = {id(run): link for run, link in listed}
+    chosen = [run for run, _ in listed if query.chosen.matches(run)]
+    ordered = sort_runs(chosen, query.sort)
+    shown = ordered if query.limit is None else ordered[: query.limit]
+    body = _page_runs_json([(cast(Run, run), links[id(run)]) for run in shown])
+    more = _PAGE_JSON.encode({"matching": len(chosen), "total": len(listed), "facets": facets})
+    return body[:-1] + b"," + more[1:].encode()
+
+
+def _tag_of(body: bytes) -> str:
+    return f'"{hashlib.blake2b(body, digest_size=16).hexdigest()}"'
+
+
 class _Snapshot(NamedTuple):
     """One listing of the root: the runs with their links, the list page's JSON of them and its
     entity tag, and when the listing ended and how long it took (by the listing's clock)."""
@@ -106,7 +193,7 @@ class _Snapshot(NamedTuple):
 
 def _snapshot_of(listed: _Listed) -> tuple[_Listed, bytes, str]:
     body = _page_runs_json(listed)
-    return listed, body, f'"{hashlib.blake2b(body, digest_size=16).hexdigest()}"'
+    return listed, body, _tag_of(body)
 
 
 class _SharedListing:
@@ -117,8 +204,11 @@ class _SharedListing:
     root of 100,000 runs takes seconds of CPU to list, each request listing it alone. A
     listing that took `took` >= `slow` seconds is therefore answered again until 2 x `took`
     after it ended, so listing keeps at most about a third of the server busy however many
-    pages ask, and what a page shows is at most about 3 x `took` old; a quicker one is never
-    reused, so a small root is listed afresh for each request."""
+    pages ask; after that, the first request starts the next listing and, like every request
+    until it ends, is answered the slow one, so what a page shows is at most about 4 x `took`
+    old and no request waits for a listing but the first. A quicker one is never reused, so a
+    small root is listed afresh for each request. A listing that fails is dropped: the next
+    request waits for one of its own (and is told why when it fails too)."""
 
     def __init__(
         self,
@@ -135,17 +225,20 @@ class _SharedListing:
 
     async def get(self) -> _Snapshot:
         latest = self._latest
-        if (
-            latest is not None
-            and latest.took >= self._slow
-            and self._clock() - latest.ended < 2 * latest.took
-        ):
-            return latest
+        stale = None
+        if latest is not None and latest.took >= self._slow:
+            if self._clock() - latest.ended < 2 * latest.took:
+                return latest
+            stale = latest
         running = self._running
         if running is None:
             running = self._running = asyncio.ensure_future(self._list())
             # Every waiter may be gone (their clients closed) when a listing fails.
             running.add_done_callback(_retrieved)
+        if stale is not None:
+            # A slow listing's successor is on its way: the one before answers meanwhile, so
+            # no request (a search typed into the list page) waits seconds for it.
+            return stale
         # Shielded: one waiter's client closing must not stop the listing for the others.
         return await asyncio.shield(running)
 
@@ -153,6 +246,10 @@ class _SharedListing:
         started = self._clock()
         try:
             listed, body, tag = await asyncio.to_thread(self._list_now)
+        except BaseException:
+            # The next request waits for a listing of its own, and hears why this one failed.
+            self._latest = None
+            raise
         finally:
             self._running = None
         ended = self._clock()
@@ -218,11 +315,13 @@ class _Links:
 
 
 def render_list(runs_json: bytes, *, served: bool, title: str, tag: str | None = None) -> str:
-    """The list page of `runs_json` (_page_runs_json's); `tag`, its entity tag as /api/runs
-    answers it, lets the served page's first poll be answered 304."""
+    """The list page of `runs_json`: for a static site every run (_page_runs_json's), which the
+    page searches, filters and sorts itself; served, /api/runs's answer to the page's own
+    question (_PAGE_QUERY), the page asking its server again for each change. `tag`, that
+    answer's entity tag, lets the served page's first poll be answered 304."""
     # One JSON object: the runs' bytes spliced in after the page's own fields. Inside <script>
     # no `<` may survive (see _script_json); in JSON one occurs only within a string.
-    head = _script_json({"served": served, "tag": tag})
+    head = _script_json({"served": served, "tag": tag, "page_rows": LIST_PAGE_ROWS})
     data = f"{head[:-1]},{runs_json.decode()[1:]}".replace("<", "\\u003c")
     page_script = _asset(PAGE_SCRIPT)
     script = _asset("_list.js")
@@ -308,6 +407,12 @@ class SiteServer:
         self._listing = _SharedListing(
             lambda: _snapshot_of(self._runs()), slow=SLOW_LISTING_SECONDS
         )
+        # The latest listing's facets and the answers given about it, by its tag: the list
+        # pages poll with the same question every 2 s, and a root of 100,000 runs takes a
+        # fraction of a second to filter and sort.
+        self._answered_tag = ""
+        self._facets: asyncio.Future[dict[str, list[str]]] | None = None
+        self._answers: dict[str, tuple[bytes, str]] = {}
         self._runner: Any = None
         self.address = ""
 
@@ -410,25 +515,50 @@ class SiteServer:
         listing = await self._listed()
         if not isinstance(listing, _Snapshot):
             return listing
-        text = render_list(
-            listing.body, served=True, title=f"rollouts under {self.root}", tag=listing.tag
-        )
+        body, tag = await self._answer(listing, _parse_query(list(_PAGE_QUERY)))
+        text = render_list(body, served=True, title=f"rollouts under {self.root}", tag=tag)
         return web.Response(text=text, content_type="text/html")
 
     async def _api_runs(self, request: Any) -> Any:
         from aiohttp import web
 
+        try:
+            query = _parse_query(list(request.query.items())) if request.query else None
+        except ValueError as error:
+            return web.Response(status=400, text=f"{error}\n")
         listing = await self._listed()
         if not isinstance(listing, _Snapshot):
             return listing
-        tag = listing.tag
-        # The list polls every 2 s: an unchanged list (the usual answer) goes without its body,
+        if query is None:
+            body, tag = listing.body, listing.tag
+        else:
+            body, tag = await self._answer(listing, query)
+        # The list polls every 2 s: an unchanged answer (the usual one) goes without its body,
         # which for a root of thousands of runs is megabytes a poll, and as much JSON to parse.
         if tag in _entity_tags(request.headers.get("If-None-Match", "")):
             return web.Response(status=304, headers={"ETag": tag})
-        return web.Response(
-            body=listing.body, content_type="application/json", headers={"ETag": tag}
-        )
+        return web.Response(body=body, content_type="application/json", headers={"ETag": tag})
+
+    async def _answer(self, listing: _Snapshot, query: _Query) -> tuple[bytes, str]:
+        """The answer to query about listing, and its tag: kept while the listing is the latest,
+        so the same question asked again of the same runs is not worked out again."""
+        if self._facets is None or listing.tag != self._answered_tag:
+            self._answered_tag = listing.tag
+            self._facets = asyncio.ensure_future(asyncio.to_thread(_facets, listing.listed))
+            self._facets.add_done_callback(_retrieved)
+            self._answers = {}
+        kept = self._answers.get(query.key) if query.key else None
+        if kept is not None:
+            return kept
+        # Shielded, as the listing is: one client going must not stop it for the others.
+        facets = await asyncio.shield(self._facets)
+        body = await asyncio.to_thread(_answer, listing.listed, query, facets)
+        answer = body, _tag_of(body)
+        if query.key and listing.tag == self._answered_tag:
+            if len(self._answers) >= _KEPT_ANSWERS:
+                self._answers.pop(next(iter(self._answers)))
+            self._answers[query.key] = answer
+        return answer
 
     async def _run(self, request: Any) -> Any:
         from aiohttp import web
