@@ -56,6 +56,27 @@ def test_a_fifo_or_symlink_index_is_never_opened(root: Path, tmp_path: Path) -> 
     assert not index.is_symlink()
 
 
+def test_a_fifo_or_symlink_named_index_html_in_the_site_is_replaced(
+    root: Path, tmp_path: Path
+) -> None:
+    # Was: `view ROOT -o DIR` waited for ever on a FIFO named index.html in DIR, and wrote
+    # the list through a symbolic link of that name.
+    outside = tmp_path / "precious.html"
+    outside.write_text("keep me")
+    for kind in ("fifo", "link"):
+        site = tmp_path / f"site-{kind}"
+        site.mkdir()
+        if kind == "fifo":
+            os.mkfifo(site / "index.html")
+        else:
+            (site / "index.html").symlink_to(outside)
+        done = _run("view", str(root), "-o", str(site), timeout=30)
+        assert done.returncode == 0, (kind, done.stderr)
+        assert not (site / "index.html").is_symlink()
+        assert "<html" in (site / "index.html").read_text(encoding="utf-8")
+    assert outside.read_text() == "keep me"
+
+
 def test_an_index_of_foreign_json_is_rebuilt(root: Path) -> None:
     honest = list_runs(str(root)).runs
     for data in (b"[]", b'{"version": 1, "entries": []}', b"[" * 100_000, b"\xff not json"):

@@ -35,6 +35,7 @@ from ._view import (
     render_view,
     save_view,
     script_hash,
+    write_page,
 )
 
 __all__ = ["SiteServer", "is_loopback", "write_site"]
@@ -273,13 +274,12 @@ def write_site(
         save_view(
             data, target / "runs" / _static_name(relative), f"rollout {relative}", links=page_links
         )
-    index = target / "index.html"
-    index.write_text(
+    # Written aside and renamed, as the run pages are: a FIFO or symbolic link named
+    # index.html is replaced, never waited on nor written through.
+    return write_page(
         render_list(_page_runs_json(listed), served=False, title=f"rollouts under {root}"),
-        encoding="utf-8",
+        target / "index.html",
     )
-    index.chmod(0o600)
-    return index
 
 
 def _reduce_confined(root: BundleRoot, relative: str) -> Any:
