@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -110,6 +111,32 @@ async def test_a_token_or_cookie_of_any_characters_is_a_401(
         assert answer.status_code == 200
     captured = capfd.readouterr()
     assert "Traceback" not in captured.err + captured.out
+
+
+def test_the_printed_address_opens_the_viewer_whatever_the_token_holds(root: Path) -> None:
+    # Was: the token printed as it is, so one holding `+`, `&`, `#` or `%` made an address
+    # that was answered 401 (`+` read back as a space, the rest cut off).
+    token = "a+b&c#d %2F é"
+    process = subprocess.Popen(
+        [TRACE_REDUCER, "view", str(root), "--listen", "127.0.0.1:0", "--token-env", "VIEW_T"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "VIEW_T": token},
+    )
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        assert line.startswith("serving http://127.0.0.1:"), line
+        address = line.removeprefix("serving ").strip()
+        with httpx.Client() as http:
+            opened = http.get(address, follow_redirects=True)
+            assert opened.status_code == 200
+            assert http.cookies.get(TOKEN_COOKIE) is not None
+            assert http.get(address.split("?")[0] + "api/runs").status_code == 200
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=20)
 
 
 async def test_served_paths_never_leave_the_root(
