@@ -19,7 +19,9 @@ import httpx
 import pytest
 
 from tests.malformed_http import MALFORMED_REQUESTS, SECRET, refusals, status_line
+from tests.trace_reducer.bundles import BundleBuilder, user_item
 from tests.trace_reducer.conftest import GOLDEN, TRACE_REDUCER
+from tests.trace_reducer.live import eventually, open_descriptors
 from tests.trace_reducer.site import served_site
 from trace_reducer.batch._listing import INDEX_FILE_NAME, list_runs
 from trace_reducer.view._site import TOKEN_COOKIE, SiteServer
@@ -285,3 +287,25 @@ async def test_a_served_root_removed_is_a_503_that_says_so_until_it_is_back(
         assert len(back.json()["runs"]) == 1
     # Said once to the operator, not at every poll.
     assert warnings == [reason]
+
+
+async def test_a_live_runs_watch_ends_when_its_client_goes_away(tmp_path: Path) -> None:
+    # A thread waiting for its next turn: its writer holds the bundle open, however long.
+    builder = BundleBuilder(tmp_path / "root")
+    builder.turn("turn-1", [user_item("hello")])
+    trace_file = builder.bundle_dir / "trace.binpb"
+    try:
+        async with served_site(tmp_path / "root") as http:
+            for _ in range(3):  # a live run page reloaded
+                async with http.stream("GET", f"/api/watch/{builder.bundle_dir.name}") as answer:
+                    assert answer.status_code == 200
+                    first = await anext(answer.aiter_lines())
+                    assert first.startswith("data: ")
+                    assert open_descriptors(trace_file) == 2  # the writer's, the watch's
+            # Was: every watch whose page was closed went on following the bundle (a
+            # descriptor and a poll every 50 ms) for as long as its writer held it.
+            await eventually(
+                lambda: open_descriptors(trace_file) == 1, "the viewer closed its watches"
+            )
+    finally:
+        builder.close()

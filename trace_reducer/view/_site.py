@@ -323,8 +323,14 @@ class SiteServer:
         app.router.add_get("/api/runs", self._api_runs)
         app.router.add_get("/run/{bundle:.+}", self._run)
         app.router.add_get("/api/watch/{bundle:.+}", self._watch)
+        # A client that goes away cancels its handler: a live run's watch otherwise went on
+        # following the bundle (a descriptor and a poll every 50 ms) for as long as it was
+        # written, one more at every reload of the page.
         self._runner = web.AppRunner(
-            app, access_log=None, logger=http_server_logger(f"{__name__}.http")
+            app,
+            handler_cancellation=True,
+            access_log=None,
+            logger=http_server_logger(f"{__name__}.http"),
         )
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port, reuse_port=False)
