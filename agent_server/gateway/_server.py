@@ -385,7 +385,9 @@ class Gateway:
         except ProviderError as error:
             return error_response(upstream_status(error), error.code, error.message)
         try:
-            body = await answer.read()
+            # Bounded as every answer the gateway reads whole: an upstream that sends without
+            # end was read into memory to its end.
+            body = await read_limited(answer, MAX_EVENT_BYTES + 1, errors=True)
         except aiohttp.SocketTimeoutError:
             silent = idle_failure("inside its answer")
             return error_response(upstream_status(silent), silent.code, silent.message)
@@ -393,6 +395,10 @@ class Gateway:
             return error_response(502, "upstream_unreachable", redactor.text(upstream_text(error)))
         finally:
             release(answer)
+        if len(body) > MAX_EVENT_BYTES:
+            return error_response(
+                502, "response_too_large", f"the upstream's answer is over {MAX_EVENT_BYTES} bytes"
+            )
         body = _redacted_error(redactor, body) if answer.status >= 400 else redactor.data(body)
         return web.Response(status=answer.status, body=body, headers=_client_headers(answer))
 

@@ -12,6 +12,7 @@ import grpc
 import pytest
 
 from rollout.agent.v1 import agent_pb2, agent_pb2_grpc
+from rollout.trace.v1 import record_pb2
 from tests.agent_server.conftest import (
     EventLog,
     Harness,
@@ -20,7 +21,7 @@ from tests.agent_server.conftest import (
     reduce_with_cli,
     serve,
 )
-from trace_reducer import request_body
+from trace_reducer import BundleWriter, encode_record, request_body
 
 WEATHER = agent_pb2.FunctionTool(
     name="weather",
@@ -188,6 +189,30 @@ async def test_fork_and_resume_from_disk_across_restarts_then_reduce(tmp_path: P
 @pytest.fixture
 async def local(start_agent: StartAgent) -> Harness:
     return await start_agent(provider_url=None, local_word_delay=0.0)
+
+
+async def test_a_recorded_header_past_year_9999_is_left_out_of_the_listing(
+    local: Harness,
+) -> None:
+    assert local.trace_root is not None
+    closed = await local.start_thread()
+    await local.stub.CloseThread(agent_pb2.CloseThreadRequest(thread_id=closed.id))
+    # A bundle whose header's created_at no Timestamp can hold (year 33658).
+    writer = BundleWriter.create(local.trace_root, "thread_far_future")
+    writer.abandon()
+    header = record_pb2.Header(format_version=1, trace_id="t", thread_id="thread_far_future")
+    header.created_at.seconds = 1_000_000_000_000
+    started = record_pb2.ThreadStarted(thread=1, thread_id="thread_far_future", model="m")
+    writer.file_path.write_bytes(
+        encode_record(record_pb2.TraceRecord(seq=1, header=header))
+        + encode_record(record_pb2.TraceRecord(seq=2, thread_started=started))
+    )
+    # Was: INTERNAL (a ValueError from the header's time) for every listing of the root.
+    listed = await local.stub.ListThreads(agent_pb2.ListThreadsRequest(include_recorded=True))
+    assert {t.id for t in listed.threads} == {closed.id}
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await local.stub.ResumeThread(agent_pb2.ResumeThreadRequest(thread_id="thread_far_future"))
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
 
 
 async def test_continuing_from_disk_refuses_what_it_cannot_read(

@@ -313,6 +313,35 @@ async def test_an_upstream_body_past_the_bound_is_a_502(
     assert tracebacks() == []
 
 
+async def test_a_models_answer_past_the_bound_is_a_502(
+    start_gateway: StartGateway, upstream: Upstream, tracebacks: Callable[[], list[str]]
+) -> None:
+    sent = 0
+
+    async def endless(request: web.Request) -> web.StreamResponse:
+        nonlocal sent
+        response = web.StreamResponse(headers={"content-type": "application/json"})
+        await response.prepare(request)
+        block = b" " * (1 << 20)
+        try:
+            for _ in range(3 * MAX_EVENT_BYTES // len(block)):
+                await response.write(block)
+                sent += len(block)
+        except ConnectionResetError:
+            pass
+        return response
+
+    gateway = await start_gateway(upstream.url)
+    upstream.answer = endless
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as http:
+        answer = await http.get("/models")
+    # Was: read whole into memory however long it went on, then forwarded (200).
+    assert answer.status_code == 502, answer.text[:200]
+    assert answer.json()["error"]["code"] == "response_too_large"
+    assert sent < 2 * MAX_EVENT_BYTES
+    assert tracebacks() == []
+
+
 def _silent(release: asyncio.Event, *, after_headers: bool) -> Answer:
     """An upstream that goes quiet: before its headers, or after them and half a body."""
 

@@ -246,6 +246,29 @@ def test_an_output_where_nothing_can_be_written_is_bad_input(tmp_path: Path) -> 
     assert not (bundle / "state.json").exists()
 
 
+def test_export_rl_replaces_a_fifo_or_symlink_named_like_its_file(tmp_path: Path) -> None:
+    # Was: a FIFO named samples.jsonl in --out hung the export for ever, and a symbolic link
+    # was written through (the file it points to truncated and overwritten).
+    bundle = one_turn_bundle(tmp_path / "root")
+    outside = tmp_path / "precious.txt"
+    outside.write_text("keep me")
+    for fmt, name in (("jsonl", "samples.jsonl"), ("verl", "verl.parquet")):
+        for kind in ("fifo", "link"):
+            out = tmp_path / f"{fmt}-{kind}"
+            out.mkdir()
+            if kind == "fifo":
+                os.mkfifo(out / name)
+            else:
+                (out / name).symlink_to(outside)
+            result = run("export-rl", bundle, "--format", fmt, "--out", out)
+            assert result.returncode == 0, (fmt, kind, result.stderr)
+            assert not (out / name).is_symlink(), (fmt, kind)
+            assert (out / name).is_file(), (fmt, kind)
+            assert sorted(p.name for p in out.iterdir()) == [name]
+    assert outside.read_text() == "keep me"
+    assert json.loads((tmp_path / "jsonl-fifo" / "samples.jsonl").read_text())["thread_id"]
+
+
 def test_an_empty_path_is_not_the_current_directory(tmp_path: Path) -> None:
     # Was: `reduce-all ''` reduced every bundle under the current directory; `list ''`,
     # `serve --bundle-root ''` and `export-rl --out ''` used it quietly too.

@@ -3,6 +3,7 @@ link, a FIFO; and a sidecar of many rewards, appended one at a time."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -10,11 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from rollout.trace.v1 import record_pb2
 from trace_reducer import (
     REWARDS_FILE_NAME,
     RewardError,
     RewardInput,
     append_reward,
+    encode_record,
     read_rewards,
     replay_bundle,
 )
@@ -163,3 +166,25 @@ def test_a_sidecar_torn_after_its_header_is_still_repaired(bundle: Path) -> None
     assert append_reward(bundle, reward(2), trace_id="t") == 3
     assert sidecar.read_bytes().startswith(header_and_one)
     assert [r.value for _, r in read_rewards(bundle).rewards] == [1.0, 2.0]
+
+
+def test_a_reward_time_past_year_9999_is_damage_not_an_internal_error(bundle: Path) -> None:
+    assert append_reward(bundle, reward(1), trace_id="t") == 2
+    far = record_pb2.RewardRecorded(thread_id="thread-1", name="score", value=2.0)
+    far.recorded_at.seconds = 1_000_000_000_000  # year 33658: no state can show it
+    sidecar = bundle / REWARDS_FILE_NAME
+    with sidecar.open("ab") as out:
+        out.write(encode_record(record_pb2.TraceRecord(seq=3, reward_recorded=far)))
+    # Was: `reduce` exited 1, "internal error: SerializeToJsonError", and `reduce-all`
+    # failed the bundle; the reward before it is kept and the state says why.
+    commands: list[list[str | Path]] = [
+        ["reduce", bundle],
+        ["reduce-all", bundle.parent, "--force"],
+    ]
+    for args in commands:
+        result = run_cli(*args)
+        assert result.returncode == 0, (args, result.stderr)
+        assert "internal error" not in result.stderr
+        state = json.loads((bundle / "state.json").read_text(encoding="utf-8"))
+        assert [r["value"] for r in state["rewards"]] == [1.0]
+        assert "seq 3: recorded_at" in state["integrity"]["detail"]

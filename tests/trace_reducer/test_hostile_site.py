@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,7 +19,9 @@ import httpx
 import pytest
 
 from tests.malformed_http import MALFORMED_REQUESTS, SECRET, refusals, status_line
+from tests.trace_reducer.bundles import BundleBuilder, user_item
 from tests.trace_reducer.conftest import GOLDEN, TRACE_REDUCER
+from tests.trace_reducer.live import eventually, open_descriptors
 from tests.trace_reducer.site import served_site
 from trace_reducer.batch._listing import INDEX_FILE_NAME, list_runs
 from trace_reducer.view._site import TOKEN_COOKIE, SiteServer
@@ -56,6 +59,27 @@ def test_a_fifo_or_symlink_index_is_never_opened(root: Path, tmp_path: Path) -> 
     assert not index.is_symlink()
 
 
+def test_a_fifo_or_symlink_named_index_html_in_the_site_is_replaced(
+    root: Path, tmp_path: Path
+) -> None:
+    # Was: `view ROOT -o DIR` waited for ever on a FIFO named index.html in DIR, and wrote
+    # the list through a symbolic link of that name.
+    outside = tmp_path / "precious.html"
+    outside.write_text("keep me")
+    for kind in ("fifo", "link"):
+        site = tmp_path / f"site-{kind}"
+        site.mkdir()
+        if kind == "fifo":
+            os.mkfifo(site / "index.html")
+        else:
+            (site / "index.html").symlink_to(outside)
+        done = _run("view", str(root), "-o", str(site), timeout=30)
+        assert done.returncode == 0, (kind, done.stderr)
+        assert not (site / "index.html").is_symlink()
+        assert "<html" in (site / "index.html").read_text(encoding="utf-8")
+    assert outside.read_text() == "keep me"
+
+
 def test_an_index_of_foreign_json_is_rebuilt(root: Path) -> None:
     honest = list_runs(str(root)).runs
     for data in (b"[]", b'{"version": 1, "entries": []}', b"[" * 100_000, b"\xff not json"):
@@ -89,6 +113,32 @@ async def test_a_token_or_cookie_of_any_characters_is_a_401(
         assert answer.status_code == 200
     captured = capfd.readouterr()
     assert "Traceback" not in captured.err + captured.out
+
+
+def test_the_printed_address_opens_the_viewer_whatever_the_token_holds(root: Path) -> None:
+    # Was: the token printed as it is, so one holding `+`, `&`, `#` or `%` made an address
+    # that was answered 401 (`+` read back as a space, the rest cut off).
+    token = "a+b&c#d %2F é"
+    process = subprocess.Popen(
+        [TRACE_REDUCER, "view", str(root), "--listen", "127.0.0.1:0", "--token-env", "VIEW_T"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "VIEW_T": token},
+    )
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        assert line.startswith("serving http://127.0.0.1:"), line
+        address = line.removeprefix("serving ").strip()
+        with httpx.Client() as http:
+            opened = http.get(address, follow_redirects=True)
+            assert opened.status_code == 200
+            assert http.cookies.get(TOKEN_COOKIE) is not None
+            assert http.get(address.split("?")[0] + "api/runs").status_code == 200
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=20)
 
 
 async def test_served_paths_never_leave_the_root(
@@ -237,3 +287,25 @@ async def test_a_served_root_removed_is_a_503_that_says_so_until_it_is_back(
         assert len(back.json()["runs"]) == 1
     # Said once to the operator, not at every poll.
     assert warnings == [reason]
+
+
+async def test_a_live_runs_watch_ends_when_its_client_goes_away(tmp_path: Path) -> None:
+    # A thread waiting for its next turn: its writer holds the bundle open, however long.
+    builder = BundleBuilder(tmp_path / "root")
+    builder.turn("turn-1", [user_item("hello")])
+    trace_file = builder.bundle_dir / "trace.binpb"
+    try:
+        async with served_site(tmp_path / "root") as http:
+            for _ in range(3):  # a live run page reloaded
+                async with http.stream("GET", f"/api/watch/{builder.bundle_dir.name}") as answer:
+                    assert answer.status_code == 200
+                    first = await anext(answer.aiter_lines())
+                    assert first.startswith("data: ")
+                    assert open_descriptors(trace_file) == 2  # the writer's, the watch's
+            # Was: every watch whose page was closed went on following the bundle (a
+            # descriptor and a poll every 50 ms) for as long as its writer held it.
+            await eventually(
+                lambda: open_descriptors(trace_file) == 1, "the viewer closed its watches"
+            )
+    finally:
+        builder.close()

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from google.protobuf import timestamp_pb2
+
 from rollout.trace.v1 import record_pb2, state_pb2
 
 from ._confine import open_regular_file, sidecar_problem
@@ -257,15 +259,34 @@ def decode_rewards(data: bytes) -> RewardFile:
     decoder = FrameDecoder()
     records = decoder.feed(data)
     integrity = decoder.finish()
-    rewards = [
-        (record.seq, record.reward_recorded)
-        for record in records
-        if record.WhichOneof("body") == "reward_recorded"
-    ]
+    rewards = []
     problem = ""
-    if integrity.status not in (CLEAN, UNCLOSED) and data:
+    for record in records:
+        if record.WhichOneof("body") != "reward_recorded":
+            continue
+        recorded = record.reward_recorded
+        if not _holdable(recorded.recorded_at):
+            # No state could show it (proto3 JSON refused it: `reduce` exited 1 with an
+            # internal error): damage, the rewards before it kept.
+            problem = (
+                f"{REWARDS_FILE_NAME}: seq {record.seq}: recorded_at is "
+                f"{recorded.recorded_at.seconds} s from 1970, outside the years 1-9999 a "
+                "timestamp can hold"
+            )
+            break
+        rewards.append((record.seq, recorded))
+    if not problem and integrity.status not in (CLEAN, UNCLOSED) and data:
         problem = f"{REWARDS_FILE_NAME}: {integrity.detail}"
     return RewardFile(rewards, problem)
+
+
+# What a Timestamp may hold: 0001-01-01T00:00:00Z to 9999-12-31T23:59:59.999999999Z.
+_MIN_SECONDS = -62_135_596_800
+_MAX_SECONDS = 253_402_300_799
+
+
+def _holdable(stamp: timestamp_pb2.Timestamp) -> bool:
+    return _MIN_SECONDS <= stamp.seconds <= _MAX_SECONDS and 0 <= stamp.nanos < 1_000_000_000
 
 
 def _find_item(trace: state_pb2.RolloutTrace, target: state_pb2.RewardTarget) -> str:

@@ -11,6 +11,7 @@ import os
 import select
 import stat
 import sys
+import urllib.parse
 import webbrowser
 from collections.abc import Sequence
 from pathlib import Path
@@ -422,7 +423,9 @@ async def _serve_site(root: str, host: str, port: int, token: str | None, open_p
     stop = asyncio.Event()
     install_signal_handlers(stop.set)
     address = await server.start(host, port)
-    shown = f"{address}?token={token}" if token else address
+    # Quoted: a --token-env token holding `+`, `&`, `#` or `%` was printed as it is, and the
+    # address it made did not open the viewer (401).
+    shown = f"{address}?token={urllib.parse.quote(token, safe='')}" if token else address
     try:
         announce(f"serving {shown}", say, silence_stdout)
         if next(walk_bundles(root, irregular=True), None) is None:

@@ -3,17 +3,19 @@ logprobs, group, rewards and stop reason, in the shapes verl, SkyRL and ART load
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import multiprocessing
 import os
 import signal
 import sys
+import uuid
 from collections.abc import Callable, Iterable, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from rollout.trace.v1 import common_pb2, record_pb2, state_pb2
 
@@ -678,10 +680,29 @@ def _art_groups(samples: list[Sample]) -> list[dict[str, Any]]:
     ]
 
 
+def _write_aside(path: Path, write: Callable[[BinaryIO], None]) -> None:
+    """Write path whole or not at all: into a new file beside it, renamed over it. Whatever
+    has the name already (a FIFO, a symbolic link) is replaced, never waited on nor written
+    through, and an earlier export stays whole until the new one is."""
+    temp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            write(out)
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+
+
 def _write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
-    with path.open("w", encoding="utf-8") as out:
+    def write(out: BinaryIO) -> None:
         for row in rows:
-            out.write(json.dumps(row, ensure_ascii=False, sort_keys=True, allow_nan=False) + "\n")
+            line = json.dumps(row, ensure_ascii=False, sort_keys=True, allow_nan=False) + "\n"
+            out.write(line.encode("utf-8"))
+
+    _write_aside(path, write)
 
 
 def _write_parquet(path: Path, columns: dict[str, list[Any]], schema: Any) -> None:
@@ -689,7 +710,7 @@ def _write_parquet(path: Path, columns: dict[str, list[Any]], schema: Any) -> No
     import pyarrow.parquet as pq
 
     table = pa.Table.from_pydict(columns, schema=schema)
-    pq.write_table(table, path)
+    _write_aside(path, lambda out: pq.write_table(table, out))
 
 
 def parquet_schema(fmt: str) -> Any:

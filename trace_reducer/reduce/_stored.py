@@ -212,12 +212,18 @@ def _summary(root: BundleRoot, name: str) -> RecordedSummary | None:
                     fork = record.thread_forked
                 elif body == "thread_started" and header is not None:
                     started = record.thread_started
+                    try:
+                        created_at = header.created_at.ToDatetime(UTC)
+                    except (ValueError, OverflowError):
+                        # A time outside the years 1-9999 (the reducer's RECORD_OUT_OF_RANGE):
+                        # one such bundle failed every ListThreads with INTERNAL.
+                        return None
                     return RecordedSummary(
                         bundle_name=name,
                         bundle_dir=bundle_dir,
                         thread_id=header.thread_id,
                         model=started.model,
-                        created_at=header.created_at.ToDatetime(UTC),
+                        created_at=created_at,
                         metadata=dict(started.metadata),
                         fork=fork,
                     )

@@ -42,6 +42,7 @@ from ._view import (
     render_view,
     save_view,
     script_hash,
+    write_page,
 )
 
 __all__ = ["SiteServer", "is_loopback", "write_site"]
@@ -372,13 +373,12 @@ def write_site(
         save_view(
             data, target / "runs" / _static_name(relative), f"rollout {relative}", links=page_links
         )
-    index = target / "index.html"
-    index.write_text(
+    # Written aside and renamed, as the run pages are: a FIFO or symbolic link named
+    # index.html is replaced, never waited on nor written through.
+    return write_page(
         render_list(_page_runs_json(listed), served=False, title=f"rollouts under {root}"),
-        encoding="utf-8",
+        target / "index.html",
     )
-    index.chmod(0o600)
-    return index
 
 
 def _reduce_confined(root: BundleRoot, relative: str) -> Any:
@@ -428,8 +428,14 @@ class SiteServer:
         app.router.add_get("/api/runs", self._api_runs)
         app.router.add_get("/run/{bundle:.+}", self._run)
         app.router.add_get("/api/watch/{bundle:.+}", self._watch)
+        # A client that goes away cancels its handler: a live run's watch otherwise went on
+        # following the bundle (a descriptor and a poll every 50 ms) for as long as it was
+        # written, one more at every reload of the page.
         self._runner = web.AppRunner(
-            app, access_log=None, logger=http_server_logger(f"{__name__}.http")
+            app,
+            handler_cancellation=True,
+            access_log=None,
+            logger=http_server_logger(f"{__name__}.http"),
         )
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port, reuse_port=False)
