@@ -274,6 +274,33 @@ def test_an_empty_path_is_not_the_current_directory(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
+def test_an_empty_bundle_path_is_not_the_bundle_it_is_run_in(tmp_path: Path) -> None:
+    # Was: run inside a bundle, `reward ''` recorded a reward into it (`reward "$BUNDLE"` with
+    # BUNDLE unset), and `reduce ''`, `dump ''`, `watch ''`, `diff '' B`, `view B --diff ''`
+    # and `export-otlp ''` read it, while `view ''` and `list ''` were refused.
+    bundle = one_turn_bundle(tmp_path / "root")
+    other = str(bundle)
+    for args in (
+        ["reduce", ""],
+        ["dump", ""],
+        ["request", "", "inf-1"],
+        ["watch", ""],
+        ["reward", "", "--name", "correct", "--value", "1"],
+        ["diff", "", other],
+        ["diff", other, ""],
+        ["view", other, "--diff", ""],
+        ["export-otlp", "", "--endpoint", "http://127.0.0.1:1", "--timeout", "1"],
+    ):
+        result = subprocess.run(
+            [*COMMAND, *args], capture_output=True, text=True, timeout=30, check=False, cwd=bundle
+        )
+        assert result.returncode == 2, (args, result.stdout, result.stderr)
+        assert "Traceback" not in result.stderr
+        assert "the path is empty" in result.stderr, (args, result.stderr)
+        assert result.stdout == "", (args, result.stdout)
+    assert sorted(p.name for p in bundle.iterdir()) == ["trace.binpb"]
+
+
 def test_a_parent_that_is_no_bundle_is_said(tmp_path: Path) -> None:
     # Was: ignored, exit 0, the fork left unresolved without a word.
     bundle = one_turn_bundle(tmp_path / "root")
