@@ -436,7 +436,6 @@ def add_replay_arguments(
     replay = parser.add_argument_group("replay a recorded run")
     replay.add_argument(
         "--replay-from",
-        type=Path,
         metavar="BUNDLE_OR_ROOT",
         help="answer every inference request from the provider streams recorded in this "
         "bundle (or the bundles of this directory) instead of a model",
@@ -637,6 +636,12 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
     if pick("listen", "ROLLOUT_LISTEN") == "":
         raise ConfigError(f"--listen is empty: give HOST:PORT (default {DEFAULT_LISTEN})")
     replay_from = pick("replay_from")
+    # `--replay-from "$RUN"` with RUN unset: not the current directory, nor a live run.
+    if replay_from == "":
+        raise ConfigError(
+            "--replay-from is empty: give a bundle or a directory of bundles, "
+            "or leave it out to answer from the provider"
+        )
     access = AccessControl()
     if hasattr(args, "auth_token_env"):
         try:
