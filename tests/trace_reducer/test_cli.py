@@ -751,3 +751,20 @@ def test_a_token_given_where_its_variable_goes_is_never_repeated(tmp_path: Path)
     assert result.returncode == 2, result.stderr
     assert "S3CRET" not in result.stderr
     assert "--token-env takes the NAME of a variable, not its value" in result.stderr
+
+
+def test_an_empty_token_variable_is_said_to_be_empty(tmp_path: Path) -> None:
+    # Was: "--token-env VIEW_TOKEN: the variable is not set", of a variable set to "".
+    root = one_turn_bundle(tmp_path / "root").parent
+    for environment in ({"VIEW_TOKEN": ""}, {}):
+        result = subprocess.run(
+            [*COMMAND, "view", str(root), "--listen", "127.0.0.1:0", "--token-env", "VIEW_TOKEN"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+            env={k: v for k, v in os.environ.items() if k != "VIEW_TOKEN"} | environment,
+        )
+        assert result.returncode == 2, result.stderr
+        assert_one_clean_line(result.stderr)
+        assert "--token-env names VIEW_TOKEN, which is unset or empty" in result.stderr

@@ -402,8 +402,9 @@ def _view_root(args: argparse.Namespace) -> int:
             raise _CommandError(str(error), EXIT_USAGE) from None
         token = os.environ.get(args.token_env) or None
         if token is None:
+            # The words of every other token flag (`--auth-token-env names …`).
             raise _CommandError(
-                f"--token-env {args.token_env}: the variable is not set", EXIT_USAGE
+                f"--token-env names {args.token_env}, which is unset or empty", EXIT_USAGE
             )
     elif not is_loopback(host):
         import secrets
