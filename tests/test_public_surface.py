@@ -195,3 +195,13 @@ def test_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 2
     assert all(line.startswith("trace-reducer: ") for line in lines), lines
+
+
+def test_docs_api_has_a_row_for_every_rpc() -> None:
+    # Was: RecordReward, in the proto and the README, had no row in docs/api.md's table.
+    from rollout.agent.v1 import agent_pb2
+
+    service = agent_pb2.DESCRIPTOR.services_by_name["AgentService"]
+    api = (Path(__file__).resolve().parent.parent / "docs" / "api.md").read_text()
+    rows = re.findall(r"^\| `(\w+)\(", api.split("## RPCs", 1)[1].split("\n## ", 1)[0], re.M)
+    assert sorted(rows) == sorted(service.methods_by_name)
