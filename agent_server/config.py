@@ -463,10 +463,13 @@ def add_replay_arguments(
 def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     """The few flags `demo` uses: it always runs the local model on a port of its own."""
     parser.add_argument(
-        "--trace-root", help="where the demo's bundle goes (default: a new temporary directory)"
+        "--trace-root",
+        metavar="DIR",
+        help="where the demo's bundle goes (default: a new temporary directory)",
     )
     parser.add_argument(
         "--local-word-delay",
+        metavar="SECONDS",
         type=float,
         help=f"seconds between words of the local model (default {DEFAULT_WORD_DELAY})",
     )
@@ -482,7 +485,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--provider-url",
-        help="Responses API base URL (env ROLLOUT_PROVIDER_URL; default: the built-in local model)",
+        metavar="URL",
+        help="the provider's base URL: POST URL/responses, or URL/chat/completions with "
+        "--provider-api chat (env ROLLOUT_PROVIDER_URL; default: the built-in local model)",
     )
     parser.add_argument(
         "--provider-api",
@@ -492,66 +497,82 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--model",
+        metavar="NAME",
         help=f"model for threads that name none (env ROLLOUT_MODEL; default {DEFAULT_LOCAL_MODEL})",
     )
     parser.add_argument(
         "--api-key-env",
+        metavar="NAME",
         help="NAME of the environment variable holding the API key "
         f"(default {DEFAULT_API_KEY_ENV})",
     )
     parser.add_argument(
-        "--trace-root", help="record every thread under this directory (env ROLLOUT_TRACE_ROOT)"
+        "--trace-root",
+        metavar="DIR",
+        help="record every thread under this directory (env ROLLOUT_TRACE_ROOT)",
     )
     parser.add_argument(
         "--max-retries",
+        metavar="N",
         type=int,
         help="retries of 429 / 5xx / connection failures before any output "
         f"(default {DEFAULT_MAX_RETRIES})",
     )
     parser.add_argument(
         "--retry-base-delay",
+        metavar="SECONDS",
         type=float,
         help=f"first retry back-off in seconds (default {DEFAULT_RETRY_BASE_DELAY})",
     )
     parser.add_argument(
         "--stream-idle-timeout",
+        metavar="SECONDS",
         type=float,
         help=f"seconds without provider data before an attempt fails "
         f"(default {DEFAULT_STREAM_IDLE_TIMEOUT:g})",
     )
     parser.add_argument(
-        "--event-buffer", type=int, help=f"events kept per thread (default {DEFAULT_EVENT_BUFFER})"
+        "--event-buffer",
+        metavar="N",
+        type=int,
+        help=f"events kept per thread (default {DEFAULT_EVENT_BUFFER})",
     )
     parser.add_argument(
         "--local-word-delay",
+        metavar="SECONDS",
         type=float,
         help=f"seconds between words of the local model (default {DEFAULT_WORD_DELAY})",
     )
     parser.add_argument(
         "--closed-thread-retention",
+        metavar="SECONDS",
         type=float,
         help="seconds a closed thread stays readable before it is forgotten "
         f"(default {DEFAULT_CLOSED_THREAD_RETENTION:g})",
     )
     parser.add_argument(
         "--max-closed-threads",
+        metavar="N",
         type=int,
         help=f"closed threads kept at most (default {DEFAULT_MAX_CLOSED_THREADS})",
     )
     parser.add_argument(
         "--max-tool-rounds",
+        metavar="N",
         type=int,
         help="rounds of tool calls a turn may have before it fails "
         f"(default {DEFAULT_MAX_TOOL_ROUNDS})",
     )
     parser.add_argument(
         "--tool-output-timeout",
+        metavar="SECONDS",
         type=float,
         help="seconds a turn waits for its tool outputs before it fails "
         f"(default {DEFAULT_TOOL_OUTPUT_TIMEOUT:g})",
     )
     parser.add_argument(
         "--provider-max-connections",
+        metavar="N",
         type=int,
         help="provider connections open at once; turns beyond wait, then fail the attempt "
         f"(default {DEFAULT_PROVIDER_MAX_CONNECTIONS})",
