@@ -579,15 +579,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_otlp_arguments(parser: argparse.ArgumentParser) -> None:
+# What --otlp-endpoint sends, and when: `serve`'s turns, and the gateway's calls (each as it
+# ends; the gateway always records, so it needs no word on --trace-root).
+OTLP_SERVE_SPANS = (
+    "send each turn's OpenTelemetry spans to this OTLP receiver as the turn ends, in the "
+    "background (the spans of `trace-reducer export-otlp` of the recorded bundles: needs "
+    "--trace-root, and the otel extra)"
+)
+OTLP_GATEWAY_SPANS = (
+    "send each call's OpenTelemetry span to this OTLP receiver as the call ends (its turn's "
+    "and session's as they end), in the background (the spans of `trace-reducer export-otlp` "
+    "of the recorded bundles: needs the otel extra)"
+)
+
+
+def add_otlp_arguments(parser: argparse.ArgumentParser, *, spans: str = OTLP_SERVE_SPANS) -> None:
     """The live OTLP export's flags, declared once for `serve` and `gateway`."""
-    parser.add_argument(
-        "--otlp-endpoint",
-        metavar="URL",
-        help="send each turn's OpenTelemetry spans to this OTLP receiver as the turn ends, in "
-        "the background (the spans of `trace-reducer export-otlp` of the recorded bundles: "
-        "needs --trace-root, and the otel extra)",
-    )
+    parser.add_argument("--otlp-endpoint", metavar="URL", help=spans)
     parser.add_argument(
         "--otlp-protocol",
         choices=OTLP_PROTOCOLS,

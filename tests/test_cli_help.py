@@ -229,3 +229,15 @@ def test_a_placeholder_the_help_does_not_use_is_reported() -> None:
     assert placeholder_problems(block) == [
         "README.md:1: `trace-reducer list --model M`; --help: MODEL"
     ]
+
+
+def test_the_gateway_s_otlp_help_says_what_the_gateway_sends() -> None:
+    # Was: serve's words, "each turn's spans ... as the turn ends ... needs --trace-root",
+    # for a gateway that sends each call's span as the call ends and always records.
+    endpoint = PARSERS["agent-server gateway"]._option_string_actions["--otlp-endpoint"]
+    assert endpoint.help is not None
+    assert "each call's OpenTelemetry span" in endpoint.help
+    assert "--trace-root" not in endpoint.help
+    serve = PARSERS["agent-server serve"]._option_string_actions["--otlp-endpoint"]
+    assert serve.help is not None
+    assert "needs --trace-root" in serve.help

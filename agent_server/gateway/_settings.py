@@ -133,7 +133,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds between words of the built-in local model "
         f"(default {config.DEFAULT_WORD_DELAY})",
     )
-    config.add_otlp_arguments(parser)
+    config.add_otlp_arguments(parser, spans=config.OTLP_GATEWAY_SPANS)
     parser.add_argument(
         "--log-level",
         choices=logs.LEVELS,
