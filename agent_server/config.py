@@ -381,7 +381,6 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add_arguments(parser)
     parser.add_argument(
         "--config",
-        type=Path,
         metavar="FILE",
         help="TOML file of settings named like these flags (env ROLLOUT_CONFIG); "
         "flags and environment variables win over it",
@@ -624,6 +623,9 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
     def flag(name: str) -> object:
         return getattr(args, name, None)
 
+    if flag("config") == "":
+        # `--config "$FILE"` with FILE unset: a slip, not the current directory (as a path).
+        raise ConfigError("--config is empty: give a TOML file, or leave it out")
     config_path = flag("config") or (env.get("ROLLOUT_CONFIG") if hasattr(args, "config") else None)
     try:
         file = _config_file.load(Path(str(config_path))) if config_path else {}

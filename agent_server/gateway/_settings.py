@@ -93,7 +93,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--config",
-        type=Path,
         metavar="FILE",
         help="the agent server's TOML settings file (env ROLLOUT_CONFIG); flags and "
         "environment variables win over it",

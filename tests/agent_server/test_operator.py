@@ -381,6 +381,9 @@ def test_the_operating_guide_lists_every_config_key_and_variable() -> None:
         (["gateway", "--trace-root", ""], "agent-server: --trace-root is empty"),
         # Was: replayed the bundles of the current directory.
         (["serve", "--replay-from", ""], "agent-server: --replay-from is empty"),
+        # Was: "--config: cannot read .: Is a directory".
+        (["serve", "--config", ""], "agent-server: --config is empty"),
+        (["gateway", "--config", "", "--trace-root", "{tmp}"], "agent-server: --config is empty"),
         (
             ["gateway", "--replay-from", "", "--trace-root", "{tmp}"],
             "agent-server: --replay-from is empty",
