@@ -90,6 +90,8 @@ def test_request_prints_the_exact_body_of_a_call(tmp_path: Path) -> None:
     assert missing.returncode == 2
     assert_one_clean_line(missing.stderr)
     assert "call-404" in missing.stderr
+    # Was: only "no inference call 'call-404' in …", which left the user to find the ids.
+    assert missing.stderr.rstrip().endswith("; its calls: call-1")
 
 
 def test_unclosed_and_truncated_warn_and_succeed(tmp_path: Path) -> None:
