@@ -45,8 +45,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tls-ca", type=Path, metavar="PEM", help="connect with TLS, trusting these certificates"
     )
-    parser.add_argument("--model", help="model of the thread (the server's default)")
-    parser.add_argument("--instructions", default="", help="system instructions of the thread")
+    parser.add_argument(
+        "--model", metavar="NAME", help="model of the thread (default: the server's)"
+    )
+    parser.add_argument(
+        "--instructions", default="", metavar="TEXT", help="system instructions of the thread"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

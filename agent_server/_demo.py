@@ -109,8 +109,11 @@ def _status(status: common_pb2.ExecutionStatus.ValueType) -> str:
 def _summary(trace: state_pb2.RolloutTrace) -> list[str]:
     integrity = state_pb2.IntegrityStatus.Name(trace.integrity.status)
     lines = [
+        # The transcript above is in the API's words, this in state.json's: one turn may show
+        # both (docs/vocabulary.md), so the summary says whose words they are.
+        "the reduced bundle, in state.json's words (an INTERRUPTED turn is CANCELLED there):",
         f"recording complete: {str(trace.recording_complete).lower()} "
-        f"({integrity.removeprefix('INTEGRITY_STATUS_')}, {trace.integrity.records_read} records)"
+        f"({integrity.removeprefix('INTEGRITY_STATUS_')}, {trace.integrity.records_read} records)",
     ]
     for thread in trace.threads.values():
         for turn_id in thread.turn_ids:

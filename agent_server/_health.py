@@ -45,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Print the server's health status. Exit codes: 0 SERVING; 1 not serving, or no server "
         "answers (one line says why); 2 an empty --address, a --timeout that is not a number "
-        "of seconds from 0 to 3600, or a --tls-ca file that cannot be read."
+        "of seconds above 0 and at most 3600, or a --tls-ca file that cannot be read."
     )
     parser.add_argument(
         "--address",
@@ -53,7 +53,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"the server (default ${ADDRESS_ENV}, else {DEFAULT_ADDRESS})",
     )
     parser.add_argument(
-        "--timeout", type=float, default=3.0, help="seconds to wait for the answer (default 3)"
+        "--timeout",
+        type=float,
+        default=3.0,
+        metavar="SECONDS",
+        help="seconds to wait for the answer (default 3)",
     )
     parser.add_argument("--tls", action="store_true", help="connect with TLS, system CAs")
     parser.add_argument("--tls-ca", type=Path, metavar="PEM", help="connect with TLS, these CAs")

@@ -381,7 +381,6 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add_arguments(parser)
     parser.add_argument(
         "--config",
-        type=Path,
         metavar="FILE",
         help="TOML file of settings named like these flags (env ROLLOUT_CONFIG); "
         "flags and environment variables win over it",
@@ -436,7 +435,6 @@ def add_replay_arguments(
     replay = parser.add_argument_group("replay a recorded run")
     replay.add_argument(
         "--replay-from",
-        type=Path,
         metavar="BUNDLE_OR_ROOT",
         help="answer every inference request from the provider streams recorded in this "
         "bundle (or the bundles of this directory) instead of a model",
@@ -464,10 +462,13 @@ def add_replay_arguments(
 def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     """The few flags `demo` uses: it always runs the local model on a port of its own."""
     parser.add_argument(
-        "--trace-root", help="where the demo's bundle goes (default: a new temporary directory)"
+        "--trace-root",
+        metavar="DIR",
+        help="where the demo's bundle goes (default: a new temporary directory)",
     )
     parser.add_argument(
         "--local-word-delay",
+        metavar="SECONDS",
         type=float,
         help=f"seconds between words of the local model (default {DEFAULT_WORD_DELAY})",
     )
@@ -483,7 +484,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--provider-url",
-        help="Responses API base URL (env ROLLOUT_PROVIDER_URL; default: the built-in local model)",
+        metavar="URL",
+        help="the provider's base URL: POST URL/responses, or URL/chat/completions with "
+        "--provider-api chat (env ROLLOUT_PROVIDER_URL; default: the built-in local model)",
     )
     parser.add_argument(
         "--provider-api",
@@ -493,81 +496,105 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--model",
+        metavar="NAME",
         help=f"model for threads that name none (env ROLLOUT_MODEL; default {DEFAULT_LOCAL_MODEL})",
     )
     parser.add_argument(
         "--api-key-env",
+        metavar="NAME",
         help="NAME of the environment variable holding the API key "
         f"(default {DEFAULT_API_KEY_ENV})",
     )
     parser.add_argument(
-        "--trace-root", help="record every thread under this directory (env ROLLOUT_TRACE_ROOT)"
+        "--trace-root",
+        metavar="DIR",
+        help="record every thread under this directory (env ROLLOUT_TRACE_ROOT)",
     )
     parser.add_argument(
         "--max-retries",
+        metavar="N",
         type=int,
         help="retries of 429 / 5xx / connection failures before any output "
         f"(default {DEFAULT_MAX_RETRIES})",
     )
     parser.add_argument(
         "--retry-base-delay",
+        metavar="SECONDS",
         type=float,
         help=f"first retry back-off in seconds (default {DEFAULT_RETRY_BASE_DELAY})",
     )
     parser.add_argument(
         "--stream-idle-timeout",
+        metavar="SECONDS",
         type=float,
         help=f"seconds without provider data before an attempt fails "
         f"(default {DEFAULT_STREAM_IDLE_TIMEOUT:g})",
     )
     parser.add_argument(
-        "--event-buffer", type=int, help=f"events kept per thread (default {DEFAULT_EVENT_BUFFER})"
+        "--event-buffer",
+        metavar="N",
+        type=int,
+        help=f"events kept per thread (default {DEFAULT_EVENT_BUFFER})",
     )
     parser.add_argument(
         "--local-word-delay",
+        metavar="SECONDS",
         type=float,
         help=f"seconds between words of the local model (default {DEFAULT_WORD_DELAY})",
     )
     parser.add_argument(
         "--closed-thread-retention",
+        metavar="SECONDS",
         type=float,
         help="seconds a closed thread stays readable before it is forgotten "
         f"(default {DEFAULT_CLOSED_THREAD_RETENTION:g})",
     )
     parser.add_argument(
         "--max-closed-threads",
+        metavar="N",
         type=int,
         help=f"closed threads kept at most (default {DEFAULT_MAX_CLOSED_THREADS})",
     )
     parser.add_argument(
         "--max-tool-rounds",
+        metavar="N",
         type=int,
         help="rounds of tool calls a turn may have before it fails "
         f"(default {DEFAULT_MAX_TOOL_ROUNDS})",
     )
     parser.add_argument(
         "--tool-output-timeout",
+        metavar="SECONDS",
         type=float,
         help="seconds a turn waits for its tool outputs before it fails "
         f"(default {DEFAULT_TOOL_OUTPUT_TIMEOUT:g})",
     )
     parser.add_argument(
         "--provider-max-connections",
+        metavar="N",
         type=int,
         help="provider connections open at once; turns beyond wait, then fail the attempt "
         f"(default {DEFAULT_PROVIDER_MAX_CONNECTIONS})",
     )
 
 
-def add_otlp_arguments(parser: argparse.ArgumentParser) -> None:
+# What --otlp-endpoint sends, and when: `serve`'s turns, and the gateway's calls (each as it
+# ends; the gateway always records, so it needs no word on --trace-root).
+OTLP_SERVE_SPANS = (
+    "send each turn's OpenTelemetry spans to this OTLP receiver as the turn ends, in the "
+    "background (the spans of `trace-reducer export-otlp` of the recorded bundles: needs "
+    "--trace-root, and the otel extra)"
+)
+OTLP_GATEWAY_SPANS = (
+    "send each call's OpenTelemetry span to this OTLP receiver as the call ends (its turn's "
+    "and session's as they end), in the background (the spans of `trace-reducer export-otlp` "
+    "of the recorded bundles: needs the otel extra)"
+)
+
+
+def add_otlp_arguments(parser: argparse.ArgumentParser, *, spans: str = OTLP_SERVE_SPANS) -> None:
     """The live OTLP export's flags, declared once for `serve` and `gateway`."""
-    parser.add_argument(
-        "--otlp-endpoint",
-        metavar="URL",
-        help="send each turn's OpenTelemetry spans to this OTLP receiver as the turn ends, in "
-        "the background (the spans of `trace-reducer export-otlp` of the recorded bundles: "
-        "needs --trace-root, and the otel extra)",
-    )
+    parser.add_argument("--otlp-endpoint", metavar="URL", help=spans)
     parser.add_argument(
         "--otlp-protocol",
         choices=OTLP_PROTOCOLS,
@@ -596,6 +623,9 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
     def flag(name: str) -> object:
         return getattr(args, name, None)
 
+    if flag("config") == "":
+        # `--config "$FILE"` with FILE unset: a slip, not the current directory (as a path).
+        raise ConfigError("--config is empty: give a TOML file, or leave it out")
     config_path = flag("config") or (env.get("ROLLOUT_CONFIG") if hasattr(args, "config") else None)
     try:
         file = _config_file.load(Path(str(config_path))) if config_path else {}
@@ -637,6 +667,12 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
     if pick("listen", "ROLLOUT_LISTEN") == "":
         raise ConfigError(f"--listen is empty: give HOST:PORT (default {DEFAULT_LISTEN})")
     replay_from = pick("replay_from")
+    # `--replay-from "$RUN"` with RUN unset: not the current directory, nor a live run.
+    if replay_from == "":
+        raise ConfigError(
+            "--replay-from is empty: give a bundle or a directory of bundles, "
+            "or leave it out to answer from the provider"
+        )
     access = AccessControl()
     if hasattr(args, "auth_token_env"):
         try:

@@ -21,8 +21,12 @@ def add_access_arguments(
         help=f"require `authorization: Bearer <token>` on {guarded}; "
         "the token is read from the environment variable NAME (default: no token)",
     )
-    parser.add_argument("--tls-cert", type=Path, metavar="PATH", help="PEM certificate chain")
-    parser.add_argument("--tls-key", type=Path, metavar="PATH", help="PEM private key")
+    parser.add_argument(
+        "--tls-cert", type=Path, metavar="PEM", help="serve TLS with this PEM certificate chain"
+    )
+    parser.add_argument(
+        "--tls-key", type=Path, metavar="PEM", help="the PEM private key of --tls-cert"
+    )
 
 
 def add_event_loop_argument(parser: argparse.ArgumentParser, env: str | None = None) -> None:

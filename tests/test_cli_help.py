@@ -181,3 +181,63 @@ def test_the_commands_in_the_prose_name_real_flags() -> None:
             problems += synopsis_problems(found)
     assert spans > 50
     assert not problems, "\n".join(problems)
+
+
+# The words a synopsis writes for "a value goes here" (not an example value such as `2h`, nor a
+# default such as `OPENAI_API_KEY`): each must be the one the flag's --help shows.
+_PLACEHOLDERS = frozenset(
+    {"BUNDLE", "DIR", "FILE", "HOST:PORT", "ITEM_ID", "KEY=VALUE", "MODEL", "N", "NAME", "PATH"}
+    | {"PEM", "SECONDS", "SOURCE", "TEXT", "TURN_ID", "URL", "VALUE", "WEIGHT", "M", "OTHER"}
+)
+
+
+def placeholder_problems(found: Block) -> list[str]:
+    problems = []
+    for line in _logical_lines(found.text):
+        words = line.split()
+        command = " ".join(words[:2]) if len(words) > 1 and words[1][0].isalpha() else words[0]
+        parser = PARSERS.get(command)
+        if parser is None:
+            continue
+        for flag, shown in re.findall(r"(--[\w-]+)[ =]([A-Z][A-Z_:=]*)(?![\w.])", line):
+            action = parser._option_string_actions.get(flag)
+            if shown not in _PLACEHOLDERS or action is None:
+                continue
+            metavar = action.metavar or action.dest.upper()
+            if metavar != shown:
+                problems.append(f"{found.where}: `{command} {flag} {shown}`; --help: {metavar}")
+    return problems
+
+
+def test_the_synopses_name_values_as_the_help_does() -> None:
+    # Was: `--tls-cert PEM` in the README, `--tls-cert PATH` in --help; `--trace-root DIR` and
+    # TRACE_ROOT, `--provider-url URL` and PROVIDER_URL, `--model NAME` and MODEL, and more.
+    usage = [found for found in shell_blocks() if found.kind == "usage"]
+    problems = [problem for found in usage for problem in placeholder_problems(found)]
+    assert not problems, "\n".join(problems)
+
+
+def test_a_placeholder_the_help_does_not_use_is_reported() -> None:
+    block = Block(
+        REPO / "README.md",
+        1,
+        "sh",
+        "usage",
+        None,
+        "trace-reducer list <root> [--model M] [--since 2h] [--limit N]\n",
+    )
+    assert placeholder_problems(block) == [
+        "README.md:1: `trace-reducer list --model M`; --help: MODEL"
+    ]
+
+
+def test_the_gateway_s_otlp_help_says_what_the_gateway_sends() -> None:
+    # Was: serve's words, "each turn's spans ... as the turn ends ... needs --trace-root",
+    # for a gateway that sends each call's span as the call ends and always records.
+    endpoint = PARSERS["agent-server gateway"]._option_string_actions["--otlp-endpoint"]
+    assert endpoint.help is not None
+    assert "each call's OpenTelemetry span" in endpoint.help
+    assert "--trace-root" not in endpoint.help
+    serve = PARSERS["agent-server serve"]._option_string_actions["--otlp-endpoint"]
+    assert serve.help is not None
+    assert "needs --trace-root" in serve.help

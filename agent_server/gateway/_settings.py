@@ -87,30 +87,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--api-key-env",
+        metavar="NAME",
         help="NAME of the environment variable holding the upstream's API key "
         f"(default {config.DEFAULT_API_KEY_ENV})",
     )
     parser.add_argument(
         "--config",
-        type=Path,
         metavar="FILE",
         help="the agent server's TOML settings file (env ROLLOUT_CONFIG); flags and "
         "environment variables win over it",
     )
     parser.add_argument(
         "--stream-idle-timeout",
+        metavar="SECONDS",
         type=float,
         help="seconds without upstream data before a call fails "
         f"(default {config.DEFAULT_STREAM_IDLE_TIMEOUT:g})",
     )
     parser.add_argument(
         "--session-idle-timeout",
+        metavar="SECONDS",
         type=float,
         help="seconds without a request before a session's bundle is finished "
         f"(default {DEFAULT_SESSION_IDLE_TIMEOUT:g})",
     )
     parser.add_argument(
         "--provider-max-connections",
+        metavar="N",
         type=int,
         help="upstream connections open at once "
         f"(default {config.DEFAULT_PROVIDER_MAX_CONNECTIONS})",
@@ -124,11 +127,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_access_arguments(parser, guarded="every request")
     parser.add_argument(
         "--local-word-delay",
+        metavar="SECONDS",
         type=float,
         help="seconds between words of the built-in local model "
         f"(default {config.DEFAULT_WORD_DELAY})",
     )
-    config.add_otlp_arguments(parser)
+    config.add_otlp_arguments(parser, spans=config.OTLP_GATEWAY_SPANS)
     parser.add_argument(
         "--log-level",
         choices=logs.LEVELS,

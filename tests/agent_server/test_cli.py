@@ -148,6 +148,10 @@ async def test_demo_runs_and_reduces_its_bundle(tmp_path: Path) -> None:
     assert process.returncode == 0, stderr.decode()
     text = stdout.decode()
     assert "recording complete: true (CLEAN" in text
+    # The transcript says INTERRUPTED (the API's word), the summary CANCELLED (state.json's):
+    # the summary says whose words it uses before it starts.
+    assert "\nthe reduced bundle, in state.json's words (an INTERRUPTED turn is CANCELLED " in text
+    assert text.index("the reduced bundle, in") < text.index("recording complete:")
     assert ": COMPLETED" in text
     assert ": CANCELLED" in text
     lines = text.strip().splitlines()

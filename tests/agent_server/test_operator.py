@@ -379,6 +379,15 @@ def test_the_operating_guide_lists_every_config_key_and_variable() -> None:
         (["serve", "--trace-root", ""], "agent-server: --trace-root is empty"),
         (["gateway", "--listen", "", "--trace-root", "{tmp}"], "agent-server: --listen is empty"),
         (["gateway", "--trace-root", ""], "agent-server: --trace-root is empty"),
+        # Was: replayed the bundles of the current directory.
+        (["serve", "--replay-from", ""], "agent-server: --replay-from is empty"),
+        # Was: "--config: cannot read .: Is a directory".
+        (["serve", "--config", ""], "agent-server: --config is empty"),
+        (["gateway", "--config", "", "--trace-root", "{tmp}"], "agent-server: --config is empty"),
+        (
+            ["gateway", "--replay-from", "", "--trace-root", "{tmp}"],
+            "agent-server: --replay-from is empty",
+        ),
     ],
 )
 def test_an_empty_address_root_or_a_bad_timeout_is_a_usage_error(

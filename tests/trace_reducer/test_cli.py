@@ -90,6 +90,8 @@ def test_request_prints_the_exact_body_of_a_call(tmp_path: Path) -> None:
     assert missing.returncode == 2
     assert_one_clean_line(missing.stderr)
     assert "call-404" in missing.stderr
+    # Was: only "no inference call 'call-404' in …", which left the user to find the ids.
+    assert missing.stderr.rstrip().endswith("; its calls: call-1")
 
 
 def test_unclosed_and_truncated_warn_and_succeed(tmp_path: Path) -> None:
@@ -295,6 +297,33 @@ def test_an_empty_path_is_not_the_current_directory(tmp_path: Path) -> None:
         assert "the path is empty" in result.stderr, (args, result.stderr)
     assert sorted(p.name for p in bundle.iterdir()) == ["trace.binpb"]
     assert not (tmp_path / "out").exists()
+
+
+def test_an_empty_bundle_path_is_not_the_bundle_it_is_run_in(tmp_path: Path) -> None:
+    # Was: run inside a bundle, `reward ''` recorded a reward into it (`reward "$BUNDLE"` with
+    # BUNDLE unset), and `reduce ''`, `dump ''`, `watch ''`, `diff '' B`, `view B --diff ''`
+    # and `export-otlp ''` read it, while `view ''` and `list ''` were refused.
+    bundle = one_turn_bundle(tmp_path / "root")
+    other = str(bundle)
+    for args in (
+        ["reduce", ""],
+        ["dump", ""],
+        ["request", "", "inf-1"],
+        ["watch", ""],
+        ["reward", "", "--name", "correct", "--value", "1"],
+        ["diff", "", other],
+        ["diff", other, ""],
+        ["view", other, "--diff", ""],
+        ["export-otlp", "", "--endpoint", "http://127.0.0.1:1", "--timeout", "1"],
+    ):
+        result = subprocess.run(
+            [*COMMAND, *args], capture_output=True, text=True, timeout=30, check=False, cwd=bundle
+        )
+        assert result.returncode == 2, (args, result.stdout, result.stderr)
+        assert "Traceback" not in result.stderr
+        assert "the path is empty" in result.stderr, (args, result.stderr)
+        assert result.stdout == "", (args, result.stdout)
+    assert sorted(p.name for p in bundle.iterdir()) == ["trace.binpb"]
 
 
 def test_a_parent_that_is_no_bundle_is_said(tmp_path: Path) -> None:
@@ -747,3 +776,20 @@ def test_a_token_given_where_its_variable_goes_is_never_repeated(tmp_path: Path)
     assert result.returncode == 2, result.stderr
     assert "S3CRET" not in result.stderr
     assert "--token-env takes the NAME of a variable, not its value" in result.stderr
+
+
+def test_an_empty_token_variable_is_said_to_be_empty(tmp_path: Path) -> None:
+    # Was: "--token-env VIEW_TOKEN: the variable is not set", of a variable set to "".
+    root = one_turn_bundle(tmp_path / "root").parent
+    for environment in ({"VIEW_TOKEN": ""}, {}):
+        result = subprocess.run(
+            [*COMMAND, "view", str(root), "--listen", "127.0.0.1:0", "--token-env", "VIEW_TOKEN"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+            env={k: v for k, v in os.environ.items() if k != "VIEW_TOKEN"} | environment,
+        )
+        assert result.returncode == 2, result.stderr
+        assert_one_clean_line(result.stderr)
+        assert "--token-env names VIEW_TOKEN, which is unset or empty" in result.stderr

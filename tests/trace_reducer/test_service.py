@@ -162,6 +162,8 @@ async def test_symlinks_and_special_files_under_the_root_are_not_followed(served
         ("plain-dir", grpc.StatusCode.INVALID_ARGUMENT, "NOT_A_BUNDLE"),
         ("empty", grpc.StatusCode.INVALID_ARGUMENT, "NOT_A_BUNDLE"),
         ("garbage", grpc.StatusCode.INVALID_ARGUMENT, "NOT_A_BUNDLE"),
+        # Was: BUNDLE_PATH_INVALID, "names the bundle root itself", of a file beside bundles.
+        ("notes.txt", grpc.StatusCode.INVALID_ARGUMENT, "NOT_A_BUNDLE"),
         ("n" * 300, grpc.StatusCode.INVALID_ARGUMENT, "BUNDLE_PATH_INVALID"),
         ("n" * 5000, grpc.StatusCode.INVALID_ARGUMENT, "BUNDLE_PATH_INVALID"),
         ("d/" * 2000, grpc.StatusCode.NOT_FOUND, "BUNDLE_NOT_FOUND"),
@@ -177,8 +179,10 @@ async def test_bad_bundle_arguments(
     (served.root / "empty" / "trace.binpb").write_bytes(b"")
     (served.root / "garbage").mkdir()
     (served.root / "garbage" / "trace.binpb").write_bytes(os.urandom(300))
-    got_code, info, _ = await refused(served.stub.ReduceBundle(reduce_request(bundle)))
+    (served.root / "notes.txt").write_text("not a bundle")
+    got_code, info, message = await refused(served.stub.ReduceBundle(reduce_request(bundle)))
     assert (got_code, info.reason) == (code, reason)
+    assert "bundle root itself" not in message
 
 
 async def _watch_into(stub: ReducerServiceAsyncStub, bundle: str, updates: list[str]) -> None:

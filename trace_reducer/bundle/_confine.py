@@ -184,6 +184,12 @@ class BundleRoot:
             trace = self._open_trace(directory, trace_name, bundle)
             if file_named and at_root:
                 trace.close()
+                if name != TRACE_FILE_NAME:
+                    # A file beside the bundles (the list's index, notes): no bundle at all.
+                    raise NotABundleError(
+                        f"not a trace bundle: {bundle!r} is a file in the bundle root; "
+                        "name a bundle directory under it"
+                    )
                 raise self._the_root(bundle)
         except BaseException:
             if directory != parent:

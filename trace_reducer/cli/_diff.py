@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from ..reduce._diff import diff_report, diff_runs
+from ._common import path_argument
 
 # 2 is trouble, as for diff(1): a report that could not be written is not a difference.
 EXIT_SAME, EXIT_DIFFERENT, EXIT_TROUBLE = 0, 1, 2
@@ -26,7 +27,7 @@ def add_parser(commands: Any) -> None:
         "tool calls and the tokens. Exit codes: 0 no difference, 1 a difference, 2 bad input "
         "or a report that could not be written.",
     )
-    diff.add_argument("a", help="bundle directory or its trace.binpb")
-    diff.add_argument("b", help="bundle directory or its trace.binpb")
+    diff.add_argument("a", type=path_argument, help="bundle directory or its trace.binpb")
+    diff.add_argument("b", type=path_argument, help="bundle directory or its trace.binpb")
     # `trace-reducer view A --diff B` shows the same comparison as a page.
     diff.set_defaults(run=_diff, output_failed=EXIT_TROUBLE)

@@ -403,8 +403,9 @@ def _view_root(args: argparse.Namespace) -> int:
             raise _CommandError(str(error), EXIT_USAGE) from None
         token = os.environ.get(args.token_env) or None
         if token is None:
+            # The words of every other token flag (`--auth-token-env names …`).
             raise _CommandError(
-                f"--token-env {args.token_env}: the variable is not set", EXIT_USAGE
+                f"--token-env names {args.token_env}, which is unset or empty", EXIT_USAGE
             )
     elif not is_loopback(host):
         import secrets
@@ -576,7 +577,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     reduce = commands.add_parser("reduce", help="write the reduced state of a bundle as JSON")
-    reduce.add_argument("bundle", help="bundle directory or its trace.binpb")
+    reduce.add_argument("bundle", type=path_argument, help="bundle directory or its trace.binpb")
     target = reduce.add_mutually_exclusive_group()
     target.add_argument(
         "-o", "--output", metavar="PATH", help="write here, not <bundle>/state.json"
@@ -605,14 +606,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_list_parser(commands)
 
     dump = commands.add_parser("dump", help="print the records of a bundle, one per line")
-    dump.add_argument("bundle", help="bundle directory or its trace.binpb")
+    dump.add_argument("bundle", type=path_argument, help="bundle directory or its trace.binpb")
     dump.add_argument("--json", action="store_true", help="JSON lines instead of text")
     dump.set_defaults(run=_dump)
 
     request = commands.add_parser(
         "request", help="print the exact JSON body an inference call sent to the provider"
     )
-    request.add_argument("bundle", help="bundle directory or its trace.binpb")
+    request.add_argument("bundle", type=path_argument, help="bundle directory or its trace.binpb")
     request.add_argument("inference_call_id", help="as in the reduced state's inference_calls")
     request.add_argument("--pretty", action="store_true", help="indent the JSON")
     request.set_defaults(run=_request)
@@ -624,7 +625,13 @@ def build_parser() -> argparse.ArgumentParser:
         "bundle without --salvage, or records that contradict each other; 2 bad input "
         "(bundle, endpoint, protocol, header, timeout) or the otel extra not installed.",
     )
-    export.add_argument("bundles", nargs="+", metavar="bundle", help="bundle directory or file")
+    export.add_argument(
+        "bundles",
+        nargs="+",
+        type=path_argument,
+        metavar="bundle",
+        help="bundle directory or file",
+    )
     export.add_argument(
         "--endpoint",
         metavar="URL",
@@ -694,6 +701,7 @@ def build_parser() -> argparse.ArgumentParser:
     view.add_argument("--open", action="store_true", help="open the page in a web browser")
     view.add_argument(
         "--diff",
+        type=path_argument,
         metavar="OTHER",
         help="the page of this bundle compared with bundle OTHER call by call, as `diff` "
         "reports it (default <bundle>/diff.html)",
@@ -717,7 +725,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="print a bundle's transcript live as it is written, until it completes or its"
         " writer is gone",
     )
-    watch.add_argument("bundle", help="bundle directory or its trace.binpb")
+    watch.add_argument("bundle", type=path_argument, help="bundle directory or its trace.binpb")
     watch.set_defaults(run=_watch)
 
     serve = commands.add_parser("serve", help="run the ReducerService gRPC server")

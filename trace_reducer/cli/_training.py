@@ -136,7 +136,7 @@ def add_parsers(commands: Any) -> None:
         description="Exit codes: 0 recorded; 1 the sidecar cannot be written or is corrupt; "
         "2 bad input (bundle, name, value, turn, item).",
     )
-    reward.add_argument("bundle", help="bundle directory or its trace.binpb")
+    reward.add_argument("bundle", type=path_argument, help="bundle directory or its trace.binpb")
     reward.add_argument("--name", required=True, help="the reward's name, e.g. correct")
     reward.add_argument("--value", required=True, type=float, help="a finite number")
     reward.add_argument("--turn", metavar="TURN_ID", help="a turn of the thread (default: all)")

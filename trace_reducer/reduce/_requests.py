@@ -64,6 +64,7 @@ def request_body(path: str | os.PathLike[str], inference_call_id: str) -> bytes:
     instructions_of_thread: dict[int, str] = {}
     fork_prefix: list[str] = []
     parent: ParentBundle | None = None
+    seen: list[str] = []  # the calls read, for a "not found" that says which there are
 
     def payload(pid: str) -> bytes:
         return fork_payload(payloads, parent, pid)
@@ -88,6 +89,7 @@ def request_body(path: str | os.PathLike[str], inference_call_id: str) -> bytes:
                     thread_of_turn[record.turn_started.turn] = record.turn_started.thread
                 elif body == "inference_started":
                     started = record.inference_started
+                    seen.append(started.inference_call_id)
                     thread = thread_of_turn.get(started.turn, 0)
                     inputs = resolve_inputs(inputs_of_thread.get(thread, []), started)
                     inputs_of_thread[thread] = inputs
@@ -114,9 +116,19 @@ def request_body(path: str | os.PathLike[str], inference_call_id: str) -> bytes:
         raise RequestNotFoundError(
             f"no inference call {inference_call_id!r} in the {integrity.records_read} records "
             f"of {path} before its damage ({integrity_name(integrity.status).lower()}: "
-            f"{integrity.detail})"
+            f"{integrity.detail}); {_calls_there(seen)}"
         )
-    raise RequestNotFoundError(f"no inference call {inference_call_id!r} in {path}")
+    raise RequestNotFoundError(
+        f"no inference call {inference_call_id!r} in {path}; {_calls_there(seen)}"
+    )
+
+
+def _calls_there(seen: list[str], shown: int = 5) -> str:
+    """Which ids the user may ask for instead (`dump` and state.json list every one)."""
+    if not seen:
+        return "it has no inference call"
+    more = f", … ({len(seen)} in all: `trace-reducer dump` lists them)" if len(seen) > shown else ""
+    return f"its calls: {', '.join(seen[:shown])}{more}"
 
 
 _DAMAGED = (state_pb2.INTEGRITY_STATUS_CORRUPT, state_pb2.INTEGRITY_STATUS_TRUNCATED)
