@@ -3,24 +3,25 @@ listing reads no bundle at all, and filters over those summaries."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
+import io
 import json
 import math
 import operator
 import os
 import re
 import time
-import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from rollout.trace.v1 import common_pb2, state_pb2
 
-from ..bundle._confine import open_regular_file
+from ..bundle._confine import open_regular_file, write_aside
 from ..bundle._errors import BundleError, ReductionError
 from ..bundle._liveness import being_written
 from ..reduce._pass import no_cycle_collection
@@ -340,24 +341,24 @@ class RunIndex:
         """Replace the index file whole; a root nobody may write to just keeps none."""
         if not self.changed:
             return
-        temp = self.path.with_name(f".{self.path.name}.{uuid.uuid4().hex}.tmp")
         heads = [
             [location, key, status, integrity, started]
             for location, (key, (_, status, integrity, started), _) in self.entries.items()
         ]
         kept = self.entries.values()
-        try:
+
+        def write(raw: BinaryIO) -> None:
+            out = io.TextIOWrapper(raw, encoding="utf-8")
+            # JSON holds no raw newline: each line is one JSON text.
+            out.write(_JSON.encode({"version": _INDEX_VERSION, "entries": heads}))
+            out.write("\n")
+            out.writelines(f"{fields[0]}\n" for _, fields, _ in kept)
+            out.writelines(f"{text}\n" for _, _, text in kept)
+            out.detach()  # flushed, and `raw` left for write_aside to close
+
+        with contextlib.suppress(OSError):
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w", encoding="utf-8") as out:
-                # JSON holds no raw newline: each line is one JSON text.
-                out.write(_JSON.encode({"version": _INDEX_VERSION, "entries": heads}))
-                out.write("\n")
-                out.writelines(f"{fields[0]}\n" for _, fields, _ in kept)
-                out.writelines(f"{text}\n" for _, _, text in kept)
-            os.replace(temp, self.path)
-        except OSError:
-            temp.unlink(missing_ok=True)
+            write_aside(self.path, write)
 
 
 def indexed_integrity(store: Store, root: str) -> Callable[[BundleEntry], str | None]:

@@ -8,9 +8,13 @@ through the bundle directory's descriptor, wherever its name points by then.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
+import uuid
+from collections.abc import Callable
+from pathlib import Path
 from types import TracebackType
 from typing import BinaryIO
 
@@ -48,6 +52,28 @@ def open_regular_file(
         os.close(fd)
         raise
     return fd
+
+
+def write_aside(
+    path: str | os.PathLike[str], write: Callable[[BinaryIO], object], *, mode: int = 0o600
+) -> Path:
+    """Write the file at path whole or not at all, for every file written by name (a page, an
+    export, the list's index): `write` fills a new file beside it (`mode`, O_EXCL|O_NOFOLLOW),
+    which is then renamed over it. Whatever has the name already (a FIFO, a symbolic link) is
+    replaced, never waited on nor written through; a reader never sees half a file, and the
+    file before stays whole until the new one is. Returns the path."""
+    target = Path(path)
+    temp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            write(out)
+        os.replace(temp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+    return target
 
 
 class NotRegularFileError(OSError):

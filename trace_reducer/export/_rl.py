@@ -3,14 +3,12 @@ logprobs, group, rewards and stop reason, in the shapes verl, SkyRL and ART load
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import multiprocessing
 import os
 import signal
 import sys
-import uuid
 from collections.abc import Callable, Iterable, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -19,6 +17,7 @@ from typing import Any, BinaryIO
 
 from rollout.trace.v1 import common_pb2, record_pb2, state_pb2
 
+from ..bundle._confine import write_aside
 from ..bundle._discover import walk_bundles
 from ..bundle._errors import BundleError, ExportError, MissingExtraError, NotABundleError
 from ..bundle._integrity import integrity_name, require_reducible
@@ -680,29 +679,13 @@ def _art_groups(samples: list[Sample]) -> list[dict[str, Any]]:
     ]
 
 
-def _write_aside(path: Path, write: Callable[[BinaryIO], None]) -> None:
-    """Write path whole or not at all: into a new file beside it, renamed over it. Whatever
-    has the name already (a FIFO, a symbolic link) is replaced, never waited on nor written
-    through, and an earlier export stays whole until the new one is."""
-    temp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            write(out)
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        raise
-
-
 def _write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
     def write(out: BinaryIO) -> None:
         for row in rows:
             line = json.dumps(row, ensure_ascii=False, sort_keys=True, allow_nan=False) + "\n"
             out.write(line.encode("utf-8"))
 
-    _write_aside(path, write)
+    write_aside(path, write, mode=0o666)
 
 
 def _write_parquet(path: Path, columns: dict[str, list[Any]], schema: Any) -> None:
@@ -710,7 +693,7 @@ def _write_parquet(path: Path, columns: dict[str, list[Any]], schema: Any) -> No
     import pyarrow.parquet as pq
 
     table = pa.Table.from_pydict(columns, schema=schema)
-    _write_aside(path, lambda out: pq.write_table(table, out))
+    write_aside(path, lambda out: pq.write_table(table, out), mode=0o666)
 
 
 def parquet_schema(fmt: str) -> Any:

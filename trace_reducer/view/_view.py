@@ -19,6 +19,7 @@ from google.protobuf import timestamp_pb2
 
 from rollout.trace.v1 import common_pb2, state_pb2
 
+from ..bundle._confine import write_aside
 from ..bundle._errors import NotABundleError, PayloadError
 from ..bundle._names import KIND_WORDS, ROLE_WORDS, execution_word, integrity_word
 from ..bundle._payloads import PayloadStore, canonical_json
@@ -438,19 +439,9 @@ def save_view(
 
 
 def write_page(text: str, target: str | os.PathLike[str]) -> Path:
-    """Write a page to target (mode 0600), replacing it whole; return the path."""
-    path = Path(target)
-    # Written aside and renamed, so a browser reloading it never sees half a page.
-    temp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(text)
-        os.replace(temp, path)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
-    return path
+    """Write a page to target (mode 0600), replacing it whole (a browser reloading it never sees
+    half a page); return the path."""
+    return write_aside(target, lambda out: out.write(text.encode("utf-8")))
 
 
 def write_view(
