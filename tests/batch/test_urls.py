@@ -203,12 +203,26 @@ def test_a_root_url_s_credentials_are_never_shown(command: str) -> None:
     with socket.socket() as probe:  # a loopback port nothing listens on
         probe.bind(("127.0.0.1", 0))
         closed = probe.getsockname()[1]
-    secrets = ("S3CRETPW", "S3CRETQ", "AKIAXXXX", "S3CRETNOEQ")
+    secrets = ("S3CRETPW", "S3CRETQ", "AKIAXXXX", "S3CRETNOEQ", "S3CRETOPT")
+    option = "--storage-option"
     cases = [
         [command, "s3://AKIAXXXX:S3CRETPW@bucket/prefix"],
         [command, f"http://user:S3CRETPW@127.0.0.1:{closed}/x?sig=S3CRETQ"],
-        [command, "s3://bucket/prefix", "--storage-option", "S3CRETNOEQ"],
+        [command, "s3://bucket/prefix", option, "S3CRETNOEQ"],
         [command, "http://user:S3CRETPW@[::1/x"],  # a URL that does not parse
+        # Options botocore quotes back: an endpoint it cannot parse, credentials it refuses.
+        [command, "s3://bucket/prefix", option, "endpoint_url=http://[::1/?sig=S3CRETQ"],
+        [command, "s3://bucket/prefix", option, "endpoint_url=no-scheme/?sig=S3CRETQ"],
+        [
+            command,
+            "s3://bucket/prefix",
+            option,
+            f"endpoint_url=http://127.0.0.1:{closed}",
+            option,
+            "key=AKIAXXXX",
+            option,
+            "secret=S3CRETOPT",
+        ],
     ]
     for args in cases:
         result = _trace_reducer(*args)

@@ -7,6 +7,7 @@ import argparse
 import errno
 import math
 import os
+import re
 import sys
 import urllib.parse
 from collections.abc import Iterable
@@ -64,17 +65,37 @@ _redactors: list[Redactor] = []
 _MIN_SECRET = 4
 
 
-def hide_secrets(urls: Iterable[str | None]) -> None:
+def hide_secrets(urls: Iterable[str | None], storage_options: Iterable[str] = ()) -> None:
     """From now on what the command says (say, warn, redact) shows the URLs it was given
-    (roots, tables) with no credentials: an error message quotes the URL, and fsspec's and
-    botocore's messages quote it again."""
-    parsed = [(url, _parts(url)) for url in urls if url and "://" in url]
+    (roots, tables, and those in --storage-option values) with no credentials, and no other
+    --storage-option value whose name says it is a secret (key, secret, token, password, ...):
+    an error message quotes the URL, and fsspec's and botocore's messages quote it and the
+    options again."""
+    option_values = [option.partition("=") for option in storage_options]
+    option_urls = [value for _, _, value in option_values if "://" in value]
+    # A value named like a secret, and one that would be a URL's credentials or query had it a
+    # scheme (`endpoint_url=host/?sig=…`, which botocore quotes back refusing it), whole.
+    keys = [
+        value
+        for name, _, value in option_values
+        if "://" not in value
+        and len(value) >= _MIN_SECRET
+        and (_SECRET_NAME.search(name) or "?" in value or "@" in value)
+    ]
+    parsed = [(url, _parts(url)) for url in (*urls, *option_urls) if url and "://" in url]
     with_credentials = [(url, p) for url, p in parsed if p and (p.username or p.query)]
     # s3://KEY_ID:SECRET@bucket: the key id too (the Redactor hides a user standing alone).
     users = [p.username for _, p in with_credentials if len(p.username or "") >= _MIN_SECRET]
     _redactors[:] = [Redactor(filter(None, users), url=url) for url, _ in with_credentials]
     # One that does not parse has no parts to take out: it is not shown at all.
     _redactors.extend(Redactor([url]) for url, p in parsed if p is None)
+    if keys:
+        _redactors.append(Redactor(keys))
+
+
+# The names fsspec's file systems give their credentials: s3fs key, secret, token; gcsfs
+# token; adlfs account_key, sas_token, connection_string, client_secret; and the like.
+_SECRET_NAME = re.compile(r"key|secret|token|passw|credential|connection|sas|sig|auth", re.I)
 
 
 def _parts(url: str) -> urllib.parse.SplitResult | None:

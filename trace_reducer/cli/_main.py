@@ -793,7 +793,10 @@ _NAME_ENDS = frozenset(" \t\n\"'<>")
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; never lets a traceback out."""
     args = build_parser().parse_args(argv)
-    hide_secrets((getattr(args, "root", None), getattr(args, "tables", None)))
+    hide_secrets(
+        (getattr(args, "root", None), getattr(args, "tables", None)),
+        getattr(args, "storage_option", None) or (),
+    )
     with guarded_stdout():
         return _run(args)
 
