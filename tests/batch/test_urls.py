@@ -246,3 +246,42 @@ def test_a_url_root_nothing_answers_says_so(command: str) -> None:
     assert "Traceback" not in result.stderr
     [line] = _our_lines(result.stderr)
     assert line.startswith(f"trace-reducer: cannot list {root}: Cannot connect to host"), line
+
+
+def test_a_store_that_refuses_the_state_json_says_so(tmp_path: Path) -> None:
+    # An HTTP root whose server takes no PUT (http.server's own answers 501): each bundle
+    # failed as an "internal error: ClientResponseError", as if the reducer had broken.
+    import functools
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    root = tmp_path / "served"
+    root.mkdir()
+    golden = Path(__file__).resolve().parents[1] / "golden" / "bundles"
+    bundle = next(path for path in sorted(golden.iterdir()) if path.name.startswith("2026"))
+    (root / bundle.name).mkdir()
+    (root / bundle.name / "trace.binpb").write_bytes((bundle / "trace.binpb").read_bytes())
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=root))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/"
+        result = subprocess.run(
+            [TRACE_REDUCER, "reduce-all", url], capture_output=True, text=True, timeout=120
+        )
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result.returncode == 1, result.stderr
+    assert "internal error" not in result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    state = f"{url}{bundle.name}/state.json"
+    said = result.stdout + result.stderr
+    failed = [line for line in said.splitlines() if "FAILED:" in line]
+    assert failed, said
+    assert f"cannot write {state}: ClientResponseError: 501" in failed[0]

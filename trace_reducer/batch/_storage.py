@@ -21,7 +21,7 @@ from rollout.trace.v1 import record_pb2, state_pb2
 
 from ..bundle._confine import open_regular_file, sidecar_problem
 from ..bundle._discover import walk_bundles
-from ..bundle._errors import BundleNotFoundError, NotABundleError
+from ..bundle._errors import BundleError, BundleNotFoundError, NotABundleError
 from ..bundle._layout import REWARDS_FILE_NAME, STATE_FILE_NAME, TRACE_FILE_NAME
 from ..bundle._liveness import being_written, writer_holds_file
 from ..bundle._reader import BundleReader
@@ -220,7 +220,18 @@ class FsspecStore:
         return None
 
     def write_state(self, location: str, trace: state_pb2.RolloutTrace) -> None:
-        self.fs.pipe_file(f"{location}/{STATE_FILE_NAME}", state_to_json(trace).encode("utf-8"))
+        target = f"{location}/{STATE_FILE_NAME}"
+        data = state_to_json(trace).encode("utf-8")
+        try:
+            self.fs.pipe_file(target, data)
+        except OSError:
+            raise
+        except Exception as error:
+            # The store refused it (an HTTP server that takes no PUT, a bucket read-only to
+            # these credentials): the store's answer, not an internal error of ours.
+            raise BundleError(
+                f"cannot write {self.display(target)}: {type(error).__name__}: {error}"
+            ) from error
 
     def read_state(self, location: str) -> state_pb2.RolloutTrace:
         data = self.fs.cat_file(f"{location}/{STATE_FILE_NAME}")
