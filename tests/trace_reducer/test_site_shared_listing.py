@@ -27,6 +27,9 @@ class _Root:
         self.error: Exception | None = None
         self.release: threading.Event | None = None
         self.entered = threading.Event()
+        # Each listing's runs (a new list each time) and its tag (each its own, unless set).
+        self.made: list[_Listed] = []
+        self.tag: str | None = None
 
     def clock(self) -> float:
         return self.now
@@ -39,7 +42,9 @@ class _Root:
         self.now += self.took
         if self.error is not None:
             raise self.error
-        return [], f"listing {self.listings}".encode(), f'"{self.listings}"'
+        listed: _Listed = []
+        self.made.append(listed)
+        return listed, f"listing {self.listings}".encode(), self.tag or f'"{self.listings}"'
 
 
 def _shared(root: _Root, slow: float = 0.25) -> _SharedListing:
@@ -101,6 +106,24 @@ async def test_a_failed_listing_after_a_slow_one_is_told_to_the_next_request() -
     root.error = None
     assert (await shared.get()).body == b"listing 4"
     assert root.listings == 4
+
+
+async def test_an_unchanged_listing_keeps_the_runs_listed_before() -> None:
+    # What the served list worked out about its runs (their fields, their lower-cased text, its
+    # answers) stays while the root is as it was.
+    root = _Root(took=0.001)
+    root.tag = '"same"'
+    shared = _shared(root)
+    first = await shared.get()
+    second = await shared.get()
+    assert root.listings == 2
+    assert second.listed is first.listed is root.made[0]
+    assert second.listed is not root.made[1]
+    assert second.ended > first.ended
+    root.tag = '"changed"'
+    third = await shared.get()
+    assert third.listed is root.made[2]
+    assert third.body == b"listing 3"
 
 
 async def test_a_failed_listing_reaches_every_waiter_and_the_next_request_lists_again() -> None:
