@@ -30,8 +30,8 @@ class AccessControl:
         cls,
         *,
         token_env: str | None = None,
-        tls_cert: Path | None = None,
-        tls_key: Path | None = None,
+        tls_cert: str | os.PathLike[str] | None = None,
+        tls_key: str | os.PathLike[str] | None = None,
         environ: Mapping[str, str] | None = None,
     ) -> AccessControl:
         """Read the token from the variable named token_env, and the TLS certificate and key.
@@ -48,13 +48,18 @@ class AccessControl:
             )
             if not token:
                 raise ValueError(f"--auth-token-env names {token_env}, which is unset or empty")
+        for given, flag in ((tls_cert, "--tls-cert"), (tls_key, "--tls-key")):
+            # `--tls-cert "$CERT"` with CERT unset: a slip, not the current directory.
+            if given is not None and not os.fspath(given):
+                raise ValueError(f"{flag} is empty: give a PEM file")
         if (tls_cert is None) != (tls_key is None):
             raise ValueError("--tls-cert and --tls-key go together")
         cert = key = None
         if tls_cert is not None and tls_key is not None:
-            cert = _read_file(tls_cert, "--tls-cert")
-            key = _read_file(tls_key, "--tls-key")
-            _check_pem(cert, key, tls_cert, tls_key)
+            cert_path, key_path = Path(tls_cert), Path(tls_key)
+            cert = _read_file(cert_path, "--tls-cert")
+            key = _read_file(key_path, "--tls-key")
+            _check_pem(cert, key, cert_path, key_path)
         return cls(token=token, tls_cert=cert, tls_key=key)
 
     def interceptors(self) -> list[grpc.aio.ServerInterceptor[Any, Any]]:

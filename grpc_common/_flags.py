@@ -5,7 +5,6 @@ parser."""
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from ._loop import EVENT_LOOPS
 
@@ -22,11 +21,9 @@ def add_access_arguments(
         "the token is read from the environment variable NAME (default: no token)",
     )
     parser.add_argument(
-        "--tls-cert", type=Path, metavar="PEM", help="serve TLS with this PEM certificate chain"
+        "--tls-cert", metavar="PEM", help="serve TLS with this PEM certificate chain"
     )
-    parser.add_argument(
-        "--tls-key", type=Path, metavar="PEM", help="the PEM private key of --tls-cert"
-    )
+    parser.add_argument("--tls-key", metavar="PEM", help="the PEM private key of --tls-cert")
 
 
 def add_event_loop_argument(parser: argparse.ArgumentParser, env: str | None = None) -> None:

@@ -383,6 +383,9 @@ def test_the_operating_guide_lists_every_config_key_and_variable() -> None:
         (["serve", "--replay-from", ""], "agent-server: --replay-from is empty"),
         # Was: "--config: cannot read .: Is a directory".
         (["serve", "--config", ""], "agent-server: --config is empty"),
+        # Was: "--tls-cert: cannot read .: Is a directory".
+        (["serve", "--tls-cert", "", "--tls-key", "k.pem"], "agent-server: --tls-cert is empty"),
+        (["serve", "--tls-cert", "c.pem", "--tls-key", ""], "agent-server: --tls-key is empty"),
         (["gateway", "--config", "", "--trace-root", "{tmp}"], "agent-server: --config is empty"),
         (
             ["gateway", "--replay-from", "", "--trace-root", "{tmp}"],

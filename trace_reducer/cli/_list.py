@@ -27,8 +27,8 @@ def add_filter_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="STATUS",
-        help="completed, failed, cancelled, aborted, running, live or unreadable (repeatable, "
-        "or a,b)",
+        help="completed, failed, cancelled, aborted, running, live, unreadable or unspecified "
+        "(repeatable, or a,b)",
     )
     parser.add_argument(
         "--integrity",
