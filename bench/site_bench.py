@@ -36,6 +36,7 @@ import httpx
 
 from bench._harness import cpu_seconds
 from bench.list_bench import linked_root
+from bench.view_bench import headless_chromium
 
 THIS_TREE = Path(__file__).resolve().parents[1]
 _ADDRESS = re.compile(r"serving (http://127\.0\.0\.1:\d+/)")
@@ -47,7 +48,6 @@ _PAGE_EVERY = 1.0
 
 # The list page's own question (_list.js, _site._PAGE_QUERY).
 _PAGE_QUESTION = {"sort": "-started", "limit": "500"}
-CHROMIUM = Path("/usr/bin/chromium")
 
 
 @dataclass(frozen=True)
@@ -76,38 +76,25 @@ def open_list(address: str, bundle: str) -> ListPage:
     """The list page of the server at address in headless Chromium, searched for `bundle`."""
     # Asked apart: a browser keeps no body as large as a list page of every run was.
     size = len(httpx.get(address, timeout=600).raise_for_status().content)
-    import tempfile
-
-    from playwright.sync_api import sync_playwright
-
-    with tempfile.TemporaryDirectory() as home, sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=str(CHROMIUM),
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--no-first-run"],
-            env={**os.environ, "HOME": home},
-        )  # fmt: skip
-        try:
-            page = browser.new_page()
-            started = time.perf_counter()
-            page.goto(address, timeout=600_000)
-            page.wait_for_selector("body[data-ready=true]", timeout=600_000)
-            ready = time.perf_counter() - started
-            metrics = page.context.new_cdp_session(page)
-            metrics.send("Performance.enable")
-            heap = next(
-                metric["value"]
-                for metric in metrics.send("Performance.getMetrics")["metrics"]
-                if metric["name"] == "JSHeapUsedSize"
-            )
-            started = time.perf_counter()
-            page.fill("#search", bundle.rsplit("/", 1)[-1])
-            # The page's policy lets no script of ours run: a selector, then.
-            only = f'#runs tbody tr[data-bundle="{bundle}"]:only-child'
-            page.wait_for_selector(only, state="attached", timeout=600_000)
-            search = time.perf_counter() - started
-        finally:
-            browser.close()
+    with headless_chromium() as browser:
+        page = browser.new_page()
+        started = time.perf_counter()
+        page.goto(address, timeout=600_000)
+        page.wait_for_selector("body[data-ready=true]", timeout=600_000)
+        ready = time.perf_counter() - started
+        metrics = page.context.new_cdp_session(page)
+        metrics.send("Performance.enable")
+        heap = next(
+            metric["value"]
+            for metric in metrics.send("Performance.getMetrics")["metrics"]
+            if metric["name"] == "JSHeapUsedSize"
+        )
+        started = time.perf_counter()
+        page.fill("#search", bundle.rsplit("/", 1)[-1])
+        # The page's policy lets no script of ours run: a selector, then.
+        only = f'#runs tbody tr[data-bundle="{bundle}"]:only-child'
+        page.wait_for_selector(only, state="attached", timeout=600_000)
+        search = time.perf_counter() - started
     return ListPage(size, ready, heap, search)
 
 

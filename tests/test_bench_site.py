@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.site_bench import CHROMIUM, THIS_TREE, measure
+from bench.site_bench import THIS_TREE, measure
+from bench.view_bench import CHROMIUM
 from tests.trace_reducer.bundles import one_turn_bundle
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -94,12 +95,18 @@ def _logical_lines(text: str) -> list[str]:
 _FLAG = re.compile(r"(?<![\w=\-.])(--?[a-zA-Z][\w-]*)")
 
 
-def synopsis_problems(found: Block) -> list[str]:
-    problems = []
+def _command_lines(found: Block) -> Iterator[tuple[str, str, argparse.ArgumentParser | None]]:
+    """Each command line of a block: the line, its command (`trace-reducer list`) and that
+    command's parser (None for a line that is no command of ours)."""
     for line in _logical_lines(found.text):
         words = line.split()
         command = " ".join(words[:2]) if len(words) > 1 and words[1][0].isalpha() else words[0]
-        parser = PARSERS.get(command)
+        yield line, command, PARSERS.get(command)
+
+
+def synopsis_problems(found: Block) -> list[str]:
+    problems = []
+    for line, command, parser in _command_lines(found):
         if parser is None:
             problems.append(f"{found.where}: {line!r} is not a command line of ours")
             continue
@@ -116,15 +123,15 @@ def test_the_synopses_name_real_flags() -> None:
     assert not problems, "\n".join(problems)
 
 
+def _usage_block(text: str) -> Block:
+    """A README usage block of text, at its first line."""
+    return Block(REPO / "README.md", 1, "sh", "usage", None, text)
+
+
 def test_a_wrong_flag_in_a_synopsis_is_reported() -> None:
-    block = Block(
-        REPO / "README.md",
-        1,
-        "sh",
-        "usage",
-        None,
+    block = _usage_block(
         "trace-reducer list <root> [--sort=-tokens] [--colour] \\\n  [--json]  # --not-this\n"
-        "agent-server --version\nagent-server nonsense --x\n",
+        "agent-server --version\nagent-server nonsense --x\n"
     )
     assert synopsis_problems(block) == [
         "README.md:1: `trace-reducer list` has no --colour",
@@ -193,10 +200,7 @@ _PLACEHOLDERS = frozenset(
 
 def placeholder_problems(found: Block) -> list[str]:
     problems = []
-    for line in _logical_lines(found.text):
-        words = line.split()
-        command = " ".join(words[:2]) if len(words) > 1 and words[1][0].isalpha() else words[0]
-        parser = PARSERS.get(command)
+    for line, command, parser in _command_lines(found):
         if parser is None:
             continue
         for flag, shown in re.findall(r"(--[\w-]+)[ =]([A-Z][A-Z_:=]*)(?![\w.])", line):
@@ -218,14 +222,7 @@ def test_the_synopses_name_values_as_the_help_does() -> None:
 
 
 def test_a_placeholder_the_help_does_not_use_is_reported() -> None:
-    block = Block(
-        REPO / "README.md",
-        1,
-        "sh",
-        "usage",
-        None,
-        "trace-reducer list <root> [--model M] [--since 2h] [--limit N]\n",
-    )
+    block = _usage_block("trace-reducer list <root> [--model M] [--since 2h] [--limit N]\n")
     assert placeholder_problems(block) == [
         "README.md:1: `trace-reducer list --model M`; --help: MODEL"
     ]

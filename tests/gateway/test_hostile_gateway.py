@@ -237,26 +237,33 @@ async def test_a_chat_answer_of_any_shape_is_recorded_and_forwarded(
     assert tracebacks() == []
 
 
-async def test_an_upstream_event_past_the_bound_fails_the_call(
-    start_gateway: StartGateway, upstream: Upstream, tracebacks: Callable[[], list[str]]
-) -> None:
-    sent = 0
+class _Endless:
+    """An upstream answer that never ends: `head`, then 1 MiB blocks of `fill` up to three
+    times the gateway's bound, counting what it `sent` before the gateway stopped reading."""
 
-    async def endless_event(request: web.Request) -> web.StreamResponse:
-        nonlocal sent
-        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+    def __init__(self, content_type: str, head: bytes, fill: bytes) -> None:
+        self.content_type, self.head, self.block = content_type, head, fill * (1 << 20)
+        self.sent = 0
+
+    async def __call__(self, request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"content-type": self.content_type})
         await response.prepare(request)
-        await response.write(b"data: ")
-        block = b"x" * (1 << 20)
         try:
-            # One event that never ends: a gateway that holds it all runs out of memory.
-            for _ in range(3 * MAX_EVENT_BYTES // len(block)):
-                await response.write(block)
-                sent += len(block)
+            if self.head:
+                await response.write(self.head)
+            for _ in range(3 * MAX_EVENT_BYTES // len(self.block)):
+                await response.write(self.block)
+                self.sent += len(self.block)
         except ConnectionResetError:
             pass
         return response
 
+
+async def test_an_upstream_event_past_the_bound_fails_the_call(
+    start_gateway: StartGateway, upstream: Upstream, tracebacks: Callable[[], list[str]]
+) -> None:
+    # One event that never ends: a gateway that holds it all runs out of memory.
+    endless_event = _Endless("text/event-stream", b"data: ", b"x")
     gateway = await start_gateway(upstream.url)
     upstream.answer = endless_event
     async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as http:
@@ -282,7 +289,7 @@ async def test_an_upstream_event_past_the_bound_fails_the_call(
     assert call.execution.status == FAILED
     assert call.error.code == "event_too_large"
     # The gateway stopped reading soon after the bound, not at the stream's end.
-    assert sent < 2 * MAX_EVENT_BYTES
+    assert endless_event.sent < 2 * MAX_EVENT_BYTES
     assert tracebacks() == []
 
 
@@ -316,21 +323,7 @@ async def test_an_upstream_body_past_the_bound_is_a_502(
 async def test_a_models_answer_past_the_bound_is_a_502(
     start_gateway: StartGateway, upstream: Upstream, tracebacks: Callable[[], list[str]]
 ) -> None:
-    sent = 0
-
-    async def endless(request: web.Request) -> web.StreamResponse:
-        nonlocal sent
-        response = web.StreamResponse(headers={"content-type": "application/json"})
-        await response.prepare(request)
-        block = b" " * (1 << 20)
-        try:
-            for _ in range(3 * MAX_EVENT_BYTES // len(block)):
-                await response.write(block)
-                sent += len(block)
-        except ConnectionResetError:
-            pass
-        return response
-
+    endless = _Endless("application/json", b"", b" ")
     gateway = await start_gateway(upstream.url)
     upstream.answer = endless
     async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as http:
@@ -338,7 +331,7 @@ async def test_a_models_answer_past_the_bound_is_a_502(
     # Was: read whole into memory however long it went on, then forwarded (200).
     assert answer.status_code == 502, answer.text[:200]
     assert answer.json()["error"]["code"] == "response_too_large"
-    assert sent < 2 * MAX_EVENT_BYTES
+    assert endless.sent < 2 * MAX_EVENT_BYTES
     assert tracebacks() == []
 
 

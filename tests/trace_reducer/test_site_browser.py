@@ -283,6 +283,14 @@ def settled(page: Page) -> None:
     page.wait_for_selector("body[data-busy=false]", state="attached")
 
 
+def token_column(page: Page) -> list[int]:
+    """The tokens column of the rows drawn, top to bottom."""
+    cells: list[str] = page.eval_on_selector_all(
+        "#runs tbody tr td:nth-child(7)", "cells => cells.map(c => c.textContent)"
+    )
+    return [int(text.replace(",", "")) for text in cells]
+
+
 def row_threads(page: Page) -> list[str]:
     threads: list[str] = page.eval_on_selector_all(
         "#runs tbody tr", "rows => rows.map(r => r.dataset.thread)"
@@ -328,12 +336,7 @@ def test_the_list_filters_searches_sorts_and_opens_each_run(
 
         page.click("th[data-sort=tokens]")
         settled(page)
-        tokens = [
-            int(t.replace(",", ""))
-            for t in page.eval_on_selector_all(
-                "#runs tbody tr td:nth-child(7)", "cells => cells.map(c => c.textContent)"
-            )
-        ]
+        tokens = token_column(page)
         assert tokens == sorted(tokens)
         assert len(set(tokens)) > 1
         page.click("th[data-sort=tokens]")
@@ -595,12 +598,7 @@ def test_static_site_reads_offline(recorded: Recorded, open_page: OpenPage, tmp_
     assert page.inner_text("#count").strip() == "4 of 8 runs"
     page.fill("#search", "")
     page.click("th[data-sort=tokens]")
-    tokens = [
-        int(t.replace(",", ""))
-        for t in page.eval_on_selector_all(
-            "#runs tbody tr td:nth-child(7)", "cells => cells.map(c => c.textContent)"
-        )
-    ]
+    tokens = token_column(page)
     assert tokens == sorted(tokens)
     assert len(set(tokens)) > 1
     listing.page.click(f"tr[data-thread={recorded.forks[0]}] a.run-link")
