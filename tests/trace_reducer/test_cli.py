@@ -231,8 +231,13 @@ def test_an_output_where_nothing_can_be_written_is_bad_input(tmp_path: Path) -> 
     a_file = tmp_path / "a-file"
     a_file.write_text("keep me")
     missing = tmp_path / "no-such-dir"
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "gone")
     for args, said in (
         (["reduce", bundle, "-o", missing / "state.json"], f"no such directory: {missing}"),
+        # Was: "cannot create dangling: File exists", exit 1, once the work was done.
+        (["export-rl", bundle, "--format", "jsonl", "--out", dangling], "a symbolic link to"),
+        (["view", tmp_path, "-o", dangling], "a symbolic link to nothing"),
         (["view", bundle, "-o", missing / "view.html"], f"no such directory: {missing}"),
         (["view", tmp_path, "-o", a_file], "not a directory"),
         (["view", tmp_path, "-o", a_file / "site"], f"not a directory: {a_file}"),
@@ -244,6 +249,7 @@ def test_an_output_where_nothing_can_be_written_is_bad_input(tmp_path: Path) -> 
         assert_one_clean_line(result.stderr)
         assert said in result.stderr, (args, result.stderr)
     assert not missing.exists()
+    assert not (tmp_path / "gone").exists()
     assert a_file.read_text() == "keep me"
     assert not (bundle / "state.json").exists()
 

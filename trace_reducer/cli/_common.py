@@ -158,6 +158,9 @@ def unwritable_place(target: Path, *, directory: bool) -> str | None:
         if not target.is_dir():
             return "not a directory"
         place = target
+    elif directory and target.is_symlink():
+        # It cannot be made there (`File exists`, found only after the work was done).
+        return "a symbolic link to nothing: no directory can be made there"
     elif directory:  # made with its parents, in the nearest directory there is
         place = next((parent for parent in target.parents if parent.exists()), Path("."))
         if not place.is_dir():
