@@ -37,7 +37,9 @@ HOP_HEADERS = frozenset(
     }
 )
 # Client headers that stay at the gateway: its credentials and its own routing headers.
-_PRIVATE_HEADERS = frozenset({"authorization", "cookie", "accept-encoding", "api-key"})
+# A client's credentials stay with the gateway (Authorization is passed on by rule, below):
+# Azure's `api-key` and the `x-api-key` other APIs take are keys the redactor does not know.
+_PRIVATE_HEADERS = frozenset({"authorization", "cookie", "accept-encoding", "api-key", "x-api-key"})
 _GATEWAY_PREFIX = "x-rollout-"
 # Headers aiohttp would add that the client did not send: the body's type is the client's
 # to say (or not), as everything else it sent.

@@ -492,6 +492,30 @@ async def test_models_never_sends_the_gateway_s_own_token_upstream(
     assert seen == [""]
 
 
+async def test_a_client_s_key_headers_never_go_upstream(
+    start_gateway: StartGateway, upstream: Upstream
+) -> None:
+    # Was: `x-api-key` passed on as it came (`api-key` was dropped): an upstream that quoted it
+    # in an error put the client's key where the redactor, which knows only Authorization,
+    # did not look.
+    seen: list[dict[str, str]] = []
+
+    async def models(request: web.Request) -> web.StreamResponse:
+        seen.append({name.lower(): value for name, value in request.headers.items()})
+        return web.json_response({"object": "list", "data": []})
+
+    upstream.answer = models
+    gateway = await start_gateway(upstream.url)
+    keys = {"x-api-key": "S3CRETX", "api-key": "S3CRETA", "x-other": "kept"}
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as http:
+        answer = await http.get("/models", headers=keys)
+    assert answer.status_code == 200, answer.text
+    [headers] = seen
+    assert "x-api-key" not in headers
+    assert "api-key" not in headers
+    assert headers["x-other"] == "kept"
+
+
 # -- rewards -----------------------------------------------------------------------------------
 
 
