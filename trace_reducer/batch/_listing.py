@@ -593,7 +593,8 @@ class RunFilter:
             ),
             models=split_values(given("model")),
             rewards=tuple(
-                parse_reward_filter(text, name=f"{prefix}reward") for text in given("reward")
+                parse_reward_filter(condition, name=f"{prefix}reward")
+                for condition in given("reward")
             ),
             since=parse_since(since[-1], name=f"{prefix}since") if since and since[-1] else None,
             tools=frozenset(given("tool")),

@@ -173,9 +173,10 @@ def _warm_search(listed: _Listed) -> None:
 def _answer(listed: _Listed, query: _Query, facets: dict[str, list[str]]) -> bytes:
     """/api/runs's answer to a question: the runs it chooses, in its order, at most its limit
     of them, as the list page shows them; how many it chooses, of how many; the facets."""
-    links = {id(run): link for run, link in listed}
-    chosen = [run for run, _ in listed if query.chosen.matches(run)]
-    ordered = sort_runs(chosen, query.sort)
+    chosen = [(run, link) for run, link in listed if query.chosen.matches(run)]
+    # sort_runs orders the runs alone: each one's link found again by the run.
+    links = {id(run): link for run, link in chosen}
+    ordered = sort_runs([run for run, _ in chosen], query.sort)
     shown = ordered if query.limit is None else ordered[: query.limit]
     body = _page_runs_json([(cast(Run, run), links[id(run)]) for run in shown])
     more = _PAGE_JSON.encode({"matching": len(chosen), "total": len(listed), "facets": facets})
