@@ -12,7 +12,6 @@ from __future__ import annotations
 import itertools
 import os
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -22,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rollout.trace.v1 import common_pb2, state_pb2
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 SERVE_SCRIPT = REPO / "scripts" / "vllm-serve.sh"
@@ -29,12 +29,6 @@ MODEL = "smollm2-135m-instruct"
 # A fresh machine installs vLLM and converts the model first (minutes), then compiles.
 READY_TIMEOUT = 1800.0
 _POLL = 1.0
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 class Engine:
@@ -55,7 +49,7 @@ class Engine:
     def start(self) -> None:
         if self.given or self.process is not None:
             return
-        self.port = _free_port()
+        self.port = free_port()
         self.started_at = time.monotonic()
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(

@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import socket
 import sys
 from pathlib import Path
 
 from rollout.trace.v1 import state_pb2
+from tests.ports import free_port
 from trace_reducer import replay_bundle
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -22,16 +22,10 @@ def _block(kind: str, language: str) -> str:
     return found.group(1)
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 async def test_trace_any_agent(tmp_path: Path) -> None:
     (tmp_path / "weather_agent.py").write_text(_block("example", "python"))
     # The README's port, made free for this run.
-    script = _block("command", "sh").replace("127.0.0.1:8090", f"127.0.0.1:{_free_port()}")
+    script = _block("command", "sh").replace("127.0.0.1:8090", f"127.0.0.1:{free_port()}")
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     env.pop("OPENAI_BASE_URL", None)
     process = await asyncio.create_subprocess_exec(

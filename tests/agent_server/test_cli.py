@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 from pathlib import Path
 
 import grpc
@@ -33,6 +32,7 @@ from tests.agent_server.scripted_provider import (
     sse,
     text_delta,
 )
+from tests.ports import free_port
 from trace_reducer import read_bundle
 
 FAKE_KEY = "sk-test-0123456789-SECRET-never-written"
@@ -266,9 +266,7 @@ async def test_a_server_serves_on_when_its_stdout_fails(
     else:
         reader, target = os.pipe()
         os.close(reader)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     argv = [command, "--listen", f"127.0.0.1:{port}", "--trace-root", str(tmp_path / "traces")]
     process = await asyncio.create_subprocess_exec(
         AGENT_SERVER, *argv, stdout=target, stderr=asyncio.subprocess.PIPE, env=clean_env()
@@ -307,9 +305,7 @@ async def test_a_sigterm_as_soon_as_the_port_opens_shuts_down_gracefully(
 ) -> None:
     # Was: the handlers came after the start (and its collector pass), so a SIGTERM in between
     # killed the process outright, bundles of threads already started left without a footer.
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     argv = [command, "--listen", f"127.0.0.1:{port}", "--trace-root", str(tmp_path / "traces")]
     process = await asyncio.create_subprocess_exec(
         AGENT_SERVER,

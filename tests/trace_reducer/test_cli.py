@@ -17,6 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from bench.synthetic import Shape, write_conversation
 from rollout.reducer.v1 import reducer_pb2, reducer_pb2_grpc
 from rollout.trace.v1 import record_pb2, state_pb2
+from tests.ports import free_port
 from trace_reducer import (
     decode_varint,
     expand_request_items,
@@ -723,15 +724,6 @@ def test_a_reader_that_went_away_ends_the_command_quietly(tmp_path: Path) -> Non
         assert result.returncode == (2 if name == "diff" else 1), (name, result.stderr)
         assert "Traceback" not in result.stderr
         assert said(result.stderr) == [], name
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 @pytest.mark.parametrize("stdout", ["closed", "full", "gone"])
