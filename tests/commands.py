@@ -5,8 +5,12 @@ with what a test changes before it runs (closed standard streams, a file limit, 
 
 from __future__ import annotations
 
+import fcntl
 import os
+import pty
+import struct
 import subprocess
+import termios
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -49,3 +53,36 @@ def exec_argv(
     if terminal:
         command = ["setsid", "--ctty", *command]
     return command
+
+
+def run_on_terminal(*argv: str | Path) -> tuple[int, str, str]:
+    """The command with its stderr on a pseudo-terminal (what a person at a terminal sees),
+    stdout on a pipe (what a script reads): its exit code, stdout and what the terminal got."""
+    controller, terminal = pty.openpty()
+    # A terminal of 120 columns, as a person's would be (a new pty has none).
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    try:
+        process = subprocess.Popen(
+            [str(part) for part in argv],
+            stdout=subprocess.PIPE,
+            stderr=terminal,
+            stdin=subprocess.DEVNULL,
+        )
+        os.close(terminal)
+        terminal = -1
+        seen = bytearray()
+        while True:
+            try:
+                chunk = os.read(controller, 65536)
+            except OSError:  # EIO: the child closed its end
+                break
+            if not chunk:
+                break
+            seen += chunk
+        out = process.stdout.read() if process.stdout is not None else b""
+        code = process.wait(timeout=60)
+    finally:
+        os.close(controller)
+        if terminal >= 0:
+            os.close(terminal)
+    return code, out.decode(), seen.decode(errors="replace")

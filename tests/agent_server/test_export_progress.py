@@ -5,14 +5,8 @@ into a pipe and with --quiet."""
 from __future__ import annotations
 
 import asyncio
-import fcntl
-import os
-import pty
 import socket
-import struct
-import subprocess
 import sys
-import termios
 from pathlib import Path
 
 import pytest
@@ -20,6 +14,7 @@ import pytest
 from rollout.agent.v1 import agent_pb2
 from tests.agent_server.conftest import Harness, StartAgent
 from tests.agent_server.test_rl_export import run_turn
+from tests.commands import run_on_terminal
 
 TRACE_REDUCER = str(Path(sys.executable).parent / "trace-reducer")
 
@@ -42,39 +37,6 @@ async def root(start_agent: StartAgent) -> Path:
     for thread in [parent, *forks, *others]:
         await local.stub.CloseThread(agent_pb2.CloseThreadRequest(thread_id=thread.id))
     return Path(parent.bundle_path).parent
-
-
-def run_on_terminal(*args: str) -> tuple[int, str, str]:
-    """The command with its stderr on a pseudo-terminal (what a person at a terminal sees),
-    stdout on a pipe (what a script reads)."""
-    controller, terminal = pty.openpty()
-    # A terminal of 120 columns, as a person's would be (a new pty has none).
-    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
-    try:
-        process = subprocess.Popen(
-            [TRACE_REDUCER, *args],
-            stdout=subprocess.PIPE,
-            stderr=terminal,
-            stdin=subprocess.DEVNULL,
-        )
-        os.close(terminal)
-        terminal = -1
-        seen = bytearray()
-        while True:
-            try:
-                chunk = os.read(controller, 65536)
-            except OSError:  # EIO: the child closed its end
-                break
-            if not chunk:
-                break
-            seen += chunk
-        out = process.stdout.read() if process.stdout is not None else b""
-        code = process.wait(timeout=60)
-    finally:
-        os.close(controller)
-        if terminal >= 0:
-            os.close(terminal)
-    return code, out.decode(), seen.decode(errors="replace")
 
 
 # Three exports, two of them starting worker processes: a hang guard for a busy machine.
@@ -118,7 +80,8 @@ async def test_bad_jobs_is_usage(root: Path, tmp_path: Path) -> None:
 async def test_export_rl_shows_a_bar_on_a_terminal(root: Path, tmp_path: Path, jobs: str) -> None:
     code, out, terminal = await asyncio.to_thread(
         run_on_terminal,
-        "export-rl", str(root), "--format", "jsonl", "--out", str(tmp_path / "o"), "--jobs", jobs,
+        TRACE_REDUCER, "export-rl", str(root), "--format", "jsonl", "--out", str(tmp_path / "o"),
+        "--jobs", jobs,
     )  # fmt: skip
     assert code == 0, terminal
     assert "export-rl" in terminal, terminal
@@ -131,7 +94,8 @@ async def test_export_rl_shows_a_bar_on_a_terminal(root: Path, tmp_path: Path, j
 async def test_quiet_shows_no_bar(root: Path, tmp_path: Path) -> None:
     code, out, terminal = await asyncio.to_thread(
         run_on_terminal,
-        "export-rl", str(root), "--format", "jsonl", "--out", str(tmp_path / "o"), "--quiet",
+        TRACE_REDUCER, "export-rl", str(root), "--format", "jsonl", "--out", str(tmp_path / "o"),
+        "--quiet",
     )  # fmt: skip
     assert code == 0, terminal
     assert terminal == "", terminal
@@ -151,7 +115,7 @@ async def test_export_otlp_shows_its_reduction_on_a_terminal(root: Path) -> None
     # A closed port: the bar comes before the first send, which then fails in one line.
     code, out, terminal = await asyncio.to_thread(
         run_on_terminal,
-        "export-otlp", *bundles, "--endpoint", closed, "--timeout", "1",
+        TRACE_REDUCER, "export-otlp", *bundles, "--endpoint", closed, "--timeout", "1",
     )  # fmt: skip
     assert code == 1, terminal
     assert "export-otlp: reducing" in terminal
@@ -161,7 +125,7 @@ async def test_export_otlp_shows_its_reduction_on_a_terminal(root: Path) -> None
     assert out == ""
     code, _, terminal = await asyncio.to_thread(
         run_on_terminal,
-        "export-otlp", *bundles, "--endpoint", closed, "--timeout", "1", "--quiet",
+        TRACE_REDUCER, "export-otlp", *bundles, "--endpoint", closed, "--timeout", "1", "--quiet",
     )  # fmt: skip
     assert code == 1
     assert "reducing" not in terminal

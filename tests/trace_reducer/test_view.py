@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from rollout.trace.v1 import record_pb2
+from tests.commands import run_on_terminal
 from trace_reducer import VIEW_FILE_NAME, replay_bundle, request_body, write_view
 from trace_reducer.view._view import _delta
 
@@ -23,7 +24,7 @@ from .bundles import (
     one_turn_bundle,
     user_item,
 )
-from .test_cli import assert_one_clean_line, bad_inputs, run
+from .test_cli import COMMAND, assert_one_clean_line, bad_inputs, run
 
 EVIL = '</script><script>alert(1)</script><!-- <img src=x onerror="alert(2)">'
 
@@ -284,3 +285,44 @@ def test_a_site_gives_every_run_a_page_of_its_own(tmp_path: Path) -> None:
     assert texts == ["first", "second"]
     index = (site / "index.html").read_text()
     assert all(f"runs/{page.name}" in index for page in pages)
+
+
+def _root_with_an_unshowable_run(tmp_path: Path) -> Path:
+    root = tmp_path / "root"
+    root.mkdir()
+    two_turn_bundle(tmp_path / "a").rename(root / "good")
+    bad = BundleBuilder(tmp_path / "b")
+    bad.append(inference_ended=record_pb2.InferenceEnded(call=9, status=COMPLETED))
+    bad.close().rename(root / "contradicting")
+    return root
+
+
+def test_a_site_gives_a_run_it_cannot_show_a_page_saying_why(tmp_path: Path) -> None:
+    root = _root_with_an_unshowable_run(tmp_path)
+    site = tmp_path / "site"
+    result = run("view", root, "-o", site)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"{site / 'index.html'}\n"
+    # The list links it, so its page exists and says why, in the served page's words.
+    index = (site / "index.html").read_text()
+    assert "runs/contradicting.html" in index
+    page = (site / "runs" / "contradicting.html").read_text()
+    reason = "records contradict each other: seq 4: unknown inference call ordinal 9"
+    assert f'<p id="unshown">This run cannot be shown: {reason}</p>' in page
+    assert "<script" not in page
+    assert '<a href="../index.html">' in page
+    assert result.stderr == f"trace-reducer: warning: contradicting: {reason} (its page says so)\n"
+    assert "the first answer" not in page
+    assert "first answer" in (site / "runs" / "good.html").read_text()
+
+
+def test_a_site_shows_its_pages_as_a_bar_on_a_terminal(tmp_path: Path) -> None:
+    root = _root_with_an_unshowable_run(tmp_path)
+    code, out, terminal = run_on_terminal(*COMMAND, "view", root, "-o", tmp_path / "site")
+    assert code == 0, terminal
+    assert out == f"{tmp_path / 'site' / 'index.html'}\n"
+    assert "view" in terminal, terminal
+    assert "2/2" in terminal, terminal
+    assert "1 unreadable" in terminal, terminal
+    # The warning comes after the bar, not drawn over by it.
+    assert terminal.rindex("2/2") < terminal.index("warning: contradicting:"), terminal

@@ -380,7 +380,21 @@ def _view_root(args: argparse.Namespace) -> int:
                 "-o writes the site to files, --listen serves it: give one of them", EXIT_USAGE
             )
         check_output_dir("-o", args.output)
-        index = write_site(args.bundle, args.output, warn=warn)
+        progress = progress_for("view", bad_word="unreadable")
+        # Said once the bar is gone: a line written under it would be drawn over.
+        warnings: list[str] = []
+        try:
+            index = write_site(
+                args.bundle,
+                args.output,
+                warn=warnings.append,
+                started=progress.started,
+                progress=progress.advanced,
+            )
+        finally:
+            progress.finished()
+            for message in warnings:
+                warn(message)
         print(index, flush=True)
         return EXIT_OK
     listen = args.listen or DEFAULT_VIEW_LISTEN

@@ -363,32 +363,69 @@ def _static_name(relative: str) -> str:
 
 
 def write_site(
-    root: str, output: str | os.PathLike[str], *, warn: Callable[[str], None] = lambda _: None
+    root: str,
+    output: str | os.PathLike[str],
+    *,
+    warn: Callable[[str], None] = lambda _: None,
+    started: Callable[[int], None] = lambda _: None,
+    progress: Callable[[int, int], None] = lambda _count, _unshown: None,
 ) -> Path:
     """The list (index.html) and every run's page (runs/*.html) under output, for reading
     offline: relative links, nothing fetched. Returns the index's path. `warn` is told of
-    each directory passed over."""
+    each directory passed over and of each run whose page says why it cannot be shown;
+    `started(total)` once the runs are listed, `progress(pages, unshown)` as pages are
+    written."""
     target = Path(output)
     (target / "runs").mkdir(parents=True, exist_ok=True, mode=0o700)
     listed = _listed_runs(root, lambda relative: f"runs/{_static_name(relative)}", warn)
+    started(len(listed))
     links = _Links(listed)
     confined = BundleRoot(root)
     for run, _ in listed:
         relative = _relative(root, run["bundle"])
+        page = target / "runs" / _static_name(relative)
+        title = f"rollout {relative}"
         try:
             data = _reduce_confined(confined, relative)
-        except (BundleError, ReductionError, OSError):
+        except (BundleError, ReductionError, OSError) as error:
+            # The list links every run: a page saying why beats a link to nothing.
+            reason = unshown_reason(error)
+            write_page(render_unshown(title, reason), page)
+            warn(f"{relative}: {reason} (its page says so)")
+            progress(1, 1)
             continue
         # A run page sits one level down: its links to other runs are siblings.
         page_links = links.for_page(data.trace, lambda href: href.removeprefix("runs/"))
-        save_view(
-            data, target / "runs" / _static_name(relative), f"rollout {relative}", links=page_links
-        )
+        save_view(data, page, title, links=page_links)
+        progress(1, 0)
     # Written aside and renamed, as the run pages are: a FIFO or symbolic link named
     # index.html is replaced, never waited on nor written through.
     return write_page(
         render_list(_page_runs_json(listed), served=False, title=f"rollouts under {root}"),
         target / "index.html",
+    )
+
+
+def unshown_reason(error: BundleError | ReductionError | OSError) -> str:
+    """Why a run's page cannot be shown, in the words its served page answers with."""
+    if isinstance(error, ReductionError):
+        return f"records contradict each other: {error}"
+    if isinstance(error, OSError) and error.strerror:
+        return f"{error.strerror}: {error.filename}" if error.filename else error.strerror
+    return str(error)
+
+
+def render_unshown(title: str, reason: str) -> str:
+    """A static site's page for a run that cannot be shown: no script, the reason, the way
+    back to the list."""
+    return (
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; '
+        "base-uri 'none'; form-action 'none'\">\n"
+        f"<title>{html.escape(title)}</title>\n</head>\n<body>\n"
+        f"<h1>{html.escape(title)}</h1>\n"
+        f'<p id="unshown">This run cannot be shown: {html.escape(reason)}</p>\n'
+        '<p><a href="../index.html">all runs</a></p>\n</body>\n</html>\n'
     )
 
 
@@ -589,9 +626,9 @@ class SiteServer:
             data = await asyncio.to_thread(_reduce_confined, self._confined, relative)
             listed = (await self._listing.get()).listed
         except BundleError as error:
-            return web.Response(status=404, text=f"{error}\n")
+            return web.Response(status=404, text=f"{unshown_reason(error)}\n")
         except ReductionError as error:
-            return web.Response(status=422, text=f"records contradict each other: {error}\n")
+            return web.Response(status=422, text=f"{unshown_reason(error)}\n")
         # Links from /run/<bundle> to /run/<other>: relative to this page's directory.
         depth = relative.count("/")
         up = "../" * (depth + 1)
