@@ -125,17 +125,22 @@ def _trailing_tool_outputs(input_items: Any) -> list[tuple[str, str]]:
     """(tool name, output) of the function_call_output items that end the input."""
     if not isinstance(input_items, list):
         return []
+    # A call id is looked up only when it is a string: a client may put a list or an object
+    # there (a Chat `tool_call_id`), which no dict key can be (was: TypeError, HTTP 500).
     names = {
-        item.get("call_id"): item.get("name")
+        item["call_id"]: item.get("name")
         for item in input_items
-        if isinstance(item, dict) and item.get("type") == "function_call"
+        if isinstance(item, dict)
+        and item.get("type") == "function_call"
+        and isinstance(item.get("call_id"), str)
     }
     outputs: list[tuple[str, str]] = []
     for item in reversed(input_items):
         if not isinstance(item, dict) or item.get("type") != "function_call_output":
             break
-        output = item.get("output")
-        outputs.append((str(names.get(item.get("call_id"), "?")), str(output)[:_QUOTE_CHARS]))
+        call_id = item.get("call_id")
+        name = names.get(call_id, "?") if isinstance(call_id, str) else "?"
+        outputs.append((str(name), str(item.get("output"))[:_QUOTE_CHARS]))
     return outputs[::-1]
 
 
