@@ -580,6 +580,12 @@ def _loads(raw: str) -> Any:
     return value if fast else json.loads(raw)
 
 
+def replace_lone_surrogates(text: str) -> str:
+    """text with each lone surrogate (a JSON `\\ud800` escape) as U+FFFD: what a record's
+    UTF-8 can hold."""
+    return _LONE_SURROGATE.sub("\ufffd", text)
+
+
 def without_lone_surrogates(data: dict[str, Any]) -> dict[str, Any] | None:
     """data with lone surrogates replaced by U+FFFD in every key and string; None when nested
     deeper than MAX_EVENT_DEPTH. Walks with an explicit stack, never recursion. (The built-in
@@ -593,9 +599,9 @@ def without_lone_surrogates(data: dict[str, Any]) -> dict[str, Any] | None:
         items = source.items() if isinstance(source, dict) else enumerate(source)
         for key, value in items:
             if isinstance(key, str):
-                key = _LONE_SURROGATE.sub("\ufffd", key)
+                key = replace_lone_surrogates(key)
             if isinstance(value, str):
-                value = _LONE_SURROGATE.sub("\ufffd", value)
+                value = replace_lone_surrogates(value)
             elif isinstance(value, dict | list):
                 copy: dict[str, Any] | list[Any] = (
                     {} if isinstance(value, dict) else [None] * len(value)

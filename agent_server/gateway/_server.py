@@ -48,7 +48,12 @@ from agent_server.gateway._upstream import (
     upstream_status,
 )
 from agent_server.local_model import LocalModel
-from agent_server.provider import ProviderError, http_error, read_limited
+from agent_server.provider import (
+    ProviderError,
+    http_error,
+    read_limited,
+    replace_lone_surrogates,
+)
 from agent_server.recorder import Recorder
 from agent_server.replay_model import ReplayBook, ReplayModel
 from agent_server.sse import MAX_EVENT_BYTES, SseEvent, SseSplitter
@@ -422,9 +427,9 @@ class Gateway:
         if not isinstance(body, dict):
             return error_response(400, "invalid_json", "the request body must be a JSON object")
         entries = dialect.entries(body)
-        model = body.get("model") if isinstance(body.get("model"), str) else ""
+        model = _model(body)
         try:
-            session = await self._session_for(request, dialect, body, entries, str(model))
+            session = await self._session_for(request, dialect, body, entries, model)
         except _SessionKeyError as error:
             return error_response(400, "invalid_session", str(error))
         except RecordingError as error:
@@ -537,7 +542,7 @@ class Gateway:
             turn_ordinal,
             call_id=call_id,
             attempt=1,
-            model=str(body.get("model", "")),
+            model=_model(body, any_value=True),
             provider_base_url=upstream.display_url,
             envelope=dialect.envelope(body),
             input_items=dialect.items(entries),
@@ -907,6 +912,18 @@ class _Outcome:
     def cancel(self, reason: str) -> None:
         if not self.over:
             self.status, self.reason = CANCELLED, reason
+
+
+def _model(body: dict[str, Any], *, any_value: bool = False) -> str:
+    """The model a request names, as a record can hold it: JSON's `\\ud800` escapes make lone
+    surrogates, which no UTF-8 field carries (was: a 500, and the new session's bundle left
+    UNCLOSED), so U+FFFD stands in for each, as for the rest of what the gateway records. The
+    upstream still gets the body as the client sent it. A model that is no string is its
+    text only with `any_value` (a call's record), else no model (the session's thread)."""
+    model = body.get("model", "")
+    if not isinstance(model, str):
+        model = str(model) if any_value else ""
+    return replace_lone_surrogates(model)
 
 
 def _field(body: dict[str, Any], name: str, kind: Any, default: Any) -> Any:

@@ -21,7 +21,7 @@ from agent_server.config import Secret
 from agent_server.gateway import Gateway
 from agent_server.sse import MAX_EVENT_BYTES
 from grpc_common import AccessControl
-from rollout.trace.v1 import common_pb2
+from rollout.trace.v1 import common_pb2, state_pb2
 from tests.gateway.conftest import StartGateway, bundles, calls, reduce_all
 from tests.malformed_http import MALFORMED_REQUESTS, SECRET, refusals, status_line
 
@@ -200,6 +200,51 @@ async def test_chat_messages_of_any_shape_are_forwarded_and_recorded(
     assert answer.json()["choices"][0]["message"]["content"] == "hello"
     (trace,) = reduce_all(gateway.settings.trace_root)
     assert [c.execution.status for c in calls(trace)] == [COMPLETED]
+    assert tracebacks() == []
+
+
+async def test_a_model_named_with_a_lone_surrogate_is_forwarded_and_recorded(
+    start_gateway: StartGateway, upstream: Upstream, tracebacks: Callable[[], list[str]]
+) -> None:
+    # JSON's `\ud800` escape names a model no UTF-8 record holds: the session's first call
+    # (its thread's model) and a later call of a session with another model.
+    sent: list[bytes] = []
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        sent.append(await request.read())
+        return await _chat_completion(request)
+
+    upstream.answer = answer
+    gateway = await start_gateway(upstream.url)
+    odd = b'{"model": "m\\ud800", "messages": [{"role": "user", "content": "hi"}]}'
+    plain = json.dumps({"model": "m", "messages": [_user()]}).encode()
+    json_body = {"content-type": "application/json"}
+    async with httpx.AsyncClient(base_url=gateway.url) as http:
+        first = await http.post("/chat/completions", content=odd, headers=json_body)
+        later = [
+            await http.post(
+                "/chat/completions", content=body, headers={**json_body, "x-rollout-session": "s"}
+            )
+            for body in (plain, odd)
+        ]
+    # Was: 500 internal_error, nothing forwarded, the first one's bundle left UNCLOSED.
+    assert [a.status_code for a in (first, *later)] == [200, 200, 200], first.text
+    assert sent == [odd, plain, odd]  # the upstream gets the body as the client sent it
+    await gateway.stop()
+    traces = reduce_all(gateway.settings.trace_root)
+    assert [t.integrity.status for t in traces] == [state_pb2.INTEGRITY_STATUS_CLEAN] * 2
+    models = sorted(
+        (
+            t.threads[t.root_thread_id].model,
+            [c.model for c in calls(t)],
+            [c.execution.status for c in calls(t)],
+        )
+        for t in traces
+    )
+    assert models == [
+        ("m", ["m", "m\ufffd"], [COMPLETED, COMPLETED]),
+        ("m\ufffd", ["m\ufffd"], [COMPLETED]),
+    ]
     assert tracebacks() == []
 
 
