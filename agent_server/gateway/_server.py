@@ -62,7 +62,7 @@ from agent_server.turn import new_call_id
 from grpc_common import (
     Redactor,
     bearer_token,
-    http_server_logger,
+    http_runner_options,
     listen_error,
     refuse_address_in_use,
     same_secret,
@@ -218,12 +218,12 @@ class Gateway:
         app.router.add_get("/rollout/v1/sessions", self._list_sessions)
         app.router.add_post("/rollout/v1/rewards", self._reward)
         app.router.add_route("*", "/{tail:.*}", self._not_found)
-        # A client that goes away cancels its handler, and so its upstream request.
+        # A client that goes away cancels its handler, and so its upstream request; one that
+        # sends no request head within the read timeout loses its connection, as one that
+        # trickles its body gets a 408.
         self._runner = web.AppRunner(
             app,
-            handler_cancellation=True,
-            access_log=None,
-            logger=http_server_logger(f"{__name__}.http"),
+            **http_runner_options(f"{__name__}.http", self.settings.request_read_timeout),
             shutdown_timeout=_STOP_GRACE,
         )
         await self._runner.setup()

@@ -641,6 +641,32 @@ async def test_a_body_that_trickles_is_answered_408(
     assert bundles(tmp_path / "traces") == []
 
 
+async def test_a_request_head_that_never_ends_loses_its_connection(
+    start_gateway: StartGateway, tmp_path: Path
+) -> None:
+    # Slowloris: a request line and one header, then nothing. aiohttp's own bound was an
+    # hour; now the read timeout, as for a body. A stream longer than that is not cut.
+    gateway = await start_gateway(request_read_timeout=0.3, local_word_delay=0.02)
+    reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
+    try:
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+        await writer.drain()
+        async with asyncio.timeout(30):
+            rest = await reader.read()  # b"" once the gateway closes the connection
+    finally:
+        writer.close()
+    assert rest == b""
+    body = {"model": "m", "messages": [_user()], "stream": True}
+    async with httpx.AsyncClient(base_url=gateway.url) as http:
+        started = asyncio.get_running_loop().time()
+        answer = await http.post("/chat/completions", json=body)
+        took = asyncio.get_running_loop().time() - started
+    assert answer.status_code == 200
+    assert answer.text.rstrip().endswith("data: [DONE]")
+    assert took > 0.3  # streamed for longer than the bound, whole
+    assert bundles(tmp_path / "traces") != []
+
+
 # -- headers -----------------------------------------------------------------------------------
 
 _TOKEN = "gw-client-tok"
