@@ -19,6 +19,7 @@ import aiohttp
 from aiohttp import web
 
 from agent_server import telemetry
+from agent_server.agent import MAX_MODEL_CHARS
 from agent_server.gateway._dialects import (
     CHAT,
     RESPONSES,
@@ -87,6 +88,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# The items one call may carry: each is named in the call's (and a new turn's) record by its
+# payload id, and a record is at most MAX_RECORD_BYTES (4 MiB: 123,000 ids); a record past
+# it stopped the session's recording for good.
+MAX_CALL_ITEMS = 100_000
 SESSION_HEADER = "x-rollout-session"
 THREAD_HEADER = "x-rollout-thread-id"
 _ERROR_BODY_LIMIT = 1024 * 1024
@@ -427,6 +432,12 @@ class Gateway:
         if not isinstance(body, dict):
             return error_response(400, "invalid_json", "the request body must be a JSON object")
         entries = dialect.entries(body)
+        items = dialect.items(entries)
+        refused = _unrecordable(body, items)
+        if refused is not None:
+            # Before a session is chosen: a record the bundle cannot hold stopped the
+            # session's recording for good (every later call of it 503, its bundle UNCLOSED).
+            return refused
         model = _model(body)
         try:
             session = await self._session_for(request, dialect, body, entries, model)
@@ -439,7 +450,9 @@ class Gateway:
         session.calls_running += 1
         session.last_used = time.monotonic()
         try:
-            return await self._record_and_forward(request, dialect, session, body, raw, entries)
+            return await self._record_and_forward(
+                request, dialect, session, body, raw, entries, items
+            )
         finally:
             session.calls_running -= 1
             session.last_used = time.monotonic()
@@ -522,6 +535,7 @@ class Gateway:
         body: dict[str, Any],
         raw: bytes,
         entries: list[dict[str, Any]],
+        items: list[dict[str, Any]],
     ) -> web.StreamResponse:
         upstream = self._upstream
         assert upstream is not None
@@ -545,7 +559,7 @@ class Gateway:
             model=_model(body, any_value=True),
             provider_base_url=upstream.display_url,
             envelope=dialect.envelope(body),
-            input_items=dialect.items(entries),
+            input_items=items,
             provider_api=dialect.provider_api,
             input_as_string=dialect.input_as_string(body),
         )
@@ -912,6 +926,27 @@ class _Outcome:
     def cancel(self, reason: str) -> None:
         if not self.over:
             self.status, self.reason = CANCELLED, reason
+
+
+def _unrecordable(body: dict[str, Any], items: list[dict[str, Any]]) -> web.Response | None:
+    """The refusal of a request the bundle could not record: a model name longer than the
+    agent API takes (written whole into the thread's and each call's record), or more items
+    than one record can name (a call's record lists each by its payload id, 34 bytes)."""
+    model = _model(body, any_value=True)
+    if len(model) > MAX_MODEL_CHARS:
+        return error_response(
+            400,
+            "invalid_model",
+            f"model must be at most {MAX_MODEL_CHARS} characters, not {len(model)}",
+        )
+    if len(items) > MAX_CALL_ITEMS:
+        return error_response(
+            413,
+            "too_many_items",
+            f"the request's conversation is {len(items)} items; the gateway records at most "
+            f"{MAX_CALL_ITEMS} a call",
+        )
+    return None
 
 
 def _model(body: dict[str, Any], *, any_value: bool = False) -> str:

@@ -17,8 +17,9 @@ import httpx
 import pytest
 from aiohttp import web
 
+from agent_server.agent import MAX_MODEL_CHARS
 from agent_server.config import Secret
-from agent_server.gateway import Gateway
+from agent_server.gateway import MAX_CALL_ITEMS, Gateway
 from agent_server.sse import MAX_EVENT_BYTES
 from grpc_common import AccessControl
 from rollout.trace.v1 import common_pb2, state_pb2
@@ -245,6 +246,56 @@ async def test_a_model_named_with_a_lone_surrogate_is_forwarded_and_recorded(
         ("m", ["m", "m\ufffd"], [COMPLETED, COMPLETED]),
         ("m\ufffd", ["m\ufffd"], [COMPLETED]),
     ]
+    assert tracebacks() == []
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [
+        {"model": "m" * (MAX_MODEL_CHARS + 1), "messages": [_user()]},
+        {"model": ["m" * 100] * 50_000, "messages": [_user()]},  # 5 MB as text
+        {"model": "m", "messages": [_user(str(i)) for i in range(MAX_CALL_ITEMS + 1)]},
+        {
+            "model": "m",
+            "messages": [
+                _user(),
+                {
+                    "role": "assistant",
+                    "tool_calls": [
+                        {"id": f"c{i}", "type": "function", "function": {"name": "f"}}
+                        for i in range(MAX_CALL_ITEMS)
+                    ],
+                },
+            ],
+        },
+    ],
+    ids=["long-model", "model-list", "items", "tool-call-items"],
+)
+async def test_a_request_no_record_can_hold_is_refused_and_the_session_goes_on(
+    start_gateway: StartGateway,
+    upstream: Upstream,
+    tracebacks: Callable[[], list[str]],
+    odd: dict[str, Any],
+) -> None:
+    # A model past the agent API's 256 characters is written whole into the thread's and
+    # each call's record; each item is named in the call's record: past 4 MiB, no record.
+    gateway = await start_gateway(upstream.url)
+    plain = {"model": "m", "messages": [_user()]}
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as http:
+        first = await http.post("/chat/completions", json=odd)  # a new session's first call
+        answers = [
+            await http.post("/chat/completions", json=body, headers={"x-rollout-session": "s"})
+            for body in (plain, odd, plain)
+        ]
+    # Was: 503 recording_failed (recording_unavailable for a first call), and the session's
+    # recording stopped for good: every later call 503, its bundle UNCLOSED.
+    assert first.status_code in (400, 413), first.text
+    assert [a.status_code for a in answers] == [200, first.status_code, 200], answers[1].text
+    assert first.json()["error"]["code"] in ("invalid_model", "too_many_items")
+    await gateway.stop()
+    (trace,) = reduce_all(gateway.settings.trace_root)
+    assert trace.integrity.status == state_pb2.INTEGRITY_STATUS_CLEAN
+    assert [c.execution.status for c in calls(trace)] == [COMPLETED, COMPLETED]
     assert tracebacks() == []
 
 
