@@ -639,12 +639,18 @@ def http_error(
     code, message = f"http_{status}", ""
     try:
         parsed = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
+        # Nested past the recursion limit is no error body either (was: RecursionError, the
+        # turn failed `internal` and the gateway answered 500 instead of the upstream's 4xx).
         parsed = None
     error = parsed.get("error") if isinstance(parsed, dict) else None
     if isinstance(error, dict):
-        code = redactor.text(str(error.get("code") or error.get("type") or code))
-        message = redactor.text(str(error.get("message") or ""))
+        # JSON's `\ud800` escapes (and surrogates encoded as bytes, which json reads with
+        # surrogatepass) make text no error record holds (was: UnicodeEncodeError, as above).
+        code = str(error.get("code") or error.get("type") or code)
+        message = str(error.get("message") or "")
+        code = redactor.text(replace_lone_surrogates(code))
+        message = redactor.text(replace_lone_surrogates(message))
     if not message:
         message = redactor.text(text)[:2000].strip()
     return ProviderError(

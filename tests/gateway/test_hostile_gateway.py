@@ -333,6 +333,40 @@ async def test_a_chat_answer_of_any_shape_is_recorded_and_forwarded(
     assert tracebacks() == []
 
 
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        (b'{"error": {"message": "bad \\ud800 value", "code": "x"}}', "x"),
+        (b'{"error": {"message": "bad", "code": "\\udc00"}}', "\ufffd"),
+        (b'{"error": {"message": "a\xed\xa0\x80b", "code": "x"}}', "x"),
+        (b'{"error": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "http_400"),
+    ],
+    ids=["escaped-surrogate", "surrogate-code", "surrogate-bytes", "nested-100000"],
+)
+async def test_an_upstream_error_of_any_shape_is_forwarded_and_recorded(
+    start_gateway: StartGateway,
+    upstream: Upstream,
+    tracebacks: Callable[[], list[str]],
+    body: bytes,
+    code: str,
+) -> None:
+    async def refuse(request: web.Request) -> web.StreamResponse:
+        return web.Response(status=400, body=body, content_type="application/json")
+
+    upstream.answer = refuse
+    gateway = await start_gateway(upstream.url)
+    async with httpx.AsyncClient(base_url=gateway.url) as http:
+        answer = await http.post("/chat/completions", json={"model": "m", "messages": [_user()]})
+    # Was: 500 internal_error (UnicodeEncodeError or RecursionError reading the error), the
+    # upstream's 400 lost and the call not recorded as failed.
+    assert (answer.status_code, answer.content) == (400, body)
+    await gateway.stop()
+    (trace,) = reduce_all(gateway.settings.trace_root)
+    (call,) = calls(trace)
+    assert (call.execution.status, call.error.code, call.error.http_status) == (FAILED, code, 400)
+    assert tracebacks() == []
+
+
 class _Endless:
     """An upstream answer that never ends: `head`, then 1 MiB blocks of `fill` up to three
     times the gateway's bound, counting what it `sent` before the gateway stopped reading."""
