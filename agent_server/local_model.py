@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from agent_server import toy_tokens
 from agent_server.config import DEFAULT_LOCAL_MODEL
 from agent_server.loopback_http import HttpRequest, HttpResponse, LoopbackHttpServer
-from agent_server.provider import without_lone_surrogates
+from agent_server.provider import may_hold_lone_surrogates, without_lone_surrogates
 from trace_reducer import LOGPROBS_INCLUDE
 
 _Send = Callable[..., Awaitable[None]]
@@ -197,7 +197,7 @@ class LocalModel:
         except (ValueError, RecursionError):
             await _error(response, 400, "invalid_json", "the request body is not valid JSON")
             return
-        if isinstance(body, dict) and _may_hold_lone_surrogates(request.body):
+        if isinstance(body, dict) and may_hold_lone_surrogates(request.body):
             # JSON's `\ud800` escapes (and surrogates encoded as bytes, which json reads with
             # surrogatepass) make strings UTF-8 cannot carry; the replies echo the user's text
             # and hash it into toy tokens, both by way of UTF-8. U+FFFD stands in for each, as
@@ -779,15 +779,6 @@ class _ChatCollector:
         if self._usage is not None:
             whole["usage"] = self._usage
         await self._response.send(200, json.dumps(whole).encode())
-
-
-# What a lone surrogate needs in the body: an escape of one, or UTF-8's lead byte for U+D000
-# to U+DFFF (Hangul shares it: that body is merely walked for nothing).
-_SURROGATE_SIGNS = (b"\\ud", b"\\uD", b"\xed")
-
-
-def _may_hold_lone_surrogates(body: bytes) -> bool:
-    return any(sign in body for sign in _SURROGATE_SIGNS)
 
 
 async def _error(response: HttpResponse, status: int, code: str, message: str) -> None:

@@ -580,6 +580,16 @@ def _loads(raw: str) -> Any:
     return value if fast else json.loads(raw)
 
 
+# What a lone surrogate needs in a JSON body: an escape of one, or UTF-8's lead byte for
+# U+D000 to U+DFFF (Hangul shares it: that body is merely walked for nothing).
+_SURROGATE_SIGNS = (b"\\ud", b"\\uD", b"\xed")
+
+
+def may_hold_lone_surrogates(body: bytes) -> bool:
+    """Whether json.loads(body) may hold lone surrogates (then without_lone_surrogates)."""
+    return any(sign in body for sign in _SURROGATE_SIGNS)
+
+
 def replace_lone_surrogates(text: str) -> str:
     """text with each lone surrogate (a JSON `\\ud800` escape) as U+FFFD: what a record's
     UTF-8 can hold."""

@@ -52,8 +52,10 @@ from agent_server.local_model import LocalModel
 from agent_server.provider import (
     ProviderError,
     http_error,
+    may_hold_lone_surrogates,
     read_limited,
     replace_lone_surrogates,
+    without_lone_surrogates,
 )
 from agent_server.recorder import Recorder
 from agent_server.replay_model import ReplayBook, ReplayModel
@@ -653,8 +655,14 @@ class Gateway:
             self._end(session, call, ordinal, outcome)
             return error_response(502, "response_too_large", message)
         text = body.decode("utf-8", "replace")
+        parsed = loads(body)
+        if isinstance(parsed, dict) and may_hold_lone_surrogates(body):
+            # As a streamed event's data is read (parse_event): U+FFFD for each lone surrogate
+            # (was: UnicodeEncodeError recording an id or text, a 500 for the upstream's 200);
+            # None, read as no object, when nested past MAX_EVENT_DEPTH.
+            parsed = without_lone_surrogates(parsed)
         try:
-            call.on_body(loads(body), text)
+            call.on_body(parsed, text)
             outcome.complete()
         except ProviderError as error:
             outcome.fail(error)

@@ -23,7 +23,7 @@ from agent_server.gateway import MAX_CALL_ITEMS, Gateway
 from agent_server.sse import MAX_EVENT_BYTES
 from grpc_common import AccessControl
 from rollout.trace.v1 import common_pb2, state_pb2
-from tests.gateway.conftest import StartGateway, bundles, calls, reduce_all
+from tests.gateway.conftest import StartGateway, bundles, calls, items_text, reduce_all
 from tests.malformed_http import MALFORMED_REQUESTS, SECRET, refusals, status_line
 
 COMPLETED = common_pb2.EXECUTION_STATUS_COMPLETED
@@ -364,6 +364,48 @@ async def test_an_upstream_error_of_any_shape_is_forwarded_and_recorded(
     (trace,) = reduce_all(gateway.settings.trace_root)
     (call,) = calls(trace)
     assert (call.execution.status, call.error.code, call.error.http_status) == (FAILED, code, 400)
+    assert tracebacks() == []
+
+
+@pytest.mark.parametrize("surrogate", [b"\\ud800", b"\xed\xa0\x80"], ids=["escaped", "bytes"])
+@pytest.mark.parametrize("route", ["/chat/completions", "/responses"])
+async def test_a_whole_answer_with_lone_surrogates_is_forwarded_and_recorded(
+    start_gateway: StartGateway,
+    upstream: Upstream,
+    tracebacks: Callable[[], list[str]],
+    surrogate: bytes,
+    route: str,
+) -> None:
+    s = surrogate
+    if route == "/responses":
+        body = (
+            b'{"id": "r' + s + b'", "object": "response", "status": "completed", "output": '
+            b'[{"type": "message", "id": "m' + s + b'", "role": "assistant", "status": '
+            b'"completed", "content": [{"type": "output_text", "text": "t' + s + b'"}]}]}'
+        )
+    else:
+        body = (
+            b'{"id": "c' + s + b'", "object": "chat.completion", "choices": [{"index": 0, '
+            b'"message": {"role": "assistant", "content": "t' + s + b'"}, '
+            b'"finish_reason": "stop"}]}'
+        )
+
+    async def whole(request: web.Request) -> web.StreamResponse:
+        return web.Response(body=body, content_type="application/json")
+
+    upstream.answer = whole
+    gateway = await start_gateway(upstream.url)
+    request = {"model": "m", "messages": [_user()], "input": "hi"}
+    async with httpx.AsyncClient(base_url=gateway.url) as http:
+        answer = await http.post(route, json=request)
+    # Was: 500 internal_error (UnicodeEncodeError recording the answer's id) for the
+    # upstream's 200, and the call recorded CANCELLED. A stream's events were read already.
+    assert (answer.status_code, answer.content) == (200, body)
+    await gateway.stop()
+    (trace,) = reduce_all(gateway.settings.trace_root)
+    (call,) = calls(trace)
+    assert call.execution.status == COMPLETED
+    assert items_text(trace, call.response_item_ids) == "t\ufffd"
     assert tracebacks() == []
 
 
