@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from agent_server import toy_tokens
 from agent_server.config import DEFAULT_LOCAL_MODEL
 from agent_server.loopback_http import HttpRequest, HttpResponse, LoopbackHttpServer
-from agent_server.provider import without_lone_surrogates
+from agent_server.provider import may_hold_lone_surrogates, without_lone_surrogates
 from trace_reducer import LOGPROBS_INCLUDE
 
 _Send = Callable[..., Awaitable[None]]
@@ -125,17 +125,22 @@ def _trailing_tool_outputs(input_items: Any) -> list[tuple[str, str]]:
     """(tool name, output) of the function_call_output items that end the input."""
     if not isinstance(input_items, list):
         return []
+    # A call id is looked up only when it is a string: a client may put a list or an object
+    # there (a Chat `tool_call_id`), which no dict key can be (was: TypeError, HTTP 500).
     names = {
-        item.get("call_id"): item.get("name")
+        item["call_id"]: item.get("name")
         for item in input_items
-        if isinstance(item, dict) and item.get("type") == "function_call"
+        if isinstance(item, dict)
+        and item.get("type") == "function_call"
+        and isinstance(item.get("call_id"), str)
     }
     outputs: list[tuple[str, str]] = []
     for item in reversed(input_items):
         if not isinstance(item, dict) or item.get("type") != "function_call_output":
             break
-        output = item.get("output")
-        outputs.append((str(names.get(item.get("call_id"), "?")), str(output)[:_QUOTE_CHARS]))
+        call_id = item.get("call_id")
+        name = names.get(call_id, "?") if isinstance(call_id, str) else "?"
+        outputs.append((str(name), str(item.get("output"))[:_QUOTE_CHARS]))
     return outputs[::-1]
 
 
@@ -192,7 +197,7 @@ class LocalModel:
         except (ValueError, RecursionError):
             await _error(response, 400, "invalid_json", "the request body is not valid JSON")
             return
-        if isinstance(body, dict) and _may_hold_lone_surrogates(request.body):
+        if isinstance(body, dict) and may_hold_lone_surrogates(request.body):
             # JSON's `\ud800` escapes (and surrogates encoded as bytes, which json reads with
             # surrogatepass) make strings UTF-8 cannot carry; the replies echo the user's text
             # and hash it into toy tokens, both by way of UTF-8. U+FFFD stands in for each, as
@@ -774,15 +779,6 @@ class _ChatCollector:
         if self._usage is not None:
             whole["usage"] = self._usage
         await self._response.send(200, json.dumps(whole).encode())
-
-
-# What a lone surrogate needs in the body: an escape of one, or UTF-8's lead byte for U+D000
-# to U+DFFF (Hangul shares it: that body is merely walked for nothing).
-_SURROGATE_SIGNS = (b"\\ud", b"\\uD", b"\xed")
-
-
-def _may_hold_lone_surrogates(body: bytes) -> bool:
-    return any(sign in body for sign in _SURROGATE_SIGNS)
 
 
 async def _error(response: HttpResponse, status: int, code: str, message: str) -> None:

@@ -580,6 +580,22 @@ def _loads(raw: str) -> Any:
     return value if fast else json.loads(raw)
 
 
+# What a lone surrogate needs in a JSON body: an escape of one, or UTF-8's lead byte for
+# U+D000 to U+DFFF (Hangul shares it: that body is merely walked for nothing).
+_SURROGATE_SIGNS = (b"\\ud", b"\\uD", b"\xed")
+
+
+def may_hold_lone_surrogates(body: bytes) -> bool:
+    """Whether json.loads(body) may hold lone surrogates (then without_lone_surrogates)."""
+    return any(sign in body for sign in _SURROGATE_SIGNS)
+
+
+def replace_lone_surrogates(text: str) -> str:
+    """text with each lone surrogate (a JSON `\\ud800` escape) as U+FFFD: what a record's
+    UTF-8 can hold."""
+    return _LONE_SURROGATE.sub("\ufffd", text)
+
+
 def without_lone_surrogates(data: dict[str, Any]) -> dict[str, Any] | None:
     """data with lone surrogates replaced by U+FFFD in every key and string; None when nested
     deeper than MAX_EVENT_DEPTH. Walks with an explicit stack, never recursion. (The built-in
@@ -593,9 +609,9 @@ def without_lone_surrogates(data: dict[str, Any]) -> dict[str, Any] | None:
         items = source.items() if isinstance(source, dict) else enumerate(source)
         for key, value in items:
             if isinstance(key, str):
-                key = _LONE_SURROGATE.sub("\ufffd", key)
+                key = replace_lone_surrogates(key)
             if isinstance(value, str):
-                value = _LONE_SURROGATE.sub("\ufffd", value)
+                value = replace_lone_surrogates(value)
             elif isinstance(value, dict | list):
                 copy: dict[str, Any] | list[Any] = (
                     {} if isinstance(value, dict) else [None] * len(value)
@@ -633,12 +649,18 @@ def http_error(
     code, message = f"http_{status}", ""
     try:
         parsed = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
+        # Nested past the recursion limit is no error body either (was: RecursionError, the
+        # turn failed `internal` and the gateway answered 500 instead of the upstream's 4xx).
         parsed = None
     error = parsed.get("error") if isinstance(parsed, dict) else None
     if isinstance(error, dict):
-        code = redactor.text(str(error.get("code") or error.get("type") or code))
-        message = redactor.text(str(error.get("message") or ""))
+        # JSON's `\ud800` escapes (and surrogates encoded as bytes, which json reads with
+        # surrogatepass) make text no error record holds (was: UnicodeEncodeError, as above).
+        code = str(error.get("code") or error.get("type") or code)
+        message = str(error.get("message") or "")
+        code = redactor.text(replace_lone_surrogates(code))
+        message = redactor.text(replace_lone_surrogates(message))
     if not message:
         message = redactor.text(text)[:2000].strip()
     return ProviderError(

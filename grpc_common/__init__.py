@@ -3,7 +3,7 @@
 from typing import TYPE_CHECKING
 
 from ._flags import add_access_arguments, add_event_loop_argument
-from ._http_log import http_server_logger
+from ._http_log import HTTP_IDLE_SECONDS, http_runner_options, http_server_logger
 from ._limits import raise_open_file_limit
 from ._listen import ListenError, listen_error, refuse_address_in_use
 from ._loop import (
@@ -82,6 +82,7 @@ __all__ = [
     "DEFAULT_MAX_RECEIVE_BYTES",
     "ERROR_DOMAIN",
     "EVENT_LOOPS",
+    "HTTP_IDLE_SECONDS",
     "INTERNAL_REASON",
     "AccessControl",
     "ErrorMapping",
@@ -104,6 +105,7 @@ __all__ = [
     "error_status",
     "event_loop_problem",
     "header_secret",
+    "http_runner_options",
     "http_server_logger",
     "install_signal_handlers",
     "listen_error",

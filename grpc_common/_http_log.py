@@ -1,11 +1,18 @@
-"""The log of an aiohttp server we run: a request its HTTP parser refuses is one warning line
-that quotes none of the request's bytes."""
+"""The aiohttp servers we run (the gateway, the served viewer): a request its HTTP parser refuses
+is one warning line that quotes none of the request's bytes, and a connection that sends no
+request is closed."""
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
-__all__ = ["http_server_logger"]
+__all__ = ["HTTP_IDLE_SECONDS", "http_runner_options", "http_server_logger"]
+
+# A connection that sends no whole request head within this long of opening, or of its last
+# answer, is closed. aiohttp's own bound is an hour: a client trickling a header line every few
+# seconds (slowloris) held its connection, and a descriptor, that long.
+HTTP_IDLE_SECONDS = 60.0
 
 _QUOTES = ("'", '"')
 
@@ -50,3 +57,18 @@ def http_server_logger(name: str) -> logging.Logger:
     if not any(isinstance(f, _ParserErrorFilter) for f in logger.filters):
         logger.addFilter(_ParserErrorFilter())
     return logger
+
+
+def http_runner_options(name: str, idle_timeout: float = HTTP_IDLE_SECONDS) -> dict[str, Any]:
+    """What `web.AppRunner(app, **…)` takes for a server clients we do not control reach: a
+    client that goes away cancels its handler, no access log (an address may carry a token),
+    parser refusals logged by `http_server_logger(name)`, and `idle_timeout` (seconds) for a
+    request head to arrive, on a fresh connection or a kept-alive one (aiohttp's keep-alive
+    timer, which runs from the connection's start and from each answer, and closes only a
+    connection waiting for a request)."""
+    return {
+        "handler_cancellation": True,
+        "access_log": None,
+        "logger": http_server_logger(name),
+        "keepalive_timeout": idle_timeout,
+    }

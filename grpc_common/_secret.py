@@ -35,7 +35,8 @@ def bearer_token(authorization: str) -> str | None:
 # A query parameter whose value authenticates (`?key=`, `?api-key=`, `?sig=`, `?token=`):
 # taken out of forwarded data too, where a value like `api-version=2024-02-01` is left alone.
 _SECRET_PARAMETER = re.compile(r"key|token|secret|sig|auth|pass|code|credential", re.IGNORECASE)
-# URL parts shorter than this are left in free text: `?v=1` must not blank every `1`.
+# Secrets and URL parts shorter than this are left in free text: `?v=1` must not blank every
+# `1`; and in data (a stream, a body) under the second: a key `x` must not blank every `x`.
 _MIN_TEXT_FORM = 4
 _MIN_DATA_FORM = 8
 _HIDDEN = "***"
@@ -72,8 +73,11 @@ class Redactor:
 
     `text` is for messages (errors, logs): every form of four characters or more. `data` is
     for bytes passed on or recorded as they came: only the forms that authenticate (the keys,
-    the password, the Basic value, values of query parameters named like a key, of eight
-    characters or more), so that a stream quoting `2024-02-01` is not altered.
+    the password, the Basic value, values of query parameters named like a key), of eight
+    characters or more, so that a stream quoting `2024-02-01` is not altered. A key or token
+    given as such is held to the same lengths: a placeholder such as `x` or vLLM's `EMPTY`
+    (what clients of a server that wants no key send) is no secret, and taking every `x` out
+    of a stream left its events unreadable (`response.output_te***t.delta`).
     """
 
     def __init__(
@@ -85,8 +89,8 @@ class Redactor:
         given = {secret for secret in secrets if secret}
         self._given = frozenset(given)
         self._spellings = tuple(spellings)
-        text_forms = set(given)
-        data_forms = set(given)
+        text_forms = {secret for secret in given if len(secret) >= _MIN_TEXT_FORM}
+        data_forms = {secret for secret in given if len(secret) >= _MIN_DATA_FORM}
         self._url = url
         self._display = redact_url(url) if url else None
         for spelling in (url, *self._spellings) if url else ():

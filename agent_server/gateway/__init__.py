@@ -8,6 +8,7 @@ from agent_server.gateway._settings import GatewaySettings, add_arguments, from_
 
 if TYPE_CHECKING:
     from agent_server.gateway._server import (
+        MAX_CALL_ITEMS,
         SESSION_HEADER,
         THREAD_HEADER,
         CallObserver,
@@ -15,6 +16,7 @@ if TYPE_CHECKING:
     )
 
 __all__ = [
+    "MAX_CALL_ITEMS",
     "SESSION_HEADER",
     "THREAD_HEADER",
     "CallObserver",
@@ -24,7 +26,9 @@ __all__ = [
     "from_args",
 ]
 
-_SERVER_NAMES = frozenset({"SESSION_HEADER", "THREAD_HEADER", "CallObserver", "Gateway"})
+_SERVER_NAMES = frozenset(
+    {"MAX_CALL_ITEMS", "SESSION_HEADER", "THREAD_HEADER", "CallObserver", "Gateway"}
+)
 
 
 def __getattr__(name: str) -> Any:

@@ -19,6 +19,7 @@ import aiohttp
 from aiohttp import web
 
 from agent_server import telemetry
+from agent_server.agent import MAX_MODEL_CHARS
 from agent_server.gateway._dialects import (
     CHAT,
     RESPONSES,
@@ -48,7 +49,14 @@ from agent_server.gateway._upstream import (
     upstream_status,
 )
 from agent_server.local_model import LocalModel
-from agent_server.provider import ProviderError, http_error, read_limited
+from agent_server.provider import (
+    ProviderError,
+    http_error,
+    may_hold_lone_surrogates,
+    read_limited,
+    replace_lone_surrogates,
+    without_lone_surrogates,
+)
 from agent_server.recorder import Recorder
 from agent_server.replay_model import ReplayBook, ReplayModel
 from agent_server.sse import MAX_EVENT_BYTES, SseEvent, SseSplitter
@@ -57,7 +65,7 @@ from agent_server.turn import new_call_id
 from grpc_common import (
     Redactor,
     bearer_token,
-    http_server_logger,
+    http_runner_options,
     listen_error,
     refuse_address_in_use,
     same_secret,
@@ -82,6 +90,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# The items one call may carry: each is named in the call's (and a new turn's) record by its
+# payload id, and a record is at most MAX_RECORD_BYTES (4 MiB: 123,000 ids); a record past
+# it stopped the session's recording for good.
+MAX_CALL_ITEMS = 100_000
 SESSION_HEADER = "x-rollout-session"
 THREAD_HEADER = "x-rollout-thread-id"
 _ERROR_BODY_LIMIT = 1024 * 1024
@@ -213,12 +225,12 @@ class Gateway:
         app.router.add_get("/rollout/v1/sessions", self._list_sessions)
         app.router.add_post("/rollout/v1/rewards", self._reward)
         app.router.add_route("*", "/{tail:.*}", self._not_found)
-        # A client that goes away cancels its handler, and so its upstream request.
+        # A client that goes away cancels its handler, and so its upstream request; one that
+        # sends no request head within the read timeout loses its connection, as one that
+        # trickles its body gets a 408.
         self._runner = web.AppRunner(
             app,
-            handler_cancellation=True,
-            access_log=None,
-            logger=http_server_logger(f"{__name__}.http"),
+            **http_runner_options(f"{__name__}.http", self.settings.request_read_timeout),
             shutdown_timeout=_STOP_GRACE,
         )
         await self._runner.setup()
@@ -422,9 +434,15 @@ class Gateway:
         if not isinstance(body, dict):
             return error_response(400, "invalid_json", "the request body must be a JSON object")
         entries = dialect.entries(body)
-        model = body.get("model") if isinstance(body.get("model"), str) else ""
+        items = dialect.items(entries)
+        refused = _unrecordable(body, items)
+        if refused is not None:
+            # Before a session is chosen: a record the bundle cannot hold stopped the
+            # session's recording for good (every later call of it 503, its bundle UNCLOSED).
+            return refused
+        model = _model(body)
         try:
-            session = await self._session_for(request, dialect, body, entries, str(model))
+            session = await self._session_for(request, dialect, body, entries, model)
         except _SessionKeyError as error:
             return error_response(400, "invalid_session", str(error))
         except RecordingError as error:
@@ -434,7 +452,9 @@ class Gateway:
         session.calls_running += 1
         session.last_used = time.monotonic()
         try:
-            return await self._record_and_forward(request, dialect, session, body, raw, entries)
+            return await self._record_and_forward(
+                request, dialect, session, body, raw, entries, items
+            )
         finally:
             session.calls_running -= 1
             session.last_used = time.monotonic()
@@ -517,6 +537,7 @@ class Gateway:
         body: dict[str, Any],
         raw: bytes,
         entries: list[dict[str, Any]],
+        items: list[dict[str, Any]],
     ) -> web.StreamResponse:
         upstream = self._upstream
         assert upstream is not None
@@ -537,10 +558,10 @@ class Gateway:
             turn_ordinal,
             call_id=call_id,
             attempt=1,
-            model=str(body.get("model", "")),
+            model=_model(body, any_value=True),
             provider_base_url=upstream.display_url,
             envelope=dialect.envelope(body),
-            input_items=dialect.items(entries),
+            input_items=items,
             provider_api=dialect.provider_api,
             input_as_string=dialect.input_as_string(body),
         )
@@ -634,8 +655,14 @@ class Gateway:
             self._end(session, call, ordinal, outcome)
             return error_response(502, "response_too_large", message)
         text = body.decode("utf-8", "replace")
+        parsed = loads(body)
+        if isinstance(parsed, dict) and may_hold_lone_surrogates(body):
+            # As a streamed event's data is read (parse_event): U+FFFD for each lone surrogate
+            # (was: UnicodeEncodeError recording an id or text, a 500 for the upstream's 200);
+            # None, read as no object, when nested past MAX_EVENT_DEPTH.
+            parsed = without_lone_surrogates(parsed)
         try:
-            call.on_body(loads(body), text)
+            call.on_body(parsed, text)
             outcome.complete()
         except ProviderError as error:
             outcome.fail(error)
@@ -907,6 +934,39 @@ class _Outcome:
     def cancel(self, reason: str) -> None:
         if not self.over:
             self.status, self.reason = CANCELLED, reason
+
+
+def _unrecordable(body: dict[str, Any], items: list[dict[str, Any]]) -> web.Response | None:
+    """The refusal of a request the bundle could not record: a model name longer than the
+    agent API takes (written whole into the thread's and each call's record), or more items
+    than one record can name (a call's record lists each by its payload id, 34 bytes)."""
+    model = _model(body, any_value=True)
+    if len(model) > MAX_MODEL_CHARS:
+        return error_response(
+            400,
+            "invalid_model",
+            f"model must be at most {MAX_MODEL_CHARS} characters, not {len(model)}",
+        )
+    if len(items) > MAX_CALL_ITEMS:
+        return error_response(
+            413,
+            "too_many_items",
+            f"the request's conversation is {len(items)} items; the gateway records at most "
+            f"{MAX_CALL_ITEMS} a call",
+        )
+    return None
+
+
+def _model(body: dict[str, Any], *, any_value: bool = False) -> str:
+    """The model a request names, as a record can hold it: JSON's `\\ud800` escapes make lone
+    surrogates, which no UTF-8 field carries (was: a 500, and the new session's bundle left
+    UNCLOSED), so U+FFFD stands in for each, as for the rest of what the gateway records. The
+    upstream still gets the body as the client sent it. A model that is no string is its
+    text only with `any_value` (a call's record), else no model (the session's thread)."""
+    model = body.get("model", "")
+    if not isinstance(model, str):
+        model = str(model) if any_value else ""
+    return replace_lone_surrogates(model)
 
 
 def _field(body: dict[str, Any], name: str, kind: Any, default: Any) -> Any:

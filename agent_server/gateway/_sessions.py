@@ -177,11 +177,14 @@ class Session:
 
     def _record_end(self, opened: _OpenTurn) -> None:
         """turn_ended: CANCELLED when the turn's last call was (the client went away, the
-        gateway stopped) and no later one answered (SPEC section 4), else COMPLETED (a failed
+        gateway stopped) and no later one answered (SPEC section 4), or when a call of it still
+        runs (the session is closed under it: the call is cut off, and takes its turn's status,
+        which COMPLETED made a call with no answer look finished); else COMPLETED (a failed
         call leaves the turn to the client, which may retry it)."""
         del self.open_turns[opened.turn.id]
         turn = opened.turn
-        status = CANCELLED if opened.last_call_status == CANCELLED else COMPLETED
+        cut_off = opened.running > 0
+        status = CANCELLED if cut_off or opened.last_call_status == CANCELLED else COMPLETED
         self.recorder.turn_ended(turn.ordinal, status)
         # The turn's spans can go out (a live OTLP export): its records are written.
         telemetry.bundle_advanced(self.recorder.bundle_path)

@@ -39,8 +39,9 @@ class GatewaySettings:
     # Ask a Chat Completions upstream for the engine's token ids and record them.
     token_ids: bool = False
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
-    # How long a client may take to send its request body: a client that trickles it would
-    # otherwise hold its connection and handler for good.
+    # How long a client may take to send its request body (then 408), and its request head
+    # from the connection's start or its last answer (then the connection is closed): a
+    # client that trickles either would otherwise hold its connection for good, or an hour.
     request_read_timeout: float = DEFAULT_REQUEST_READ_TIMEOUT
 
     def __post_init__(self) -> None:

@@ -156,3 +156,42 @@ async def test_a_whole_chat_answer_counts_its_tokens_as_the_stream_does() -> Non
     assert usage["prompt_tokens"] > 0
     assert usage["completion_tokens"] > 0
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+
+
+@pytest.mark.parametrize(
+    ("route", "body"),
+    [
+        # A call id that is no string, where the model looks up the tool a call named.
+        (
+            "/responses",
+            {
+                "stream": True,
+                "input": [
+                    {"type": "function_call", "call_id": ["c"], "name": "f", "arguments": "{}"},
+                    {"type": "function_call_output", "call_id": "c", "output": "x"},
+                ],
+            },
+        ),
+        (
+            "/responses",
+            {"input": [{"type": "function_call_output", "call_id": {"a": 1}, "output": "x"}]},
+        ),
+        (
+            "/chat/completions",
+            {"messages": [{"role": "tool", "tool_call_id": {"a": 1}, "content": "x"}]},
+        ),
+    ],
+)
+async def test_a_call_id_of_any_shape_is_answered(route: str, body: dict[str, object]) -> None:
+    # Was: TypeError (unhashable type), a 500 with a traceback in the log, through the gateway.
+    model = await LocalModel.start(word_delay=0, full_protocol=True)
+    try:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(model.url + route, json={"model": "m", **body}) as answer,
+        ):
+            status, text = answer.status, await answer.text()
+    finally:
+        await model.stop()
+    assert status == 200, text
+    assert 'returned: \\"x\\"' in text or 'returned: "x"' in text

@@ -19,6 +19,7 @@ from rollout.trace.v1 import common_pb2, state_pb2
 from tests.agent_server.conftest import Harness, StartAgent, reduce_with_cli
 from tests.agent_server.scripted_provider import (
     RESET,
+    Reply,
     ScriptedProvider,
     answer,
     created,
@@ -105,6 +106,31 @@ async def test_client_errors_are_not_retried(
     assert final.status == agent_pb2.TURN_STATUS_FAILED
     assert (final.error.code, final.error.http_status) == ("model_not_found", 400)
     assert len(provider.requests) == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "message"),
+    [
+        (b'{"error": {"message": "bad \\ud800 value", "code": "x"}}', "x", "bad \ufffd value"),
+        (b'{"error": {"message": "bad", "code": "\\udc00"}}', "\ufffd", "bad"),
+        (b'{"error": {"message": "a\xed\xa0\x80b", "code": "x"}}', "x", "a\ufffdb"),
+        (b'{"error": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "http_400", "[[["),
+    ],
+    ids=["escaped-surrogate", "surrogate-code", "surrogate-bytes", "nested-100000"],
+)
+async def test_an_error_body_of_any_shape_fails_the_turn_with_its_status(
+    provider: ScriptedProvider, start_agent: StartAgent, body: bytes, code: str, message: str
+) -> None:
+    # Was: the turn FAILED `internal` ("internal error: UnicodeEncodeError" / RecursionError),
+    # the provider's 400 and its message lost; through the gateway, a 500 for the 400.
+    agent = await start_agent(max_retries=3)
+    provider.replies.append(Reply(status=400, body=body))
+    final, _, _ = await run_turn(agent)
+    assert final.status == agent_pb2.TURN_STATUS_FAILED
+    assert (final.error.code, final.error.http_status) == (code, 400)
+    assert message in final.error.message
+    [call] = calls_in_order(await reduced(agent))
+    assert (call.execution.status, call.error.code) == (FAILED, code)
 
 
 async def test_malformed_event_fails_the_attempt(

@@ -17,12 +17,13 @@ import httpx
 import pytest
 from aiohttp import web
 
+from agent_server.agent import MAX_MODEL_CHARS
 from agent_server.config import Secret
-from agent_server.gateway import Gateway
+from agent_server.gateway import MAX_CALL_ITEMS, Gateway
 from agent_server.sse import MAX_EVENT_BYTES
 from grpc_common import AccessControl
-from rollout.trace.v1 import common_pb2
-from tests.gateway.conftest import StartGateway, bundles, calls, reduce_all
+from rollout.trace.v1 import common_pb2, state_pb2
+from tests.gateway.conftest import StartGateway, bundles, calls, items_text, reduce_all
 from tests.malformed_http import MALFORMED_REQUESTS, SECRET, refusals, status_line
 
 COMPLETED = common_pb2.EXECUTION_STATUS_COMPLETED
@@ -203,6 +204,101 @@ async def test_chat_messages_of_any_shape_are_forwarded_and_recorded(
     assert tracebacks() == []
 
 
+async def test_a_model_named_with_a_lone_surrogate_is_forwarded_and_recorded(
+    start_gateway: StartGateway, upstream: Upstream, tracebacks: Callable[[], list[str]]
+) -> None:
+    # JSON's `\ud800` escape names a model no UTF-8 record holds: the session's first call
+    # (its thread's model) and a later call of a session with another model.
+    sent: list[bytes] = []
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        sent.append(await request.read())
+        return await _chat_completion(request)
+
+    upstream.answer = answer
+    gateway = await start_gateway(upstream.url)
+    odd = b'{"model": "m\\ud800", "messages": [{"role": "user", "content": "hi"}]}'
+    plain = json.dumps({"model": "m", "messages": [_user()]}).encode()
+    json_body = {"content-type": "application/json"}
+    async with httpx.AsyncClient(base_url=gateway.url) as http:
+        first = await http.post("/chat/completions", content=odd, headers=json_body)
+        later = [
+            await http.post(
+                "/chat/completions", content=body, headers={**json_body, "x-rollout-session": "s"}
+            )
+            for body in (plain, odd)
+        ]
+    # Was: 500 internal_error, nothing forwarded, the first one's bundle left UNCLOSED.
+    assert [a.status_code for a in (first, *later)] == [200, 200, 200], first.text
+    assert sent == [odd, plain, odd]  # the upstream gets the body as the client sent it
+    await gateway.stop()
+    traces = reduce_all(gateway.settings.trace_root)
+    assert [t.integrity.status for t in traces] == [state_pb2.INTEGRITY_STATUS_CLEAN] * 2
+    models = sorted(
+        (
+            t.threads[t.root_thread_id].model,
+            [c.model for c in calls(t)],
+            [c.execution.status for c in calls(t)],
+        )
+        for t in traces
+    )
+    assert models == [
+        ("m", ["m", "m\ufffd"], [COMPLETED, COMPLETED]),
+        ("m\ufffd", ["m\ufffd"], [COMPLETED]),
+    ]
+    assert tracebacks() == []
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [
+        {"model": "m" * (MAX_MODEL_CHARS + 1), "messages": [_user()]},
+        {"model": ["m" * 100] * 50_000, "messages": [_user()]},  # 5 MB as text
+        {"model": "m", "messages": [_user(str(i)) for i in range(MAX_CALL_ITEMS + 1)]},
+        {
+            "model": "m",
+            "messages": [
+                _user(),
+                {
+                    "role": "assistant",
+                    "tool_calls": [
+                        {"id": f"c{i}", "type": "function", "function": {"name": "f"}}
+                        for i in range(MAX_CALL_ITEMS)
+                    ],
+                },
+            ],
+        },
+    ],
+    ids=["long-model", "model-list", "items", "tool-call-items"],
+)
+async def test_a_request_no_record_can_hold_is_refused_and_the_session_goes_on(
+    start_gateway: StartGateway,
+    upstream: Upstream,
+    tracebacks: Callable[[], list[str]],
+    odd: dict[str, Any],
+) -> None:
+    # A model past the agent API's 256 characters is written whole into the thread's and
+    # each call's record; each item is named in the call's record: past 4 MiB, no record.
+    gateway = await start_gateway(upstream.url)
+    plain = {"model": "m", "messages": [_user()]}
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as http:
+        first = await http.post("/chat/completions", json=odd)  # a new session's first call
+        answers = [
+            await http.post("/chat/completions", json=body, headers={"x-rollout-session": "s"})
+            for body in (plain, odd, plain)
+        ]
+    # Was: 503 recording_failed (recording_unavailable for a first call), and the session's
+    # recording stopped for good: every later call 503, its bundle UNCLOSED.
+    assert first.status_code in (400, 413), first.text
+    assert [a.status_code for a in answers] == [200, first.status_code, 200], answers[1].text
+    assert first.json()["error"]["code"] in ("invalid_model", "too_many_items")
+    await gateway.stop()
+    (trace,) = reduce_all(gateway.settings.trace_root)
+    assert trace.integrity.status == state_pb2.INTEGRITY_STATUS_CLEAN
+    assert [c.execution.status for c in calls(trace)] == [COMPLETED, COMPLETED]
+    assert tracebacks() == []
+
+
 # -- upstream bodies ---------------------------------------------------------------------------
 
 
@@ -234,6 +330,82 @@ async def test_a_chat_answer_of_any_shape_is_recorded_and_forwarded(
     (trace,) = reduce_all(gateway.settings.trace_root)
     (call,) = calls(trace)
     assert call.execution.status in (COMPLETED, FAILED)
+    assert tracebacks() == []
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        (b'{"error": {"message": "bad \\ud800 value", "code": "x"}}', "x"),
+        (b'{"error": {"message": "bad", "code": "\\udc00"}}', "\ufffd"),
+        (b'{"error": {"message": "a\xed\xa0\x80b", "code": "x"}}', "x"),
+        (b'{"error": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "http_400"),
+    ],
+    ids=["escaped-surrogate", "surrogate-code", "surrogate-bytes", "nested-100000"],
+)
+async def test_an_upstream_error_of_any_shape_is_forwarded_and_recorded(
+    start_gateway: StartGateway,
+    upstream: Upstream,
+    tracebacks: Callable[[], list[str]],
+    body: bytes,
+    code: str,
+) -> None:
+    async def refuse(request: web.Request) -> web.StreamResponse:
+        return web.Response(status=400, body=body, content_type="application/json")
+
+    upstream.answer = refuse
+    gateway = await start_gateway(upstream.url)
+    async with httpx.AsyncClient(base_url=gateway.url) as http:
+        answer = await http.post("/chat/completions", json={"model": "m", "messages": [_user()]})
+    # Was: 500 internal_error (UnicodeEncodeError or RecursionError reading the error), the
+    # upstream's 400 lost and the call not recorded as failed.
+    assert (answer.status_code, answer.content) == (400, body)
+    await gateway.stop()
+    (trace,) = reduce_all(gateway.settings.trace_root)
+    (call,) = calls(trace)
+    assert (call.execution.status, call.error.code, call.error.http_status) == (FAILED, code, 400)
+    assert tracebacks() == []
+
+
+@pytest.mark.parametrize("surrogate", [b"\\ud800", b"\xed\xa0\x80"], ids=["escaped", "bytes"])
+@pytest.mark.parametrize("route", ["/chat/completions", "/responses"])
+async def test_a_whole_answer_with_lone_surrogates_is_forwarded_and_recorded(
+    start_gateway: StartGateway,
+    upstream: Upstream,
+    tracebacks: Callable[[], list[str]],
+    surrogate: bytes,
+    route: str,
+) -> None:
+    s = surrogate
+    if route == "/responses":
+        body = (
+            b'{"id": "r' + s + b'", "object": "response", "status": "completed", "output": '
+            b'[{"type": "message", "id": "m' + s + b'", "role": "assistant", "status": '
+            b'"completed", "content": [{"type": "output_text", "text": "t' + s + b'"}]}]}'
+        )
+    else:
+        body = (
+            b'{"id": "c' + s + b'", "object": "chat.completion", "choices": [{"index": 0, '
+            b'"message": {"role": "assistant", "content": "t' + s + b'"}, '
+            b'"finish_reason": "stop"}]}'
+        )
+
+    async def whole(request: web.Request) -> web.StreamResponse:
+        return web.Response(body=body, content_type="application/json")
+
+    upstream.answer = whole
+    gateway = await start_gateway(upstream.url)
+    request = {"model": "m", "messages": [_user()], "input": "hi"}
+    async with httpx.AsyncClient(base_url=gateway.url) as http:
+        answer = await http.post(route, json=request)
+    # Was: 500 internal_error (UnicodeEncodeError recording the answer's id) for the
+    # upstream's 200, and the call recorded CANCELLED. A stream's events were read already.
+    assert (answer.status_code, answer.content) == (200, body)
+    await gateway.stop()
+    (trace,) = reduce_all(gateway.settings.trace_root)
+    (call,) = calls(trace)
+    assert call.execution.status == COMPLETED
+    assert items_text(trace, call.response_item_ids) == "t\ufffd"
     assert tracebacks() == []
 
 
@@ -594,6 +766,32 @@ async def test_a_body_that_trickles_is_answered_408(
     assert status.split()[1] == b"408"
     assert answer["error"]["code"] == "request_timeout"
     assert bundles(tmp_path / "traces") == []
+
+
+async def test_a_request_head_that_never_ends_loses_its_connection(
+    start_gateway: StartGateway, tmp_path: Path
+) -> None:
+    # Slowloris: a request line and one header, then nothing. aiohttp's own bound was an
+    # hour; now the read timeout, as for a body. A stream longer than that is not cut.
+    gateway = await start_gateway(request_read_timeout=0.3, local_word_delay=0.02)
+    reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
+    try:
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+        await writer.drain()
+        async with asyncio.timeout(30):
+            rest = await reader.read()  # b"" once the gateway closes the connection
+    finally:
+        writer.close()
+    assert rest == b""
+    body = {"model": "m", "messages": [_user()], "stream": True}
+    async with httpx.AsyncClient(base_url=gateway.url) as http:
+        started = asyncio.get_running_loop().time()
+        answer = await http.post("/chat/completions", json=body)
+        took = asyncio.get_running_loop().time() - started
+    assert answer.status_code == 200
+    assert answer.text.rstrip().endswith("data: [DONE]")
+    assert took > 0.3  # streamed for longer than the bound, whole
+    assert bundles(tmp_path / "traces") != []
 
 
 # -- headers -----------------------------------------------------------------------------------

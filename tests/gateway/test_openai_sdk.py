@@ -282,3 +282,30 @@ async def test_request_gives_back_a_string_input_as_it_was_sent(
     first = calls(trace)[0]
     (item,) = (trace.conversation_items[i] for i in first.request_item_ids)
     assert (item.role, item.content[0].text) == (state_pb2.CONVERSATION_ROLE_USER, "a string input")
+
+
+@pytest.mark.parametrize("api_key", ["x", "EMPTY", "unused"])
+async def test_a_placeholder_key_leaves_the_answer_whole(gateway: Gateway, api_key: str) -> None:
+    # What clients of a server that wants no key send (vLLM's docs: `EMPTY`). The gateway
+    # passes it upstream, and used to take it out of the answer as a secret: with `x`, every
+    # `x` of the stream and body, `output_te***t` events and `te***t` fields, so the SDK saw
+    # no text and the bundle recorded none; with `EMPTY`, the word gone from the reply.
+    prompt = "say EMPTY text, unused x"
+    # Closed here: a client left for the collector logs on a later test's loop.
+    async with openai.AsyncOpenAI(base_url=gateway.url, api_key=api_key, max_retries=0) as client:
+        whole = await client.responses.create(model="local", input=prompt)
+        stream = await client.chat.completions.create(
+            model="local", messages=[{"role": "user", "content": prompt}], stream=True
+        )
+        streamed = "".join(
+            [chunk.choices[0].delta.content or "" async for chunk in stream if chunk.choices]
+        )
+    await gateway.stop()
+    assert f'"{prompt}"' in whole.output_text
+    assert f'"{prompt}"' in streamed
+    recorded = [
+        items_text(trace, call.response_item_ids)
+        for trace in reduce_all(_root(gateway))
+        for call in calls(trace)
+    ]
+    assert sorted(recorded) == sorted([whole.output_text, streamed])

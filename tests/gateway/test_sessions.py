@@ -29,6 +29,7 @@ from trace_reducer import read_rewards, replay_bundle
 
 CLEAN = state_pb2.INTEGRITY_STATUS_CLEAN
 COMPLETED = common_pb2.EXECUTION_STATUS_COMPLETED
+CANCELLED = common_pb2.EXECUTION_STATUS_CANCELLED
 
 
 def _client(gateway: Gateway, **headers: str) -> openai.AsyncOpenAI:
@@ -312,6 +313,40 @@ async def test_a_turn_begun_while_the_last_one_streams_keeps_the_bundle_readable
     assert [call.execution.status for call in calls(trace)] == [COMPLETED, COMPLETED]
     # The first turn ended after its call did, not when the second began.
     assert turns[0].execution.ended_seq > turns[1].execution.started_seq
+
+
+async def test_a_session_closed_under_a_streaming_call_records_the_call_cancelled(
+    start_gateway: StartGateway, provider: ScriptedProvider
+) -> None:
+    # Was: the close ended the turn COMPLETED under the running call, which took its turn's
+    # status (SPEC section 4): COMPLETED, with no answer, though its client was told the
+    # recording stopped.
+    gateway = await start_gateway(provider.url)
+    go_on = asyncio.Event()
+    first = message("", "msg-1")
+    provider.queue(
+        sse(created("resp-1"), item_added(first), text_delta("cut ", "msg-1")),
+        go_on,
+        sse(item_done(message("cut off", "msg-1")), completed("resp-1")),
+    )
+    async with _client(gateway, **{"x-rollout-session": "closed-mid-call"}) as client:
+        stream = await client.responses.create(model="m", input="question", stream=True)
+        async for event in stream:
+            if event.type == "response.output_text.delta":
+                break
+        async with httpx.AsyncClient(base_url=gateway.url.removesuffix("/v1")) as http:
+            closed = await http.post("/rollout/v1/sessions/closed-mid-call/close")
+        assert closed.status_code == 200, closed.text
+        go_on.set()
+        with pytest.raises(openai.APIError, match="recording failed"):
+            async for _ in stream:
+                pass
+    trace = replay_bundle(Path(closed.json()["bundle_path"]))
+    assert trace.integrity.status == CLEAN
+    (turn,) = trace.turns.values()
+    (call,) = calls(trace)
+    assert (turn.execution.status, call.execution.status) == (CANCELLED, CANCELLED)
+    assert [d.partial_text for d in call.discarded_outputs] == ["cut "]
 
 
 async def test_the_built_in_model_lists_itself(gateway: Gateway) -> None:

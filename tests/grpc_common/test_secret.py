@@ -72,6 +72,16 @@ def test_short_url_parts_are_left_in_free_text() -> None:
     assert redactor.text("v1 of 1 abc") == "v1 of 1 abc"
 
 
+def test_a_short_key_is_no_secret_to_data_nor_under_four_characters_to_text() -> None:
+    # A placeholder a client sends to a server that wants no key (`x`, vLLM's `EMPTY`):
+    # taking it out of data blanked every `x` of a stream (`response.output_te***t.delta`).
+    redactor = Redactor(["x", "EMPTY", "LONGER-KEY"]).adding(["abc1234"])
+    data = b'{"type": "response.output_text.delta", "delta": "EMPTY abc1234 LONGER-KEY"}'
+    assert redactor.data(data) == data.replace(b"LONGER-KEY", b"***")
+    assert redactor.text("max_tokens: EMPTY abc1234 LONGER-KEY") == "max_tokens: *** *** ***"
+    assert _streamed(redactor, data, [7, 30]) == redactor.data(data)
+
+
 def test_adding_a_secret_keeps_the_rest() -> None:
     redactor = Redactor(["sk-KEY-1234"], url="http://host/v1?key=QUERYSECRET")
     with_client = redactor.adding(["CLIENTTOKEN"])

@@ -309,3 +309,44 @@ async def test_a_live_runs_watch_ends_when_its_client_goes_away(tmp_path: Path) 
             )
     finally:
         builder.close()
+
+
+async def test_a_request_head_that_never_ends_loses_its_connection(tmp_path: Path) -> None:
+    # Slowloris: a request line and one header, then nothing. aiohttp's own bound was an
+    # hour, a descriptor each; now the idle timeout. A live run's watch outlasts it.
+    builder = BundleBuilder(tmp_path / "root")
+    builder.turn("turn-1", [user_item("hello")])
+    server = SiteServer(str(tmp_path / "root"), None, idle_timeout=0.3)
+    address = await server.start("127.0.0.1", 0)
+    try:
+        reader, writer = await asyncio.open_connection(
+            "127.0.0.1", int(address.rsplit(":", 1)[1].rstrip("/"))
+        )
+        try:
+            writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n")
+            await writer.drain()
+            async with asyncio.timeout(30):
+                rest = await reader.read()  # b"" once the viewer closes the connection
+        finally:
+            writer.close()
+        assert rest == b""
+        async with (
+            httpx.AsyncClient(base_url=address) as http,
+            http.stream("GET", f"/api/watch/{builder.bundle_dir.name}") as answer,
+        ):
+            lines = answer.aiter_lines()
+            first = await anext(lines)
+            await asyncio.sleep(0.6)  # twice the bound, the watch waiting for the writer
+            builder.turn("turn-2", [user_item("again")])
+            later = ""
+            async with asyncio.timeout(30):
+                while not later.startswith("data: "):
+                    later = await anext(lines)
+    finally:
+        builder.close()
+        await server.stop()
+    assert first.startswith("data: ")
+    assert (
+        json.loads(later.removeprefix("data: "))["records"]
+        > json.loads(first.removeprefix("data: "))["records"]
+    )

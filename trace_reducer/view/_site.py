@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, NamedTuple, cast
 
-from grpc_common import http_server_logger, same_secret
+from grpc_common import HTTP_IDLE_SECONDS, http_runner_options, same_secret
 from rollout.trace.v1 import state_pb2
 
 from ..batch._listing import (
@@ -445,9 +445,15 @@ class SiteServer:
     of each directory passed over once, not on every refresh of the list."""
 
     def __init__(
-        self, root: str, token: str | None, *, warn: Callable[[str], None] = lambda _: None
+        self,
+        root: str,
+        token: str | None,
+        *,
+        warn: Callable[[str], None] = lambda _: None,
+        idle_timeout: float = HTTP_IDLE_SECONDS,
     ) -> None:
         self.root = os.path.abspath(root)
+        self._idle_timeout = idle_timeout
         self._confined = BundleRoot(self.root)
         self._token = token
         self._warn = warn
@@ -478,12 +484,10 @@ class SiteServer:
         app.router.add_get("/api/watch/{bundle:.+}", self._watch)
         # A client that goes away cancels its handler: a live run's watch otherwise went on
         # following the bundle (a descriptor and a poll every 50 ms) for as long as it was
-        # written, one more at every reload of the page.
+        # written, one more at every reload of the page. One that sends no request head
+        # within the idle timeout loses its connection.
         self._runner = web.AppRunner(
-            app,
-            handler_cancellation=True,
-            access_log=None,
-            logger=http_server_logger(f"{__name__}.http"),
+            app, **http_runner_options(f"{__name__}.http", self._idle_timeout)
         )
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port, reuse_port=False)
