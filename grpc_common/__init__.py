@@ -3,7 +3,13 @@
 from typing import TYPE_CHECKING
 
 from ._flags import add_access_arguments, add_event_loop_argument
-from ._http_log import HTTP_IDLE_SECONDS, http_runner_options, http_server_logger
+from ._http_log import (
+    HTTP_IDLE_SECONDS,
+    addressed_to_loopback,
+    http_runner_options,
+    http_server_logger,
+    is_loopback,
+)
 from ._limits import raise_open_file_limit
 from ._listen import ListenError, listen_error, refuse_address_in_use
 from ._loop import (
@@ -98,6 +104,7 @@ __all__ = [
     "abort",
     "add_access_arguments",
     "add_event_loop_argument",
+    "addressed_to_loopback",
     "announce",
     "bearer_token",
     "default_event_loop",
@@ -108,6 +115,7 @@ __all__ = [
     "http_runner_options",
     "http_server_logger",
     "install_signal_handlers",
+    "is_loopback",
     "listen_error",
     "open_standard_fds",
     "outlive_caller",

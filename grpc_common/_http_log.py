@@ -1,13 +1,20 @@
 """The aiohttp servers we run (the gateway, the served viewer): a request its HTTP parser refuses
-is one warning line that quotes none of the request's bytes, and a connection that sends no
-request is closed."""
+is one warning line that quotes none of the request's bytes, a connection that sends no
+request is closed, and one bound to loopback without a token answers only loopback's names."""
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 from typing import Any
 
-__all__ = ["HTTP_IDLE_SECONDS", "http_runner_options", "http_server_logger"]
+__all__ = [
+    "HTTP_IDLE_SECONDS",
+    "addressed_to_loopback",
+    "http_runner_options",
+    "http_server_logger",
+    "is_loopback",
+]
 
 # A connection that sends no whole request head within this long of opening, or of its last
 # answer, is closed. aiohttp's own bound is an hour: a client trickling a header line every few
@@ -72,3 +79,31 @@ def http_runner_options(name: str, idle_timeout: float = HTTP_IDLE_SECONDS) -> d
         "logger": http_server_logger(name),
         "keepalive_timeout": idle_timeout,
     }
+
+
+def is_loopback(host: str) -> bool:
+    """Whether host (a name or an address, IPv6 in brackets or not) is this machine's loopback."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def addressed_to_loopback(host_header: str | None) -> bool:
+    """Whether a request's `Host` names loopback (`localhost`, `*.localhost`, 127.0.0.0/8,
+    `[::1]`, any port). A server on loopback without a token is reached by other names only
+    through DNS rebinding: a web page whose own name the attacker points at 127.0.0.1 talks
+    to it as its own origin, and could read its answers (the viewer's runs, the gateway's
+    sessions) and spend the gateway's upstream key. No browser sends a request without a
+    `Host`, so a request without one is let through."""
+    if host_header is None:
+        return True
+    name = host_header.strip()
+    if name.startswith("["):
+        name = name[1 : name.find("]")] if "]" in name else ""
+    elif name.count(":") == 1:
+        name = name.partition(":")[0]
+    name = name.rstrip(".").lower()
+    return name == "localhost" or name.endswith(".localhost") or is_loopback(name)

@@ -64,8 +64,10 @@ from agent_server.threads import missing_reward_target
 from agent_server.turn import new_call_id
 from grpc_common import (
     Redactor,
+    addressed_to_loopback,
     bearer_token,
     http_runner_options,
+    is_loopback,
     listen_error,
     refuse_address_in_use,
     same_secret,
@@ -178,6 +180,12 @@ class Gateway:
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
         self._token = settings.agent.access.token
+        # Bound to loopback without a token, only loopback's names are answered: a web page
+        # reaching it by its own name through DNS rebinding could spend the upstream's key
+        # and read every session.
+        self._loopback_names_only = self._token is None and is_loopback(
+            split_listen(settings.listen)[0]
+        )
         self._scheme = "http"
         self.port = 0
         self.host = ""
@@ -345,6 +353,13 @@ class Gateway:
             # Refused on what the client declares, before reading any of it: waiting for a
             # body that may never come held the connection until the read timeout.
             return await _refuse_unread_body(request, self._too_large())
+        if self._loopback_names_only and not addressed_to_loopback(request.headers.get("Host")):
+            return error_response(
+                403,
+                "forbidden_host",
+                "this gateway answers only requests to localhost, 127.0.0.1 or [::1] (it has "
+                "no token); serve it with --auth-token-env to reach it by another name",
+            )
         if self._token is not None:
             # Any bytes a client sends are compared, never encoded as they came: a header
             # that is not UTF-8 was a 500 (aiohttp decodes it to lone surrogates).

@@ -246,7 +246,7 @@ async def test_a_slow_client_never_makes_the_gateway_hold_the_stream(
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
         body = json.dumps({"model": "m", "input": "hi", "stream": True}).encode()
         writer.write(
-            b"POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"POST /v1/responses HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
             + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
             + body
         )

@@ -746,7 +746,7 @@ async def test_a_body_that_trickles_is_answered_408(
     reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
     try:
         writer.write(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
             b'Content-Length: 1000\r\n\r\n{"model": '
         )
         await writer.drain()
@@ -776,7 +776,7 @@ async def test_a_request_head_that_never_ends_loses_its_connection(
     gateway = await start_gateway(request_read_timeout=0.3, local_word_delay=0.02)
     reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
     try:
-        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n")
         await writer.drain()
         async with asyncio.timeout(30):
             rest = await reader.read()  # b"" once the gateway closes the connection
@@ -938,7 +938,7 @@ async def test_a_declared_length_over_the_bound_is_refused_before_the_body(
     gateway = await start_gateway(request_read_timeout=3600.0)
     status, body, closed = await _raw_answer(
         gateway.port,
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
         b"Content-Length: 99999999999\r\n\r\n{}",
     )
     assert status.split()[1] == b"413"
@@ -1027,3 +1027,42 @@ async def test_a_turn_whose_last_call_the_client_abandoned_ends_cancelled(
     # An interrupted turn is CANCELLED (SPEC section 4); was COMPLETED.
     assert common_pb2.ExecutionStatus.Name(turn.execution.status) == f"EXECUTION_STATUS_{status}"
     assert tracebacks() == []
+
+
+# What a browser sends for a page whose own name an attacker pointed at 127.0.0.1 (DNS
+# rebinding), and names of loopback the gateway still answers.
+REBOUND_HOSTS = ["attacker.example", "attacker.example:8090", "127.0.0.1.attacker.example", ""]
+LOOPBACK_HOSTS = ["localhost", "LOCALHOST:8090", "127.0.0.1:8090", "127.9.9.9", "[::1]:8090"]
+
+
+@pytest.mark.parametrize("host", REBOUND_HOSTS)
+async def test_a_tokenless_gateway_refuses_a_request_to_another_name(
+    start_gateway: StartGateway, upstream: Upstream, host: str
+) -> None:
+    gateway = await start_gateway(upstream.url)
+    async with httpx.AsyncClient(base_url=_root_url(gateway), headers={"Host": host}) as http:
+        sessions = await http.get("/rollout/v1/sessions")
+        completion = await http.post(
+            "/v1/chat/completions", json={"model": "m", "messages": [_user()]}
+        )
+    for answer in (sessions, completion):
+        assert answer.status_code == 403, answer.text
+        assert answer.json()["error"]["code"] == "forbidden_host"
+        assert "--auth-token-env" in answer.json()["error"]["message"]
+    # Nothing went upstream, nothing was recorded.
+    assert bundles(gateway.settings.trace_root) == []
+
+
+async def test_a_tokenless_gateway_answers_loopback_s_names_and_a_token_any_name(
+    start_gateway: StartGateway, upstream: Upstream
+) -> None:
+    gateway = await start_gateway(upstream.url)
+    for host in LOOPBACK_HOSTS:
+        async with httpx.AsyncClient(base_url=_root_url(gateway), headers={"Host": host}) as http:
+            answer = await http.get("/rollout/v1/sessions")
+        assert answer.status_code == 200, (host, answer.text)
+    guarded = await start_gateway(upstream.url, access=AccessControl(token=_TOKEN))
+    headers = {"Host": "gateway.internal:8090", "Authorization": f"Bearer {_TOKEN}"}
+    async with httpx.AsyncClient(base_url=_root_url(guarded), headers=headers) as http:
+        answer = await http.post("/v1/chat/completions", json={"model": "m", "messages": [_user()]})
+    assert answer.status_code == 200, answer.text

@@ -323,7 +323,7 @@ async def test_a_request_head_that_never_ends_loses_its_connection(tmp_path: Pat
             "127.0.0.1", int(address.rsplit(":", 1)[1].rstrip("/"))
         )
         try:
-            writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n")
+            writer.write(b"GET / HTTP/1.1\r\nHost: localhost\r\n")
             await writer.drain()
             async with asyncio.timeout(30):
                 rest = await reader.read()  # b"" once the viewer closes the connection
@@ -350,3 +350,36 @@ async def test_a_request_head_that_never_ends_loses_its_connection(tmp_path: Pat
         json.loads(later.removeprefix("data: "))["records"]
         > json.loads(first.removeprefix("data: "))["records"]
     )
+
+
+@pytest.mark.parametrize(
+    "host", ["attacker.example", "attacker.example:8765", "localhost.attacker.example", ""]
+)
+async def test_the_tokenless_viewer_refuses_a_request_to_another_name(
+    root: Path, host: str
+) -> None:
+    # DNS rebinding: a page whose own name the attacker points at 127.0.0.1 reads the viewer
+    # as its own origin; the browser still sends that name as the Host.
+    async with served_site(root) as http:
+        for path in ("/", "/api/runs", f"/run/{sorted(os.listdir(root))[0]}"):
+            answer = await http.get(path, headers={"Host": host})
+            assert answer.status_code == 403, (path, answer.text)
+            assert "--token-env" in answer.text
+            assert "thread_" not in answer.text
+
+
+async def test_the_tokenless_viewer_answers_loopback_s_names(root: Path) -> None:
+    async with served_site(root) as http:
+        for host in ("localhost:8765", "LOCALHOST.", "127.0.0.1", "127.3.2.1:80", "[::1]:8765"):
+            answer = await http.get("/api/runs", headers={"Host": host})
+            assert answer.status_code == 200, (host, answer.text)
+    # With a token it may be reached by any name (it may listen on every address).
+    server = SiteServer(str(root), "s3cret-token")
+    address = await server.start("127.0.0.1", 0)
+    try:
+        cookies = {TOKEN_COOKIE: "s3cret-token"}
+        async with httpx.AsyncClient(base_url=address, cookies=cookies) as http:
+            answer = await http.get("/api/runs", headers={"Host": "viewer.internal:8765"})
+        assert answer.status_code == 200, answer.text
+    finally:
+        await server.stop()

@@ -406,7 +406,7 @@ def _view_root(args: argparse.Namespace) -> int:
             EXIT_USAGE,
         )
     token: str | None = None
-    from ..view._site import is_loopback
+    from grpc_common import is_loopback
 
     if args.token_env:
         from grpc_common import variable_name

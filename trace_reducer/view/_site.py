@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import html
-import ipaddress
 import json
 import os
 import re
@@ -17,7 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, NamedTuple, cast
 
-from grpc_common import HTTP_IDLE_SECONDS, http_runner_options, same_secret
+from grpc_common import HTTP_IDLE_SECONDS, addressed_to_loopback, http_runner_options, same_secret
 from rollout.trace.v1 import state_pb2
 
 from ..batch._listing import (
@@ -45,13 +44,18 @@ from ._view import (
     write_page,
 )
 
-__all__ = ["SiteServer", "is_loopback", "write_site"]
+__all__ = ["SiteServer", "write_site"]
 
 # The list page carries this much of each run's text for its search box.
 PAGE_TEXT_CHARS = 1000
 # The list draws this many rows, and "show more" as many again (the served list asks its
 # server for as many as it draws).
 LIST_PAGE_ROWS = 500
+# Why a request to the tokenless viewer by another name than loopback's is refused.
+LOOPBACK_NAMES_ONLY = (
+    "this viewer answers only requests to localhost, 127.0.0.1 or [::1] (it has no token); "
+    "serve it with --token-env to reach it by another name"
+)
 TOKEN_COOKIE = "trace_view_token"  # noqa: S105 - the name of the cookie, not a secret
 _PLAIN_NAME_BYTE = re.compile(r"[A-Za-z0-9.-]")
 # A listing of the served root that took this long is answered again for a while after it.
@@ -60,15 +64,6 @@ SLOW_LISTING_SECONDS = 0.25
 _KEPT_ANSWERS = 64
 # Page names stay under the 255 bytes most file systems allow a name.
 _MAX_PAGE_STEM = 200
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def _relative(root: str, bundle: str) -> str:
@@ -506,6 +501,9 @@ class SiteServer:
     async def _guard(self, request: Any, handler: Any) -> Any:
         from aiohttp import web
 
+        if self._token is None and not addressed_to_loopback(request.headers.get("Host")):
+            # Without a token it is bound to loopback: another name is DNS rebinding.
+            return web.Response(status=403, text=f"{LOOPBACK_NAMES_ONLY}\n")
         if self._token is not None:
             given = request.query.get("token")
             if given is not None and same_secret(given, self._token):
