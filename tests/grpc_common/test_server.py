@@ -169,13 +169,15 @@ _BIN = Path(sys.executable).parent
         ["agent-server", "serve", "--workers", "2"],
         ["agent-server", "gateway", "--trace-root", "{tmp}"],
         ["trace-reducer", "serve", "--bundle-root", "{tmp}"],
+        ["trace-reducer", "view", "{tmp}"],
     ],
-    ids=["serve", "serve-workers", "gateway", "trace-reducer-serve"],
+    ids=["serve", "serve-workers", "gateway", "trace-reducer-serve", "view-root"],
 )
 def test_an_address_in_use_is_one_line_and_exit_2(command: list[str], tmp_path: Path) -> None:
     # Was: exit 1 with "Failed to bind … set GRPC_VERBOSITY=debug …" (trace-reducer serve
     # after a C-core line `E… add_port.cc:83] Failed to add port …`), and the gateway's
-    # "[Errno 98] error while attempting to bind on address ('127.0.0.1', …)".
+    # "[Errno 98] error while attempting to bind on address ('127.0.0.1', …)"; a served
+    # `view ROOT` the same aiohttp words without the errno, and exit 1.
     if "--workers" in command and not hasattr(socket, "SO_REUSEPORT"):
         pytest.skip("--workers needs SO_REUSEPORT")
     program, *args = (part.replace("{tmp}", str(tmp_path)) for part in command)

@@ -25,6 +25,7 @@ from grpc_common import (
     announce,
     default_event_loop,
     event_loop_problem,
+    listen_error,
     run_on_loop,
 )
 from rollout.trace.v1 import record_pb2, state_pb2
@@ -425,19 +426,26 @@ def _view_root(args: argparse.Namespace) -> int:
         import secrets
 
         token = secrets.token_urlsafe(24)
-    return asyncio.run(_serve_site(args.bundle, host, int(port_text), token, args.open))
+    return asyncio.run(_serve_site(args.bundle, listen, token, args.open))
 
 
-async def _serve_site(root: str, host: str, port: int, token: str | None, open_page: bool) -> int:
+async def _serve_site(root: str, listen: str, token: str | None, open_page: bool) -> int:
     from grpc_common import install_signal_handlers
 
     from ..view._site import SiteServer
 
+    host, _, port_text = listen.rpartition(":")
     server = SiteServer(root, token, warn=warn)
     # Before the port opens, as every server's: a signal as soon as it listens stops it cleanly.
     stop = asyncio.Event()
     install_signal_handlers(stop.set)
-    address = await server.start(host, port)
+    try:
+        address = await server.start(host.strip("[]"), int(port_text))
+    except OSError as error:
+        await server.stop()
+        # As every server says it (was aiohttp's "error while attempting to bind on address
+        # ('127.0.0.1', 8765): …", or a bare "Name or service not known", and exit 1).
+        raise _CommandError(str(listen_error(listen, error)), EXIT_USAGE) from error
     # Quoted: a --token-env token holding `+`, `&`, `#` or `%` was printed as it is, and the
     # address it made did not open the viewer (401).
     shown = f"{address}?token={urllib.parse.quote(token, safe='')}" if token else address
