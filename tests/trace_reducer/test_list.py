@@ -17,6 +17,7 @@ from tests.trace_reducer.conftest import GOLDEN, TRACE_REDUCER
 from trace_reducer import RewardInput, append_reward
 from trace_reducer.batch._listing import (
     INDEX_FILE_NAME,
+    SORT_KEYS,
     Listing,
     Run,
     RunFilter,
@@ -44,9 +45,13 @@ def test_a_line_per_bundle_with_its_status_integrity_and_rewards(root: Path) -> 
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].split() == [
-        "THREAD", "MODEL", "STATUS", "TURNS", "CALLS", "TOOLS", "TOKENS", "REWARDS",
+        "THREAD", "MODEL", "STATUS", "TURNS", "CALLS", "TOOL_CALLS", "TOKENS", "REWARDS",
         "INTEGRITY", "STARTED", "DURATION",
     ]  # fmt: skip
+    # Was TOOLS, which --json calls the tools a run declares; each column is headed by the
+    # key --sort takes for it (the thread's, thread_id, and reward:NAME aside).
+    sortable = {word.lower() for word in lines[0].split()} - {"thread", "rewards"}
+    assert sortable <= set(SORT_KEYS)
     assert len(lines) == 1 + len(list(GOLDEN.iterdir()))
     runs = {Path(str(r["bundle"])).name: r for r in listed(str(root))}
     assert runs["damaged-corrupt"]["integrity"] == "corrupt"

@@ -697,13 +697,16 @@ def _duration_text(seconds: float | None) -> str:
     return f"{seconds / 60:.1f}m"
 
 
+# Headed by the key `--sort` takes for the column (and `--json` prints it under), but the
+# thread's and the rewards': TOOLS read as the tools a run declares, which `--json` calls
+# `tools`, where the column counts its tool calls, as the served list's "tool calls" does.
 COLUMNS = (
     "THREAD",
     "MODEL",
     "STATUS",
     "TURNS",
     "CALLS",
-    "TOOLS",
+    "TOOL_CALLS",
     "TOKENS",
     "REWARDS",
     "INTEGRITY",
