@@ -154,6 +154,18 @@ def test_bad_input_is_one_line_and_exit_2(root: Path, tmp_path: Path) -> None:
         assert "Traceback" not in done.stderr
 
 
+def test_the_api_s_word_for_a_status_is_answered_with_the_trace_s(root: Path) -> None:
+    # Was: `--status takes aborted, cancelled, …; not interrupted`, for the word the API,
+    # `agent-server chat` and the logs use, with nothing saying which of the listed it is.
+    done = run_list(str(root), "--status", "interrupted,completed")
+    assert done.returncode == 2
+    assert done.stderr.endswith(
+        "; not interrupted (the trace says cancelled for interrupted: docs/vocabulary.md)\n"
+    )
+    with pytest.raises(ValueError, match=r"not bogus, in_progress \(the trace says running for"):
+        RunFilter.of({"status": ["in_progress", "bogus"]})
+
+
 def test_a_url_root(root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fsspec = pytest.importorskip("fsspec")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))

@@ -587,7 +587,12 @@ class RunFilter:
         since = given("since")
         text = given("text")
         return cls(
-            statuses=split_values(given("status"), flag=f"{prefix}status", known=STATUS_NAMES),
+            statuses=split_values(
+                given("status"),
+                flag=f"{prefix}status",
+                known=STATUS_NAMES,
+                other_words=API_STATUS_WORDS,
+            ),
             integrities=split_values(
                 given("integrity"), flag=f"{prefix}integrity", known=INTEGRITY_NAMES
             ),
@@ -621,22 +626,39 @@ FILTER_NAMES = ("status", "integrity", "model", "reward", "since", "tool", "text
 
 
 def split_values(
-    values: Iterable[str], *, flag: str = "", known: Iterable[str] = ()
+    values: Iterable[str],
+    *,
+    flag: str = "",
+    known: Iterable[str] = (),
+    other_words: Mapping[str, str] | None = None,
 ) -> frozenset[str]:
     """Repeated or comma-separated flag values, lower case; with `known`, a value outside it
-    is a ValueError naming `flag` (a filter no run can match is a typo, not an answer)."""
+    is a ValueError naming `flag` (a filter no run can match is a typo, not an answer), and
+    saying which known word stands for it when `other_words` has it."""
     chosen = frozenset(
         part.strip().lower() for value in values for part in value.split(",") if part.strip()
     )
     allowed = frozenset(known)
     if allowed and not chosen <= allowed:
-        unknown = ", ".join(sorted(chosen - allowed))
-        raise ValueError(f"{flag} takes {', '.join(sorted(allowed))}; not {unknown}")
+        unknown = sorted(chosen - allowed)
+        message = f"{flag} takes {', '.join(sorted(allowed))}; not {', '.join(unknown)}"
+        meant = other_words or {}
+        said = [f"{meant[word]} for {word}" for word in unknown if word in meant]
+        if said:
+            message += f" (the trace says {', '.join(said)}: docs/vocabulary.md)"
+        raise ValueError(message)
     return chosen
 
 
 # Every word a listing's status and integrity columns can hold.
 STATUS_NAMES = frozenset(_STATUS.values()) | {"live", "unreadable"}
+# The agent API's words for a turn (TurnStatus, `agent-server chat`'s `[interrupted]`), which a
+# listing, reading the trace, says in the trace's (docs/vocabulary.md): named, not taken.
+API_STATUS_WORDS = {
+    "interrupted": "cancelled",
+    "in_progress": "running",
+    "awaiting_tool_outputs": "running",
+}
 INTEGRITY_NAMES = frozenset(_INTEGRITY.values())
 
 
