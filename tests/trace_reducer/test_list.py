@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.commands import run_on_terminal
 from tests.trace_reducer.collector import left_in_cycles
 from tests.trace_reducer.conftest import GOLDEN, TRACE_REDUCER
 from trace_reducer import RewardInput, append_reward
@@ -128,6 +130,52 @@ def test_a_warm_listing_reads_no_bundle_and_a_changed_one_is_read_again(root: Pa
     final = list_runs(str(root))
     assert len(final.runs) == len(first.runs) - 1
     assert final.reduced == 1
+
+
+class Told:
+    """A progress display that keeps what it was told."""
+
+    def __init__(self) -> None:
+        self.said: list[tuple[str, int, int]] = []
+
+    def started(self, total: int) -> None:
+        self.said.append(("started", total, 0))
+
+    def advanced(self, count: int = 1, bad: int = 0) -> None:
+        self.said.append(("advanced", count, bad))
+
+    def finished(self) -> None:
+        self.said.append(("finished", 0, 0))
+
+
+def test_a_listing_that_reads_bundles_says_how_many_and_each_as_it_goes(root: Path) -> None:
+    # Was: nothing on stderr for as long as a cold root took (3,000 bundles: 10 s; 100,000:
+    # minutes), `list` silent until its table.
+    cold = Told()
+    first = list_runs(str(root), progress=cold)
+    unreadable = sum(run["status"] == "unreadable" for run in first.runs)
+    assert cold.said[0] == ("started", len(first.runs), 0)
+    steps = cold.said[1:-1]
+    assert [(kind, count) for kind, count, _ in steps] == [("advanced", 1)] * len(first.runs)
+    assert sum(bad for _, _, bad in steps) == unreadable
+    assert cold.said[-1] == ("finished", 0, 0)
+    # A warm listing, answered from the index, shows nothing.
+    warm = Told()
+    list_runs(str(root), progress=warm)
+    assert warm.said == []
+
+
+def test_list_on_a_terminal_draws_a_bar_while_it_reads(root: Path) -> None:
+    count = sum(1 for _ in root.iterdir())
+    code, out, terminal = run_on_terminal(TRACE_REDUCER, "list", str(root))
+    assert code == 0, terminal
+    assert re.search(rf"list: reading: 100%\|.*\| {count}/{count} \[", terminal), terminal
+    assert out.startswith("THREAD")
+    # Warm: the index answers, nothing to show progress of.
+    code, out, terminal = run_on_terminal(TRACE_REDUCER, "list", str(root))
+    assert code == 0, terminal
+    assert terminal == ""
+    assert out.startswith("THREAD")
 
 
 def test_bad_input_is_one_line_and_exit_2(root: Path, tmp_path: Path) -> None:

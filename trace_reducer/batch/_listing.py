@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 from rollout.trace.v1 import common_pb2, state_pb2
 
@@ -414,6 +414,18 @@ class Listing:
     cached: int
 
 
+class ReadProgress(Protocol):
+    """Told how many bundles a listing reads afresh (the index does not hold them, or they
+    changed), of each as it is read (`bad`: unreadable), and when it is over: the CLI's
+    progress bar (`trace_reducer.cli._progress`)."""
+
+    def started(self, total: int) -> None: ...
+
+    def advanced(self, count: int = 1, bad: int = 0) -> None: ...
+
+    def finished(self) -> None: ...
+
+
 def list_runs(
     root: str,
     *,
@@ -422,16 +434,18 @@ def list_runs(
     index_path: Path | None = None,
     now: float | None = None,
     bundle_root_refused: bool = True,
+    progress: ReadProgress | None = None,
 ) -> Listing:
     """Every bundle under root, summarized: from the index when its files have not changed
     since, else from its fresh state.json or by reducing it; the index is then updated.
+    `progress` is told of the bundles read afresh, and only when there are some.
 
     Raises BundleError (BundleNotFoundError, NotABundleError) when root is not a directory,
     or is a bundle itself unless bundle_root_refused is False (its trace.binpb is then passed
     over)."""
     with no_cycle_collection():
         store = open_store(root, storage_options, bundle_root_refused=bundle_root_refused)
-        return _list_runs(store, root, warn, index_path, now)
+        return _list_runs(store, root, warn, index_path, now, progress)
 
 
 def _still_written(store: Store, entry: BundleEntry, integrity: str, moment: float) -> bool:
@@ -447,6 +461,7 @@ def _list_runs(
     warn: Callable[[str], None],
     index_path: Path | None,
     now: float | None,
+    progress: ReadProgress | None = None,
 ) -> Listing:
     entries = store.discover(warn)
     index = RunIndex.load(index_path or _index_path(store, root))
@@ -454,28 +469,42 @@ def _list_runs(
     runs: list[Run] = []
     reduced = cached = 0
     seen: set[str] = set()
+    # Each looked up first, so that a listing which reads bundles afresh says how many before
+    # it starts: a cold root of thousands took minutes without a word. A warm one shows nothing.
+    looked_up = []
     for entry in entries:
-        seen.add(entry.location)
         key = _key(entry)
-        kept = index.get(entry.location, key)
-        if kept is not None:
-            cached += 1
-            fields, text = kept
-            live = _still_written(store, entry, fields[2], moment)
-            run = Run(fields, functools.partial(_text_of, text), live=live)
-        else:
-            bundle = store.display(entry.location)
-            try:
-                summary = summarize(_reduce(store, entry), bundle)
-            except (BundleError, ReductionError) as error:
-                summary = _unreadable(bundle, str(error))
-            except OSError as error:
-                summary = _unreadable(bundle, f"{error.strerror or error}")
-            live = _still_written(store, entry, summary["integrity"], moment)
-            run = Run.of(summary, live=live)
-            index.keep(entry.location, key, run)
-            reduced += 1
-        runs.append(run)
+        looked_up.append((entry, key, index.get(entry.location, key)))
+    fresh = sum(kept is None for _, _, kept in looked_up)
+    told = progress if progress is not None and fresh else None
+    if told is not None:
+        told.started(fresh)
+    try:
+        for entry, key, kept in looked_up:
+            seen.add(entry.location)
+            if kept is not None:
+                cached += 1
+                fields, text = kept
+                live = _still_written(store, entry, fields[2], moment)
+                run = Run(fields, functools.partial(_text_of, text), live=live)
+            else:
+                bundle = store.display(entry.location)
+                try:
+                    summary = summarize(_reduce(store, entry), bundle)
+                except (BundleError, ReductionError) as error:
+                    summary = _unreadable(bundle, str(error))
+                except OSError as error:
+                    summary = _unreadable(bundle, f"{error.strerror or error}")
+                live = _still_written(store, entry, summary["integrity"], moment)
+                run = Run.of(summary, live=live)
+                index.keep(entry.location, key, run)
+                reduced += 1
+                if told is not None:
+                    told.advanced(1, bad=int(summary["status"] == "unreadable"))
+            runs.append(run)
+    finally:
+        if told is not None:
+            told.finished()
     gone = set(index.entries) - seen
     if gone:
         index.forget(gone)

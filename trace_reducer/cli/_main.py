@@ -381,6 +381,8 @@ def _view_root(args: argparse.Namespace) -> int:
                 "-o writes the site to files, --listen serves it: give one of them", EXIT_USAGE
             )
         check_output_dir("-o", args.output)
+        # A cold root of thousands is read for minutes before a page is written: a bar for
+        # that too (`view: reading`), on a terminal, then the pages' (`view`).
         progress = progress_for("view", bad_word="unreadable")
         # Said once the bar is gone: a line written under it would be drawn over.
         warnings: list[str] = []
@@ -389,6 +391,7 @@ def _view_root(args: argparse.Namespace) -> int:
                 args.bundle,
                 args.output,
                 warn=warnings.append,
+                reading=progress_for("view: reading", bad_word="unreadable"),
                 started=progress.started,
                 progress=progress.advanced,
             )
