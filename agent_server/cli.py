@@ -1,4 +1,5 @@
-"""The `agent-server` command: `serve`, run the `demo`, `chat` with a server, probe its `health`."""
+"""The `agent-server` command: `serve`, run the `demo`, `chat` with a server, record any agent
+through the `gateway`, probe a server's `health`."""
 
 from __future__ import annotations
 
