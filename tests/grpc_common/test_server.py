@@ -198,6 +198,25 @@ def test_an_address_in_use_is_one_line_and_exit_2(command: list[str], tmp_path: 
     assert done.stdout == ""
 
 
+@pytest.mark.parametrize("program", ["agent-server", "trace-reducer"])
+def test_a_metrics_address_in_use_is_one_line_and_exit_2(program: str) -> None:
+    # Was, from trace-reducer serve: "--metrics-listen: cannot serve metrics on …", the flag
+    # before the words the agent server says alone.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ROLLOUT_", "GRPC_"))}
+    with _occupied() as listen:
+        done = subprocess.run(
+            [str(_BIN / program), "serve", "--listen", "127.0.0.1:0", "--metrics-listen", listen],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert (done.returncode, done.stderr) == (
+        2,
+        f"{program}: cannot serve metrics on {listen}: address already in use\n",
+    )
+
+
 def test_a_free_address_is_not_refused() -> None:
     with socket.socket() as once:
         once.bind(("127.0.0.1", 0))

@@ -536,7 +536,10 @@ async def _serve_async(
         try:
             metrics = MetricsServer.start(metrics_listen, registry)
         except (ValueError, OSError) as error:
-            raise _CommandError(f"--metrics-listen: {error}", EXIT_USAGE) from error
+            # A ListenError names the address, `cannot serve metrics on HOST:PORT: …`, as the
+            # agent server says it (was `--metrics-listen: cannot serve metrics on …`).
+            where = "" if isinstance(error, ListenError) else "--metrics-listen: "
+            raise _CommandError(f"{where}{error}", EXIT_USAGE) from error
         announce(f"metrics at {metrics.url}", say, silence_stdout)
     # Before the port opens, as every server's: a signal as soon as it listens stops it cleanly.
     stop = asyncio.Event()
