@@ -11,6 +11,7 @@ from ..bundle._reader import resolve_trace_file
 from ..bundle._rewards import RewardInput, append_reward, check_reward
 from ..export._rl import FORMATS, ExportError, export_rl
 from ..reduce._replay import replay_bundle
+from ..reduce._requests import ids_there
 from ._common import (
     EXIT_FAILED,
     EXIT_OK,
@@ -61,15 +62,22 @@ def _reward(args: argparse.Namespace) -> int:
     except RewardError as error:
         _say(str(error))
         return EXIT_USAGE
+    # Each answered with the ids it may name instead, as `request` answers an unknown call.
     if reward.turn_id and reward.turn_id not in trace.turns:
-        _say(f"{args.bundle} has no turn {reward.turn_id!r}")
+        turns = list(trace.threads[trace.root_thread_id].turn_ids)
+        _say(f"{args.bundle} has no turn {reward.turn_id!r}; {ids_there(turns, 'turn', 'turns')}")
         return EXIT_USAGE
-    if reward.item_id and not any(
-        item.responses_item_id == reward.item_id
-        and (not reward.turn_id or item.turn_id == reward.turn_id)
+    items = [
+        item.responses_item_id
         for item in trace.conversation_items.values()
-    ):
-        _say(f"{args.bundle} has no item {reward.item_id!r}")
+        if item.responses_item_id and (not reward.turn_id or item.turn_id == reward.turn_id)
+    ]
+    if reward.item_id and reward.item_id not in items:
+        where = f" in turn {reward.turn_id!r}" if reward.turn_id else ""
+        _say(
+            f"{args.bundle} has no item {reward.item_id!r}{where}; "
+            f"{ids_there(items, 'item id', 'item ids')}"
+        )
         return EXIT_USAGE
     try:
         seq = append_reward(bundle, reward, trace_id=trace.trace_id)
