@@ -632,9 +632,19 @@ def with_origin(message: str, origins: Mapping[str, str]) -> str:
     """message, and where the value it is about came from when that was not its flag: a
     variable set long ago, or a line of a file, is not what the user typed (`agent-server
     demo`, which has no --log-level, said only `--log-level must be one of …`)."""
-    named = re.match(r"--([a-z][a-z-]*)", message)
-    origin = origins.get(named[1].replace("-", "_")) if named else None
-    return f"{message} (set by {origin})" if origin else message
+    flags = list(dict.fromkeys(re.findall(r"--([a-z][a-z-]*)", message)))
+    said = [
+        (flag, origins[flag.replace("-", "_")])
+        for flag in flags
+        if flag.replace("-", "_") in origins
+    ]
+    if not said:
+        return message
+    if len(flags) == 1:
+        return f"{message} (set by {said[0][1]})"
+    # Several flags: which of them the user did not type (`--workers 2 cannot be combined with
+    # --metrics-listen`, the image's ROLLOUT_METRICS_LISTEN).
+    return f"{message} ({'; '.join(f'--{flag} set by {origin}' for flag, origin in said)})"
 
 
 def _from_args(

@@ -446,6 +446,20 @@ def test_a_bad_value_from_the_environment_names_its_variable(
     assert str(raised.value) == message
 
 
+def test_of_two_flags_in_a_message_the_one_from_the_environment_is_named() -> None:
+    # The container image sets ROLLOUT_METRICS_LISTEN: `serve --workers 2` there said only
+    # "--workers 2 cannot be combined with --metrics-listen: …".
+    parser = argparse.ArgumentParser()
+    config.add_serve_arguments(parser)
+    with pytest.raises(ConfigError) as raised:
+        config.from_args(
+            parser.parse_args(["--workers", "2"]), {"ROLLOUT_METRICS_LISTEN": "0.0.0.0:9464"}
+        )
+    message = str(raised.value)
+    assert message.startswith("--workers 2 cannot be combined with --metrics-listen: ")
+    assert message.endswith(" (--metrics-listen set by ROLLOUT_METRICS_LISTEN)")
+
+
 def test_a_bad_value_from_the_file_names_its_key_and_the_flag_names_nothing(
     tmp_path: Path,
 ) -> None:
