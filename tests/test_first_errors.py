@@ -141,6 +141,28 @@ def test_a_bundle_path_typed_wrong(command: str, tmp_path: Path) -> None:
     assert line == "trace-reducer: no such file or directory: traces/20261202T0000Z-thread_typo"
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["trace-reducer", "view", "{dir}"],
+        ["trace-reducer", "export-rl", "{dir}", "--format", "jsonl", "--out", "{tmp}/rl"],
+        ["agent-server", "serve", "--listen", "127.0.0.1:0", "--replay-from", "{dir}"],
+    ],
+    ids=["view", "export-rl", "replay-from"],
+)
+def test_a_directory_that_holds_no_bundle(argv: list[str], tmp_path: Path) -> None:
+    # Was said three ways: `not a trace bundle (no trace.binpb), nor a root of bundles: D`,
+    # `not a bundle and no bundles in it: D` and `--replay-from: no bundle in D`.
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "readme.txt").write_text("not a bundle")
+    program, *rest = (part.format(dir=notes, tmp=tmp_path) for part in argv)
+    line = _one_line(_run(str(BIN / program), *rest), 2)
+    flag = "--replay-from: " if "--replay-from" in argv else ""
+    said = f"not a trace bundle (no trace.binpb), nor a root of bundles: {notes}"
+    assert line == f"{program}: {flag}{said}"
+
+
 def _without(packages: list[str], program: str, *argv: str) -> subprocess.CompletedProcess[str]:
     """A command run as if the packages were not installed (an import of them fails)."""
     main = {"trace-reducer": "trace_reducer.cli", "agent-server": "agent_server.cli"}[program]

@@ -30,7 +30,7 @@ from grpc_common import (
 )
 from rollout.trace.v1 import record_pb2, state_pb2
 
-from ..bundle._discover import holds_bundles, walk_bundles
+from ..bundle._discover import holds_bundles, no_bundles_there, walk_bundles
 from ..bundle._errors import (
     BundleError,
     CorruptBundleError,
@@ -326,9 +326,7 @@ def _view(args: argparse.Namespace) -> int:
     source = Path(args.bundle)
     if source.is_dir() and not (source / TRACE_FILE_NAME).exists() and not args.diff:
         if not holds_bundles(source):
-            raise BundleError(
-                f"not a trace bundle (no {TRACE_FILE_NAME}), nor a root of bundles: {source}"
-            )
+            raise BundleError(no_bundles_there(source))
         return _view_root(args)
     for flag, value in (("--listen", args.listen), ("--token-env", args.token_env)):
         if value is not None:
