@@ -146,7 +146,7 @@ async def test_every_format_reads_back_against_its_documented_schema(
 
     code, _, err = await export(str(root), "--format", "verl", "--out", str(tmp_path / "v"))
     assert code == 0, err
-    assert "1 sample(s) without exact tokens" in err
+    assert "1 sample without exact tokens is not in" in err
     rows = check_parquet(tmp_path / "v" / "verl.parquet", documented("verl"))
     assert len(rows) == 5
     grouped = [r for r in rows if r["uid"] == "q1"]

@@ -7,6 +7,7 @@ from typing import Any
 
 from ..bundle._errors import BundleError, CorruptBundleError, RewardError
 from ..bundle._integrity import require_reducible
+from ..bundle._names import counted
 from ..bundle._reader import resolve_trace_file
 from ..bundle._rewards import RewardInput, append_reward, check_reward
 from ..export._rl import FORMATS, ExportError, export_rl
@@ -116,20 +117,23 @@ def _export(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     for warning in exported.warnings:
         _say(f"warning: {warning}")
+    # Counts said as every report says them (`1 sample`, `7 samples`; was `1 samples`).
     if exported.left_out:
+        left_out = len(exported.left_out)
         _say(
-            f"warning: {len(exported.left_out)} sample(s) without exact tokens are not in "
-            f"{exported.path.name} (never re-tokenized; --format jsonl keeps their messages)"
+            f"warning: {counted(left_out, 'sample')} without exact tokens "
+            f"{'is' if left_out == 1 else 'are'} not in {exported.path.name} (never "
+            "re-tokenized; --format jsonl keeps their messages)"
         )
     if exported.drifted:
         _say(
-            f"warning: {exported.drifted} sample(s) drifted: in {exported.drifted_calls} "
-            "inference call(s) the engine's prompt departed from the tokens it had sampled; "
-            "their ids are kept as the engine saw them and the departed stretch is masked out "
-            "(each sample's drift_events says where)"
+            f"warning: {counted(exported.drifted, 'sample')} drifted: in "
+            f"{counted(exported.drifted_calls, 'inference call')} the engine's prompt departed "
+            "from the tokens it had sampled; their ids are kept as the engine saw them and the "
+            "departed stretch is masked out (each sample's drift_events says where)"
         )
     print(
-        f"wrote {exported.samples - len(exported.left_out)} samples "
+        f"wrote {counted(exported.samples - len(exported.left_out), 'sample')} "
         f"({exported.exact} with exact tokens, {exported.drifted} drifted) to {exported.path}",
         flush=True,
     )
