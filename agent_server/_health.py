@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -13,10 +14,29 @@ PROG = "agent-server health"
 
 def unreachable(address: str, detail: str) -> str:
     """What a client command says when no server answers at its address: the cause, and the
-    two fixes (start one, or point the command at the one that runs)."""
+    two fixes (start one, or point the command at the one that runs); or, when a server does
+    answer but the two disagree on TLS, which flag to change."""
+    # A server answered: "start one" would send the user after the wrong fix (was the whole
+    # chain, `… Tls handshake failed (TSI_PROTOCOL_FAILURE): SSL_ERROR_SSL: …`, then it).
+    if "WRONG_VERSION_NUMBER" in detail:
+        return (
+            f"the server at {address} does not serve TLS (it was started without --tls-cert): "
+            "leave out --tls and --tls-ca"
+        )
+    untrusted = re.search(r"CERTIFICATE_VERIFY_FAILED: ([^:;)]+)", detail)
+    if untrusted is not None:
+        return (
+            f"the server at {address} serves TLS with a certificate this command does not trust "
+            f"({untrusted[1].strip()}): give the certificate, or its CA's, with --tls-ca PEM"
+        )
+    if "Socket closed" in detail:
+        detail = (
+            "it closed the connection, as a TLS server does to a plaintext client: "
+            "--tls or --tls-ca PEM if it serves TLS"
+        )
     # gRPC's detail is a chain ("failed to connect to all addresses; last error: ..."): the
     # causes a newcomer meets are said in their words.
-    if "Connection refused" in detail:
+    elif "Connection refused" in detail:
         detail = "connection refused"
     elif "resolving" in detail or "lookup" in detail:
         detail = "its host name does not resolve"

@@ -1,4 +1,5 @@
-"""The `agent-server` command: `serve`, run the `demo`, `chat` with a server, probe its `health`."""
+"""The `agent-server` command: `serve`, run the `demo`, `chat` with a server, record any agent
+through the `gateway`, probe a server's `health`."""
 
 from __future__ import annotations
 
@@ -279,10 +280,27 @@ async def _demo_command(settings: Settings) -> int:
     from pathlib import Path
 
     from agent_server import _demo
+    from agent_server.server import trace_root_problem
+    from rollout_client import FailedPreconditionError
 
+    # The demo has nothing to show without its bundle: a trace root it cannot record under is
+    # bad input, one line (was the server's start-up warning, then the client's
+    # `FAILED_PRECONDITION: failed to start rollout recording: … (RECORDING_START_FAILED)`).
+    if settings.trace_root is not None:
+        problem = trace_root_problem(settings.trace_root)
+        if problem is not None:
+            print(f"{PROG}: {problem}", file=sys.stderr)
+            return EXIT_USAGE
     trace_root = settings.trace_root or Path(tempfile.mkdtemp(prefix="rollout-demo-"))
     settings = replace(settings, provider_url=None, listen="127.0.0.1:0", trace_root=trace_root)
-    return await _demo.run(settings)
+    try:
+        return await _demo.run(settings)
+    except FailedPreconditionError as error:
+        if error.reason != "RECORDING_START_FAILED":
+            raise
+        # What the checks above cannot see coming (a directory the system refuses to make).
+        print(f"{PROG}: {error.message}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import socket
 import urllib.parse
 from collections.abc import Mapping
@@ -617,9 +618,38 @@ def add_otlp_arguments(parser: argparse.ArgumentParser, *, spans: str = OTLP_SER
 
 def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Settings:
     """Build Settings: each from its flag, else its environment variable, else the --config
-    file, else the default."""
+    file, else the default. A ConfigError about a value the environment or the file gave says
+    so: `--log-level must be one of … (set by ROLLOUT_LOG_LEVEL)`."""
     env = os.environ if environ is None else environ
+    origins: dict[str, str] = {}
+    try:
+        return _from_args(args, env, origins)
+    except ConfigError as error:
+        raise ConfigError(with_origin(str(error), origins)) from error
 
+
+def with_origin(message: str, origins: Mapping[str, str]) -> str:
+    """message, and where the value it is about came from when that was not its flag: a
+    variable set long ago, or a line of a file, is not what the user typed (`agent-server
+    demo`, which has no --log-level, said only `--log-level must be one of …`)."""
+    flags = list(dict.fromkeys(re.findall(r"--([a-z][a-z-]*)", message)))
+    said = [
+        (flag, origins[flag.replace("-", "_")])
+        for flag in flags
+        if flag.replace("-", "_") in origins
+    ]
+    if not said:
+        return message
+    if len(flags) == 1:
+        return f"{message} (set by {said[0][1]})"
+    # Several flags: which of them the user did not type (`--workers 2 cannot be combined with
+    # --metrics-listen`, the image's ROLLOUT_METRICS_LISTEN).
+    return f"{message} ({'; '.join(f'--{flag} set by {origin}' for flag, origin in said)})"
+
+
+def _from_args(
+    args: argparse.Namespace, env: Mapping[str, str], origins: dict[str, str]
+) -> Settings:
     def flag(name: str) -> object:
         return getattr(args, name, None)
 
@@ -640,9 +670,12 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
     def pick(name: str, env_name: str | None = None) -> Any:
         value = flag(name)
         if value is None and env_name and env.get(env_name):
+            origins[name] = env_name
             return env[env_name]
         if value is None:
             value = from_file(name)
+            if value is not None:
+                origins[name] = f"{name.replace('_', '-')} in {config_path}"
         bounds = GIVEN_NUMBER_SETTINGS.get(name)
         if bounds is not None and value is not None:
             bounds.check(name, value)

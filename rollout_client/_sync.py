@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import copy
 import inspect
 import signal
 import threading
@@ -114,6 +115,17 @@ class SyncAgentClient:
     @property
     def address(self) -> str:
         return self.client.address
+
+    @property
+    def timeout(self) -> float | None:
+        return self.client.timeout
+
+    def with_options(self, *, timeout: float | None) -> SyncAgentClient:
+        """This client (the same connection and loop) with another default timeout for its
+        calls, as AgentClient.with_options: closing either closes the connection."""
+        other = copy.copy(self)
+        other.client = self.client.with_options(timeout=timeout)
+        return other
 
     def start_thread(self, **options: Unpack[ThreadOptions]) -> SyncThread:
         return SyncThread(self._loop, self._loop.run(self.client.start_thread(**options)))

@@ -228,6 +228,14 @@ def test_a_placeholder_the_help_does_not_use_is_reported() -> None:
     ]
 
 
+def test_agent_server_s_help_names_every_command() -> None:
+    # Was: "`serve`, run the `demo`, `chat` with a server, probe its `health`": no gateway.
+    top = PARSERS["agent-server"]
+    assert top.description is not None
+    named = set(re.findall(r"`([a-z]+)`", top.description))
+    assert named == set(_subcommands(top))
+
+
 def test_the_gateway_s_otlp_help_says_what_the_gateway_sends() -> None:
     # Was: serve's words, "each turn's spans ... as the turn ends ... needs --trace-root",
     # for a gateway that sends each call's span as the call ends and always records.

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.grpc_common.test_server import make_certificate
+from tests.live_server import live_server
 from tests.test_readme_commands import demo_bundle
 
 BIN = Path(sys.executable).parent
@@ -92,6 +94,33 @@ def test_something_else_at_the_address() -> None:
     )
 
 
+@pytest.mark.parametrize("command", ["health", "chat"])
+def test_a_client_and_server_that_disagree_on_tls(command: str, tmp_path: Path) -> None:
+    # Was: `no agent server answers at … (failed to connect to all addresses; last error:
+    # UNKNOWN: …: Tls handshake failed (TSI_PROTOCOL_FAILURE): SSL_ERROR_SSL: …); start one
+    # with `agent-server serve`…`, for a server that answered.
+    cert, key = make_certificate(tmp_path)
+    program = str(BIN / "agent-server")
+    with live_server() as plain:
+        line = _one_line(
+            _run(program, command, "--address", plain.address, "--tls", stdin="hi\n"), 1
+        )
+        assert line == (
+            f"agent-server {command}: the server at {plain.address} does not serve TLS (it was "
+            "started without --tls-cert): leave out --tls and --tls-ca"
+        )
+    with live_server("--tls-cert", str(cert), "--tls-key", str(key)) as tls:
+        line = _one_line(_run(program, command, "--address", tls.address, "--tls", stdin="hi\n"), 1)
+        assert line.startswith(
+            f"agent-server {command}: the server at {tls.address} serves TLS with a certificate "
+            "this command does not trust ("
+        ), line
+        assert line.endswith("): give the certificate, or its CA's, with --tls-ca PEM")
+        line = _one_line(_run(program, command, "--address", tls.address, stdin="hi\n"), 1)
+        assert "--tls or --tls-ca PEM if it serves TLS" in line
+        assert "Tls handshake" not in line
+
+
 def test_a_server_that_does_not_answer() -> None:
     with _silent() as address:
         result = _run(str(BIN / "agent-server"), "health", "--address", address, "--timeout", "0.5")
@@ -110,6 +139,28 @@ def test_a_bundle_path_typed_wrong(command: str, tmp_path: Path) -> None:
     )
     line = _one_line(result, 2)
     assert line == "trace-reducer: no such file or directory: traces/20261202T0000Z-thread_typo"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["trace-reducer", "view", "{dir}"],
+        ["trace-reducer", "export-rl", "{dir}", "--format", "jsonl", "--out", "{tmp}/rl"],
+        ["agent-server", "serve", "--listen", "127.0.0.1:0", "--replay-from", "{dir}"],
+    ],
+    ids=["view", "export-rl", "replay-from"],
+)
+def test_a_directory_that_holds_no_bundle(argv: list[str], tmp_path: Path) -> None:
+    # Was said three ways: `not a trace bundle (no trace.binpb), nor a root of bundles: D`,
+    # `not a bundle and no bundles in it: D` and `--replay-from: no bundle in D`.
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "readme.txt").write_text("not a bundle")
+    program, *rest = (part.format(dir=notes, tmp=tmp_path) for part in argv)
+    line = _one_line(_run(str(BIN / program), *rest), 2)
+    flag = "--replay-from: " if "--replay-from" in argv else ""
+    said = f"not a trace bundle (no trace.binpb), nor a root of bundles: {notes}"
+    assert line == f"{program}: {flag}{said}"
 
 
 def _without(packages: list[str], program: str, *argv: str) -> subprocess.CompletedProcess[str]:

@@ -152,15 +152,25 @@ def test_console_scripts_point_at_the_two_mains() -> None:
     assert trace_reducer.cli.main is importlib.import_module("trace_reducer.cli").main
 
 
-def test_python_dash_m_runs_the_reducer_cli() -> None:
+@pytest.mark.parametrize(
+    ("module", "program"),
+    [
+        ("trace_reducer.cli", "trace-reducer"),
+        # Were: "No module named trace_reducer.__main__; 'trace_reducer' is a package and
+        # cannot be directly executed", and the same of agent_server.
+        ("trace_reducer", "trace-reducer"),
+        ("agent_server", "agent-server"),
+    ],
+)
+def test_python_dash_m_runs_each_cli(module: str, program: str) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "trace_reducer.cli", "--version"],
+        [sys.executable, "-m", module, "--version"],
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert done.returncode == EXIT_OK
-    assert done.stdout.strip() == f"trace-reducer {trace_reducer.__version__}"
+    assert done.returncode == EXIT_OK, done.stderr
+    assert done.stdout.strip() == f"{program} {trace_reducer.__version__}"
 
 
 @pytest.mark.parametrize(

@@ -41,8 +41,11 @@ async def test_trace_any_agent(tmp_path: Path) -> None:
     printed = output.decode()
     assert process.returncode == 0, printed
     assert 'The tool lookup_weather returned: "sunny in' in printed, printed
-    (bundle,) = (tmp_path / "traces").iterdir()
-    assert (bundle / "view.html").is_file()
+    (bundle,) = (p for p in (tmp_path / "traces").iterdir() if p.is_dir())
+    # The site of every session (was `view traces/*/`, which a second run's second session
+    # made `unrecognized arguments`): the list and the session's page.
+    assert (tmp_path / "site" / "index.html").is_file()
+    assert len(list((tmp_path / "site" / "runs").iterdir())) == 1
     trace = replay_bundle(bundle)
     assert trace.integrity.status == state_pb2.INTEGRITY_STATUS_CLEAN
     kinds = [item.kind for item in trace.conversation_items.values()]

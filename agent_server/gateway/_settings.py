@@ -182,16 +182,28 @@ def from_args(
         raise ConfigError(str(error)) from error
     if args.listen == "":
         raise ConfigError(f"--listen is empty: give HOST:PORT (default {DEFAULT_LISTEN})")
-    return GatewaySettings(
-        agent=agent,
-        listen=args.listen or file.get("gateway_listen") or DEFAULT_LISTEN,
-        session_idle_timeout=_pick(
-            args.session_idle_timeout,
-            file.get("session_idle_timeout"),
-            DEFAULT_SESSION_IDLE_TIMEOUT,
-        ),
-        token_ids=bool(_pick(args.token_ids, file.get("token_ids"), False)),
-    )
+    # The gateway's own settings from the file, said as the agent server's are.
+    origins = {
+        name: f"{key.replace('_', '-')} in {config_path}"
+        for name, key in (
+            ("listen", "gateway_listen"),
+            ("session_idle_timeout", "session_idle_timeout"),
+        )
+        if getattr(args, name) is None and file.get(key) is not None
+    }
+    try:
+        return GatewaySettings(
+            agent=agent,
+            listen=args.listen or file.get("gateway_listen") or DEFAULT_LISTEN,
+            session_idle_timeout=_pick(
+                args.session_idle_timeout,
+                file.get("session_idle_timeout"),
+                DEFAULT_SESSION_IDLE_TIMEOUT,
+            ),
+            token_ids=bool(_pick(args.token_ids, file.get("token_ids"), False)),
+        )
+    except ConfigError as error:
+        raise ConfigError(config.with_origin(str(error), origins)) from error
 
 
 def _pick(flag: Any, file: Any, default: Any) -> Any:

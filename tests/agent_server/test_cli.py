@@ -132,6 +132,39 @@ async def test_serve_rejects_bad_flags_without_a_traceback() -> None:
         assert "Traceback" not in stderr.decode()
 
 
+@pytest.mark.parametrize("where", ["a-file", "/proc/no-such-dir"])
+async def test_demo_with_a_trace_root_it_cannot_record_under_is_one_line_and_exit_2(
+    tmp_path: Path, where: str
+) -> None:
+    # Was: the server's start-up warning, then `agent-server: FAILED_PRECONDITION: failed to
+    # start rollout recording: … (RECORDING_START_FAILED)`, exit 1.
+    root = Path(where) if where.startswith("/") else tmp_path / where
+    if where == "a-file":
+        root.write_text("")
+    process = await asyncio.create_subprocess_exec(
+        AGENT_SERVER,
+        "demo",
+        "--trace-root",
+        str(root),
+        env=clean_env(),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    stdout, stderr = await process.communicate()
+    said = stderr.decode()
+    assert process.returncode == 2, said
+    if where == "a-file":
+        assert said == f"agent-server: trace root is not a directory: {root}\n"
+    else:
+        # /proc takes no directory: said by the check before the server starts, or (as root,
+        # whom the check cannot tell) by the bundle's creation.
+        [line] = said.splitlines()
+        assert line.startswith("agent-server: "), line
+        assert line.endswith(str(root)), line
+        assert "FAILED_PRECONDITION" not in line
+    assert b"[turn" not in stdout
+
+
 async def test_demo_runs_and_reduces_its_bundle(tmp_path: Path) -> None:
     process = await asyncio.create_subprocess_exec(
         AGENT_SERVER,

@@ -189,8 +189,11 @@ def test_the_event_loop_comes_from_the_flag_the_environment_or_the_file(tmp_path
     file.write_text('event-loop = "asyncio"\n')
     assert config.from_args(parser.parse_args(["--config", str(file)]), {}).event_loop == "asyncio"
     file.write_text('event-loop = "trio"\n')
-    with pytest.raises(ConfigError, match=r"^--event-loop must be one of uvloop, asyncio$"):
+    with pytest.raises(ConfigError) as raised:
         config.from_args(parser.parse_args(["--config", str(file)]), {})
+    assert str(raised.value) == (
+        f"--event-loop must be one of uvloop, asyncio (set by event-loop in {file})"
+    )
 
 
 @pytest.mark.parametrize("given", ["sk-S3CRETKEY", "S3CRET KEY", "9S3CRET", "S3CRET\n"])
@@ -408,3 +411,86 @@ def test_a_command_takes_from_the_file_only_the_settings_it_has_flags_for(tmp_pa
     serve = argparse.ArgumentParser()
     config.add_serve_arguments(serve)
     assert config.from_args(serve.parse_args(["--config", str(file)]), {}).replay_branch_at == 3
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        (
+            {"ROLLOUT_LOG_LEVEL": "loud"},
+            "--log-level must be one of debug, info, warning, error (set by ROLLOUT_LOG_LEVEL)",
+        ),
+        (
+            {"ROLLOUT_LISTEN": "bad"},
+            "--listen: expected HOST:PORT, got 'bad' (set by ROLLOUT_LISTEN)",
+        ),
+        (
+            {"ROLLOUT_WORKERS": "x"},
+            "--workers must be an integer, not 'x' (set by ROLLOUT_WORKERS)",
+        ),
+        (
+            {"ROLLOUT_PROVIDER_URL": "ftp://h"},
+            "--provider-url must be an http:// or https:// URL (set by ROLLOUT_PROVIDER_URL)",
+        ),
+    ],
+)
+def test_a_bad_value_from_the_environment_names_its_variable(
+    env: dict[str, str], message: str
+) -> None:
+    # Was: `--log-level must be one of …` alone, for a variable set long ago (and from
+    # `agent-server demo`, which has no --log-level at all).
+    parser = argparse.ArgumentParser()
+    config.add_serve_arguments(parser)
+    with pytest.raises(ConfigError) as raised:
+        config.from_args(parser.parse_args([]), env)
+    assert str(raised.value) == message
+
+
+def test_of_two_flags_in_a_message_the_one_from_the_environment_is_named() -> None:
+    # The container image sets ROLLOUT_METRICS_LISTEN: `serve --workers 2` there said only
+    # "--workers 2 cannot be combined with --metrics-listen: …".
+    parser = argparse.ArgumentParser()
+    config.add_serve_arguments(parser)
+    with pytest.raises(ConfigError) as raised:
+        config.from_args(
+            parser.parse_args(["--workers", "2"]), {"ROLLOUT_METRICS_LISTEN": "0.0.0.0:9464"}
+        )
+    message = str(raised.value)
+    assert message.startswith("--workers 2 cannot be combined with --metrics-listen: ")
+    assert message.endswith(" (--metrics-listen set by ROLLOUT_METRICS_LISTEN)")
+
+
+def test_a_bad_value_from_the_file_names_its_key_and_the_flag_names_nothing(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(ConfigError) as raised:
+        _serve_file(tmp_path, "max-retries = -1\n", {"ROLLOUT_LOG_LEVEL": "info"})
+    file = tmp_path / "agent.toml"
+    assert (
+        str(raised.value)
+        == f"--max-retries must be 0 or more, not -1 (set by max-retries in {file})"
+    )
+    # What the user typed is not said back to them as from elsewhere.
+    with pytest.raises(ConfigError) as raised:
+        parse(["--max-retries", "-1"], {"ROLLOUT_LOG_LEVEL": "info"})
+    assert str(raised.value) == "--max-retries must be 0 or more, not -1"
+
+
+def test_the_gateway_s_own_keys_name_the_file_too(tmp_path: Path) -> None:
+    from agent_server.gateway import _settings
+
+    file = tmp_path / "gateway.toml"
+    file.write_text('trace-root = "traces"\ngateway-listen = "bad"\n')
+    parser = argparse.ArgumentParser()
+    _settings.add_arguments(parser)
+    with pytest.raises(ConfigError) as raised:
+        _settings.from_args(parser.parse_args(["--config", str(file)]), {})
+    assert (
+        str(raised.value)
+        == f"--listen: expected HOST:PORT, got 'bad' (set by gateway-listen in {file})"
+    )
+    with pytest.raises(ConfigError) as raised:
+        _settings.from_args(parser.parse_args(["--trace-root", "t"]), {"ROLLOUT_PROVIDER_URL": "x"})
+    assert str(raised.value) == (
+        "--upstream must be an http:// or https:// URL (set by ROLLOUT_PROVIDER_URL)"
+    )

@@ -146,7 +146,7 @@ async def test_every_format_reads_back_against_its_documented_schema(
 
     code, _, err = await export(str(root), "--format", "verl", "--out", str(tmp_path / "v"))
     assert code == 0, err
-    assert "1 sample(s) without exact tokens" in err
+    assert "1 sample without exact tokens is not in" in err
     rows = check_parquet(tmp_path / "v" / "verl.parquet", documented("verl"))
     assert len(rows) == 5
     grouped = [r for r in rows if r["uid"] == "q1"]
@@ -254,7 +254,7 @@ async def test_export_rl_refuses_bad_input(tmp_path: Path, local: Harness) -> No
     empty.mkdir()
     code, _, err = await export(str(empty), "--format", "jsonl", "--out", str(tmp_path))
     assert code == 2
-    assert "no bundles" in err
+    assert "nor a root of bundles" in err
     thread = await local.start_thread()
     await run_turn(local, thread.id, "hi")
     blocker = tmp_path / "file"

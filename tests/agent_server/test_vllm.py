@@ -336,7 +336,7 @@ async def test_the_readme_section_runs_as_written(vllm_url: str, tmp_path: Path)
     stdout, stderr = await exported.communicate()
     assert exported.returncode == 0, stderr.decode()
     summary = stdout.decode()
-    assert re.match(r"wrote 1 samples \(1 with exact tokens, \d+ drifted\) to ", summary), summary
+    assert re.match(r"wrote 1 sample \(1 with exact tokens, \d+ drifted\) to ", summary), summary
     [sample] = [json.loads(x) for x in (tmp_path / "rl" / "samples.jsonl").read_text().splitlines()]
     assert sample["tokens"] == "exact"
     drifted = int(summary.split(", ")[1].split()[0])

@@ -169,13 +169,15 @@ _BIN = Path(sys.executable).parent
         ["agent-server", "serve", "--workers", "2"],
         ["agent-server", "gateway", "--trace-root", "{tmp}"],
         ["trace-reducer", "serve", "--bundle-root", "{tmp}"],
+        ["trace-reducer", "view", "{tmp}"],
     ],
-    ids=["serve", "serve-workers", "gateway", "trace-reducer-serve"],
+    ids=["serve", "serve-workers", "gateway", "trace-reducer-serve", "view-root"],
 )
 def test_an_address_in_use_is_one_line_and_exit_2(command: list[str], tmp_path: Path) -> None:
     # Was: exit 1 with "Failed to bind … set GRPC_VERBOSITY=debug …" (trace-reducer serve
     # after a C-core line `E… add_port.cc:83] Failed to add port …`), and the gateway's
-    # "[Errno 98] error while attempting to bind on address ('127.0.0.1', …)".
+    # "[Errno 98] error while attempting to bind on address ('127.0.0.1', …)"; a served
+    # `view ROOT` the same aiohttp words without the errno, and exit 1.
     if "--workers" in command and not hasattr(socket, "SO_REUSEPORT"):
         pytest.skip("--workers needs SO_REUSEPORT")
     program, *args = (part.replace("{tmp}", str(tmp_path)) for part in command)
@@ -194,6 +196,25 @@ def test_an_address_in_use_is_one_line_and_exit_2(command: list[str], tmp_path: 
         f"{program}: cannot listen on {listen}: address already in use\n",
     )
     assert done.stdout == ""
+
+
+@pytest.mark.parametrize("program", ["agent-server", "trace-reducer"])
+def test_a_metrics_address_in_use_is_one_line_and_exit_2(program: str) -> None:
+    # Was, from trace-reducer serve: "--metrics-listen: cannot serve metrics on …", the flag
+    # before the words the agent server says alone.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ROLLOUT_", "GRPC_"))}
+    with _occupied() as listen:
+        done = subprocess.run(
+            [str(_BIN / program), "serve", "--listen", "127.0.0.1:0", "--metrics-listen", listen],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert (done.returncode, done.stderr) == (
+        2,
+        f"{program}: cannot serve metrics on {listen}: address already in use\n",
+    )
 
 
 def test_a_free_address_is_not_refused() -> None:

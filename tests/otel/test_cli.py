@@ -68,8 +68,9 @@ class Received:
 
 
 class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
-    def __init__(self, received: Received) -> None:
+    def __init__(self, received: Received, token: str | None = None) -> None:
         self.received = received
+        self.token = token
 
     async def Export(  # noqa: N802 - the generated servicer's name
         self,
@@ -80,18 +81,22 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
         ],
     ) -> trace_service_pb2.ExportTraceServiceResponse:
         metadata = context.invocation_metadata() or ()
-        self.received.headers.append({str(key): str(value) for key, value in metadata})
+        headers = {str(key): str(value) for key, value in metadata}
+        self.received.headers.append(headers)
+        if self.token is not None and headers.get("authorization") != f"Bearer {self.token}":
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "wrong token")
         self.received.requests.append(request)
         return trace_service_pb2.ExportTraceServiceResponse()
 
 
 @asynccontextmanager
-async def grpc_receiver() -> AsyncIterator[tuple[str, Received]]:
-    """A real OTLP/gRPC trace receiver on loopback that keeps what it is sent."""
+async def grpc_receiver(token: str | None = None) -> AsyncIterator[tuple[str, Received]]:
+    """A real OTLP/gRPC trace receiver on loopback that keeps what it is sent (with `token`,
+    only what comes with `authorization: Bearer <token>`)."""
     received = Received()
     server = grpc.aio.server()
     trace_service_pb2_grpc.add_TraceServiceServicer_to_server(  # type: ignore[no-untyped-call]
-        _TraceService(received), server
+        _TraceService(received, token), server
     )
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
@@ -192,11 +197,31 @@ async def test_a_refusing_receiver_is_one_line_and_exit_1(bundles: Bundles) -> N
         )
     assert run.code == 1
     [line] = run.error_lines
-    assert line.startswith(f"trace-reducer: could not export spans to {url}/v1/traces: ")
-    assert "401" in line
+    assert (
+        line == f"trace-reducer: could not export spans to {url}/v1/traces: HTTP 401 Unauthorized"
+    )
     assert SECRET not in run.stderr + run.stdout
     assert received.requests == []
     assert len(received.headers) == 1
+
+
+async def test_a_refusing_grpc_receiver_is_its_code_and_details(bundles: Bundles) -> None:
+    # Was: `Failed to export traces to 127.0.0.1:…, error code: StatusCode.UNAUTHENTICATED,
+    # error details: wrong token`, the address said twice.
+    async with grpc_receiver("right") as (endpoint, received):
+        run = await export_cli(
+            str(bundles.retried),
+            "--endpoint",
+            endpoint,
+            "--header",
+            f"authorization=Bearer {SECRET}",
+        )
+    assert run.code == 1
+    assert run.error_lines == [
+        f"trace-reducer: could not export spans to {endpoint}: UNAUTHENTICATED: wrong token"
+    ]
+    assert SECRET not in run.stderr + run.stdout
+    assert received.requests == []
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
@@ -219,8 +244,9 @@ async def test_an_unreachable_receiver_is_one_line_and_exit_1(
     assert run.code == 1
     [line] = run.error_lines
     shown = f"http://127.0.0.1:{closed}/v1/traces?api-key=..."
-    assert line.startswith(f"trace-reducer: could not export spans to {shown}"), line
-    assert "refused" in line.lower()
+    # The same words either way: gRPC's were `StatusCode.UNAVAILABLE encountered while
+    # exporting traces to 127.0.0.1:…. Error details: failed to connect to all addresses; …`.
+    assert line == f"trace-reducer: could not export spans to {shown}: connection refused", line
     assert SECRET not in run.stderr + run.stdout
     assert run.stdout == ""
 

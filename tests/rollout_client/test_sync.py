@@ -30,6 +30,17 @@ def test_a_turn_streams_and_the_thread_closes(live: LiveServer) -> None:
         assert closed.turn_count == 1
 
 
+def test_with_options_is_the_same_connection_with_another_timeout(live: LiveServer) -> None:
+    # Was: AttributeError, though the README offers `client.with_options(timeout=…)` and
+    # docs/clients.md gives the blocking facade the same methods.
+    with SyncAgentClient(live.address, timeout=30) as client:
+        quick = client.with_options(timeout=5)
+        assert (quick.timeout, client.timeout) == (5, 30)
+        thread = quick.start_thread()
+        assert thread.id in {t.id for t in client.with_options(timeout=2).list_threads()}
+        thread.close()
+
+
 def test_interrupt_and_errors(live: LiveServer) -> None:
     with SyncAgentClient(live.address) as client:
         thread = client.start_thread()

@@ -569,6 +569,21 @@ def test_an_output_onto_the_recording_is_refused(tmp_path: Path, command: str) -
         assert (other / "trace.binpb").read_bytes() == kept[other / "trace.binpb"]
 
 
+def test_reward_names_the_turns_and_items_it_may_be_given(tmp_path: Path) -> None:
+    # Was: `… has no turn 'turn-9'` alone, where `request` answers an unknown call with the
+    # calls the bundle holds.
+    bundle = one_turn_bundle(tmp_path)
+    wrong_turn = run("reward", bundle, "--name", "n", "--value", "1", "--turn", "turn-9")
+    assert wrong_turn.returncode == 2
+    assert wrong_turn.stderr == f"trace-reducer: {bundle} has no turn 'turn-9'; its turns: turn-1\n"
+    wrong_item = run("reward", bundle, "--name", "n", "--value", "1", "--item", "msg-9")
+    assert wrong_item.returncode == 2
+    assert wrong_item.stderr == (
+        f"trace-reducer: {bundle} has no item 'msg-9'; its item ids: msg-original\n"
+    )
+    assert not (bundle / "rewards.binpb").exists()
+
+
 def test_reward_writes_nothing_where_there_is_no_bundle(tmp_path: Path) -> None:
     inputs = bad_inputs(tmp_path)
     for name in ("garbage trace.binpb", "empty file"):

@@ -6,17 +6,20 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.commands import run_on_terminal
 from tests.trace_reducer.collector import left_in_cycles
 from tests.trace_reducer.conftest import GOLDEN, TRACE_REDUCER
 from trace_reducer import RewardInput, append_reward
 from trace_reducer.batch._listing import (
     INDEX_FILE_NAME,
+    SORT_KEYS,
     Listing,
     Run,
     RunFilter,
@@ -44,9 +47,13 @@ def test_a_line_per_bundle_with_its_status_integrity_and_rewards(root: Path) -> 
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].split() == [
-        "THREAD", "MODEL", "STATUS", "TURNS", "CALLS", "TOOLS", "TOKENS", "REWARDS",
+        "THREAD", "MODEL", "STATUS", "TURNS", "CALLS", "TOOL_CALLS", "TOKENS", "REWARDS",
         "INTEGRITY", "STARTED", "DURATION",
     ]  # fmt: skip
+    # Was TOOLS, which --json calls the tools a run declares; each column is headed by the
+    # key --sort takes for it (the thread's, thread_id, and reward:NAME aside).
+    sortable = {word.lower() for word in lines[0].split()} - {"thread", "rewards"}
+    assert sortable <= set(SORT_KEYS)
     assert len(lines) == 1 + len(list(GOLDEN.iterdir()))
     runs = {Path(str(r["bundle"])).name: r for r in listed(str(root))}
     assert runs["damaged-corrupt"]["integrity"] == "corrupt"
@@ -125,6 +132,52 @@ def test_a_warm_listing_reads_no_bundle_and_a_changed_one_is_read_again(root: Pa
     assert final.reduced == 1
 
 
+class Told:
+    """A progress display that keeps what it was told."""
+
+    def __init__(self) -> None:
+        self.said: list[tuple[str, int, int]] = []
+
+    def started(self, total: int) -> None:
+        self.said.append(("started", total, 0))
+
+    def advanced(self, count: int = 1, bad: int = 0) -> None:
+        self.said.append(("advanced", count, bad))
+
+    def finished(self) -> None:
+        self.said.append(("finished", 0, 0))
+
+
+def test_a_listing_that_reads_bundles_says_how_many_and_each_as_it_goes(root: Path) -> None:
+    # Was: nothing on stderr for as long as a cold root took (3,000 bundles: 10 s; 100,000:
+    # minutes), `list` silent until its table.
+    cold = Told()
+    first = list_runs(str(root), progress=cold)
+    unreadable = sum(run["status"] == "unreadable" for run in first.runs)
+    assert cold.said[0] == ("started", len(first.runs), 0)
+    steps = cold.said[1:-1]
+    assert [(kind, count) for kind, count, _ in steps] == [("advanced", 1)] * len(first.runs)
+    assert sum(bad for _, _, bad in steps) == unreadable
+    assert cold.said[-1] == ("finished", 0, 0)
+    # A warm listing, answered from the index, shows nothing.
+    warm = Told()
+    list_runs(str(root), progress=warm)
+    assert warm.said == []
+
+
+def test_list_on_a_terminal_draws_a_bar_while_it_reads(root: Path) -> None:
+    count = sum(1 for _ in root.iterdir())
+    code, out, terminal = run_on_terminal(TRACE_REDUCER, "list", str(root))
+    assert code == 0, terminal
+    assert re.search(rf"list: reading: 100%\|.*\| {count}/{count} \[", terminal), terminal
+    assert out.startswith("THREAD")
+    # Warm: the index answers, nothing to show progress of.
+    code, out, terminal = run_on_terminal(TRACE_REDUCER, "list", str(root))
+    assert code == 0, terminal
+    assert terminal == ""
+    assert out.startswith("THREAD")
+
+
 def test_bad_input_is_one_line_and_exit_2(root: Path, tmp_path: Path) -> None:
     file = tmp_path / "file"
     file.write_text("x")
@@ -147,6 +200,18 @@ def test_bad_input_is_one_line_and_exit_2(root: Path, tmp_path: Path) -> None:
         assert done.returncode == 2, (args, done)
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr
         assert "Traceback" not in done.stderr
+
+
+def test_the_api_s_word_for_a_status_is_answered_with_the_trace_s(root: Path) -> None:
+    # Was: `--status takes aborted, cancelled, …; not interrupted`, for the word the API,
+    # `agent-server chat` and the logs use, with nothing saying which of the listed it is.
+    done = run_list(str(root), "--status", "interrupted,completed")
+    assert done.returncode == 2
+    assert done.stderr.endswith(
+        "; not interrupted (the trace says cancelled for interrupted: docs/vocabulary.md)\n"
+    )
+    with pytest.raises(ValueError, match=r"not bogus, in_progress \(the trace says running for"):
+        RunFilter.of({"status": ["in_progress", "bogus"]})
 
 
 def test_a_url_root(root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 from rollout.trace.v1 import common_pb2, state_pb2
 
@@ -414,6 +414,18 @@ class Listing:
     cached: int
 
 
+class ReadProgress(Protocol):
+    """Told how many bundles a listing reads afresh (the index does not hold them, or they
+    changed), of each as it is read (`bad`: unreadable), and when it is over: the CLI's
+    progress bar (`trace_reducer.cli._progress`)."""
+
+    def started(self, total: int) -> None: ...
+
+    def advanced(self, count: int = 1, bad: int = 0) -> None: ...
+
+    def finished(self) -> None: ...
+
+
 def list_runs(
     root: str,
     *,
@@ -422,16 +434,18 @@ def list_runs(
     index_path: Path | None = None,
     now: float | None = None,
     bundle_root_refused: bool = True,
+    progress: ReadProgress | None = None,
 ) -> Listing:
     """Every bundle under root, summarized: from the index when its files have not changed
     since, else from its fresh state.json or by reducing it; the index is then updated.
+    `progress` is told of the bundles read afresh, and only when there are some.
 
     Raises BundleError (BundleNotFoundError, NotABundleError) when root is not a directory,
     or is a bundle itself unless bundle_root_refused is False (its trace.binpb is then passed
     over)."""
     with no_cycle_collection():
         store = open_store(root, storage_options, bundle_root_refused=bundle_root_refused)
-        return _list_runs(store, root, warn, index_path, now)
+        return _list_runs(store, root, warn, index_path, now, progress)
 
 
 def _still_written(store: Store, entry: BundleEntry, integrity: str, moment: float) -> bool:
@@ -447,6 +461,7 @@ def _list_runs(
     warn: Callable[[str], None],
     index_path: Path | None,
     now: float | None,
+    progress: ReadProgress | None = None,
 ) -> Listing:
     entries = store.discover(warn)
     index = RunIndex.load(index_path or _index_path(store, root))
@@ -454,28 +469,42 @@ def _list_runs(
     runs: list[Run] = []
     reduced = cached = 0
     seen: set[str] = set()
+    # Each looked up first, so that a listing which reads bundles afresh says how many before
+    # it starts: a cold root of thousands took minutes without a word. A warm one shows nothing.
+    looked_up = []
     for entry in entries:
-        seen.add(entry.location)
         key = _key(entry)
-        kept = index.get(entry.location, key)
-        if kept is not None:
-            cached += 1
-            fields, text = kept
-            live = _still_written(store, entry, fields[2], moment)
-            run = Run(fields, functools.partial(_text_of, text), live=live)
-        else:
-            bundle = store.display(entry.location)
-            try:
-                summary = summarize(_reduce(store, entry), bundle)
-            except (BundleError, ReductionError) as error:
-                summary = _unreadable(bundle, str(error))
-            except OSError as error:
-                summary = _unreadable(bundle, f"{error.strerror or error}")
-            live = _still_written(store, entry, summary["integrity"], moment)
-            run = Run.of(summary, live=live)
-            index.keep(entry.location, key, run)
-            reduced += 1
-        runs.append(run)
+        looked_up.append((entry, key, index.get(entry.location, key)))
+    fresh = sum(kept is None for _, _, kept in looked_up)
+    told = progress if progress is not None and fresh else None
+    if told is not None:
+        told.started(fresh)
+    try:
+        for entry, key, kept in looked_up:
+            seen.add(entry.location)
+            if kept is not None:
+                cached += 1
+                fields, text = kept
+                live = _still_written(store, entry, fields[2], moment)
+                run = Run(fields, functools.partial(_text_of, text), live=live)
+            else:
+                bundle = store.display(entry.location)
+                try:
+                    summary = summarize(_reduce(store, entry), bundle)
+                except (BundleError, ReductionError) as error:
+                    summary = _unreadable(bundle, str(error))
+                except OSError as error:
+                    summary = _unreadable(bundle, f"{error.strerror or error}")
+                live = _still_written(store, entry, summary["integrity"], moment)
+                run = Run.of(summary, live=live)
+                index.keep(entry.location, key, run)
+                reduced += 1
+                if told is not None:
+                    told.advanced(1, bad=int(summary["status"] == "unreadable"))
+            runs.append(run)
+    finally:
+        if told is not None:
+            told.finished()
     gone = set(index.entries) - seen
     if gone:
         index.forget(gone)
@@ -587,7 +616,12 @@ class RunFilter:
         since = given("since")
         text = given("text")
         return cls(
-            statuses=split_values(given("status"), flag=f"{prefix}status", known=STATUS_NAMES),
+            statuses=split_values(
+                given("status"),
+                flag=f"{prefix}status",
+                known=STATUS_NAMES,
+                other_words=API_STATUS_WORDS,
+            ),
             integrities=split_values(
                 given("integrity"), flag=f"{prefix}integrity", known=INTEGRITY_NAMES
             ),
@@ -621,22 +655,39 @@ FILTER_NAMES = ("status", "integrity", "model", "reward", "since", "tool", "text
 
 
 def split_values(
-    values: Iterable[str], *, flag: str = "", known: Iterable[str] = ()
+    values: Iterable[str],
+    *,
+    flag: str = "",
+    known: Iterable[str] = (),
+    other_words: Mapping[str, str] | None = None,
 ) -> frozenset[str]:
     """Repeated or comma-separated flag values, lower case; with `known`, a value outside it
-    is a ValueError naming `flag` (a filter no run can match is a typo, not an answer)."""
+    is a ValueError naming `flag` (a filter no run can match is a typo, not an answer), and
+    saying which known word stands for it when `other_words` has it."""
     chosen = frozenset(
         part.strip().lower() for value in values for part in value.split(",") if part.strip()
     )
     allowed = frozenset(known)
     if allowed and not chosen <= allowed:
-        unknown = ", ".join(sorted(chosen - allowed))
-        raise ValueError(f"{flag} takes {', '.join(sorted(allowed))}; not {unknown}")
+        unknown = sorted(chosen - allowed)
+        message = f"{flag} takes {', '.join(sorted(allowed))}; not {', '.join(unknown)}"
+        meant = other_words or {}
+        said = [f"{meant[word]} for {word}" for word in unknown if word in meant]
+        if said:
+            message += f" (the trace says {', '.join(said)}: docs/vocabulary.md)"
+        raise ValueError(message)
     return chosen
 
 
 # Every word a listing's status and integrity columns can hold.
 STATUS_NAMES = frozenset(_STATUS.values()) | {"live", "unreadable"}
+# The agent API's words for a turn (TurnStatus, `agent-server chat`'s `[interrupted]`), which a
+# listing, reading the trace, says in the trace's (docs/vocabulary.md): named, not taken.
+API_STATUS_WORDS = {
+    "interrupted": "cancelled",
+    "in_progress": "running",
+    "awaiting_tool_outputs": "running",
+}
 INTEGRITY_NAMES = frozenset(_INTEGRITY.values())
 
 
@@ -697,13 +748,16 @@ def _duration_text(seconds: float | None) -> str:
     return f"{seconds / 60:.1f}m"
 
 
+# Headed by the key `--sort` takes for the column (and `--json` prints it under), but the
+# thread's and the rewards': TOOLS read as the tools a run declares, which `--json` calls
+# `tools`, where the column counts its tool calls, as the served list's "tool calls" does.
 COLUMNS = (
     "THREAD",
     "MODEL",
     "STATUS",
     "TURNS",
     "CALLS",
-    "TOOLS",
+    "TOOL_CALLS",
     "TOKENS",
     "REWARDS",
     "INTEGRITY",

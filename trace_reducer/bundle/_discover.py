@@ -119,6 +119,12 @@ def walk_bundles(
             stack.pop()
 
 
+def no_bundles_there(path: str | os.PathLike[str]) -> str:
+    """What a command that takes a bundle or a root of bundles says of a directory that is
+    neither, in one set of words for all of them (`view`, `export-rl`, `--replay-from`)."""
+    return f"not a trace bundle (no {TRACE_FILE_NAME}), nor a root of bundles: {path}"
+
+
 def holds_bundles(root: str | os.PathLike[str]) -> bool:
     """Whether a directory is a root of bundles: it holds some, or nothing at all yet (a trace
     root before its first recording); a directory of other things is neither bundle nor root."""

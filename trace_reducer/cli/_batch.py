@@ -22,6 +22,7 @@ from ..batch._report import Tally, summary
 from ..batch._storage import Store, is_url, open_store, parse_storage_options
 from ..bundle._errors import BundleError, MissingExtraError
 from ..bundle._liveness import LIVE_WINDOW
+from ..bundle._names import counted
 from ._common import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -201,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - started
     restarts = getattr(engine, "restarts", 0)
     if restarts:
-        warn(f"a worker process died; the pool was restarted {restarts} time(s)")
+        warn(f"a worker process died; the pool was restarted {counted(restarts, 'time')}")
     lines = summary(
         tally,
         root=root,

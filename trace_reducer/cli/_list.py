@@ -15,6 +15,7 @@ from ._common import (
     root_failure,
     warn,
 )
+from ._progress import progress_for
 
 if TYPE_CHECKING:
     from ..batch._listing import RunFilter
@@ -116,7 +117,10 @@ def run(args: argparse.Namespace) -> int:
         raise BundleError("--limit must be 0 or more")
 
     try:
-        listing = list_runs(args.root, storage_options=options, warn=warn)
+        # A bar on a terminal while bundles are read afresh (a cold root of thousands takes
+        # minutes); nothing into a pipe, and nothing for a listing the index answers.
+        reading = progress_for("list: reading", bad_word="unreadable")
+        listing = list_runs(args.root, storage_options=options, warn=warn, progress=reading)
     except BundleError:
         raise
     except (ImportError, ValueError) as error:

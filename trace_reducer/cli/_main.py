@@ -25,11 +25,12 @@ from grpc_common import (
     announce,
     default_event_loop,
     event_loop_problem,
+    listen_error,
     run_on_loop,
 )
 from rollout.trace.v1 import record_pb2, state_pb2
 
-from ..bundle._discover import holds_bundles, walk_bundles
+from ..bundle._discover import holds_bundles, no_bundles_there, walk_bundles
 from ..bundle._errors import (
     BundleError,
     CorruptBundleError,
@@ -325,9 +326,7 @@ def _view(args: argparse.Namespace) -> int:
     source = Path(args.bundle)
     if source.is_dir() and not (source / TRACE_FILE_NAME).exists() and not args.diff:
         if not holds_bundles(source):
-            raise BundleError(
-                f"not a trace bundle (no {TRACE_FILE_NAME}), nor a root of bundles: {source}"
-            )
+            raise BundleError(no_bundles_there(source))
         return _view_root(args)
     for flag, value in (("--listen", args.listen), ("--token-env", args.token_env)):
         if value is not None:
@@ -380,6 +379,8 @@ def _view_root(args: argparse.Namespace) -> int:
                 "-o writes the site to files, --listen serves it: give one of them", EXIT_USAGE
             )
         check_output_dir("-o", args.output)
+        # A cold root of thousands is read for minutes before a page is written: a bar for
+        # that too (`view: reading`), on a terminal, then the pages' (`view`).
         progress = progress_for("view", bad_word="unreadable")
         # Said once the bar is gone: a line written under it would be drawn over.
         warnings: list[str] = []
@@ -388,6 +389,7 @@ def _view_root(args: argparse.Namespace) -> int:
                 args.bundle,
                 args.output,
                 warn=warnings.append,
+                reading=progress_for("view: reading", bad_word="unreadable"),
                 started=progress.started,
                 progress=progress.advanced,
             )
@@ -425,19 +427,26 @@ def _view_root(args: argparse.Namespace) -> int:
         import secrets
 
         token = secrets.token_urlsafe(24)
-    return asyncio.run(_serve_site(args.bundle, host, int(port_text), token, args.open))
+    return asyncio.run(_serve_site(args.bundle, listen, token, args.open))
 
 
-async def _serve_site(root: str, host: str, port: int, token: str | None, open_page: bool) -> int:
+async def _serve_site(root: str, listen: str, token: str | None, open_page: bool) -> int:
     from grpc_common import install_signal_handlers
 
     from ..view._site import SiteServer
 
+    host, _, port_text = listen.rpartition(":")
     server = SiteServer(root, token, warn=warn)
     # Before the port opens, as every server's: a signal as soon as it listens stops it cleanly.
     stop = asyncio.Event()
     install_signal_handlers(stop.set)
-    address = await server.start(host, port)
+    try:
+        address = await server.start(host.strip("[]"), int(port_text))
+    except OSError as error:
+        await server.stop()
+        # As every server says it (was aiohttp's "error while attempting to bind on address
+        # ('127.0.0.1', 8765): …", or a bare "Name or service not known", and exit 1).
+        raise _CommandError(str(listen_error(listen, error)), EXIT_USAGE) from error
     # Quoted: a --token-env token holding `+`, `&`, `#` or `%` was printed as it is, and the
     # address it made did not open the viewer (401).
     shown = f"{address}?token={urllib.parse.quote(token, safe='')}" if token else address
@@ -525,7 +534,10 @@ async def _serve_async(
         try:
             metrics = MetricsServer.start(metrics_listen, registry)
         except (ValueError, OSError) as error:
-            raise _CommandError(f"--metrics-listen: {error}", EXIT_USAGE) from error
+            # A ListenError names the address, `cannot serve metrics on HOST:PORT: …`, as the
+            # agent server says it (was `--metrics-listen: cannot serve metrics on …`).
+            where = "" if isinstance(error, ListenError) else "--metrics-listen: "
+            raise _CommandError(f"{where}{error}", EXIT_USAGE) from error
         announce(f"metrics at {metrics.url}", say, silence_stdout)
     # Before the port opens, as every server's: a signal as soon as it listens stops it cleanly.
     stop = asyncio.Event()

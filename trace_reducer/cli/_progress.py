@@ -1,4 +1,5 @@
-"""Progress of the long commands (reduce-all, export-rl, export-otlp), always on stderr."""
+"""Progress of the long commands (reduce-all, export-rl, export-otlp; list and view ROOT -o
+while they read bundles afresh), always on stderr."""
 
 from __future__ import annotations
 

@@ -7,10 +7,12 @@ from typing import Any
 
 from ..bundle._errors import BundleError, CorruptBundleError, RewardError
 from ..bundle._integrity import require_reducible
+from ..bundle._names import counted
 from ..bundle._reader import resolve_trace_file
 from ..bundle._rewards import RewardInput, append_reward, check_reward
 from ..export._rl import FORMATS, ExportError, export_rl
 from ..reduce._replay import replay_bundle
+from ..reduce._requests import ids_there
 from ._common import (
     EXIT_FAILED,
     EXIT_OK,
@@ -61,15 +63,22 @@ def _reward(args: argparse.Namespace) -> int:
     except RewardError as error:
         _say(str(error))
         return EXIT_USAGE
+    # Each answered with the ids it may name instead, as `request` answers an unknown call.
     if reward.turn_id and reward.turn_id not in trace.turns:
-        _say(f"{args.bundle} has no turn {reward.turn_id!r}")
+        turns = list(trace.threads[trace.root_thread_id].turn_ids)
+        _say(f"{args.bundle} has no turn {reward.turn_id!r}; {ids_there(turns, 'turn', 'turns')}")
         return EXIT_USAGE
-    if reward.item_id and not any(
-        item.responses_item_id == reward.item_id
-        and (not reward.turn_id or item.turn_id == reward.turn_id)
+    items = [
+        item.responses_item_id
         for item in trace.conversation_items.values()
-    ):
-        _say(f"{args.bundle} has no item {reward.item_id!r}")
+        if item.responses_item_id and (not reward.turn_id or item.turn_id == reward.turn_id)
+    ]
+    if reward.item_id and reward.item_id not in items:
+        where = f" in turn {reward.turn_id!r}" if reward.turn_id else ""
+        _say(
+            f"{args.bundle} has no item {reward.item_id!r}{where}; "
+            f"{ids_there(items, 'item id', 'item ids')}"
+        )
         return EXIT_USAGE
     try:
         seq = append_reward(bundle, reward, trace_id=trace.trace_id)
@@ -108,20 +117,23 @@ def _export(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     for warning in exported.warnings:
         _say(f"warning: {warning}")
+    # Counts said as every report says them (`1 sample`, `7 samples`; was `1 samples`).
     if exported.left_out:
+        left_out = len(exported.left_out)
         _say(
-            f"warning: {len(exported.left_out)} sample(s) without exact tokens are not in "
-            f"{exported.path.name} (never re-tokenized; --format jsonl keeps their messages)"
+            f"warning: {counted(left_out, 'sample')} without exact tokens "
+            f"{'is' if left_out == 1 else 'are'} not in {exported.path.name} (never "
+            "re-tokenized; --format jsonl keeps their messages)"
         )
     if exported.drifted:
         _say(
-            f"warning: {exported.drifted} sample(s) drifted: in {exported.drifted_calls} "
-            "inference call(s) the engine's prompt departed from the tokens it had sampled; "
-            "their ids are kept as the engine saw them and the departed stretch is masked out "
-            "(each sample's drift_events says where)"
+            f"warning: {counted(exported.drifted, 'sample')} drifted: in "
+            f"{counted(exported.drifted_calls, 'inference call')} the engine's prompt departed "
+            "from the tokens it had sampled; their ids are kept as the engine saw them and the "
+            "departed stretch is masked out (each sample's drift_events says where)"
         )
     print(
-        f"wrote {exported.samples - len(exported.left_out)} samples "
+        f"wrote {counted(exported.samples - len(exported.left_out), 'sample')} "
         f"({exported.exact} with exact tokens, {exported.drifted} drifted) to {exported.path}",
         flush=True,
     )

@@ -404,10 +404,44 @@ def _exporter_log() -> Iterator[_LastMessages]:
         logger.removeHandler(handler)
 
 
+# What the two exporters log when a send fails, around the cause: gRPC's status code and
+# details (a retry warning's, or the final error's), the HTTP exporter's status and reason.
+_GRPC_SAID = re.compile(r"StatusCode\.(?P<code>\w+)\b.*?[Ee]rror details: (?P<details>.*)$", re.S)
+_HTTP_SAID = re.compile(
+    r"^Failed to export spans? batch code: (?P<code>\d+), reason: (?P<reason>.*)$"
+)
+# gRPC's words for a connection it could not make (or a host it could not find): the
+# system's reason comes last, `…: Connection refused`, `…: Domain name not found]`.
+_GRPC_NO_CONNECTION = (
+    "failed to connect to all addresses",
+    "Failed to connect to remote host",
+    "errors resolving",
+)
+
+
 def _cause(message: str) -> str:
+    """The cause of a failed send in the same words for either protocol, without the address
+    the line already names: `connection refused`, `UNAUTHENTICATED: bad token`, `HTTP 401
+    Unauthorized`. Was gRPC's `StatusCode.UNAVAILABLE encountered while exporting traces to
+    HOST:PORT. Error details: failed to connect to all addresses; last error: UNKNOWN: …:
+    Connection refused` where OTLP/HTTP said `Connection refused`."""
+    grpc_said = _GRPC_SAID.search(message)
+    if grpc_said is not None:
+        code, details = grpc_said["code"], grpc_said["details"].strip()
+        if any(words in details for words in _GRPC_NO_CONNECTION):
+            return _lower_first(details.rsplit(":", 1)[-1].strip(" ]"))
+        return f"{code}: {details}" if details else code
+    http_said = _HTTP_SAID.match(message)
+    if http_said is not None:
+        return f"HTTP {http_said['code']} {http_said['reason']}".rstrip()
     # A retry warning names the cause; what it says about the retry is over by now.
     message = re.sub(r",? retrying in [0-9.]+s", "", message)
-    return message.removeprefix("Transient error ")
+    return _lower_first(message.removeprefix("Transient error "))
+
+
+def _lower_first(text: str) -> str:
+    # `connection refused`, as the servers' `cannot listen on …: address already in use`.
+    return text[:1].lower() + text[1:]
 
 
 def _size(value: object) -> int:

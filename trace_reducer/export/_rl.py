@@ -18,7 +18,7 @@ from typing import Any, BinaryIO
 from rollout.trace.v1 import common_pb2, record_pb2, state_pb2
 
 from ..bundle._confine import write_aside
-from ..bundle._discover import walk_bundles
+from ..bundle._discover import no_bundles_there, walk_bundles
 from ..bundle._errors import BundleError, ExportError, MissingExtraError, NotABundleError
 from ..bundle._integrity import integrity_name, require_reducible
 from ..bundle._layout import TRACE_FILE_NAME
@@ -64,7 +64,7 @@ def find_bundles(
         if path.is_dir() and not (path / TRACE_FILE_NAME).exists():
             inside = [Path(bundle.path) for bundle in walk_bundles(path, warn=warn)]
             if not inside:
-                raise NotABundleError(f"not a bundle and no bundles in it: {path}")
+                raise NotABundleError(no_bundles_there(path))
             found.extend(inside)
         else:
             found.append(resolve_trace_file(path).parent)

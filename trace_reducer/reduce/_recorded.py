@@ -13,7 +13,7 @@ from rollout.trace.v1 import common_pb2, record_pb2, state_pb2
 
 from ..bundle._bulk import DeltaRun
 from ..bundle._confine import BundleRoot
-from ..bundle._discover import walk_bundles
+from ..bundle._discover import no_bundles_there, walk_bundles
 from ..bundle._errors import BundleError, BundleNotFoundError, PayloadError
 from ..bundle._integrity import require_reducible
 from ..bundle._layout import TRACE_FILE_NAME
@@ -91,7 +91,7 @@ def bundle_paths(path: str | os.PathLike[str]) -> list[Path]:
         raise BundleNotFoundError(f"no such file or directory: {given}")
     found = [Path(bundle.path) for bundle in walk_bundles(given, recursive=False)]
     if not found:
-        raise BundleNotFoundError(f"no bundle in {given}")
+        raise BundleNotFoundError(no_bundles_there(given))
     return found
 
 

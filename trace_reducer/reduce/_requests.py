@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from rollout.trace.v1 import state_pb2
@@ -123,12 +124,17 @@ def request_body(path: str | os.PathLike[str], inference_call_id: str) -> bytes:
     )
 
 
-def _calls_there(seen: list[str], shown: int = 5) -> str:
-    """Which ids the user may ask for instead (`dump` and state.json list every one)."""
+def _calls_there(seen: list[str]) -> str:
+    return ids_there(seen, "inference call", "calls")
+
+
+def ids_there(seen: Sequence[str], noun: str, plural: str, shown: int = 5) -> str:
+    """Which ids the user may ask for instead of one a bundle does not have, the first
+    `shown` of them (`dump` and state.json list every one): `its calls: inf_1, inf_2`."""
     if not seen:
-        return "it has no inference call"
+        return f"it has no {noun}"
     more = f", … ({len(seen)} in all: `trace-reducer dump` lists them)" if len(seen) > shown else ""
-    return f"its calls: {', '.join(seen[:shown])}{more}"
+    return f"its {plural}: {', '.join(seen[:shown])}{more}"
 
 
 _DAMAGED = (state_pb2.INTEGRITY_STATUS_CORRUPT, state_pb2.INTEGRITY_STATUS_TRUNCATED)

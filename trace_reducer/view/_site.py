@@ -21,6 +21,7 @@ from rollout.trace.v1 import state_pb2
 
 from ..batch._listing import (
     FILTER_NAMES,
+    ReadProgress,
     Run,
     RunFilter,
     check_sort_key,
@@ -74,14 +75,19 @@ def _relative(root: str, bundle: str) -> str:
 _Listed = list[tuple[Run, str]]
 
 
-def _listed_runs(root: str, href: Callable[[str], str], warn: Callable[[str], None]) -> _Listed:
+def _listed_runs(
+    root: str,
+    href: Callable[[str], str],
+    warn: Callable[[str], None],
+    progress: ReadProgress | None = None,
+) -> _Listed:
     """Every run under root with the link to its page (`href` of its path under root); a
     directory passed over (a name that is not UTF-8, one that cannot be listed) is said to
     `warn`, as `list` says it.
 
     A trace.binpb that turns up in the served root later is passed over: refusing the root
     then (as `list` refuses a bundle given as a root) answered every page with an error."""
-    listing = list_runs(root, bundle_root_refused=False, warn=warn)
+    listing = list_runs(root, bundle_root_refused=False, warn=warn, progress=progress)
     return [(run, href(_relative(root, run["bundle"]))) for run in listing.runs]
 
 
@@ -362,17 +368,19 @@ def write_site(
     output: str | os.PathLike[str],
     *,
     warn: Callable[[str], None] = lambda _: None,
+    reading: ReadProgress | None = None,
     started: Callable[[int], None] = lambda _: None,
     progress: Callable[[int, int], None] = lambda _count, _unshown: None,
 ) -> Path:
     """The list (index.html) and every run's page (runs/*.html) under output, for reading
     offline: relative links, nothing fetched. Returns the index's path. `warn` is told of
     each directory passed over and of each run whose page says why it cannot be shown;
+    `reading` of the bundles the listing reads afresh (as list_runs's `progress`);
     `started(total)` once the runs are listed, `progress(pages, unshown)` as pages are
     written."""
     target = Path(output)
     (target / "runs").mkdir(parents=True, exist_ok=True, mode=0o700)
-    listed = _listed_runs(root, lambda relative: f"runs/{_static_name(relative)}", warn)
+    listed = _listed_runs(root, lambda relative: f"runs/{_static_name(relative)}", warn, reading)
     started(len(listed))
     links = _Links(listed)
     confined = BundleRoot(root)
