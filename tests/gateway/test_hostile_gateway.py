@@ -746,7 +746,8 @@ async def test_a_body_that_trickles_is_answered_408(
     reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
     try:
         writer.write(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
+            b"Content-Type: application/json\r\n"
             b'Content-Length: 1000\r\n\r\n{"model": '
         )
         await writer.drain()
@@ -938,7 +939,8 @@ async def test_a_declared_length_over_the_bound_is_refused_before_the_body(
     gateway = await start_gateway(request_read_timeout=3600.0)
     status, body, closed = await _raw_answer(
         gateway.port,
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
+        b"Content-Type: application/json\r\n"
         b"Content-Length: 99999999999\r\n\r\n{}",
     )
     assert status.split()[1] == b"413"
