@@ -584,6 +584,22 @@ def test_reward_names_the_turns_and_items_it_may_be_given(tmp_path: Path) -> Non
     assert not (bundle / "rewards.binpb").exists()
 
 
+def test_a_reward_that_is_no_finite_number_is_refused_naming_its_flag(tmp_path: Path) -> None:
+    # Was: `value and weight must be finite numbers`, naming neither, after the bundle was read.
+    bundle = one_turn_bundle(tmp_path)
+    for flags, said in (
+        (["--value", "nan"], "argument --value: must be a finite number, got nan"),
+        (["--value", "1", "--weight=-inf"], "argument --weight: must be a finite number"),
+        (["--value", "1e999"], "argument --value: must be a finite number, got 1e999"),
+        (["--value", "high"], "argument --value: expects a finite number, got 'high'"),
+    ):
+        result = run("reward", bundle, "--name", "n", *flags)
+        assert result.returncode == 2, (flags, result.stderr)
+        assert said in result.stderr, (flags, result.stderr)
+        assert "Traceback" not in result.stderr
+    assert not (bundle / "rewards.binpb").exists()
+
+
 def test_reward_writes_nothing_where_there_is_no_bundle(tmp_path: Path) -> None:
     inputs = bad_inputs(tmp_path)
     for name in ("garbage trace.binpb", "empty file"):

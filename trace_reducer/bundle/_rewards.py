@@ -54,8 +54,11 @@ def check_reward(reward: RewardInput) -> None:
         raise RewardError(
             f"name must be 1 to {MAX_NAME_CHARS} printable characters", "INVALID_REWARD_NAME"
         )
-    if not math.isfinite(reward.value) or not math.isfinite(reward.weight):
-        raise RewardError("value and weight must be finite numbers", "INVALID_REWARD_VALUE")
+    for what, number in (("value", reward.value), ("weight", reward.weight)):
+        if not math.isfinite(number):
+            raise RewardError(
+                f"{what} must be a finite number, not {number}", "INVALID_REWARD_VALUE"
+            )
     if len(reward.source) > MAX_SOURCE_CHARS:
         raise RewardError(
             f"source is limited to {MAX_SOURCE_CHARS} characters", "INVALID_REWARD_SOURCE"

@@ -128,6 +128,17 @@ def path_argument(text: str) -> str:
     return text
 
 
+def finite_argument(text: str) -> float:
+    """A finite number (a reward's value or weight: `nan` and `inf` no trainer can use)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expects a finite number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
+
+
 def seconds_argument(text: str) -> float:
     """A number of seconds, finite and not negative."""
     try:

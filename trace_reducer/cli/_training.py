@@ -20,6 +20,7 @@ from ._common import (
     PROG,
     check_output_dir,
     check_parents,
+    finite_argument,
     job_count,
     path_argument,
     warn,
@@ -150,12 +151,12 @@ def add_parsers(commands: Any) -> None:
     )
     reward.add_argument("bundle", type=path_argument, help="bundle directory or its trace.binpb")
     reward.add_argument("--name", required=True, help="the reward's name, e.g. correct")
-    reward.add_argument("--value", required=True, type=float, help="a finite number")
+    reward.add_argument("--value", required=True, type=finite_argument, help="a finite number")
     reward.add_argument("--turn", metavar="TURN_ID", help="a turn of the thread (default: all)")
     reward.add_argument("--item", metavar="ITEM_ID", help="an item id as events show it")
     reward.add_argument(
         "--weight",
-        type=float,
+        type=finite_argument,
         default=0.0,
         help="its weight in the sample's mean reward (default 0, which counts as 1)",
     )
