@@ -68,14 +68,17 @@ def reduce_for_view(path: str | os.PathLike[str]) -> ViewData:
         return reduce_reader_for_view(reader)
 
 
-def reduce_reader_for_view(reader: BundleReader, *, dir_fd: int | None = None) -> ViewData:
-    """reduce_for_view on a bundle already open (its rewards read through dir_fd if given)."""
+def reduce_reader_for_view(
+    reader: BundleReader, *, dir_fd: int | None = None, forks: BundleForkResolver | None = None
+) -> ViewData:
+    """reduce_for_view on a bundle already open (its rewards read through dir_fd if given, a
+    fork's parent found by `forks` if given, else beside it by path)."""
     # Every kind: payloads are deduplicated by content, so an input item may be the bytes an
     # output item was first written as.
     payloads = PayloadStore(budget=None)
     reduced = reduce_reader(
         reader,
-        forks=BundleForkResolver(reader.bundle_dir, every_payload=True),
+        forks=forks or BundleForkResolver(reader.bundle_dir, every_payload=True),
         rewards=read_rewards(reader.bundle_dir, dir_fd=dir_fd),
         on_record=keeping_payloads(payloads),
     )
