@@ -25,7 +25,7 @@ from ..bundle._confine import open_regular_file, write_aside
 from ..bundle._errors import BundleError, ReductionError
 from ..bundle._liveness import being_written
 from ..reduce._pass import no_cycle_collection
-from ._storage import BundleEntry, LocalStore, Store, open_store
+from ._storage import BundleEntry, LocalStore, Store, describe_store_error, open_store
 
 __all__ = [
     "INDEX_FILE_NAME",
@@ -470,7 +470,7 @@ def _list_runs(
             except (BundleError, ReductionError) as error:
                 summary = _unreadable(bundle, str(error))
             except OSError as error:
-                summary = _unreadable(bundle, f"{error.strerror or error}")
+                summary = _unreadable(bundle, describe_store_error(store, error, named=False))
             live = _still_written(store, entry, summary["integrity"], moment)
             run = Run.of(summary, live=live)
             index.keep(entry.location, key, run)

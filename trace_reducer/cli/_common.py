@@ -15,6 +15,7 @@ from pathlib import Path
 
 from grpc_common import Redactor
 
+from ..batch._storage import HTTP_TIMEOUT
 from ..bundle._errors import BundleError, MissingExtraError
 
 __all__ = [
@@ -198,5 +199,7 @@ def add_storage_option_argument(parser: argparse.ArgumentParser, what: str) -> N
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help=f"fsspec option for {what}, e.g. endpoint_url=http://...",
+        help=f"fsspec option for {what}, e.g. endpoint_url=http://...; for an http(s) URL, "
+        f"timeout=SECONDS bounds each connect and each silence of a request (default "
+        f"{HTTP_TIMEOUT:g})",
     )
