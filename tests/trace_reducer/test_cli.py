@@ -234,6 +234,7 @@ def test_an_output_where_nothing_can_be_written_is_bad_input(tmp_path: Path) -> 
     missing = tmp_path / "no-such-dir"
     dangling = tmp_path / "dangling"
     dangling.symlink_to(tmp_path / "gone")
+    long_name = tmp_path / ("n" * 300) / "out"
     for args, said in (
         (["reduce", bundle, "-o", missing / "state.json"], f"no such directory: {missing}"),
         # Was: "cannot create dangling: File exists", exit 1, once the work was done.
@@ -244,6 +245,10 @@ def test_an_output_where_nothing_can_be_written_is_bad_input(tmp_path: Path) -> 
         (["view", tmp_path, "-o", a_file / "site"], f"not a directory: {a_file}"),
         (["export-rl", bundle, "--format", "jsonl", "--out", a_file], "not a directory"),
         (["export-rl", bundle, "--format", "jsonl", "--out", "/dev/full"], "not a directory"),
+        # Was: `File name too long`, exit 1 (an OSError out of the check itself).
+        (["export-rl", bundle, "--format", "jsonl", "--out", long_name], "File name too long"),
+        (["view", tmp_path, "-o", long_name], "File name too long"),
+        (["reduce", bundle, "-o", long_name], "File name too long"),
     ):
         result = run(*map(str, args))
         assert result.returncode == 2, (args, result.stderr)

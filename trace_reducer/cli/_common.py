@@ -16,7 +16,7 @@ from pathlib import Path
 from grpc_common import Redactor
 
 from ..batch._storage import HTTP_TIMEOUT
-from ..bundle._errors import BundleError, MissingExtraError
+from ..bundle._errors import BundleError, MissingExtraError, os_error_reason
 
 __all__ = [
     "EXIT_FAILED",
@@ -155,6 +155,15 @@ def check_parents(parents: Iterable[str]) -> None:
 def unwritable_place(target: Path, *, directory: bool) -> str | None:
     """Why target (a file, or a directory made if missing) cannot be written, found before any
     work: a bad output path is bad input (exit 2), as a bad input path is; None if it can be."""
+    try:
+        return _unwritable_place(target, directory=directory)
+    except OSError as error:
+        # What the path itself cannot be (a name longer than the file system takes) is bad
+        # input too, not an exit 1 before any work (was: `File name too long`, exit 1).
+        return os_error_reason(error)
+
+
+def _unwritable_place(target: Path, *, directory: bool) -> str | None:
     if directory and target.exists():
         if not target.is_dir():
             return "not a directory"
