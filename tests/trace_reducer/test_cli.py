@@ -796,3 +796,37 @@ def test_an_empty_token_variable_is_said_to_be_empty(tmp_path: Path) -> None:
         assert result.returncode == 2, result.stderr
         assert_one_clean_line(result.stderr)
         assert "--token-env names VIEW_TOKEN, which is unset or empty" in result.stderr
+
+
+def test_a_bundles_control_characters_never_reach_the_terminal(tmp_path: Path) -> None:
+    # Was: printed as they are: an escape sequence in a model name or a message drove the
+    # reader's terminal (`list`, `watch`, `diff`), and a newline in a bundle's name printed a
+    # line of its own (a forged row, a forged `FAILED:` line of reduce-all's summary).
+    root = tmp_path / "root"
+    model = "m\x1b]0;OWNED\x07\x1b[31mRED\nFAKE-ROW  gpt  completed"
+    builder = BundleBuilder(root, "thread-1", model=model)
+    builder.turn("turn-1", [user_item("hi \x1b[2J\x9b31m")])
+    bundle = builder.close()
+    forged = root / "evil\nFAILED: forged"
+    forged.mkdir()
+    (forged / "trace.binpb").write_bytes(b"junk")
+    outputs = {
+        "list": run("list", root),
+        "reduce-all": run("reduce-all", root, "--jobs", "1", "--live-window", "0"),
+        "watch": run("watch", bundle),
+        "diff": run("diff", bundle, forged),
+        "reward": run("reward", forged, "--name", "x", "--value", "1"),
+    }
+    for command, result in outputs.items():
+        said = result.stdout + result.stderr
+        assert "Traceback" not in said, command
+        for control in ("\x1b", "\x07", "\x9b"):
+            assert control not in said, (command, said)
+        assert not [line for line in said.splitlines() if line.startswith("FAILED: forged")]
+        assert not [line for line in said.splitlines() if line.startswith("FAKE-ROW")], command
+    table = outputs["list"].stdout.splitlines()
+    assert len(table) == 3, table
+    assert "m\\x1b]0;OWNED\\x07\\x1b[31mRED\\nFAKE-ROW" in table[1] + table[2]
+    assert "user: hi \\x1b[2J\\x9b31m" in outputs["watch"].stdout
+    summary = outputs["reduce-all"].stdout
+    assert f"FAILED: {root}/evil\\nFAILED: forged: " in summary, summary

@@ -24,6 +24,7 @@ from rollout.trace.v1 import common_pb2, state_pb2
 from ..bundle._confine import open_regular_file, write_aside
 from ..bundle._errors import BundleError, ReductionError
 from ..bundle._liveness import being_written
+from ..bundle._shown import one_line
 from ..reduce._pass import no_cycle_collection
 from ._storage import BundleEntry, LocalStore, Store, describe_store_error, open_store
 
@@ -734,7 +735,8 @@ def table_rows(runs: Sequence[Mapping[str, Any]]) -> list[tuple[str, ...]]:
 
 
 def format_table(runs: Sequence[Mapping[str, Any]]) -> str:
-    rows = table_rows(runs)
+    # A cell is one line, whatever the bundle or its name holds (a newline, an escape).
+    rows = [tuple(one_line(cell) for cell in row) for row in table_rows(runs)]
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
     return "\n".join(
         "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()

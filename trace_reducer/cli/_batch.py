@@ -22,6 +22,7 @@ from ..batch._report import Tally, summary
 from ..batch._storage import Store, is_url, open_store, parse_storage_options
 from ..bundle._errors import BundleError, MissingExtraError
 from ..bundle._liveness import LIVE_WINDOW
+from ..bundle._shown import one_line
 from ._common import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -218,7 +219,8 @@ def run(args: argparse.Namespace) -> int:
         table_rows=table_rows,
         interrupted=interrupted,
     )
-    print(redact("\n".join(lines)), flush=True)
+    # Each line one line, whatever a bundle's name holds.
+    print(redact("\n".join(map(one_line, lines))), flush=True)
     if interrupted:
         return EXIT_INTERRUPTED
     if table_error:

@@ -17,6 +17,7 @@ from grpc_common import Redactor
 
 from ..batch._storage import HTTP_TIMEOUT
 from ..bundle._errors import BundleError, MissingExtraError, os_error_reason
+from ..bundle._shown import one_line
 
 __all__ = [
     "EXIT_FAILED",
@@ -193,7 +194,7 @@ def check_output_dir(flag: str, given: str) -> None:
 def say(message: str) -> None:
     """One line on stderr, named after the command: how errors and notes reach the user."""
     # One line even when a library's message (botocore's, say) runs over several.
-    line = " ".join(redact(message).splitlines())
+    line = one_line(" ".join(redact(message).splitlines()))
     print(f"{PROG}: {line}", file=sys.stderr, flush=True)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ..bundle._shown import one_line
 from ..reduce._diff import diff_report, diff_runs
 from ._common import path_argument
 
@@ -14,7 +15,8 @@ EXIT_SAME, EXIT_DIFFERENT, EXIT_TROUBLE = 0, 1, 2
 
 def _diff(args: argparse.Namespace) -> int:
     result = diff_runs(args.a, args.b)
-    print("\n".join(diff_report(result, args.a, args.b)), flush=True)
+    # Each line one line, whatever the runs' names and requests hold.
+    print("\n".join(map(one_line, diff_report(result, args.a, args.b))), flush=True)
     return EXIT_SAME if result.first is None else EXIT_DIFFERENT
 
 
