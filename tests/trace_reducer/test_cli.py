@@ -830,3 +830,38 @@ def test_a_bundles_control_characters_never_reach_the_terminal(tmp_path: Path) -
     assert "user: hi \\x1b[2J\\x9b31m" in outputs["watch"].stdout
     summary = outputs["reduce-all"].stdout
     assert f"FAILED: {root}/evil\\nFAILED: forged: " in summary, summary
+
+
+def test_a_url_given_to_a_command_of_local_paths_says_so_without_its_credentials(
+    tmp_path: Path,
+) -> None:
+    # Was: `no such file or directory: http:/u:S3CRETPW@host/x`, exit 2: the URL mangled
+    # into a path, and its password printed.
+    bundle = one_turn_bundle(tmp_path)
+    url = "http://u:S3CRETPW@127.0.0.1:9/x?sig=S3CRETQ"
+    out = tmp_path / "out"
+    for args in (
+        ["reduce", url],
+        ["dump", url],
+        ["request", url, "call-1"],
+        ["view", url],
+        ["view", bundle, "--diff", "s3://AKIAXXXX:S3CRETPW@bucket/b"],
+        ["watch", url],
+        ["diff", bundle, url],
+        ["reward", url, "--name", "x", "--value", "1"],
+        ["export-rl", url, "--format", "jsonl", "--out", out],
+        ["export-rl", bundle, "--parent", url, "--format", "jsonl", "--out", out],
+        ["export-otlp", url],
+        ["reduce", bundle, "--parent", url],
+    ):
+        result = run(*args)
+        assert result.returncode == 2, (args, result.stderr)
+        assert "S3CRET" not in result.stdout + result.stderr, args
+        assert "this command reads local paths only" in result.stderr, (args, result.stderr)
+    assert not out.exists()
+    # A local path that looks like one is still a path.
+    odd = tmp_path / "http:" / "x"
+    odd.parent.mkdir()
+    one_turn_bundle(odd.parent).rename(odd)
+    result = run("reduce", f"{tmp_path}/http://x", "--stdout")
+    assert result.returncode == 0, result.stderr

@@ -31,6 +31,7 @@ __all__ = [
     "check_parents",
     "hide_secrets",
     "job_count",
+    "local_path_argument",
     "path_argument",
     "redact",
     "root_failure",
@@ -128,6 +129,20 @@ def path_argument(text: str) -> str:
     if not text:
         raise argparse.ArgumentTypeError("the path is empty (. is the current directory)")
     return text
+
+
+def local_path_argument(text: str) -> str:
+    """A path of a command that reads and writes only local files: a URL is said to be one
+    (only `list` and `reduce-all` read URL roots), not looked for as a path, which said `no such
+    file or directory: http:/host/...`, the URL mangled."""
+    path = path_argument(text)
+    if "://" in path and not os.path.lexists(path):
+        scheme = path.partition("://")[0]
+        raise argparse.ArgumentTypeError(
+            f"a {scheme}:// URL: this command reads local paths only (list and reduce-all read "
+            "URL roots)"
+        )
+    return path
 
 
 def seconds_argument(text: str) -> float:

@@ -7,7 +7,7 @@ from typing import Any
 
 from ..bundle._shown import one_line
 from ..reduce._diff import diff_report, diff_runs
-from ._common import path_argument
+from ._common import local_path_argument
 
 # 2 is trouble, as for diff(1): a report that could not be written is not a difference.
 EXIT_SAME, EXIT_DIFFERENT, EXIT_TROUBLE = 0, 1, 2
@@ -29,7 +29,7 @@ def add_parser(commands: Any) -> None:
         "tool calls and the tokens. Exit codes: 0 no difference, 1 a difference, 2 bad input "
         "or a report that could not be written.",
     )
-    diff.add_argument("a", type=path_argument, help="bundle directory or its trace.binpb")
-    diff.add_argument("b", type=path_argument, help="bundle directory or its trace.binpb")
+    diff.add_argument("a", type=local_path_argument, help="bundle directory or its trace.binpb")
+    diff.add_argument("b", type=local_path_argument, help="bundle directory or its trace.binpb")
     # `trace-reducer view A --diff B` shows the same comparison as a page.
     diff.set_defaults(run=_diff, output_failed=EXIT_TROUBLE)
