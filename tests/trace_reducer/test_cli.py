@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -865,3 +866,36 @@ def test_a_url_given_to_a_command_of_local_paths_says_so_without_its_credentials
     one_turn_bundle(odd.parent).rename(odd)
     result = run("reduce", f"{tmp_path}/http://x", "--stdout")
     assert result.returncode == 0, result.stderr
+
+
+def _small_files() -> None:
+    # A write past 1,000 bytes fails with EFBIG, as on a full disk or past a quota.
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))
+
+
+def test_a_page_that_cannot_be_written_names_its_file(tmp_path: Path) -> None:
+    # Was: `trace-reducer: File too large` (or `No space left on device`) naming no file.
+    bundle = one_turn_bundle(tmp_path / "root")
+    for args, target in (
+        (["view", bundle, "-o", tmp_path / "page.html"], tmp_path / "page.html"),
+        (["reduce", bundle, "-o", tmp_path / "state.json"], tmp_path / "state.json"),
+        (["view", tmp_path / "root", "-o", tmp_path / "site"], None),
+    ):
+        result = subprocess.run(
+            [*COMMAND, *map(str, args)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+            preexec_fn=_small_files,
+        )
+        assert result.returncode == 1, (args, result.stderr)
+        assert_one_clean_line(result.stderr)
+        if target is not None:
+            assert result.stderr == f"trace-reducer: File too large: {target}\n"
+        else:
+            assert result.stderr.startswith(f"trace-reducer: File too large: {tmp_path}/site/")
+    # Nothing half written, nor the file written beside it.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["root", "site"]
+    assert list((tmp_path / "site" / "runs").iterdir()) == []

@@ -64,15 +64,24 @@ def write_aside(
     file before stays whole until the new one is. Returns the path."""
     target = Path(path)
     temp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
-        with os.fdopen(fd, "wb") as out:
-            write(out)
-        os.replace(temp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        raise
+        fd = os.open(
+            temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode
+        )
+        try:
+            with os.fdopen(fd, "wb") as out:
+                write(out)
+            os.replace(temp, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
+            raise
+    except OSError as error:
+        # Named after the file asked for, not the one beside it, nor nothing at all: a write
+        # that fails (a full disk, a quota) names no file (was: `No space left on device`).
+        if error.filename is not None and error.filename != os.fspath(temp):
+            raise
+        raise type(error)(error.errno, error.strerror, os.fspath(target)) from error
     return target
 
 
