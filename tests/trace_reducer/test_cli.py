@@ -899,3 +899,19 @@ def test_a_page_that_cannot_be_written_names_its_file(tmp_path: Path) -> None:
     # Nothing half written, nor the file written beside it.
     assert sorted(p.name for p in tmp_path.iterdir()) == ["root", "site"]
     assert list((tmp_path / "site" / "runs").iterdir()) == []
+
+
+def test_a_stdout_that_cannot_encode_a_name_shows_it_escaped(tmp_path: Path) -> None:
+    # Was: `internal error: UnicodeEncodeError: 'ascii' codec can't encode character '\xe9'`,
+    # exit 1, on a stdout whose encoding has no byte for a name's character.
+    root = tmp_path / "root"
+    bundle = one_turn_bundle(root).rename(root / "été-thread_1")
+    env = {**os.environ, "PYTHONIOENCODING": "ascii"}
+    for args in (["reduce-all", root], ["diff", bundle, bundle], ["view", bundle], ["list", root]):
+        result = subprocess.run(
+            [*COMMAND, *map(str, args)], capture_output=True, text=True, timeout=60, env=env
+        )
+        assert result.returncode == 0, (args, result.stderr)
+        assert "internal error" not in result.stderr, args
+        if args[0] != "list":  # its table names the thread, not the directory
+            assert "\\xe9t\\xe9-thread_1" in result.stdout, (args, result.stdout)
