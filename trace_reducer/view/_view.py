@@ -22,7 +22,7 @@ from rollout.trace.v1 import common_pb2, state_pb2
 from ..bundle._confine import write_aside
 from ..bundle._errors import NotABundleError, PayloadError
 from ..bundle._names import KIND_WORDS, ROLE_WORDS, execution_word, integrity_word
-from ..bundle._payloads import PayloadStore, canonical_json
+from ..bundle._payloads import PayloadStore, canonical_json, payload_json
 from ..bundle._reader import BundleReader, read_bundle, resolve_trace_file
 from ..bundle._rewards import read_rewards
 from ..reduce._forks import BundleForkResolver
@@ -351,7 +351,7 @@ class _PageBuilder:
     def _input(self, pid: str) -> None:
         if pid not in self.inputs:
             try:
-                self.inputs[pid] = canonical_json(json.loads(self.store.payload(pid))).decode()
+                self.inputs[pid] = canonical_json(payload_json(self.store.payload(pid))).decode()
             except (PayloadError, ValueError):
                 self.inputs[pid] = None  # the page says the body cannot be rebuilt
 
@@ -360,7 +360,7 @@ class _PageBuilder:
         if pid not in self.envelopes:
             self.envelopes[pid] = None
             try:
-                request = json.loads(self.store.payload(pid))
+                request = payload_json(self.store.payload(pid))
             except (PayloadError, ValueError):
                 return None
             if not isinstance(request, dict):
