@@ -59,6 +59,10 @@ PROVIDER_KEYS: dict[str, type] = {"url": str, "api": str, "model": str, "key-env
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
+# Far beyond any settings file: what is larger is refused unread.
+MAX_CONFIG_BYTES = 1 << 20
+
+
 class ConfigFileError(ValueError):
     """The file cannot be read, is not TOML, or sets something it may not."""
 
@@ -67,7 +71,15 @@ def load(path: Path) -> dict[str, Any]:
     """The file's settings by attribute name (`provider_url`); relative paths in it are taken
     from the file's own directory, so the file means the same from wherever it is used."""
     try:
-        text = path.read_text(encoding="utf-8")
+        # Read up to a bound: a settings file is small, and a path such as /dev/zero is not
+        # one (read whole, it took every byte of memory). A pipe (`--config <(...)`) is read.
+        with path.open("rb") as file:
+            data = file.read(MAX_CONFIG_BYTES + 1)
+        if len(data) > MAX_CONFIG_BYTES:
+            raise ConfigFileError(
+                f"--config: {path} is larger than {MAX_CONFIG_BYTES >> 20} MiB: not a settings file"
+            )
+        text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as error:
         cause = error.strerror if isinstance(error, OSError) else "not UTF-8 text"
         raise ConfigFileError(f"--config: cannot read {path}: {cause}") from error
@@ -75,6 +87,9 @@ def load(path: Path) -> dict[str, Any]:
         table = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise ConfigFileError(f"--config: {path} is not valid TOML: {error}") from error
+    except RecursionError as error:
+        # tomllib parses nested arrays and tables by recursion (was: a RecursionError traceback).
+        raise ConfigFileError(f"--config: {path} is not valid TOML: nested too deeply") from error
     values: dict[str, Any] = {}
     for key, value in table.items():
         if key == "providers":

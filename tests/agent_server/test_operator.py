@@ -272,6 +272,11 @@ async def test_a_config_file_under_the_environment_and_the_flags(tmp_path: Path)
             "provider-url must be a string, not a list",
         ),
         ("model = \n", "is not valid TOML"),
+        # Was: a RecursionError traceback, exit 1.
+        ("a = " + "[" * 100_000 + "]" * 100_000 + "\n", "is not valid TOML: nested too deeply"),
+        ("[a]\nb = " + "{c = " * 5_000 + "1" + "}" * 5_000 + "\n", "nested too deeply"),
+        # Was: read whole, as /dev/zero would be, however large.
+        ("# " + "x" * (2 << 20) + "\n", "is larger than 1 MiB: not a settings file"),
         ('log-level = "loud"\n', "--log-level must be one of"),
     ],
 )

@@ -500,3 +500,28 @@ def test_an_integrity_is_read_in_bounded_memory_however_large_the_state(tmp_path
             timeout=120,
         )
         assert done.stdout.strip() == expected, done.stderr
+
+
+def test_tables_where_none_can_be_written_are_refused_before_any_work(
+    traces: Path, tmp_path: Path
+) -> None:
+    # Was: every bundle reduced (its state.json written), then "cannot write the tables",
+    # exit 1: hours of a large batch for a slip in the path.
+    a_file = tmp_path / "a-file"
+    a_file.write_text("keep me")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for tables, said in (
+        (a_file, "not a directory"),
+        (a_file / "tables", f"not a directory: {a_file}"),
+        (fifo, "not a directory"),
+        (tmp_path / ("n" * 300) / "tables", "File name too long"),
+    ):
+        result = reduce_all(str(traces), "--tables", str(tables))
+        assert result.returncode == 2, (tables, result.stderr)
+        assert [line for line in result.stderr.splitlines() if line.startswith("trace-")] == [
+            f"trace-reducer: --tables {tables}: {said}"
+        ], result.stderr
+        assert result.stdout == ""
+    assert not list(traces.rglob("state.json"))
+    assert a_file.read_text() == "keep me"

@@ -285,3 +285,84 @@ def test_a_store_that_refuses_the_state_json_says_so(tmp_path: Path) -> None:
     failed = [line for line in said.splitlines() if "FAILED:" in line]
     assert failed, said
     assert f"cannot write {state}: ClientResponseError: 501" in failed[0]
+
+
+@pytest.mark.parametrize("command", ["list", "reduce-all"])
+def test_an_http_root_that_accepts_and_never_answers_times_out(command: str) -> None:
+    # Was: every request waited aiohttp's default 300 s (fsspec's HTTP file system sets no
+    # timeout), and `--storage-option timeout=…` failed with "'>' not supported between
+    # instances of 'str' and 'int'".
+    with socket.socket() as silent:  # the kernel accepts its connections; nothing answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)
+        root = f"http://user:S3CRETPW@127.0.0.1:{silent.getsockname()[1]}/traces?sig=S3CRETQ"
+        result = _trace_reducer(command, root, "--storage-option", "timeout=0.2")
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "S3CRET" not in result.stdout + result.stderr
+    [line] = _our_lines(result.stderr)
+    assert line.endswith(
+        "/traces?sig=...: no answer within 0.2 s (--storage-option timeout=SECONDS to wait longer)"
+    ), line
+    assert line.startswith("trace-reducer: cannot list http://"), line
+
+
+def test_an_http_roots_timeout_is_30_seconds_unless_said_otherwise() -> None:
+    from trace_reducer.batch._storage import HTTP_TIMEOUT, FsspecStore
+
+    assert HTTP_TIMEOUT == 30
+    assert FsspecStore("http://127.0.0.1:9/x", ()).timeout == HTTP_TIMEOUT
+    assert FsspecStore("https://127.0.0.1:9/x", (("timeout", "2.5"),)).timeout == 2.5
+    assert FsspecStore("memory://x", ()).timeout is None
+    for bad in ("0", "-1", "nan", "inf", "soon"):
+        result = _trace_reducer(
+            "list", "http://127.0.0.1:9/x", "--storage-option", f"timeout={bad}"
+        )
+        assert result.returncode == 2, (bad, result.stderr)
+        assert _our_lines(result.stderr) == [
+            "trace-reducer: cannot open http://127.0.0.1:9/x: --storage-option timeout=SECONDS "
+            f"expects a number of seconds above 0, got {bad!r}"
+        ]
+
+
+def test_a_bundle_an_http_root_lists_and_never_serves_says_it_timed_out(tmp_path: Path) -> None:
+    # Was: its request waited 300 s; and once it timed out, fsspec's FileNotFoundError named
+    # the URL and nothing else ("FAILED: URL: URL/trace.binpb").
+    import functools
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    root = tmp_path / "served"
+    golden = Path(__file__).resolve().parents[1] / "golden" / "bundles"
+    bundle = next(path for path in sorted(golden.iterdir()) if path.name.startswith("2026"))
+    (root / bundle.name).mkdir(parents=True)
+    (root / bundle.name / "trace.binpb").write_bytes((bundle / "trace.binpb").read_bytes())
+    released = threading.Event()
+
+    class Silent(SimpleHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def send_head(self) -> Any:
+            if self.path.endswith("/trace.binpb"):
+                released.wait()  # until the test is over: the client gives up first
+            return super().send_head()
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Silent, directory=root))
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/"
+        result = _trace_reducer("reduce-all", url, "--storage-option", "timeout=0.2")
+    finally:
+        released.set()
+        server.shutdown()
+        server.server_close()
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    failed = [line for line in result.stdout.splitlines() if "FAILED:" in line]
+    assert failed == [
+        f"  FAILED: {url}{bundle.name}: no answer within 0.2 s "
+        "(--storage-option timeout=SECONDS to wait longer)"
+    ], result.stdout

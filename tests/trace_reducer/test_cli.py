@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -234,6 +235,7 @@ def test_an_output_where_nothing_can_be_written_is_bad_input(tmp_path: Path) -> 
     missing = tmp_path / "no-such-dir"
     dangling = tmp_path / "dangling"
     dangling.symlink_to(tmp_path / "gone")
+    long_name = tmp_path / ("n" * 300) / "out"
     for args, said in (
         (["reduce", bundle, "-o", missing / "state.json"], f"no such directory: {missing}"),
         # Was: "cannot create dangling: File exists", exit 1, once the work was done.
@@ -244,6 +246,10 @@ def test_an_output_where_nothing_can_be_written_is_bad_input(tmp_path: Path) -> 
         (["view", tmp_path, "-o", a_file / "site"], f"not a directory: {a_file}"),
         (["export-rl", bundle, "--format", "jsonl", "--out", a_file], "not a directory"),
         (["export-rl", bundle, "--format", "jsonl", "--out", "/dev/full"], "not a directory"),
+        # Was: `File name too long`, exit 1 (an OSError out of the check itself).
+        (["export-rl", bundle, "--format", "jsonl", "--out", long_name], "File name too long"),
+        (["view", tmp_path, "-o", long_name], "File name too long"),
+        (["reduce", bundle, "-o", long_name], "File name too long"),
     ):
         result = run(*map(str, args))
         assert result.returncode == 2, (args, result.stderr)
@@ -822,3 +828,121 @@ def test_an_empty_token_variable_is_said_to_be_empty(tmp_path: Path) -> None:
         assert result.returncode == 2, result.stderr
         assert_one_clean_line(result.stderr)
         assert "--token-env names VIEW_TOKEN, which is unset or empty" in result.stderr
+
+
+def test_a_bundles_control_characters_never_reach_the_terminal(tmp_path: Path) -> None:
+    # Was: printed as they are: an escape sequence in a model name or a message drove the
+    # reader's terminal (`list`, `watch`, `diff`), and a newline in a bundle's name printed a
+    # line of its own (a forged row, a forged `FAILED:` line of reduce-all's summary).
+    root = tmp_path / "root"
+    model = "m\x1b]0;OWNED\x07\x1b[31mRED\nFAKE-ROW  gpt  completed"
+    builder = BundleBuilder(root, "thread-1", model=model)
+    builder.turn("turn-1", [user_item("hi \x1b[2J\x9b31m")])
+    bundle = builder.close()
+    forged = root / "evil\nFAILED: forged"
+    forged.mkdir()
+    (forged / "trace.binpb").write_bytes(b"junk")
+    outputs = {
+        "list": run("list", root),
+        "reduce-all": run("reduce-all", root, "--jobs", "1", "--live-window", "0"),
+        "watch": run("watch", bundle),
+        "diff": run("diff", bundle, forged),
+        "reward": run("reward", forged, "--name", "x", "--value", "1"),
+    }
+    for command, result in outputs.items():
+        said = result.stdout + result.stderr
+        assert "Traceback" not in said, command
+        for control in ("\x1b", "\x07", "\x9b"):
+            assert control not in said, (command, said)
+        assert not [line for line in said.splitlines() if line.startswith("FAILED: forged")]
+        assert not [line for line in said.splitlines() if line.startswith("FAKE-ROW")], command
+    table = outputs["list"].stdout.splitlines()
+    assert len(table) == 3, table
+    assert "m\\x1b]0;OWNED\\x07\\x1b[31mRED\\nFAKE-ROW" in table[1] + table[2]
+    assert "user: hi \\x1b[2J\\x9b31m" in outputs["watch"].stdout
+    summary = outputs["reduce-all"].stdout
+    assert f"FAILED: {root}/evil\\nFAILED: forged: " in summary, summary
+
+
+def test_a_url_given_to_a_command_of_local_paths_says_so_without_its_credentials(
+    tmp_path: Path,
+) -> None:
+    # Was: `no such file or directory: http:/u:S3CRETPW@host/x`, exit 2: the URL mangled
+    # into a path, and its password printed.
+    bundle = one_turn_bundle(tmp_path)
+    url = "http://u:S3CRETPW@127.0.0.1:9/x?sig=S3CRETQ"
+    out = tmp_path / "out"
+    for args in (
+        ["reduce", url],
+        ["dump", url],
+        ["request", url, "call-1"],
+        ["view", url],
+        ["view", bundle, "--diff", "s3://AKIAXXXX:S3CRETPW@bucket/b"],
+        ["watch", url],
+        ["diff", bundle, url],
+        ["reward", url, "--name", "x", "--value", "1"],
+        ["export-rl", url, "--format", "jsonl", "--out", out],
+        ["export-rl", bundle, "--parent", url, "--format", "jsonl", "--out", out],
+        ["export-otlp", url],
+        ["reduce", bundle, "--parent", url],
+    ):
+        result = run(*args)
+        assert result.returncode == 2, (args, result.stderr)
+        assert "S3CRET" not in result.stdout + result.stderr, args
+        assert "this command reads local paths only" in result.stderr, (args, result.stderr)
+    assert not out.exists()
+    # A local path that looks like one is still a path.
+    odd = tmp_path / "http:" / "x"
+    odd.parent.mkdir()
+    one_turn_bundle(odd.parent).rename(odd)
+    result = run("reduce", f"{tmp_path}/http://x", "--stdout")
+    assert result.returncode == 0, result.stderr
+
+
+def _small_files() -> None:
+    # A write past 1,000 bytes fails with EFBIG, as on a full disk or past a quota.
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))
+
+
+def test_a_page_that_cannot_be_written_names_its_file(tmp_path: Path) -> None:
+    # Was: `trace-reducer: File too large` (or `No space left on device`) naming no file.
+    bundle = one_turn_bundle(tmp_path / "root")
+    for args, target in (
+        (["view", bundle, "-o", tmp_path / "page.html"], tmp_path / "page.html"),
+        (["reduce", bundle, "-o", tmp_path / "state.json"], tmp_path / "state.json"),
+        (["view", tmp_path / "root", "-o", tmp_path / "site"], None),
+    ):
+        result = subprocess.run(
+            [*COMMAND, *map(str, args)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+            preexec_fn=_small_files,
+        )
+        assert result.returncode == 1, (args, result.stderr)
+        assert_one_clean_line(result.stderr)
+        if target is not None:
+            assert result.stderr == f"trace-reducer: File too large: {target}\n"
+        else:
+            assert result.stderr.startswith(f"trace-reducer: File too large: {tmp_path}/site/")
+    # Nothing half written, nor the file written beside it.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["root", "site"]
+    assert list((tmp_path / "site" / "runs").iterdir()) == []
+
+
+def test_a_stdout_that_cannot_encode_a_name_shows_it_escaped(tmp_path: Path) -> None:
+    # Was: `internal error: UnicodeEncodeError: 'ascii' codec can't encode character '\xe9'`,
+    # exit 1, on a stdout whose encoding has no byte for a name's character.
+    root = tmp_path / "root"
+    bundle = one_turn_bundle(root).rename(root / "été-thread_1")
+    env = {**os.environ, "PYTHONIOENCODING": "ascii"}
+    for args in (["reduce-all", root], ["diff", bundle, bundle], ["view", bundle], ["list", root]):
+        result = subprocess.run(
+            [*COMMAND, *map(str, args)], capture_output=True, text=True, timeout=60, env=env
+        )
+        assert result.returncode == 0, (args, result.stderr)
+        assert "internal error" not in result.stderr, args
+        if args[0] != "list":  # its table names the thread, not the directory
+            assert "\\xe9t\\xe9-thread_1" in result.stdout, (args, result.stdout)

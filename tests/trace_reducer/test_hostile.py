@@ -328,3 +328,46 @@ def test_a_request_with_a_lone_surrogate_prints_as_json(tmp_path: Path) -> None:
         done = run_cli("request", bundle, "call-1", *flags)
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout)["input"][0]["content"] == "a \udc00 b"
+
+
+def test_a_call_whose_request_nests_past_what_json_reads_is_shown_everywhere(
+    tmp_path: Path,
+) -> None:
+    # Was: `internal error: RecursionError` from `reduce`, `list`, `view`, `view ROOT -o` and
+    # `export-otlp` (the reducer read the envelope's sampling settings, the page and the spans
+    # its body, with json, which recurses).
+    builder = BundleBuilder(tmp_path / "root")
+    turn = builder.turn("turn-1", [user_item("hi")])
+    nested = b"[" * 100_000 + b"]" * 100_000
+    envelope = builder.writer.put_payload(
+        b'{"model":"m","tools":' + nested + b"}", record_pb2.PAYLOAD_KIND_REQUEST_ENVELOPE
+    )
+    item = builder.writer.put_payload(deeply_nested(100_000), INPUT_ITEM)
+    builder.append(
+        inference_started=record_pb2.InferenceStarted(
+            turn=turn,
+            call=5,
+            inference_call_id="call-1",
+            attempt=1,
+            model="m",
+            request_envelope_payload_id=envelope,
+            input_payload_ids=[item],
+        )
+    )
+    bundle = builder.close()
+    assert replay_bundle(bundle).inference_calls["call-1"].model == "m"
+    runs: list[list[str | Path]] = [
+        ["reduce", bundle, "--stdout"],
+        ["list", tmp_path / "root"],
+        ["view", bundle, "-o", tmp_path / "page.html"],
+        ["view", tmp_path / "root", "-o", tmp_path / "site"],
+        ["export-rl", bundle, "--format", "jsonl", "--out", tmp_path / "rl"],
+    ]
+    for args in runs:
+        done = run_cli(*args)
+        assert done.returncode == 0, (args, done.stderr)
+        assert "internal error" not in done.stderr, args
+    # The spans are made; only the receiver is missing.
+    done = run_cli("export-otlp", bundle, "--include-content", "--endpoint", "http://127.0.0.1:9")
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.startswith("trace-reducer: could not export spans"), done.stderr

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import resource
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -188,3 +190,46 @@ def test_a_reward_time_past_year_9999_is_damage_not_an_internal_error(bundle: Pa
         state = json.loads((bundle / "state.json").read_text(encoding="utf-8"))
         assert [r["value"] for r in state["rewards"]] == [1.0]
         assert "seq 3: recorded_at" in state["integrity"]["detail"]
+
+
+def _reward_with_room_for(room: int, bundle: Path, name: str) -> subprocess.CompletedProcess[str]:
+    """`trace-reducer reward` whose file writes fail past `room` more bytes of the sidecar
+    (EFBIG, as on a full disk or past a quota)."""
+    sidecar = bundle / "rewards.binpb"
+    limit = (sidecar.stat().st_size if sidecar.exists() else 0) + room
+
+    def small_files() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    args = ["reward", str(bundle), "--name", name, "--value", "1", "--metadata", "n=" + "x" * 200]
+    return subprocess.run(
+        [sys.executable, "-m", "trace_reducer.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        preexec_fn=small_files,
+    )
+
+
+@pytest.mark.parametrize("before", [0, 3])
+def test_a_reward_cut_short_by_a_full_disk_leaves_no_torn_frame(
+    tmp_path: Path, before: int
+) -> None:
+    # Was: the bytes written stayed: a torn header had every later reward refused for good
+    # ("not a rewards sidecar"), a torn reward made the state say the sidecar was damaged.
+    bundle = one_turn_bundle(tmp_path)
+    for n in range(before):
+        assert run_cli("reward", bundle, "--name", f"r{n}", "--value", "1").returncode == 0
+    sidecar = bundle / "rewards.binpb"
+    size = sidecar.stat().st_size if sidecar.exists() else 0
+    failed = _reward_with_room_for(20, bundle, "cut")
+    assert failed.returncode == 1, failed.stderr
+    assert "short write" in failed.stderr or "File too large" in failed.stderr, failed.stderr
+    assert sidecar.stat().st_size == size
+    assert run_cli("reward", bundle, "--name", "after", "--value", "1").returncode == 0
+    trace = replay_bundle(bundle)
+    assert trace.integrity.detail == ""
+    names = [reward.name for reward in trace.rewards]
+    assert names == [*(f"r{n}" for n in range(before)), "after"]

@@ -19,11 +19,12 @@ import httpx
 import pytest
 
 from tests.malformed_http import MALFORMED_REQUESTS, SECRET, refusals, status_line
-from tests.trace_reducer.bundles import BundleBuilder, user_item
+from tests.trace_reducer.bundles import BundleBuilder, fork_of, user_item
 from tests.trace_reducer.conftest import GOLDEN, TRACE_REDUCER
 from tests.trace_reducer.live import eventually, open_descriptors
 from tests.trace_reducer.site import served_site
 from trace_reducer.batch._listing import INDEX_FILE_NAME, list_runs
+from trace_reducer.bundle._confine import BundleRoot, ConfinedBundle
 from trace_reducer.view._site import TOKEN_COOKIE, SiteServer
 
 
@@ -383,3 +384,34 @@ async def test_the_tokenless_viewer_answers_loopback_s_names(root: Path) -> None
         assert answer.status_code == 200, answer.text
     finally:
         await server.stop()
+
+
+async def test_a_run_pages_fork_parent_is_never_read_through_a_directory_swapped_for_a_symlink(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Was: the parent was looked for under the path of the fork's directory, resolved again
+    # when the fork turned out to be one: a directory under the root swapped for a symlink
+    # in between put the words of a bundle outside the root on the run page.
+    outside = tmp_path / "outside"
+    parent = BundleBuilder(outside, "parent")
+    secret = user_item("the parent's words, outside the root")
+    parent.turn("turn-1", [secret])
+    root = tmp_path / "root"
+    sub = root / "sub"
+    child = fork_of(sub, parent.close(), [secret], "child")
+    open_bundle = BundleRoot.open
+
+    def open_then_swap(confined: BundleRoot, bundle: str) -> ConfinedBundle:
+        # Once the fork is open, and before its parent is looked for.
+        opened = open_bundle(confined, bundle)
+        if not sub.is_symlink():
+            sub.rename(root / "moved")
+            sub.symlink_to(outside)
+        return opened
+
+    monkeypatch.setattr(BundleRoot, "open", open_then_swap)
+    async with served_site(root) as http:
+        page = await http.get(f"/run/sub/{child.name}")
+    assert page.status_code == 200, page.text
+    assert sub.is_symlink()
+    assert "outside the root" not in page.text

@@ -20,6 +20,7 @@ from grpc_common import ERROR_DOMAIN, GrpcServer
 from rollout.reducer.v1 import reducer_pb2, reducer_pb2_grpc
 from rollout.trace.v1 import record_pb2, state_pb2
 from trace_reducer import Reducer, replay_bundle
+from trace_reducer.bundle._confine import BundleRoot, ConfinedBundle
 from trace_reducer.service import SERVICE_NAME, ReducerService, _service, add_to_server
 
 from .bundles import BundleBuilder, fork_of, one_turn_bundle, user_item
@@ -429,3 +430,52 @@ async def test_crafted_bundles_are_handled_never_internal(
         code, info, _ = await refused(upload(served.stub, chunks(data, 10)))
         assert info.reason == "RECORD_OUT_OF_RANGE"
     assert caplog.records == []
+
+
+@pytest.mark.parametrize("rpc", ["ReduceBundle", "WatchBundle"])
+async def test_a_forks_parent_is_never_read_through_a_directory_swapped_for_a_symlink(
+    served: Served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rpc: str
+) -> None:
+    # Was: the parent was looked for under the path of the fork's directory, resolved again
+    # when the fork turned out to be one: a directory under the root swapped for a symlink
+    # in between led the service to a bundle outside the root, whose words it answered with.
+    outside = tmp_path / "outside"
+    parent = BundleBuilder(outside, "parent")
+    secret = user_item("the parent's words, outside the root")
+    parent.turn("turn-1", [secret])
+    sub = served.root / "sub"
+    child = fork_of(sub, parent.close(), [secret], "child")
+    open_bundle = BundleRoot.open
+
+    def open_then_swap(confined: BundleRoot, bundle: str) -> ConfinedBundle:
+        # Once the fork is open, and before its parent is looked for.
+        opened = open_bundle(confined, bundle)
+        if not sub.is_symlink():
+            sub.rename(served.root / "moved")
+            sub.symlink_to(outside)
+        return opened
+
+    monkeypatch.setattr(BundleRoot, "open", open_then_swap)
+    if rpc == "ReduceBundle":
+        answer = await served.stub.ReduceBundle(reduce_request(f"sub/{child.name}"))
+        states = [str(answer.trace)]
+    else:
+        states = []
+        await _watch_into(served.stub, f"sub/{child.name}", states)
+    assert sub.is_symlink()
+    assert states
+    assert not any("outside the root" in state for state in states)
+
+
+async def test_a_forks_parent_beside_it_in_a_subdirectory_is_found(served: Served) -> None:
+    sub = served.root / "sub"
+    parent = BundleBuilder(sub, "parent")
+    shared = user_item("the parent's words, beside the fork")
+    parent.turn("turn-1", [shared])
+    child = fork_of(sub, parent.close(), [shared], "child")
+    for bundle in (f"sub/{child.name}", str(child)):
+        answer = await served.stub.ReduceBundle(reduce_request(bundle))
+        assert "beside the fork" in str(answer.trace)
+        states: list[str] = []
+        await _watch_into(served.stub, bundle, states)
+        assert "beside the fork" in states[-1]

@@ -18,14 +18,21 @@ from typing import Any, Protocol
 
 from rollout.trace.v1 import state_pb2
 
-from ..bundle._errors import BundleError, CorruptBundleError, ReductionError, describe_os_error
+from ..bundle._errors import BundleError, CorruptBundleError, ReductionError
 from ..bundle._integrity import integrity_name, require_reducible
 from ..bundle._layout import TRACE_FILE_NAME
 from ..bundle._liveness import LIVE_WINDOW
 from ..bundle._reader import BundleReader
 from ..reduce._pass import reduce_reader
 from ._rows import Packed, bundle_day, bundle_rows
-from ._storage import BundleEntry, StorageOptions, Store, open_store, still_written
+from ._storage import (
+    BundleEntry,
+    StorageOptions,
+    Store,
+    describe_store_error,
+    open_store,
+    still_written,
+)
 
 _CORRUPT = state_pb2.INTEGRITY_STATUS_CORRUPT
 # A bundle the writer may still be appending to: no footer (yet), or a frame half written.
@@ -122,7 +129,7 @@ def reduce_one(task: BundleTask, options: BatchOptions) -> BundleResult:
     except BundleError as error:
         result.detail = str(error)
     except OSError as error:
-        result.detail = describe_os_error(error)
+        result.detail = describe_store_error(store, error)
     except Exception as error:  # noqa: BLE001 - one bad bundle never stops the batch
         result.detail = f"internal error: {type(error).__name__}: {error}"
     if trace is not None and result.outcome != Outcome.FAILED:

@@ -24,8 +24,9 @@ from rollout.trace.v1 import common_pb2, state_pb2
 from ..bundle._confine import open_regular_file, write_aside
 from ..bundle._errors import BundleError, ReductionError
 from ..bundle._liveness import being_written
+from ..bundle._shown import one_line
 from ..reduce._pass import no_cycle_collection
-from ._storage import BundleEntry, LocalStore, Store, open_store
+from ._storage import BundleEntry, LocalStore, Store, describe_store_error, open_store
 
 __all__ = [
     "INDEX_FILE_NAME",
@@ -494,7 +495,7 @@ def _list_runs(
                 except (BundleError, ReductionError) as error:
                     summary = _unreadable(bundle, str(error))
                 except OSError as error:
-                    summary = _unreadable(bundle, f"{error.strerror or error}")
+                    summary = _unreadable(bundle, describe_store_error(store, error, named=False))
                 live = _still_written(store, entry, summary["integrity"], moment)
                 run = Run.of(summary, live=live)
                 index.keep(entry.location, key, run)
@@ -788,7 +789,8 @@ def table_rows(runs: Sequence[Mapping[str, Any]]) -> list[tuple[str, ...]]:
 
 
 def format_table(runs: Sequence[Mapping[str, Any]]) -> str:
-    rows = table_rows(runs)
+    # A cell is one line, whatever the bundle or its name holds (a newline, an escape).
+    rows = [tuple(one_line(cell) for cell in row) for row in table_rows(runs)]
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
     return "\n".join(
         "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()

@@ -6,9 +6,11 @@ import contextlib
 import functools
 import io
 import json
+import math
 import os
 import posixpath
 import time
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -21,7 +23,13 @@ from rollout.trace.v1 import record_pb2, state_pb2
 
 from ..bundle._confine import open_regular_file, sidecar_problem
 from ..bundle._discover import walk_bundles
-from ..bundle._errors import BundleError, BundleNotFoundError, NotABundleError
+from ..bundle._errors import (
+    BundleError,
+    BundleNotFoundError,
+    NotABundleError,
+    describe_os_error,
+    os_error_reason,
+)
 from ..bundle._layout import REWARDS_FILE_NAME, STATE_FILE_NAME, TRACE_FILE_NAME
 from ..bundle._liveness import being_written, writer_holds_file
 from ..bundle._reader import BundleReader
@@ -31,6 +39,60 @@ from ..reduce._parents import ForkResolver
 from ..reduce._state_json import state_to_json, write_state_json
 
 StorageOptions = tuple[tuple[str, str], ...]
+
+# An http(s) root's connect and read timeout, in seconds: fsspec's HTTP file system sets none,
+# and aiohttp's default waits 300 s on each request a server accepted and never answers.
+# `--storage-option timeout=SECONDS` sets it (fsspec's own options are strings on the command
+# line, which cannot spell the aiohttp ClientTimeout its `client_kwargs` would take).
+HTTP_TIMEOUT = 30.0
+HTTP_TIMEOUT_OPTION = "timeout"
+
+
+class StoreTimeoutError(BundleError):
+    """An http(s) root did not answer within its timeout."""
+
+
+def url_filesystem(url: str, options: StorageOptions) -> tuple[Any, str, float | None]:
+    """fsspec's file system and path for url (fsspec.core.url_to_fs), and for an http(s) one
+    its connect and read timeout (HTTP_TIMEOUT, or the `timeout` option; else None). Raises
+    ValueError for a timeout that is no number of seconds above 0."""
+    import fsspec  # only URL roots need it
+
+    kwargs: dict[str, Any] = dict(options)
+    seconds = None
+    if urllib.parse.urlsplit(url).scheme.lower() in ("http", "https"):
+        import aiohttp  # fsspec's HTTP file system is built on it
+
+        seconds = _timeout_seconds(kwargs.pop(HTTP_TIMEOUT_OPTION, None))
+        # A whole request may take as long as it needs; a silence may not.
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=seconds, sock_read=seconds)
+        kwargs.setdefault("client_kwargs", {"timeout": timeout})
+    filesystem, path = fsspec.core.url_to_fs(url, **kwargs)
+    return filesystem, str(path), seconds
+
+
+def _timeout_seconds(text: str | None) -> float:
+    if text is None:
+        return HTTP_TIMEOUT
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(
+            f"--storage-option {HTTP_TIMEOUT_OPTION}=SECONDS expects a number of seconds above 0, "
+            f"got {text!r}"
+        )
+    return seconds
+
+
+def describe_store_error(store: Store, error: OSError, *, named: bool = True) -> str:
+    """Why a request to the store failed, in a few words (`named`: with the file the OS
+    names): for an http(s) root's timeout, how long it waited and how to wait longer
+    (aiohttp's timeout says nothing at all)."""
+    if isinstance(store, FsspecStore) and store.timed_out(error):
+        return store.silence()
+    return describe_os_error(error) if named else os_error_reason(error)
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,21 +230,43 @@ class FsspecStore:
     """
 
     def __init__(self, url: str, options: StorageOptions) -> None:
-        import fsspec  # only URL roots need it
-
         self.root = url
-        self.fs, self.path = fsspec.core.url_to_fs(url, **dict(options))
+        self.fs, self.path, self.timeout = url_filesystem(url, options)
         self.path = self.path.rstrip("/")
         self.process_local = "memory" in _protocols(self.fs)
 
+    def timed_out(self, error: BaseException) -> bool:
+        """Whether error is (or was raised from) a request of an http(s) root timing out:
+        fsspec's HTTP file system says FileNotFoundError for whatever stopped a file's
+        `info`, an aiohttp timeout among it."""
+        seen: BaseException | None = error
+        while seen is not None and self.timeout is not None:
+            if isinstance(seen, TimeoutError) and seen.errno is None:
+                return True
+            seen = seen.__cause__ or seen.__context__
+        return False
+
+    def silence(self) -> str:
+        """What a request that timed out is said as."""
+        return (
+            f"no answer within {self.timeout:g} s "
+            f"(--storage-option {HTTP_TIMEOUT_OPTION}=SECONDS to wait longer)"
+        )
+
     def discover(self, warn: Callable[[str], None]) -> list[BundleEntry]:
-        found: dict[str, dict[str, Any]] = self.fs.find(self.path, withdirs=False, detail=True)
-        if not found:
-            # fsspec's walk passes over what it cannot read, so a host nothing answers (or a
-            # name that does not resolve) finds nothing, as an empty root does: the root itself
-            # asked for says which it is. Nothing there at all is an empty root, as on S3.
-            with contextlib.suppress(FileNotFoundError):
-                self.fs.ls(self.path, detail=False)
+        try:
+            found: dict[str, dict[str, Any]] = self.fs.find(self.path, withdirs=False, detail=True)
+            if not found:
+                # fsspec's walk passes over what it cannot read, so a host nothing answers (or
+                # a name that does not resolve) finds nothing, as an empty root does: the root
+                # itself asked for says which it is. Nothing there at all is an empty root, as
+                # on S3.
+                with contextlib.suppress(FileNotFoundError):
+                    self.fs.ls(self.path, detail=False)
+        except OSError as error:
+            if not self.timed_out(error):
+                raise
+            raise StoreTimeoutError(f"cannot list {self.root}: {self.silence()}") from error
         states: dict[str, float | None] = {}
         traces: dict[str, float | None] = {}
         rewards: dict[str, float | None] = {}

@@ -6,11 +6,11 @@ import posixpath
 import uuid
 from typing import Any
 
-import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ._rows import COLUMNS, TABLES, Packed
+from ._storage import url_filesystem
 
 # A file per (table, day) holds at most this many rows; the driver flushes then.
 ROWS_PER_FILE = 50_000
@@ -46,7 +46,7 @@ class TableSink:
 
     def __init__(self, target: str, storage_options: dict[str, str] | None = None) -> None:
         self.target = target
-        self.fs, self.base = fsspec.core.url_to_fs(target, **(storage_options or {}))
+        self.fs, self.base, _ = url_filesystem(target, tuple((storage_options or {}).items()))
         self.base = self.base.rstrip("/")
         self.staging = posixpath.join(self.base, f".staging-{uuid.uuid4().hex}")
         self._buffers: dict[tuple[str, str], list[tuple[Any, ...]]] = {}

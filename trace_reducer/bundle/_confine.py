@@ -64,15 +64,24 @@ def write_aside(
     file before stays whole until the new one is. Returns the path."""
     target = Path(path)
     temp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
-        with os.fdopen(fd, "wb") as out:
-            write(out)
-        os.replace(temp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        raise
+        fd = os.open(
+            temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode
+        )
+        try:
+            with os.fdopen(fd, "wb") as out:
+                write(out)
+            os.replace(temp, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
+            raise
+    except OSError as error:
+        # Named after the file asked for, not the one beside it, nor nothing at all: a write
+        # that fails (a full disk, a quota) names no file (was: `No space left on device`).
+        if error.filename is not None and error.filename != os.fspath(temp):
+            raise
+        raise type(error)(error.errno, error.strerror, os.fspath(target)) from error
     return target
 
 
@@ -90,12 +99,24 @@ def sidecar_problem(error: OSError, name: str) -> str:
 
 
 class ConfinedBundle:
-    """An open bundle: its directory's descriptor and its trace.binpb, both read through them."""
+    """An open bundle: its directory's descriptor and its trace.binpb, both read through them;
+    and the root it was opened under, with the directory holding it relative to that root
+    (`beside`: "" for the root itself), for what is looked for beside it by name."""
 
-    def __init__(self, dir_fd: int, trace: BinaryIO, display_dir: str) -> None:
+    def __init__(
+        self,
+        dir_fd: int,
+        trace: BinaryIO,
+        display_dir: str,
+        *,
+        root: BundleRoot | None = None,
+        beside: str = "",
+    ) -> None:
         self.dir_fd = dir_fd
         self.trace = trace
         self.display_dir = display_dir
+        self.root = root
+        self.beside = beside
 
     def close(self) -> None:
         try:
@@ -145,6 +166,31 @@ class BundleRoot:
         except BaseException:
             os.close(fd)
             raise
+
+    def subdirectories(self, directory: str) -> list[str]:
+        """The names of the directories directly in `directory` (relative to the root, "" for
+        the root itself), in name order, symbolic links left out. The directory is reached as
+        a bundle is, one component at a time never through a link, so a directory swapped for
+        a symlink since it was last looked at is never listed through it.
+
+        Raises BundleError (OutsideRootError, BundleNotFoundError, ...)."""
+        parts = self._components(directory) if directory else []
+        try:
+            fd = os.open(self.path, _DIR_FLAGS)
+        except OSError as error:
+            raise self._explain(error, directory) from error
+        try:
+            for part in parts:
+                fd = self._step(fd, part, directory)
+            # scandir works on its own duplicate of the descriptor.
+            with os.scandir(fd) as listing:
+                return sorted(
+                    entry.name for entry in listing if entry.is_dir(follow_symlinks=False)
+                )
+        except OSError as error:
+            raise self._explain(error, directory) from error
+        finally:
+            os.close(fd)
 
     def _components(self, bundle: str) -> list[str]:
         problem = ""
@@ -223,10 +269,16 @@ class BundleRoot:
             raise
         if directory != parent:
             os.close(parent)
-        display = os.path.join(self.path, *self._components(bundle))
+        parts = self._components(bundle)
         if file_named:
-            display = os.path.dirname(display)
-        return ConfinedBundle(directory, trace, display)
+            parts = parts[:-1]
+        return ConfinedBundle(
+            directory,
+            trace,
+            os.path.join(self.path, *parts),
+            root=self,
+            beside=os.path.join("", *parts[:-1]),
+        )
 
     def _open_trace(self, directory: int, name: str, bundle: str) -> BinaryIO:
         try:

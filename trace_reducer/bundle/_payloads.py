@@ -200,6 +200,16 @@ LONG_NUMBER_DIGITS = 19
 _LONG_NUMBER = b"0" * LONG_NUMBER_DIGITS
 
 
+def payload_json(data: bytes | str) -> Any:
+    """json.loads of a payload, for whatever reads one (the reducer, the page, the spans):
+    JSON nested past what json reads is a ValueError too, as JSON that does not parse is; it
+    was a RecursionError out of whatever showed the bundle (an `internal error`)."""
+    try:
+        return json.loads(data)
+    except RecursionError as error:
+        raise ValueError("JSON nested too deep to read") from error
+
+
 def fast_json(data: bytes) -> tuple[bool, Any]:
     """(True, value) where orjson reads data to exactly what json.loads reads (several times
     cheaper); else (False, None), for the caller to read it with json as before. orjson refuses

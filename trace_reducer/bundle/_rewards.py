@@ -3,6 +3,7 @@ rule, appended under a lock, fsynced before it is acknowledged) and the rewards 
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import math
 import os
@@ -166,6 +167,8 @@ def append_reward(bundle_dir: Path, reward: RewardInput, *, trace_id: str) -> in
         raise RewardError(
             f"cannot record rewards: {sidecar_problem(error, str(path))}", "REWARDS_UNWRITABLE"
         ) from error
+    # The file's size before this append's own bytes: what a failed write is cut back to.
+    before: int | None = None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         tail = _tail_of(fd)
@@ -187,6 +190,7 @@ def append_reward(bundle_dir: Path, reward: RewardInput, *, trace_id: str) -> in
             os.ftruncate(fd, integrity.bytes_read)
             # Read again from the start next time: the decoder holds the torn frame.
             _forget_tail(fd)
+        before = os.fstat(fd).st_size
         if header is not None and header.thread_id != reward.thread_id:
             raise RewardError(
                 f"{path} holds the rewards of thread {header.thread_id!r}, not "
@@ -217,6 +221,11 @@ def append_reward(bundle_dir: Path, reward: RewardInput, *, trace_id: str) -> in
         _left_as(fd, tail)
         return seq
     except OSError as error:
+        if before is not None:
+            # A write cut short (a full disk, a quota) leaves no torn frame behind: a torn
+            # header would have every later append refused ("not a rewards sidecar").
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, before)
         _forget_tail(fd)
         raise RewardError(describe_os_error(error, path), "REWARDS_UNWRITABLE") from error
     finally:

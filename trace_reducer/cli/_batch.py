@@ -23,11 +23,13 @@ from ..batch._storage import Store, is_url, open_store, parse_storage_options
 from ..bundle._errors import BundleError, MissingExtraError
 from ..bundle._liveness import LIVE_WINDOW
 from ..bundle._names import counted
+from ..bundle._shown import one_line
 from ._common import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
     add_storage_option_argument,
+    check_output_dir,
     job_count,
     path_argument,
     redact,
@@ -67,7 +69,8 @@ def add_parser(commands: Any) -> None:
             "Find every bundle (a directory holding trace.binpb) under ROOT, reduce each to its "
             "state.json in parallel, and print a summary. Exit 1 when a bundle is corrupt "
             "(unless --salvage) or could not be reduced; 2 for bad input (no bundles under ROOT, "
-            "an unreadable URL, the extra --tables or --ray needs not installed)."
+            "an unreadable URL, a --tables directory that cannot be written, the extra --tables "
+            "or --ray needs not installed)."
         ),
     )
     parser.add_argument(
@@ -138,6 +141,9 @@ def run(args: argparse.Namespace) -> int:
         storage_options = parse_storage_options(args.storage_option)
     except ValueError as error:
         raise BundleError(str(error)) from error
+    if args.tables is not None and not is_url(args.tables):
+        # Before any work: the tables are written after the whole batch was reduced.
+        check_output_dir("--tables", args.tables)
     options = BatchOptions(
         root=args.root,
         storage_options=storage_options,
@@ -214,7 +220,8 @@ def run(args: argparse.Namespace) -> int:
         table_rows=table_rows,
         interrupted=interrupted,
     )
-    print(redact("\n".join(lines)), flush=True)
+    # Each line one line, whatever a bundle's name holds.
+    print(redact("\n".join(map(one_line, lines))), flush=True)
     if interrupted:
         return EXIT_INTERRUPTED
     if table_error:

@@ -15,7 +15,9 @@ from pathlib import Path
 
 from grpc_common import Redactor
 
-from ..bundle._errors import BundleError, MissingExtraError
+from ..batch._storage import HTTP_TIMEOUT
+from ..bundle._errors import BundleError, MissingExtraError, os_error_reason
+from ..bundle._shown import one_line
 
 __all__ = [
     "EXIT_FAILED",
@@ -29,6 +31,7 @@ __all__ = [
     "check_parents",
     "hide_secrets",
     "job_count",
+    "local_path_argument",
     "path_argument",
     "redact",
     "root_failure",
@@ -139,6 +142,20 @@ def finite_argument(text: str) -> float:
     return value
 
 
+def local_path_argument(text: str) -> str:
+    """A path of a command that reads and writes only local files: a URL is said to be one
+    (only `list` and `reduce-all` read URL roots), not looked for as a path, which said `no such
+    file or directory: http:/host/...`, the URL mangled."""
+    path = path_argument(text)
+    if "://" in path and not os.path.lexists(path):
+        scheme = path.partition("://")[0]
+        raise argparse.ArgumentTypeError(
+            f"a {scheme}:// URL: this command reads local paths only (list and reduce-all read "
+            "URL roots)"
+        )
+    return path
+
+
 def seconds_argument(text: str) -> float:
     """A number of seconds, finite and not negative."""
     try:
@@ -165,6 +182,15 @@ def check_parents(parents: Iterable[str]) -> None:
 def unwritable_place(target: Path, *, directory: bool) -> str | None:
     """Why target (a file, or a directory made if missing) cannot be written, found before any
     work: a bad output path is bad input (exit 2), as a bad input path is; None if it can be."""
+    try:
+        return _unwritable_place(target, directory=directory)
+    except OSError as error:
+        # What the path itself cannot be (a name longer than the file system takes) is bad
+        # input too, not an exit 1 before any work (was: `File name too long`, exit 1).
+        return os_error_reason(error)
+
+
+def _unwritable_place(target: Path, *, directory: bool) -> str | None:
     if directory and target.exists():
         if not target.is_dir():
             return "not a directory"
@@ -194,7 +220,7 @@ def check_output_dir(flag: str, given: str) -> None:
 def say(message: str) -> None:
     """One line on stderr, named after the command: how errors and notes reach the user."""
     # One line even when a library's message (botocore's, say) runs over several.
-    line = " ".join(redact(message).splitlines())
+    line = one_line(" ".join(redact(message).splitlines()))
     print(f"{PROG}: {line}", file=sys.stderr, flush=True)
 
 
@@ -209,5 +235,7 @@ def add_storage_option_argument(parser: argparse.ArgumentParser, what: str) -> N
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help=f"fsspec option for {what}, e.g. endpoint_url=http://...",
+        help=f"fsspec option for {what}, e.g. endpoint_url=http://...; for an http(s) URL, "
+        f"timeout=SECONDS bounds each connect and each silence of a request (default "
+        f"{HTTP_TIMEOUT:g})",
     )

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ..bundle._shown import one_line
 from ..reduce._diff import diff_report, diff_runs
-from ._common import path_argument
+from ._common import local_path_argument
 
 # 2 is trouble, as for diff(1): a report that could not be written is not a difference.
 EXIT_SAME, EXIT_DIFFERENT, EXIT_TROUBLE = 0, 1, 2
@@ -14,7 +15,8 @@ EXIT_SAME, EXIT_DIFFERENT, EXIT_TROUBLE = 0, 1, 2
 
 def _diff(args: argparse.Namespace) -> int:
     result = diff_runs(args.a, args.b)
-    print("\n".join(diff_report(result, args.a, args.b)), flush=True)
+    # Each line one line, whatever the runs' names and requests hold.
+    print("\n".join(map(one_line, diff_report(result, args.a, args.b))), flush=True)
     return EXIT_SAME if result.first is None else EXIT_DIFFERENT
 
 
@@ -27,7 +29,7 @@ def add_parser(commands: Any) -> None:
         "tool calls and the tokens. Exit codes: 0 no difference, 1 a difference, 2 bad input "
         "or a report that could not be written.",
     )
-    diff.add_argument("a", type=path_argument, help="bundle directory or its trace.binpb")
-    diff.add_argument("b", type=path_argument, help="bundle directory or its trace.binpb")
+    diff.add_argument("a", type=local_path_argument, help="bundle directory or its trace.binpb")
+    diff.add_argument("b", type=local_path_argument, help="bundle directory or its trace.binpb")
     # `trace-reducer view A --diff B` shows the same comparison as a page.
     diff.set_defaults(run=_diff, output_failed=EXIT_TROUBLE)

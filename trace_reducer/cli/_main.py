@@ -57,7 +57,7 @@ from ._common import (
     check_output_dir,
     check_parents,
     hide_secrets,
-    path_argument,
+    local_path_argument,
     say,
     unwritable_place,
     warn,
@@ -603,7 +603,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     reduce = commands.add_parser("reduce", help="write the reduced state of a bundle as JSON")
-    reduce.add_argument("bundle", type=path_argument, help="bundle directory or its trace.binpb")
+    reduce.add_argument(
+        "bundle", type=local_path_argument, help="bundle directory or its trace.binpb"
+    )
     target = reduce.add_mutually_exclusive_group()
     target.add_argument(
         "-o", "--output", metavar="PATH", help="write here, not <bundle>/state.json"
@@ -621,7 +623,7 @@ def build_parser() -> argparse.ArgumentParser:
     reduce.add_argument(
         "--parent",
         action="append",
-        type=path_argument,
+        type=local_path_argument,
         default=[],
         metavar="BUNDLE",
         help="a fork's parent bundle when it is not beside the fork (repeatable)",
@@ -632,14 +634,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_list_parser(commands)
 
     dump = commands.add_parser("dump", help="print the records of a bundle, one per line")
-    dump.add_argument("bundle", type=path_argument, help="bundle directory or its trace.binpb")
+    dump.add_argument(
+        "bundle", type=local_path_argument, help="bundle directory or its trace.binpb"
+    )
     dump.add_argument("--json", action="store_true", help="JSON lines instead of text")
     dump.set_defaults(run=_dump)
 
     request = commands.add_parser(
         "request", help="print the exact JSON body an inference call sent to the provider"
     )
-    request.add_argument("bundle", type=path_argument, help="bundle directory or its trace.binpb")
+    request.add_argument(
+        "bundle", type=local_path_argument, help="bundle directory or its trace.binpb"
+    )
     request.add_argument("inference_call_id", help="as in the reduced state's inference_calls")
     request.add_argument("--pretty", action="store_true", help="indent the JSON")
     request.set_defaults(run=_request)
@@ -654,7 +660,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument(
         "bundles",
         nargs="+",
-        type=path_argument,
+        type=local_path_argument,
         metavar="bundle",
         help="bundle directory or file",
     )
@@ -715,7 +721,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     view.add_argument(
         "bundle",
-        type=path_argument,
+        type=local_path_argument,
         help="bundle directory or its trace.binpb, or a root holding bundles",
     )
     view.add_argument(
@@ -727,7 +733,7 @@ def build_parser() -> argparse.ArgumentParser:
     view.add_argument("--open", action="store_true", help="open the page in a web browser")
     view.add_argument(
         "--diff",
-        type=path_argument,
+        type=local_path_argument,
         metavar="OTHER",
         help="the page of this bundle compared with bundle OTHER call by call, as `diff` "
         "reports it (default <bundle>/diff.html)",
@@ -751,7 +757,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="print a bundle's transcript live as it is written, until it completes or its"
         " writer is gone",
     )
-    watch.add_argument("bundle", type=path_argument, help="bundle directory or its trace.binpb")
+    watch.add_argument(
+        "bundle", type=local_path_argument, help="bundle directory or its trace.binpb"
+    )
     watch.set_defaults(run=_watch)
 
     serve = commands.add_parser("serve", help="run the ReducerService gRPC server")
@@ -763,7 +771,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--bundle-root",
-        type=path_argument,
+        type=local_path_argument,
         metavar="DIR",
         help="bundles are read under here (cwd)",
     )

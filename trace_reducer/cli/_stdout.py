@@ -9,6 +9,7 @@ fd 1 that fails raises StdoutError instead, and a closed fd 1 fails the first wr
 
 from __future__ import annotations
 
+import codecs
 import errno
 import io
 import os
@@ -66,6 +67,23 @@ class _Fd1(io.RawIOBase):
 
 _guarded: _Fd1 | None = None
 
+# A character stdout's encoding has no byte for (an `é` on an ASCII or Latin-1 stdout): written
+# as its escape, `\xe9`, where the write failed as an `internal error`. A name that is not
+# UTF-8 (lone surrogates U+DC80-U+DCFF) still fails, for `main` to say which name it is.
+_ESCAPE_UNENCODABLE = "rollout-trace-escape-unencodable"
+
+
+def _escape_unencodable(error: UnicodeError) -> tuple[str | bytes, int]:
+    if not isinstance(error, UnicodeEncodeError):
+        raise error
+    bad = error.object[error.start : error.end]
+    if all("\udc80" <= char <= "\udcff" for char in bad):
+        raise error
+    return codecs.backslashreplace_errors(error)
+
+
+codecs.register_error(_ESCAPE_UNENCODABLE, _escape_unencodable)
+
 
 @contextmanager
 def guarded_stdout() -> Iterator[None]:
@@ -86,7 +104,7 @@ def guarded_stdout() -> Iterator[None]:
     sys.stdout = io.TextIOWrapper(
         io.BufferedWriter(_guarded),
         encoding=real.encoding if real is not None else "utf-8",
-        errors=real.errors if real is not None else "strict",
+        errors=_ESCAPE_UNENCODABLE if real is None or real.errors == "strict" else real.errors,
         line_buffering=real.line_buffering if real is not None else False,
         write_through=False,
     )

@@ -22,7 +22,7 @@ from ._common import (
     check_parents,
     finite_argument,
     job_count,
-    path_argument,
+    local_path_argument,
     warn,
 )
 from ._common import say as _say
@@ -149,7 +149,9 @@ def add_parsers(commands: Any) -> None:
         description="Exit codes: 0 recorded; 1 the sidecar cannot be written or is corrupt; "
         "2 bad input (bundle, name, value, turn, item).",
     )
-    reward.add_argument("bundle", type=path_argument, help="bundle directory or its trace.binpb")
+    reward.add_argument(
+        "bundle", type=local_path_argument, help="bundle directory or its trace.binpb"
+    )
     reward.add_argument("--name", required=True, help="the reward's name, e.g. correct")
     reward.add_argument("--value", required=True, type=finite_argument, help="a finite number")
     reward.add_argument("--turn", metavar="TURN_ID", help="a turn of the thread (default: all)")
@@ -181,7 +183,7 @@ def add_parsers(commands: Any) -> None:
     export.add_argument(
         "paths",
         nargs="+",
-        type=path_argument,
+        type=local_path_argument,
         metavar="bundle-or-root",
         help="a bundle directory, or a directory holding bundles",
     )
@@ -194,14 +196,14 @@ def add_parsers(commands: Any) -> None:
     export.add_argument(
         "--out",
         required=True,
-        type=path_argument,
+        type=local_path_argument,
         metavar="DIR",
         help="where the files are written",
     )
     export.add_argument(
         "--parent",
         action="append",
-        type=path_argument,
+        type=local_path_argument,
         default=[],
         metavar="BUNDLE",
         help="a parent bundle of forks that is not beside them (repeatable)",

@@ -19,7 +19,7 @@ from ..bundle._bulk import DeltaRun
 from ..bundle._errors import PayloadError
 from ..bundle._integrity import integrity_name
 from ..bundle._names import KIND_WORDS, ROLE_WORDS, execution_word
-from ..bundle._payloads import PayloadStore
+from ..bundle._payloads import PayloadStore, payload_json
 from ..bundle._reader import read_bundle
 from ..bundle._records import parse_traceparent
 
@@ -135,7 +135,7 @@ class BundleDetails:
         if data is None:
             return None
         try:
-            return json.loads(data)
+            return payload_json(data)
         except ValueError:
             return None
 
@@ -204,7 +204,7 @@ def read_details(path: str | os.PathLike[str], trace: state_pb2.RolloutTrace) ->
 
 def _take_terminal_event(details: BundleDetails, call_id: str, data: str) -> None:
     try:
-        event = json.loads(data)
+        event = payload_json(data)
     except ValueError:
         return
     response = event.get("response") if isinstance(event, dict) else None
@@ -225,7 +225,7 @@ def _take_chat_event(details: BundleDetails, call_id: str, data: str) -> None:
     if call_id in details.response_models and not _CHAT_FINISH_REASON.search(data):
         return
     try:
-        chunk = json.loads(data)
+        chunk = payload_json(data)
     except ValueError:
         return
     if not isinstance(chunk, dict):
@@ -282,7 +282,7 @@ def _status_name(status: common_pb2.ExecutionStatus.ValueType) -> str:
 
 def _json_or_text(text: str) -> Any:
     try:
-        return json.loads(text)
+        return payload_json(text)
     except ValueError:
         return text
 

@@ -9,8 +9,7 @@ from pathlib import Path
 
 from rollout.trace.v1 import record_pb2
 
-from ..bundle._confine import BundleRoot
-from ..bundle._discover import thread_bundles
+from ..bundle._confine import BundleRoot, ConfinedBundle
 from ..bundle._errors import BundleError, ReductionError
 from ..bundle._layout import TRACE_FILE_NAME
 from ..bundle._payloads import PayloadStore
@@ -33,9 +32,11 @@ class BundleForkResolver:
     explicitly, reduces each once (oldest first, in a loop), and remembers them.
 
     A parent found beside the bundle is opened as the reducer service opens a bundle: by
-    name under its directory, through descriptors that never follow a symbolic link, so a
-    link planted under the root never leads a reader out of it. Parents given explicitly are
-    the caller's own choice and are read as given.
+    name under a root, through descriptors that never follow a symbolic link, so a link
+    planted under the root never leads a reader out of it. A bundle opened under a root
+    (`beside`) has its parents looked for from that root, never by its own directory's path:
+    a directory on the way swapped for a symlink since leads nowhere. Parents given
+    explicitly are the caller's own choice and are read as given.
 
     A parent keeps what the bundle itself would keep (its parsed items, and unparsed payload
     bytes up to the same budget), so a fork costs its parent's state, not its size;
@@ -49,22 +50,34 @@ class BundleForkResolver:
         *,
         every_payload: bool = False,
     ):
-        self._roots: list[Path] = [bundle_dir.parent] if bundle_dir is not None else []
+        # Where parents are looked for: a root, and the directory under it ("" the root).
+        self._places: list[tuple[BundleRoot, str]] = []
+        if bundle_dir is not None:
+            self.add_root(bundle_dir.parent)
         self._explicit = [Path(path) for path in explicit]
         self._explicit_ids: dict[str, Path] | None = None
         self._every_payload = every_payload
         self._loaded: dict[Path, ParentBundle | None] = {}
-        # Where each located parent was found: (its directory, its name there); None for a
+        # Where each located parent was found: (a root, its path under it); None for a
         # parent given explicitly.
-        self._found_in: dict[Path, tuple[Path, str] | None] = {}
+        self._found_in: dict[Path, tuple[BundleRoot, str] | None] = {}
         # Set while ancestors are reduced: their own parents are loaded already, or beyond
         # reach (missing, too deep, or a cycle), and are never looked for again from inside.
         self._resolving = False
 
+    @classmethod
+    def beside(cls, bundle: ConfinedBundle, *, every_payload: bool = False) -> BundleForkResolver:
+        """The resolver of a bundle opened under a root (BundleRoot.open): its parents are
+        looked for in the directory holding it, reached again from that root."""
+        resolver = cls(None, every_payload=every_payload)
+        if bundle.root is not None:
+            resolver._places.append((bundle.root, bundle.beside))
+        return resolver
+
     def add_root(self, root: Path) -> None:
         """Look for parents among the bundles of `root` too."""
-        if root not in self._roots:
-            self._roots.append(root)
+        if all(Path(place.path) != Path(os.path.realpath(root)) for place, _ in self._places):
+            self._places.append((BundleRoot(root), ""))
 
     def resolve(self, forked: record_pb2.ThreadForked) -> ParentBundle | None:
         path = self._locate(forked)
@@ -96,27 +109,40 @@ class BundleForkResolver:
         if explicit is not None:
             self._found_in.setdefault(explicit, None)
             return explicit
-        for root in self._roots:
+        for root, where in self._places:
             names: list[str] = []
             if is_bundle_name(forked.parent_bundle):
                 names.append(forked.parent_bundle)
-            names.extend(candidate.name for candidate in thread_bundles(root, wanted))
+            names.extend(self._thread_bundles(root, where, wanted))
             for name in names:
-                candidate = root / name
+                relative = os.path.join(where, name)
+                candidate = Path(root.path, relative)
                 if candidate in self._found_in:
                     return candidate
                 try:
-                    with self._open_confined(root, name):
+                    with self._open_confined(root, relative):
                         pass
-                except BundleError:
+                except (BundleError, OSError):
                     continue
-                self._found_in[candidate] = (root, name)
+                self._found_in[candidate] = (root, relative)
                 return candidate
         return None
 
     @staticmethod
-    def _open_confined(root: Path, name: str) -> BundleReader:
-        confined = BundleRoot(root).open(name)
+    def _thread_bundles(root: BundleRoot, where: str, thread_id: str) -> list[str]:
+        """The names of the directories in `where` that may be the bundles of a thread (their
+        names end in -<thread id> and sort by when they began), oldest first."""
+        if not is_bundle_name(thread_id):
+            return []
+        try:
+            names = root.subdirectories(where)
+        except (BundleError, OSError):
+            return []
+        return [name for name in names if name.endswith(f"-{thread_id}")]
+
+    @staticmethod
+    def _open_confined(root: BundleRoot, relative: str) -> BundleReader:
+        confined = root.open(relative)
         confined.release_directory()
         return BundleReader(Path(confined.display_dir) / TRACE_FILE_NAME, confined.trace)
 

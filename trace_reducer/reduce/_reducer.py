@@ -14,7 +14,7 @@ from rollout.trace.v1 import common_pb2, record_pb2, state_pb2
 from ..bundle._bulk import DeltaRun
 from ..bundle._errors import PayloadError, RecordOutOfRangeError, ReductionError
 from ..bundle._framing import encode_varint
-from ..bundle._payloads import PayloadStore
+from ..bundle._payloads import PayloadStore, payload_json
 from ..bundle._tokens import TokenAccumulator, classify_stop, sampling_settings
 from ._compact import expand_request_items
 from ._items import ItemInfo, ThreadItems, item_wire, parse_item
@@ -762,7 +762,7 @@ class Reducer:
             data = self._payload(envelope_id, record) if envelope_id else None
             if data is not None:
                 try:
-                    envelope: Any = json.loads(data)
+                    envelope: Any = payload_json(data)
                 except ValueError:
                     envelope = None
                 if isinstance(envelope, dict):

@@ -142,7 +142,10 @@ class ReducerService(reducer_pb2_grpc.ReducerServiceServicer):
             bundle = self._root.open(request.bundle)
             try:
                 follow = follow_bundle(
-                    bundle.trace, Path(bundle.display_dir), rewards_dir_fd=bundle.dir_fd
+                    bundle.trace,
+                    Path(bundle.display_dir),
+                    rewards_dir_fd=bundle.dir_fd,
+                    forks=BundleForkResolver.beside(bundle),
                 )
                 async with contextlib.aclosing(follow) as updates:
                     async for update in updates:
@@ -181,8 +184,8 @@ class ReducerService(reducer_pb2_grpc.ReducerServiceServicer):
         # way for a symlink changes nothing about where the bytes come from or go.
         with self._root.open(request.bundle) as bundle:
             trace_path = Path(bundle.display_dir) / TRACE_FILE_NAME
-            # A fork's parent is looked for beside the bundle, by path.
-            forks = BundleForkResolver(trace_path.parent, ())
+            # A fork's parent is looked for beside the bundle, from the root again.
+            forks = BundleForkResolver.beside(bundle)
             trace = replay_reader(
                 BundleReader(trace_path, bundle.trace), forks=forks, rewards_dir_fd=bundle.dir_fd
             )

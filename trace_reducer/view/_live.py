@@ -11,6 +11,7 @@ from google.protobuf import timestamp_pb2
 from rollout.trace.v1 import common_pb2, state_pb2
 
 from ..bundle._names import ROLE_WORDS, execution_word
+from ..bundle._shown import one_line, shown_lines
 from ._watch import WatchUpdate, follow_bundle
 
 _RUNNING = common_pb2.EXECUTION_STATUS_RUNNING
@@ -85,14 +86,18 @@ class LiveTranscript:
         self._stray: dict[str, list[str]] = {}
         self._discarded: set[tuple[str, str]] = set()
 
+    def _emit(self, text: str) -> None:
+        # The bundle's text, never an escape sequence the terminal would act on.
+        self._out.write(shown_lines(text))
+
     def _write(self, text: str) -> None:
         self.close_line()
-        self._out.write(text + "\n")
+        self._emit(text + "\n")
 
     def close_line(self) -> None:
         """End a line of streamed text, so that what follows starts on its own line."""
         if self._open_line is not None:
-            self._out.write("\n")
+            self._emit("\n")
             self._open_line = None
 
     def _changed(self, key: str, status: int) -> bool:
@@ -114,7 +119,7 @@ class LiveTranscript:
         for thread in threads:
             if thread.thread_id not in self._statuses:
                 self._write(
-                    f"thread {thread.thread_id} · model {thread.model} · "
+                    f"thread {one_line(thread.thread_id)} · model {one_line(thread.model)} · "
                     f"{trace.producer_name} {trace.producer_version}"
                 )
                 self._statuses[thread.thread_id] = _RUNNING
@@ -137,8 +142,8 @@ class LiveTranscript:
             if text.startswith(streamed):
                 if self._open_line != streamed_key:
                     self.close_line()
-                    self._out.write(f"{item_label(item)} (cont.): ")
-                self._out.write(text[len(streamed) :] + "\n")
+                    self._emit(f"{item_label(item)} (cont.): ")
+                self._emit(text[len(streamed) :] + "\n")
                 self._open_line = None
                 return
         self._write(f"{item_label(item)}: {text}")
@@ -212,12 +217,12 @@ class LiveTranscript:
         shown = self._streamed.get(key)
         if shown is None or not text.startswith(shown):
             self.close_line()
-            self._out.write("assistant: ")
+            self._emit("assistant: ")
             shown = ""
         elif self._open_line != key:
             self.close_line()
-            self._out.write("assistant (cont.): ")
-        self._out.write(text[len(shown) :])
+            self._emit("assistant (cont.): ")
+        self._emit(text[len(shown) :])
         self._streamed[key] = text
         self._open_line = key
 
@@ -231,7 +236,7 @@ class LiveTranscript:
             return
         rest = text[len(shown) :] if text.startswith(shown) else ""
         if self._open_line == key:
-            self._out.write(f"{rest} [discarded: never completed]\n")
+            self._emit(f"{rest} [discarded: never completed]\n")
             self._open_line = None
         elif rest:
             self._write(f"assistant (cont.): {rest} [discarded: never completed]")

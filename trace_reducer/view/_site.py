@@ -32,6 +32,7 @@ from ..bundle._confine import BundleRoot
 from ..bundle._errors import BundleError, ReductionError
 from ..bundle._layout import TRACE_FILE_NAME
 from ..bundle._reader import BundleReader
+from ..reduce._forks import BundleForkResolver
 from ._run_page import RunLinks
 from ._view import (
     _PLACEHOLDER,
@@ -436,7 +437,9 @@ def _reduce_confined(root: BundleRoot, relative: str) -> Any:
     bundle = root.open(relative)
     try:
         reader = BundleReader(Path(bundle.display_dir) / TRACE_FILE_NAME, bundle.trace)
-        return reduce_reader_for_view(reader, dir_fd=bundle.dir_fd)
+        # A fork's parent is looked for from the root again, never by the bundle's path.
+        forks = BundleForkResolver.beside(bundle, every_payload=True)
+        return reduce_reader_for_view(reader, dir_fd=bundle.dir_fd, forks=forks)
     finally:
         bundle.close()
 
@@ -669,7 +672,10 @@ class SiteServer:
         try:
             bundle.release_directory()
             await response.prepare(request)
-            async for update in _updates(follow_bundle(bundle.trace, Path(bundle.display_dir))):
+            follow = follow_bundle(
+                bundle.trace, Path(bundle.display_dir), forks=BundleForkResolver.beside(bundle)
+            )
+            async for update in _updates(follow):
                 records, final = update
                 data = json.dumps({"records": records, "final": final})
                 await response.write(f"data: {data}\n\n".encode())

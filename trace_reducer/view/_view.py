@@ -22,7 +22,7 @@ from rollout.trace.v1 import common_pb2, state_pb2
 from ..bundle._confine import write_aside
 from ..bundle._errors import NotABundleError, PayloadError
 from ..bundle._names import KIND_WORDS, ROLE_WORDS, execution_word, integrity_word
-from ..bundle._payloads import PayloadStore, canonical_json
+from ..bundle._payloads import PayloadStore, canonical_json, payload_json
 from ..bundle._reader import BundleReader, read_bundle, resolve_trace_file
 from ..bundle._rewards import read_rewards
 from ..reduce._forks import BundleForkResolver
@@ -68,14 +68,17 @@ def reduce_for_view(path: str | os.PathLike[str]) -> ViewData:
         return reduce_reader_for_view(reader)
 
 
-def reduce_reader_for_view(reader: BundleReader, *, dir_fd: int | None = None) -> ViewData:
-    """reduce_for_view on a bundle already open (its rewards read through dir_fd if given)."""
+def reduce_reader_for_view(
+    reader: BundleReader, *, dir_fd: int | None = None, forks: BundleForkResolver | None = None
+) -> ViewData:
+    """reduce_for_view on a bundle already open (its rewards read through dir_fd if given, a
+    fork's parent found by `forks` if given, else beside it by path)."""
     # Every kind: payloads are deduplicated by content, so an input item may be the bytes an
     # output item was first written as.
     payloads = PayloadStore(budget=None)
     reduced = reduce_reader(
         reader,
-        forks=BundleForkResolver(reader.bundle_dir, every_payload=True),
+        forks=forks or BundleForkResolver(reader.bundle_dir, every_payload=True),
         rewards=read_rewards(reader.bundle_dir, dir_fd=dir_fd),
         on_record=keeping_payloads(payloads),
     )
@@ -348,7 +351,7 @@ class _PageBuilder:
     def _input(self, pid: str) -> None:
         if pid not in self.inputs:
             try:
-                self.inputs[pid] = canonical_json(json.loads(self.store.payload(pid))).decode()
+                self.inputs[pid] = canonical_json(payload_json(self.store.payload(pid))).decode()
             except (PayloadError, ValueError):
                 self.inputs[pid] = None  # the page says the body cannot be rebuilt
 
@@ -357,7 +360,7 @@ class _PageBuilder:
         if pid not in self.envelopes:
             self.envelopes[pid] = None
             try:
-                request = json.loads(self.store.payload(pid))
+                request = payload_json(self.store.payload(pid))
             except (PayloadError, ValueError):
                 return None
             if not isinstance(request, dict):

@@ -17,6 +17,7 @@ from ..bundle._liveness import LIVE_WINDOW, being_written, writer_holds
 from ..bundle._reader import TRUNCATED, UNCLOSED, FrameDecoder, Integrity
 from ..bundle._rewards import read_rewards
 from ..reduce._forks import BundleForkResolver
+from ..reduce._parents import ForkResolver
 from ..reduce._pass import settle
 from ..reduce._reducer import Reducer
 
@@ -51,7 +52,11 @@ class _Follower:
     """The decoding half, run in a worker thread one step at a time."""
 
     def __init__(
-        self, trace_file: Path | BinaryIO, bundle_dir: Path | None, rewards_dir_fd: int | None
+        self,
+        trace_file: Path | BinaryIO,
+        bundle_dir: Path | None,
+        rewards_dir_fd: int | None,
+        forks: ForkResolver | None = None,
     ) -> None:
         # A file already open (the service opens it under its root) is read as it is.
         if isinstance(trace_file, Path):
@@ -62,8 +67,8 @@ class _Follower:
         self.bundle_dir = bundle_dir
         self.rewards_dir_fd = rewards_dir_fd
         self.decoder = FrameDecoder()
-        # A fork's parent is read from beside it, as replay_bundle does.
-        self.reducer = Reducer(forks=BundleForkResolver(bundle_dir))
+        # A fork's parent is read from beside it, as replay_bundle does (or as `forks` finds it).
+        self.reducer = Reducer(forks=forks or BundleForkResolver(bundle_dir))
         self.position = 0
         self.head = b""
         self.final = False
@@ -156,6 +161,7 @@ async def follow_bundle(
     min_interval: float = MIN_UPDATE_INTERVAL,
     rewards_dir_fd: int | None = None,
     live_window: float = LIVE_WINDOW,
+    forks: ForkResolver | None = None,
 ) -> AsyncGenerator[WatchUpdate, None]:
     """Updates of a bundle's reduced state as its trace.binpb grows, until the footer.
 
@@ -167,10 +173,10 @@ async def follow_bundle(
     ReductionError when records contradict each other, OSError when the file cannot be read.
     trace_file may be a file already open (then bundle_dir says where a fork's parent is looked
     for, and rewards_dir_fd, if given, the descriptor of that directory the final state's
-    rewards are read through).
+    rewards are read through, and forks, if given, how a fork's parent is found).
     """
     source = Path(trace_file) if isinstance(trace_file, str | os.PathLike) else trace_file
-    follower = await asyncio.to_thread(_Follower, source, bundle_dir, rewards_dir_fd)
+    follower = await asyncio.to_thread(_Follower, source, bundle_dir, rewards_dir_fd, forks)
     in_flight: asyncio.Future[Any] | None = None
 
     async def run(step: Callable[[], _T]) -> _T:
