@@ -34,6 +34,7 @@ from agent_server.gateway._sessions import (
     SOURCE_HEADER,
     SOURCE_NEW,
     SOURCE_PATH,
+    RunningCall,
     Session,
     SessionKey,
     Sessions,
@@ -104,6 +105,8 @@ if TYPE_CHECKING:
 
 # Running calls get this long to finish when the gateway stops; then they are cancelled.
 _STOP_GRACE = 2.0
+# The end reason of a call its session's close cut off.
+SESSION_CLOSED = "session_closed"
 COMPLETED = common_pb2.EXECUTION_STATUS_COMPLETED
 FAILED = common_pb2.EXECUTION_STATUS_FAILED
 _RECORDING = agent_pb2.RECORDING_STATUS_ACTIVE
@@ -464,6 +467,9 @@ class Gateway:
             return error_response(
                 503, "recording_unavailable", f"failed to start rollout recording: {error}"
             )
+        if session.closed:
+            # Closed while its bundle was being created: nothing of this call was recorded.
+            return _session_closed(session.key)
         session.calls_running += 1
         session.last_used = time.monotonic()
         try:
@@ -587,7 +593,11 @@ class Gateway:
             dialect, session, ordinal, session.turn.id, upstream.redactor_for(authorization)
         )
         session.call_started(call.turn_id)
-        outcome = _Outcome(call)
+        task = asyncio.current_task()
+        assert task is not None
+        # From here to the first await nothing yields: a close finds the call registered.
+        running = session.running[ordinal] = RunningCall(task)
+        outcome = _Outcome(call, running)
         outcome.strip = strip
         headers = upstream.headers_for(request.headers, call_id, authorization)
         answer: aiohttp.ClientResponse | None = None
@@ -604,11 +614,18 @@ class Gateway:
                 return await self._forward_stream(request, session, call, ordinal, outcome, answer)
             return await self._forward_body(session, call, ordinal, outcome, answer)
         except asyncio.CancelledError:
-            # The client went away (or the gateway is stopping): the upstream request ends too.
-            outcome.cancel(self._cancel_reason())
+            # The client went away, the gateway is stopping, or the session was closed (before
+            # the upstream answered): the upstream request ends too.
+            if not _cut_by_close(running):
+                outcome.cancel(self._cancel_reason())
+                self._end(session, call, ordinal, outcome)
+                raise
+            outcome.cancel(SESSION_CLOSED)
             self._end(session, call, ordinal, outcome)
-            raise
+            return _session_closed(session.key)
         finally:
+            del session.running[ordinal]
+            running.end()
             if answer is not None:
                 release(answer)
             fingerprints = tuple(dialect.fingerprint(entry) for entry in entries)
@@ -759,8 +776,10 @@ class Gateway:
         except _ClientGoneError:
             outcome.cancel("client_disconnected")
         except asyncio.CancelledError:
-            outcome.cancel(self._cancel_reason())
-            raise
+            if not _cut_by_close(outcome.running):
+                outcome.cancel(self._cancel_reason())
+                raise
+            return await self._cut_off(request, response, session, call, ordinal, outcome)
         except aiohttp.ServerTimeoutError:
             outcome.fail(idle_failure("inside its stream"))
             _drop_connection(request)
@@ -776,6 +795,32 @@ class Gateway:
                 self._end(session, call, ordinal, outcome)
         return response
 
+    async def _cut_off(
+        self,
+        request: web.Request,
+        response: web.StreamResponse,
+        session: Session,
+        call: CallRecorder,
+        ordinal: int,
+        outcome: _Outcome,
+    ) -> web.StreamResponse:
+        """The session was closed while the call streamed: the call is recorded CANCELLED with
+        what had arrived (its end first: the close waits for that, not for the client), then
+        the client's stream ends cleanly with a `session_closed` error event after the events
+        it had. A call whose answer had ended just gets the end of its stream."""
+        cut = not outcome.over
+        outcome.cancel(SESSION_CLOSED)
+        self._end(session, call, ordinal, outcome)
+        if not response.prepared:
+            return _session_closed(session.key)
+        try:
+            if cut:
+                await _write(response, _error_event(SESSION_CLOSED, _closed_message(session.key)))
+            await response.write_eof()
+        except (_ClientGoneError, ConnectionResetError):
+            _drop_connection(request)
+        return response
+
     def _cancel_reason(self) -> str:
         return "client_disconnected" if self._stopping is None else "shutdown"
 
@@ -784,6 +829,8 @@ class Gateway:
         if outcome.ended:
             return
         outcome.ended = True
+        # A close waiting for the call can go on once this end is recorded.
+        outcome.running.end()
         status = outcome.status
         error = outcome.error
         trace_error = None
@@ -816,7 +863,8 @@ class Gateway:
 
     async def _close_session(self, request: web.Request) -> web.Response:
         key = request.match_info["session"]
-        session = self.sessions.find(key)
+        # A close under way is waited for, as a second close of a session is answered.
+        session = self.sessions.find(key) or self.sessions.closing(key)
         if session is None:
             closed = self.sessions.closed(key)
             if closed is None:
@@ -925,8 +973,9 @@ class Gateway:
 class _Outcome:
     """How a call ended, decided once: completed, failed with an error, or cancelled."""
 
-    def __init__(self, call: CallRecorder) -> None:
+    def __init__(self, call: CallRecorder, running: RunningCall) -> None:
         self.call = call
+        self.running = running
         self.status: common_pb2.ExecutionStatus.ValueType = common_pb2.EXECUTION_STATUS_RUNNING
         self.reason = ""
         self.error: ProviderError | None = None
@@ -1071,13 +1120,50 @@ def _recording_failed(cause: str) -> web.Response:
 
 
 def _recording_failed_event(cause: str) -> bytes:
+    return _error_event(
+        "recording_failed",
+        f"the gateway could not record the rest of this call: {cause}",
+        f"recording failed: {cause}",
+    )
+
+
+def _error_event(code: str, message: str, short: str = "") -> bytes:
+    """An SSE `error` event, in the Responses API's shape (`code`, `message`) and with the
+    `error` object the SDKs raise from a stream."""
     data = {
         "type": "error",
-        "code": "recording_failed",
-        "message": f"the gateway could not record the rest of this call: {cause}",
-        "error": {"code": "recording_failed", "message": f"recording failed: {cause}"},
+        "code": code,
+        "message": message,
+        "error": {"code": code, "message": short or message},
     }
     return f"event: error\ndata: {json.dumps(data)}\n\n".encode()
+
+
+def _closed_message(key: str) -> str:
+    return (
+        f"session {key!r} was closed while this call ran: the call was cancelled and its "
+        "upstream request closed"
+    )
+
+
+def _session_closed(key: str) -> web.Response:
+    """The answer to a call its session's close cut off before anything was forwarded: 409,
+    and no retry (the SDKs retry a 409 unless told not to; a retry would start a new
+    session of the same key, though its client closed it)."""
+    response = error_response(409, SESSION_CLOSED, _closed_message(key))
+    response.headers["x-should-retry"] = "false"
+    return response
+
+
+def _cut_by_close(running: RunningCall) -> bool:
+    """Whether the cancellation being handled is the session's close cutting the call off
+    (taken back then: the call answers its client itself), rather than its client going away
+    or the gateway stopping, which it stays. Asked once per cut."""
+    if not running.cut:
+        return False
+    running.cut = False
+    task = asyncio.current_task()
+    return task is not None and task.uncancel() == 0
 
 
 async def _write(response: web.StreamResponse, data: bytes) -> None:
