@@ -170,12 +170,58 @@ class _ClientGoneError(Exception):
     """The client closed its connection while the answer was being forwarded."""
 
 
+class _BusyError(Exception):
+    """A request's body does not fit in what is left of the request body budget."""
+
+
+# Seconds a client refused for the budget is told to wait: bodies are parsed and recorded in
+# milliseconds to a second or so, and the SDKs wait what Retry-After says before retrying.
+_BUSY_RETRY_AFTER = 1
+
+
+class BodyBudget:
+    """The request body bytes being read, parsed and recorded at once, across all requests
+    (GatewaySettings.request_body_budget). Parsed, a body of many small messages takes 16
+    times its bytes: without a bound, a few clients' bodies took the gateway's memory."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def charge(self) -> BodyCharge:
+        return BodyCharge(self)
+
+
+class BodyCharge:
+    """What one request holds of the budget: its body's bytes as they are read, until its
+    call is recorded (then only the body's bytes stay, on their way upstream) or refused."""
+
+    def __init__(self, budget: BodyBudget) -> None:
+        self._budget = budget
+        self.held = 0
+
+    def fits(self, size: int) -> bool:
+        return self._budget.used + size <= self._budget.limit
+
+    def add(self, size: int) -> None:
+        """Hold size more bytes; _BusyError when they do not fit."""
+        if not self.fits(size):
+            raise _BusyError()
+        self._budget.used += size
+        self.held += size
+
+    def release(self) -> None:
+        self._budget.used -= self.held
+        self.held = 0
+
+
 class Gateway:
     """`await Gateway.start(settings)`, then `.url`, then `await .stop()`."""
 
     def __init__(self, settings: GatewaySettings) -> None:
         self.settings = settings
         self.sessions = Sessions(settings.trace_root, settings.session_idle_timeout)
+        self.body_budget = BodyBudget(settings.request_body_budget)
         self._upstream: Upstream | None = None
         self._local_model: LocalModel | None = None
         # --replay-from: the recorded upstream answers (and passes what diverges on, if asked).
@@ -388,6 +434,17 @@ class Gateway:
         finally:
             self._handling.discard(task)
 
+    def _busy(self) -> web.Response:
+        response = error_response(
+            503,
+            "gateway_busy",
+            "the gateway is reading and recording as many request bodies as its "
+            f"--request-body-budget ({self.settings.request_body_budget} bytes) allows; "
+            f"retry after {_BUSY_RETRY_AFTER} s",
+        )
+        response.headers["Retry-After"] = str(_BUSY_RETRY_AFTER)
+        return response
+
     def _too_large(self) -> web.Response:
         return error_response(
             413,
@@ -438,20 +495,61 @@ class Gateway:
     async def _chat_call(self, request: web.Request) -> web.StreamResponse:
         return await self._call(request, CHAT)
 
-    async def _read_body(self, request: web.Request) -> bytes:
-        """The request's body, read within the request read timeout (TimeoutError past it)."""
+    async def _read_body(self, request: web.Request, charge: BodyCharge) -> bytes:
+        """The request's body, read within the request read timeout (TimeoutError past it),
+        each piece charged to the body budget as it arrives (_BusyError when it does not fit:
+        a body its Content-Length says will not fit is refused before any of it is read)."""
+        declared = request.content_length
+        if declared is not None and not charge.fits(declared):
+            raise _BusyError()
+        limit = self.settings.max_request_bytes
+        pieces: list[bytes] = []
         async with asyncio.timeout(self.settings.request_read_timeout):
-            return await request.read()
+            # Read here, not with request.read(), which keeps the body for the request's life.
+            while piece := await request.content.readany():
+                if charge.held + len(piece) > limit:
+                    raise web.HTTPRequestEntityTooLarge(
+                        max_size=limit, actual_size=charge.held + len(piece)
+                    )
+                charge.add(len(piece))
+                pieces.append(piece)
+        return b"".join(pieces)
 
-    async def _call(self, request: web.Request, dialect: Dialect) -> web.StreamResponse:
+    async def _read_or_refuse(
+        self, request: web.Request, charge: BodyCharge
+    ) -> bytes | web.Response:
+        """The body, or the answer to a request whose body is too slow or over the budget."""
         try:
-            raw = await self._read_body(request)
+            return await self._read_body(request, charge)
         except TimeoutError:
             return _slow_body(self.settings.request_read_timeout)
+        except _BusyError:
+            # At once; aiohttp then reads what is left of the body and drops it (for up to its
+            # lingering time), holding none of it, so that a client which sends its whole body
+            # before it reads (the SDKs' HTTP clients) gets the 503, not a broken connection.
+            return self._busy()
+
+    async def _call(self, request: web.Request, dialect: Dialect) -> web.StreamResponse:
+        charge = self.body_budget.charge()
+        try:
+            return await self._charged_call(request, dialect, charge)
+        finally:
+            charge.release()
+
+    async def _charged_call(
+        self, request: web.Request, dialect: Dialect, charge: BodyCharge
+    ) -> web.StreamResponse:
+        raw = await self._read_or_refuse(request, charge)
+        if isinstance(raw, web.Response):
+            return raw
         body = loads(raw)
         if not isinstance(body, dict):
             return error_response(400, "invalid_json", "the request body must be a JSON object")
         entries = dialect.entries(body)
+        if len(entries) > MAX_CALL_ITEMS:
+            # Before its items are made: each a copy of its entry, 165 MiB more for 900,000
+            # small messages, only to be refused.
+            return _too_many_items(len(entries))
         items = dialect.items(entries)
         refused = _unrecordable(body, items)
         if refused is not None:
@@ -473,9 +571,12 @@ class Gateway:
         session.calls_running += 1
         session.last_used = time.monotonic()
         try:
-            return await self._record_and_forward(
-                request, dialect, session, body, raw, entries, items
+            forward = self._record_and_forward(
+                request, dialect, session, body, raw, entries, items, charge
             )
+            # The call drops the parsed request once it is recorded: nothing here keeps it.
+            del body, raw, entries, items
+            return await forward
         finally:
             session.calls_running -= 1
             session.last_used = time.monotonic()
@@ -527,13 +628,13 @@ class Gateway:
         dialect: Dialect,
         session: Session,
         entries: list[dict[str, Any]],
+        fingerprints: tuple[str, ...],
         traceparent: str = "",
     ) -> int:
         """Start or continue the session's turn for a request; its turn's ordinal.
 
         New entries are those past what the request shares with the last exchange: a user
         message among them starts a turn; tool outputs continue the current one."""
-        fingerprints = [dialect.fingerprint(entry) for entry in entries]
         shared = 0
         for mine, theirs in zip(session.exchange, fingerprints, strict=False):
             if mine != theirs:
@@ -559,13 +660,15 @@ class Gateway:
         raw: bytes,
         entries: list[dict[str, Any]],
         items: list[dict[str, Any]],
+        charge: BodyCharge,
     ) -> web.StreamResponse:
         upstream = self._upstream
         assert upstream is not None
         recorder = session.recorder
         # The caller's W3C trace context becomes the parent of the turn this request starts.
         traceparent = request.headers.get("traceparent", "").strip()
-        turn_ordinal = self._place(dialect, session, entries, traceparent)
+        fingerprints = tuple(dialect.fingerprint(entry) for entry in entries)
+        turn_ordinal = self._place(dialect, session, entries, fingerprints, traceparent)
         # With --token-ids a Chat upstream is asked for the engine's ids; a client that did
         # not ask for them never sees them.
         strip = False
@@ -586,6 +689,11 @@ class Gateway:
             provider_api=dialect.provider_api,
             input_as_string=dialect.input_as_string(body),
         )
+        # Recorded: the parsed request goes (a body of small messages takes many times its
+        # bytes), and with it the call's charge to the body budget; the body's own bytes stay
+        # until the upstream has them.
+        del body, entries, items
+        charge.release()
         if recorder.status != _RECORDING:
             return _recording_failed(_stopped(recorder))
         authorization = request.headers.get("Authorization") if self._token is None else None
@@ -628,7 +736,6 @@ class Gateway:
             running.end()
             if answer is not None:
                 release(answer)
-            fingerprints = tuple(dialect.fingerprint(entry) for entry in entries)
             self.sessions.exchanged(
                 session, fingerprints + tuple(call.output_fingerprints()), call.response_id
             )
@@ -900,10 +1007,16 @@ class Gateway:
         """POST {session, name, value, turn_id?, item_id?, weight?, source?, metadata?}: one
         reward beside the session's bundle (the RecordReward sidecar); a closed session's
         turn and item are checked against its reduced bundle, as RecordReward checks them."""
+        charge = self.body_budget.charge()
         try:
-            body = loads(await self._read_body(request))
-        except TimeoutError:
-            return _slow_body(self.settings.request_read_timeout)
+            raw = await self._read_or_refuse(request, charge)
+            if isinstance(raw, web.Response):
+                return raw
+            return await self._record_reward(loads(raw))
+        finally:
+            charge.release()
+
+    async def _record_reward(self, body: Any) -> web.Response:
         if not isinstance(body, dict):
             return error_response(400, "invalid_json", "the request body must be a JSON object")
         unknown = sorted(name for name in body if name not in _REWARD_FIELDS)
@@ -1012,13 +1125,17 @@ def _unrecordable(body: dict[str, Any], items: list[dict[str, Any]]) -> web.Resp
             f"model must be at most {MAX_MODEL_CHARS} characters, not {len(model)}",
         )
     if len(items) > MAX_CALL_ITEMS:
-        return error_response(
-            413,
-            "too_many_items",
-            f"the request's conversation is {len(items)} items; the gateway records at most "
-            f"{MAX_CALL_ITEMS} a call",
-        )
+        return _too_many_items(len(items))
     return None
+
+
+def _too_many_items(count: int) -> web.Response:
+    return error_response(
+        413,
+        "too_many_items",
+        f"the request's conversation is {count} items; the gateway records at most "
+        f"{MAX_CALL_ITEMS} a call",
+    )
 
 
 def _model(body: dict[str, Any], *, any_value: bool = False) -> str:
