@@ -51,6 +51,7 @@ KEYS: dict[str, type] = {
     "gateway-listen": str,
     "session-idle-timeout": float,
     "token-ids": bool,
+    "request-body-budget": int,
 }
 
 

@@ -34,6 +34,7 @@ from agent_server.gateway._sessions import (
     SOURCE_HEADER,
     SOURCE_NEW,
     SOURCE_PATH,
+    RunningCall,
     Session,
     SessionKey,
     Sessions,
@@ -104,6 +105,8 @@ if TYPE_CHECKING:
 
 # Running calls get this long to finish when the gateway stops; then they are cancelled.
 _STOP_GRACE = 2.0
+# The end reason of a call its session's close cut off.
+SESSION_CLOSED = "session_closed"
 COMPLETED = common_pb2.EXECUTION_STATUS_COMPLETED
 FAILED = common_pb2.EXECUTION_STATUS_FAILED
 _RECORDING = agent_pb2.RECORDING_STATUS_ACTIVE
@@ -167,12 +170,58 @@ class _ClientGoneError(Exception):
     """The client closed its connection while the answer was being forwarded."""
 
 
+class _BusyError(Exception):
+    """A request's body does not fit in what is left of the request body budget."""
+
+
+# Seconds a client refused for the budget is told to wait: bodies are parsed and recorded in
+# milliseconds to a second or so, and the SDKs wait what Retry-After says before retrying.
+_BUSY_RETRY_AFTER = 1
+
+
+class BodyBudget:
+    """The request body bytes being read, parsed and recorded at once, across all requests
+    (GatewaySettings.request_body_budget). Parsed, a body of many small messages takes 16
+    times its bytes: without a bound, a few clients' bodies took the gateway's memory."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def charge(self) -> BodyCharge:
+        return BodyCharge(self)
+
+
+class BodyCharge:
+    """What one request holds of the budget: its body's bytes as they are read, until its
+    call is recorded (then only the body's bytes stay, on their way upstream) or refused."""
+
+    def __init__(self, budget: BodyBudget) -> None:
+        self._budget = budget
+        self.held = 0
+
+    def fits(self, size: int) -> bool:
+        return self._budget.used + size <= self._budget.limit
+
+    def add(self, size: int) -> None:
+        """Hold size more bytes; _BusyError when they do not fit."""
+        if not self.fits(size):
+            raise _BusyError()
+        self._budget.used += size
+        self.held += size
+
+    def release(self) -> None:
+        self._budget.used -= self.held
+        self.held = 0
+
+
 class Gateway:
     """`await Gateway.start(settings)`, then `.url`, then `await .stop()`."""
 
     def __init__(self, settings: GatewaySettings) -> None:
         self.settings = settings
         self.sessions = Sessions(settings.trace_root, settings.session_idle_timeout)
+        self.body_budget = BodyBudget(settings.request_body_budget)
         self._upstream: Upstream | None = None
         self._local_model: LocalModel | None = None
         # --replay-from: the recorded upstream answers (and passes what diverges on, if asked).
@@ -385,6 +434,17 @@ class Gateway:
         finally:
             self._handling.discard(task)
 
+    def _busy(self) -> web.Response:
+        response = error_response(
+            503,
+            "gateway_busy",
+            "the gateway is reading and recording as many request bodies as its "
+            f"--request-body-budget ({self.settings.request_body_budget} bytes) allows; "
+            f"retry after {_BUSY_RETRY_AFTER} s",
+        )
+        response.headers["Retry-After"] = str(_BUSY_RETRY_AFTER)
+        return response
+
     def _too_large(self) -> web.Response:
         return error_response(
             413,
@@ -435,20 +495,61 @@ class Gateway:
     async def _chat_call(self, request: web.Request) -> web.StreamResponse:
         return await self._call(request, CHAT)
 
-    async def _read_body(self, request: web.Request) -> bytes:
-        """The request's body, read within the request read timeout (TimeoutError past it)."""
+    async def _read_body(self, request: web.Request, charge: BodyCharge) -> bytes:
+        """The request's body, read within the request read timeout (TimeoutError past it),
+        each piece charged to the body budget as it arrives (_BusyError when it does not fit:
+        a body its Content-Length says will not fit is refused before any of it is read)."""
+        declared = request.content_length
+        if declared is not None and not charge.fits(declared):
+            raise _BusyError()
+        limit = self.settings.max_request_bytes
+        pieces: list[bytes] = []
         async with asyncio.timeout(self.settings.request_read_timeout):
-            return await request.read()
+            # Read here, not with request.read(), which keeps the body for the request's life.
+            while piece := await request.content.readany():
+                if charge.held + len(piece) > limit:
+                    raise web.HTTPRequestEntityTooLarge(
+                        max_size=limit, actual_size=charge.held + len(piece)
+                    )
+                charge.add(len(piece))
+                pieces.append(piece)
+        return b"".join(pieces)
 
-    async def _call(self, request: web.Request, dialect: Dialect) -> web.StreamResponse:
+    async def _read_or_refuse(
+        self, request: web.Request, charge: BodyCharge
+    ) -> bytes | web.Response:
+        """The body, or the answer to a request whose body is too slow or over the budget."""
         try:
-            raw = await self._read_body(request)
+            return await self._read_body(request, charge)
         except TimeoutError:
             return _slow_body(self.settings.request_read_timeout)
+        except _BusyError:
+            # At once; aiohttp then reads what is left of the body and drops it (for up to its
+            # lingering time), holding none of it, so that a client which sends its whole body
+            # before it reads (the SDKs' HTTP clients) gets the 503, not a broken connection.
+            return self._busy()
+
+    async def _call(self, request: web.Request, dialect: Dialect) -> web.StreamResponse:
+        charge = self.body_budget.charge()
+        try:
+            return await self._charged_call(request, dialect, charge)
+        finally:
+            charge.release()
+
+    async def _charged_call(
+        self, request: web.Request, dialect: Dialect, charge: BodyCharge
+    ) -> web.StreamResponse:
+        raw = await self._read_or_refuse(request, charge)
+        if isinstance(raw, web.Response):
+            return raw
         body = loads(raw)
         if not isinstance(body, dict):
             return error_response(400, "invalid_json", "the request body must be a JSON object")
         entries = dialect.entries(body)
+        if len(entries) > MAX_CALL_ITEMS:
+            # Before its items are made: each a copy of its entry, 165 MiB more for 900,000
+            # small messages, only to be refused.
+            return _too_many_items(len(entries))
         items = dialect.items(entries)
         refused = _unrecordable(body, items)
         if refused is not None:
@@ -464,12 +565,18 @@ class Gateway:
             return error_response(
                 503, "recording_unavailable", f"failed to start rollout recording: {error}"
             )
+        if session.closed:
+            # Closed while its bundle was being created: nothing of this call was recorded.
+            return _session_closed(session.key)
         session.calls_running += 1
         session.last_used = time.monotonic()
         try:
-            return await self._record_and_forward(
-                request, dialect, session, body, raw, entries, items
+            forward = self._record_and_forward(
+                request, dialect, session, body, raw, entries, items, charge
             )
+            # The call drops the parsed request once it is recorded: nothing here keeps it.
+            del body, raw, entries, items
+            return await forward
         finally:
             session.calls_running -= 1
             session.last_used = time.monotonic()
@@ -521,13 +628,13 @@ class Gateway:
         dialect: Dialect,
         session: Session,
         entries: list[dict[str, Any]],
+        fingerprints: tuple[str, ...],
         traceparent: str = "",
     ) -> int:
         """Start or continue the session's turn for a request; its turn's ordinal.
 
         New entries are those past what the request shares with the last exchange: a user
         message among them starts a turn; tool outputs continue the current one."""
-        fingerprints = [dialect.fingerprint(entry) for entry in entries]
         shared = 0
         for mine, theirs in zip(session.exchange, fingerprints, strict=False):
             if mine != theirs:
@@ -553,13 +660,15 @@ class Gateway:
         raw: bytes,
         entries: list[dict[str, Any]],
         items: list[dict[str, Any]],
+        charge: BodyCharge,
     ) -> web.StreamResponse:
         upstream = self._upstream
         assert upstream is not None
         recorder = session.recorder
         # The caller's W3C trace context becomes the parent of the turn this request starts.
         traceparent = request.headers.get("traceparent", "").strip()
-        turn_ordinal = self._place(dialect, session, entries, traceparent)
+        fingerprints = tuple(dialect.fingerprint(entry) for entry in entries)
+        turn_ordinal = self._place(dialect, session, entries, fingerprints, traceparent)
         # With --token-ids a Chat upstream is asked for the engine's ids; a client that did
         # not ask for them never sees them.
         strip = False
@@ -580,6 +689,11 @@ class Gateway:
             provider_api=dialect.provider_api,
             input_as_string=dialect.input_as_string(body),
         )
+        # Recorded: the parsed request goes (a body of small messages takes many times its
+        # bytes), and with it the call's charge to the body budget; the body's own bytes stay
+        # until the upstream has them.
+        del body, entries, items
+        charge.release()
         if recorder.status != _RECORDING:
             return _recording_failed(_stopped(recorder))
         authorization = request.headers.get("Authorization") if self._token is None else None
@@ -587,7 +701,11 @@ class Gateway:
             dialect, session, ordinal, session.turn.id, upstream.redactor_for(authorization)
         )
         session.call_started(call.turn_id)
-        outcome = _Outcome(call)
+        task = asyncio.current_task()
+        assert task is not None
+        # From here to the first await nothing yields: a close finds the call registered.
+        running = session.running[ordinal] = RunningCall(task)
+        outcome = _Outcome(call, running)
         outcome.strip = strip
         headers = upstream.headers_for(request.headers, call_id, authorization)
         answer: aiohttp.ClientResponse | None = None
@@ -604,14 +722,20 @@ class Gateway:
                 return await self._forward_stream(request, session, call, ordinal, outcome, answer)
             return await self._forward_body(session, call, ordinal, outcome, answer)
         except asyncio.CancelledError:
-            # The client went away (or the gateway is stopping): the upstream request ends too.
-            outcome.cancel(self._cancel_reason())
+            # The client went away, the gateway is stopping, or the session was closed (before
+            # the upstream answered): the upstream request ends too.
+            if not _cut_by_close(running):
+                outcome.cancel(self._cancel_reason())
+                self._end(session, call, ordinal, outcome)
+                raise
+            outcome.cancel(SESSION_CLOSED)
             self._end(session, call, ordinal, outcome)
-            raise
+            return _session_closed(session.key)
         finally:
+            del session.running[ordinal]
+            running.end()
             if answer is not None:
                 release(answer)
-            fingerprints = tuple(dialect.fingerprint(entry) for entry in entries)
             self.sessions.exchanged(
                 session, fingerprints + tuple(call.output_fingerprints()), call.response_id
             )
@@ -759,8 +883,10 @@ class Gateway:
         except _ClientGoneError:
             outcome.cancel("client_disconnected")
         except asyncio.CancelledError:
-            outcome.cancel(self._cancel_reason())
-            raise
+            if not _cut_by_close(outcome.running):
+                outcome.cancel(self._cancel_reason())
+                raise
+            return await self._cut_off(request, response, session, call, ordinal, outcome)
         except aiohttp.ServerTimeoutError:
             outcome.fail(idle_failure("inside its stream"))
             _drop_connection(request)
@@ -776,6 +902,32 @@ class Gateway:
                 self._end(session, call, ordinal, outcome)
         return response
 
+    async def _cut_off(
+        self,
+        request: web.Request,
+        response: web.StreamResponse,
+        session: Session,
+        call: CallRecorder,
+        ordinal: int,
+        outcome: _Outcome,
+    ) -> web.StreamResponse:
+        """The session was closed while the call streamed: the call is recorded CANCELLED with
+        what had arrived (its end first: the close waits for that, not for the client), then
+        the client's stream ends cleanly with a `session_closed` error event after the events
+        it had. A call whose answer had ended just gets the end of its stream."""
+        cut = not outcome.over
+        outcome.cancel(SESSION_CLOSED)
+        self._end(session, call, ordinal, outcome)
+        if not response.prepared:
+            return _session_closed(session.key)
+        try:
+            if cut:
+                await _write(response, _error_event(SESSION_CLOSED, _closed_message(session.key)))
+            await response.write_eof()
+        except (_ClientGoneError, ConnectionResetError):
+            _drop_connection(request)
+        return response
+
     def _cancel_reason(self) -> str:
         return "client_disconnected" if self._stopping is None else "shutdown"
 
@@ -784,6 +936,8 @@ class Gateway:
         if outcome.ended:
             return
         outcome.ended = True
+        # A close waiting for the call can go on once this end is recorded.
+        outcome.running.end()
         status = outcome.status
         error = outcome.error
         trace_error = None
@@ -816,7 +970,8 @@ class Gateway:
 
     async def _close_session(self, request: web.Request) -> web.Response:
         key = request.match_info["session"]
-        session = self.sessions.find(key)
+        # A close under way is waited for, as a second close of a session is answered.
+        session = self.sessions.find(key) or self.sessions.closing(key)
         if session is None:
             closed = self.sessions.closed(key)
             if closed is None:
@@ -852,10 +1007,16 @@ class Gateway:
         """POST {session, name, value, turn_id?, item_id?, weight?, source?, metadata?}: one
         reward beside the session's bundle (the RecordReward sidecar); a closed session's
         turn and item are checked against its reduced bundle, as RecordReward checks them."""
+        charge = self.body_budget.charge()
         try:
-            body = loads(await self._read_body(request))
-        except TimeoutError:
-            return _slow_body(self.settings.request_read_timeout)
+            raw = await self._read_or_refuse(request, charge)
+            if isinstance(raw, web.Response):
+                return raw
+            return await self._record_reward(loads(raw))
+        finally:
+            charge.release()
+
+    async def _record_reward(self, body: Any) -> web.Response:
         if not isinstance(body, dict):
             return error_response(400, "invalid_json", "the request body must be a JSON object")
         unknown = sorted(name for name in body if name not in _REWARD_FIELDS)
@@ -925,8 +1086,9 @@ class Gateway:
 class _Outcome:
     """How a call ended, decided once: completed, failed with an error, or cancelled."""
 
-    def __init__(self, call: CallRecorder) -> None:
+    def __init__(self, call: CallRecorder, running: RunningCall) -> None:
         self.call = call
+        self.running = running
         self.status: common_pb2.ExecutionStatus.ValueType = common_pb2.EXECUTION_STATUS_RUNNING
         self.reason = ""
         self.error: ProviderError | None = None
@@ -963,13 +1125,17 @@ def _unrecordable(body: dict[str, Any], items: list[dict[str, Any]]) -> web.Resp
             f"model must be at most {MAX_MODEL_CHARS} characters, not {len(model)}",
         )
     if len(items) > MAX_CALL_ITEMS:
-        return error_response(
-            413,
-            "too_many_items",
-            f"the request's conversation is {len(items)} items; the gateway records at most "
-            f"{MAX_CALL_ITEMS} a call",
-        )
+        return _too_many_items(len(items))
     return None
+
+
+def _too_many_items(count: int) -> web.Response:
+    return error_response(
+        413,
+        "too_many_items",
+        f"the request's conversation is {count} items; the gateway records at most "
+        f"{MAX_CALL_ITEMS} a call",
+    )
 
 
 def _model(body: dict[str, Any], *, any_value: bool = False) -> str:
@@ -1071,13 +1237,50 @@ def _recording_failed(cause: str) -> web.Response:
 
 
 def _recording_failed_event(cause: str) -> bytes:
+    return _error_event(
+        "recording_failed",
+        f"the gateway could not record the rest of this call: {cause}",
+        f"recording failed: {cause}",
+    )
+
+
+def _error_event(code: str, message: str, short: str = "") -> bytes:
+    """An SSE `error` event, in the Responses API's shape (`code`, `message`) and with the
+    `error` object the SDKs raise from a stream."""
     data = {
         "type": "error",
-        "code": "recording_failed",
-        "message": f"the gateway could not record the rest of this call: {cause}",
-        "error": {"code": "recording_failed", "message": f"recording failed: {cause}"},
+        "code": code,
+        "message": message,
+        "error": {"code": code, "message": short or message},
     }
     return f"event: error\ndata: {json.dumps(data)}\n\n".encode()
+
+
+def _closed_message(key: str) -> str:
+    return (
+        f"session {key!r} was closed while this call ran: the call was cancelled and its "
+        "upstream request closed"
+    )
+
+
+def _session_closed(key: str) -> web.Response:
+    """The answer to a call its session's close cut off before anything was forwarded: 409,
+    and no retry (the SDKs retry a 409 unless told not to; a retry would start a new
+    session of the same key, though its client closed it)."""
+    response = error_response(409, SESSION_CLOSED, _closed_message(key))
+    response.headers["x-should-retry"] = "false"
+    return response
+
+
+def _cut_by_close(running: RunningCall) -> bool:
+    """Whether the cancellation being handled is the session's close cutting the call off
+    (taken back then: the call answers its client itself), rather than its client going away
+    or the gateway stopping, which it stays. Asked once per cut."""
+    if not running.cut:
+        return False
+    running.cut = False
+    task = asyncio.current_task()
+    return task is not None and task.uncancel() == 0
 
 
 async def _write(response: web.StreamResponse, data: bytes) -> None:

@@ -29,6 +29,9 @@ log = logging.getLogger(__name__)
 _EVENT_CAPACITY = 16
 # Closed sessions remembered for rewards by session key.
 _CLOSED_KEPT = 4096
+# How long a close waits for the calls it cut off to record their ends (each has only to
+# write one record; its client's last bytes are not waited for).
+_CUT_GRACE = 2.0
 COMPLETED = common_pb2.EXECUTION_STATUS_COMPLETED
 CANCELLED = common_pb2.EXECUTION_STATUS_CANCELLED
 
@@ -91,6 +94,24 @@ class _OpenTurn:
 
 
 @dataclass
+class RunningCall:
+    """A call being answered, as a close of its session cuts it off: the task answering it
+    (cancelled, its upstream request closed with it) and whether its end is recorded."""
+
+    task: asyncio.Task[Any]
+    ended: asyncio.Future[None] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+    # Set by the close before it cancels the task: the handler tells that cancellation from
+    # its client going away or the gateway stopping, and answers its client itself.
+    cut: bool = False
+
+    def end(self) -> None:
+        if not self.ended.done():
+            self.ended.set_result(None)
+
+
+@dataclass
 class Session:
     """One session: a thread with one bundle; its current turn; its last exchange."""
 
@@ -109,6 +130,9 @@ class Session:
     # The turns not ended yet, by id: the current one, and earlier ones whose calls still run
     # (a client may start the next turn while a call of the last one streams).
     open_turns: dict[str, _OpenTurn] = field(default_factory=dict)
+    # The calls being answered, by call ordinal: a close cuts them off.
+    running: dict[int, RunningCall] = field(default_factory=dict)
+    closing: asyncio.Task[ClosedSession] | None = None
 
     @property
     def recorder(self) -> Recorder:
@@ -126,6 +150,18 @@ class Session:
         self.turn = turn
         self.open_turns[turn_id] = _OpenTurn(turn)
         return turn
+
+    async def cut_calls(self, grace: float) -> None:
+        """Cancel the calls still running (each closes its upstream request, records itself
+        CANCELLED with what had arrived and tells its client) and wait up to grace for their
+        ends to be recorded, so the turn ends after its calls. Was: a cut-off call kept its
+        upstream request open until the upstream sent more, or for the stream idle timeout."""
+        cut = [running for running in self.running.values() if not running.ended.done()]
+        for running in cut:
+            running.cut = True
+            running.task.cancel()
+        if cut:
+            await asyncio.wait([running.ended for running in cut], timeout=grace)
 
     def call_started(self, turn_id: str) -> None:
         """A call of turn turn_id was recorded as started; call_ended follows it."""
@@ -225,6 +261,8 @@ class Sessions:
         self._by_exchange: dict[tuple[str, ...], Session] = {}
         self._lengths: Counter[int] = Counter()
         self._closed: OrderedDict[str, ClosedSession] = OrderedDict()
+        # Sessions whose close is under way (their calls being cut off, the footer written).
+        self._closing: dict[str, Session] = {}
         self._creating: dict[str, asyncio.Task[Session]] = {}
         self._reaper: asyncio.Task[None] | None = None
 
@@ -240,6 +278,10 @@ class Sessions:
 
     def closed(self, key: str) -> ClosedSession | None:
         return self._closed.get(key)
+
+    def closing(self, key: str) -> Session | None:
+        """The session of key whose close has begun and not ended yet."""
+        return self._closing.get(key)
 
     def by_response(self, response_id: str) -> Session | None:
         return self._by_response.get(response_id)
@@ -317,33 +359,51 @@ class Sessions:
                 del self._lengths[len(session.exchange)]
 
     async def close(self, session: Session, reason: str) -> ClosedSession:
-        """End the turn, record thread_ended and the footer; forget the session."""
-        if not session.closed:
-            session.closed = True
-            self._unindex(session)
-            if self._by_key.get(session.key) is session:
-                del self._by_key[session.key]
-            for response_id in [r for r, s in self._by_response.items() if s is session]:
-                del self._by_response[response_id]
-            session.end_turn(now=True)
-            await session.recorder.finish(COMPLETED, reason)
-            session.thread.mark_closed()
-            self._closed[session.key] = ClosedSession(
-                session.key,
-                session.thread.id,
-                session.recorder.bundle_path,
-                session.recorder.trace_id,
+        """Cut off its running calls, end the turn, record thread_ended and the footer; forget
+        the session. Closes at once share one (a second waited for nothing, and found no
+        closed session yet); a caller that leaves does not stop it halfway."""
+        if session.closing is None:
+            self._closing[session.key] = session
+            session.closing = asyncio.create_task(
+                self._close(session, reason), name=f"close session {session.key}"
             )
-            while len(self._closed) > _CLOSED_KEPT:
-                self._closed.popitem(last=False)
-            log.info("session %s closed (%s)", session.key, reason)
-        return self._closed[session.key]
+        return await outlive_caller(session.closing)
+
+    async def _close(self, session: Session, reason: str) -> ClosedSession:
+        try:
+            return await self._finish(session, reason)
+        finally:
+            if self._closing.get(session.key) is session:
+                del self._closing[session.key]
+
+    async def _finish(self, session: Session, reason: str) -> ClosedSession:
+        session.closed = True
+        self._unindex(session)
+        if self._by_key.get(session.key) is session:
+            del self._by_key[session.key]
+        for response_id in [r for r, s in self._by_response.items() if s is session]:
+            del self._by_response[response_id]
+        await session.cut_calls(_CUT_GRACE)
+        session.end_turn(now=True)
+        await session.recorder.finish(COMPLETED, reason)
+        session.thread.mark_closed()
+        closed = ClosedSession(
+            session.key,
+            session.thread.id,
+            session.recorder.bundle_path,
+            session.recorder.trace_id,
+        )
+        self._closed[session.key] = closed
+        while len(self._closed) > _CLOSED_KEPT:
+            self._closed.popitem(last=False)
+        log.info("session %s closed (%s)", session.key, reason)
+        return closed
 
     async def close_all(self, reason: str) -> None:
         if self._reaper is not None:
             self._reaper.cancel()
             await asyncio.wait([self._reaper])
-        for session in list(self._by_key.values()):
+        for session in list(self._by_key.values()) + list(self._closing.values()):
             await self.close(session, reason)
 
     async def _reap(self) -> None:

@@ -17,12 +17,17 @@ DEFAULT_LISTEN = "127.0.0.1:8090"
 DEFAULT_SESSION_IDLE_TIMEOUT = 600.0
 DEFAULT_MAX_REQUEST_BYTES = 32 * 1024 * 1024
 DEFAULT_REQUEST_READ_TIMEOUT = 60.0
+# Request body bytes read, parsed and recorded at once: four bodies of the largest size. Parsed,
+# a body takes 6 to 16 times its bytes (bench.gateway_memory), so this bounds that phase's
+# memory to about 0.8-2 GiB whatever the clients send.
+DEFAULT_REQUEST_BODY_BUDGET = 4 * DEFAULT_MAX_REQUEST_BYTES
 
 
 GATEWAY_NUMBER_SETTINGS: dict[str, Bounds] = {
     "session_idle_timeout": Bounds(0, exclusive=True, high=MAX_SECONDS, unit="seconds"),
     "max_request_bytes": Bounds(1024, integer=True, high=2**31 - 1),
     "request_read_timeout": Bounds(0, exclusive=True, high=MAX_SECONDS, unit="seconds"),
+    "request_body_budget": Bounds(1024, integer=True, high=2**62, unit="bytes"),
 }
 
 
@@ -43,12 +48,22 @@ class GatewaySettings:
     # from the connection's start or its last answer (then the connection is closed): a
     # client that trickles either would otherwise hold its connection for good, or an hour.
     request_read_timeout: float = DEFAULT_REQUEST_READ_TIMEOUT
+    # The request bodies the gateway reads, parses and records at once, in bytes: a request
+    # past it is answered 503 `gateway_busy` with Retry-After, at once (was: no bound, and a
+    # few clients' bodies of many small messages took the gateway's memory).
+    request_body_budget: int = DEFAULT_REQUEST_BODY_BUDGET
 
     def __post_init__(self) -> None:
         # The gateway's own numbers, checked as the agent server's are (was: NaN accepted, so
         # no session was ever closed for idleness).
         for name, bounds in GATEWAY_NUMBER_SETTINGS.items():
             bounds.check(name, getattr(self, name))
+        if self.request_body_budget < self.max_request_bytes:
+            # A body the size limit takes would never fit: refused 503 for ever.
+            raise ConfigError(
+                f"--request-body-budget must be at least the largest request body "
+                f"({self.max_request_bytes} bytes), not {self.request_body_budget}"
+            )
         try:
             split_listen(self.listen)
         except ValueError as error:
@@ -111,6 +126,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         help="seconds without a request before a session's bundle is finished "
         f"(default {DEFAULT_SESSION_IDLE_TIMEOUT:g})",
+    )
+    parser.add_argument(
+        "--request-body-budget",
+        metavar="BYTES",
+        type=int,
+        help="request body bytes read, parsed and recorded at once; a request past it is "
+        f"answered 503 with Retry-After (default {DEFAULT_REQUEST_BODY_BUDGET}, 128 MiB)",
     )
     parser.add_argument(
         "--provider-max-connections",
@@ -188,6 +210,7 @@ def from_args(
         for name, key in (
             ("listen", "gateway_listen"),
             ("session_idle_timeout", "session_idle_timeout"),
+            ("request_body_budget", "request_body_budget"),
         )
         if getattr(args, name) is None and file.get(key) is not None
     }
@@ -201,6 +224,11 @@ def from_args(
                 DEFAULT_SESSION_IDLE_TIMEOUT,
             ),
             token_ids=bool(_pick(args.token_ids, file.get("token_ids"), False)),
+            request_body_budget=_pick(
+                args.request_body_budget,
+                file.get("request_body_budget"),
+                DEFAULT_REQUEST_BODY_BUDGET,
+            ),
         )
     except ConfigError as error:
         raise ConfigError(config.with_origin(str(error), origins)) from error

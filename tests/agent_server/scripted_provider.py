@@ -16,7 +16,17 @@ class Reset:
 
 
 RESET = Reset()
-Step = str | asyncio.Event | Reset
+
+
+@dataclass
+class UntilClosed:
+    """A script step: send nothing more until the client closes the connection; then
+    `closed` is set (the upstream saw its request end)."""
+
+    closed: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+Step = str | asyncio.Event | Reset | UntilClosed
 
 
 @dataclass
@@ -142,6 +152,11 @@ class ScriptedProvider:
             if isinstance(step, asyncio.Event):
                 await step.wait()
             elif isinstance(step, Reset):
+                response.reset()
+                return
+            elif isinstance(step, UntilClosed):
+                await response.wait_disconnected()
+                step.closed.set()
                 response.reset()
                 return
             else:

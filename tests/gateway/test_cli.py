@@ -28,6 +28,12 @@ AGENT_SERVER = str(Path(sys.executable).parent / "agent-server")
         ([], "--trace-root is required"),
         (["--trace-root", "t", "--listen", "nowhere"], "--listen: expected HOST:PORT"),
         (["--trace-root", "t", "--session-idle-timeout", "0"], "--session-idle-timeout"),
+        (["--trace-root", "t", "--request-body-budget", "1000"], "--request-body-budget must be"),
+        # A budget no body of the largest size fits in would refuse such bodies for ever.
+        (
+            ["--trace-root", "t", "--request-body-budget", "2048"],
+            "--request-body-budget must be at least the largest request body (33554432 bytes)",
+        ),
         (["--trace-root", "t", "--upstream", "ftp://x"], "must be an http:// or https:// URL"),
         # The gateway names its own flag for the live provider, not the agent server's.
         (
@@ -69,12 +75,14 @@ def test_a_config_file_sets_the_gateway_keys(tmp_path: Path) -> None:
     config = tmp_path / "rollout.toml"
     config.write_text(
         'trace-root = "traces"\ngateway-listen = "127.0.0.1:9999"\nsession-idle-timeout = 5.0\n'
+        "request-body-budget = 67108864\n"
     )
     parser = __import__("argparse").ArgumentParser()
     _settings.add_arguments(parser)
     settings = _settings.from_args(parser.parse_args(["--config", str(config)]), environ={})
     assert settings.listen == "127.0.0.1:9999"
     assert settings.session_idle_timeout == 5.0
+    assert settings.request_body_budget == 64 * 1024 * 1024
     assert settings.trace_root == tmp_path / "traces"
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 from aiohttp import web
 
@@ -970,6 +971,98 @@ async def test_a_body_over_the_bound_without_a_length_is_a_413(
     assert answer.status_code == 413, answer.text
     assert answer.json()["error"]["code"] == "request_too_large"
     assert bundles(gateway.settings.trace_root) == []
+    assert any_traceback() == []
+
+
+def _chat_body(size: int, text: str = "hello") -> bytes:
+    """A Chat Completions body of exactly size bytes (padded inside a field the upstream
+    ignores), one user message."""
+    head = {"model": "m", "messages": [{"role": "user", "content": text}], "pad": ""}
+    empty = json.dumps(head).encode()
+    return json.dumps({**head, "pad": "x" * (size - len(empty))}).encode()
+
+
+async def _holding(gateway: Gateway, size: int) -> None:
+    """Once the gateway holds size bytes of request bodies (read on its own schedule)."""
+    async with asyncio.timeout(10):
+        while True:
+            if gateway.body_budget.used >= size:
+                return
+            await asyncio.sleep(0.01)
+
+
+async def test_bodies_past_the_budget_are_refused_503_and_the_session_records_on(
+    start_gateway: StartGateway, any_traceback: Callable[[], list[str]]
+) -> None:
+    # Was: no bound on the bodies read and parsed at once: a 31 MiB body of 900,000 small
+    # messages took the gateway 16 times its size, and nothing stopped a few clients sending
+    # several at once.
+    budget = 64 * 1024
+    gateway = await start_gateway(max_request_bytes=budget, request_body_budget=budget)
+    session = {"x-rollout-session": "budgeted"}
+    held = _chat_body(40_000, "held")
+    # A client holds 30,000 bytes of the budget: its body has not all arrived yet.
+    reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
+        b"Content-Type: application/json\r\nx-rollout-session: budgeted\r\n"
+        + f"Content-Length: {len(held)}\r\n\r\n".encode()
+        + held[:30_000]
+    )
+    await writer.drain()
+    await _holding(gateway, 30_000)
+    client = openai.AsyncOpenAI(
+        base_url=gateway.url, api_key="unused", max_retries=0, default_headers=session
+    )
+    async with client:
+        # 40,000 more declared: refused at once, before any of it is read.
+        with pytest.raises(openai.InternalServerError) as refused:
+            await client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "y" * 40_000}]
+            )
+        assert refused.value.status_code == 503
+        assert refused.value.response.headers["retry-after"] == "1"
+        assert refused.value.body == {
+            "message": (
+                "the gateway is reading and recording as many request bodies as its "
+                f"--request-body-budget ({budget} bytes) allows; retry after 1 s"
+            ),
+            "type": "server_error",
+            "code": "gateway_busy",
+        }
+        # A body without a length, refused as it passes the budget: the client, which sends
+        # it whole before reading, gets the 503 (the rest is read and dropped), not a reset.
+
+        async def pieces() -> AsyncIterator[bytes]:
+            body = _chat_body(40_000, "chunked")
+            for start in range(0, len(body), 8192):
+                yield body[start : start + 8192]
+
+        async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as http:
+            chunked = await http.post("/chat/completions", content=pieces(), headers=session)
+        assert chunked.status_code == 503, chunked.text
+        assert chunked.json()["error"]["code"] == "gateway_busy"
+        # What fits goes through, in the same session.
+        small = await client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "fits"}]
+        )
+        assert small.choices[0].message.content
+    # The held body ends: its call goes through as well.
+    writer.write(held[30_000:])
+    await writer.drain()
+    async with asyncio.timeout(30):
+        head = await reader.readuntil(b"\r\n\r\n")
+    writer.close()
+    assert head.startswith(b"HTTP/1.1 200"), head
+    assert gateway.body_budget.used == 0
+    await gateway.stop()
+    (trace,) = reduce_all(gateway.settings.trace_root)
+    assert trace.integrity.status == state_pb2.INTEGRITY_STATUS_CLEAN
+    recorded = calls(trace)
+    assert [call.execution.status for call in recorded] == [COMPLETED, COMPLETED]
+    # The refused requests left nothing in the session's bundle: only what went through.
+    texts = [items_text(trace, call.request_item_ids) for call in recorded]
+    assert texts == ["fits", "held"]
     assert any_traceback() == []
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -12,9 +13,11 @@ import pytest
 from aiohttp import web
 
 from agent_server.gateway import Gateway
+from agent_server.loopback_http import HttpRequest, HttpResponse, LoopbackHttpServer
 from rollout.trace.v1 import common_pb2, state_pb2
 from tests.agent_server.scripted_provider import (
     ScriptedProvider,
+    UntilClosed,
     answer,
     completed,
     created,
@@ -24,7 +27,7 @@ from tests.agent_server.scripted_provider import (
     sse,
     text_delta,
 )
-from tests.gateway.conftest import StartGateway, bundles, calls, reduce_all
+from tests.gateway.conftest import StartGateway, bundles, calls, items_text, reduce_all
 from trace_reducer import read_rewards, replay_bundle
 
 CLEAN = state_pb2.INTEGRITY_STATUS_CLEAN
@@ -315,38 +318,138 @@ async def test_a_turn_begun_while_the_last_one_streams_keeps_the_bundle_readable
     assert turns[0].execution.ended_seq > turns[1].execution.started_seq
 
 
-async def test_a_session_closed_under_a_streaming_call_records_the_call_cancelled(
+def _close(gateway: Gateway, key: str) -> Any:
+    """POST the session's close, within a bound: a close never waits on an upstream."""
+
+    async def close() -> httpx.Response:
+        async with (
+            asyncio.timeout(10),
+            httpx.AsyncClient(base_url=gateway.url.removesuffix("/v1")) as http,
+        ):
+            return await http.post(f"/rollout/v1/sessions/{key}/close")
+
+    return close()
+
+
+async def test_closing_a_session_cuts_off_its_streaming_call_and_its_upstream_request(
     start_gateway: StartGateway, provider: ScriptedProvider
 ) -> None:
-    # Was: the close ended the turn COMPLETED under the running call, which took its turn's
-    # status (SPEC section 4): COMPLETED, with no answer, though its client was told the
-    # recording stopped.
+    # Was: the turn and call were recorded CANCELLED, but the gateway went on reading the
+    # upstream, which held its request open until it sent more or the stream idle timeout
+    # (300 s) passed; the client was left waiting as long.
     gateway = await start_gateway(provider.url)
-    go_on = asyncio.Event()
-    first = message("", "msg-1")
+    provider.queue(answer("kept answer"))
+    silent = UntilClosed()
     provider.queue(
-        sse(created("resp-1"), item_added(first), text_delta("cut ", "msg-1")),
-        go_on,
-        sse(item_done(message("cut off", "msg-1")), completed("resp-1")),
+        sse(
+            created("resp-2"),
+            item_added(message("", "msg-2")),
+            text_delta("cut ", "msg-2"),
+            text_delta("off", "msg-2"),
+        ),
+        silent,
     )
     async with _client(gateway, **{"x-rollout-session": "closed-mid-call"}) as client:
-        stream = await client.responses.create(model="m", input="question", stream=True)
+        await client.responses.create(model="m", input="first question")
+        stream = await client.responses.create(model="m", input="second question", stream=True)
+        deltas = []
         async for event in stream:
             if event.type == "response.output_text.delta":
-                break
-        async with httpx.AsyncClient(base_url=gateway.url.removesuffix("/v1")) as http:
-            closed = await http.post("/rollout/v1/sessions/closed-mid-call/close")
+                deltas.append(event.delta)
+                if len(deltas) == 2:
+                    break
+        closed = await _close(gateway, "closed-mid-call")
         assert closed.status_code == 200, closed.text
-        go_on.set()
-        with pytest.raises(openai.APIError, match="recording failed"):
+        # The upstream saw its request end at the close, not at the next byte it sent.
+        await asyncio.wait_for(silent.closed.wait(), 10)
+        # The client's stream ends with an error event saying why.
+        with pytest.raises(openai.APIError, match="was closed while this call ran") as raised:
             async for _ in stream:
                 pass
+    assert raised.value.code == "session_closed"
     trace = replay_bundle(Path(closed.json()["bundle_path"]))
     assert trace.integrity.status == CLEAN
-    (turn,) = trace.turns.values()
-    (call,) = calls(trace)
-    assert (turn.execution.status, call.execution.status) == (CANCELLED, CANCELLED)
-    assert [d.partial_text for d in call.discarded_outputs] == ["cut "]
+    turns = sorted(trace.turns.values(), key=lambda turn: turn.execution.started_seq)
+    assert [turn.execution.status for turn in turns] == [COMPLETED, CANCELLED]
+    first, cut = calls(trace)
+    assert (first.execution.status, cut.execution.status) == (COMPLETED, CANCELLED)
+    assert cut.end_reason == "session_closed"
+    assert [d.partial_text for d in cut.discarded_outputs] == ["cut off"]
+    # What was recorded before the close is all there.
+    assert items_text(trace, first.response_item_ids) == "kept answer"
+
+
+async def test_a_cut_off_stream_ends_cleanly_after_a_session_closed_event(
+    start_gateway: StartGateway, provider: ScriptedProvider
+) -> None:
+    gateway = await start_gateway(provider.url)
+    silent = UntilClosed()
+    provider.queue(sse(created("resp-1"), item_added(message("", "msg-1"))), silent)
+    body = {"model": "m", "input": "hi", "stream": True}
+    headers = {"x-rollout-session": "cut"}
+    async with (
+        httpx.AsyncClient(base_url=gateway.url, timeout=10) as http,
+        http.stream("POST", "/responses", json=body, headers=headers) as reply,
+    ):
+        seen = b""
+        chunks = reply.aiter_bytes()
+        async for chunk in chunks:
+            seen += chunk
+            if b"output_item.added" in seen:
+                break
+        assert (await _close(gateway, "cut")).status_code == 200
+        # The rest arrives and the stream ends: no broken connection, no wait.
+        async for chunk in chunks:
+            seen += chunk
+    await asyncio.wait_for(silent.closed.wait(), 10)
+    *_, last = seen.decode().strip().split("\n\n")
+    assert last.startswith("event: error\ndata: ")
+    error = json.loads(last.partition("data: ")[2])
+    assert (error["code"], error["error"]["code"]) == ("session_closed", "session_closed")
+
+
+async def test_closing_a_session_cuts_off_a_call_waiting_for_its_upstream(
+    start_gateway: StartGateway,
+) -> None:
+    # An upstream that has not answered yet: the client gets 409 session_closed, not retried.
+    arrived, hung_up = asyncio.Event(), asyncio.Event()
+
+    async def silent(request: HttpRequest, response: HttpResponse) -> None:
+        arrived.set()
+        await response.wait_disconnected()
+        hung_up.set()
+        response.reset()
+
+    upstream = await LoopbackHttpServer.start(silent, keep_requests=True)
+    try:
+        gateway = await start_gateway(upstream.url)
+        client = openai.AsyncOpenAI(
+            base_url=gateway.url,
+            api_key="unused",
+            max_retries=2,
+            default_headers={"x-rollout-session": "waiting"},
+        )
+        async with client:
+            call = asyncio.create_task(client.responses.create(model="m", input="hi"))
+            await asyncio.wait_for(arrived.wait(), 10)
+            # Two closes at once: the second waits for the first and answers the same.
+            closed, again = await asyncio.gather(
+                _close(gateway, "waiting"), _close(gateway, "waiting")
+            )
+            assert (closed.status_code, again.status_code) == (200, 200), again.text
+            assert again.json() == closed.json()
+            await asyncio.wait_for(hung_up.wait(), 10)
+            with pytest.raises(openai.ConflictError) as raised:
+                await call
+        assert raised.value.code == "session_closed"
+        assert len(upstream.requests) == 1, "the SDK retried a call its session's close ended"
+    finally:
+        await upstream.stop()
+    trace = replay_bundle(Path(closed.json()["bundle_path"]))
+    assert trace.integrity.status == CLEAN
+    (call_record,) = calls(trace)
+    assert call_record.execution.status == CANCELLED
+    assert call_record.end_reason == "session_closed"
 
 
 async def test_the_built_in_model_lists_itself(gateway: Gateway) -> None:
