@@ -4,7 +4,7 @@ reduces it once (through the one pass), for the reducer to ask through ForkResol
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from rollout.trace.v1 import record_pb2
@@ -97,11 +97,7 @@ class BundleForkResolver:
             self._found_in.setdefault(explicit, None)
             return explicit
         for root in self._roots:
-            names: list[str] = []
-            if is_bundle_name(forked.parent_bundle):
-                names.append(forked.parent_bundle)
-            names.extend(candidate.name for candidate in thread_bundles(root, wanted))
-            for name in names:
+            for name in self._parent_names(root, forked):
                 candidate = root / name
                 if candidate in self._found_in:
                     return candidate
@@ -113,6 +109,17 @@ class BundleForkResolver:
                 self._found_in[candidate] = (root, name)
                 return candidate
         return None
+
+    @staticmethod
+    def _parent_names(root: Path, forked: record_pb2.ThreadForked) -> Iterator[str]:
+        """Where the parent may be under root: the bundle the fork names, then (only when
+        that is not there) every bundle of the parent's thread. Lazily: listing the root
+        reads its every entry, and doing it for every fork made reducing a root of N forks
+        (reduce-all, view ROOT, list) cost N times the root's size."""
+        if is_bundle_name(forked.parent_bundle):
+            yield forked.parent_bundle
+        for candidate in thread_bundles(root, forked.parent_thread_id):
+            yield candidate.name
 
     @staticmethod
     def _open_confined(root: Path, name: str) -> BundleReader:
