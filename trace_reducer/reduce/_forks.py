@@ -4,7 +4,7 @@ reduces it once (through the one pass), for the reducer to ask through ForkResol
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 from rollout.trace.v1 import record_pb2
@@ -28,6 +28,22 @@ def is_bundle_name(name: str) -> bool:
     return bool(name) and "/" not in name and "\0" not in name and name not in {".", ".."}
 
 
+def bundles_by_thread(paths: Iterable[str | os.PathLike[str]]) -> dict[str, Path]:
+    """The bundle of each thread among these bundles, read from their headers (a path that
+    is no readable bundle is passed over)."""
+    found: dict[str, Path] = {}
+    for path in paths:
+        try:
+            with read_bundle(path) as reader:
+                for record in reader:
+                    if record.WhichOneof("body") == "header":
+                        found[record.header.thread_id] = resolve_trace_file(path).parent
+                    break
+        except BundleError:
+            continue
+    return found
+
+
 class BundleForkResolver:
     """Finds parents beside the bundle (the same trace root) or among bundles given
     explicitly, reduces each once (oldest first, in a loop), and remembers them.
@@ -48,10 +64,14 @@ class BundleForkResolver:
         explicit: Iterable[str | os.PathLike[str]] = (),
         *,
         every_payload: bool = False,
+        explicit_ids: Mapping[str, Path] | None = None,
     ):
+        """`explicit_ids`, when given, is `bundles_by_thread(explicit)` worked out already
+        (by a caller that makes many resolvers over the same bundles); it is read, never
+        copied."""
         self._roots: list[Path] = [bundle_dir.parent] if bundle_dir is not None else []
         self._explicit = [Path(path) for path in explicit]
-        self._explicit_ids: dict[str, Path] | None = None
+        self._explicit_ids: Mapping[str, Path] | None = explicit_ids
         self._every_payload = every_payload
         self._loaded: dict[Path, ParentBundle | None] = {}
         # Where each located parent was found: (its directory, its name there); None for a
@@ -147,20 +167,9 @@ class BundleForkResolver:
             return None
         return None
 
-    def _explicit_by_thread(self) -> dict[str, Path]:
+    def _explicit_by_thread(self) -> Mapping[str, Path]:
         if self._explicit_ids is None:
-            self._explicit_ids = {}
-            for path in self._explicit:
-                try:
-                    with read_bundle(path) as reader:
-                        for record in reader:
-                            if record.WhichOneof("body") == "header":
-                                self._explicit_ids[record.header.thread_id] = resolve_trace_file(
-                                    path
-                                ).parent
-                            break
-                except BundleError:
-                    continue
+            self._explicit_ids = bundles_by_thread(self._explicit)
         return self._explicit_ids
 
     def _load(self, path: Path) -> ParentBundle | None:
