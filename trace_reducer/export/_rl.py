@@ -22,7 +22,7 @@ from ..bundle._discover import no_bundles_there, walk_bundles
 from ..bundle._errors import BundleError, ExportError, MissingExtraError, NotABundleError
 from ..bundle._integrity import integrity_name, require_reducible
 from ..bundle._layout import TRACE_FILE_NAME
-from ..bundle._names import KIND_WORDS, ROLE_WORDS, STOP_WORDS
+from ..bundle._names import KIND_WORDS, ROLE_WORDS, STOP_WORDS, rollout_outcome
 from ..bundle._reader import read_bundle, resolve_trace_file
 from ..reduce._forks import BundleForkResolver, bundles_by_thread
 from ..reduce._pass import reduce_reader
@@ -223,6 +223,8 @@ class Sample:
     rewards: list[dict[str, Any]] = field(default_factory=list)
     reward: float | None = None
     stop_reason: str = ""
+    # The rollout's outcome in `list`'s words (its last turn's status).
+    status: str = ""
     policy_version: str = ""
     policy_versions: list[str] = field(default_factory=list)
     calls: list[state_pb2.InferenceCall] = field(default_factory=list)
@@ -247,6 +249,7 @@ class Sample:
             "rewards": self.rewards,
             "reward": self.reward,
             "stop_reason": self.stop_reason,
+            "status": self.status,
             "policy_version": self.policy_version,
             "policy_versions": self.policy_versions,
             "integrity": integrity_name(self.trace.integrity.status),
@@ -394,6 +397,7 @@ def build_sample(
         rewards=rewards,
         reward=reward,
         stop_reason=stop_name(calls[-1].stop_reason),
+        status=rollout_outcome(trace),
         policy_version=calls[-1].policy_version,
         policy_versions=versions,
         calls=calls,
@@ -501,6 +505,7 @@ def _extra(sample: Sample) -> str:
             "bundle": sample.bundle,
             "repetition_index": sample.repetition_index,
             "stop_reason": sample.stop_reason,
+            "status": sample.status,
             "policy_version": sample.policy_version,
             "drift": sample.drift,
             "drift_events": sample.drift_events,
@@ -664,6 +669,7 @@ def _art_trajectory(sample: Sample) -> dict[str, Any]:
             "group_id": sample.group_id,
             "repetition_index": sample.repetition_index,
             "stop_reason": sample.stop_reason,
+            "status": sample.status,
             "policy_version": sample.policy_version,
             "tokens": sample.tokens,
             "drift": sample.drift,
