@@ -629,8 +629,24 @@ class RunFilter:
 
 
 def _searched_fields(run: Mapping[str, Any]) -> tuple[str, ...]:
-    """What --text searches: the run's ids, model, bundle path, text and metadata values."""
-    return (run["thread_id"], run["model"], run["bundle"], run["text"], *run["metadata"].values())
+    """What --text searches: the run's ids (its thread's, its trace's, and for a fork its
+    group's and its parent thread's, so a search finds a whole trace or fork group), model,
+    bundle path, text, metadata values and tool names. The static site's page searches the
+    same fields (`haystack` in view/_list.js)."""
+    # An index entry is read back as written; one of another shape searches as empty there.
+    fork = run["fork"] if isinstance(run["fork"], dict) else {}
+    tools = run["tools"] if isinstance(run["tools"], list) else []
+    return (
+        run["thread_id"],
+        run["trace_id"],
+        str(fork.get("group_id") or ""),
+        str(fork.get("parent_thread_id") or ""),
+        run["model"],
+        run["bundle"],
+        run["text"],
+        *run["metadata"].values(),
+        *(str(tool) for tool in tools),
+    )
 
 
 # Between the fields of the searched text: a search without it matches within one field only.
