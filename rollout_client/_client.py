@@ -282,6 +282,16 @@ class Thread:
                 call.cancel()
 
 
+# The statuses of a turn that has not ended.
+_NOT_ENDED = frozenset(
+    {
+        agent_pb2.TURN_STATUS_UNSPECIFIED,
+        agent_pb2.TURN_STATUS_IN_PROGRESS,
+        agent_pb2.TURN_STATUS_AWAITING_TOOL_OUTPUTS,
+    }
+)
+
+
 class Turn:
     """One turn: iterate it for its events (ending with turn_completed), interrupt it, wait.
 
@@ -306,6 +316,9 @@ class Turn:
         self._start_lock = asyncio.Lock()
         self._events_read: AsyncGenerator[agent_pb2.ThreadEvent, None] | None = None
         self.result: agent_pb2.Turn | None = None
+        # The turn as interrupt() answered once it had stopped: its status holds from then,
+        # before the events that say so are read.
+        self._stopped: agent_pb2.Turn | None = None
         self._text: list[str] = []
         self._own_events = 0
 
@@ -318,9 +331,12 @@ class Turn:
     @property
     def status(self) -> agent_pb2.TurnStatus.ValueType:
         """As of the last event read: IN_PROGRESS, AWAITING_TOOL_OUTPUTS while the turn waits
-        for tool outputs, then how it ended once turn_completed was read."""
+        for tool outputs, then how it ended once turn_completed was read, or once interrupt()
+        returned (it returns when the turn has stopped)."""
         if self.result is not None:
             return self.result.status
+        if self._stopped is not None:
+            return self._stopped.status
         if self._started is None:
             return agent_pb2.TURN_STATUS_UNSPECIFIED
         if self._awaiting:
@@ -432,8 +448,17 @@ class Turn:
             if error.reason != "TURN_NOT_RUNNING":
                 raise
             info = await thread.refresh()
-            return next(turn for turn in info.turns if turn.id == started.id)
+            ended = next(turn for turn in info.turns if turn.id == started.id)
+            self._stopped_at(ended)
+            return ended
+        self._stopped_at(reply.turn)
         return reply.turn
+
+    def _stopped_at(self, turn: agent_pb2.Turn) -> None:
+        # Was: status stayed IN_PROGRESS after interrupt() returned INTERRUPTED, until the
+        # turn's remaining events were read.
+        if turn.status not in _NOT_ENDED:
+            self._stopped = turn
 
     async def submit_tool_output(
         self, call_id: str, output: str, *, is_error: bool = False

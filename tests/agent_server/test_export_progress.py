@@ -5,9 +5,11 @@ into a pipe and with --quiet."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import socket
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,6 +17,9 @@ from rollout.agent.v1 import agent_pb2
 from tests.agent_server.conftest import Harness, StartAgent
 from tests.agent_server.test_rl_export import run_turn
 from tests.commands import run_on_terminal
+from trace_reducer.bundle._reader import read_bundle
+from trace_reducer.export import _rl as rl_export
+from trace_reducer.reduce import _forks as forks_module
 
 TRACE_REDUCER = str(Path(sys.executable).parent / "trace-reducer")
 
@@ -60,6 +65,43 @@ async def test_jobs_write_the_same_samples_as_one_process(root: Path, tmp_path: 
     # Byte for byte: order, fork prefixes resolved in every worker, rewards, groups.
     assert outputs["2"] == outputs["1"]
     assert outputs["3"] == outputs["1"]
+
+
+async def test_a_worker_reads_its_bundles_and_their_parents_only(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Was: every chunk of 16 bundles a worker reduced read the header of every bundle of the
+    # export again (N/16 times N reads): 1,728 rollouts in 8-fork groups took 34.9 s with
+    # --jobs 2, 2.9 s with --jobs 1. The index of threads is now read once and handed to each
+    # worker as it starts.
+    from trace_reducer.reduce._forks import bundles_by_thread
+
+    bundles = rl_export.find_bundles([root])
+    index = bundles_by_thread(bundles)
+    forked = {
+        path: trace.fork.parent_thread_id
+        for path, trace, _ in rl_export.reduce_all(bundles, salvage=False)
+    }
+    fork = next(path for path, parent_thread in forked.items() if parent_thread)
+    parent = index[forked[fork]]
+    opened: list[Path] = []
+
+    def spy(path: Any) -> Any:
+        opened.append(Path(path))
+        return read_bundle(path)
+
+    monkeypatch.setattr(forks_module, "read_bundle", spy)
+    monkeypatch.setattr(rl_export, "_worker_by_thread", {})
+    handler = signal.getsignal(signal.SIGINT)
+    try:
+        rl_export._start_worker(index)
+    finally:
+        signal.signal(signal.SIGINT, handler)
+    [reduced] = rl_export._reduce_chunk([fork], False)
+    assert reduced.sample is not None
+    assert reduced.sample.trace.fork.resolved
+    # The parent's bundle, for its fork record and then its history; no other.
+    assert set(opened) == {parent}
 
 
 async def test_bad_jobs_is_usage(root: Path, tmp_path: Path) -> None:

@@ -244,6 +244,54 @@ async def test_a_tool_round_trip_masks_the_tool_output(local: Harness, tmp_path:
     assert any(window[i : i + len(observed)] == observed for i in range(len(window)))
 
 
+async def test_a_sample_says_how_its_rollout_went_in_list_s_words(
+    start_agent: StartAgent, tmp_path: Path
+) -> None:
+    # Was: a rollout whose turn failed waiting for its tool outputs (tool_output_timeout) was
+    # a sample with stop_reason `completed` (its last call's) and nothing else saying so,
+    # while `list` said `failed`: 184 of 1,728 pipeline rollouts read as fine to a trainer.
+    local = await start_agent(provider_url=None, local_word_delay=0.0, tool_output_timeout=0.2)
+    unanswered = await local.start_thread(
+        tools=[LOOKUP], capture_logprobs=True, request_token_ids=True
+    )
+    failed = await run_turn(local, unanswered.id, "please lookup the moon")
+    assert failed.status == agent_pb2.TURN_STATUS_FAILED
+    answered = await local.start_thread(capture_logprobs=True, request_token_ids=True)
+    await run_turn(local, answered.id, "hello")
+    for thread in (unanswered, answered):
+        await local.stub.CloseThread(agent_pb2.CloseThreadRequest(thread_id=thread.id))
+    root = Path(answered.bundle_path).parent
+
+    code, _, err = await export(str(root), "--format", "jsonl", "--out", str(tmp_path / "j"))
+    assert code == 0, err
+    lines = (tmp_path / "j" / "samples.jsonl").read_text().splitlines()
+    samples = {s["thread_id"]: s for s in map(json.loads, lines)}
+    for sample in samples.values():
+        check_json(sample, documented("jsonl"))
+    assert samples[unanswered.id]["stop_reason"] == "completed"
+    assert samples[unanswered.id]["status"] == "failed"
+    assert samples[answered.id]["status"] == "completed"
+    process = await asyncio.create_subprocess_exec(
+        TRACE_REDUCER, "list", str(root), "--json", stdout=asyncio.subprocess.PIPE
+    )
+    out, _ = await process.communicate()
+    listed = {run["thread_id"]: run["status"] for run in map(json.loads, out.splitlines())}
+    assert listed == {thread: sample["status"] for thread, sample in samples.items()}
+
+    code, _, err = await export(str(root), "--format", "verl", "--out", str(tmp_path / "v"))
+    assert code == 0, err
+    extras = [
+        json.loads(row["extra_info"])
+        for row in pq.read_table(tmp_path / "v" / "verl.parquet").to_pylist()
+    ]
+    assert {extra["thread_id"]: extra["status"] for extra in extras} == listed
+    code, _, err = await export(str(root), "--format", "art", "--out", str(tmp_path / "a"))
+    assert code == 0, err
+    art = (tmp_path / "a" / "art.jsonl").read_text().splitlines()
+    metadata = [t["metadata"] for group in map(json.loads, art) for t in group["trajectories"]]
+    assert {m["thread_id"]: m["status"] for m in metadata} == listed
+
+
 async def test_export_rl_refuses_bad_input(tmp_path: Path, local: Harness) -> None:
     code, _, err = await export(
         str(tmp_path / "missing"), "--format", "jsonl", "--out", str(tmp_path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import shutil
@@ -11,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.batch.conftest import TRACE_REDUCER, Corpus, age, bundles_under, reduce_all
+from agent_server import AgentServer, Settings
+from rollout_client import AgentClient
+from tests.batch.conftest import LOOKUP, TRACE_REDUCER, Corpus, age, bundles_under, reduce_all
 from trace_reducer import replay_bundle
 
 duckdb = pytest.importorskip(
@@ -253,3 +256,54 @@ def test_the_demo_s_trace_root(tmp_path: Path) -> None:
     )
     assert isinstance(text, str)
     assert text.startswith("You said:")
+
+
+async def _fork_group(root: Path) -> int:
+    """A thread with a tool round trip, forked into 3 that each make one too (the GRPO shape:
+    one trace, four bundles, the same item ids in each); how many tool calls were made."""
+    settings = Settings(
+        listen="127.0.0.1:0", provider_url=None, trace_root=root, local_word_delay=0.0
+    )
+    server = await AgentServer.start(settings)
+    try:
+        async with AgentClient(server.address) as client:
+            parent = await client.start_thread(tools=[LOOKUP])
+            answer = {"lookup": lambda arguments: "42"}
+            await parent.run_turn("please lookup the question", tools=answer).wait()
+            forks = await parent.fork(3, group_id="q1")
+            for fork in forks:
+                await fork.run_turn("please lookup the answer", tools=answer).wait()
+            for thread in [parent, *forks]:
+                await thread.close()
+    finally:
+        await server.stop()
+    return 1 + len(forks)
+
+
+def test_the_documented_item_key_is_unique_across_a_fork_group(tmp_path: Path) -> None:
+    # Was: the docs said to join conversation items on (trace_id, item_id), but a fork shares
+    # its parent's trace id and numbers its items from item-1 as well: over 1,728 rollouts in
+    # 8-fork groups the tool_calls -> conversation_items join gave 9,408 rows for 1,344 calls.
+    text = DOCS.read_text()
+    key = re.search(r"\| `item_id` \| string \| .*?join on `\((\w+), item_id\)`", text)
+    assert key is not None
+    column = key.group(1)
+    tool_calls = asyncio.run(_fork_group(tmp_path / "traces"))
+    result = reduce_all(str(tmp_path / "traces"), "--tables", str(tmp_path / "tables"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    tables = Tables(tmp_path / "tables")
+    assert tables.value("SELECT count(DISTINCT trace_id) FROM bundles") == 1
+    assert tables.value("SELECT count(*) FROM tool_calls") == tool_calls
+    assert (
+        tables.value(
+            f"SELECT count(*) - count(DISTINCT ({column}, item_id)) FROM conversation_items"
+        )
+        == 0
+    )
+    assert (
+        tables.value(
+            "SELECT count(*) FROM tool_calls t JOIN conversation_items c "
+            f"ON c.{column} = t.{column} AND c.item_id = t.call_item_id"
+        )
+        == tool_calls
+    )

@@ -114,6 +114,8 @@ async def test_interrupt_mid_stream(server: AgentServer) -> None:
             if event.HasField("agent_message_delta") and interrupted is None:
                 interrupted = await turn.interrupt()
                 assert interrupted.status == agent_pb2.TURN_STATUS_INTERRUPTED
+                # Was IN_PROGRESS until the rest of the turn's events were read.
+                assert turn.status_name == "INTERRUPTED"
         assert kinds(seen)[-1] == "turn_completed"
         assert turn.status_name == "INTERRUPTED"
         assert len(turn.text) < len("".join(reply_words("tell me everything")))
@@ -122,6 +124,25 @@ async def test_interrupt_mid_stream(server: AgentServer) -> None:
         assert again.status == agent_pb2.TURN_STATUS_INTERRUPTED
         # The thread takes the next turn.
         assert (await thread.run_turn("next").wait()).status == agent_pb2.TURN_STATUS_COMPLETED
+
+
+async def test_a_turn_interrupted_without_reading_its_events_says_so(
+    server: AgentServer,
+) -> None:
+    # A pipeline that interrupts after its first delta and moves on: status_name said
+    # IN_PROGRESS for each of 192 interrupted rollouts.
+    async with AgentClient(server.address) as client:
+        thread = await client.start_thread()
+        turn = thread.run_turn("tell me everything")
+        async for event in turn:
+            if event.HasField("agent_message_delta"):
+                break
+        assert turn.status_name == "IN_PROGRESS"
+        stopped = await turn.interrupt()
+        assert stopped.status == agent_pb2.TURN_STATUS_INTERRUPTED
+        assert turn.status == agent_pb2.TURN_STATUS_INTERRUPTED
+        assert turn.result is None
+        await thread.close()
 
 
 async def test_errors_carry_code_reason_and_metadata(server: AgentServer) -> None:

@@ -81,6 +81,18 @@ def test_filters(root: Path) -> None:
     assert len(listed(str(root), "--since", "100000d")) == len(every)
     texts = listed(str(root), "--text", "local-echo")
     assert 0 < len(texts) < len(every)
+    # Was: a fork group's id, a trace id or a parent thread's id found no run (`--text q7`
+    # over 1,728 rollouts in groups q0..q191: none), though the run list names them.
+    group = [r for r in every if r["fork"] and r["fork"]["group_id"] == "group-a"]  # type: ignore[index]
+    assert group
+    assert listed(str(root), "--text", "GROUP-A") == group
+    parent_thread = group[0]["fork"]["parent_thread_id"]  # type: ignore[index]
+    trace = [r for r in every if r["trace_id"] == group[0]["trace_id"]]
+    assert {r["thread_id"] for r in trace} >= {parent_thread, *(r["thread_id"] for r in group)}
+    assert listed(str(root), "--text", str(group[0]["trace_id"])) == trace
+    assert {r["thread_id"] for r in listed(str(root), "--text", str(parent_thread))} >= {
+        r["thread_id"] for r in group
+    }
     top = listed(str(root), "--sort=-tokens", "--limit", "1")
     assert top[0]["tokens"] == max((r["tokens"] for r in every), key=lambda t: t["total"])  # type: ignore[index]
 

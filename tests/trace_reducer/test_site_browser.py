@@ -596,6 +596,9 @@ def test_static_site_reads_offline(recorded: Recorded, open_page: OpenPage, tmp_
     page.fill("#search", "two and two")
     assert set(row_threads(page)) == {recorded.parent, *recorded.forks}
     assert page.inner_text("#count").strip() == "4 of 8 runs"
+    # The fields `list --text` searches: a fork group's id finds its forks (it found none).
+    page.fill("#search", "Q1-GROUP")
+    assert set(row_threads(page)) == set(recorded.forks)
     page.fill("#search", "")
     page.click("th[data-sort=tokens]")
     tokens = token_column(page)

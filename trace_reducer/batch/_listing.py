@@ -19,11 +19,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
-from rollout.trace.v1 import common_pb2, state_pb2
+from rollout.trace.v1 import state_pb2
 
 from ..bundle._confine import open_regular_file, write_aside
 from ..bundle._errors import BundleError, ReductionError
 from ..bundle._liveness import being_written
+from ..bundle._names import OUTCOME_WORDS, rollout_outcome
 from ..bundle._shown import one_line
 from ..reduce._pass import no_cycle_collection
 from ._storage import BundleEntry, LocalStore, Store, describe_store_error, open_store
@@ -47,10 +48,6 @@ _INDEX_VERSION = 2
 # What --text searches: the start of every item's text, up to this much per bundle.
 TEXT_CHARS = 16_384
 
-_STATUS = {
-    value: name.removeprefix("EXECUTION_STATUS_").lower()
-    for name, value in common_pb2.ExecutionStatus.items()
-}
 _INTEGRITY = {
     value: name.removeprefix("INTEGRITY_STATUS_").lower()
     for name, value in state_pb2.IntegrityStatus.items()
@@ -77,12 +74,7 @@ def summarize(trace: state_pb2.RolloutTrace, bundle: str) -> dict[str, Any]:
     thread = trace.threads.get(trace.root_thread_id)
     turns = [trace.turns[t] for t in thread.turn_ids if t in trace.turns] if thread else []
     # A rollout's outcome is its last turn's; a thread without turns has only its own.
-    if turns:
-        status = _STATUS.get(turns[-1].execution.status, "unspecified")
-    elif thread is not None:
-        status = _STATUS.get(thread.execution.status, "unspecified")
-    else:
-        status = "unspecified"
+    status = rollout_outcome(trace)
     if not trace.integrity.records_read:
         # Not a bundle yet (an empty file just made) or at all: its integrity tells which.
         status = "unreadable"
@@ -638,8 +630,24 @@ class RunFilter:
 
 
 def _searched_fields(run: Mapping[str, Any]) -> tuple[str, ...]:
-    """What --text searches: the run's ids, model, bundle path, text and metadata values."""
-    return (run["thread_id"], run["model"], run["bundle"], run["text"], *run["metadata"].values())
+    """What --text searches: the run's ids (its thread's, its trace's, and for a fork its
+    group's and its parent thread's, so a search finds a whole trace or fork group), model,
+    bundle path, text, metadata values and tool names. The static site's page searches the
+    same fields (`haystack` in view/_list.js)."""
+    # An index entry is read back as written; one of another shape searches as empty there.
+    fork = run["fork"] if isinstance(run["fork"], dict) else {}
+    tools = run["tools"] if isinstance(run["tools"], list) else []
+    return (
+        run["thread_id"],
+        run["trace_id"],
+        str(fork.get("group_id") or ""),
+        str(fork.get("parent_thread_id") or ""),
+        run["model"],
+        run["bundle"],
+        run["text"],
+        *run["metadata"].values(),
+        *(str(tool) for tool in tools),
+    )
 
 
 # Between the fields of the searched text: a search without it matches within one field only.
@@ -681,7 +689,7 @@ def split_values(
 
 
 # Every word a listing's status and integrity columns can hold.
-STATUS_NAMES = frozenset(_STATUS.values()) | {"live", "unreadable"}
+STATUS_NAMES = frozenset(OUTCOME_WORDS.values()) | {"live", "unreadable"}
 # The agent API's words for a turn (TurnStatus, `agent-server chat`'s `[interrupted]`), which a
 # listing, reading the trace, says in the trace's (docs/vocabulary.md): named, not taken.
 API_STATUS_WORDS = {

@@ -41,6 +41,23 @@ KIND_WORDS = enum_words(state_pb2.ItemKind.items(), "ITEM_KIND_", lower=True)
 STOP_WORDS = enum_words(common_pb2.StopReason.items(), "STOP_REASON_", lower=True)
 
 
+# completed, failed, cancelled, running, aborted, unspecified: `list`'s words for a rollout.
+OUTCOME_WORDS = enum_words(common_pb2.ExecutionStatus.items(), "EXECUTION_STATUS_", lower=True)
+
+
+def rollout_outcome(trace: state_pb2.RolloutTrace) -> str:
+    """How the bundle's rollout went, in OUTCOME_WORDS: its last turn's status (a thread
+    without turns: its own). `list` shows it; the RL export writes it beside the last call's
+    stop reason, which says only how the model's last answer ended (a turn whose tool outputs
+    never came failed after a completed call)."""
+    thread = trace.threads.get(trace.root_thread_id)
+    if thread is None:
+        return OUTCOME_WORDS[common_pb2.EXECUTION_STATUS_UNSPECIFIED]
+    turns = [trace.turns[t] for t in thread.turn_ids if t in trace.turns]
+    status = turns[-1].execution.status if turns else thread.execution.status
+    return OUTCOME_WORDS.get(status, OUTCOME_WORDS[common_pb2.EXECUTION_STATUS_UNSPECIFIED])
+
+
 def execution_word(status: common_pb2.ExecutionStatus.ValueType) -> str:
     return EXECUTION_WORDS.get(status, "UNSPECIFIED")
 

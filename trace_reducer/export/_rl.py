@@ -9,7 +9,7 @@ import multiprocessing
 import os
 import signal
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,9 +22,9 @@ from ..bundle._discover import no_bundles_there, walk_bundles
 from ..bundle._errors import BundleError, ExportError, MissingExtraError, NotABundleError
 from ..bundle._integrity import integrity_name, require_reducible
 from ..bundle._layout import TRACE_FILE_NAME
-from ..bundle._names import KIND_WORDS, ROLE_WORDS, STOP_WORDS
+from ..bundle._names import KIND_WORDS, ROLE_WORDS, STOP_WORDS, rollout_outcome
 from ..bundle._reader import read_bundle, resolve_trace_file
-from ..reduce._forks import BundleForkResolver
+from ..reduce._forks import BundleForkResolver, bundles_by_thread
 from ..reduce._pass import reduce_reader
 
 FORMATS = ("jsonl", "verl", "skyrl", "art")
@@ -101,10 +101,12 @@ def _reduce_one(
     return trace, (data or b"").decode("utf-8", "replace")
 
 
-def _resolver(candidates: Sequence[str | os.PathLike[str]]) -> BundleForkResolver:
+def _resolver(
+    candidates: Sequence[str | os.PathLike[str]], by_thread: Mapping[str, Path] | None = None
+) -> BundleForkResolver:
     # Forks resolve against the bundles given, the explicit parents and their siblings, each
-    # parent reduced once (per process).
-    return BundleForkResolver(None, list(candidates), every_payload=True)
+    # parent reduced once (per resolver).
+    return BundleForkResolver(None, list(candidates), every_payload=True, explicit_ids=by_thread)
 
 
 def reduce_all(
@@ -135,17 +137,22 @@ def _reduce_and_sample(bundle: Path, resolver: BundleForkResolver, *, salvage: b
     return _Reduced(build_sample(bundle, trace, instructions), warning)
 
 
-def _reduce_chunk(
-    chunk: Sequence[Path], candidates: Sequence[str | os.PathLike[str]], salvage: bool
-) -> list[_Reduced]:
-    """A worker process's share: its own resolver, so a parent is reduced once per worker."""
-    resolver = _resolver(candidates)
+# Each worker's copy of the bundles' thread index, set once by _start_worker.
+_worker_by_thread: dict[str, Path] = {}
+
+
+def _reduce_chunk(chunk: Sequence[Path], salvage: bool) -> list[_Reduced]:
+    """A chunk of a worker process's share: its own resolver, so a parent is reduced once per
+    chunk, over the thread index the worker was given once (was: every chunk read every
+    bundle's header again, N/16 times N reads)."""
+    resolver = _resolver((), _worker_by_thread)
     return [_reduce_and_sample(bundle, resolver, salvage=salvage) for bundle in chunk]
 
 
-def _ignore_sigint() -> None:
+def _start_worker(by_thread: dict[str, Path]) -> None:
     # Ctrl-C reaches the whole process group; the parent decides, and stops the pool.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _worker_by_thread.update(by_thread)
 
 
 def _reduce_samples(
@@ -158,8 +165,10 @@ def _reduce_samples(
 ) -> list[_Reduced]:
     """Every bundle reduced into its sample, in the order given, on `jobs` processes."""
     candidates = [*bundles, *parents]
+    # Every bundle's header read once, here, whatever the number of processes and chunks.
+    by_thread = bundles_by_thread(candidates)
     if jobs <= 1 or len(bundles) <= 1:
-        resolver = _resolver(candidates)
+        resolver = _resolver(candidates, by_thread)
         reduced = []
         for bundle in bundles:
             reduced.append(_reduce_and_sample(bundle, resolver, salvage=salvage))
@@ -172,11 +181,13 @@ def _reduce_samples(
     results: list[list[_Reduced] | None] = [None] * len(chunks)
     context = multiprocessing.get_context("forkserver")
     with futures.ProcessPoolExecutor(
-        min(jobs, len(chunks)), mp_context=context, initializer=_ignore_sigint
+        min(jobs, len(chunks)),
+        mp_context=context,
+        initializer=_start_worker,
+        initargs=(by_thread,),
     ) as pool:
         pending = {
-            pool.submit(_reduce_chunk, chunk, candidates, salvage): index
-            for index, chunk in enumerate(chunks)
+            pool.submit(_reduce_chunk, chunk, salvage): index for index, chunk in enumerate(chunks)
         }
         try:
             for done in futures.as_completed(pending):
@@ -212,6 +223,8 @@ class Sample:
     rewards: list[dict[str, Any]] = field(default_factory=list)
     reward: float | None = None
     stop_reason: str = ""
+    # The rollout's outcome in `list`'s words (its last turn's status).
+    status: str = ""
     policy_version: str = ""
     policy_versions: list[str] = field(default_factory=list)
     calls: list[state_pb2.InferenceCall] = field(default_factory=list)
@@ -236,6 +249,7 @@ class Sample:
             "rewards": self.rewards,
             "reward": self.reward,
             "stop_reason": self.stop_reason,
+            "status": self.status,
             "policy_version": self.policy_version,
             "policy_versions": self.policy_versions,
             "integrity": integrity_name(self.trace.integrity.status),
@@ -383,6 +397,7 @@ def build_sample(
         rewards=rewards,
         reward=reward,
         stop_reason=stop_name(calls[-1].stop_reason),
+        status=rollout_outcome(trace),
         policy_version=calls[-1].policy_version,
         policy_versions=versions,
         calls=calls,
@@ -490,6 +505,7 @@ def _extra(sample: Sample) -> str:
             "bundle": sample.bundle,
             "repetition_index": sample.repetition_index,
             "stop_reason": sample.stop_reason,
+            "status": sample.status,
             "policy_version": sample.policy_version,
             "drift": sample.drift,
             "drift_events": sample.drift_events,
@@ -653,6 +669,7 @@ def _art_trajectory(sample: Sample) -> dict[str, Any]:
             "group_id": sample.group_id,
             "repetition_index": sample.repetition_index,
             "stop_reason": sample.stop_reason,
+            "status": sample.status,
             "policy_version": sample.policy_version,
             "tokens": sample.tokens,
             "drift": sample.drift,

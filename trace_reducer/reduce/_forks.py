@@ -4,7 +4,7 @@ reduces it once (through the one pass), for the reducer to ask through ForkResol
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 from rollout.trace.v1 import record_pb2
@@ -25,6 +25,22 @@ MAX_FORK_DEPTH = 256
 
 def is_bundle_name(name: str) -> bool:
     return bool(name) and "/" not in name and "\0" not in name and name not in {".", ".."}
+
+
+def bundles_by_thread(paths: Iterable[str | os.PathLike[str]]) -> dict[str, Path]:
+    """The bundle of each thread among these bundles, read from their headers (a path that
+    is no readable bundle is passed over)."""
+    found: dict[str, Path] = {}
+    for path in paths:
+        try:
+            with read_bundle(path) as reader:
+                for record in reader:
+                    if record.WhichOneof("body") == "header":
+                        found[record.header.thread_id] = resolve_trace_file(path).parent
+                    break
+        except BundleError:
+            continue
+    return found
 
 
 class BundleForkResolver:
@@ -49,13 +65,17 @@ class BundleForkResolver:
         explicit: Iterable[str | os.PathLike[str]] = (),
         *,
         every_payload: bool = False,
+        explicit_ids: Mapping[str, Path] | None = None,
     ):
+        """`explicit_ids`, when given, is `bundles_by_thread(explicit)` worked out already
+        (by a caller that makes many resolvers over the same bundles); it is read, never
+        copied."""
         # Where parents are looked for: a root, and the directory under it ("" the root).
         self._places: list[tuple[BundleRoot, str]] = []
         if bundle_dir is not None:
             self.add_root(bundle_dir.parent)
         self._explicit = [Path(path) for path in explicit]
-        self._explicit_ids: dict[str, Path] | None = None
+        self._explicit_ids: Mapping[str, Path] | None = explicit_ids
         self._every_payload = every_payload
         self._loaded: dict[Path, ParentBundle | None] = {}
         # Where each located parent was found: (a root, its path under it); None for a
@@ -110,11 +130,7 @@ class BundleForkResolver:
             self._found_in.setdefault(explicit, None)
             return explicit
         for root, where in self._places:
-            names: list[str] = []
-            if is_bundle_name(forked.parent_bundle):
-                names.append(forked.parent_bundle)
-            names.extend(self._thread_bundles(root, where, wanted))
-            for name in names:
+            for name in self._parent_names(root, where, forked):
                 relative = os.path.join(where, name)
                 candidate = Path(root.path, relative)
                 if candidate in self._found_in:
@@ -127,6 +143,18 @@ class BundleForkResolver:
                 self._found_in[candidate] = (root, relative)
                 return candidate
         return None
+
+    @staticmethod
+    def _parent_names(
+        root: BundleRoot, where: str, forked: record_pb2.ThreadForked
+    ) -> Iterator[str]:
+        """Where the parent may be in `where` under root: the bundle the fork names, then (only
+        when that is not there) every bundle of the parent's thread. Lazily: listing the
+        directory reads its every entry, and doing it for every fork made reducing a root of
+        N forks (reduce-all, view ROOT, list) cost N times the root's size."""
+        if is_bundle_name(forked.parent_bundle):
+            yield forked.parent_bundle
+        yield from BundleForkResolver._thread_bundles(root, where, forked.parent_thread_id)
 
     @staticmethod
     def _thread_bundles(root: BundleRoot, where: str, thread_id: str) -> list[str]:
@@ -166,20 +194,9 @@ class BundleForkResolver:
             return None
         return None
 
-    def _explicit_by_thread(self) -> dict[str, Path]:
+    def _explicit_by_thread(self) -> Mapping[str, Path]:
         if self._explicit_ids is None:
-            self._explicit_ids = {}
-            for path in self._explicit:
-                try:
-                    with read_bundle(path) as reader:
-                        for record in reader:
-                            if record.WhichOneof("body") == "header":
-                                self._explicit_ids[record.header.thread_id] = resolve_trace_file(
-                                    path
-                                ).parent
-                            break
-                except BundleError:
-                    continue
+            self._explicit_ids = bundles_by_thread(self._explicit)
         return self._explicit_ids
 
     def _load(self, path: Path) -> ParentBundle | None:

@@ -51,7 +51,10 @@
   function haystack(run) {
     let hay = haystacks.get(run);
     if (hay === undefined) {
-      const fields = [run.thread_id, run.model, run.bundle, run.text, ...Object.values(run.metadata || {}), ...(run.tools || [])];
+      // The fields `list --text` searches (_searched_fields in batch/_listing.py), in its order.
+      const fork = run.fork || {};
+      const fields = [run.thread_id, run.trace_id, fork.group_id, fork.parent_thread_id, run.model, run.bundle, run.text,
+        ...Object.values(run.metadata || {}), ...(run.tools || [])];
       hay = fields.map((v) => String(v || "").toLowerCase()).join("\u0000");
       haystacks.set(run, hay);
     }
