@@ -91,6 +91,20 @@ async def test_continuation_without_a_key_and_why_a_session_started(gateway: Gat
         assert "extends no open session" in thread.metadata["gateway.session_reason"]
 
 
+async def test_a_session_keeps_a_digest_of_each_entry_not_its_text(gateway: Gateway) -> None:
+    # Was: each entry's JSON, a second copy of the conversation held while the session is open.
+    client = _client(gateway)
+    long = "word " * 20_000
+    first = await client.responses.create(model="m", input=long)
+    echo = [item.model_dump(exclude_none=True) for item in first.output]
+    history: list[Any] = [{"role": "user", "content": long}, *echo]
+    await client.responses.create(model="m", input=[*history, {"role": "user", "content": "more"}])
+    (session,) = gateway.sessions.open
+    assert len(session.exchange) == len(history) + 1 + 1
+    assert {len(fingerprint) for fingerprint in session.exchange} == {32}
+    assert len(calls(reduce_all(gateway.settings.trace_root)[0])) == 2
+
+
 async def test_previous_response_id_continues_its_session(gateway: Gateway) -> None:
     client = _client(gateway)
     first = await client.responses.create(model="m", input="remember me")
