@@ -21,6 +21,7 @@ from tests.agent_server.conftest import (
     reduce_with_cli,
     serve,
 )
+from tests.trace_reducer.bundles import COMPLETED, BundleBuilder
 from trace_reducer import BundleWriter, encode_record, request_body
 
 WEATHER = agent_pb2.FunctionTool(
@@ -283,3 +284,30 @@ async def test_continuing_from_disk_refuses_what_it_cannot_read(
     with pytest.raises(grpc.aio.AioRpcError) as off:
         await unrecorded.stub.ResumeThread(agent_pb2.ResumeThreadRequest(thread_id=gone.id))
     assert error_reason(off.value) == "RECORDING_OFF"
+
+
+async def test_a_recorded_item_nested_past_what_json_reads_is_unreadable_not_internal(
+    local: Harness,
+) -> None:
+    # Was: RecursionError out of the history's read, an INTERNAL answer.
+    assert local.trace_root is not None
+    builder = BundleBuilder(local.trace_root, "thread_deep")
+    nested = b"[" * 100_000 + b"]" * 100_000
+    deep = b'{"content":' + nested + b',"role":"user","type":"message"}'
+    pid = builder.writer.put_payload(deep, record_pb2.PAYLOAD_KIND_INPUT_ITEM)
+    builder.append(
+        turn_started=record_pb2.TurnStarted(
+            turn=1, thread=builder.thread, turn_id="turn-1", input_payload_ids=[pid]
+        )
+    )
+    builder.turn_ended(1, COMPLETED)
+    builder.thread_ended()
+    bundle = builder.close()
+    for request in (
+        agent_pb2.ResumeThreadRequest(bundle_path=bundle.name),
+        agent_pb2.ForkThreadRequest(count=1, bundle_path=bundle.name),
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await getattr(local.stub, type(request).__name__.removesuffix("Request"))(request)
+        assert error_reason(refused.value) == "RECORDED_THREAD_UNREADABLE", refused.value
+        assert "cannot be read: JSON nested too deep" in (refused.value.details() or "")

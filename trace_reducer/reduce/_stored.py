@@ -3,7 +3,6 @@ list it when no server holds it any more."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -16,6 +15,7 @@ from ..bundle._confine import BundleRoot
 from ..bundle._discover import thread_bundles, walk_bundles
 from ..bundle._errors import BundleError, BundleNotFoundError, OutsideRootError, ReductionError
 from ..bundle._layout import TRACE_FILE_NAME
+from ..bundle._payloads import payload_json
 from ..bundle._reader import BundleReader
 from ._forks import BundleForkResolver
 from ._parents import ParentBundle
@@ -114,7 +114,14 @@ class StoredThread:
                     f"payload {item.payload_id} of item {item_id} is not in the bundle or its "
                     "parents"
                 )
-            history.append(json.loads(data))
+            try:
+                history.append(payload_json(data))
+            except ValueError as error:
+                # Not JSON, or nested past what json reads (was: RecursionError, an internal
+                # error of whatever resumed or forked the thread).
+                raise BundleError(
+                    f"payload {item.payload_id} of item {item_id} cannot be read: {error}"
+                ) from error
         return after_turn_id, shared, history
 
     def last_request(self) -> tuple[dict[str, Any], str]:
@@ -128,7 +135,11 @@ class StoredThread:
         for call in reversed(calls):
             data = self.bundle.payload(call.request_envelope_payload_id)
             if data is not None:
-                envelope = json.loads(data)
+                try:
+                    envelope = payload_json(data)
+                except ValueError:
+                    # An envelope that cannot be read is none: the next older call's is taken.
+                    continue
                 if isinstance(envelope, dict):
                     return envelope, call.policy_version
         return {}, ""
