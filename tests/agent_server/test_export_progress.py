@@ -5,6 +5,7 @@ into a pipe and with --quiet."""
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import socket
 import sys
@@ -97,9 +98,11 @@ async def test_a_worker_reads_its_bundles_and_their_parents_only(
         rl_export._start_worker(index)
     finally:
         signal.signal(signal.SIGINT, handler)
-    [reduced] = rl_export._reduce_chunk([fork], False)
-    assert reduced.sample is not None
-    assert reduced.sample.trace.fork.resolved
+    [reduced] = rl_export._reduce_chunk([fork], False, "jsonl")
+    assert reduced.counted is not None
+    # Its parent resolved: the history it inherited is in its sample.
+    messages = json.loads(reduced.row)["messages"]
+    assert "The question." in json.dumps(messages)
     # The parent's bundle, for its fork record and then its history; no other.
     assert set(opened) == {parent}
 

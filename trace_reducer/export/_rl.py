@@ -28,6 +28,8 @@ from ..reduce._forks import BundleForkResolver, bundles_by_thread
 from ..reduce._pass import reduce_reader
 
 FORMATS = ("jsonl", "verl", "skyrl", "art")
+# The formats that hold token ids only, so only the samples with exact tokens.
+PARQUET_FORMATS = ("verl", "skyrl")
 FILE_NAMES = {
     "jsonl": "samples.jsonl",
     "verl": "verl.parquet",
@@ -119,14 +121,32 @@ def reduce_all(
 
 @dataclass(frozen=True)
 class _Reduced:
-    """What a worker sends back for one bundle: its sample (None for a thread without
-    inference calls) and the warning its integrity deserves."""
+    """What a worker sends back for one bundle: its sample's row in the format being written
+    (None for a thread without inference calls, or without the exact tokens a Parquet format
+    needs), what the summary counts of it, and the warning its integrity deserves. The row,
+    not the sample: a sample holds its whole reduced state, which held for every bundle until
+    the file was written was most of the export's memory (and sent back from a worker, most
+    of its pickling)."""
 
-    sample: Sample | None
+    row: Any
+    counted: _Counted | None
     warning: str
 
 
-def _reduce_and_sample(bundle: Path, resolver: BundleForkResolver, *, salvage: bool) -> _Reduced:
+@dataclass(frozen=True)
+class _Counted:
+    """Of one sample, what Exported counts: its thread, whether its tokens are exact, and the
+    inference calls whose prompts departed from the held tokens (0: no drift)."""
+
+    thread_id: str
+    exact: bool
+    drifted_calls: int
+    drifted: bool
+
+
+def _reduce_and_sample(
+    bundle: Path, resolver: BundleForkResolver, *, salvage: bool, fmt: str
+) -> _Reduced:
     trace, instructions = _reduce_one(bundle, resolver, salvage=salvage)
     warning = ""
     if trace.integrity.status != state_pb2.INTEGRITY_STATUS_CLEAN or trace.integrity.detail:
@@ -134,19 +154,29 @@ def _reduce_and_sample(bundle: Path, resolver: BundleForkResolver, *, salvage: b
             f"{integrity_name(trace.integrity.status).lower()} bundle {bundle.name}: "
             f"{trace.integrity.detail or 'exported what it holds'}"
         )
-    return _Reduced(build_sample(bundle, trace, instructions), warning)
+    sample = build_sample(bundle, trace, instructions)
+    if sample is None:
+        return _Reduced(None, None, warning)
+    exact = sample.tokens == "exact"
+    counted = _Counted(
+        sample.thread_id,
+        exact,
+        len(sample.drift_events) if exact and sample.drift != EXACT else 0,
+        exact and sample.drift != EXACT,
+    )
+    return _Reduced(_ROWS[fmt](sample), counted, warning)
 
 
 # Each worker's copy of the bundles' thread index, set once by _start_worker.
 _worker_by_thread: dict[str, Path] = {}
 
 
-def _reduce_chunk(chunk: Sequence[Path], salvage: bool) -> list[_Reduced]:
+def _reduce_chunk(chunk: Sequence[Path], salvage: bool, fmt: str) -> list[_Reduced]:
     """A chunk of a worker process's share: its own resolver, so a parent is reduced once per
     chunk, over the thread index the worker was given once (was: every chunk read every
     bundle's header again, N/16 times N reads)."""
     resolver = _resolver((), _worker_by_thread)
-    return [_reduce_and_sample(bundle, resolver, salvage=salvage) for bundle in chunk]
+    return [_reduce_and_sample(bundle, resolver, salvage=salvage, fmt=fmt) for bundle in chunk]
 
 
 def _start_worker(by_thread: dict[str, Path]) -> None:
@@ -160,10 +190,11 @@ def _reduce_samples(
     parents: Iterable[str | os.PathLike[str]],
     *,
     salvage: bool,
+    fmt: str,
     jobs: int,
     progress: Callable[[int], None] | None,
 ) -> list[_Reduced]:
-    """Every bundle reduced into its sample, in the order given, on `jobs` processes."""
+    """Every bundle reduced into its sample's row, in the order given, on `jobs` processes."""
     candidates = [*bundles, *parents]
     # Every bundle's header read once, here, whatever the number of processes and chunks.
     by_thread = bundles_by_thread(candidates)
@@ -171,7 +202,7 @@ def _reduce_samples(
         resolver = _resolver(candidates, by_thread)
         reduced = []
         for bundle in bundles:
-            reduced.append(_reduce_and_sample(bundle, resolver, salvage=salvage))
+            reduced.append(_reduce_and_sample(bundle, resolver, salvage=salvage, fmt=fmt))
             if progress is not None:
                 progress(1)
         return reduced
@@ -187,7 +218,8 @@ def _reduce_samples(
         initargs=(by_thread,),
     ) as pool:
         pending = {
-            pool.submit(_reduce_chunk, chunk, salvage): index for index, chunk in enumerate(chunks)
+            pool.submit(_reduce_chunk, chunk, salvage, fmt): index
+            for index, chunk in enumerate(chunks)
         }
         try:
             for done in futures.as_completed(pending):
@@ -517,33 +549,33 @@ def _extra(sample: Sample) -> str:
     )
 
 
-def _verl_rows(samples: list[Sample]) -> dict[str, list[Any]]:
-    exact = [s for s in samples if s.tokens == "exact"]
+def _verl_row(s: Sample) -> dict[str, Any] | None:
+    if s.tokens != "exact":
+        return None
     return {
-        "uid": [s.group_id for s in exact],
-        "prompt_ids": [s.token_ids[: s.prompt_length] for s in exact],
-        "response_ids": [s.token_ids[s.prompt_length :] for s in exact],
-        "response_mask": [s.loss_mask[s.prompt_length :] for s in exact],
-        "response_logprobs": [_floats(s.logprobs[s.prompt_length :]) for s in exact],
-        "reward_score": [s.reward for s in exact],
-        "num_turns": [len(s.messages) for s in exact],
-        "extra_info": [_extra(s) for s in exact],
+        "uid": s.group_id,
+        "prompt_ids": s.token_ids[: s.prompt_length],
+        "response_ids": s.token_ids[s.prompt_length :],
+        "response_mask": s.loss_mask[s.prompt_length :],
+        "response_logprobs": _floats(s.logprobs[s.prompt_length :]),
+        "reward_score": s.reward,
+        "num_turns": len(s.messages),
+        "extra_info": _extra(s),
     }
 
 
-def _skyrl_rows(samples: list[Sample]) -> dict[str, list[Any]]:
-    exact = [s for s in samples if s.tokens == "exact"]
+def _skyrl_row(s: Sample) -> dict[str, Any] | None:
+    if s.tokens != "exact":
+        return None
     return {
-        "prompt_token_ids": [s.token_ids[: s.prompt_length] for s in exact],
-        "response_ids": [s.token_ids[s.prompt_length :] for s in exact],
-        "rewards": [s.reward for s in exact],
-        "loss_masks": [s.loss_mask[s.prompt_length :] for s in exact],
-        "stop_reasons": [s.stop_reason for s in exact],
-        "rollout_logprobs": [_floats(s.logprobs[s.prompt_length :]) for s in exact],
-        "trajectory_ids": [
-            {"instance_id": s.group_id, "repetition_id": s.repetition_index} for s in exact
-        ],
-        "extra_info": [_extra(s) for s in exact],
+        "prompt_token_ids": s.token_ids[: s.prompt_length],
+        "response_ids": s.token_ids[s.prompt_length :],
+        "rewards": s.reward,
+        "loss_masks": s.loss_mask[s.prompt_length :],
+        "stop_reasons": s.stop_reason,
+        "rollout_logprobs": _floats(s.logprobs[s.prompt_length :]),
+        "trajectory_ids": {"instance_id": s.group_id, "repetition_id": s.repetition_index},
+        "extra_info": _extra(s),
     }
 
 
@@ -678,14 +710,25 @@ def _art_trajectory(sample: Sample) -> dict[str, Any]:
     }
 
 
-def _art_groups(samples: list[Sample]) -> list[dict[str, Any]]:
-    groups: dict[str, list[Sample]] = {}
-    for sample in samples:
-        groups.setdefault(sample.group_id, []).append(sample)
+def _art_row(sample: Sample) -> dict[str, Any]:
+    """A sample's ART trajectory, with what places it in its group."""
+    return {
+        "group_id": sample.group_id,
+        "repetition_index": sample.repetition_index,
+        "trajectory": _art_trajectory(sample),
+    }
+
+
+def _art_groups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """ART's TrajectoryGroups: one per group, in the order groups first appear, each group's
+    trajectories by repetition index."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault(row["group_id"], []).append(row)
     return [
         {
             "trajectories": [
-                _art_trajectory(s) for s in sorted(members, key=lambda s: s.repetition_index)
+                m["trajectory"] for m in sorted(members, key=lambda m: m["repetition_index"])
             ],
             "exceptions": [],
             "metadata": {"group_id": group_id},
@@ -696,11 +739,28 @@ def _art_groups(samples: list[Sample]) -> list[dict[str, Any]]:
     ]
 
 
-def _write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
+# Each format's row of one sample (None: the sample has no place in that format's file); a
+# JSONL sample's row is its line, which is all of it the file needs.
+_ROWS: dict[str, Callable[[Sample], Any]] = {
+    "jsonl": lambda sample: _json_line(sample.to_json()),
+    "art": _art_row,
+    "verl": _verl_row,
+    "skyrl": _skyrl_row,
+}
+
+
+def _columns(rows: list[dict[str, Any]], schema: Any) -> dict[str, list[Any]]:
+    return {name: [row[name] for row in rows] for name in schema.names}
+
+
+def _json_line(row: dict[str, Any]) -> bytes:
+    return (json.dumps(row, ensure_ascii=False, sort_keys=True, allow_nan=False) + "\n").encode()
+
+
+def _write_lines(path: Path, lines: Iterable[bytes]) -> None:
     def write(out: BinaryIO) -> None:
-        for row in rows:
-            line = json.dumps(row, ensure_ascii=False, sort_keys=True, allow_nan=False) + "\n"
-            out.write(line.encode("utf-8"))
+        for line in lines:
+            out.write(line)
 
     write_aside(path, write, mode=0o666)
 
@@ -795,50 +855,53 @@ def export_rl(
     bundles = find_bundles(paths, warn=warn)
     if started is not None:
         started(len(bundles))
+    schema = None
+    if fmt in PARQUET_FORMATS:
+        try:
+            schema = parquet_schema(fmt)
+        except ImportError as error:
+            raise MissingExtraError(f"--format {fmt}", "training", error.name) from error
     warnings: list[str] = []
-    samples: list[Sample] = []
+    rows: list[Any] = []
+    counts: list[_Counted] = []
     skipped = 0
-    for reduced in _reduce_samples(bundles, parents, salvage=salvage, jobs=jobs, progress=progress):
+    for reduced in _reduce_samples(
+        bundles, parents, salvage=salvage, fmt=fmt, jobs=jobs, progress=progress
+    ):
         if reduced.warning:
             warnings.append(reduced.warning)
-        if reduced.sample is None:
+        if reduced.counted is None:
             skipped += 1
-        else:
-            samples.append(reduced.sample)
+            continue
+        counts.append(reduced.counted)
+        if reduced.row is not None:
+            rows.append(reduced.row)
     target_dir = Path(out_dir)
     try:
         target_dir.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise ExportError(f"cannot create {target_dir}: {error.strerror}") from error
     target = target_dir / FILE_NAMES[fmt]
-    left_out = [s.thread_id for s in samples if s.tokens != "exact"]
+    # Only the Parquet formats need exact tokens; JSONL and ART keep every sample.
+    left_out = [c.thread_id for c in counts if not c.exact] if schema is not None else []
     try:
         if fmt == "jsonl":
-            _write_jsonl(target, (s.to_json() for s in samples))
-            left_out = []
+            _write_lines(target, rows)
         elif fmt == "art":
-            _write_jsonl(target, _art_groups(samples))
-            left_out = []
+            _write_lines(target, map(_json_line, _art_groups(rows)))
         else:
-            try:
-                schema = parquet_schema(fmt)
-            except ImportError as error:
-                raise MissingExtraError(f"--format {fmt}", "training", error.name) from error
-            rows = _verl_rows(samples) if fmt == "verl" else _skyrl_rows(samples)
-            _write_parquet(target, rows, schema)
+            _write_parquet(target, _columns(rows, schema), schema)
     except OSError as error:
         raise ExportError(f"cannot write {target}: {error.strerror or error}") from error
-    exact = [s for s in samples if s.tokens == "exact"]
-    drifted = [s for s in exact if s.drift != EXACT]
     return Exported(
         target,
-        len(samples),
-        len(exact),
+        len(counts),
+        sum(c.exact for c in counts),
         skipped,
         left_out,
         warnings,
-        drifted=len(drifted),
-        drifted_calls=sum(len(s.drift_events) for s in drifted),
+        drifted=sum(c.drifted for c in counts),
+        drifted_calls=sum(c.drifted_calls for c in counts),
     )
 
 
