@@ -337,6 +337,13 @@ def _conversation(body: dict[str, Any]) -> Any:
     return body.get("input") if "input" in body else body.get("messages")
 
 
+def _entries(body: dict[str, Any]) -> list[Any]:
+    """The conversation's entries; none when it is no list (a number, an object: a request
+    that diverges, described, not a TypeError)."""
+    items = _conversation(body)
+    return items if isinstance(items, list) else []
+
+
 @dataclass
 class _Cursor:
     """A recorded thread a replayed thread follows: the next of its calls to answer."""
@@ -454,14 +461,22 @@ class ReplayBook:
             if index not in self._claimed and self._first_bytes(index) == raw:
                 self.byte_identical += 1
                 return self._claim(index, thread.calls[0].request)
+        too_deep = (400, "invalid_json", "the request body is nested too deep")
         try:
             body = json.loads(raw)
         except ValueError:
             body = None
+        except RecursionError:
+            # The gateway passes its clients' bodies on: one nested past what json reads...
+            return Answer(error=too_deep), None
         if not isinstance(body, dict):
             error = (400, "invalid_json", "the request body is not a JSON object")
             return Answer(error=error), None
-        return self._answer_parsed(body)
+        try:
+            return self._answer_parsed(body)
+        except RecursionError:
+            # ...or just within it, past what comparing or describing it recurses through.
+            return Answer(error=too_deep), None
 
     def _first_bytes(self, index: int) -> bytes:
         found = self._first.get(index)
@@ -533,7 +548,7 @@ class ReplayBook:
 
         def shared(candidate: tuple[RecordedThread, int]) -> int:
             recorded = comparable_request(candidate[0].calls[candidate[1]].request)
-            items, others = _conversation(wanted) or [], _conversation(recorded) or []
+            items, others = _entries(wanted), _entries(recorded)
             count = 0
             for mine, theirs in zip(items, others, strict=False):
                 if mine != theirs:

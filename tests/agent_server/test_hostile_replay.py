@@ -4,11 +4,13 @@ that cannot be replayed is one line naming it, never a traceback."""
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from agent_server import Settings
@@ -172,3 +174,37 @@ def test_serve_over_a_damaged_stream_is_one_line(tmp_path: Path) -> None:
     assert done.stderr.strip().splitlines() == [
         f"agent-server: --replay-from: {bundle}: call call-1: a delta of unknown kind 99"
     ]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "said"),
+    [
+        # json reads neither: was RecursionError out of the handler.
+        (b"[" * 100_000 + b"]" * 100_000, 400, "the request body is nested too deep"),
+        # json reads it; describing how it differs recursed past the limit.
+        (
+            b'{"input":[{"role":"user","x":' + b"[" * 990 + b"]" * 990 + b"}]}",
+            400,
+            "the request body is nested too deep",
+        ),
+        # Was TypeError ('int' object is not iterable) while describing the divergence.
+        (b'{"input": 5}', 409, "differs from recorded call 1"),
+    ],
+)
+async def test_a_hostile_request_body_gets_an_answer_not_a_traceback(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, body: bytes, status: int, said: str
+) -> None:
+    """The gateway passes its clients' bodies to the replay provider as they came."""
+    bundle = one_turn_bundle(tmp_path / "root")
+    model = await ReplayModel.from_settings(Settings(replay_from=bundle))
+    try:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(f"{model.url}/responses", data=body) as answer,
+        ):
+            assert answer.status == status
+            error = (await answer.json())["error"]
+        assert said in error["message"]
+    finally:
+        await model.stop()
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
