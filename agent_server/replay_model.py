@@ -679,10 +679,10 @@ class ReplayModel:
                 wait = began + chunk.offset_us / 1e6 - time.monotonic()
                 if wait > 0:
                     await asyncio.sleep(wait)
-            data = b"".join(
-                f"event: {event_type}\ndata: {data}\n\n".encode()
-                for event_type, data in chunk.events
-            )
+            # One `data:` line per line of the recorded data (a provider may have split an
+            # event over several, which SSE joins with newlines): written as one line, all but
+            # the first were no field at all, and the event's JSON arrived cut short.
+            data = b"".join(_sse(event_type, data) for event_type, data in chunk.events)
             await response.write(data)
         if script.end == "reset":
             response.reset()

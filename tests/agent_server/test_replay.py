@@ -401,6 +401,45 @@ async def test_a_close_racing_the_branch_finishes_the_fork_s_bundle(
     assert replay_bundle(bundle).integrity.status == state_pb2.INTEGRITY_STATUS_CLEAN
 
 
+async def test_events_split_over_several_data_lines_replay_whole(
+    start_agent: StartAgent, provider: ScriptedProvider, tmp_path: Path
+) -> None:
+    def split(event: dict[str, Any]) -> str:
+        """The event's JSON over several `data:` lines, as SSE allows (joined by newlines)."""
+        return "".join(f"data: {line}\n" for line in json.dumps(event, indent=1).split("\n"))
+
+    live = await start_agent(provider_api="chat")
+    provider.queue(
+        split(chunk({"role": "assistant", "content": "hel"}))
+        + "\n"
+        + split(chunk({"content": "lo"}))
+        + "\n"
+        + split(chunk(finish_reason="stop"))
+        + "\n"
+        + "data: [DONE]\n\n"
+    )
+    thread = await live.start_thread()
+    events = live.events(thread.id)
+    turn = await live.start_turn(thread.id, "hi")
+    assert (await events.turn_completed(turn.id)).status == COMPLETED
+    closed = await live.stub.CloseThread(agent_pb2.CloseThreadRequest(thread_id=thread.id))
+    replay = await start_agent(
+        provider_url=None,
+        replay_from=Path(closed.thread.bundle_path),
+        trace_root=tmp_path / "replayed",
+        provider_api="chat",
+    )
+    thread = await replay.start_thread()
+    events = replay.events(thread.id)
+    turn = await replay.start_turn(thread.id, "hi")
+    # Was FAILED: each event was sent back on one `data:` line, its other lines no field at
+    # all, so the client read '{' alone ("an event that is not a JSON object").
+    ended = await events.turn_completed(turn.id)
+    assert ended.status == COMPLETED, ended.error
+    deltas = events.of_kind("agent_message_delta")
+    assert "".join(e.agent_message_delta.delta for e in deltas) == "hello"
+
+
 async def test_a_branch_in_the_first_turn_shares_no_turn_and_is_not_a_fork(
     start_agent: StartAgent, provider: ScriptedProvider
 ) -> None:
