@@ -645,6 +645,7 @@ class Agent:
                 or thread.fork is not None
                 or thread.running is not None
                 or thread.closed
+                or thread.closing is not None
                 or not thread.recorder.bundle_path
             ):
                 return
@@ -848,6 +849,11 @@ class Agent:
         reason: str,
         requested_by: str,
     ) -> None:
+        branching = self._branching.get(thread.id)
+        if branching is not None:
+            # A branch is swapping the thread's bundle for its fork's: finish the one it ends
+            # with (was: the old one, so the fork's stayed UNCLOSED and open for good).
+            await asyncio.wait([branching])
         if thread.running is not None:
             await thread.running.interrupt(requested_by)
         await thread.recorder.finish(status, reason)

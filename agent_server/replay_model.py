@@ -8,6 +8,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -82,13 +83,22 @@ def _event(event_type: str, fields: dict[str, Any]) -> tuple[str, str]:
 
 
 def _logprobs(tokens: common_pb2.DeltaTokens, text: str) -> list[dict[str, Any]]:
-    """The Responses API's `logprobs` entries the recorded columns came from."""
+    """The Responses API's `logprobs` entries the recorded columns came from; ValueError when
+    the alternatives' columns hold fewer than their counts say (a damaged record)."""
     texts = list(tokens.texts)
     if not texts:
         start = 0
         for length in tokens.text_lengths:
             texts.append(text[start : start + length])
             start += length
+    if tokens.top_counts:
+        listed = min(len(texts), len(tokens.logprobs))
+        needed = sum(tokens.top_counts[:listed])
+        columns = [len(tokens.top_texts), len(tokens.top_logprobs)]
+        if tokens.top_ids:
+            columns.append(len(tokens.top_ids))
+        if min(columns) < needed:
+            raise ValueError(f"its tokens count {needed} alternatives but hold {min(columns)}")
     entries: list[dict[str, Any]] = []
     top_at = 0
     for index, (token, logprob) in enumerate(zip(texts, tokens.logprobs, strict=False)):
@@ -114,7 +124,19 @@ def script_of(call: RecordedCall) -> ReplayScript:
     """The provider's answer to a recorded call, rebuilt from its records.
 
     The typed records are turned back into the Responses API events they were recorded from
-    (every other event was kept verbatim); events recorded at one moment form one chunk."""
+    (every other event was kept verbatim); events recorded at one moment form one chunk.
+    Raises BundleError naming the call when its records cannot be sent again (a delta of a
+    kind this server does not know, token columns shorter than their counts, an output item
+    that is no JSON or is nested past the parser): ReplayModel.from_settings asks for every
+    call's script at start-up, so a damaged bundle is refused there, not mid-run."""
+    try:
+        return _script_of(call)
+    except (ValueError, RecursionError) as error:
+        problem = "a payload is nested too deep" if isinstance(error, RecursionError) else error
+        raise BundleError(f"call {call.inference_call_id}: {problem}") from error
+
+
+def _script_of(call: RecordedCall) -> ReplayScript:
     if call.error.http_status and not call.records:
         message = call.error.message
         prefix = f"provider answered HTTP {call.error.http_status}: "
@@ -132,7 +154,7 @@ def script_of(call: RecordedCall) -> ReplayScript:
     if call.provider_api == CHAT_API:
         return ReplayScript(_chat_chunks(call), _ending(call))
     done_items = {
-        record.output_item_done.item: call.payload_json(record.output_item_done.item_payload_id)
+        record.output_item_done.item: _output_item(call, record.output_item_done.item_payload_id)
         for record in call.records
         if record.WhichOneof("body") == "output_item_done"
     }
@@ -197,7 +219,11 @@ def script_of(call: RecordedCall) -> ReplayScript:
                     fields["token_ids"] = list(tokens.ids)
                 if tokens.logprobs:
                     fields["logprobs"] = _logprobs(tokens, body_delta.delta)
-            events.append(_event(_DELTA_EVENT_TYPES[body_delta.kind], fields))
+            event_type = _DELTA_EVENT_TYPES.get(body_delta.kind)
+            if event_type is None:
+                # proto3 keeps an enum number it does not know (a newer writer, or damage).
+                raise ValueError(f"a delta of unknown kind {body_delta.kind}")
+            events.append(_event(event_type, fields))
         elif kind == "output_item_done":
             body_done = record.output_item_done
             source = added.get(body_done.item)
@@ -224,6 +250,13 @@ def script_of(call: RecordedCall) -> ReplayScript:
         if events:
             chunks = _add(chunks, call, record, events)
     return ReplayScript(chunks, _ending(call))
+
+
+def _output_item(call: RecordedCall, payload_id: str) -> Any:
+    try:
+        return call.payload_json(payload_id)
+    except ValueError as error:
+        raise ValueError(f"output item {payload_id} is no JSON: {error}") from error
 
 
 # The event a whole (not streamed) answer is recorded as, verbatim (the gateway's records).
@@ -302,6 +335,13 @@ def _ending(call: RecordedCall) -> str:
 def _conversation(body: dict[str, Any]) -> Any:
     """What a request sends of the conversation: Responses' `input`, Chat's `messages`."""
     return body.get("input") if "input" in body else body.get("messages")
+
+
+def _entries(body: dict[str, Any]) -> list[Any]:
+    """The conversation's entries; none when it is no list (a number, an object: a request
+    that diverges, described, not a TypeError)."""
+    items = _conversation(body)
+    return items if isinstance(items, list) else []
 
 
 @dataclass
@@ -421,14 +461,22 @@ class ReplayBook:
             if index not in self._claimed and self._first_bytes(index) == raw:
                 self.byte_identical += 1
                 return self._claim(index, thread.calls[0].request)
+        too_deep = (400, "invalid_json", "the request body is nested too deep")
         try:
             body = json.loads(raw)
         except ValueError:
             body = None
+        except RecursionError:
+            # The gateway passes its clients' bodies on: one nested past what json reads...
+            return Answer(error=too_deep), None
         if not isinstance(body, dict):
             error = (400, "invalid_json", "the request body is not a JSON object")
             return Answer(error=error), None
-        return self._answer_parsed(body)
+        try:
+            return self._answer_parsed(body)
+        except RecursionError:
+            # ...or just within it, past what comparing or describing it recurses through.
+            return Answer(error=too_deep), None
 
     def _first_bytes(self, index: int) -> bytes:
         found = self._first.get(index)
@@ -500,7 +548,7 @@ class ReplayBook:
 
         def shared(candidate: tuple[RecordedThread, int]) -> int:
             recorded = comparable_request(candidate[0].calls[candidate[1]].request)
-            items, others = _conversation(wanted) or [], _conversation(recorded) or []
+            items, others = _entries(wanted), _entries(recorded)
             count = 0
             for mine, theirs in zip(items, others, strict=False):
                 if mine != theirs:
@@ -563,7 +611,7 @@ class ReplayModel:
         source = settings.replay_from
         assert source is not None
         try:
-            threads = await asyncio.to_thread(lambda: list(read_recorded(source)))
+            threads = await asyncio.to_thread(_read_replayable, source)
         except (BundleError, ReductionError, OSError) as error:
             raise ConfigError(f"--replay-from: {error}") from error
         root = settings.trace_root
@@ -631,10 +679,10 @@ class ReplayModel:
                 wait = began + chunk.offset_us / 1e6 - time.monotonic()
                 if wait > 0:
                     await asyncio.sleep(wait)
-            data = b"".join(
-                f"event: {event_type}\ndata: {data}\n\n".encode()
-                for event_type, data in chunk.events
-            )
+            # One `data:` line per line of the recorded data (a provider may have split an
+            # event over several, which SSE joins with newlines): written as one line, all but
+            # the first were no field at all, and the event's JSON arrived cut short.
+            data = b"".join(_sse(event_type, data) for event_type, data in chunk.events)
             await response.write(data)
         if script.end == "reset":
             response.reset()
@@ -679,6 +727,21 @@ class ReplayModel:
             await _replay_error(
                 response, 502, "live_provider_unreachable", f"live provider: {type(error).__name__}"
             )
+
+
+def _read_replayable(source: Path) -> list[RecordedThread]:
+    """Every recorded thread under source, each call's answer rebuilt once to check it can be
+    (then dropped: it is rebuilt when asked for). A call that cannot be is a BundleError
+    naming its bundle; was a KeyError or IndexError when the request came, a traceback in the
+    log and the turn FAILED with `internal_error`."""
+    threads = list(read_recorded(source))
+    for thread in threads:
+        for call in thread.calls:
+            try:
+                script_of(call)
+            except BundleError as error:
+                raise BundleError(f"{thread.bundle}: {error}") from error
+    return threads
 
 
 async def _replay_error(response: HttpResponse, status: int, code: str, message: str) -> None:

@@ -12,11 +12,18 @@ from typing import Any, TypeAlias
 from agent_server.errors import InvalidToolError
 from rollout.agent.v1 import agent_pb2
 from rollout.trace.v1 import common_pb2
+from trace_reducer import nested_deeper_than
 
 MAX_TOOLS = 128
 # Every request of the thread carries the tools: their text is bounded like the instructions.
 MAX_TOOLS_BYTES = 1024 * 1024
 MAX_TOOL_OUTPUT_BYTES = 1024 * 1024
+# How deep a tool's parameters schema may nest. json reads a schema nested about as deep as
+# Python recurses, but every request records it (json.dumps) a few levels further in: a
+# schema nested ~975 deep was accepted, and then each turn of the thread failed with
+# `internal error: RecursionError`. Real schemas nest a few levels; the model's arguments
+# are read no deeper than agent_server.provider.MAX_EVENT_DEPTH either.
+MAX_PARAMETERS_DEPTH = 64
 _NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 # The Responses API wants an object schema; "no parameters" is the empty one.
 _NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
@@ -91,13 +98,18 @@ def parse_tools(declared: Sequence[agent_pb2.FunctionTool]) -> tuple[Tool, ...]:
         seen.add(tool.name)
         parameters = _NO_PARAMETERS
         if tool.parameters_json:
+            too_deep = f"parameters_json nests deeper than {MAX_PARAMETERS_DEPTH} levels"
             try:
                 # NaN and Infinity are Python's, not JSON's: a provider refuses the request.
                 parsed = json.loads(tool.parameters_json, parse_constant=_not_json)
-            except (ValueError, RecursionError) as error:
+            except ValueError as error:
                 raise refuse(f"parameters_json is not JSON: {error}") from error
+            except RecursionError as error:
+                raise refuse(too_deep) from error
             if not isinstance(parsed, dict):
                 raise refuse("parameters_json must be a JSON Schema object")
+            if nested_deeper_than(parsed, MAX_PARAMETERS_DEPTH):
+                raise refuse(too_deep)
             parameters = parsed
         tools.append(
             Tool(tool.name, tool.description, tool.parameters_json, parameters, tool.strict)

@@ -365,6 +365,81 @@ async def test_a_run_branched_at_call_3_is_a_fork_of_the_original(
     assert replies == {0: recorded, 1: [*recorded[:2], "live three", "live four"]}
 
 
+async def test_a_close_racing_the_branch_finishes_the_fork_s_bundle(
+    start_agent: StartAgent,
+) -> None:
+    live = await start_agent(provider_url=None, local_word_delay=0.0)
+    thread = await live.start_thread(model="local-echo-1")
+    events = live.events(thread.id)
+    for text in ("one", "two"):
+        turn = await live.start_turn(thread.id, text)
+        await events.turn_completed(turn.id)
+    original = Path(
+        (
+            await live.stub.CloseThread(agent_pb2.CloseThreadRequest(thread_id=thread.id))
+        ).thread.bundle_path
+    )
+    root = original.parent
+    branched = await start_agent(replay_from=original, replay_branch_at=2, trace_root=root)
+    thread = await branched.start_thread(model="local-echo-1")
+    events = branched.events(thread.id)
+    turn = await branched.start_turn(thread.id, "one")
+    await events.turn_completed(turn.id)
+    # The second turn holds call 2: its StartTurn swaps the bundle for a fork's, and the
+    # close comes while it does.
+    starting = branched.stub.StartTurn(
+        agent_pb2.StartTurnRequest(thread_id=thread.id, input=[agent_pb2.UserInput(text="two")])
+    )
+    closing = branched.stub.CloseThread(agent_pb2.CloseThreadRequest(thread_id=thread.id))
+    _, closed = await asyncio.gather(starting, closing, return_exceptions=True)
+    assert isinstance(closed, agent_pb2.CloseThreadResponse), closed
+    # Was: the thread CLOSED, its recording still ACTIVE, the fork's bundle UNCLOSED and its
+    # file held open until the process ended (the close finished the bundle it replaced).
+    assert closed.thread.recording_status == agent_pb2.RECORDING_STATUS_CLOSED
+    (bundle,) = [path for path in root.iterdir() if path != original]
+    assert bundle == Path(closed.thread.bundle_path)
+    assert replay_bundle(bundle).integrity.status == state_pb2.INTEGRITY_STATUS_CLEAN
+
+
+async def test_events_split_over_several_data_lines_replay_whole(
+    start_agent: StartAgent, provider: ScriptedProvider, tmp_path: Path
+) -> None:
+    def split(event: dict[str, Any]) -> str:
+        """The event's JSON over several `data:` lines, as SSE allows (joined by newlines)."""
+        return "".join(f"data: {line}\n" for line in json.dumps(event, indent=1).split("\n"))
+
+    live = await start_agent(provider_api="chat")
+    provider.queue(
+        split(chunk({"role": "assistant", "content": "hel"}))
+        + "\n"
+        + split(chunk({"content": "lo"}))
+        + "\n"
+        + split(chunk(finish_reason="stop"))
+        + "\n"
+        + "data: [DONE]\n\n"
+    )
+    thread = await live.start_thread()
+    events = live.events(thread.id)
+    turn = await live.start_turn(thread.id, "hi")
+    assert (await events.turn_completed(turn.id)).status == COMPLETED
+    closed = await live.stub.CloseThread(agent_pb2.CloseThreadRequest(thread_id=thread.id))
+    replay = await start_agent(
+        provider_url=None,
+        replay_from=Path(closed.thread.bundle_path),
+        trace_root=tmp_path / "replayed",
+        provider_api="chat",
+    )
+    thread = await replay.start_thread()
+    events = replay.events(thread.id)
+    turn = await replay.start_turn(thread.id, "hi")
+    # Was FAILED: each event was sent back on one `data:` line, its other lines no field at
+    # all, so the client read '{' alone ("an event that is not a JSON object").
+    ended = await events.turn_completed(turn.id)
+    assert ended.status == COMPLETED, ended.error
+    deltas = events.of_kind("agent_message_delta")
+    assert "".join(e.agent_message_delta.delta for e in deltas) == "hello"
+
+
 async def test_a_branch_in_the_first_turn_shares_no_turn_and_is_not_a_fork(
     start_agent: StartAgent, provider: ScriptedProvider
 ) -> None:

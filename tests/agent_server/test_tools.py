@@ -277,6 +277,36 @@ async def test_bad_tools_are_refused(
     assert fragment in (raised.value.details() or "")
 
 
+def _nested_schema(depth: int) -> str:
+    """An object schema whose properties nest `depth` levels below it."""
+    return '{"type":"object","properties":' + '{"a":' * depth + "{}" + "}" * depth + "}"
+
+
+async def test_a_schema_nested_past_the_limit_is_refused_when_declared(
+    agent: Harness, provider: ScriptedProvider
+) -> None:
+    # Was: accepted when json read it (how deep it reads depends on the stack it runs on: ~975
+    # in the server), and then every turn of the thread FAILED with `internal error:
+    # RecursionError` and a traceback, from recording the request.
+    for depth in (64, 500, 100_000):
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await agent.start_thread(
+                tools=[agent_pb2.FunctionTool(name="t", parameters_json=_nested_schema(depth))]
+            )
+        assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error_reason(raised.value) == "INVALID_TOOL"
+        assert "parameters_json nests deeper than 64 levels" in (raised.value.details() or "")
+    # One level less is a thread whose turns run.
+    thread = await agent.start_thread(
+        tools=[agent_pb2.FunctionTool(name="t", parameters_json=_nested_schema(62))]
+    )
+    events = agent.events(thread.id)
+    provider.queue(answer("fine"))
+    turn = await agent.start_turn(thread.id, "go")
+    ended = await events.turn_completed(turn.id)
+    assert ended.status == agent_pb2.TURN_STATUS_COMPLETED, ended.error
+
+
 async def test_bad_submissions_get_their_codes(local: Harness) -> None:
     thread, events, turn = await start_tool_turn(local, "lookup and convert", [LOOKUP, CONVERT])
     convert, lookup = await requested(events, 2)

@@ -14,6 +14,7 @@ from ._diff import (
     diff_runs,
     request_difference,
 )
+from ._items import nested_deeper_than
 from ._recorded import (
     RecordedCall,
     RecordedThread,
@@ -57,6 +58,7 @@ __all__ = [
     "iter_state_json",
     "list_recorded",
     "load_recorded",
+    "nested_deeper_than",
     "read_recorded",
     "read_recorded_thread",
     "replay_bundle",

@@ -106,8 +106,9 @@ def _opaque(key: str) -> ItemInfo:
     )
 
 
-def _depth_exceeds(value: object, limit: int) -> bool:
-    """Whether containers nest more than limit deep below value."""
+def nested_deeper_than(value: object, limit: int) -> bool:
+    """Whether containers nest more than limit deep below value (recursion at most limit
+    deep: a value json parsed can be nested past what json encodes again, or Python recurses)."""
     if isinstance(value, dict):
         children: Iterable[object] = value.values()
     elif isinstance(value, list):
@@ -117,7 +118,8 @@ def _depth_exceeds(value: object, limit: int) -> bool:
     if limit == 0:
         return True
     return any(
-        isinstance(child, dict | list) and _depth_exceeds(child, limit - 1) for child in children
+        isinstance(child, dict | list) and nested_deeper_than(child, limit - 1)
+        for child in children
     )
 
 
@@ -168,7 +170,7 @@ def _parse_item(data: bytes) -> ItemInfo:
     if (
         len(data) > MAX_ITEM_DEPTH
         and data.count(b"[") + data.count(b"{") > MAX_ITEM_DEPTH
-        and _depth_exceeds(parsed, MAX_ITEM_DEPTH)
+        and nested_deeper_than(parsed, MAX_ITEM_DEPTH)
     ):
         return _opaque(data.decode("utf-8", "replace"))
     # Only an escape can spell a lone surrogate (bytes that would were replaced above, and
