@@ -256,12 +256,26 @@ class TokenAccumulator:
             if not self.has_top:
                 self.top_counts.extend([0] * before)
                 self.has_top = True
-            counts = list(tokens.top_counts)[:count]
+            # Each token's alternatives as many as its count says and the lists hold: a delta
+            # whose counts and lists disagree (a crafted or damaged bundle) put every later
+            # token's alternatives out of step, and reading them past the end failed.
+            texts_given = list(tokens.top_texts)
+            logprobs_given = list(tokens.top_logprobs)
+            left = max(len(texts_given), len(logprobs_given))
+            counts = []
+            for claimed in list(tokens.top_counts)[:count]:
+                taken = min(claimed, left)
+                counts.append(taken)
+                left -= taken
             counts += [0] * (count - len(counts))
+            used = sum(counts)
             self.top_counts.extend(counts)
-            self.top_texts.extend(tokens.top_texts)
-            self.top_logprobs.extend(tokens.top_logprobs)
-            self.top_ids.extend(tokens.top_ids)
+            self.top_texts.extend(texts_given[:used])
+            self.top_texts.extend([""] * (used - min(used, len(texts_given))))
+            self.top_logprobs.extend(logprobs_given[:used])
+            self.top_logprobs.extend([math.nan] * (used - min(used, len(logprobs_given))))
+            # Ids short of the count leave the column shorter than the texts: it is left out.
+            self.top_ids.extend(list(tokens.top_ids)[:used])
         self.count += count
         if self.spans and self.spans[-1][0] is key:
             self.spans[-1][2] += count
