@@ -79,9 +79,10 @@ from trace_reducer import (
     list_recorded,
     load_recorded,
     payload_id,
-    replay_bundle,
     thread_bundles,
 )
+from trace_reducer.bundle import BundleRoot, ConfinedBundle
+from trace_reducer.reduce import replay_confined
 
 if TYPE_CHECKING:
     from agent_server.replay_model import BranchPoint
@@ -587,11 +588,11 @@ class Agent:
                     f"thread {reward.thread_id!r} has no item {reward.item_id!r}",
                     item_id=reward.item_id,
                 )
-            bundle_dir, trace_id = Path(thread.recorder.bundle_path), thread.recorder.trace_id
+            held = Path(thread.recorder.bundle_path).name, thread.recorder.trace_id
         else:
-            bundle_dir, trace_id = await asyncio.to_thread(self._find_bundle, reward)
+            held = None
         try:
-            seq = await asyncio.to_thread(append_reward, bundle_dir, reward, trace_id=trace_id)
+            bundle_dir, seq = await asyncio.to_thread(self._append_reward, reward, held)
         except RewardError as error:
             code = (
                 grpc.StatusCode.DATA_LOSS
@@ -601,19 +602,48 @@ class Agent:
             raise RewardsUnavailableError(str(error), error.reason, code) from error
         return str(bundle_dir), seq
 
-    def _find_bundle(self, reward: RewardInput) -> tuple[Path, str]:
-        """The bundle of a thread the server no longer holds, under the trace root, checked
-        to have the turn and item the reward names."""
-        thread_id = reward.thread_id
+    def _append_reward(self, reward: RewardInput, held: tuple[str, str] | None) -> tuple[Path, int]:
+        """Append the reward beside its thread's bundle: `held`, (its name under the trace
+        root, its trace id) for a thread the server holds, else the bundle found under the
+        root. The bundle is opened from the root through descriptors that follow no link, and
+        the reward written through its directory's: a directory of the root swapped for a
+        symbolic link since the bundle was found (or made) leads nowhere outside it."""
         root = self._settings.trace_root
+        thread_id = reward.thread_id
         missing = ThreadNotFoundError(f"no thread {thread_id!r}", thread_id=thread_id)
         if root is None:
             raise missing
-        candidates = thread_bundles(root, thread_id)
-        if not candidates:
-            raise missing
+        if held is not None:
+            name, trace_id = held
+        else:
+            candidates = thread_bundles(root, thread_id)
+            if not candidates:
+                raise missing
+            name, trace_id = candidates[-1].name, ""
         try:
-            trace = replay_bundle(candidates[-1])
+            bundle = BundleRoot(root).open(name)
+        except BundleError as error:
+            if held is not None:
+                raise RewardError(
+                    f"cannot record rewards: {error}", "REWARDS_UNWRITABLE"
+                ) from error
+            raise missing from error
+        with bundle:
+            if held is None:
+                trace_id = self._check_reward_target(bundle, reward, missing)
+            bundle_dir = Path(bundle.display_dir)
+            seq = append_reward(bundle_dir, reward, trace_id=trace_id, dir_fd=bundle.dir_fd)
+        return bundle_dir, seq
+
+    @staticmethod
+    def _check_reward_target(
+        bundle: ConfinedBundle, reward: RewardInput, missing: ThreadNotFoundError
+    ) -> str:
+        """The trace id of a bundle the server no longer holds, checked to be the reward's
+        thread's and to have the turn and item the reward names."""
+        thread_id = reward.thread_id
+        try:
+            trace = replay_confined(bundle)
         except (BundleError, ReductionError) as error:
             raise missing from error
         if trace.root_thread_id != thread_id:
@@ -627,7 +657,7 @@ class Agent:
             raise ItemNotFoundError(
                 f"thread {thread_id!r} has no item {reward.item_id!r}", item_id=reward.item_id
             )
-        return candidates[-1], trace.trace_id
+        return trace.trace_id
 
     async def branch_before_turn(self, thread_id: str) -> None:
         """--replay-branch-at: a replayed thread about to start the turn that holds the branch

@@ -85,8 +85,9 @@ from trace_reducer import (
     append_reward,
     check_reward,
     classify_stop,
-    replay_bundle,
 )
+from trace_reducer.bundle import BundleRoot
+from trace_reducer.reduce import replay_confined
 
 if TYPE_CHECKING:
     from multidict import CIMultiDict
@@ -1066,21 +1067,42 @@ class Gateway:
                 and reward.item_id not in found.thread.accepted_items
             ):
                 return error_response(404, "item_not_found", f"no item {reward.item_id!r}")
-            if closed is not None and (reward.turn_id or reward.item_id):
+            checked = closed is not None and bool(reward.turn_id or reward.item_id)
+            answer = await asyncio.to_thread(
+                self._append_reward, Path(bundle).name, reward, trace_id, checked=checked
+            )
+            if isinstance(answer, web.Response):
+                return answer
+            seq = answer
+        except RewardError as error:
+            return error_response(400, error.reason.lower(), str(error))
+        except TypeError as error:
+            return error_response(400, "invalid_reward", str(error))
+        return web.json_response({"thread_id": thread_id, "bundle_path": bundle, "seq": seq})
+
+    def _append_reward(
+        self, name: str, reward: RewardInput, trace_id: str, *, checked: bool
+    ) -> int | web.Response:
+        """Append the reward beside the session's bundle, `name` under the trace root, opened
+        from the root through descriptors that follow no link and written through its
+        directory's (a directory swapped for a symbolic link leads nowhere outside the root);
+        `checked`: the turn or item it names looked for in the bundle first."""
+        try:
+            bundle = BundleRoot(self.settings.trace_root).open(name)
+        except BundleError as error:
+            return error_response(409, "bundle_unreadable", str(error))
+        with bundle:
+            if checked:
                 try:
-                    trace = await asyncio.to_thread(replay_bundle, Path(bundle), compact=True)
+                    trace = replay_confined(bundle)
                 except (BundleError, ReductionError) as error:
                     return error_response(409, "bundle_unreadable", str(error))
                 missing = missing_reward_target(trace, reward.turn_id, reward.item_id)
                 if missing is not None:
                     named = reward.turn_id if missing == "turn" else reward.item_id
                     return error_response(404, f"{missing}_not_found", f"no {missing} {named!r}")
-            seq = await asyncio.to_thread(append_reward, Path(bundle), reward, trace_id=trace_id)
-        except RewardError as error:
-            return error_response(400, error.reason.lower(), str(error))
-        except TypeError as error:
-            return error_response(400, "invalid_reward", str(error))
-        return web.json_response({"thread_id": thread_id, "bundle_path": bundle, "seq": seq})
+            bundle_dir = Path(bundle.display_dir)
+            return append_reward(bundle_dir, reward, trace_id=trace_id, dir_fd=bundle.dir_fd)
 
 
 class _Outcome:

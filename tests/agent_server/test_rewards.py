@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,50 @@ async def test_a_forgotten_thread_is_found_by_its_bundle(start_agent: StartAgent
     await reward(later, thread.id, value=0.75)
     rewards = replay_bundle(thread.bundle_path).rewards
     assert [(r.value, r.target.found) for r in rewards] == [(0.25, True), (0.75, True)]
+
+
+def _swap_for_a_link(bundle: Path, outside: Path) -> Path:
+    """bundle's directory moved aside and its name made a symbolic link to a copy of it
+    outside the root: what someone who may write in the root could do between a bundle's
+    being found and its reward's being written. Returns the copy."""
+    copy = outside / bundle.name
+    shutil.copytree(bundle, copy)
+    bundle.rename(bundle.with_name(bundle.name + ".moved"))
+    bundle.symlink_to(copy, target_is_directory=True)
+    return copy
+
+
+async def test_a_reward_is_never_written_through_a_directory_swapped_for_a_link(
+    start_agent: StartAgent, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Was: the bundle found by a scan (or held) was written to by its path, after: a reward
+    # recorded outside the trace root.
+    from agent_server import agent as agent_module
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    agent = await start_agent(provider_url=None, local_word_delay=0.0, closed_thread_retention=0.0)
+    forgotten, _, _ = await one_turn(agent)
+    await agent.stub.CloseThread(agent_pb2.CloseThreadRequest(thread_id=forgotten.id))
+    found_by_scan = agent_module.thread_bundles
+
+    def found_then_swapped(root: Path, thread_id: str) -> list[Path]:
+        found = found_by_scan(root, thread_id)
+        _swap_for_a_link(found[-1], outside)
+        return found
+
+    monkeypatch.setattr(agent_module, "thread_bundles", found_then_swapped)
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await reward(agent, forgotten.id, value=1.0)
+    assert error_reason(refused.value) == "THREAD_NOT_FOUND"
+    assert not (outside / Path(forgotten.bundle_path).name / REWARDS_FILE_NAME).exists()
+    # A thread the server holds: its bundle's directory swapped while it is open.
+    held, _, _ = await one_turn(agent)
+    copy = _swap_for_a_link(Path(held.bundle_path), outside)
+    with pytest.raises(grpc.aio.AioRpcError) as unwritable:
+        await reward(agent, held.id, value=1.0)
+    assert error_reason(unwritable.value) == "REWARDS_UNWRITABLE"
+    assert not (copy / REWARDS_FILE_NAME).exists()
 
 
 async def test_bad_rewards_get_their_codes(local: Harness, start_agent: StartAgent) -> None:

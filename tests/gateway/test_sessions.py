@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -190,6 +191,26 @@ async def test_two_gateways_share_one_trace_root(
     keys = sorted(next(iter(t.threads.values())).metadata["gateway.session"] for t in traces)
     assert keys == sorted(f"{name}-{n}" for name in ("left", "right") for n in range(3))
     assert all(t.integrity.status == CLEAN for t in traces)
+
+
+async def test_a_reward_is_never_written_through_a_bundle_swapped_for_a_link(
+    gateway: Gateway, tmp_path: Path
+) -> None:
+    # Was: the session's bundle written to by its path: a directory of the trace root
+    # swapped for a symbolic link put the reward outside the root.
+    client = _client(gateway, **{"x-rollout-session": "swapped"})
+    await client.responses.create(model="m", input="grade me")
+    (bundle,) = bundles(gateway.settings.trace_root)
+    copy = tmp_path / "outside" / bundle.name
+    shutil.copytree(bundle, copy)
+    bundle.rename(bundle.with_name(bundle.name + ".moved"))
+    bundle.symlink_to(copy, target_is_directory=True)
+    async with httpx.AsyncClient(base_url=gateway.url.removesuffix("/v1")) as http:
+        answer = await http.post(
+            "/rollout/v1/rewards", json={"session": "swapped", "name": "pass", "value": 1.0}
+        )
+    assert (answer.status_code, answer.json()["error"]["code"]) == (409, "bundle_unreadable")
+    assert not (copy / "rewards.binpb").exists()
 
 
 async def test_rewards_over_http(gateway: Gateway) -> None:

@@ -269,7 +269,7 @@ async def test_unexpected_errors_are_internal_without_details(
     def explode(path: object) -> state_pb2.RolloutTrace:
         raise RuntimeError("secret internals")
 
-    monkeypatch.setattr(_service, "replay_reader", explode)
+    monkeypatch.setattr(_service, "replay_confined", explode)
     bundle = one_turn_bundle(served.root)
     code, info, message = await refused(served.stub.ReduceBundle(reduce_request(bundle.name)))
     assert (code, info.reason) == (grpc.StatusCode.INTERNAL, "INTERNAL")

@@ -1,6 +1,6 @@
 """What reads and writes a bundle's bytes: layout, framing, payloads, the reader and the writer."""
 
-from ._confine import BundleRoot
+from ._confine import BundleRoot, ConfinedBundle
 from ._discover import FoundBundle, holds_bundles, thread_bundles, walk_bundles
 from ._errors import (
     BundleError,
@@ -63,6 +63,7 @@ __all__ = [
     "BundleReader",
     "BundleRoot",
     "BundleWriter",
+    "ConfinedBundle",
     "CorruptBundleError",
     "FoundBundle",
     "FrameDecoder",

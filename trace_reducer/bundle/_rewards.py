@@ -150,19 +150,26 @@ def _forget_tail(fd: int) -> None:
     _TAILS.pop((status.st_dev, status.st_ino), None)
 
 
-def append_reward(bundle_dir: Path, reward: RewardInput, *, trace_id: str) -> int:
+def append_reward(
+    bundle_dir: Path, reward: RewardInput, *, trace_id: str, dir_fd: int | None = None
+) -> int:
     """Append one reward to `<bundle_dir>/rewards.binpb` and fsync it; return its seq.
 
     The file is created with its own header on first use, and opened as the trace is: never
-    through a symbolic link, never a FIFO or anything but a regular file. Writers (the agent,
-    the CLI) take an exclusive lock, so their records never interleave. A torn last frame (a
-    writer died mid-append, before it acknowledged anything) is cut off first; a corrupt file,
-    or one that does not begin with a whole header (no sidecar at all), is refused, never
-    appended to. Raises RewardError.
+    through a symbolic link, never a FIFO or anything but a regular file; through dir_fd, the
+    bundle directory's descriptor, when given (bundle_dir then only names it in messages).
+    Writers (the agent, the CLI) take an exclusive lock, so their records never interleave. A
+    torn last frame (a writer died mid-append, before it acknowledged anything) is cut off
+    first; a corrupt file, or one that does not begin with a whole header (no sidecar at all),
+    is refused, never appended to. Raises RewardError.
     """
     path = bundle_dir / REWARDS_FILE_NAME
     try:
-        fd = open_regular_file(path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
+        fd = open_regular_file(
+            REWARDS_FILE_NAME if dir_fd is not None else path,
+            os.O_RDWR | os.O_CREAT | os.O_APPEND,
+            dir_fd=dir_fd,
+        )
     except OSError as error:
         raise RewardError(
             f"cannot record rewards: {sidecar_problem(error, str(path))}", "REWARDS_UNWRITABLE"

@@ -23,7 +23,7 @@ from ._recorded import (
     read_recorded_thread,
 )
 from ._reducer import Reducer
-from ._replay import replay_bundle
+from ._replay import replay_bundle, replay_confined
 from ._requests import request_body
 from ._state_json import iter_state_json, state_to_json, write_state_json
 from ._stored import (
@@ -62,6 +62,7 @@ __all__ = [
     "read_recorded",
     "read_recorded_thread",
     "replay_bundle",
+    "replay_confined",
     "request_body",
     "request_difference",
     "state_to_json",

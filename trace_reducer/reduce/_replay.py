@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 from rollout.trace.v1 import state_pb2
 
+from ..bundle._confine import ConfinedBundle
+from ..bundle._layout import TRACE_FILE_NAME
 from ..bundle._reader import BundleReader, Item, read_bundle
 from ..bundle._rewards import read_rewards
 from ._forks import BundleForkResolver
@@ -32,6 +35,17 @@ def replay_bundle(
     with read_bundle(path) as reader:
         forks = BundleForkResolver(reader.bundle_dir, parents)
         return replay_reader(reader, forks=forks, compact=compact)
+
+
+def replay_confined(bundle: ConfinedBundle) -> state_pb2.RolloutTrace:
+    """replay_bundle of a bundle opened under a root (BundleRoot.open): its trace, rewards and
+    fork parents all read through descriptors from that root, never by path again, so a
+    directory swapped for a symbolic link on the way changes nothing about what is read."""
+    return replay_reader(
+        BundleReader(Path(bundle.display_dir) / TRACE_FILE_NAME, bundle.trace),
+        forks=BundleForkResolver.beside(bundle),
+        rewards_dir_fd=bundle.dir_fd,
+    )
 
 
 def replay_reader(

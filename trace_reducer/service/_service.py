@@ -50,11 +50,11 @@ from ..bundle._errors import (
 )
 from ..bundle._framing import DEFAULT_MAX_UPLOAD_BYTES
 from ..bundle._integrity import require_reducible
-from ..bundle._layout import STATE_FILE_NAME, TRACE_FILE_NAME
-from ..bundle._reader import BundleReader, FrameDecoder
+from ..bundle._layout import STATE_FILE_NAME
+from ..bundle._reader import FrameDecoder
 from ..reduce._forks import BundleForkResolver
 from ..reduce._reducer import Reducer
-from ..reduce._replay import replay_reader
+from ..reduce._replay import replay_confined
 from ..reduce._state_json import write_state_json_at
 from ..view._watch import follow_bundle
 
@@ -183,12 +183,8 @@ class ReducerService(reducer_pb2_grpc.ReducerServiceServicer):
         # Read and written through the descriptors opened here: swapping a directory on the
         # way for a symlink changes nothing about where the bytes come from or go.
         with self._root.open(request.bundle) as bundle:
-            trace_path = Path(bundle.display_dir) / TRACE_FILE_NAME
             # A fork's parent is looked for beside the bundle, from the root again.
-            forks = BundleForkResolver.beside(bundle)
-            trace = replay_reader(
-                BundleReader(trace_path, bundle.trace), forks=forks, rewards_dir_fd=bundle.dir_fd
-            )
+            trace = replay_confined(bundle)
             require_reducible(trace.integrity, salvage=request.salvage, source=repr(request.bundle))
             response = reducer_pb2.ReduceBundleResponse(trace=trace)
             if request.write_state:
