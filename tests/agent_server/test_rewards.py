@@ -15,7 +15,7 @@ import pytest
 
 from rollout.agent.v1 import agent_pb2
 from tests.agent_server.conftest import Harness, StartAgent, error_reason, reduce_with_cli
-from trace_reducer import REWARDS_FILE_NAME, read_rewards, replay_bundle
+from trace_reducer import REWARDS_FILE_NAME, read_rewards, replay_bundle, thread_bundles
 
 TRACE_REDUCER = str(Path(sys.executable).parent / "trace-reducer")
 
@@ -120,21 +120,18 @@ async def test_a_reward_is_never_written_through_a_directory_swapped_for_a_link(
 ) -> None:
     # Was: the bundle found by a scan (or held) was written to by its path, after: a reward
     # recorded outside the trace root.
-    from agent_server import agent as agent_module
-
     outside = tmp_path / "outside"
     outside.mkdir()
     agent = await start_agent(provider_url=None, local_word_delay=0.0, closed_thread_retention=0.0)
     forgotten, _, _ = await one_turn(agent)
     await agent.stub.CloseThread(agent_pb2.CloseThreadRequest(thread_id=forgotten.id))
-    found_by_scan = agent_module.thread_bundles
 
     def found_then_swapped(root: Path, thread_id: str) -> list[Path]:
-        found = found_by_scan(root, thread_id)
+        found = thread_bundles(root, thread_id)
         _swap_for_a_link(found[-1], outside)
         return found
 
-    monkeypatch.setattr(agent_module, "thread_bundles", found_then_swapped)
+    monkeypatch.setattr("agent_server.agent.thread_bundles", found_then_swapped)
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await reward(agent, forgotten.id, value=1.0)
     assert error_reason(refused.value) == "THREAD_NOT_FOUND"

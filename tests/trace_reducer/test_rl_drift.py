@@ -115,7 +115,7 @@ def _with_alternatives(root: Path, tokens: common_pb2.DeltaTokens) -> Path:
         call, provider_item_id="msg-1", item_type="message", role="assistant"
     )
     records.output_text_delta(call, item, "ab", tokens=tokens)
-    done = {"type": "message", "id": "msg-1", "role": "assistant", "content": []}
+    done: dict[str, Any] = {"type": "message", "id": "msg-1", "role": "assistant"}
     done["content"] = [{"type": "output_text", "text": "ab"}]
     records.output_item_done(call, item, item_id="msg-1", assigned=False, payload=done)
     records.inference_ended(
