@@ -26,6 +26,7 @@ from ._errors import (
     OutsideRootError,
 )
 from ._layout import TRACE_FILE_NAME
+from ._reader import BundleReader
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # O_NONBLOCK: opening a FIFO planted under the root must not hang the open.
@@ -117,6 +118,10 @@ class ConfinedBundle:
         self.display_dir = display_dir
         self.root = root
         self.beside = beside
+
+    def reader(self) -> BundleReader:
+        """Its trace.binpb to read, through the descriptor it was opened with."""
+        return BundleReader(Path(self.display_dir) / TRACE_FILE_NAME, self.trace)
 
     def close(self) -> None:
         try:

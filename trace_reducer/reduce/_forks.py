@@ -11,7 +11,6 @@ from rollout.trace.v1 import record_pb2
 
 from ..bundle._confine import BundleRoot, ConfinedBundle
 from ..bundle._errors import BundleError, ReductionError
-from ..bundle._layout import TRACE_FILE_NAME
 from ..bundle._payloads import PayloadStore
 from ..bundle._reader import BundleReader, read_bundle, resolve_trace_file
 from ._parents import ParentBundle
@@ -172,7 +171,7 @@ class BundleForkResolver:
     def _open_confined(root: BundleRoot, relative: str) -> BundleReader:
         confined = root.open(relative)
         confined.release_directory()
-        return BundleReader(Path(confined.display_dir) / TRACE_FILE_NAME, confined.trace)
+        return confined.reader()
 
     def _open(self, path: Path) -> BundleReader:
         found = self._found_in.get(path)

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
-from pathlib import Path
 
 from rollout.trace.v1 import state_pb2
 
 from ..bundle._confine import ConfinedBundle
-from ..bundle._layout import TRACE_FILE_NAME
 from ..bundle._reader import BundleReader, Item, read_bundle
 from ..bundle._rewards import read_rewards
 from ._forks import BundleForkResolver
@@ -42,7 +40,7 @@ def replay_confined(bundle: ConfinedBundle) -> state_pb2.RolloutTrace:
     fork parents all read through descriptors from that root, never by path again, so a
     directory swapped for a symbolic link on the way changes nothing about what is read."""
     return replay_reader(
-        BundleReader(Path(bundle.display_dir) / TRACE_FILE_NAME, bundle.trace),
+        bundle.reader(),
         forks=BundleForkResolver.beside(bundle),
         rewards_dir_fd=bundle.dir_fd,
     )

@@ -14,7 +14,6 @@ from rollout.trace.v1 import common_pb2, record_pb2, state_pb2
 from ..bundle._confine import BundleRoot
 from ..bundle._discover import thread_bundles, walk_bundles
 from ..bundle._errors import BundleError, BundleNotFoundError, OutsideRootError, ReductionError
-from ..bundle._layout import TRACE_FILE_NAME
 from ..bundle._payloads import payload_json
 from ..bundle._reader import BundleReader
 from ._forks import BundleForkResolver
@@ -149,8 +148,7 @@ def _open(root: BundleRoot, name: str) -> tuple[BundleReader, Path]:
     confined = root.open(name)
     # Only the trace file is read after this; the directory's descriptor is not needed.
     confined.release_directory()
-    bundle_dir = Path(confined.display_dir)
-    return BundleReader(bundle_dir / TRACE_FILE_NAME, confined.trace), bundle_dir
+    return confined.reader(), Path(confined.display_dir)
 
 
 def load_recorded(root: Path, *, thread_id: str = "", bundle_path: str = "") -> StoredThread:

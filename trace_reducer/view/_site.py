@@ -30,8 +30,6 @@ from ..batch._listing import (
 )
 from ..bundle._confine import BundleRoot
 from ..bundle._errors import BundleError, ReductionError
-from ..bundle._layout import TRACE_FILE_NAME
-from ..bundle._reader import BundleReader
 from ..reduce._forks import BundleForkResolver
 from ._run_page import RunLinks
 from ._view import (
@@ -436,7 +434,7 @@ def render_unshown(title: str, reason: str) -> str:
 def _reduce_confined(root: BundleRoot, relative: str) -> Any:
     bundle = root.open(relative)
     try:
-        reader = BundleReader(Path(bundle.display_dir) / TRACE_FILE_NAME, bundle.trace)
+        reader = bundle.reader()
         # A fork's parent is looked for from the root again, never by the bundle's path.
         forks = BundleForkResolver.beside(bundle, every_payload=True)
         return reduce_reader_for_view(reader, dir_fd=bundle.dir_fd, forks=forks)
