@@ -34,6 +34,19 @@ async def status_line(port: int, request: bytes) -> bytes:
     return head.rstrip(b"\r\n")
 
 
+async def until_closed(port: int, head: bytes) -> bytes:
+    """What the server at 127.0.0.1:port sends after `head` (a request never finished)
+    until it closes the connection: b"" when it closes without a word."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(head)
+        await writer.drain()
+        async with asyncio.timeout(30):
+            return await reader.read()
+    finally:
+        writer.close()
+
+
 def refusals(records: list[logging.LogRecord]) -> list[str]:
     """The refusal lines among records; fails on a traceback or a line quoting the secret.
     asyncio's own records may carry a traceback of something else: a client an earlier test

@@ -25,7 +25,13 @@ from agent_server.sse import MAX_EVENT_BYTES
 from grpc_common import AccessControl
 from rollout.trace.v1 import common_pb2, state_pb2
 from tests.gateway.conftest import StartGateway, bundles, calls, items_text, reduce_all
-from tests.malformed_http import MALFORMED_REQUESTS, SECRET, refusals, status_line
+from tests.malformed_http import (
+    MALFORMED_REQUESTS,
+    SECRET,
+    refusals,
+    status_line,
+    until_closed,
+)
 
 COMPLETED = common_pb2.EXECUTION_STATUS_COMPLETED
 FAILED = common_pb2.EXECUTION_STATUS_FAILED
@@ -776,15 +782,8 @@ async def test_a_request_head_that_never_ends_loses_its_connection(
     # Slowloris: a request line and one header, then nothing. aiohttp's own bound was an
     # hour; now the read timeout, as for a body. A stream longer than that is not cut.
     gateway = await start_gateway(request_read_timeout=0.3, local_word_delay=0.02)
-    reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
-    try:
-        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n")
-        await writer.drain()
-        async with asyncio.timeout(30):
-            rest = await reader.read()  # b"" once the gateway closes the connection
-    finally:
-        writer.close()
-    assert rest == b""
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
+    assert await until_closed(gateway.port, head) == b""
     body = {"model": "m", "messages": [_user()], "stream": True}
     async with httpx.AsyncClient(base_url=gateway.url) as http:
         started = asyncio.get_running_loop().time()

@@ -18,7 +18,13 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.malformed_http import MALFORMED_REQUESTS, SECRET, refusals, status_line
+from tests.malformed_http import (
+    MALFORMED_REQUESTS,
+    SECRET,
+    refusals,
+    status_line,
+    until_closed,
+)
 from tests.trace_reducer.bundles import BundleBuilder, fork_of, user_item
 from tests.trace_reducer.conftest import GOLDEN, TRACE_REDUCER
 from tests.trace_reducer.live import eventually, open_descriptors
@@ -320,17 +326,8 @@ async def test_a_request_head_that_never_ends_loses_its_connection(tmp_path: Pat
     server = SiteServer(str(tmp_path / "root"), None, idle_timeout=0.3)
     address = await server.start("127.0.0.1", 0)
     try:
-        reader, writer = await asyncio.open_connection(
-            "127.0.0.1", int(address.rsplit(":", 1)[1].rstrip("/"))
-        )
-        try:
-            writer.write(b"GET / HTTP/1.1\r\nHost: localhost\r\n")
-            await writer.drain()
-            async with asyncio.timeout(30):
-                rest = await reader.read()  # b"" once the viewer closes the connection
-        finally:
-            writer.close()
-        assert rest == b""
+        port = int(address.rsplit(":", 1)[1].rstrip("/"))
+        assert await until_closed(port, b"GET / HTTP/1.1\r\nHost: localhost\r\n") == b""
         async with (
             httpx.AsyncClient(base_url=address) as http,
             http.stream("GET", f"/api/watch/{builder.bundle_dir.name}") as answer,
