@@ -613,6 +613,31 @@ def test_static_site_reads_offline(recorded: Recorded, open_page: OpenPage, tmp_
     assert all(url.startswith("file://") for url in listing.requests)
 
 
+def test_a_static_run_page_runs_its_shared_scripts_and_no_script_tag_slipped_in(
+    open_page: OpenPage, tmp_path: Path
+) -> None:
+    root = tmp_path / "root"
+    one_turn_bundle(root, text="the answer on the page")
+    site = tmp_path / "site"
+    subprocess.run([str(BIN / "trace-reducer"), "view", str(root), "-o", str(site)], check=True)
+    (page_file,) = (site / "runs").iterdir()
+    # What markup that ever slipped through a page could do: load a script beside the site's.
+    (site / "assets" / "slipped.js").write_text("window.__pwned = 1;\n")
+    text = page_file.read_text(encoding="utf-8")
+    slipped = '<script src="../assets/slipped.js"></script>'
+    page_file.write_text(text.replace("<body>", "<body>" + slipped, 1), encoding="utf-8")
+    opened = open_page(page_file.as_uri())
+    page = opened.page
+    page.wait_for_selector("body[data-rollout-ready=true]")
+    assert "the answer on the page" in page.inner_text("#main")
+    # Its style came from the shared sheet too.
+    assert page.eval_on_selector("#tabs", "nav => getComputedStyle(nav).display") == "flex"
+    # The loader's scripts ran; the one the page's markup named did not (a policy of 'self'
+    # would have let it).
+    assert page.evaluate("window.__pwned") is None
+    assert all(url.startswith("file://") for url in opened.requests)
+
+
 def test_a_token_guards_the_served_viewer(recorded: Recorded) -> None:
     with served(recorded.root, "--token-env", "VIEW_TOKEN", VIEW_TOKEN="s3cret-token") as address:
         assert address.endswith("?token=s3cret-token")

@@ -41,6 +41,7 @@ from ._view import (
     render_view,
     save_view,
     script_hash,
+    write_assets,
     write_page,
 )
 
@@ -379,6 +380,9 @@ def write_site(
     written."""
     target = Path(output)
     (target / "runs").mkdir(parents=True, exist_ok=True, mode=0o700)
+    (target / "assets").mkdir(exist_ok=True, mode=0o700)
+    # One copy of the pages' style and scripts for the whole site, not one a page.
+    assets = write_assets(target / "assets", "../assets/")
     listed = _listed_runs(root, lambda relative: f"runs/{_static_name(relative)}", warn, reading)
     started(len(listed))
     links = _Links(listed)
@@ -398,7 +402,7 @@ def write_site(
             continue
         # A run page sits one level down: its links to other runs are siblings.
         page_links = links.for_page(data.trace, lambda href: href.removeprefix("runs/"))
-        save_view(data, page, title, links=page_links)
+        save_view(data, page, title, links=page_links, assets=assets)
         progress(1, 0)
     # Written aside and renamed, as the run pages are: a FIFO or symbolic link named
     # index.html is replaced, never waited on nor written through.
