@@ -461,7 +461,10 @@ def _estimated_bytes(span: ReadableSpan) -> int:
     return size
 
 
-def _batches(spans: Sequence[ReadableSpan]) -> Iterator[Sequence[ReadableSpan]]:
+def request_batches(spans: Sequence[ReadableSpan]) -> Iterator[Sequence[ReadableSpan]]:
+    """The spans in order, in batches of at most 512 spans and about 3 MiB: each one export
+    request a receiver takes (a gRPC one takes 4 MiB by default). export-otlp and the live
+    export both send these."""
     batch: list[ReadableSpan] = []
     size = 0
     for span in spans:
@@ -477,7 +480,7 @@ def _batches(spans: Sequence[ReadableSpan]) -> Iterator[Sequence[ReadableSpan]]:
 
 def _send(exporter: SpanExporter, spans: Sequence[ReadableSpan], where: str) -> None:
     with _exporter_log() as log:
-        for batch in _batches(spans):
+        for batch in request_batches(spans):
             result = exporter.export(batch)
             if result is not SpanExportResult.SUCCESS:
                 # The first message names the cause (refused, unknown host, HTTP status); later
