@@ -92,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _chat(args: argparse.Namespace, token: str | None, tls: bool | Path, ctrl_c: _CtrlC) -> int:
     from rollout_client import RolloutError, RpcError, SyncAgentClient, UnavailableError
+    from trace_reducer.bundle._shown import one_line
 
     # Ctrl-C must reach the main thread, which waits at the prompt in a read that only a signal
     # delivered to it wakes: the threads the client starts (its event loop, gRPC's own, made by
@@ -116,7 +117,10 @@ def _chat(args: argparse.Namespace, token: str | None, tls: bool | Path, ctrl_c:
     with client:
         try:
             try:
-                print(f"connected to {args.address}: thread {thread.id} on model {thread.model}")
+                print(
+                    f"connected to {args.address}: thread {one_line(thread.id)} "
+                    f"on model {one_line(thread.model)}"
+                )
                 print(HELP)
                 _converse(thread, ctrl_c)
             finally:
@@ -125,7 +129,7 @@ def _chat(args: argparse.Namespace, token: str | None, tls: bool | Path, ctrl_c:
                 # server next shuts down, and the server stops holding it.
                 closed = thread.close()
             if closed.bundle_path:
-                print(f"thread closed; bundle: {closed.bundle_path}")
+                print(f"thread closed; bundle: {one_line(closed.bundle_path)}")
             else:
                 print("thread closed (the server does not record: no bundle)")
             # Flushed here, where a failure is still caught, not at the interpreter's exit.
@@ -230,6 +234,7 @@ def _reply(thread: SyncThread, text: str, ctrl_c: _CtrlC) -> None:
     """Stream the reply to text; Ctrl-C interrupts it, and its events still run to the end."""
     from rollout.agent.v1 import agent_pb2
     from rollout_client import RpcError, UnavailableError
+    from trace_reducer.bundle._shown import one_line
 
     turn = thread.run_turn(text)
     ctrl_c.replying(turn)
@@ -239,7 +244,7 @@ def _reply(thread: SyncThread, text: str, ctrl_c: _CtrlC) -> None:
         except UnavailableError:
             raise
         except RpcError as error:
-            print(f"[not sent: {error.message} ({error.reason})]")
+            print(f"[not sent: {one_line(error.message)} ({one_line(error.reason)})]")
             return
         ctrl_c.started()
         print("assistant> ", end="", flush=True)
@@ -252,18 +257,23 @@ def _reply(thread: SyncThread, text: str, ctrl_c: _CtrlC) -> None:
     if result is None:
         return
     if result.status == agent_pb2.TURN_STATUS_FAILED:
-        print(f"[failed: {result.error.code}: {result.error.message}]")
+        print(f"[failed: {one_line(result.error.code)}: {one_line(result.error.message)}]")
     else:
         print(f"[{turn.status_name.lower()}]")
 
 
 def _show(event: agent_pb2.ThreadEvent) -> None:
+    # What the model and its provider say is anyone's text: its control characters are shown
+    # as escapes (`\x1b`), never written for the terminal to act on (set its title, write the
+    # clipboard, clear the screen); a reply's own newlines and tabs stay.
+    from trace_reducer.bundle._shown import one_line, shown_lines
+
     kind = event.WhichOneof("kind")
     if kind == "agent_message_delta":
-        print(event.agent_message_delta.delta, end="", flush=True)
+        print(shown_lines(event.agent_message_delta.delta), end="", flush=True)
     elif kind == "error":
         retry = ", retrying" if event.error.will_retry else ""
-        print(f"\n[provider error: {event.error.message}{retry}]", flush=True)
+        print(f"\n[provider error: {one_line(event.error.message)}{retry}]", flush=True)
 
 
 def _enable_line_editing() -> None:
@@ -274,5 +284,9 @@ def _enable_line_editing() -> None:
 
 
 def _fail(message: str, code: int = EXIT_USAGE) -> int:
-    print(f"{PROG}: {message}", file=sys.stderr)
+    # The message may quote the server's words. (Imported here: `chat --help` loads no
+    # protobuf.)
+    from trace_reducer.bundle._shown import one_line
+
+    print(f"{PROG}: {one_line(message)}", file=sys.stderr)
     return code

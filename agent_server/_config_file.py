@@ -110,11 +110,14 @@ def _providers(path: Path, value: Any) -> dict[str, dict[str, Any]]:
         raise ConfigFileError(f"--config: {path}: providers must be tables [providers.NAME]")
     out: dict[str, dict[str, Any]] = {}
     for name, table in value.items():
-        where = f"[providers.{name}]"
         if not _NAME.fullmatch(name):
+            # Quoted as the unknown keys are: a name holding an escape sequence is shown as
+            # `\x1b`, never written for the terminal to act on.
             raise ConfigFileError(
-                f"--config: {path}: {where}: a name is 1 to 64 letters, digits, '_' or '-'"
+                f"--config: {path}: [providers] {name!r}: a name is 1 to 64 letters, digits, "
+                "'_' or '-'"
             )
+        where = f"[providers.{name}]"
         if not isinstance(table, dict):
             raise ConfigFileError(f"--config: {path}: {where} must be a table")
         entry: dict[str, Any] = {}

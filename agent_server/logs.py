@@ -9,6 +9,8 @@ import sys
 import time
 from typing import Any, TextIO
 
+from trace_reducer.bundle._shown import one_line
+
 LEVELS = ("debug", "info", "warning", "error")
 FORMATS = ("text", "json")
 # Loggers of libraries whose INFO lines are noise next to the server's own.
@@ -60,7 +62,10 @@ class TextFormatter(logging.Formatter):
         if pairs:
             line += " " + " ".join(pairs)
         error = _error(record)
-        return f"{line} ({error})" if error else line
+        # A provider's error message, a client's model name, a request path: anyone's text.
+        # Its control characters are written as escapes (`\x1b`, `\n`): a line of the log
+        # is one line, and one read in a terminal cannot drive it (retitle it, clear it).
+        return one_line(f"{line} ({error})" if error else line)
 
 
 class JsonFormatter(logging.Formatter):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import pty
@@ -16,6 +17,8 @@ import pytest
 
 from agent_server.local_model import reply_words
 from rollout.trace.v1 import common_pb2
+from tests.agent_server.conftest import serve
+from tests.agent_server.scripted_provider import ScriptedProvider, answer
 from tests.commands import exec_argv
 from tests.live_server import AGENT_SERVER, live_server, server_env
 from trace_reducer import replay_bundle
@@ -127,6 +130,37 @@ def test_chat_streams_interrupts_with_ctrl_c_and_quits(tmp_path: Path) -> None:
         common_pb2.EXECUTION_STATUS_COMPLETED,
         common_pb2.EXECUTION_STATUS_CANCELLED,
     ]
+
+
+async def test_what_the_model_says_never_drives_the_terminal(
+    provider: ScriptedProvider, tmp_path: Path
+) -> None:
+    """A reply and a provider's error holding escape sequences (the window title, a screen
+    clear) are printed with their control characters as escapes; the reply's newline stays
+    (was: written as they came, for the terminal to act on)."""
+    provider.queue(answer("owned\x1b]0;pwned\x07 now\x1b[2J\nsecond line"))
+    provider.queue_error(400, {"error": {"message": "bad\x1b]0;err\x07", "code": "x\x9b31m"}})
+    async with serve("--provider-url", provider.url, "--trace-root", str(tmp_path)) as served:
+        chat = Terminal(
+            [AGENT_SERVER, "chat", "--address", served.address], server_env(TERM="dumb")
+        )
+        try:
+            await asyncio.to_thread(chat.expect, PROMPT)
+            chat.type("hello\r")
+            await asyncio.to_thread(chat.expect, r"\[completed\]")
+            chat.type("again\r")
+            await asyncio.to_thread(chat.expect, r"\[failed: .*\]")
+            chat.type("/quit\r")
+            await asyncio.to_thread(chat.expect, r"thread closed")
+            assert await asyncio.to_thread(chat.wait) == 0
+        finally:
+            if chat.process.poll() is None:
+                chat.process.kill()
+    assert "owned\\x1b]0;pwned\\x07 now\\x1b[2J\nsecond line" in chat.output
+    assert "bad\\x1b]0;err\\x07" in chat.output
+    assert "x\\x9b31m" in chat.output
+    for sequence in ("\x1b]0;", "\x1b[2J", "\x07", "\x9b"):
+        assert sequence not in chat.output
 
 
 def bundle_thread(bundle: Path) -> str:

@@ -280,6 +280,18 @@ def test_the_connection_and_live_export_settings_come_from_the_file(tmp_path: Pa
     assert settings.otlp_include_content is True
 
 
+def test_a_provider_name_that_is_no_name_is_quoted_with_its_escapes(tmp_path: Path) -> None:
+    """Was: `[providers.a<ESC>]0;pwned<BEL>b]: a name is …`, the window retitled."""
+    text = '[providers."a\\u001b]0;pwned\\u0007b"]\nurl = "http://127.0.0.1:9/v1"\n'
+    with pytest.raises(ConfigError) as raised:
+        _serve_file(tmp_path, text)
+    assert str(raised.value).endswith(
+        "agent.toml: [providers] 'a\\x1b]0;pwned\\x07b': a name is 1 to 64 letters, digits, "
+        "'_' or '-'"
+    )
+    assert "\x1b" not in str(raised.value)
+
+
 def test_the_gateway_takes_token_ids_from_the_file(tmp_path: Path) -> None:
     from agent_server.gateway import _settings
 

@@ -8,6 +8,7 @@ import re
 from datetime import UTC, datetime
 
 from agent_server.logs import TextFormatter
+from trace_reducer.bundle._shown import one_line
 
 _LINE = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3})Z INFO    agent_server: said ?(.*)")
 
@@ -30,7 +31,9 @@ def test_a_value_is_quoted_when_it_holds_whitespace_a_quote_or_an_equals_sign() 
         value = f"x{character}y"
         pair = _line(0.0, field=value).group(2)
         quoted = character in special
-        assert pair == f"field={json.dumps(value, ensure_ascii=False) if quoted else value}"
+        shown = json.dumps(value, ensure_ascii=False) if quoted else value
+        # Control characters (NUL, NEL among them) as escapes, quoted or not.
+        assert pair == f"field={one_line(shown)}"
     assert _line(0.0, field="").group(2) == 'field=""'
 
 
@@ -40,3 +43,17 @@ def test_a_lines_time_is_its_records_to_the_millisecond() -> None:
         moment = datetime.fromtimestamp(int(created), UTC)
         millis = int((created - int(created)) * 1000)
         assert stamp == f"{moment:%Y-%m-%dT%H:%M:%S}.{millis:03d}"
+
+
+def test_escape_sequences_in_a_message_or_a_value_are_written_as_escapes() -> None:
+    """A provider's error (`error=`) with no white space to quote it came out as it was sent:
+    `ESC ]0;…BEL` retitled the terminal the log was read in, `ESC [2J` cleared it."""
+    record = logging.LogRecord(
+        "agent_server", logging.WARNING, "x", 1, "failed on %s", ("/a\x1b[2J\nforged",), None
+    )
+    record.fields = {"error": "\x1b]0;pwned\x07", "code": "x\x9b31m"}
+    line = TextFormatter().format(record)
+    assert line.endswith(
+        "agent_server: failed on /a\\x1b[2J\\nforged error=\\x1b]0;pwned\\x07 code=x\\x9b31m"
+    )
+    assert not any(character in line for character in "\x1b\x07\x9b\n")

@@ -138,6 +138,31 @@ def test_an_address_nothing_listens_on_is_one_line_and_exit_2(scheme: str, trace
     assert not list(traces.rglob("state.json"))
 
 
+@pytest.mark.parametrize(
+    ("given", "shown"),
+    [
+        ("ray://raysuser:S3CRETPW@127.0.0.1:{port}", "ray://127.0.0.1:{port}"),
+        ("raysuser:S3CRETPW@127.0.0.1:{port}", "***:***@127.0.0.1:{port}"),
+    ],
+)
+def test_an_address_with_credentials_is_never_repeated(
+    given: str, shown: str, traces: Path
+) -> None:
+    """The refusal names the address without its user and password, as a root URL's are (was:
+    `cannot join Ray at ray://raysuser:S3CRETPW@…`)."""
+    with socket.socket() as bound:  # bound, never listening: a connection is refused
+        bound.bind(("127.0.0.1", 0))
+        port = bound.getsockname()[1]
+        result = reduce_all(str(traces), "--ray", given.format(port=port), env=RAY_ENV, timeout=30)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.splitlines() == [
+        f"trace-reducer: cannot join Ray at {shown.format(port=port)}: Connection refused (is a "
+        "Ray head running there? `ray start --head` prints the address to give)"
+    ]
+    assert "S3CRETPW" not in result.stdout + result.stderr
+    assert "raysuser" not in result.stdout + result.stderr
+
+
 @pytest.mark.parametrize("address", ["head", "head:port", "head:70000", "ray://head:1/x"])
 def test_an_address_that_is_not_host_port_is_one_line_and_exit_2(
     address: str, traces: Path

@@ -279,6 +279,38 @@ async def test_long_conversations_fit_the_receivers_message_limit(tmp_path: Path
     assert len(received.spans()) == 1 + 200 * 2
 
 
+async def test_a_span_larger_than_any_request_goes_without_its_content(tmp_path: Path) -> None:
+    # Two turns of 2.6 MB replies: the second chat span carries the first reply as its history
+    # and its own as output, 5.3 MB, more than a receiver takes in one request.
+    bundle = write_conversation(
+        tmp_path, Shape(turns=2, deltas_per_turn=2500, words_per_delta=100), thread_id="wide"
+    )
+    async with grpc_receiver() as (endpoint, received):
+        run = await export_cli(str(bundle), "--endpoint", endpoint, "--include-content")
+    # Was: exit 1, `RESOURCE_EXHAUSTED: … Received message larger than max (… vs. 4194304)`,
+    # the spans before it sent and none after.
+    assert (run.code, run.stderr) == (0, "")
+    assert max(request.ByteSize() for request in received.requests) < 4 * 1024 * 1024
+    chats = [
+        {attribute.key: attribute.value for attribute in span.attributes}
+        for request in received.requests
+        for resource_spans in request.resource_spans
+        for scope_spans in resource_spans.scope_spans
+        for span in scope_spans.spans
+        if span.name.startswith("chat ")
+    ]
+    [first, second] = sorted(
+        chats, key=lambda attributes: "gen_ai.input.messages" not in attributes
+    )
+    # The first chat span fits and keeps its content; the second says what it left out.
+    assert "gen_ai.output.messages" in first
+    assert "rollout.content_omitted_bytes" not in first
+    assert "gen_ai.input.messages" not in second
+    assert "gen_ai.output.messages" not in second
+    assert second["rollout.content_omitted_bytes"].int_value > 4 * 1024 * 1024
+    assert len(received.spans()) == 1 + 2 * 2
+
+
 async def test_a_corrupt_bundle_needs_salvage(bundles: Bundles, tmp_path: Path) -> None:
     bundle = damage_inside(bundles.retried, "turn_ended", tmp_path / "flipped", flip=True)
     async with grpc_receiver() as (endpoint, received):

@@ -828,11 +828,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; never lets a traceback out."""
     args = build_parser().parse_args(argv)
     hide_secrets(
-        (getattr(args, "root", None), getattr(args, "tables", None)),
+        (getattr(args, "root", None), getattr(args, "tables", None), _ray_url(args)),
         getattr(args, "storage_option", None) or (),
     )
     with guarded_stdout():
         return _run(args)
+
+
+def _ray_url(args: argparse.Namespace) -> str | None:
+    """`reduce-all --ray ADDRESS` as a URL whose credentials are hidden like a root's: the
+    refusals quote the address (`cannot join Ray at ray://user:pw@head:10001`), and a HOST:PORT
+    pasted with a user and password has no scheme to be read by."""
+    address: str | None = getattr(args, "ray", None)
+    if address is None or "://" in address:
+        return address
+    return f"ray://{address}"
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -80,6 +80,19 @@ _PROVIDER_HOSTS = (
 _DEFAULT_PROVIDER = "openai"
 
 _HEX_TRACE_ID = re.compile(r"[0-9a-f]{32}")
+# The attributes only content capture sets (span attributes and the discarded-output event's):
+# what a span too large for any export request goes without.
+CONTENT_ATTRIBUTES = frozenset(
+    {
+        "gen_ai.system_instructions",
+        "gen_ai.tool.definitions",
+        "gen_ai.input.messages",
+        "gen_ai.output.messages",
+        "gen_ai.tool.call.arguments",
+        "gen_ai.tool.call.result",
+        "rollout.output.partial_text",
+    }
+)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import logging
 import os
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from opentelemetry.sdk.trace import ReadableSpan
@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from ..bundle._errors import BundleError, ReductionError
 from ._genai import capture_content
-from ._otel import bundle_spans, otlp_exporter
+from ._otel import bundle_spans, otlp_exporter, request_batches
 
 log = logging.getLogger("trace_reducer.export.live")
 
@@ -147,16 +147,23 @@ class LiveExport:
                     stop = True
                     break
                 batch.append(span)
-            try:
-                result = self._exporter.export(batch)
-            except Exception as error:  # noqa: BLE001 -- an exporter must not end the thread
-                log.warning("live export: exporter failed: %s", error)
-                result = SpanExportResult.FAILURE
-            if result is SpanExportResult.SUCCESS:
-                if self._on_export is not None:
-                    self._on_export(len(batch))
-            else:
-                self._dropped(len(batch), "export failed")
+            # In requests a receiver takes, as export-otlp sends them: with content a chat span
+            # is as large as its history, and 512 of them were one request of tens of MB that
+            # every receiver refused, each of its spans dropped.
+            for request in request_batches(batch):
+                self._export(request)
+
+    def _export(self, spans: Sequence[ReadableSpan]) -> None:
+        try:
+            result = self._exporter.export(spans)
+        except Exception as error:  # noqa: BLE001 -- an exporter must not end the thread
+            log.warning("live export: exporter failed: %s", error)
+            result = SpanExportResult.FAILURE
+        if result is SpanExportResult.SUCCESS:
+            if self._on_export is not None:
+                self._on_export(len(spans))
+        else:
+            self._dropped(len(spans), "export failed")
 
     def _dropped(self, count: int, reason: str) -> None:
         log.warning("live export: dropped %d spans (%s)", count, reason)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
@@ -28,7 +28,17 @@ from ..bundle._errors import ExportConfigError, ExportFailedError
 from ..bundle._integrity import integrity_name, require_reducible
 from ..bundle._version import __version__
 from ..reduce._replay import replay_bundle
-from ._genai import TracePlan, capture_content, plan_trace, read_details, trace_id_of
+from ._genai import (
+    CONTENT_ATTRIBUTES,
+    Attributes,
+    SpanEvent,
+    SpanPlan,
+    TracePlan,
+    capture_content,
+    plan_trace,
+    read_details,
+    trace_id_of,
+)
 
 PROTOCOLS = ("grpc", "http/protobuf")
 # gRPC, not the spec's http/protobuf: what the export has always used without --protocol.
@@ -122,6 +132,7 @@ def plan_spans(plan: TracePlan) -> list[ReadableSpan]:
     made: dict[int, Span] = {}
     ends: list[tuple[Span, int]] = []
     for planned in plan.spans:
+        planned = _fitted(planned)
         parent = made.get(planned.parent_span_id) if planned.parent_span_id else None
         context = trace_api.set_span_in_context(parent) if parent is not None else Context()
         if planned.remote_parent is not None:
@@ -152,6 +163,37 @@ def plan_spans(plan: TracePlan) -> list[ReadableSpan]:
         span.end(end_time=end_ns)
     provider.shutdown()
     return collect.spans
+
+
+def _fitted(planned: SpanPlan) -> SpanPlan:
+    """The span as planned, or without its content when it is larger than one export request
+    holds (`rollout.content_omitted_bytes` says how much was left out): a chat span carries
+    its whole history, which can be larger than the 4 MiB a receiver takes (a 1 MiB input a
+    turn), and a span no receiver takes failed the export of every span after it."""
+    attribute_sets = (planned.attributes, *(event.attributes for event in planned.events))
+    if _estimated_size(planned.name, attribute_sets) <= _BATCH_BYTES:
+        return planned
+    omitted = sum(
+        len(key) + _size(value) + 4
+        for attributes in attribute_sets
+        for key, value in attributes.items()
+        if key in CONTENT_ATTRIBUTES
+    )
+    if not omitted:
+        return planned
+    attributes: Attributes = {
+        key: value for key, value in planned.attributes.items() if key not in CONTENT_ATTRIBUTES
+    }
+    attributes["rollout.content_omitted_bytes"] = omitted
+    events = [
+        SpanEvent(
+            event.name,
+            event.time_ns,
+            {k: v for k, v in event.attributes.items() if k not in CONTENT_ATTRIBUTES},
+        )
+        for event in planned.events
+    ]
+    return replace(planned, attributes=attributes, events=events)
 
 
 def bundle_spans(
@@ -454,14 +496,24 @@ def _size(value: object) -> int:
 
 def _estimated_bytes(span: ReadableSpan) -> int:
     """About what the span costs in an OTLP request."""
-    size = _SPAN_OVERHEAD_BYTES + len(span.name)
-    for attributes in (span.attributes, *(event.attributes for event in span.events)):
+    return _estimated_size(
+        span.name, (span.attributes, *(event.attributes for event in span.events))
+    )
+
+
+def _estimated_size(name: str, attribute_sets: Iterable[Mapping[str, object] | None]) -> int:
+    """About what a span of this name and these attributes (its own, its events') costs."""
+    size = _SPAN_OVERHEAD_BYTES + len(name)
+    for attributes in attribute_sets:
         for key, value in (attributes or {}).items():
             size += len(key) + _size(value) + 4
     return size
 
 
-def _batches(spans: Sequence[ReadableSpan]) -> Iterator[Sequence[ReadableSpan]]:
+def request_batches(spans: Sequence[ReadableSpan]) -> Iterator[Sequence[ReadableSpan]]:
+    """The spans in order, in batches of at most 512 spans and about 3 MiB: each one export
+    request a receiver takes (a gRPC one takes 4 MiB by default). export-otlp and the live
+    export both send these."""
     batch: list[ReadableSpan] = []
     size = 0
     for span in spans:
@@ -477,7 +529,7 @@ def _batches(spans: Sequence[ReadableSpan]) -> Iterator[Sequence[ReadableSpan]]:
 
 def _send(exporter: SpanExporter, spans: Sequence[ReadableSpan], where: str) -> None:
     with _exporter_log() as log:
-        for batch in _batches(spans):
+        for batch in request_batches(spans):
             result = exporter.export(batch)
             if result is not SpanExportResult.SUCCESS:
                 # The first message names the cause (refused, unknown host, HTTP status); later
