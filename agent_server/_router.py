@@ -41,6 +41,12 @@ _NOT_CARRIED = frozenset({FORWARDED_KEY, FORWARDED_PEER_KEY, "user-agent"})
 _OWNERS_KEPT = 100_000
 # How long asking the other workers who owns a thread may take, when the caller set no deadline.
 _LOOKUP_SECONDS = 10.0
+# Calls carried to the owner even when their caller is gone before it has them: one process
+# applies an Interrupt or a CloseThread the moment it arrives, and a client sends them on its
+# way out (Ctrl-C, a short deadline, a cancel right after). Bounded by this, not the caller's
+# deadline.
+_CARRIED = frozenset({"Interrupt", "CloseThread"})
+_CARRIED_SECONDS = 30.0
 # Responses between workers are only as large as what the client gets; the client's own limit
 # applies to them where they end.
 _CHANNEL_OPTIONS = [
@@ -50,6 +56,7 @@ _CHANNEL_OPTIONS = [
 
 Context = grpc.aio.ServicerContext[Any, Any]
 Behaviour = Callable[[Any, Context], Awaitable[Any]]
+_Metadata = list[tuple[str, str | bytes]]
 
 # How a call finds its worker: the owner of its thread (else the one it arrived at), or the
 # owner else the worker a stable hash of the thread names (so that two workers never continue
@@ -108,6 +115,8 @@ class Router:
         self._paths = {index: role.socket_path(index) for index in range(workers)}
         self._channels: dict[int, grpc.aio.Channel] = {}
         self._owners: OrderedDict[str, int] = OrderedDict()
+        # Carried calls whose caller left: held here until the owner has answered them.
+        self._carried: set[asyncio.Future[Any]] = set()
         # Calls this worker sent on to another, for the log and the tests.
         self.forwarded = 0
 
@@ -145,21 +154,114 @@ class Router:
                 return await behaviour(request, context)
             return await self._relay(target, name, request, response_type, context)
 
-        return unary
+        if name not in _CARRIED:
+            return unary
+
+        async def carried_to_owner(request: Any, context: Context) -> Any:
+            thread_id: str = request.thread_id
+            if self._answered_here(thread_id, context):
+                return await behaviour(request, context)
+            # All the relay needs of its caller, read while the caller is there: a context is
+            # not to be touched once its call has ended.
+            metadata = self._metadata(context)
+            carried = asyncio.ensure_future(
+                self._carry(name, thread_id, request, response_type, metadata)
+            )
+            try:
+                target, answer = await asyncio.shield(carried)
+            except asyncio.CancelledError:
+                if not carried.done():
+                    # The caller left (a cancel, its deadline): the call still reaches the
+                    # owner, as it would have here, and its answer goes nowhere.
+                    self._carried.add(carried)
+                    carried.add_done_callback(self._delivered(name, thread_id))
+                raise
+            if target is None:
+                # No worker holds the thread: refused here, as anywhere.
+                return await behaviour(request, context)
+            if isinstance(answer, grpc.aio.AioRpcError):
+                await self._refuse(context, target, thread_id, answer)
+            return answer
+
+        return carried_to_owner
+
+    async def _carry(
+        self,
+        name: str,
+        thread_id: str,
+        request: Any,
+        response_type: type[Message],
+        metadata: _Metadata,
+    ) -> tuple[int | None, Any]:
+        """A carried call sent to its thread's owner: (the owner, its answer or its refusal),
+        (None, None) when no worker holds the thread."""
+        target = await self._owner(thread_id, metadata, _LOOKUP_SECONDS)
+        if target is None:
+            return None, None
+        self._counted(name, target, request)
+        call = self._channel(target).unary_unary(
+            f"/{_SERVICE}/{name}",
+            request_serializer=_serialize,
+            response_deserializer=response_type.FromString,
+        )(request, metadata=metadata, timeout=_CARRIED_SECONDS)
+        try:
+            return target, await call
+        except grpc.aio.AioRpcError as error:
+            return target, error
+
+    def _delivered(self, name: str, thread_id: str) -> Callable[[asyncio.Future[Any]], None]:
+        def done(carried: asyncio.Future[Any]) -> None:
+            self._carried.discard(carried)
+            if carried.cancelled():
+                outcome = "cancelled"
+            elif (error := carried.exception()) is not None:
+                outcome = repr(error)
+            else:
+                target, answer = carried.result()
+                outcome = (
+                    "no worker holds the thread"
+                    if target is None
+                    else answer.code().name
+                    if isinstance(answer, grpc.aio.AioRpcError)
+                    else "OK"
+                )
+            # The caller is gone: the log is where a refusal (the turn had ended) is said.
+            log.debug(
+                "a call carried to its owner after its caller left has ended",
+                extra={"fields": {"rpc": name, "thread_id": thread_id, "outcome": outcome}},
+            )
+
+        return done
+
+    def _answered_here(self, thread_id: str, context: Context) -> bool:
+        """A call this worker answers itself: it is stopping (its threads are draining), the
+        call was forwarded to it, or it holds the thread (or none is named: refused here as it
+        would be anywhere)."""
+        return (
+            self._agent.stopping
+            or is_forwarded(context)
+            or not thread_id
+            or self._agent.holds(thread_id)
+        )
 
     async def _target(self, name: str, route: str, request: Any, context: Context) -> int | None:
         """The worker to send the call to; None: answer it here."""
-        if self._agent.stopping or is_forwarded(context):
-            return None
         thread_id: str = request.thread_id
         bundle_path: str = getattr(request, "bundle_path", "")
-        if route == _OWNER_OR_HASH and bundle_path and name != "RecordReward":
+        if (
+            route == _OWNER_OR_HASH
+            and bundle_path
+            and name != "RecordReward"
+            and not self._agent.stopping
+            and not is_forwarded(context)
+        ):
             # Continued from the bundle whatever holds the thread (Agent's rule).
             return self._hashed(thread_id or bundle_path)
-        if not thread_id or self._agent.holds(thread_id):
-            # Here it is, or the request is refused here as it would be anywhere.
+        if self._answered_here(thread_id, context):
             return None
-        owner = await self._owner(thread_id, context)
+        remaining = context.time_remaining()
+        timeout = _LOOKUP_SECONDS if remaining is None else min(remaining, _LOOKUP_SECONDS)
+        owner = await self._owner(thread_id, self._metadata(context), timeout)
         if owner is not None or route == _OWNER:
             return owner
         return self._hashed(thread_id)
@@ -168,25 +270,22 @@ class Router:
         index = zlib.crc32(key.encode()) % self._workers
         return None if index == self._index else index
 
-    async def _owner(self, thread_id: str, context: Context) -> int | None:
+    async def _owner(self, thread_id: str, metadata: _Metadata, seconds: float) -> int | None:
         owner = self._owners.get(thread_id)
         if owner is not None:
             self._owners.move_to_end(thread_id)
             return owner
-        owner = await self._ask_others(thread_id, context)
+        owner = await self._ask_others(thread_id, metadata, seconds)
         if owner is not None:
             self._owners[thread_id] = owner
             if len(self._owners) > _OWNERS_KEPT:
                 self._owners.popitem(last=False)
         return owner
 
-    async def _ask_others(self, thread_id: str, context: Context) -> int | None:
+    async def _ask_others(self, thread_id: str, metadata: _Metadata, seconds: float) -> int | None:
         """Which other worker holds the thread: a forwarded GetThread to each at once."""
         others = [index for index in range(self._workers) if index != self._index]
         request = agent_pb2.GetThreadRequest(thread_id=thread_id)
-        remaining = context.time_remaining()
-        timeout = _LOOKUP_SECONDS if remaining is None else min(remaining, _LOOKUP_SECONDS)
-        metadata = self._metadata(context)
 
         async def holds(index: int) -> bool:
             call = self._channel(index).unary_unary(
@@ -195,7 +294,7 @@ class Router:
                 response_deserializer=None,
             )
             try:
-                await call(request, metadata=metadata, timeout=timeout)
+                await call(request, metadata=metadata, timeout=seconds)
             except grpc.aio.AioRpcError as error:
                 if error.code() != grpc.StatusCode.NOT_FOUND:
                     log.debug(
@@ -218,7 +317,7 @@ class Router:
             self._channels[index] = channel
         return channel
 
-    def _metadata(self, context: Context) -> list[tuple[str, str | bytes]]:
+    def _metadata(self, context: Context) -> _Metadata:
         """The caller's metadata (token, traceparent, …), marked as forwarded."""
         carried: list[tuple[str, str | bytes]] = [
             (key, value)

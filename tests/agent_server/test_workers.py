@@ -19,7 +19,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rollout.agent.v1 import agent_pb2, agent_pb2_grpc
-from rollout.trace.v1 import state_pb2
+from rollout.trace.v1 import common_pb2, state_pb2
 from tests.agent_server.conftest import AGENT_SERVER, EventLog, clean_env, error_reason, serve
 from tests.grpc_common import test_server
 from trace_reducer import replay_bundle
@@ -346,6 +346,51 @@ async def test_every_call_for_a_thread_is_answered_whichever_worker_the_connecti
     assert rollout.integrity.status == state_pb2.INTEGRITY_STATUS_CLEAN
     assert len(rollout.turns) == 3
     assert "Traceback" not in supervised.stderr()
+
+
+async def test_an_interrupt_whose_caller_leaves_still_reaches_the_owning_worker(
+    tmp_path: Path,
+) -> None:
+    async with workers(
+        "--trace-root", str(tmp_path / "traces"), "--local-word-delay", "0"
+    ) as supervised:
+        channel_a, owner = await channel_on(supervised, lambda _: True)
+        channel_b, _ = await channel_on(supervised, lambda worker: worker != owner)
+        try:
+            stub_a = agent_pb2_grpc.AgentServiceStub(channel_a)
+            thread = (await stub_a.StartThread(agent_pb2.StartThreadRequest(tools=[LOOKUP]))).thread
+            log = EventLog(stub_a.StreamEvents(agent_pb2.StreamEventsRequest(thread_id=thread.id)))
+            waiting = await start_turn(stub_a, thread.id, "lookup the tallest mountain")
+            await log.wait_for(lambda e: e.turn_id == waiting and e.HasField("tool_call_requested"))
+            # The owner cannot answer until the caller has given up: its deadline passes while
+            # the other worker still holds the call.
+            os.kill(supervised.pids[owner], signal.SIGSTOP)
+            try:
+                with pytest.raises(grpc.aio.AioRpcError) as raised:
+                    await agent_pb2_grpc.AgentServiceStub(channel_b).Interrupt(
+                        agent_pb2.InterruptRequest(thread_id=thread.id, turn_id=waiting),
+                        timeout=2,
+                    )
+                assert raised.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            finally:
+                os.kill(supervised.pids[owner], signal.SIGCONT)
+            # Was: the other worker dropped it with its caller; the turn waited on for its
+            # tool's output, as if nobody had asked.
+            async with asyncio.timeout(WAIT_SECONDS):
+                ended = await log.turn_completed(waiting)
+            assert ended.status == agent_pb2.TURN_STATUS_INTERRUPTED
+            await log.close()
+            await stub_a.CloseThread(agent_pb2.CloseThreadRequest(thread_id=thread.id))
+        finally:
+            await channel_a.close(None)
+            await channel_b.close(None)
+    assert supervised.process.returncode == 0, supervised.stderr()
+    assert "Traceback" not in supervised.stderr()
+    rollout = replay_bundle(Path(thread.bundle_path))
+    assert rollout.integrity.status == state_pb2.INTEGRITY_STATUS_CLEAN
+    # Recorded as asked by the caller the first worker saw, through the owner.
+    assert rollout.turns[waiting].execution.status == common_pb2.EXECUTION_STATUS_CANCELLED
+    assert rollout.turns[waiting].interrupt.requested_by
 
 
 async def test_forks_rewards_and_resumes_find_the_thread_from_either_worker(
