@@ -8,6 +8,7 @@ import math
 import multiprocessing
 import os
 import signal
+import stat
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent import futures
@@ -17,13 +18,20 @@ from typing import Any, BinaryIO
 
 from rollout.trace.v1 import common_pb2, record_pb2, state_pb2
 
-from ..bundle._confine import write_aside
+from ..bundle._confine import open_found_trace, write_aside
 from ..bundle._discover import no_bundles_there, walk_bundles
-from ..bundle._errors import BundleError, ExportError, MissingExtraError, NotABundleError
+from ..bundle._errors import (
+    BundleError,
+    CorruptBundleError,
+    ExportError,
+    MissingExtraError,
+    NotABundleError,
+    not_reduced_reason,
+)
 from ..bundle._integrity import integrity_name, require_reducible
 from ..bundle._layout import TRACE_FILE_NAME
 from ..bundle._names import KIND_WORDS, ROLE_WORDS, STOP_WORDS, rollout_outcome
-from ..bundle._reader import read_bundle, resolve_trace_file
+from ..bundle._reader import BundleReader, resolve_trace_file
 from ..reduce._forks import BundleForkResolver, bundles_by_thread
 from ..reduce._pass import reduce_reader
 
@@ -56,15 +64,22 @@ def stop_name(reason: common_pb2.StopReason.ValueType) -> str:
 
 
 def find_bundles(
-    paths: Iterable[str | os.PathLike[str]], *, warn: Callable[[str], None] | None = None
+    paths: Iterable[str | os.PathLike[str]],
+    *,
+    warn: Callable[[str], None] | None = None,
+    irregular: bool = False,
 ) -> list[Path]:
     """Bundle directories: each path a bundle, or a trace root holding bundles (found as
-    reduce-all finds them; a directory passed over on the way is said to `warn`)."""
+    reduce-all finds them; a directory passed over on the way is said to `warn`; `irregular`:
+    with the directories whose trace.binpb is a FIFO or a link, which reduce-all and `list`
+    report as bundles that cannot be read)."""
     found: list[Path] = []
     for given in paths:
         path = Path(given)
         if path.is_dir() and not (path / TRACE_FILE_NAME).exists():
-            inside = [Path(bundle.path) for bundle in walk_bundles(path, warn=warn)]
+            inside = [
+                Path(bundle.path) for bundle in walk_bundles(path, irregular=irregular, warn=warn)
+            ]
             if not inside:
                 raise NotABundleError(no_bundles_there(path))
             found.extend(inside)
@@ -91,7 +106,9 @@ def _reduce_one(
         ):
             instructions[record.payload.payload_id] = record.payload.data
 
-    with read_bundle(bundle) as reader:
+    # Opened as reduce-all opens a bundle it found: a trace.binpb that is a link or a FIFO
+    # (planted, or swapped in since the walk) is a bundle that cannot be read, never followed.
+    with BundleReader(bundle / TRACE_FILE_NAME, open_found_trace(bundle)) as reader:
         reduced = reduce_reader(reader, forks=resolver, on_record=keep)
     trace = reduced.trace
     require_reducible(trace.integrity, salvage=salvage, source=str(bundle))
@@ -101,6 +118,13 @@ def _reduce_one(
     if pid and data is None and reduced.parent is not None:
         data = reduced.parent.payload(pid)
     return trace, (data or b"").decode("utf-8", "replace")
+
+
+def _regular_trace(bundle: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(bundle / TRACE_FILE_NAME).st_mode)
+    except OSError:
+        return False
 
 
 def _resolver(
@@ -131,6 +155,29 @@ class _Reduced:
     row: Any
     counted: _Counted | None
     warning: str
+    # Why the bundle could not be reduced (then there is no row): it is left out of the file.
+    unreduced: Unreduced | None = None
+
+
+@dataclass(frozen=True)
+class Unreduced:
+    """A bundle export-rl could not reduce, so left out of the file, and why, in reduce-all's
+    words: `corrupt` (`--salvage` exports its records before the damage), else failed (not a
+    bundle, contradicting records, unreadable)."""
+
+    bundle: str
+    reason: str
+    # For a corrupt bundle, where its bad frame is: `at byte 7105 (seq 25)`.
+    corrupt_at: str = ""
+
+    @property
+    def corrupt(self) -> bool:
+        return bool(self.corrupt_at)
+
+    def __str__(self) -> str:
+        # reduce-all's summary line for the same bundle.
+        said = f"CORRUPT {self.corrupt_at}" if self.corrupt else "FAILED"
+        return f"{said}: {self.bundle}: {self.reason}"
 
 
 @dataclass(frozen=True)
@@ -147,7 +194,14 @@ class _Counted:
 def _reduce_and_sample(
     bundle: Path, resolver: BundleForkResolver, *, salvage: bool, fmt: str
 ) -> _Reduced:
-    trace, instructions = _reduce_one(bundle, resolver, salvage=salvage)
+    try:
+        trace, instructions = _reduce_one(bundle, resolver, salvage=salvage)
+    except CorruptBundleError as error:
+        integrity = error.integrity
+        where = f"at byte {integrity.bad_frame_offset} (seq {integrity.bad_frame_seq})"
+        return _Reduced(None, None, "", Unreduced(str(bundle), integrity.detail, where))
+    except Exception as error:  # noqa: BLE001 - one bad bundle never stops the export
+        return _Reduced(None, None, "", Unreduced(str(bundle), not_reduced_reason(error)))
     warning = ""
     if trace.integrity.status != state_pb2.INTEGRITY_STATUS_CLEAN or trace.integrity.detail:
         warning = (
@@ -196,8 +250,9 @@ def _reduce_samples(
 ) -> list[_Reduced]:
     """Every bundle reduced into its sample's row, in the order given, on `jobs` processes."""
     candidates = [*bundles, *parents]
-    # Every bundle's header read once, here, whatever the number of processes and chunks.
-    by_thread = bundles_by_thread(candidates)
+    # Every bundle's header read once, here, whatever the number of processes and chunks; a
+    # trace.binpb that is a link is no bundle to resolve a fork against (it is reported).
+    by_thread = bundles_by_thread([*filter(_regular_trace, bundles), *parents])
     if jobs <= 1 or len(bundles) <= 1:
         resolver = _resolver(candidates, by_thread)
         reduced = []
@@ -826,6 +881,9 @@ class Exported:
     # masked out.
     drifted: int = 0
     drifted_calls: int = 0
+    # The bundles that could not be reduced, in the order found: not in the file (the rest
+    # are; the CLI exits 1, as reduce-all does).
+    unreduced: list[Unreduced] = field(default_factory=list)
 
 
 def export_rl(
@@ -847,12 +905,15 @@ def export_rl(
     `count` of them is reduced; `warn` is told of each directory under a root passed over
     (a name that is not UTF-8, one that cannot be listed) as it is found.
 
-    Raises BundleError for paths that hold no bundle (or a corrupt one, unless salvaging),
-    ReductionError for contradicting records, ExportError when the file cannot be written.
+    A bundle that cannot be reduced (corrupt unless salvaging, contradicting records, a
+    trace.binpb that cannot be read, or is a link or a FIFO under a root) is left out and
+    listed in `Exported.unreduced`: one bad bundle never stops the export of the others.
+    Raises BundleError for paths that hold no bundle, ExportError when the file cannot be
+    written.
     """
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
-    bundles = find_bundles(paths, warn=warn)
+    bundles = find_bundles(paths, warn=warn, irregular=True)
     if started is not None:
         started(len(bundles))
     schema = None
@@ -864,10 +925,14 @@ def export_rl(
     warnings: list[str] = []
     rows: list[Any] = []
     counts: list[_Counted] = []
+    unreduced: list[Unreduced] = []
     skipped = 0
     for reduced in _reduce_samples(
         bundles, parents, salvage=salvage, fmt=fmt, jobs=jobs, progress=progress
     ):
+        if reduced.unreduced is not None:
+            unreduced.append(reduced.unreduced)
+            continue
         if reduced.warning:
             warnings.append(reduced.warning)
         if reduced.counted is None:
@@ -902,7 +967,8 @@ def export_rl(
         warnings,
         drifted=sum(c.drifted for c in counts),
         drifted_calls=sum(c.drifted_calls for c in counts),
+        unreduced=unreduced,
     )
 
 
-__all__ = ["FORMATS", "BundleError", "ExportError", "Exported", "export_rl"]
+__all__ = ["FORMATS", "BundleError", "ExportError", "Exported", "Unreduced", "export_rl"]
