@@ -14,8 +14,10 @@ import pytest
 
 from agent_server import toy_tokens
 from rollout.agent.v1 import agent_pb2
+from rollout.trace.v1 import common_pb2
 from tests.agent_server.conftest import Harness, StartAgent
 from tests.agent_server.test_tools import LOOKUP, requested, submit
+from trace_reducer import replay_bundle
 
 pq = pytest.importorskip("pyarrow.parquet", reason="export-rl's Parquet needs the training extra")
 
@@ -313,3 +315,50 @@ async def test_export_rl_refuses_bad_input(tmp_path: Path, local: Harness) -> No
     assert str(blocker) in err
     code, _, err = await export(thread.bundle_path, "--format", "csv", "--out", str(tmp_path))
     assert code == 2
+
+
+async def test_an_interrupted_rollout_s_row_holds_the_tokens_it_sampled(
+    start_agent: StartAgent, tmp_path: Path
+) -> None:
+    # Was: the verl and SkyRL rows of an interrupted rollout had an empty response (its last
+    # call's output never became an item, so its tokens were left out), a reward given for
+    # nothing. The tokens the policy sampled before the cut end the row, mask 1, with their
+    # logprobs; stop_reasons and status say it was interrupted.
+    paced = await start_agent(provider_url=None, local_word_delay=0.05)
+    thread = await paced.start_thread(capture_logprobs=True, request_token_ids=True)
+    events = paced.events(thread.id)
+    turn = (
+        await paced.stub.StartTurn(
+            agent_pb2.StartTurnRequest(
+                thread_id=thread.id, input=[agent_pb2.UserInput(text="tell me a long story")]
+            )
+        )
+    ).turn
+    await events.wait_for(lambda event: event.HasField("agent_message_delta"))
+    await paced.stub.Interrupt(agent_pb2.InterruptRequest(thread_id=thread.id, turn_id=turn.id))
+    await events.turn_completed(turn.id)
+    await paced.stub.RecordReward(
+        agent_pb2.RecordRewardRequest(thread_id=thread.id, name="score", value=0.0)
+    )
+    await paced.stub.CloseThread(agent_pb2.CloseThreadRequest(thread_id=thread.id))
+    [call] = replay_bundle(thread.bundle_path).inference_calls.values()
+    assert call.stop_reason == common_pb2.STOP_REASON_INTERRUPTED
+    assert not call.response_item_ids
+    sampled = list(call.output_tokens.ids)
+    assert sampled
+    root = Path(thread.bundle_path).parent
+
+    code, _, err = await export(str(root), "--format", "verl", "--out", str(tmp_path / "v"))
+    assert code == 0, err
+    [row] = check_parquet(tmp_path / "v" / "verl.parquet", documented("verl"))
+    assert row["response_ids"] == sampled
+    assert row["response_mask"] == [1] * len(sampled)
+    assert row["response_logprobs"] == pytest.approx(list(call.output_tokens.logprobs))
+    assert row["reward_score"] == 0.0
+    assert json.loads(row["extra_info"])["status"] == "cancelled"
+    code, _, err = await export(str(root), "--format", "skyrl", "--out", str(tmp_path / "s"))
+    assert code == 0, err
+    [row] = check_parquet(tmp_path / "s" / "skyrl.parquet", documented("skyrl"))
+    assert row["response_ids"] == sampled
+    assert row["loss_masks"] == [1] * len(sampled)
+    assert row["stop_reasons"] == "interrupted"

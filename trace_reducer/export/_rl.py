@@ -518,6 +518,13 @@ def _fill_tokens(
     logprobs: list[float | None] = []
     output_start = 0
     seen_items: set[str] = set()
+    # An interrupted rollout ends in the output its last call was sampling when the client cut
+    # it: never an item (no next prompt holds it), but the tokens the policy sampled, with
+    # their logprobs, and what its reward was given for. They end the sequence (mask 1), so a
+    # verl or SkyRL row has a response to take that reward on (was: empty); `stop_reason`
+    # `interrupted` and `status` `cancelled` say how it ended.
+    last = calls[-1]
+    cut = last.stop_reason == common_pb2.STOP_REASON_INTERRUPTED
     for index, call in enumerate(used):
         prompt = list(call.prompt_token_ids)
         common = _common_prefix(ids, prompt)
@@ -555,8 +562,8 @@ def _fill_tokens(
         output_start = len(ids)
         tokens = call.output_tokens
         for span in tokens.spans:
-            if not span.item_id:
-                # Never completed: the next prompt does not have it.
+            if not span.item_id and not (cut and call.inference_call_id == last.inference_call_id):
+                # Never completed, mid-thread: the next prompt does not have it.
                 continue
             begin = len(ids)
             ids.extend(tokens.ids[span.start : span.start + span.count])
