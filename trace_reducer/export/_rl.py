@@ -9,7 +9,6 @@ import multiprocessing
 import os
 import signal
 import stat
-import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -30,8 +29,9 @@ from ..bundle._errors import (
 )
 from ..bundle._integrity import integrity_name, require_reducible
 from ..bundle._layout import TRACE_FILE_NAME
-from ..bundle._names import KIND_WORDS, ROLE_WORDS, STOP_WORDS, rollout_outcome
+from ..bundle._names import KIND_WORDS, ROLE_WORDS, STOP_WORDS, rollout_group, rollout_outcome
 from ..bundle._reader import BundleReader, resolve_trace_file
+from ..bundle._rewards import mean_reward
 from ..reduce._forks import BundleForkResolver, bundles_by_thread
 from ..reduce._pass import reduce_reader
 
@@ -393,27 +393,8 @@ def _number(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _weighted_mean(pairs: Sequence[tuple[float, float]]) -> float | None:
-    """The weighted mean of finite (value, weight) pairs, without overflowing on the way
-    (two rewards of 1.5e308 average 1.5e308): values and weights are scaled to at most 1
-    first. None when the weights cancel out."""
-    if not pairs:
-        return None
-    scale = max(abs(value) for value, _ in pairs) or 1.0
-    weight_scale = max(abs(weight) for _, weight in pairs) or 1.0
-    weights = math.fsum(weight / weight_scale for _, weight in pairs)
-    if not weights:
-        return None
-    total = math.fsum((value / scale) * (weight / weight_scale) for value, weight in pairs)
-    mean = total / weights * scale
-    if math.isnan(mean):
-        return None
-    return max(-sys.float_info.max, min(sys.float_info.max, mean))
-
-
 def _rewards(trace: state_pb2.RolloutTrace) -> tuple[list[dict[str, Any]], float | None]:
     rewards = []
-    pairs: list[tuple[float, float]] = []
     for reward in trace.rewards:
         rewards.append(
             {
@@ -428,10 +409,7 @@ def _rewards(trace: state_pb2.RolloutTrace) -> tuple[list[dict[str, Any]], float
                 "found": reward.target.found,
             }
         )
-        weight = reward.weight or 1.0
-        if math.isfinite(reward.value) and math.isfinite(weight):
-            pairs.append((reward.value, weight))
-    return rewards, _weighted_mean(pairs)
+    return rewards, mean_reward(trace.rewards)
 
 
 def _common_prefix(held: Sequence[int], prompt: Sequence[int]) -> int:
@@ -471,14 +449,14 @@ def build_sample(
             },
         )
     rewards, reward = _rewards(trace)
+    group_id, repetition_index = rollout_group(trace)
     versions = list(dict.fromkeys(call.policy_version for call in calls if call.policy_version))
     sample = Sample(
         bundle=bundle.name,
         trace=trace,
         thread_id=thread_id,
-        # A thread that was not forked is a group of one.
-        group_id=trace.fork.group_id or thread_id,
-        repetition_index=trace.fork.repetition_index,
+        group_id=group_id,
+        repetition_index=repetition_index,
         messages=messages,
         tokens="absent",
         rewards=rewards,
