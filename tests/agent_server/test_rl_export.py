@@ -131,6 +131,8 @@ async def test_every_format_reads_back_against_its_documented_schema(
     )
     assert [s["repetition_index"] for s in group] == [0, 1, 2, 3]
     assert [s["reward"] for s in group] == [0.0, 1.0, 0.0, 1.0]
+    assert {s["parent_thread_id"] for s in group} == {parent.id}
+    assert by_thread[parent.id]["parent_thread_id"] == ""
     for sample in group:
         assert sample["tokens"] == "exact"
         assert sample["drift"] == "EXACT"
@@ -146,11 +148,16 @@ async def test_every_format_reads_back_against_its_documented_schema(
         roles = [m["produced_by"] for m in sample["messages"]]
         assert roles == ["instructions", "inherited", "inherited", "user", "model"]
 
-    code, _, err = await export(str(root), "--format", "verl", "--out", str(tmp_path / "v"))
+    code, out, err = await export(str(root), "--format", "verl", "--out", str(tmp_path / "v"))
     assert code == 0, err
     assert "1 sample without exact tokens is not in" in err
+    # Was: the parent was a row of its own, a group of one (uid its thread id) without a
+    # reward, which GRPO scores by its raw reward or not at all. It is the group's prompt: in
+    # every fork's row (mask 0), not a row.
+    assert "1 thread forked into a group is not in verl.parquet" in err
+    assert out.startswith("wrote 4 samples (4 with exact tokens, 0 drifted)")
     rows = check_parquet(tmp_path / "v" / "verl.parquet", documented("verl"))
-    assert len(rows) == 5
+    assert len(rows) == 4
     grouped = [r for r in rows if r["uid"] == "q1"]
     assert len(grouped) == 4
     for row in grouped:
@@ -171,12 +178,13 @@ async def test_every_format_reads_back_against_its_documented_schema(
         if r["trajectory_ids"]["instance_id"] == "q1"
     )
     assert trajectories == [(0, 0.0), (1, 1.0), (2, 0.0), (3, 1.0)]
+    assert len(rows) == 4
     assert all(r["stop_reasons"] == "completed" for r in rows)
 
     code, _out, err = await export(str(root), "--format", "art", "--out", str(tmp_path / "a"))
     assert code == 0, err
     groups = [json.loads(line) for line in (tmp_path / "a" / "art.jsonl").read_text().splitlines()]
-    assert len(groups) == 3
+    assert {g["metadata"]["group_id"] for g in groups} == {"q1", text_only.id}
     for group_row in groups:
         check_json(group_row, documented("art"))
         for trajectory in group_row["trajectories"]:

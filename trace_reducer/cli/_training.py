@@ -135,6 +135,14 @@ def _export(args: argparse.Namespace) -> int:
             f"{'is' if left_out == 1 else 'are'} not in {exported.path.name} (never "
             "re-tokenized; --format jsonl keeps their messages)"
         )
+    if exported.group_prompts:
+        prompts = len(exported.group_prompts)
+        _say(
+            f"warning: {counted(prompts, 'thread')} forked into a group "
+            f"{'is' if prompts == 1 else 'are'} not in {exported.path.name}: each is its "
+            "group's prompt (in each fork's row, mask 0), not a group of one; "
+            "--format jsonl keeps them"
+        )
     if exported.drifted:
         _say(
             f"warning: {counted(exported.drifted, 'sample')} drifted: in "
@@ -142,6 +150,7 @@ def _export(args: argparse.Namespace) -> int:
             "from the tokens it had sampled; their ids are kept as the engine saw them and the "
             "departed stretch is masked out (each sample's drift_events says where)"
         )
+    written = exported.samples - len(exported.left_out) - len(exported.group_prompts)
     not_exported = ""
     if exported.unreduced:
         corrupt = sum(unreduced.corrupt for unreduced in exported.unreduced)
@@ -150,7 +159,7 @@ def _export(args: argparse.Namespace) -> int:
             f"({corrupt} corrupt, {len(exported.unreduced) - corrupt} failed)"
         )
     print(
-        f"wrote {counted(exported.samples - len(exported.left_out), 'sample')} "
+        f"wrote {counted(written, 'sample')} "
         f"({exported.exact} with exact tokens, {exported.drifted} drifted) to {exported.path}"
         f"{not_exported}",
         flush=True,

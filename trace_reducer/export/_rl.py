@@ -183,12 +183,15 @@ class Unreduced:
 @dataclass(frozen=True)
 class _Counted:
     """Of one sample, what Exported counts: its thread, whether its tokens are exact, and the
-    inference calls whose prompts departed from the held tokens (0: no drift)."""
+    inference calls whose prompts departed from the held tokens (0: no drift); and its group
+    and fork parent, which tell a thread forked into a group of others (its prompt)."""
 
     thread_id: str
     exact: bool
     drifted_calls: int
     drifted: bool
+    group_id: str = ""
+    parent_thread_id: str = ""
 
 
 def _reduce_and_sample(
@@ -217,6 +220,8 @@ def _reduce_and_sample(
         exact,
         len(sample.drift_events) if exact and sample.drift != EXACT else 0,
         exact and sample.drift != EXACT,
+        sample.group_id,
+        sample.trace.fork.parent_thread_id,
     )
     return _Reduced(_ROWS[fmt](sample), counted, warning)
 
@@ -324,6 +329,7 @@ class Sample:
             "bundle": self.bundle,
             "group_id": self.group_id,
             "repetition_index": self.repetition_index,
+            "parent_thread_id": self.trace.fork.parent_thread_id,
             "messages": self.messages,
             "tokens": self.tokens,
             "tokens_absent_reason": self.absent_reason,
@@ -576,6 +582,7 @@ def _extra(sample: Sample) -> str:
             "trace_id": sample.trace.trace_id,
             "bundle": sample.bundle,
             "repetition_index": sample.repetition_index,
+            "parent_thread_id": sample.trace.fork.parent_thread_id,
             "stop_reason": sample.stop_reason,
             "status": sample.status,
             "policy_version": sample.policy_version,
@@ -740,6 +747,7 @@ def _art_trajectory(sample: Sample) -> dict[str, Any]:
             "thread_id": sample.thread_id,
             "group_id": sample.group_id,
             "repetition_index": sample.repetition_index,
+            "parent_thread_id": sample.trace.fork.parent_thread_id,
             "stop_reason": sample.stop_reason,
             "status": sample.status,
             "policy_version": sample.policy_version,
@@ -869,6 +877,25 @@ class Exported:
     # The bundles that could not be reduced, in the order found: not in the file (the rest
     # are; the CLI exits 1, as reduce-all does).
     unreduced: list[Unreduced] = field(default_factory=list)
+    # The threads forked into a group of others (see _group_prompts): not in a verl, SkyRL or
+    # ART file, whose groups are their forks.
+    group_prompts: list[str] = field(default_factory=list)
+
+
+def _group_prompts(counts: Iterable[_Counted]) -> set[str]:
+    """The threads that are the prompt of a GRPO group among these samples: no fork themselves
+    (a group of one), and forked into a group they are not in. Their output is every fork's
+    prompt (mask 0 there); a row of their own would be a group of one, whose GRPO advantage is
+    its raw reward (verl: mean 0, std 1 for a lone sample), or nothing at all without a reward,
+    so the formats that group (verl, SkyRL, ART) leave them out. A thread that is in its forks'
+    group (the original of a `--replay-branch-at` branch: the group is its thread id) stays."""
+    counts = list(counts)
+    own = {c.thread_id: c.group_id for c in counts if not c.parent_thread_id}
+    return {
+        c.parent_thread_id
+        for c in counts
+        if c.parent_thread_id in own and c.group_id != own[c.parent_thread_id]
+    }
 
 
 def export_rl(
@@ -908,8 +935,8 @@ def export_rl(
         except ImportError as error:
             raise MissingExtraError(f"--format {fmt}", "training", error.name) from error
     warnings: list[str] = []
-    rows: list[Any] = []
-    counts: list[_Counted] = []
+    # Each sample's count and its row (None: no place in the format's file).
+    samples: list[tuple[_Counted, Any]] = []
     unreduced: list[Unreduced] = []
     skipped = 0
     for reduced in _reduce_samples(
@@ -923,9 +950,11 @@ def export_rl(
         if reduced.counted is None:
             skipped += 1
             continue
-        counts.append(reduced.counted)
-        if reduced.row is not None:
-            rows.append(reduced.row)
+        samples.append((reduced.counted, reduced.row))
+    counts = [counted for counted, _ in samples]
+    prompts = _group_prompts(counts) if fmt != "jsonl" else set()
+    rows = [row for counted, row in samples if row is not None and counted.thread_id not in prompts]
+    del samples
     target_dir = Path(out_dir)
     try:
         target_dir.mkdir(parents=True, exist_ok=True)
@@ -933,7 +962,11 @@ def export_rl(
         raise ExportError(f"cannot create {target_dir}: {error.strerror}") from error
     target = target_dir / FILE_NAMES[fmt]
     # Only the Parquet formats need exact tokens; JSONL and ART keep every sample.
-    left_out = [c.thread_id for c in counts if not c.exact] if schema is not None else []
+    left_out = (
+        [c.thread_id for c in counts if not c.exact and c.thread_id not in prompts]
+        if schema is not None
+        else []
+    )
     try:
         if fmt == "jsonl":
             _write_lines(target, rows)
@@ -943,16 +976,19 @@ def export_rl(
             _write_parquet(target, _columns(rows, schema), schema)
     except OSError as error:
         raise ExportError(f"cannot write {target}: {error.strerror or error}") from error
+    # What the summary counts is of the samples in the file's place: a group's prompt is not.
+    kept = [c for c in counts if c.thread_id not in prompts]
     return Exported(
         target,
         len(counts),
-        sum(c.exact for c in counts),
+        sum(c.exact for c in kept),
         skipped,
         left_out,
         warnings,
-        drifted=sum(c.drifted for c in counts),
-        drifted_calls=sum(c.drifted_calls for c in counts),
+        drifted=sum(c.drifted for c in kept),
+        drifted_calls=sum(c.drifted_calls for c in kept),
         unreduced=unreduced,
+        group_prompts=[c.thread_id for c in counts if c.thread_id in prompts],
     )
 
 
