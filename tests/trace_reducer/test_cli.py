@@ -993,3 +993,18 @@ def test_export_rl_of_a_root_leaves_out_the_bundles_it_cannot_reduce(
     assert salvaged.returncode == 1
     assert salvaged.stdout.rstrip().endswith("; 3 bundles not exported (0 corrupt, 3 failed)")
     assert "warning: corrupt bundle corrupt: bad frame at byte" in salvaged.stderr
+
+
+def test_export_rl_of_a_file_not_named_trace_binpb_is_bad_input(tmp_path: Path) -> None:
+    # Was: export-rl BUNDLE/notes.binpb exported the trace.binpb beside it, as if the bundle
+    # had been given; a file anywhere else failed on the trace.binpb its directory lacks.
+    bundle = one_turn_bundle(tmp_path)
+    other = bundle / "notes.binpb"
+    other.write_bytes(b"not a trace")
+    result = run("export-rl", other, "--format", "jsonl", "--out", tmp_path / "out")
+    assert result.returncode == 2, result.stdout
+    assert_one_clean_line(result.stderr)
+    assert f"{other} is no trace.binpb" in result.stderr
+    assert not (tmp_path / "out" / "samples.jsonl").exists()
+    given = run("export-rl", bundle / "trace.binpb", "--format", "jsonl", "--out", tmp_path / "out")
+    assert given.returncode == 0, given.stderr

@@ -84,7 +84,14 @@ def find_bundles(
                 raise NotABundleError(no_bundles_there(path))
             found.extend(inside)
         else:
-            found.append(resolve_trace_file(path).parent)
+            trace_file = resolve_trace_file(path)
+            if trace_file.name != TRACE_FILE_NAME:
+                # A bundle is its directory: a file of another name is not its trace.binpb
+                # (was: the trace.binpb beside it was exported, or none found, exit 1).
+                raise NotABundleError(
+                    f"not a trace bundle: {path} is no {TRACE_FILE_NAME} (give its directory)"
+                )
+            found.append(trace_file.parent)
     unique: dict[Path, None] = {}
     for bundle in found:
         unique.setdefault(bundle.resolve(), None)
