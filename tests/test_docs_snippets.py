@@ -79,13 +79,19 @@ def test_the_tables_queries(traces: Path, tmp_path: Path) -> None:
     assert reduced.returncode == 0, reduced.stderr
     sql = block("queries", "sql", doc="docs/tables.md").replace("DIR/", f"{tables}/")
     statements = [part.strip() for part in sql.split(";") if part.strip()]
-    assert len(statements) == 3
-    tokens, failed, interrupted = (duckdb.sql(statement).fetchall() for statement in statements)
+    assert len(statements) == 4
+    tokens, failed, groups, interrupted = (
+        duckdb.sql(statement).fetchall() for statement in statements
+    )
     [(model, input_tokens, output_tokens)] = tokens
     assert model == "local-echo-1"
     assert input_tokens > 0
     assert output_tokens > 0
     assert failed == []  # the demo's calls completed or were cancelled; none failed
+    # The demo's one thread is no fork, nor scored: a group of one, its own id, no reward.
+    [(group, size, reward)] = groups
+    assert group.startswith("thread_")
+    assert (size, reward) == (1, None)
     # The demo's last turn is interrupted mid-stream (unless a very busy machine let the reply
     # end first): the text it had streamed is what the query finds, as the state says.
     [bundle] = traces.iterdir()

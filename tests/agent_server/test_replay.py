@@ -363,6 +363,11 @@ async def test_a_run_branched_at_call_3_is_a_fork_of_the_original(
     }
     recorded = [item[2] for item in _items(before) if item[1] == assistant]
     assert replies == {0: recorded, 1: [*recorded[:2], "live three", "live four"]}
+    # The original is in its branch's group, not the prompt of another: ART keeps both.
+    exported = export_rl([root], fmt="art", out_dir=tmp_path / "art")
+    assert exported.group_prompts == []
+    [group] = (tmp_path / "art" / "art.jsonl").read_text().splitlines()
+    assert len(json.loads(group)["trajectories"]) == 2
 
 
 async def test_a_close_racing_the_branch_finishes_the_fork_s_bundle(

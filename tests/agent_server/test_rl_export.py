@@ -14,8 +14,10 @@ import pytest
 
 from agent_server import toy_tokens
 from rollout.agent.v1 import agent_pb2
+from rollout.trace.v1 import common_pb2
 from tests.agent_server.conftest import Harness, StartAgent
 from tests.agent_server.test_tools import LOOKUP, requested, submit
+from trace_reducer import replay_bundle
 
 pq = pytest.importorskip("pyarrow.parquet", reason="export-rl's Parquet needs the training extra")
 
@@ -129,6 +131,8 @@ async def test_every_format_reads_back_against_its_documented_schema(
     )
     assert [s["repetition_index"] for s in group] == [0, 1, 2, 3]
     assert [s["reward"] for s in group] == [0.0, 1.0, 0.0, 1.0]
+    assert {s["parent_thread_id"] for s in group} == {parent.id}
+    assert by_thread[parent.id]["parent_thread_id"] == ""
     for sample in group:
         assert sample["tokens"] == "exact"
         assert sample["drift"] == "EXACT"
@@ -144,11 +148,16 @@ async def test_every_format_reads_back_against_its_documented_schema(
         roles = [m["produced_by"] for m in sample["messages"]]
         assert roles == ["instructions", "inherited", "inherited", "user", "model"]
 
-    code, _, err = await export(str(root), "--format", "verl", "--out", str(tmp_path / "v"))
+    code, out, err = await export(str(root), "--format", "verl", "--out", str(tmp_path / "v"))
     assert code == 0, err
     assert "1 sample without exact tokens is not in" in err
+    # Was: the parent was a row of its own, a group of one (uid its thread id) without a
+    # reward, which GRPO scores by its raw reward or not at all. It is the group's prompt: in
+    # every fork's row (mask 0), not a row.
+    assert "1 thread forked into a group is not in verl.parquet" in err
+    assert out.startswith("wrote 4 samples (4 with exact tokens, 0 drifted)")
     rows = check_parquet(tmp_path / "v" / "verl.parquet", documented("verl"))
-    assert len(rows) == 5
+    assert len(rows) == 4
     grouped = [r for r in rows if r["uid"] == "q1"]
     assert len(grouped) == 4
     for row in grouped:
@@ -169,12 +178,13 @@ async def test_every_format_reads_back_against_its_documented_schema(
         if r["trajectory_ids"]["instance_id"] == "q1"
     )
     assert trajectories == [(0, 0.0), (1, 1.0), (2, 0.0), (3, 1.0)]
+    assert len(rows) == 4
     assert all(r["stop_reasons"] == "completed" for r in rows)
 
     code, _out, err = await export(str(root), "--format", "art", "--out", str(tmp_path / "a"))
     assert code == 0, err
     groups = [json.loads(line) for line in (tmp_path / "a" / "art.jsonl").read_text().splitlines()]
-    assert len(groups) == 3
+    assert {g["metadata"]["group_id"] for g in groups} == {"q1", text_only.id}
     for group_row in groups:
         check_json(group_row, documented("art"))
         for trajectory in group_row["trajectories"]:
@@ -313,3 +323,50 @@ async def test_export_rl_refuses_bad_input(tmp_path: Path, local: Harness) -> No
     assert str(blocker) in err
     code, _, err = await export(thread.bundle_path, "--format", "csv", "--out", str(tmp_path))
     assert code == 2
+
+
+async def test_an_interrupted_rollout_s_row_holds_the_tokens_it_sampled(
+    start_agent: StartAgent, tmp_path: Path
+) -> None:
+    # Was: the verl and SkyRL rows of an interrupted rollout had an empty response (its last
+    # call's output never became an item, so its tokens were left out), a reward given for
+    # nothing. The tokens the policy sampled before the cut end the row, mask 1, with their
+    # logprobs; stop_reasons and status say it was interrupted.
+    paced = await start_agent(provider_url=None, local_word_delay=0.05)
+    thread = await paced.start_thread(capture_logprobs=True, request_token_ids=True)
+    events = paced.events(thread.id)
+    turn = (
+        await paced.stub.StartTurn(
+            agent_pb2.StartTurnRequest(
+                thread_id=thread.id, input=[agent_pb2.UserInput(text="tell me a long story")]
+            )
+        )
+    ).turn
+    await events.wait_for(lambda event: event.HasField("agent_message_delta"))
+    await paced.stub.Interrupt(agent_pb2.InterruptRequest(thread_id=thread.id, turn_id=turn.id))
+    await events.turn_completed(turn.id)
+    await paced.stub.RecordReward(
+        agent_pb2.RecordRewardRequest(thread_id=thread.id, name="score", value=0.0)
+    )
+    await paced.stub.CloseThread(agent_pb2.CloseThreadRequest(thread_id=thread.id))
+    [call] = replay_bundle(thread.bundle_path).inference_calls.values()
+    assert call.stop_reason == common_pb2.STOP_REASON_INTERRUPTED
+    assert not call.response_item_ids
+    sampled = list(call.output_tokens.ids)
+    assert sampled
+    root = Path(thread.bundle_path).parent
+
+    code, _, err = await export(str(root), "--format", "verl", "--out", str(tmp_path / "v"))
+    assert code == 0, err
+    [row] = check_parquet(tmp_path / "v" / "verl.parquet", documented("verl"))
+    assert row["response_ids"] == sampled
+    assert row["response_mask"] == [1] * len(sampled)
+    assert row["response_logprobs"] == pytest.approx(list(call.output_tokens.logprobs))
+    assert row["reward_score"] == 0.0
+    assert json.loads(row["extra_info"])["status"] == "cancelled"
+    code, _, err = await export(str(root), "--format", "skyrl", "--out", str(tmp_path / "s"))
+    assert code == 0, err
+    [row] = check_parquet(tmp_path / "s" / "skyrl.parquet", documented("skyrl"))
+    assert row["response_ids"] == sampled
+    assert row["loss_masks"] == [1] * len(sampled)
+    assert row["stop_reasons"] == "interrupted"

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import shutil
 import subprocess
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -137,6 +139,8 @@ def test_foreign_keys_resolve_and_counts_match_the_states(reduced: Tables, trace
         "inference_calls USING (trace_id, inference_call_id)",
         "entity without its bundle": "SELECT * FROM threads ANTI JOIN bundles "
         "USING (bundle_path, trace_id)",
+        "reward without its thread": "SELECT * FROM rewards ANTI JOIN threads "
+        "USING (bundle_path, thread_id)",
     }
     for what, sql in orphans.items():
         assert reduced.rows(sql) == [], what
@@ -152,6 +156,7 @@ def test_foreign_keys_resolve_and_counts_match_the_states(reduced: Tables, trace
         "discarded_outputs": sum(
             len(c.discarded_outputs) for s in states for c in s.inference_calls.values()
         ),
+        "rewards": sum(len(s.rewards) for s in states),
     }
     counted = {name: reduced.value(f"SELECT count(*) FROM {name}") for name in SCHEMAS}
     assert counted == expected
@@ -307,3 +312,88 @@ def test_the_documented_item_key_is_unique_across_a_fork_group(tmp_path: Path) -
         )
         == tool_calls
     )
+
+
+async def _rewarded_group(root: Path) -> None:
+    """A parent forked into a group of 3, each fork scored twice (one weighted), and a thread
+    that is no fork, scored once."""
+    settings = Settings(
+        listen="127.0.0.1:0", provider_url=None, trace_root=root, local_word_delay=0.0
+    )
+    server = await AgentServer.start(settings)
+    try:
+        async with AgentClient(server.address) as client:
+            parent = await client.start_thread()
+            await parent.run_turn("the question").wait()
+            forks = await parent.fork(3, group_id="q1")
+            for index, fork in enumerate(forks):
+                await fork.run_turn("your answer?").wait()
+                await fork.record_reward("correct", float(index % 2), source="rule")
+                await fork.record_reward("format", 0.5, weight=0.5, metadata={"judge": "j1"})
+            alone = await client.start_thread()
+            await alone.run_turn("hello").wait()
+            await alone.record_reward("correct", 1.0)
+            for thread in [parent, *forks, alone]:
+                await thread.close()
+    finally:
+        await server.stop()
+
+
+def test_threads_carry_the_group_and_reward_export_rl_gives_their_samples(
+    tmp_path: Path,
+) -> None:
+    # Was: no table held a reward, a group or a fork parent; a user joined the tables to
+    # rewards by hand (from export-rl's samples or the rewards.binpb files).
+    traces = tmp_path / "traces"
+    asyncio.run(_rewarded_group(traces))
+    result = reduce_all(str(traces), "--tables", str(tmp_path / "tables"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    exported = subprocess.run(
+        [TRACE_REDUCER, "export-rl", str(traces), "--format", "jsonl", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert exported.returncode == 0, exported.stderr
+    samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 5
+    tables = Tables(tmp_path / "tables")
+
+    threads: dict[object, tuple[Any, ...]] = {
+        row[0]: row[1:]
+        for row in tables.rows(
+            "SELECT thread_id, group_id, repetition_index, reward, parent_thread_id FROM threads"
+        )
+    }
+    assert {thread: row[:3] for thread, row in threads.items()} == {
+        s["thread_id"]: (s["group_id"], s["repetition_index"], s["reward"]) for s in samples
+    }
+    forks = [s for s in samples if s["group_id"] == "q1"]
+    [parent] = [s["thread_id"] for s in samples if s["group_id"] != "q1" and not s["rewards"]]
+    assert {threads[s["thread_id"]][3] for s in forks} == {parent}
+    assert sorted(threads[s["thread_id"]][2] for s in forks) == [1 / 6, 1 / 6, 5 / 6]
+    assert threads[parent][2] is None
+    assert [row[3] for row in threads.values() if row[0] != "q1"] == [None, None]
+
+    rewards: list[tuple[Any, ...]] = tables.rows(
+        "SELECT r.thread_id, r.name, r.value, r.weight, r.source, r.metadata, r.target_found "
+        "FROM rewards r JOIN threads t USING (bundle_path, thread_id) ORDER BY r.thread_id, r.seq"
+    )
+    assert rewards == sorted(
+        (
+            s["thread_id"],
+            r["name"],
+            r["value"],
+            r["weight"],
+            r["source"] or None,
+            r["metadata"],
+            r["found"],
+        )
+        for s in samples
+        for r in s["rewards"]
+    )
+    counts = {
+        row[0]: row[1] for row in tables.rows("SELECT root_thread_id, reward_count FROM bundles")
+    }
+    assert counts == {s["thread_id"]: len(s["rewards"]) for s in samples}

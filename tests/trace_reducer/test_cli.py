@@ -946,3 +946,65 @@ def test_a_stdout_that_cannot_encode_a_name_shows_it_escaped(tmp_path: Path) -> 
         assert "internal error" not in result.stderr, args
         if args[0] != "list":  # its table names the thread, not the directory
             assert "\\xe9t\\xe9-thread_1" in result.stdout, (args, result.stdout)
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_export_rl_of_a_root_leaves_out_the_bundles_it_cannot_reduce(
+    tmp_path: Path, jobs: str
+) -> None:
+    # Was: one corrupt bundle (or one whose records contradict each other) stopped the export
+    # of the whole root with exit 1 and no file, while a trace.binpb that is a FIFO or a link
+    # was left out without a word. Now every other bundle is exported, each left out is named
+    # with why in reduce-all's words, the summary counts them, and the exit code is 1.
+    root = tmp_path / "root"
+    good = [one_turn_bundle(root, thread_id=f"thread-{n}") for n in range(2)]
+    damaged, _ = corrupt_copy(tmp_path)
+    damaged.rename(root / "corrupt")
+    contradicting = BundleBuilder(root, "contradicting")
+    contradicting.append(turn_started=record_pb2.TurnStarted(turn=1, thread=5, turn_id="x"))
+    contradicting.close()
+    (root / "fifo").mkdir()
+    os.mkfifo(root / "fifo" / "trace.binpb")
+    (root / "link").mkdir()
+    (root / "link" / "trace.binpb").symlink_to(good[0] / "trace.binpb")
+    out = tmp_path / f"out-{jobs}"
+
+    result = run("export-rl", root, "--format", "jsonl", "--out", out, "--jobs", jobs)
+
+    assert "Traceback" not in result.stderr
+    assert "internal error" not in result.stderr
+    assert result.returncode == 1, result.stderr
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert sorted(sample["thread_id"] for sample in samples) == ["thread-0", "thread-1"]
+    assert result.stdout.rstrip().endswith("; 4 bundles not exported (1 corrupt, 3 failed)")
+    said = "trace-reducer: warning: not exported: "
+    left_out = [
+        line.removeprefix(said) for line in result.stderr.splitlines() if line.startswith(said)
+    ]
+    assert len(left_out) == 4, result.stderr
+    assert "--salvage" in result.stderr
+    # The same bundles, in the same words, as reduce-all's summary says them.
+    batch = run("reduce-all", root, "--jobs", "1")
+    assert batch.returncode == 1
+    for line in left_out:
+        assert f"  {line}" in batch.stdout.splitlines(), (line, batch.stdout)
+
+    salvaged = run("export-rl", root, "--format", "jsonl", "--out", out, "--salvage")
+    assert salvaged.returncode == 1
+    assert salvaged.stdout.rstrip().endswith("; 3 bundles not exported (0 corrupt, 3 failed)")
+    assert "warning: corrupt bundle corrupt: bad frame at byte" in salvaged.stderr
+
+
+def test_export_rl_of_a_file_not_named_trace_binpb_is_bad_input(tmp_path: Path) -> None:
+    # Was: export-rl BUNDLE/notes.binpb exported the trace.binpb beside it, as if the bundle
+    # had been given; a file anywhere else failed on the trace.binpb its directory lacks.
+    bundle = one_turn_bundle(tmp_path)
+    other = bundle / "notes.binpb"
+    other.write_bytes(b"not a trace")
+    result = run("export-rl", other, "--format", "jsonl", "--out", tmp_path / "out")
+    assert result.returncode == 2, result.stdout
+    assert_one_clean_line(result.stderr)
+    assert f"{other} is no trace.binpb" in result.stderr
+    assert not (tmp_path / "out" / "samples.jsonl").exists()
+    given = run("export-rl", bundle / "trace.binpb", "--format", "jsonl", "--out", tmp_path / "out")
+    assert given.returncode == 0, given.stderr

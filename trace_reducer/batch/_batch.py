@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from rollout.trace.v1 import state_pb2
 
-from ..bundle._errors import BundleError, CorruptBundleError, ReductionError
+from ..bundle._errors import CorruptBundleError, not_reduced_reason
 from ..bundle._integrity import integrity_name, require_reducible
 from ..bundle._layout import TRACE_FILE_NAME
 from ..bundle._liveness import LIVE_WINDOW
@@ -124,14 +124,10 @@ def reduce_one(task: BundleTask, options: BatchOptions) -> BundleResult:
             if outcome in (Outcome.REDUCED, Outcome.SALVAGED):
                 store.write_state(task.location, trace)
         result.outcome = outcome
-    except ReductionError as error:
-        result.detail = f"records contradict each other: {error}"
-    except BundleError as error:
-        result.detail = str(error)
-    except OSError as error:
-        result.detail = describe_store_error(store, error)
     except Exception as error:  # noqa: BLE001 - one bad bundle never stops the batch
-        result.detail = f"internal error: {type(error).__name__}: {error}"
+        result.detail = not_reduced_reason(
+            error, lambda os_error: describe_store_error(store, os_error)
+        )
     if trace is not None and result.outcome != Outcome.FAILED:
         integrity = trace.integrity
         result.integrity = integrity_name(integrity.status)

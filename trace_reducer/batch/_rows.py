@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
@@ -10,13 +11,14 @@ from google.protobuf import timestamp_pb2
 
 from rollout.trace.v1 import common_pb2, state_pb2
 
-from ..bundle._names import EXECUTION_WORDS, INTEGRITY_WORDS, enum_words
+from ..bundle._names import EXECUTION_WORDS, INTEGRITY_WORDS, enum_words, rollout_group
+from ..bundle._rewards import mean_reward
 
 Row = dict[str, Any]
 # Rows as they travel from a worker to the driver: values in column order (no repeated keys
 # to pickle), by table.
 Packed = dict[str, list[tuple[Any, ...]]]
-# (name, kind): kinds are string, int64, bool, timestamp (microseconds, UTC), strings (a
+# (name, kind): kinds are string, int64, double, bool, timestamp (microseconds, UTC), strings (a
 # list), map (string to string) and producers (a list of {kind, id}); _tables.py maps them to
 # Arrow types. Workers build rows without importing pyarrow.
 Column = tuple[str, str]
@@ -62,6 +64,7 @@ COLUMNS: dict[str, tuple[Column, ...]] = {
         ("inference_call_count", "int64"),
         ("conversation_item_count", "int64"),
         ("tool_call_count", "int64"),
+        ("reward_count", "int64"),
         ("error", "string"),
     ),
     "threads": (
@@ -74,6 +77,12 @@ COLUMNS: dict[str, tuple[Column, ...]] = {
         *_TOKENS,
         ("metadata", "map"),
         ("instructions_payload_id", "string"),
+        # What export-rl's sample of the thread says of its group and reward, so that a query
+        # needs no join to rewards to group GRPO rollouts or score them.
+        ("parent_thread_id", "string"),
+        ("group_id", "string"),
+        ("repetition_index", "int64"),
+        ("reward", "double"),
     ),
     "turns": (
         *_KEY,
@@ -162,6 +171,22 @@ COLUMNS: dict[str, tuple[Column, ...]] = {
         ("item_type", "string"),
         ("partial_text", "string"),
         ("call_status", "string"),
+    ),
+    "rewards": (
+        *_KEY,
+        ("thread_id", "string"),
+        ("turn_id", "string"),
+        ("item_id", "string"),
+        ("conversation_item_id", "string"),
+        ("target_found", "bool"),
+        ("name", "string"),
+        ("value", "double"),
+        ("weight", "double"),
+        ("source", "string"),
+        ("metadata", "map"),
+        ("recorded_at", "timestamp"),
+        ("recorded_by", "string"),
+        ("seq", "int64"),
     ),
 }
 
@@ -282,6 +307,7 @@ def bundle_row(
         "inference_call_count": len(trace.inference_calls) if entities else 0,
         "conversation_item_count": len(trace.conversation_items) if entities else 0,
         "tool_call_count": len(trace.tool_calls) if entities else 0,
+        "reward_count": len(trace.rewards) if entities else 0,
         "error": error,
     }
 
@@ -323,6 +349,15 @@ def entity_rows(bundle_path: str, trace: state_pb2.RolloutTrace) -> dict[str, li
         return [calls[c].usage for c in call_ids if c in calls and calls[c].HasField("usage")]
 
     threads = sorted(trace.threads.values(), key=lambda t: (t.execution.started_seq, t.thread_id))
+    # The bundle's own thread is export-rl's sample: its group, its parent when it is a fork,
+    # and its reward (every reward of the bundle is its thread's); other threads have none.
+    group_id, repetition_index = rollout_group(trace)
+    sample = {
+        "parent_thread_id": trace.fork.parent_thread_id or None,
+        "group_id": group_id or None,
+        "repetition_index": repetition_index,
+        "reward": mean_reward(trace.rewards),
+    }
     turn_index: dict[str, int] = {}
     item_position: dict[str, int] = {}
     for thread in threads:
@@ -342,6 +377,7 @@ def entity_rows(bundle_path: str, trace: state_pb2.RolloutTrace) -> dict[str, li
                 **_tokens(usages(thread_calls)),
                 "metadata": sorted(thread.metadata.items()),
                 "instructions_payload_id": thread.instructions_payload_id or None,
+                **(sample if thread.thread_id == trace.root_thread_id else dict.fromkeys(sample)),
             }
         )
 
@@ -470,6 +506,28 @@ def entity_rows(bundle_path: str, trace: state_pb2.RolloutTrace) -> dict[str, li
                 "output": output_item.output if output_item is not None else None,
                 "arguments_payload_id": tool.arguments_payload_id or None,
                 "output_payload_id": tool.output_payload_id or None,
+            }
+        )
+    for reward in trace.rewards:
+        target = reward.target
+        rows["rewards"].append(
+            {
+                **key,
+                "thread_id": target.thread_id or None,
+                "turn_id": target.turn_id or None,
+                "item_id": target.item_id or None,
+                "conversation_item_id": target.conversation_item_id or None,
+                "target_found": target.found,
+                "name": reward.name,
+                # As in export-rl's samples: a value no JSON or mean can hold (NaN, an
+                # infinity, from a sidecar another tool wrote) is NULL.
+                "value": reward.value if math.isfinite(reward.value) else None,
+                "weight": reward.weight if math.isfinite(reward.weight) else None,
+                "source": reward.source or None,
+                "metadata": sorted(reward.metadata.items()),
+                "recorded_at": _time(reward, "recorded_at"),
+                "recorded_by": reward.recorded_by or None,
+                "seq": reward.seq,
             }
         )
     return rows

@@ -21,7 +21,7 @@ from google.protobuf import json_format
 
 from rollout.trace.v1 import record_pb2, state_pb2
 
-from ..bundle._confine import open_regular_file, sidecar_problem
+from ..bundle._confine import open_found_trace, open_regular_file
 from ..bundle._discover import walk_bundles
 from ..bundle._errors import (
     BundleError,
@@ -187,13 +187,7 @@ class LocalStore:
     def open_trace(self, location: str) -> BinaryIO:
         # Never a FIFO waited on, nor a symbolic link followed: one bad bundle never stops
         # the batch, nor reads outside the root.
-        path = os.path.join(location, TRACE_FILE_NAME)
-        try:
-            return os.fdopen(open_regular_file(path, os.O_RDONLY), "rb", buffering=0)
-        except OSError as error:
-            raise NotABundleError(
-                f"not a trace bundle: {sidecar_problem(error, TRACE_FILE_NAME)}: {location}"
-            ) from error
+        return open_found_trace(location)
 
     def trace_mtime(self, location: str) -> float | None:
         return _stat_mtime(os.path.join(location, TRACE_FILE_NAME))

@@ -20,6 +20,7 @@ MAX_BUFFERED_ROWS = 200_000
 _ARROW: dict[str, pa.DataType] = {
     "string": pa.string(),
     "int64": pa.int64(),
+    "double": pa.float64(),
     "bool": pa.bool_(),
     "timestamp": pa.timestamp("us", tz="UTC"),
     "strings": pa.list_(pa.string()),

@@ -99,6 +99,20 @@ def sidecar_problem(error: OSError, name: str) -> str:
     return f"{name}: {error.strerror or error}"
 
 
+def open_found_trace(bundle: str | os.PathLike[str]) -> BinaryIO:
+    """The trace.binpb of a bundle found under a root (walk_bundles), opened for reading as
+    every command that reads many bundles opens it: never through a symbolic link, never
+    waiting on a FIFO. Raises NotABundleError in the words reduce-all, `list` and export-rl
+    report such a bundle with."""
+    path = os.path.join(bundle, TRACE_FILE_NAME)
+    try:
+        return os.fdopen(open_regular_file(path, os.O_RDONLY), "rb", buffering=0)
+    except OSError as error:
+        raise NotABundleError(
+            f"not a trace bundle: {sidecar_problem(error, TRACE_FILE_NAME)}: {os.fspath(bundle)}"
+        ) from error
+
+
 class ConfinedBundle:
     """An open bundle: its directory's descriptor and its trace.binpb, both read through them;
     and the root it was opened under, with the directory holding it relative to that root

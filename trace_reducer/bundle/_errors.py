@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+from collections.abc import Callable
 
 from rollout.trace.v1 import state_pb2
 
@@ -122,6 +123,20 @@ class MissingExtraError(Exception):
 
 class RayUnavailableError(MissingExtraError):
     """The ray extra is not installed."""
+
+
+def not_reduced_reason(
+    error: Exception, describe_os: Callable[[OSError], str] | None = None
+) -> str:
+    """Why a bundle could not be reduced, in the words reduce-all's summary and export-rl's
+    warnings both use (`describe_os`: how an OSError is said where it came from a store)."""
+    if isinstance(error, ReductionError):
+        return f"records contradict each other: {error}"
+    if isinstance(error, BundleError):
+        return str(error)
+    if isinstance(error, OSError):
+        return (describe_os or describe_os_error)(error)
+    return f"internal error: {type(error).__name__}: {error}"
 
 
 def describe_os_error(error: OSError, path: str | os.PathLike[str] | None = None) -> str:

@@ -58,6 +58,13 @@ def rollout_outcome(trace: state_pb2.RolloutTrace) -> str:
     return OUTCOME_WORDS.get(status, OUTCOME_WORDS[common_pb2.EXECUTION_STATUS_UNSPECIFIED])
 
 
+def rollout_group(trace: state_pb2.RolloutTrace) -> tuple[str, int]:
+    """The GRPO group of the bundle's thread and its place in it, as export-rl's samples and
+    reduce-all's tables give them: a fork's group id and repetition index; a thread that was
+    not forked is a group of one, its own thread id (repetition 0)."""
+    return trace.fork.group_id or trace.root_thread_id, trace.fork.repetition_index
+
+
 def execution_word(status: common_pb2.ExecutionStatus.ValueType) -> str:
     return EXECUTION_WORDS.get(status, "UNSPECIFIED")
 

@@ -7,9 +7,10 @@ import contextlib
 import fcntl
 import math
 import os
+import sys
 import time
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -46,6 +47,35 @@ class RewardInput:
     source: str = ""
     metadata: Mapping[str, str] = field(default_factory=dict)
     recorded_by: str = ""
+
+
+def weighted_mean(pairs: Sequence[tuple[float, float]]) -> float | None:
+    """The weighted mean of finite (value, weight) pairs, without overflowing on the way
+    (two rewards of 1.5e308 average 1.5e308): values and weights are scaled to at most 1
+    first. None when the weights cancel out."""
+    if not pairs:
+        return None
+    scale = max(abs(value) for value, _ in pairs) or 1.0
+    weight_scale = max(abs(weight) for _, weight in pairs) or 1.0
+    weights = math.fsum(weight / weight_scale for _, weight in pairs)
+    if not weights:
+        return None
+    total = math.fsum((value / scale) * (weight / weight_scale) for value, weight in pairs)
+    mean = total / weights * scale
+    if math.isnan(mean):
+        return None
+    return max(-sys.float_info.max, min(sys.float_info.max, mean))
+
+
+def mean_reward(rewards: Iterable[state_pb2.Reward]) -> float | None:
+    """A rollout's reward as export-rl's samples and reduce-all's tables give it: the weighted
+    mean of its finite rewards (a weight of 0 counts as 1); None without any."""
+    pairs = []
+    for reward in rewards:
+        weight = reward.weight or 1.0
+        if math.isfinite(reward.value) and math.isfinite(weight):
+            pairs.append((reward.value, weight))
+    return weighted_mean(pairs)
 
 
 def check_reward(reward: RewardInput) -> None:

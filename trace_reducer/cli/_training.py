@@ -118,6 +118,15 @@ def _export(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     for warning in exported.warnings:
         _say(f"warning: {warning}")
+    # Each bundle left out in the line reduce-all's summary gives it (CORRUPT at byte ..., or
+    # FAILED: why); one bad bundle costs its own sample only, and the exit code says so.
+    for unreduced in exported.unreduced:
+        _say(f"warning: not exported: {unreduced}")
+    if any(unreduced.corrupt for unreduced in exported.unreduced):
+        _say(
+            "warning: corrupt bundles were not exported: --salvage exports their records "
+            "before the damage"
+        )
     # Counts said as every report says them (`1 sample`, `7 samples`; was `1 samples`).
     if exported.left_out:
         left_out = len(exported.left_out)
@@ -126,6 +135,14 @@ def _export(args: argparse.Namespace) -> int:
             f"{'is' if left_out == 1 else 'are'} not in {exported.path.name} (never "
             "re-tokenized; --format jsonl keeps their messages)"
         )
+    if exported.group_prompts:
+        prompts = len(exported.group_prompts)
+        _say(
+            f"warning: {counted(prompts, 'thread')} forked into a group "
+            f"{'is' if prompts == 1 else 'are'} not in {exported.path.name}: each is its "
+            "group's prompt (in each fork's row, mask 0), not a group of one; "
+            "--format jsonl keeps them"
+        )
     if exported.drifted:
         _say(
             f"warning: {counted(exported.drifted, 'sample')} drifted: in "
@@ -133,12 +150,21 @@ def _export(args: argparse.Namespace) -> int:
             "from the tokens it had sampled; their ids are kept as the engine saw them and the "
             "departed stretch is masked out (each sample's drift_events says where)"
         )
+    written = exported.samples - len(exported.left_out) - len(exported.group_prompts)
+    not_exported = ""
+    if exported.unreduced:
+        corrupt = sum(unreduced.corrupt for unreduced in exported.unreduced)
+        not_exported = (
+            f"; {counted(len(exported.unreduced), 'bundle')} not exported "
+            f"({corrupt} corrupt, {len(exported.unreduced) - corrupt} failed)"
+        )
     print(
-        f"wrote {counted(exported.samples - len(exported.left_out), 'sample')} "
-        f"({exported.exact} with exact tokens, {exported.drifted} drifted) to {exported.path}",
+        f"wrote {counted(written, 'sample')} "
+        f"({exported.exact} with exact tokens, {exported.drifted} drifted) to {exported.path}"
+        f"{not_exported}",
         flush=True,
     )
-    return EXIT_OK
+    return EXIT_FAILED if exported.unreduced else EXIT_OK
 
 
 def add_parsers(commands: Any) -> None:
@@ -175,8 +201,9 @@ def add_parsers(commands: Any) -> None:
     export = commands.add_parser(
         "export-rl",
         help="write one training sample per thread: tokens, loss masks, logprobs, rewards",
-        description="Exit codes: 0 written; 1 a corrupt bundle without --salvage, records "
-        "that contradict each other, an output that failed as it was written; 2 bad input "
+        description="Exit codes: 0 written; 1 a bundle could not be reduced (corrupt without "
+        "--salvage, records that contradict each other, unreadable: the others are written, "
+        "each one left out named on stderr), an output that failed as it was written; 2 bad input "
         "(--out not a directory that can be written in, --parent no bundle), or pyarrow (the "
         "training extra) not installed for verl or skyrl.",
     )

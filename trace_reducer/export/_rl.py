@@ -8,7 +8,7 @@ import math
 import multiprocessing
 import os
 import signal
-import sys
+import stat
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -17,13 +17,21 @@ from typing import Any, BinaryIO
 
 from rollout.trace.v1 import common_pb2, record_pb2, state_pb2
 
-from ..bundle._confine import write_aside
+from ..bundle._confine import open_found_trace, write_aside
 from ..bundle._discover import no_bundles_there, walk_bundles
-from ..bundle._errors import BundleError, ExportError, MissingExtraError, NotABundleError
+from ..bundle._errors import (
+    BundleError,
+    CorruptBundleError,
+    ExportError,
+    MissingExtraError,
+    NotABundleError,
+    not_reduced_reason,
+)
 from ..bundle._integrity import integrity_name, require_reducible
 from ..bundle._layout import TRACE_FILE_NAME
-from ..bundle._names import KIND_WORDS, ROLE_WORDS, STOP_WORDS, rollout_outcome
-from ..bundle._reader import read_bundle, resolve_trace_file
+from ..bundle._names import KIND_WORDS, ROLE_WORDS, STOP_WORDS, rollout_group, rollout_outcome
+from ..bundle._reader import BundleReader, resolve_trace_file
+from ..bundle._rewards import mean_reward
 from ..reduce._forks import BundleForkResolver, bundles_by_thread
 from ..reduce._pass import reduce_reader
 
@@ -56,20 +64,34 @@ def stop_name(reason: common_pb2.StopReason.ValueType) -> str:
 
 
 def find_bundles(
-    paths: Iterable[str | os.PathLike[str]], *, warn: Callable[[str], None] | None = None
+    paths: Iterable[str | os.PathLike[str]],
+    *,
+    warn: Callable[[str], None] | None = None,
+    irregular: bool = False,
 ) -> list[Path]:
     """Bundle directories: each path a bundle, or a trace root holding bundles (found as
-    reduce-all finds them; a directory passed over on the way is said to `warn`)."""
+    reduce-all finds them; a directory passed over on the way is said to `warn`; `irregular`:
+    with the directories whose trace.binpb is a FIFO or a link, which reduce-all and `list`
+    report as bundles that cannot be read)."""
     found: list[Path] = []
     for given in paths:
         path = Path(given)
         if path.is_dir() and not (path / TRACE_FILE_NAME).exists():
-            inside = [Path(bundle.path) for bundle in walk_bundles(path, warn=warn)]
+            inside = [
+                Path(bundle.path) for bundle in walk_bundles(path, irregular=irregular, warn=warn)
+            ]
             if not inside:
                 raise NotABundleError(no_bundles_there(path))
             found.extend(inside)
         else:
-            found.append(resolve_trace_file(path).parent)
+            trace_file = resolve_trace_file(path)
+            if trace_file.name != TRACE_FILE_NAME:
+                # A bundle is its directory: a file of another name is not its trace.binpb
+                # (was: the trace.binpb beside it was exported, or none found, exit 1).
+                raise NotABundleError(
+                    f"not a trace bundle: {path} is no {TRACE_FILE_NAME} (give its directory)"
+                )
+            found.append(trace_file.parent)
     unique: dict[Path, None] = {}
     for bundle in found:
         unique.setdefault(bundle.resolve(), None)
@@ -91,7 +113,9 @@ def _reduce_one(
         ):
             instructions[record.payload.payload_id] = record.payload.data
 
-    with read_bundle(bundle) as reader:
+    # Opened as reduce-all opens a bundle it found: a trace.binpb that is a link or a FIFO
+    # (planted, or swapped in since the walk) is a bundle that cannot be read, never followed.
+    with BundleReader(bundle / TRACE_FILE_NAME, open_found_trace(bundle)) as reader:
         reduced = reduce_reader(reader, forks=resolver, on_record=keep)
     trace = reduced.trace
     require_reducible(trace.integrity, salvage=salvage, source=str(bundle))
@@ -101,6 +125,13 @@ def _reduce_one(
     if pid and data is None and reduced.parent is not None:
         data = reduced.parent.payload(pid)
     return trace, (data or b"").decode("utf-8", "replace")
+
+
+def _regular_trace(bundle: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(bundle / TRACE_FILE_NAME).st_mode)
+    except OSError:
+        return False
 
 
 def _resolver(
@@ -131,23 +162,56 @@ class _Reduced:
     row: Any
     counted: _Counted | None
     warning: str
+    # Why the bundle could not be reduced (then there is no row): it is left out of the file.
+    unreduced: Unreduced | None = None
+
+
+@dataclass(frozen=True)
+class Unreduced:
+    """A bundle export-rl could not reduce, so left out of the file, and why, in reduce-all's
+    words: `corrupt` (`--salvage` exports its records before the damage), else failed (not a
+    bundle, contradicting records, unreadable)."""
+
+    bundle: str
+    reason: str
+    # For a corrupt bundle, where its bad frame is: `at byte 7105 (seq 25)`.
+    corrupt_at: str = ""
+
+    @property
+    def corrupt(self) -> bool:
+        return bool(self.corrupt_at)
+
+    def __str__(self) -> str:
+        # reduce-all's summary line for the same bundle.
+        said = f"CORRUPT {self.corrupt_at}" if self.corrupt else "FAILED"
+        return f"{said}: {self.bundle}: {self.reason}"
 
 
 @dataclass(frozen=True)
 class _Counted:
     """Of one sample, what Exported counts: its thread, whether its tokens are exact, and the
-    inference calls whose prompts departed from the held tokens (0: no drift)."""
+    inference calls whose prompts departed from the held tokens (0: no drift); and its group
+    and fork parent, which tell a thread forked into a group of others (its prompt)."""
 
     thread_id: str
     exact: bool
     drifted_calls: int
     drifted: bool
+    group_id: str = ""
+    parent_thread_id: str = ""
 
 
 def _reduce_and_sample(
     bundle: Path, resolver: BundleForkResolver, *, salvage: bool, fmt: str
 ) -> _Reduced:
-    trace, instructions = _reduce_one(bundle, resolver, salvage=salvage)
+    try:
+        trace, instructions = _reduce_one(bundle, resolver, salvage=salvage)
+    except CorruptBundleError as error:
+        integrity = error.integrity
+        where = f"at byte {integrity.bad_frame_offset} (seq {integrity.bad_frame_seq})"
+        return _Reduced(None, None, "", Unreduced(str(bundle), integrity.detail, where))
+    except Exception as error:  # noqa: BLE001 - one bad bundle never stops the export
+        return _Reduced(None, None, "", Unreduced(str(bundle), not_reduced_reason(error)))
     warning = ""
     if trace.integrity.status != state_pb2.INTEGRITY_STATUS_CLEAN or trace.integrity.detail:
         warning = (
@@ -163,6 +227,8 @@ def _reduce_and_sample(
         exact,
         len(sample.drift_events) if exact and sample.drift != EXACT else 0,
         exact and sample.drift != EXACT,
+        sample.group_id,
+        sample.trace.fork.parent_thread_id,
     )
     return _Reduced(_ROWS[fmt](sample), counted, warning)
 
@@ -196,8 +262,9 @@ def _reduce_samples(
 ) -> list[_Reduced]:
     """Every bundle reduced into its sample's row, in the order given, on `jobs` processes."""
     candidates = [*bundles, *parents]
-    # Every bundle's header read once, here, whatever the number of processes and chunks.
-    by_thread = bundles_by_thread(candidates)
+    # Every bundle's header read once, here, whatever the number of processes and chunks; a
+    # trace.binpb that is a link is no bundle to resolve a fork against (it is reported).
+    by_thread = bundles_by_thread([*filter(_regular_trace, bundles), *parents])
     if jobs <= 1 or len(bundles) <= 1:
         resolver = _resolver(candidates, by_thread)
         reduced = []
@@ -269,6 +336,7 @@ class Sample:
             "bundle": self.bundle,
             "group_id": self.group_id,
             "repetition_index": self.repetition_index,
+            "parent_thread_id": self.trace.fork.parent_thread_id,
             "messages": self.messages,
             "tokens": self.tokens,
             "tokens_absent_reason": self.absent_reason,
@@ -338,27 +406,8 @@ def _number(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _weighted_mean(pairs: Sequence[tuple[float, float]]) -> float | None:
-    """The weighted mean of finite (value, weight) pairs, without overflowing on the way
-    (two rewards of 1.5e308 average 1.5e308): values and weights are scaled to at most 1
-    first. None when the weights cancel out."""
-    if not pairs:
-        return None
-    scale = max(abs(value) for value, _ in pairs) or 1.0
-    weight_scale = max(abs(weight) for _, weight in pairs) or 1.0
-    weights = math.fsum(weight / weight_scale for _, weight in pairs)
-    if not weights:
-        return None
-    total = math.fsum((value / scale) * (weight / weight_scale) for value, weight in pairs)
-    mean = total / weights * scale
-    if math.isnan(mean):
-        return None
-    return max(-sys.float_info.max, min(sys.float_info.max, mean))
-
-
 def _rewards(trace: state_pb2.RolloutTrace) -> tuple[list[dict[str, Any]], float | None]:
     rewards = []
-    pairs: list[tuple[float, float]] = []
     for reward in trace.rewards:
         rewards.append(
             {
@@ -373,10 +422,7 @@ def _rewards(trace: state_pb2.RolloutTrace) -> tuple[list[dict[str, Any]], float
                 "found": reward.target.found,
             }
         )
-        weight = reward.weight or 1.0
-        if math.isfinite(reward.value) and math.isfinite(weight):
-            pairs.append((reward.value, weight))
-    return rewards, _weighted_mean(pairs)
+    return rewards, mean_reward(trace.rewards)
 
 
 def _common_prefix(held: Sequence[int], prompt: Sequence[int]) -> int:
@@ -416,14 +462,14 @@ def build_sample(
             },
         )
     rewards, reward = _rewards(trace)
+    group_id, repetition_index = rollout_group(trace)
     versions = list(dict.fromkeys(call.policy_version for call in calls if call.policy_version))
     sample = Sample(
         bundle=bundle.name,
         trace=trace,
         thread_id=thread_id,
-        # A thread that was not forked is a group of one.
-        group_id=trace.fork.group_id or thread_id,
-        repetition_index=trace.fork.repetition_index,
+        group_id=group_id,
+        repetition_index=repetition_index,
         messages=messages,
         tokens="absent",
         rewards=rewards,
@@ -463,6 +509,13 @@ def _fill_tokens(
     logprobs: list[float | None] = []
     output_start = 0
     seen_items: set[str] = set()
+    # An interrupted rollout ends in the output its last call was sampling when the client cut
+    # it: never an item (no next prompt holds it), but the tokens the policy sampled, with
+    # their logprobs, and what its reward was given for. They end the sequence (mask 1), so a
+    # verl or SkyRL row has a response to take that reward on (was: empty); `stop_reason`
+    # `interrupted` and `status` `cancelled` say how it ended.
+    last = calls[-1]
+    cut = last.stop_reason == common_pb2.STOP_REASON_INTERRUPTED
     for index, call in enumerate(used):
         prompt = list(call.prompt_token_ids)
         common = _common_prefix(ids, prompt)
@@ -500,8 +553,8 @@ def _fill_tokens(
         output_start = len(ids)
         tokens = call.output_tokens
         for span in tokens.spans:
-            if not span.item_id:
-                # Never completed: the next prompt does not have it.
+            if not span.item_id and not (cut and call.inference_call_id == last.inference_call_id):
+                # Never completed, mid-thread: the next prompt does not have it.
                 continue
             begin = len(ids)
             ids.extend(tokens.ids[span.start : span.start + span.count])
@@ -536,6 +589,7 @@ def _extra(sample: Sample) -> str:
             "trace_id": sample.trace.trace_id,
             "bundle": sample.bundle,
             "repetition_index": sample.repetition_index,
+            "parent_thread_id": sample.trace.fork.parent_thread_id,
             "stop_reason": sample.stop_reason,
             "status": sample.status,
             "policy_version": sample.policy_version,
@@ -700,6 +754,7 @@ def _art_trajectory(sample: Sample) -> dict[str, Any]:
             "thread_id": sample.thread_id,
             "group_id": sample.group_id,
             "repetition_index": sample.repetition_index,
+            "parent_thread_id": sample.trace.fork.parent_thread_id,
             "stop_reason": sample.stop_reason,
             "status": sample.status,
             "policy_version": sample.policy_version,
@@ -826,6 +881,28 @@ class Exported:
     # masked out.
     drifted: int = 0
     drifted_calls: int = 0
+    # The bundles that could not be reduced, in the order found: not in the file (the rest
+    # are; the CLI exits 1, as reduce-all does).
+    unreduced: list[Unreduced] = field(default_factory=list)
+    # The threads forked into a group of others (see _group_prompts): not in a verl, SkyRL or
+    # ART file, whose groups are their forks.
+    group_prompts: list[str] = field(default_factory=list)
+
+
+def _group_prompts(counts: Iterable[_Counted]) -> set[str]:
+    """The threads that are the prompt of a GRPO group among these samples: no fork themselves
+    (a group of one), and forked into a group they are not in. Their output is every fork's
+    prompt (mask 0 there); a row of their own would be a group of one, whose GRPO advantage is
+    its raw reward (verl: mean 0, std 1 for a lone sample), or nothing at all without a reward,
+    so the formats that group (verl, SkyRL, ART) leave them out. A thread that is in its forks'
+    group (the original of a `--replay-branch-at` branch: the group is its thread id) stays."""
+    counts = list(counts)
+    own = {c.thread_id: c.group_id for c in counts if not c.parent_thread_id}
+    return {
+        c.parent_thread_id
+        for c in counts
+        if c.parent_thread_id in own and c.group_id != own[c.parent_thread_id]
+    }
 
 
 def export_rl(
@@ -847,12 +924,15 @@ def export_rl(
     `count` of them is reduced; `warn` is told of each directory under a root passed over
     (a name that is not UTF-8, one that cannot be listed) as it is found.
 
-    Raises BundleError for paths that hold no bundle (or a corrupt one, unless salvaging),
-    ReductionError for contradicting records, ExportError when the file cannot be written.
+    A bundle that cannot be reduced (corrupt unless salvaging, contradicting records, a
+    trace.binpb that cannot be read, or is a link or a FIFO under a root) is left out and
+    listed in `Exported.unreduced`: one bad bundle never stops the export of the others.
+    Raises BundleError for paths that hold no bundle, ExportError when the file cannot be
+    written.
     """
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
-    bundles = find_bundles(paths, warn=warn)
+    bundles = find_bundles(paths, warn=warn, irregular=True)
     if started is not None:
         started(len(bundles))
     schema = None
@@ -862,20 +942,26 @@ def export_rl(
         except ImportError as error:
             raise MissingExtraError(f"--format {fmt}", "training", error.name) from error
     warnings: list[str] = []
-    rows: list[Any] = []
-    counts: list[_Counted] = []
+    # Each sample's count and its row (None: no place in the format's file).
+    samples: list[tuple[_Counted, Any]] = []
+    unreduced: list[Unreduced] = []
     skipped = 0
     for reduced in _reduce_samples(
         bundles, parents, salvage=salvage, fmt=fmt, jobs=jobs, progress=progress
     ):
+        if reduced.unreduced is not None:
+            unreduced.append(reduced.unreduced)
+            continue
         if reduced.warning:
             warnings.append(reduced.warning)
         if reduced.counted is None:
             skipped += 1
             continue
-        counts.append(reduced.counted)
-        if reduced.row is not None:
-            rows.append(reduced.row)
+        samples.append((reduced.counted, reduced.row))
+    counts = [counted for counted, _ in samples]
+    prompts = _group_prompts(counts) if fmt != "jsonl" else set()
+    rows = [row for counted, row in samples if row is not None and counted.thread_id not in prompts]
+    del samples
     target_dir = Path(out_dir)
     try:
         target_dir.mkdir(parents=True, exist_ok=True)
@@ -883,7 +969,11 @@ def export_rl(
         raise ExportError(f"cannot create {target_dir}: {error.strerror}") from error
     target = target_dir / FILE_NAMES[fmt]
     # Only the Parquet formats need exact tokens; JSONL and ART keep every sample.
-    left_out = [c.thread_id for c in counts if not c.exact] if schema is not None else []
+    left_out = (
+        [c.thread_id for c in counts if not c.exact and c.thread_id not in prompts]
+        if schema is not None
+        else []
+    )
     try:
         if fmt == "jsonl":
             _write_lines(target, rows)
@@ -893,16 +983,20 @@ def export_rl(
             _write_parquet(target, _columns(rows, schema), schema)
     except OSError as error:
         raise ExportError(f"cannot write {target}: {error.strerror or error}") from error
+    # What the summary counts is of the samples in the file's place: a group's prompt is not.
+    kept = [c for c in counts if c.thread_id not in prompts]
     return Exported(
         target,
         len(counts),
-        sum(c.exact for c in counts),
+        sum(c.exact for c in kept),
         skipped,
         left_out,
         warnings,
-        drifted=sum(c.drifted for c in counts),
-        drifted_calls=sum(c.drifted_calls for c in counts),
+        drifted=sum(c.drifted for c in kept),
+        drifted_calls=sum(c.drifted_calls for c in kept),
+        unreduced=unreduced,
+        group_prompts=[c.thread_id for c in counts if c.thread_id in prompts],
     )
 
 
-__all__ = ["FORMATS", "BundleError", "ExportError", "Exported", "export_rl"]
+__all__ = ["FORMATS", "BundleError", "ExportError", "Exported", "Unreduced", "export_rl"]
