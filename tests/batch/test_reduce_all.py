@@ -334,6 +334,51 @@ def test_a_worker_killed_mid_batch_does_not_stop_it(traces: Path, tmp_path: Path
     assert len(list(root.glob("*/state.json"))) == 3000
 
 
+def test_a_worker_killed_mid_export_does_not_stop_it(traces: Path, tmp_path: Path) -> None:
+    root = _many(traces, tmp_path, 3000)
+    out = tmp_path / "export"
+    process = subprocess.Popen(
+        [
+            TRACE_REDUCER,
+            "export-rl",
+            str(root),
+            "--format",
+            "jsonl",
+            "--jobs",
+            "2",
+            "--out",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+
+        def workers() -> list[int]:
+            # The pool's workers are the forkserver's children: the driver's grandchildren.
+            assert process.poll() is None, process.communicate()
+            return [
+                pid for pid, parent in _descendants(process.pid).items() if parent != process.pid
+            ]
+
+        _wait_for(workers, time.monotonic() + 120, "the pool's workers")
+        os.kill(workers()[0], signal.SIGKILL)  # as the OOM killer would
+        stdout, stderr = process.communicate(timeout=300)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    # Was: `internal error: BrokenProcessPool`, exit 1, no file (export-rl had a pool of its own).
+    assert process.returncode == 0, stdout + stderr
+    assert "the pool was restarted 1 time\n" in stderr
+    assert "internal error" not in stderr
+    assert "not exported" not in stderr
+    lines = (out / "samples.jsonl").read_text().splitlines()
+    assert f"wrote {len(lines):,} samples" in stdout
+    assert len({json.loads(line)["bundle"] for line in lines}) == len(lines)
+
+
 def test_progress_bar_on_a_terminal(traces: Path) -> None:
     count = len(bundles_under(traces))
     controller, terminal = pty.openpty()

@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import multiprocessing
-import multiprocessing.forkserver
-import signal
-import threading
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Sequence
-from concurrent import futures
-from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from rollout.trace.v1 import state_pb2
 
@@ -24,6 +18,7 @@ from ..bundle._layout import TRACE_FILE_NAME
 from ..bundle._liveness import LIVE_WINDOW
 from ..bundle._reader import BundleReader
 from ..reduce._pass import reduce_reader
+from ..reduce._pool import Engine, run_chunks
 from ._rows import Packed, bundle_day, bundle_rows
 from ._storage import (
     BundleEntry,
@@ -37,8 +32,6 @@ from ._storage import (
 _CORRUPT = state_pb2.INTEGRITY_STATUS_CORRUPT
 # A bundle the writer may still be appending to: no footer (yet), or a frame half written.
 _MAYBE_LIVE = (state_pb2.INTEGRITY_STATUS_UNCLOSED, state_pb2.INTEGRITY_STATUS_TRUNCATED)
-# A bundle whose worker died this many times (as a lone task) is given up on.
-_MAX_ATTEMPTS = 2
 
 
 class Outcome(StrEnum):
@@ -69,7 +62,6 @@ class BundleTask:
     # The listing showed a state.json at least as new as trace.binpb: read it (its integrity
     # alone unless tables are wanted), do not reduce.
     state_is_fresh: bool = False
-    attempts: int = 0
 
 
 @dataclass
@@ -194,109 +186,7 @@ def reduce_chunk(tasks: Sequence[BundleTask], options: BatchOptions) -> list[Bun
     return [reduce_one(task, options) for task in tasks]
 
 
-# -- engines ----------------------------------------------------------------------------------
-
 Chunk = list[BundleTask]
-Handle = Any
-Done = list[BundleResult] | BaseException
-
-
-class Engine(Protocol):
-    """Runs chunks somewhere: a local process pool, or Ray."""
-
-    name: str
-    slots: int
-
-    def submit(self, chunk: Chunk, options: BatchOptions) -> Handle: ...
-
-    def wait(self, handles: list[Handle], timeout: float) -> list[tuple[Handle, Done]]: ...
-
-    def close(self, *, cancel: bool) -> None: ...
-
-
-def _ignore_sigint() -> None:
-    # Ctrl-C reaches the whole process group; only the driver decides how the batch stops,
-    # so a worker finishes the bundle it is on rather than dying halfway.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def _start_forkserver_deaf_to_ctrl_c() -> None:
-    """Start the forkserver with SIGINT ignored, so that every worker it forks ignores it from
-    birth. A worker that took Ctrl-C while still starting up would die, and the pool would
-    then kill its siblings in the middle of their bundles."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        multiprocessing.forkserver.ensure_running()
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-class PoolEngine:
-    """A local process pool; rebuilt if a worker dies (the OOM killer, a crash)."""
-
-    name = "pool"
-
-    def __init__(self, jobs: int) -> None:
-        self.slots = jobs
-        self.restarts = 0
-        self._pool = self._new_pool()
-
-    def _new_pool(self) -> futures.ProcessPoolExecutor:
-        # forkserver: workers do not inherit the driver's threads (progress bar, fsspec's
-        # event loop) the way fork would.
-        context = multiprocessing.get_context("forkserver")
-        _start_forkserver_deaf_to_ctrl_c()
-        return futures.ProcessPoolExecutor(
-            self.slots, mp_context=context, initializer=_ignore_sigint
-        )
-
-    def submit(self, chunk: Chunk, options: BatchOptions) -> Handle:
-        return self._pool.submit(reduce_chunk, chunk, options)
-
-    def wait(self, handles: list[Handle], timeout: float) -> list[tuple[Handle, Done]]:
-        done, _ = futures.wait(handles, timeout, futures.FIRST_COMPLETED)
-        finished: list[tuple[Handle, Done]] = []
-        broken = False
-        for future in done:
-            try:
-                finished.append((future, future.result()))
-            except BaseException as error:  # noqa: BLE001 - reported per bundle by the driver
-                broken = broken or isinstance(error, BrokenProcessPool)
-                finished.append((future, error))
-        if broken and not self._pool_is_live():
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = self._new_pool()
-            self.restarts += 1
-        return finished
-
-    def _pool_is_live(self) -> bool:
-        return not getattr(self._pool, "_broken", False)
-
-    def close(self, *, cancel: bool) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=cancel)
-
-
-class InlineEngine:
-    """Reduces in the driver's own process, for stores no other process can see (memory://)."""
-
-    name = "in-process"
-    slots = 1
-
-    def __init__(self) -> None:
-        self._done: dict[Handle, Done] = {}
-
-    def submit(self, chunk: Chunk, options: BatchOptions) -> Handle:
-        handle = object()
-        self._done[handle] = reduce_chunk(chunk, options)
-        return handle
-
-    def wait(self, handles: list[Handle], timeout: float) -> list[tuple[Handle, Done]]:
-        return [(handle, self._done.pop(handle)) for handle in handles if handle in self._done]
-
-    def close(self, *, cancel: bool) -> None:
-        self._done.clear()
 
 
 # -- the driver -------------------------------------------------------------------------------
@@ -375,56 +265,30 @@ def drive(
 ) -> None:
     """Keep the engine busy, collect results, and hand them to emit in bundle order (so the
     tables do not depend on which worker finished first). Ctrl-C propagates after cleanup."""
-    pending: deque[Chunk] = deque(chunked(tasks, engine.slots, options))
-    in_flight: dict[Handle, Chunk] = {}
-    ready: dict[int, BundleResult] = {}
-    next_index = 0
     listener.started(len(tasks))
     try:
-        while pending or in_flight:
-            while pending and len(in_flight) < engine.slots * 2:
-                chunk = pending.popleft()
-                in_flight[engine.submit(chunk, options)] = chunk
-            for handle, done in engine.wait(list(in_flight), timeout=1.0):
-                chunk = in_flight.pop(handle)
-                if isinstance(done, BaseException):
-                    results = _retry_or_fail(chunk, done, pending, options)
-                else:
-                    results = done
-                for result in results:
-                    ready[result.index] = result
-                listener.advanced(results)
-                while next_index in ready:
-                    emit(ready.pop(next_index))
-                    next_index += 1
-            listener.tick()
-    except BaseException:
-        engine.close(cancel=True)
-        raise
+        run_chunks(
+            engine,
+            chunked(tasks, engine.slots, options),
+            (options,),
+            died=lambda task, error: _worker_died(task, error, options),
+            emit=emit,
+            advanced=listener.advanced,
+            tick=listener.tick,
+        )
     finally:
         listener.finished()
-    engine.close(cancel=False)
 
 
-def _retry_or_fail(
-    chunk: Chunk, error: BaseException, pending: deque[Chunk], options: BatchOptions
-) -> list[BundleResult]:
-    """A worker died under this chunk: retry its bundles one by one, then give up on those
-    that keep killing their worker."""
-    failed = []
-    for task in reversed(chunk):
-        attempts = task.attempts + (1 if len(chunk) == 1 else 0)
-        if attempts < _MAX_ATTEMPTS:
-            pending.appendleft([replace(task, attempts=attempts)])
-            continue
-        store = open_store(options.root, options.storage_options)
-        result = BundleResult(
-            task.index,
-            store.display(task.location),
-            Outcome.FAILED,
-            detail=f"the worker died reducing it ({type(error).__name__}: {error})",
-        )
-        if options.tables:
-            _add_rows(result, store, task.location, None)
-        failed.append(result)
-    return failed
+def _worker_died(task: BundleTask, error: BaseException, options: BatchOptions) -> BundleResult:
+    """The result of a bundle that kept killing the worker reducing it."""
+    store = open_store(options.root, options.storage_options)
+    result = BundleResult(
+        task.index,
+        store.display(task.location),
+        Outcome.FAILED,
+        detail=f"the worker died reducing it ({type(error).__name__}: {error})",
+    )
+    if options.tables:
+        _add_rows(result, store, task.location, None)
+    return result

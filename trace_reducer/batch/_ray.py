@@ -6,10 +6,12 @@ import logging
 import os
 import socket
 import urllib.parse
+from collections.abc import Sequence
 from typing import Any
 
 from ..bundle._errors import BundleError, RayUnavailableError, os_error_reason
-from ._batch import BatchOptions, Chunk, Done, Handle, reduce_chunk
+from ..reduce._pool import Done, Handle
+from ._batch import reduce_chunk
 
 LOCAL = "local"
 AUTO = "auto"
@@ -91,8 +93,8 @@ class RayEngine:
         self._remote = ray.remote(num_cpus=1, max_retries=2)(reduce_chunk)
         self._submitted: set[Handle] = set()
 
-    def submit(self, chunk: Chunk, options: BatchOptions) -> Handle:
-        ref = self._remote.remote(chunk, options)
+    def submit(self, chunk: Sequence[Any], args: tuple[Any, ...]) -> Handle:
+        ref = self._remote.remote(chunk, *args)
         self._submitted.add(ref)
         return ref
 

@@ -7,23 +7,14 @@ import os
 import time
 from typing import Any
 
-from ..batch._batch import (
-    BatchOptions,
-    BundleResult,
-    Engine,
-    InlineEngine,
-    Outcome,
-    PoolEngine,
-    drive,
-    plan,
-)
+from ..batch._batch import BatchOptions, BundleResult, Outcome, drive, plan, reduce_chunk
 from ..batch._listing import indexed_integrity
 from ..batch._report import Tally, summary
 from ..batch._storage import Store, is_url, open_store, parse_storage_options
 from ..bundle._errors import BundleError, MissingExtraError
 from ..bundle._liveness import LIVE_WINDOW
-from ..bundle._names import counted
 from ..bundle._shown import one_line
+from ..reduce._pool import Engine, InlineEngine, PoolEngine
 from ._common import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -121,9 +112,9 @@ def _missing_extra(error: ImportError) -> MissingExtraError:
 
 def _engine(args: argparse.Namespace, store: Store) -> Engine:
     if store.process_local:
-        return InlineEngine()
+        return InlineEngine(reduce_chunk)
     if args.ray is None:
-        return PoolEngine(args.jobs or os.cpu_count() or 1)
+        return PoolEngine(args.jobs or os.cpu_count() or 1, reduce_chunk)
     from ..batch._ray import RayEngine  # an optional extra
     from ..bundle._errors import RayUnavailableError
 
@@ -206,9 +197,8 @@ def run(args: argparse.Namespace) -> int:
         if sink is not None and table_rows is None:
             sink.abort()
     seconds = time.perf_counter() - started
-    restarts = getattr(engine, "restarts", 0)
-    if restarts:
-        warn(f"a worker process died; the pool was restarted {counted(restarts, 'time')}")
+    if isinstance(engine, PoolEngine) and engine.restarts:
+        warn(engine.restarts_said())
     lines = summary(
         tally,
         root=root,

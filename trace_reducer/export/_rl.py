@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import json
 import math
-import multiprocessing
 import os
-import signal
 import stat
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -34,6 +31,7 @@ from ..bundle._reader import BundleReader, resolve_trace_file
 from ..bundle._rewards import mean_reward
 from ..reduce._forks import BundleForkResolver, bundles_by_thread
 from ..reduce._pass import reduce_reader
+from ..reduce._pool import PoolEngine, run_chunks
 
 FORMATS = ("jsonl", "verl", "skyrl", "art")
 # The formats that hold token ids only, so only the samples with exact tokens.
@@ -246,8 +244,6 @@ def _reduce_chunk(chunk: Sequence[Path], salvage: bool, fmt: str) -> list[_Reduc
 
 
 def _start_worker(by_thread: dict[str, Path]) -> None:
-    # Ctrl-C reaches the whole process group; the parent decides, and stops the pool.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _worker_by_thread.update(by_thread)
 
 
@@ -259,8 +255,10 @@ def _reduce_samples(
     fmt: str,
     jobs: int,
     progress: Callable[[int], None] | None,
+    warn: Callable[[str], None] | None,
 ) -> list[_Reduced]:
-    """Every bundle reduced into its sample's row, in the order given, on `jobs` processes."""
+    """Every bundle reduced into its sample's row, in the order given, on `jobs` processes
+    (reduce-all's pool: a worker that dies is replaced, the bundles it held retried alone)."""
     candidates = [*bundles, *parents]
     # Every bundle's header read once, here, whatever the number of processes and chunks; a
     # trace.binpb that is a link is no bundle to resolve a fork against (it is reported).
@@ -276,27 +274,28 @@ def _reduce_samples(
     # Chunks small enough to keep every worker busy to the end and to move the progress.
     size = max(1, min(16, len(bundles) // (jobs * 8)))
     chunks = [list(bundles[start : start + size]) for start in range(0, len(bundles), size)]
-    results: list[list[_Reduced] | None] = [None] * len(chunks)
-    context = multiprocessing.get_context("forkserver")
-    with futures.ProcessPoolExecutor(
-        min(jobs, len(chunks)),
-        mp_context=context,
-        initializer=_start_worker,
-        initargs=(by_thread,),
-    ) as pool:
-        pending = {
-            pool.submit(_reduce_chunk, chunk, salvage, fmt): index
-            for index, chunk in enumerate(chunks)
-        }
-        try:
-            for done in futures.as_completed(pending):
-                results[pending[done]] = done.result()
-                if progress is not None:
-                    progress(len(chunks[pending[done]]))
-        except BaseException:
-            pool.shutdown(wait=True, cancel_futures=True)
-            raise
-    return [one for chunk_results in results if chunk_results for one in chunk_results]
+    in_order: list[_Reduced] = []
+    engine = PoolEngine(
+        min(jobs, len(chunks)), _reduce_chunk, initializer=_start_worker, initargs=(by_thread,)
+    )
+    run_chunks(
+        engine,
+        chunks,
+        (salvage, fmt),
+        died=_worker_died,
+        emit=in_order.append,
+        advanced=(lambda done: progress(len(done))) if progress is not None else lambda _: None,
+    )
+    if engine.restarts and warn is not None:
+        warn(engine.restarts_said())
+    return in_order
+
+
+def _worker_died(bundle: Path, error: BaseException) -> _Reduced:
+    """The result of a bundle that kept killing the worker reducing it: left out, in the
+    words reduce-all gives it."""
+    reason = f"the worker died reducing it ({type(error).__name__}: {error})"
+    return _Reduced(None, None, "", Unreduced(str(bundle), reason))
 
 
 # -- one sample ---------------------------------------------------------------------------------
@@ -947,7 +946,7 @@ def export_rl(
     unreduced: list[Unreduced] = []
     skipped = 0
     for reduced in _reduce_samples(
-        bundles, parents, salvage=salvage, fmt=fmt, jobs=jobs, progress=progress
+        bundles, parents, salvage=salvage, fmt=fmt, jobs=jobs, progress=progress, warn=warn
     ):
         if reduced.unreduced is not None:
             unreduced.append(reduced.unreduced)
