@@ -8,6 +8,7 @@ from __future__ import annotations
 import fcntl
 import os
 import pty
+import signal
 import struct
 import subprocess
 import termios
@@ -86,3 +87,49 @@ def run_on_terminal(*argv: str | Path) -> tuple[int, str, str]:
         if terminal >= 0:
             os.close(terminal)
     return code, out.decode(), seen.decode(errors="replace")
+
+
+PAUSE_IMPORT_DIR = Path(__file__).with_name("import_pause")
+
+
+def interrupt_while_importing(
+    argv: Sequence[str | Path], module: str, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """argv run with the first import of `module` held (tests/import_pause/sitecustomize.py)
+    and a SIGINT sent to it there, as a Ctrl-C pressed while the command loads: its exit code
+    and output. Fails the test if the command ends without importing `module`."""
+    ready_read, ready_write = os.pipe()
+    wait_read, wait_write = os.pipe()
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        part for part in (str(PAUSE_IMPORT_DIR), env.get("PYTHONPATH", "")) if part
+    )
+    env["ROLLOUT_TEST_PAUSE_IMPORT"] = module
+    env["ROLLOUT_TEST_PAUSE_FDS"] = f"{ready_write},{wait_read}"
+    try:
+        process = subprocess.Popen(
+            [str(part) for part in argv],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            pass_fds=(ready_write, wait_read),
+        )
+    finally:
+        os.close(ready_write)
+        os.close(wait_read)
+    try:
+        # EOF instead of the byte: the command ended (its fds closed) without importing module.
+        paused = os.read(ready_read, 1)
+        if paused:
+            process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=timeout)
+    finally:
+        os.close(wait_write)
+        os.close(ready_read)
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert paused, f"{argv} ended without importing {module}: {err}"
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err)

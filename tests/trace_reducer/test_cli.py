@@ -18,6 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from bench.synthetic import Shape, write_conversation
 from rollout.reducer.v1 import reducer_pb2, reducer_pb2_grpc
 from rollout.trace.v1 import record_pb2, state_pb2
+from tests.commands import interrupt_while_importing
 from tests.ports import free_port
 from trace_reducer import (
     decode_varint,
@@ -26,6 +27,7 @@ from trace_reducer import (
     request_body,
     state_to_json,
 )
+from trace_reducer.cli import EXIT_INTERRUPTED
 
 from .bundles import COMPLETED, BundleBuilder, fork_of, one_turn_bundle, user_item
 
@@ -946,3 +948,24 @@ def test_a_stdout_that_cannot_encode_a_name_shows_it_escaped(tmp_path: Path) -> 
         assert "internal error" not in result.stderr, args
         if args[0] != "list":  # its table names the thread, not the directory
             assert "\\xe9t\\xe9-thread_1" in result.stdout, (args, result.stdout)
+
+
+TRACE_REDUCER = str(Path(sys.executable).parent / "trace-reducer")
+
+
+@pytest.mark.parametrize(
+    ("argv", "module"),
+    [
+        # trace_reducer's own __init__ loaded the whole reducer, before the console script's
+        # main or `-m`'s __main__ could catch anything: that was the traceback.
+        ([TRACE_REDUCER, "--version"], "trace_reducer.bundle"),
+        ([sys.executable, "-m", "trace_reducer", "--version"], "trace_reducer.bundle"),
+        ([*COMMAND, "--version"], "trace_reducer.bundle"),
+        ([TRACE_REDUCER, "list", "."], "google.protobuf"),
+        ([sys.executable, "-m", "trace_reducer", "list", "."], "trace_reducer.cli._main"),
+    ],
+    ids=["script", "dash-m", "dash-m-cli", "script-protobuf", "dash-m-main"],
+)
+def test_a_ctrl_c_while_the_command_loads_exits_130_quietly(argv: list[str], module: str) -> None:
+    done = interrupt_while_importing(argv, module)
+    assert (done.returncode, done.stderr, done.stdout) == (EXIT_INTERRUPTED, "", "")

@@ -880,7 +880,7 @@ def _run(args: argparse.Namespace) -> int:
         say(describe_os_error(error))
         return EXIT_FAILED
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
     except UnicodeEncodeError as error:
         named = _undecodable_name(error)
         if named is None:
