@@ -12,7 +12,7 @@ import signal
 import struct
 import subprocess
 import termios
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -56,9 +56,13 @@ def exec_argv(
     return command
 
 
-def run_on_terminal(*argv: str | Path) -> tuple[int, str, str]:
+def run_on_terminal(
+    *argv: str | Path, interrupt_when: Callable[[str], bool] | None = None
+) -> tuple[int, str, str]:
     """The command with its stderr on a pseudo-terminal (what a person at a terminal sees),
-    stdout on a pipe (what a script reads): its exit code, stdout and what the terminal got."""
+    stdout on a pipe (what a script reads): its exit code, stdout and what the terminal got.
+    With `interrupt_when`, a SIGINT (Ctrl-C) is sent once what the terminal got so far
+    satisfies it: a person pressing Ctrl-C on seeing the progress."""
     controller, terminal = pty.openpty()
     # A terminal of 120 columns, as a person's would be (a new pty has none).
     fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
@@ -80,6 +84,9 @@ def run_on_terminal(*argv: str | Path) -> tuple[int, str, str]:
             if not chunk:
                 break
             seen += chunk
+            if interrupt_when is not None and interrupt_when(seen.decode(errors="replace")):
+                process.send_signal(signal.SIGINT)
+                interrupt_when = None
         out = process.stdout.read() if process.stdout is not None else b""
         code = process.wait(timeout=60)
     finally:

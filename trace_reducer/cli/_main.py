@@ -369,7 +369,7 @@ def _view_diff(args: argparse.Namespace) -> int:
 
 def _view_root(args: argparse.Namespace) -> int:
     """A directory of bundles: a static site with -o, else the served viewer."""
-    from ..view._site import write_site
+    from ..view._site import site_place_problem, write_site
 
     if args.output is not None:
         if not args.output:
@@ -379,6 +379,9 @@ def _view_root(args: argparse.Namespace) -> int:
                 "-o writes the site to files, --listen serves it: give one of them", EXIT_USAGE
             )
         check_output_dir("-o", args.output)
+        problem = site_place_problem(Path(args.output))
+        if problem is not None:
+            raise _CommandError(f"-o {args.output}: {problem}", EXIT_USAGE)
         # A cold root of thousands is read for minutes before a page is written: a bar for
         # that too (`view: reading`), on a terminal, then the pages' (`view`).
         progress = progress_for("view", bad_word="unreadable")
