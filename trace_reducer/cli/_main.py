@@ -378,6 +378,9 @@ def _view_root(args: argparse.Namespace) -> int:
             raise _CommandError(
                 "-o writes the site to files, --listen serves it: give one of them", EXIT_USAGE
             )
+        if next(walk_bundles(args.bundle, irregular=True), None) is None:
+            # An empty root, which the served list watches fill in: a site of it would be empty.
+            raise BundleError(no_bundles_there(args.bundle))
         check_output_dir("-o", args.output)
         problem = site_place_problem(Path(args.output))
         if problem is not None:
