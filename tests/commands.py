@@ -8,10 +8,11 @@ from __future__ import annotations
 import fcntl
 import os
 import pty
+import signal
 import struct
 import subprocess
 import termios
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -55,9 +56,13 @@ def exec_argv(
     return command
 
 
-def run_on_terminal(*argv: str | Path) -> tuple[int, str, str]:
+def run_on_terminal(
+    *argv: str | Path, interrupt_when: Callable[[str], bool] | None = None
+) -> tuple[int, str, str]:
     """The command with its stderr on a pseudo-terminal (what a person at a terminal sees),
-    stdout on a pipe (what a script reads): its exit code, stdout and what the terminal got."""
+    stdout on a pipe (what a script reads): its exit code, stdout and what the terminal got.
+    With `interrupt_when`, a SIGINT (Ctrl-C) is sent once what the terminal got so far
+    satisfies it: a person pressing Ctrl-C on seeing the progress."""
     controller, terminal = pty.openpty()
     # A terminal of 120 columns, as a person's would be (a new pty has none).
     fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
@@ -79,6 +84,9 @@ def run_on_terminal(*argv: str | Path) -> tuple[int, str, str]:
             if not chunk:
                 break
             seen += chunk
+            if interrupt_when is not None and interrupt_when(seen.decode(errors="replace")):
+                process.send_signal(signal.SIGINT)
+                interrupt_when = None
         out = process.stdout.read() if process.stdout is not None else b""
         code = process.wait(timeout=60)
     finally:
@@ -86,3 +94,49 @@ def run_on_terminal(*argv: str | Path) -> tuple[int, str, str]:
         if terminal >= 0:
             os.close(terminal)
     return code, out.decode(), seen.decode(errors="replace")
+
+
+PAUSE_IMPORT_DIR = Path(__file__).with_name("import_pause")
+
+
+def interrupt_while_importing(
+    argv: Sequence[str | Path], module: str, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """argv run with the first import of `module` held (tests/import_pause/sitecustomize.py)
+    and a SIGINT sent to it there, as a Ctrl-C pressed while the command loads: its exit code
+    and output. Fails the test if the command ends without importing `module`."""
+    ready_read, ready_write = os.pipe()
+    wait_read, wait_write = os.pipe()
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        part for part in (str(PAUSE_IMPORT_DIR), env.get("PYTHONPATH", "")) if part
+    )
+    env["ROLLOUT_TEST_PAUSE_IMPORT"] = module
+    env["ROLLOUT_TEST_PAUSE_FDS"] = f"{ready_write},{wait_read}"
+    try:
+        process = subprocess.Popen(
+            [str(part) for part in argv],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            pass_fds=(ready_write, wait_read),
+        )
+    finally:
+        os.close(ready_write)
+        os.close(wait_read)
+    try:
+        # EOF instead of the byte: the command ended (its fds closed) without importing module.
+        paused = os.read(ready_read, 1)
+        if paused:
+            process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=timeout)
+    finally:
+        os.close(wait_write)
+        os.close(ready_read)
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert paused, f"{argv} ended without importing {module}: {err}"
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err)

@@ -5,6 +5,7 @@ line on stderr that says what to do, with the documented exit code, and never a 
 from __future__ import annotations
 
 import http.server
+import os
 import socket
 import subprocess
 import sys
@@ -144,23 +145,41 @@ def test_a_bundle_path_typed_wrong(command: str, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "argv",
     [
-        ["trace-reducer", "view", "{dir}"],
+        ["trace-reducer", "list", "{dir}"],
+        ["trace-reducer", "list", "{dir}", "--json"],
+        ["trace-reducer", "reduce-all", "{dir}"],
+        ["trace-reducer", "view", "{dir}", "-o", "{tmp}/site"],
         ["trace-reducer", "export-rl", "{dir}", "--format", "jsonl", "--out", "{tmp}/rl"],
         ["agent-server", "serve", "--listen", "127.0.0.1:0", "--replay-from", "{dir}"],
     ],
-    ids=["view", "export-rl", "replay-from"],
+    ids=["list", "list-json", "reduce-all", "view-o", "export-rl", "replay-from"],
 )
-def test_a_directory_that_holds_no_bundle(argv: list[str], tmp_path: Path) -> None:
-    # Was said three ways: `not a trace bundle (no trace.binpb), nor a root of bundles: D`,
-    # `not a bundle and no bundles in it: D` and `--replay-from: no bundle in D`.
-    notes = tmp_path / "notes"
-    notes.mkdir()
-    (notes / "readme.txt").write_text("not a bundle")
-    program, *rest = (part.format(dir=notes, tmp=tmp_path) for part in argv)
+@pytest.mark.parametrize("kind", ["empty", "other-files"])
+def test_a_root_that_holds_no_bundle(argv: list[str], kind: str, tmp_path: Path) -> None:
+    # One fact, one line, one exit code. Was said four ways: `not a trace bundle (no
+    # trace.binpb), nor a root of bundles: D`, `not a bundle and no bundles in it: D`,
+    # `--replay-from: no bundle in D` and reduce-all's; and `list` printed an empty table
+    # (exit 0), `view D -o` wrote a site of no runs (exit 0), for an empty directory.
+    root = tmp_path / "root"
+    root.mkdir()
+    if kind == "other-files":
+        (root / "notes").mkdir()
+        (root / "notes" / "readme.txt").write_text("not a bundle")
+    program, *rest = (part.format(dir=root, tmp=tmp_path) for part in argv)
     line = _one_line(_run(str(BIN / program), *rest), 2)
     flag = "--replay-from: " if "--replay-from" in argv else ""
-    said = f"not a trace bundle (no trace.binpb), nor a root of bundles: {notes}"
+    said = f"no trace bundles (directories holding trace.binpb) under {root}"
     assert line == f"{program}: {flag}{said}"
+    assert sorted(os.listdir(tmp_path)) == ["root"]  # nothing written
+
+
+def test_the_served_view_of_a_directory_of_other_files_says_the_same(tmp_path: Path) -> None:
+    # The served list starts on an empty root (a trace root before its first recording) and
+    # fills in; a directory of other files is no root to watch.
+    (tmp_path / "readme.txt").write_text("not a bundle")
+    line = _one_line(_run(str(BIN / "trace-reducer"), "view", str(tmp_path)), 2)
+    said = f"no trace bundles (directories holding trace.binpb) under {tmp_path}"
+    assert line == f"trace-reducer: {said}"
 
 
 def _without(packages: list[str], program: str, *argv: str) -> subprocess.CompletedProcess[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 from pathlib import Path
 
 import grpc
@@ -12,6 +13,7 @@ import httpx
 import pytest
 from google.protobuf import json_format
 
+from agent_server.exits import EXIT_INTERRUPTED
 from rollout.agent.v1 import agent_pb2, agent_pb2_grpc
 from rollout.trace.v1 import common_pb2, state_pb2
 from tests.agent_server.conftest import (
@@ -32,6 +34,7 @@ from tests.agent_server.scripted_provider import (
     sse,
     text_delta,
 )
+from tests.commands import interrupt_while_importing
 from tests.ports import free_port
 from trace_reducer import read_bundle
 
@@ -365,3 +368,18 @@ async def test_a_sigterm_as_soon_as_the_port_opens_shuts_down_gracefully(
         if process.returncode is None:
             process.kill()
             await process.wait()
+
+
+@pytest.mark.parametrize(
+    ("argv", "module"),
+    [
+        ([AGENT_SERVER, "--version"], "grpc_common"),
+        ([AGENT_SERVER, "serve", "--listen", "127.0.0.1:0"], "agent_server.config"),
+        ([sys.executable, "-m", "agent_server", "health"], "agent_server._health"),
+    ],
+    ids=["script", "serve", "dash-m"],
+)
+def test_a_ctrl_c_while_the_command_loads_exits_130_quietly(argv: list[str], module: str) -> None:
+    # Was: a traceback through the import the Ctrl-C landed in, and the SIGINT's own status.
+    done = interrupt_while_importing(argv, module)
+    assert (done.returncode, done.stderr, done.stdout) == (EXIT_INTERRUPTED, "", "")

@@ -312,7 +312,7 @@ async def test_export_rl_refuses_bad_input(tmp_path: Path, local: Harness) -> No
     empty.mkdir()
     code, _, err = await export(str(empty), "--format", "jsonl", "--out", str(tmp_path))
     assert code == 2
-    assert "nor a root of bundles" in err
+    assert "no trace bundles (directories holding trace.binpb) under" in err
     thread = await local.start_thread()
     await run_turn(local, thread.id, "hi")
     blocker = tmp_path / "file"

@@ -518,7 +518,7 @@ import resource, sys
 resource.setrlimit(resource.RLIMIT_AS, (160 << 20, resource.getrlimit(resource.RLIMIT_AS)[1]))
 from trace_reducer.batch._storage import LocalStore
 try:
-    print(LocalStore(sys.argv[1]).read_integrity(sys.argv[1]).records_read)
+    print(LocalStore(sys.argv[1]).read_head(sys.argv[1]).integrity.records_read)
 except ValueError:
     print("refused")
 """
@@ -570,3 +570,56 @@ def test_tables_where_none_can_be_written_are_refused_before_any_work(
         assert result.stdout == ""
     assert not list(traces.rglob("state.json"))
     assert a_file.read_text() == "keep me"
+
+
+def _plant_states_not_their_own(bundles: list[Path]) -> dict[Path, str]:
+    """Three state.json files newer than their trace.binpb that are not its reduction, and the
+    words the summary gives each."""
+    (bundles[0] / "state.json").write_text("not json at all\n")
+    (bundles[1] / "state.json").write_text((bundles[2] / "state.json").read_text())
+    (bundles[3] / "state.json").write_text(
+        '{\n  "integrity": {\n    "status": "INTEGRITY_STATUS_CLEAN"\n  }\n}\n'
+    )
+    return {
+        bundles[0]: "is not one reduce writes",
+        bundles[1]: "is another bundle's (its trace id differs)",
+        bundles[3]: "names no trace",
+    }
+
+
+def test_a_state_json_newer_than_its_bundle_but_not_its_reduction_is_rebuilt(
+    traces: Path,
+) -> None:
+    # Was: newer than trace.binpb was enough. Garbage was rebuilt only when no index of
+    # `list` vouched for it; another bundle's state.json, or a stub naming an integrity, was
+    # counted up to date and kept, and `list` and the viewer showed the other bundle's run.
+    bundles = bundles_under(traces)
+    assert reduce_all(str(traces)).returncode == 0
+    for listed_first in (False, True):
+        planted = _plant_states_not_their_own(bundles)
+        if listed_first:
+            listed = subprocess.run(
+                [TRACE_REDUCER, "list", str(traces), "--json"],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            assert listed.returncode == 0, listed.stderr
+            runs = {json.loads(line)["bundle"]: json.loads(line) for line in listed.stdout.split()}
+            shown = runs[str(bundles[1])]["thread_id"]
+            assert shown == read_bundle_header(bundles[1]).thread_id
+        again = reduce_all(str(traces))
+        assert again.returncode == 0, again.stdout + again.stderr
+        counts = _counts(again.stdout)
+        assert (counts["reduced"], counts["up to date"]) == (3, len(bundles) - 3), again.stdout
+        said = re.findall(r"^  reduced again, its state\.json (.*): (.*)$", again.stdout, re.M)
+        assert sorted(said, key=lambda pair: pair[1]) == sorted(
+            ((why, str(bundle)) for bundle, why in planted.items()), key=lambda pair: pair[1]
+        )
+        for bundle in planted:
+            assert (bundle / "state.json").read_text() == expected_state(bundle)
+
+
+def read_bundle_header(bundle: Path) -> record_pb2.Header:
+    with read_bundle(bundle) as reader:
+        return next(iter(reader)).header

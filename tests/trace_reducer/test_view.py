@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
+import shutil
 import stat
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from rollout.trace.v1 import record_pb2
 from tests.commands import run_on_terminal
 from trace_reducer import VIEW_FILE_NAME, replay_bundle, request_body, write_view
+from trace_reducer.bundle import _confine
+from trace_reducer.view._site import write_site
 from trace_reducer.view._view import _delta
 
 from .bundles import (
@@ -364,3 +370,94 @@ def test_a_site_shows_its_pages_as_a_bar_on_a_terminal(tmp_path: Path) -> None:
     assert "1 unreadable" in terminal, terminal
     # The warning comes after the bar, not drawn over by it.
     assert terminal.rindex("2/2") < terminal.index("warning: contradicting:"), terminal
+
+
+def _files_under(place: Path) -> dict[str, bytes]:
+    return {
+        path.relative_to(place).as_posix(): path.read_bytes()
+        for path in sorted(place.rglob("*"))
+        if path.is_file()
+    }
+
+
+def _pages_bar_part_way(terminal: str) -> bool:
+    # The pages' bar (`view:`, not `view: reading:`) showing some but not all pages written.
+    counts = re.findall(r"view: +\d+%\|[^|]*\| *(\d+)/(\d+)", terminal)
+    return any(0 < int(done) < int(total) for done, total in counts)
+
+
+def test_a_site_stopped_part_way_leaves_the_site_before(tmp_path: Path) -> None:
+    # Was: the pages were written into DIR as they came, so a Ctrl-C left DIR half the new
+    # site and half the one before (or, where there was none, a list-less directory of pages).
+    bundle = one_turn_bundle(tmp_path / "one")
+    earlier, root = tmp_path / "earlier", tmp_path / "root"
+    earlier.mkdir()
+    shutil.copytree(bundle, earlier / "only")
+    root.mkdir()
+    for number in range(300):
+        shutil.copytree(bundle, root / f"run{number:03d}")
+    site = tmp_path / "site"
+    assert run("view", earlier, "-o", site).returncode == 0
+    before = _files_under(site)
+    beside = sorted(os.listdir(tmp_path))
+
+    code, out, terminal = run_on_terminal(
+        *COMMAND, "view", root, "-o", site, interrupt_when=_pages_bar_part_way
+    )
+    assert (code, out) == (130, ""), terminal
+    assert "Traceback" not in terminal
+    assert _files_under(site) == before
+    assert sorted(os.listdir(tmp_path)) == beside  # nothing half-written left beside it
+
+    # Run to its end, the new site replaces the earlier whole: no page of a run gone from
+    # the root stays behind, and the directory keeps its mode.
+    site.chmod(0o750)
+    result = run("view", root, "-o", site)
+    assert result.returncode == 0, result.stderr
+    assert sorted(os.listdir(site / "runs")) == [f"run{number:03d}.html" for number in range(300)]
+    assert stat.S_IMODE(site.stat().st_mode) == 0o750
+    assert sorted(os.listdir(tmp_path)) == beside
+
+
+def test_a_site_is_never_written_through_a_link_nor_over_other_files(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    one_turn_bundle(tmp_path / "one").rename(root)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "link").symlink_to(elsewhere)
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "todo.txt").write_text("mine")
+    outcomes = {
+        "link": "a symbolic link; give the directory itself",
+        "notes": "holds files that are not a site's (todo.txt), which writing the site would "
+        "remove; give a new or empty directory, or one a site was written to before",
+    }
+    for name, said in outcomes.items():
+        result = run("view", tmp_path, "-o", tmp_path / name)
+        assert (result.returncode, result.stdout) == (2, ""), result.stderr
+        assert result.stderr == f"trace-reducer: -o {tmp_path / name}: {said}\n"
+    assert os.listdir(elsewhere) == []
+    assert os.listdir(notes) == ["todo.txt"]
+
+
+def test_a_site_replaces_the_one_before_where_the_kernel_cannot_exchange(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Where renameat2's RENAME_EXCHANGE is missing (not Linux, an old C library, a file
+    # system without it), two renames take its place, and the result is the same.
+    def missing(first: Path, second: Path) -> None:
+        raise OSError(errno.ENOSYS, os.strerror(errno.ENOSYS))
+
+    monkeypatch.setattr(_confine, "_rename_exchange", missing)
+    root = tmp_path / "root"
+    root.mkdir()
+    bundle = one_turn_bundle(tmp_path / "one")
+    shutil.copytree(bundle, root / "first")
+    site = tmp_path / "site"
+    write_site(str(root), site)
+    shutil.rmtree(root / "first")
+    shutil.copytree(bundle, root / "second")
+    assert write_site(str(root), site) == site / "index.html"
+    assert os.listdir(site / "runs") == ["second.html"]
+    assert sorted(os.listdir(tmp_path)) == ["one", "root", "site"]

@@ -12,7 +12,11 @@ from typing import Protocol
 
 from rollout.trace.v1 import state_pb2
 
-from ..bundle._errors import CorruptBundleError, not_reduced_reason
+from ..bundle._errors import (
+    CorruptBundleError,
+    not_reduced_reason,
+    os_error_reason,
+)
 from ..bundle._integrity import integrity_name, require_reducible
 from ..bundle._layout import TRACE_FILE_NAME
 from ..bundle._liveness import LIVE_WINDOW
@@ -26,6 +30,7 @@ from ._storage import (
     Store,
     describe_store_error,
     open_store,
+    state_mismatch,
     still_written,
 )
 
@@ -82,6 +87,9 @@ class BundleResult:
     bad_frame_seq: int | None = None
     day: str = ""
     rows: Packed | None = None
+    # Why a state.json newer than its trace.binpb was not taken as up to date (unreadable,
+    # another bundle's), the bundle reduced again; "" when it was, or there was none.
+    distrusted_state: str = ""
 
 
 def replay_from_store(store: Store, location: str) -> state_pb2.RolloutTrace:
@@ -107,7 +115,9 @@ def reduce_one(task: BundleTask, options: BatchOptions) -> BundleResult:
     trace: state_pb2.RolloutTrace | None = None
     try:
         if task.state_is_fresh:
-            trace = _read_fresh_state(store, task.location, whole=options.tables)
+            trace, result.distrusted_state = _read_fresh_state(
+                store, task.location, whole=options.tables
+            )
         if trace is not None:
             outcome = Outcome.UP_TO_DATE
         else:
@@ -140,15 +150,23 @@ def reduce_one(task: BundleTask, options: BatchOptions) -> BundleResult:
     return result
 
 
-def _read_fresh_state(store: Store, location: str, *, whole: bool) -> state_pb2.RolloutTrace | None:
+def _read_fresh_state(
+    store: Store, location: str, *, whole: bool
+) -> tuple[state_pb2.RolloutTrace | None, str]:
     """The state.json an earlier run wrote: whole when its table rows are wanted, else only
-    its integrity (all the summary and the exit code need, read without parsing the rest)."""
+    its integrity and trace id (all the summary and the exit code need, read without parsing
+    the rest); else None and why it is not this bundle's up-to-date state, to be rebuilt."""
     try:
-        if whole:
-            return store.read_state(location)
-        return state_pb2.RolloutTrace(integrity=store.read_integrity(location))
+        trace = store.read_state(location) if whole else store.read_head(location)
+    except OSError as error:
+        return None, f"cannot be read ({os_error_reason(error)})"
     except Exception:  # noqa: BLE001 - an unreadable state.json is rebuilt from the bundle
-        return None
+        return None, "is not one reduce writes"
+    try:
+        mismatch = state_mismatch(store, location, trace)
+    except Exception:  # noqa: BLE001 - rebuilt; the reduce says what is wrong with the bundle
+        mismatch = "could not be checked against trace.binpb"
+    return (None, mismatch) if mismatch else (trace, "")
 
 
 def _decide(

@@ -27,7 +27,14 @@ from ..bundle._liveness import being_written
 from ..bundle._names import OUTCOME_WORDS, rollout_outcome
 from ..bundle._shown import one_line
 from ..reduce._pass import no_cycle_collection
-from ._storage import BundleEntry, LocalStore, Store, describe_store_error, open_store
+from ._storage import (
+    BundleEntry,
+    LocalStore,
+    Store,
+    describe_store_error,
+    open_store,
+    state_mismatch,
+)
 
 __all__ = [
     "INDEX_FILE_NAME",
@@ -384,20 +391,24 @@ def indexed_integrity(store: Store, root: str) -> Callable[[BundleEntry], str | 
     return integrity
 
 
-def _reduce(store: Store, entry: BundleEntry) -> state_pb2.RolloutTrace:
-    """What reduce-all kept (a fresh state.json), else the bundle reduced now."""
+def _reduce(store: Store, entry: BundleEntry) -> tuple[state_pb2.RolloutTrace, bool]:
+    """What reduce-all kept (a fresh state.json), else the bundle reduced now; and whether a
+    state.json newer than the bundle was passed over (unreadable, or another bundle's)."""
     from ._batch import replay_from_store
 
     trace: state_pb2.RolloutTrace | None = None
     if entry.state_is_fresh:
         try:
             trace = store.read_state(entry.location)
+            # Newer than the bundle is not enough: another bundle's is rebuilt too.
+            if state_mismatch(store, entry.location, trace) is not None:
+                trace = None
         except Exception:  # noqa: BLE001 - an unreadable state.json is rebuilt from the bundle
             trace = None
-    if trace is None:
-        # The fork's parent found beside it, the rewards beside it attached, as reduce-all.
-        trace = replay_from_store(store, entry.location)
-    return trace
+    if trace is not None:
+        return trace, False
+    # The fork's parent found beside it, the rewards beside it attached, as reduce-all.
+    return replay_from_store(store, entry.location), entry.state_is_fresh
 
 
 @dataclass
@@ -483,7 +494,12 @@ def _list_runs(
             else:
                 bundle = store.display(entry.location)
                 try:
-                    summary = summarize(_reduce(store, entry), bundle)
+                    trace, passed_over = _reduce(store, entry)
+                    summary = summarize(trace, bundle)
+                    if passed_over:
+                        # Kept as made without it: reduce-all, which takes the index's word
+                        # for an up-to-date state.json, rebuilds that one instead.
+                        key = [entry.trace_mtime, None, entry.rewards_mtime]
                 except (BundleError, ReductionError) as error:
                     summary = _unreadable(bundle, str(error))
                 except OSError as error:

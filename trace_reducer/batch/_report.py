@@ -33,6 +33,8 @@ class Tally:
     corrupt: list[BundleResult] = field(default_factory=list)
     failed: list[BundleResult] = field(default_factory=list)
     live: list[str] = field(default_factory=list)
+    # Bundles whose state.json looked up to date but was not theirs, and why.
+    distrusted: list[tuple[str, str]] = field(default_factory=list)
     # Up-to-date bundles no worker looked at (their integrity known from `list`'s index).
     known: int = 0
     # Up-to-date CORRUPT bundles: an earlier run (or `reduce --salvage`) salvaged them.
@@ -49,6 +51,8 @@ class Tally:
         self.done += 1
         self.cpu_seconds += result.cpu_seconds
         self.outcomes[result.outcome] += 1
+        if result.distrusted_state:
+            self.distrusted.append((result.bundle, result.distrusted_state))
         if result.outcome == Outcome.LIVE:
             self.live.append(result.bundle)
         elif result.integrity:
@@ -122,6 +126,8 @@ def summary(
         lines.append(f"  FAILED: {result.bundle}: {result.detail}")
     for bundle in sorted(tally.live):
         lines.append(f"  live (still being written, not reduced): {bundle}")
+    for bundle, why in sorted(tally.distrusted):
+        lines.append(f"  reduced again, its state.json {why}: {bundle}")
     if tables is not None:
         if table_rows is None:
             lines.append(f"  tables: not written to {tables}")

@@ -32,7 +32,7 @@ from ..bundle._errors import (
 )
 from ..bundle._layout import REWARDS_FILE_NAME, STATE_FILE_NAME, TRACE_FILE_NAME
 from ..bundle._liveness import being_written, writer_holds_file
-from ..bundle._reader import BundleReader
+from ..bundle._reader import BundleReader, FrameDecoder
 from ..bundle._rewards import RewardFile, decode_rewards, read_rewards
 from ..reduce._forks import BundleForkResolver, is_bundle_name
 from ..reduce._parents import ForkResolver
@@ -140,7 +140,7 @@ class Store(Protocol):
 
     def read_state(self, location: str) -> state_pb2.RolloutTrace: ...
 
-    def read_integrity(self, location: str) -> state_pb2.Integrity: ...
+    def read_head(self, location: str) -> state_pb2.RolloutTrace: ...
 
     def read_rewards(self, location: str) -> RewardFile: ...
 
@@ -203,10 +203,10 @@ class LocalStore:
         with open(fd, encoding="utf-8") as file:
             return json_format.Parse(file.read(), state_pb2.RolloutTrace())
 
-    def read_integrity(self, location: str) -> state_pb2.Integrity:
+    def read_head(self, location: str) -> state_pb2.RolloutTrace:
         fd = open_regular_file(os.path.join(location, STATE_FILE_NAME), os.O_RDONLY)
         with open(fd, "rb") as file:
-            return read_integrity_from(file)
+            return read_head_from(file)
 
     def read_rewards(self, location: str) -> RewardFile:
         return read_rewards(Path(location))
@@ -315,9 +315,9 @@ class FsspecStore:
         data = self.fs.cat_file(f"{location}/{STATE_FILE_NAME}")
         return json_format.Parse(data.decode("utf-8"), state_pb2.RolloutTrace())
 
-    def read_integrity(self, location: str) -> state_pb2.Integrity:
+    def read_head(self, location: str) -> state_pb2.RolloutTrace:
         with self.fs.open(f"{location}/{STATE_FILE_NAME}", "rb") as file:
-            return read_integrity_from(file)
+            return read_head_from(file)
 
     def read_rewards(self, location: str) -> RewardFile:
         try:
@@ -367,6 +367,8 @@ def open_store(
 # inside a JSON string: this is the top-level key, and the first "\n  }" after it closes it.
 _INTEGRITY_KEY = b'\n  "integrity": {'
 _INTEGRITY_END = b"\n  }"
+# Its trace id, a top-level string on a line of its own after the integrity: `"trace_id": "…",`.
+_TRACE_ID_KEY = b'\n  "trace_id": '
 _COUNTS = frozenset(
     field.name
     for field in state_pb2.Integrity.DESCRIPTOR.fields
@@ -383,28 +385,38 @@ _WHOLE_PARSE_BYTES = 64 << 20
 
 
 def integrity_from_state_json(data: bytes) -> state_pb2.Integrity:
-    """read_integrity_from a state.json's bytes."""
-    return read_integrity_from(io.BytesIO(data))
+    """read_head_from a state.json's bytes, its integrity."""
+    return read_head_from(io.BytesIO(data)).integrity
 
 
-def read_integrity_from(file: BinaryIO) -> state_pb2.Integrity:
-    """A state.json's integrity without parsing the rest of it (the bulk: every item, call and
-    turn) nor holding it in memory: read a chunk at a time up to the integrity object. One not
-    laid out as state_to_json writes it is parsed whole, up to _WHOLE_PARSE_BYTES. Raises
-    (ValueError, protobuf's ParseError, ...) when it holds no integrity that can be read."""
+def read_head_from(file: BinaryIO) -> state_pb2.RolloutTrace:
+    """A state.json's integrity and trace id (all reduce-all needs of an up-to-date bundle's)
+    without parsing the rest of it (the bulk: every item, call and turn) nor holding it in
+    memory: read a chunk at a time up to its trace id. One not laid out as state_to_json
+    writes it is parsed whole, up to _WHOLE_PARSE_BYTES. Raises (ValueError, protobuf's
+    ParseError, ...) when it holds no integrity that can be read."""
     value: Any = None
+    trace_id: Any = None
     found = _integrity_object(file)
     if found is not None:
         try:
-            value = json.loads(found)
+            value = json.loads(found[0])
+            trace_id = _trace_id_after(file, found[1])
         except ValueError:
             value = None
-    if not isinstance(value, dict):
+    if not isinstance(value, dict) or not isinstance(trace_id, str):
         file.seek(0)
         whole = file.read(_WHOLE_PARSE_BYTES + 1)
         if len(whole) > _WHOLE_PARSE_BYTES:
             raise ValueError("a state.json not laid out as reduce writes it, too large to parse")
-        value = json.loads(whole)["integrity"]
+        parsed = json.loads(whole)
+        value, trace_id = parsed["integrity"], parsed.get("trace_id", "")
+        if not isinstance(trace_id, str):
+            raise ValueError("a state.json whose trace_id is not a string")
+    return state_pb2.RolloutTrace(trace_id=trace_id, integrity=_integrity_of(value))
+
+
+def _integrity_of(value: Any) -> state_pb2.Integrity:
     try:
         # What ParseDict makes of state_to_json's integrity (its counts as strings, its status
         # by name), at a tenth of its cost: ParseDict was most of reading an integrity.
@@ -416,9 +428,9 @@ def read_integrity_from(file: BinaryIO) -> state_pb2.Integrity:
         return json_format.ParseDict(value, state_pb2.Integrity())
 
 
-def _integrity_object(file: BinaryIO) -> bytes | None:
-    """The bytes of the top-level integrity object (`{` to its `}`), read a chunk at a time;
-    None when there is none where state_to_json puts it."""
+def _integrity_object(file: BinaryIO) -> tuple[bytes, bytes] | None:
+    """The bytes of the top-level integrity object (`{` to its `}`), read a chunk at a time,
+    and those read after it; None when there is none where state_to_json puts it."""
     overlap = len(_INTEGRITY_KEY) - 1
     carried = b""
     while True:
@@ -434,11 +446,71 @@ def _integrity_object(file: BinaryIO) -> bytes | None:
     while True:
         end = found.find(_INTEGRITY_END)
         if end >= 0:
-            return found[: end + len(_INTEGRITY_END)]
+            end += len(_INTEGRITY_END)
+            return found[:end], found[end:]
         chunk = file.read(_CHUNK_BYTES)
         if not chunk or len(found) > _CHUNK_BYTES:
             return None
         found += chunk
+
+
+def _trace_id_after(file: BinaryIO, read: bytes) -> str | None:
+    """The top-level trace_id's value, looked for from the integrity on (`read` the bytes
+    already read past it): "" when the state has none (an empty
+    id is not written), None when it is not where state_to_json puts it."""
+    overlap = len(_TRACE_ID_KEY) - 1
+    window = read
+    while True:
+        at = window.find(_TRACE_ID_KEY)
+        if at >= 0:
+            line = window[at + len(_TRACE_ID_KEY) :]
+            while b"\n" not in line:
+                chunk = file.read(_CHUNK_BYTES)
+                if not chunk or len(line) > _CHUNK_BYTES:
+                    return None
+                line += chunk
+            value = json.loads(line[: line.index(b"\n")].rstrip(b","))
+            return value if isinstance(value, str) else None
+        chunk = file.read(_CHUNK_BYTES)
+        if not chunk:
+            return ""
+        window = window[-overlap:] + chunk
+
+
+_CLEAN_OR_UNCLOSED = frozenset(
+    {state_pb2.INTEGRITY_STATUS_CLEAN, state_pb2.INTEGRITY_STATUS_UNCLOSED}
+)
+_CUT_SHORT = frozenset({state_pb2.INTEGRITY_STATUS_TRUNCATED, state_pb2.INTEGRITY_STATUS_CORRUPT})
+_HEADER_READ_BYTES = 4096
+
+
+def state_mismatch(store: Store, location: str, state: state_pb2.RolloutTrace) -> str | None:
+    """Why a state.json newer than its trace.binpb is still not that bundle's reduction, None
+    when it is: it must name the trace id of the bundle's header, and its integrity must
+    account for the file as it is (every byte read when CLEAN or UNCLOSED, fewer when
+    TRUNCATED or CORRUPT). Its time alone says nothing of a state.json copied from another
+    bundle, a stub written by hand, or a trace.binpb put back with an older time."""
+    with store.open_trace(location) as file:
+        records: list[record_pb2.TraceRecord] = []
+        decoder = FrameDecoder()
+        while not records and not decoder.stopped:
+            chunk = file.read(_HEADER_READ_BYTES)
+            if not chunk:
+                break
+            records = decoder.feed(chunk)
+        size = file.seek(0, os.SEEK_END)
+    header = records[0].header if records and records[0].HasField("header") else None
+    if not state.trace_id:
+        return "names no trace"
+    if header is None or header.trace_id != state.trace_id:
+        return "is another bundle's (its trace id differs)"
+    integrity = state.integrity
+    read_all = integrity.bytes_read == size
+    if (integrity.status in _CLEAN_OR_UNCLOSED and read_all) or (
+        integrity.status in _CUT_SHORT and integrity.bytes_read < size
+    ):
+        return None
+    return "does not account for trace.binpb as it is"
 
 
 def still_written(store: Store, location: str, window: float) -> bool:

@@ -9,8 +9,11 @@ through the bundle directory's descriptor, wherever its name points by then.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import os
+import shutil
+import signal
 import stat
 import uuid
 from collections.abc import Callable
@@ -84,6 +87,83 @@ def write_aside(
             raise
         raise type(error)(error.errno, error.strerror, os.fspath(target)) from error
     return target
+
+
+def write_dir_aside(path: str | os.PathLike[str], fill: Callable[[Path], object]) -> Path:
+    """Write the directory at path whole or not at all, for a directory of files written as
+    one (a static site): `fill` is given a new, empty directory beside it, which then takes
+    path's place in one rename (exchanged with the directory there before, which is removed
+    after). Interrupted or failed, path is left as it was and the new directory removed. A
+    symbolic link at path is refused (ELOOP), never written through. Returns the path."""
+    target = Path(path)
+    if target.is_symlink():
+        raise OSError(errno.ELOOP, "a symbolic link, not a directory", os.fspath(target))
+    before = target.stat().st_mode if target.exists() else None
+    staging = target.with_name(f".{target.name}.{uuid.uuid4().hex}.writing")
+    # Made as mkdir makes any directory (the umask's mode), or with the mode of the one it
+    # replaces: a site served by a web server stays readable by it.
+    os.mkdir(staging)
+    try:
+        if before is not None:
+            os.chmod(staging, stat.S_IMODE(before))
+        try:
+            fill(staging)
+        except OSError as error:
+            # Named where the file was to be, not in the directory beside it that is gone.
+            inside = os.fspath(staging)
+            if isinstance(error.filename, str) and error.filename.startswith(inside):
+                named = os.fspath(target) + error.filename[len(inside) :]
+                raise type(error)(error.errno, error.strerror, named) from error
+            raise
+        if before is None:
+            # A directory made there meanwhile is replaced only if empty (ENOTEMPTY).
+            os.rename(staging, target)
+        else:
+            _exchange(staging, target)
+    finally:
+        # After the exchange it holds what was there before; after a failure, half the new.
+        _remove_tree(staging)
+    return target
+
+
+def _exchange(new: Path, old: Path) -> None:
+    """Put directory `new` where `old` is and `old` where `new` was, in one step where the
+    kernel offers one (Linux's renameat2 RENAME_EXCHANGE), else by two renames no Ctrl-C can
+    come between."""
+    try:
+        _rename_exchange(new, old)
+        return
+    except OSError as error:
+        if error.errno not in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+            raise
+    aside = old.with_name(f".{old.name}.{uuid.uuid4().hex}.replaced")
+    blocked = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+    try:
+        os.rename(old, aside)
+        try:
+            os.rename(new, old)
+        except BaseException:
+            os.rename(aside, old)
+            raise
+        os.rename(aside, new)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _rename_exchange(first: Path, second: Path) -> None:
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if renameat2 is None:  # not Linux, or a C library before glibc 2.28
+        raise OSError(errno.ENOSYS, os.strerror(errno.ENOSYS))
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(first), at_fdcwd, os.fsencode(second), rename_exchange):
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code), os.fspath(second))
+
+
+def _remove_tree(path: Path) -> None:
+    # rmtree never follows a link out of the tree it removes.
+    shutil.rmtree(path, ignore_errors=True)
 
 
 class NotRegularFileError(OSError):

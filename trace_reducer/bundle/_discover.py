@@ -120,9 +120,11 @@ def walk_bundles(
 
 
 def no_bundles_there(path: str | os.PathLike[str]) -> str:
-    """What a command that takes a bundle or a root of bundles says of a directory that is
-    neither, in one set of words for all of them (`view`, `export-rl`, `--replay-from`)."""
-    return f"not a trace bundle (no {TRACE_FILE_NAME}), nor a root of bundles: {path}"
+    """What every command that reads bundles under a root says when it finds none there (an
+    empty directory, or one of other files), in one set of words for all of them (`list`,
+    `reduce-all`, `view`, `export-rl`, `--replay-from`): bad input, exit 2. Only the served
+    `view ROOT` starts on an empty directory, which it watches for bundles to come."""
+    return f"no trace bundles (directories holding {TRACE_FILE_NAME}) under {path}"
 
 
 def holds_bundles(root: str | os.PathLike[str]) -> bool:

@@ -11,6 +11,7 @@ from ..batch._batch import BatchOptions, BundleResult, Outcome, drive, plan, red
 from ..batch._listing import indexed_integrity
 from ..batch._report import Tally, summary
 from ..batch._storage import Store, is_url, open_store, parse_storage_options
+from ..bundle._discover import no_bundles_there
 from ..bundle._errors import BundleError, MissingExtraError
 from ..bundle._liveness import LIVE_WINDOW
 from ..bundle._shown import one_line
@@ -157,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
         raise root_failure("reduce-all", args.root, error, "list") from error
     root = store.display(store.root) if is_url(options.root) else store.root
     if not entries:
-        raise BundleError(f"no trace bundles (directories holding trace.binpb) under {root}")
+        raise BundleError(no_bundles_there(root))
     tasks, known = plan(entries, options, indexed_integrity(store, options.root))
 
     sink = None

@@ -18,6 +18,7 @@ from grpc_common import Redactor
 from ..batch._storage import HTTP_TIMEOUT
 from ..bundle._errors import BundleError, MissingExtraError, os_error_reason
 from ..bundle._shown import one_line
+from ._exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, PROG
 
 __all__ = [
     "EXIT_FAILED",
@@ -40,12 +41,6 @@ __all__ = [
     "unwritable_place",
     "warn",
 ]
-
-PROG = "trace-reducer"
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
 
 
 # Beyond this a process pool is a mistake, not a machine: argparse says so, not the OS.

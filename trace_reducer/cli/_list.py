@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import TYPE_CHECKING, Any
 
+from ..bundle._discover import no_bundles_there
 from ..bundle._errors import BundleError
 from ._common import (
     EXIT_OK,
@@ -130,6 +132,11 @@ def run(args: argparse.Namespace) -> int:
             raise  # a local tree's I/O error is reported as every command reports one
         # A bucket, service or URL that cannot be listed (fsspec's, botocore's errors).
         raise root_failure("list", args.root, error, "list") from error
+    if not listing.runs:
+        # As reduce-all: a root with no bundles is a wrong path far more often than a fresh one,
+        # and an empty table would look like a filter that matched nothing.
+        root = args.root if is_url(args.root) else os.path.abspath(args.root)
+        raise BundleError(no_bundles_there(root))
     runs = sort_runs([r for r in listing.runs if chosen.matches(r)], sort_key)
     if args.limit is not None:
         runs = runs[: args.limit]

@@ -369,7 +369,7 @@ def _view_diff(args: argparse.Namespace) -> int:
 
 def _view_root(args: argparse.Namespace) -> int:
     """A directory of bundles: a static site with -o, else the served viewer."""
-    from ..view._site import write_site
+    from ..view._site import site_place_problem, write_site
 
     if args.output is not None:
         if not args.output:
@@ -378,7 +378,13 @@ def _view_root(args: argparse.Namespace) -> int:
             raise _CommandError(
                 "-o writes the site to files, --listen serves it: give one of them", EXIT_USAGE
             )
+        if next(walk_bundles(args.bundle, irregular=True), None) is None:
+            # An empty root, which the served list watches fill in: a site of it would be empty.
+            raise BundleError(no_bundles_there(args.bundle))
         check_output_dir("-o", args.output)
+        problem = site_place_problem(Path(args.output))
+        if problem is not None:
+            raise _CommandError(f"-o {args.output}: {problem}", EXIT_USAGE)
         # A cold root of thousands is read for minutes before a page is written: a bar for
         # that too (`view: reading`), on a terminal, then the pages' (`view`).
         progress = progress_for("view", bad_word="unreadable")
@@ -880,7 +886,7 @@ def _run(args: argparse.Namespace) -> int:
         say(describe_os_error(error))
         return EXIT_FAILED
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
     except UnicodeEncodeError as error:
         named = _undecodable_name(error)
         if named is None:

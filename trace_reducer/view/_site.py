@@ -28,7 +28,7 @@ from ..batch._listing import (
     list_runs,
     sort_runs,
 )
-from ..bundle._confine import BundleRoot
+from ..bundle._confine import BundleRoot, write_dir_aside
 from ..bundle._errors import BundleError, ReductionError
 from ..reduce._forks import BundleForkResolver
 from ._run_page import RunLinks
@@ -373,14 +373,57 @@ def write_site(
     progress: Callable[[int, int], None] = lambda _count, _unshown: None,
 ) -> Path:
     """The list (index.html) and every run's page (runs/*.html) under output, for reading
-    offline: relative links, nothing fetched. Returns the index's path. `warn` is told of
+    offline: relative links, nothing fetched. Output is replaced whole once every page is
+    written (site_place_problem says what it may be). Returns the index's path. `warn` is told of
     each directory passed over and of each run whose page says why it cannot be shown;
     `reading` of the bundles the listing reads afresh (as list_runs's `progress`);
     `started(total)` once the runs are listed, `progress(pages, unshown)` as pages are
     written."""
     target = Path(output)
-    (target / "runs").mkdir(parents=True, exist_ok=True, mode=0o700)
-    (target / "assets").mkdir(exist_ok=True, mode=0o700)
+    problem = site_place_problem(target)
+    if problem is not None:
+        raise BundleError(f"{target}: {problem}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Written into a directory beside output, which replaces it at the end: stopped part-way
+    # (Ctrl-C, a full disk), output is still the site before (or nothing), never half of each.
+    write_dir_aside(
+        target,
+        lambda site: _fill_site(root, site, warn, reading, started, progress),
+    )
+    return target / "index.html"
+
+
+SITE_ENTRIES = frozenset({"index.html", "runs", "assets"})
+
+
+def site_place_problem(target: Path) -> str | None:
+    """Why a static site cannot be written at target, None if it can: a site replaces the
+    directory there whole, so that must be a site written before (or empty, or new), never a
+    directory of other files, nor a symbolic link (which would be written through)."""
+    if target.is_symlink():
+        return "a symbolic link; give the directory itself"
+    if not target.is_dir():
+        return None  # new (a file there is check_output_dir's to refuse)
+    others = sorted(name for name in os.listdir(target) if name not in SITE_ENTRIES)
+    if others:
+        shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+        return (
+            f"holds files that are not a site's ({shown}), which writing the site would "
+            "remove; give a new or empty directory, or one a site was written to before"
+        )
+    return None
+
+
+def _fill_site(
+    root: str,
+    target: Path,
+    warn: Callable[[str], None],
+    reading: ReadProgress | None,
+    started: Callable[[int], None],
+    progress: Callable[[int, int], None],
+) -> None:
+    (target / "runs").mkdir(mode=0o700)
+    (target / "assets").mkdir(mode=0o700)
     # One copy of the pages' style and scripts for the whole site, not one a page.
     assets = write_assets(target / "assets", "../assets/")
     listed = _listed_runs(root, lambda relative: f"runs/{_static_name(relative)}", warn, reading)
@@ -404,9 +447,7 @@ def write_site(
         page_links = links.for_page(data.trace, lambda href: href.removeprefix("runs/"))
         save_view(data, page, title, links=page_links, assets=assets)
         progress(1, 0)
-    # Written aside and renamed, as the run pages are: a FIFO or symbolic link named
-    # index.html is replaced, never waited on nor written through.
-    return write_page(
+    write_page(
         render_list(_page_runs_json(listed), served=False, title=f"rollouts under {root}"),
         target / "index.html",
     )
