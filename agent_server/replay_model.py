@@ -614,6 +614,9 @@ class ReplayModel:
             threads = await asyncio.to_thread(_read_replayable, source)
         except (BundleError, ReductionError, OSError) as error:
             raise ConfigError(f"--replay-from: {error}") from error
+        if not any(thread.calls for thread in threads):
+            # Every request would be a divergence ("every recorded call was answered").
+            raise ConfigError(f"--replay-from: no inference call to replay in {source}")
         root = settings.trace_root
         if settings.replay_branch_at and root is not None:
             # A branch is recorded as a fork of its recorded run, which it finds beside itself.

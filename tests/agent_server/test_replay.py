@@ -24,6 +24,7 @@ from tests.agent_server.scripted_provider import (
 )
 from tests.agent_server.test_chat_dialect import chunk, stream
 from tests.agent_server.test_tools import CONVERT, LOOKUP, requested, submit
+from tests.trace_reducer.bundles import BundleBuilder
 from trace_reducer import diff_runs, export_rl, read_bundle, read_recorded_thread, replay_bundle
 
 COMPLETED = agent_pb2.TURN_STATUS_COMPLETED
@@ -485,3 +486,16 @@ async def test_divergence_goes_live_when_asked(
     assert replay.server.replay is not None
     assert replay.server.replay.diverged == 1
     assert len(provider.requests) == 1
+
+
+async def test_bundles_without_an_inference_call_are_refused(
+    start_agent: StartAgent, tmp_path: Path
+) -> None:
+    # A thread started and closed before any turn: a bundle, but nothing to answer from.
+    builder = BundleBuilder(tmp_path / "root")
+    builder.thread_ended()
+    bundle = builder.close()
+    # Was: the server started, and every request got 409 "every recorded call was answered".
+    for source in (bundle, bundle.parent):
+        with pytest.raises(ConfigError, match=r"^--replay-from: no inference call to replay in"):
+            await start_agent(replay_from=source, trace_root=tmp_path / "replayed")
