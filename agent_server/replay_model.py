@@ -617,6 +617,13 @@ class ReplayModel:
         if not any(thread.calls for thread in threads):
             # Every request would be a divergence ("every recorded call was answered").
             raise ConfigError(f"--replay-from: no inference call to replay in {source}")
+        longest = max(len(thread.calls) for thread in threads)
+        if settings.replay_branch_at > longest:
+            # No thread would reach the call: the whole run replayed, no branch, no word.
+            raise ConfigError(
+                f"--replay-branch-at {settings.replay_branch_at}: the recorded threads made at "
+                f"most {longest} inference call{'s' if longest != 1 else ''}, so none would branch"
+            )
         root = settings.trace_root
         if settings.replay_branch_at and root is not None:
             # A branch is recorded as a fork of its recorded run, which it finds beside itself.

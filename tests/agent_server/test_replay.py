@@ -24,7 +24,7 @@ from tests.agent_server.scripted_provider import (
 )
 from tests.agent_server.test_chat_dialect import chunk, stream
 from tests.agent_server.test_tools import CONVERT, LOOKUP, requested, submit
-from tests.trace_reducer.bundles import BundleBuilder
+from tests.trace_reducer.bundles import BundleBuilder, one_turn_bundle
 from trace_reducer import diff_runs, export_rl, read_bundle, read_recorded_thread, replay_bundle
 
 COMPLETED = agent_pb2.TURN_STATUS_COMPLETED
@@ -499,3 +499,20 @@ async def test_bundles_without_an_inference_call_are_refused(
     for source in (bundle, bundle.parent):
         with pytest.raises(ConfigError, match=r"^--replay-from: no inference call to replay in"):
             await start_agent(replay_from=source, trace_root=tmp_path / "replayed")
+
+
+async def test_a_branch_call_past_every_recorded_call_is_refused(
+    start_agent: StartAgent, tmp_path: Path
+) -> None:
+    root = tmp_path / "root"
+    bundle = one_turn_bundle(root)  # one call
+    settings: dict[str, Any] = {"provider_url": "http://127.0.0.1:9/v1", "trace_root": root}
+    # Was: the server started, replayed the whole run and never branched, without a word.
+    for source in (bundle, root):
+        with pytest.raises(
+            ConfigError,
+            match=r"^--replay-branch-at 2: the recorded threads made at most 1 inference call, ",
+        ):
+            await start_agent(replay_from=source, replay_branch_at=2, **settings)
+    # The last recorded call is one a branch can start at.
+    assert (await start_agent(replay_from=root, replay_branch_at=1, **settings)).server.replay
