@@ -516,3 +516,38 @@ async def test_a_branch_call_past_every_recorded_call_is_refused(
             await start_agent(replay_from=source, replay_branch_at=2, **settings)
     # The last recorded call is one a branch can start at.
     assert (await start_agent(replay_from=root, replay_branch_at=1, **settings)).server.replay
+
+
+async def test_a_second_branch_of_a_run_takes_the_next_place_in_its_group(
+    start_agent: StartAgent, provider: ScriptedProvider, tmp_path: Path
+) -> None:
+    async def client(agent: Harness) -> Path:
+        thread = await agent.start_thread(model="local-echo-1")
+        events = agent.events(thread.id)
+        for text in ("one", "two"):
+            turn = await agent.start_turn(thread.id, text)
+            assert (await events.turn_completed(turn.id)).status == COMPLETED
+        closed = await agent.stub.CloseThread(agent_pb2.CloseThreadRequest(thread_id=thread.id))
+        return Path(closed.thread.bundle_path)
+
+    live = await start_agent(provider_url=None, local_word_delay=0.0)
+    original = await client(live)
+    root = original.parent
+    branches = []
+    for attempt in ("first", "second"):
+        # A server a branch: the second reads the first's fork beside the original.
+        provider.queue(answer(f"live two, {attempt}", item_id=f"live-{attempt}"))
+        branched = await start_agent(replay_from=root, replay_branch_at=2, trace_root=root)
+        branches.append(await client(branched))
+    group = replay_bundle(original).root_thread_id
+    forks = [replay_bundle(branch).fork for branch in branches]
+    assert [(fork.group_id, fork.repetition_index) for fork in forks] == [(group, 1), (group, 2)]
+    # Was: both branches at repetition 1, two samples at one place of the group.
+    export_rl([root], fmt="jsonl", out_dir=tmp_path / "rl")
+    (written,) = (tmp_path / "rl").iterdir()
+    rows = [json.loads(line) for line in written.read_text().splitlines()]
+    assert sorted((row["group_id"], row["repetition_index"]) for row in rows) == [
+        (group, 0),
+        (group, 1),
+        (group, 2),
+    ]

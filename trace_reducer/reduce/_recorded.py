@@ -110,6 +110,35 @@ def read_recorded(path: str | os.PathLike[str]) -> Iterator[RecordedThread]:
         yield read_recorded_thread(bundle, reader=reader)
 
 
+def group_repetitions(root: str | os.PathLike[str]) -> dict[str, int]:
+    """The highest repetition index taken in each export-rl group by the bundles directly
+    under root: a fork's from its thread_forked record, a thread that is no fork 0 of its own
+    group (its thread id). Each bundle is opened through the confined root and read only up
+    to its thread_forked or thread_started record; one that cannot be read is passed over."""
+    taken: dict[str, int] = {}
+    bundles = BundleRoot(root)
+    for found in walk_bundles(root, recursive=False):
+        group, repetition = "", 0
+        try:
+            with bundles.open(found.name) as confined, confined.reader() as reader:
+                for record in reader:
+                    body = record.WhichOneof("body")
+                    if body == "thread_forked":
+                        forked = record.thread_forked
+                        group, repetition = forked.group_id, forked.repetition_index
+                        break
+                    if body == "thread_started":
+                        group = record.thread_started.thread_id
+                        break
+                    if body == "footer":
+                        break
+        except (BundleError, OSError):
+            continue
+        if group:
+            taken[group] = max(taken.get(group, 0), repetition)
+    return taken
+
+
 def read_recorded_thread(
     path: str | os.PathLike[str], *, reader: BundleReader | None = None
 ) -> RecordedThread:
