@@ -188,6 +188,16 @@ def read_recorded_thread(
         try:
             return fork_payload(payloads, parent, pid)
         except PayloadError:
+            if trace.integrity.fork_unresolved and forked:
+                # The fork's requests are made of its parent's payloads: say which parent, and
+                # that it is looked for beside the fork (was: "payload <id> is missing" alone).
+                origin = forked[0]
+                raise BundleError(
+                    f"{path}: its requests refer to its parent's payloads, and its parent "
+                    f"(thread {origin.parent_thread_id}, bundle "
+                    f"{origin.parent_bundle or '(unrecorded)'}) is not beside it, or not whole: "
+                    "put the parent bundle in the same directory"
+                ) from None
             raise BundleError(f"{path}: payload {pid} is missing") from None
 
     # Each payload parsed once: a conversation re-sends its whole history with every request,
