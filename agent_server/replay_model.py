@@ -584,6 +584,19 @@ class ReplayBook:
 
         thread, position = max(candidates, key=shared)
         call = thread.calls[position]
+        recorded_chat = call.provider_api == CHAT_API
+        # The field only the other API sends, without the one this call's API sends.
+        own, other = ("messages", "input") if recorded_chat else ("input", "messages")
+        if other in wanted and own not in wanted:
+            # The other API altogether: its first field differing ("input: [...] vs absent")
+            # would not say so.
+            names = {True: "Chat Completions", False: "Responses API"}
+            return (
+                f"the request is a {names[not recorded_chat]} one, and recorded call "
+                f"{position + 1} of thread {thread.thread_id} ({call.inference_call_id}) was "
+                f"a {names[recorded_chat]} one: replay in the API it was recorded in "
+                f"(serve --provider-api {'chat' if recorded_chat else 'responses'})"
+            )
         difference = request_difference(comparable_request(call.request), wanted)
         return (
             f"the request differs from recorded call {position + 1} of thread "

@@ -8,9 +8,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
+from agent_server import Settings
 from agent_server.config import ConfigError
+from agent_server.replay_model import ReplayModel
 from rollout.agent.v1 import agent_pb2
 from rollout.trace.v1 import common_pb2, state_pb2
 from tests.agent_server.conftest import Harness, StartAgent, reduce_with_cli
@@ -551,3 +554,25 @@ async def test_a_second_branch_of_a_run_takes_the_next_place_in_its_group(
         (group, 1),
         (group, 2),
     ]
+
+
+async def test_a_request_in_the_other_api_is_told_so(tmp_path: Path) -> None:
+    bundle = one_turn_bundle(tmp_path / "root")  # recorded in the Responses API
+    model = await ReplayModel.from_settings(Settings(replay_from=bundle))
+    chat = {"model": "m", "messages": [{"role": "user", "content": "answer once"}], "stream": True}
+    try:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(f"{model.url}/chat/completions", json=chat) as answer,
+        ):
+            assert answer.status == 409
+            error = (await answer.json())["error"]
+    finally:
+        await model.stop()
+    # Was: 'the request differs from recorded call 1 …: input: [{"content": …} vs absent'.
+    assert error["code"] == "replay_divergence"
+    assert error["message"] == (
+        "the request is a Chat Completions one, and recorded call 1 of thread thread-1 (call-1) "
+        "was a Responses API one: replay in the API it was recorded in "
+        "(serve --provider-api responses)"
+    )
