@@ -103,8 +103,6 @@ CLOSE_REASON = "closed"
 SHUTDOWN_REASON = "shutdown"
 FORK_FAILED_REASON = "fork_failed"
 MAX_FORKS = 64
-# A branch's place in its recorded thread's export-rl group: the recorded run is 0.
-BRANCH_REPETITION_INDEX = 1
 MAX_GROUP_ID_CHARS = 256
 
 
@@ -698,7 +696,7 @@ class Agent:
             parent_trace_id=recorded.trace.trace_id,
             after_turn_id=point.after_turn_id,
             group_id=point.group_id,
-            repetition_index=BRANCH_REPETITION_INDEX,
+            repetition_index=point.repetition_index,
             shared_turns=point.shared_turns,
             prefix_items=list(thread.history),
             parent_payloads=recorded.payload_ids,
@@ -728,7 +726,7 @@ class Agent:
             parent_thread_id=recorded.thread_id,
             after_turn_id=point.after_turn_id,
             group_id=point.group_id,
-            repetition_index=BRANCH_REPETITION_INDEX,
+            repetition_index=point.repetition_index,
         )
         log.info(
             "thread %s branches from %s after turn %d: recording into %s",

@@ -322,6 +322,12 @@ class Settings:
                 "--replay-branch-at and --replay-on-divergence live send calls to a live "
                 "provider: give it with --provider-url"
             )
+        if self.replay_branch_at and self.trace_root is None:
+            # Unrecorded, a branch would run and leave nothing to diff, export or view.
+            raise ConfigError(
+                "--replay-branch-at records each branch as a fork of its recorded run, beside "
+                "it: give --trace-root, the directory that holds the recorded bundles"
+            )
         if self.workers > 1:
             self._check_workers()
         if self.worker is not None and not (

@@ -39,6 +39,7 @@ from trace_reducer import (
     read_recorded,
     request_difference,
 )
+from trace_reducer.reduce import group_repetitions
 
 log = logging.getLogger(__name__)
 
@@ -372,6 +373,9 @@ class BranchPoint:
     after_turn_id: str
     # The recorded turns the branch shares: 1 to the after turn.
     shared_turns: int
+    # Its place in the recorded thread's export-rl group: the first one no run of the group
+    # has taken (the recorded run is 0 when it was not forked; an earlier branch took 1).
+    repetition_index: int = 1
 
     @property
     def group_id(self) -> str:
@@ -405,7 +409,10 @@ class ReplayBook:
         *,
         on_divergence: str = "fail",
         branch_at: int = 0,
+        repetitions: dict[str, int] | None = None,
     ) -> None:
+        """repetitions: the highest repetition index each export-rl group has taken in the
+        trace root the branches are recorded in (trace_reducer.reduce.group_repetitions)."""
         self._threads = [thread for thread in threads if thread.calls]
         self._on_divergence = on_divergence
         # The first call (1-based, in the thread's order) that goes live; 0: none.
@@ -418,6 +425,9 @@ class ReplayBook:
         self._live_inputs: list[list[Any]] = []
         # With a branch point: the cursor each replayed call (by its call id header) moved.
         self._replayed_by: dict[str, _Cursor] = {}
+        self._repetitions = dict(repetitions or {})
+        # The repetition index given to the branch of each recorded thread (by its id), once.
+        self._branch_repetition: dict[str, int] = {}
         # Requests answered, byte-identical to the recorded ones, and divergent.
         self.answered = 0
         self.byte_identical = 0
@@ -448,7 +458,23 @@ class ReplayBook:
         shared = turn_ids.index(turn_id) if turn_id in turn_ids else 0
         if shared != turns_done or shared < 1:
             return None
-        return BranchPoint(cursor.thread, turn_ids[shared - 1], shared)
+        return BranchPoint(
+            cursor.thread, turn_ids[shared - 1], shared, self._repetition_for(cursor.thread)
+        )
+
+    def _repetition_for(self, thread: RecordedThread) -> int:
+        """The next free repetition index of the thread's group, taken once per recorded
+        thread (a branch that failed to start and is tried again keeps its index). Was 1
+        always: a second branch of a run, or a branch of a fork whose group had a repetition
+        1 already, gave export-rl two samples at one place of a group."""
+        found = self._branch_repetition.get(thread.thread_id)
+        if found is None:
+            group = thread.trace.fork.group_id or thread.thread_id
+            own = thread.trace.fork.repetition_index
+            found = max(self._repetitions.get(group, 0), own) + 1
+            self._repetitions[group] = found
+            self._branch_repetition[thread.thread_id] = found
+        return found
 
     def _answer(self, raw: bytes) -> tuple[Answer, _Cursor | None]:
         # The agent sends canonical JSON, and a recorded body re-encoded is byte for byte the
@@ -558,6 +584,19 @@ class ReplayBook:
 
         thread, position = max(candidates, key=shared)
         call = thread.calls[position]
+        recorded_chat = call.provider_api == CHAT_API
+        # The field only the other API sends, without the one this call's API sends.
+        own, other = ("messages", "input") if recorded_chat else ("input", "messages")
+        if other in wanted and own not in wanted:
+            # The other API altogether: its first field differing ("input: [...] vs absent")
+            # would not say so.
+            names = {True: "Chat Completions", False: "Responses API"}
+            return (
+                f"the request is a {names[not recorded_chat]} one, and recorded call "
+                f"{position + 1} of thread {thread.thread_id} ({call.inference_call_id}) was "
+                f"a {names[recorded_chat]} one: replay in the API it was recorded in "
+                f"(serve --provider-api {'chat' if recorded_chat else 'responses'})"
+            )
         difference = request_difference(comparable_request(call.request), wanted)
         return (
             f"the request differs from recorded call {position + 1} of thread "
@@ -614,6 +653,16 @@ class ReplayModel:
             threads = await asyncio.to_thread(_read_replayable, source)
         except (BundleError, ReductionError, OSError) as error:
             raise ConfigError(f"--replay-from: {error}") from error
+        if not any(thread.calls for thread in threads):
+            # Every request would be a divergence ("every recorded call was answered").
+            raise ConfigError(f"--replay-from: no inference call to replay in {source}")
+        longest = max(len(thread.calls) for thread in threads)
+        if settings.replay_branch_at > longest:
+            # No thread would reach the call: the whole run replayed, no branch, no word.
+            raise ConfigError(
+                f"--replay-branch-at {settings.replay_branch_at}: the recorded threads made at "
+                f"most {longest} inference call{'s' if longest != 1 else ''}, so none would branch"
+            )
         root = settings.trace_root
         if settings.replay_branch_at and root is not None:
             # A branch is recorded as a fork of its recorded run, which it finds beside itself.
@@ -623,10 +672,19 @@ class ReplayModel:
                         "--replay-branch-at records each branch as a fork of its recorded run, "
                         f"beside it: --trace-root must be the directory that holds {thread.bundle}"
                     )
+        repetitions: dict[str, int] = {}
+        if settings.replay_branch_at and root is not None:
+            # The runs already in each group, earlier branches among them: a branch takes the
+            # next place.
+            try:
+                repetitions = await asyncio.to_thread(group_repetitions, root)
+            except OSError as error:
+                raise ConfigError(f"--trace-root: {error}") from error
         book = ReplayBook(
             threads,
             on_divergence=settings.replay_on_divergence,
             branch_at=settings.replay_branch_at,
+            repetitions=repetitions,
         )
         return await cls.start(
             book,

@@ -380,12 +380,32 @@ def test_replay_branch_at_counts_calls_from_1(tmp_path: Path, value: str) -> Non
     parser = argparse.ArgumentParser()
     config.add_serve_arguments(parser)
     argv = ["--replay-from", str(tmp_path), "--provider-url", "http://127.0.0.1:9/v1"]
+    argv += ["--trace-root", str(tmp_path)]
     with pytest.raises(ConfigError, match=rf"^--replay-branch-at must be 1 or more, not {value}$"):
         config.from_args(parser.parse_args([*argv, "--replay-branch-at", value]), {})
     with pytest.raises(ConfigError, match=r"^--replay-branch-at must be 1 or more"):
         _serve_file(tmp_path, f"replay-branch-at = {value}\n")
     branched = config.from_args(parser.parse_args([*argv, "--replay-branch-at", "1"]), {})
     assert branched.replay_branch_at == 1
+
+
+def test_replay_branch_at_without_a_trace_root_is_refused(tmp_path: Path) -> None:
+    # Was: the server started, and every branch ran unrecorded: no fork of the recorded run
+    # to diff, export or view, though the README says the server refuses to start.
+    parser = argparse.ArgumentParser()
+    config.add_serve_arguments(parser)
+    argv = ["--replay-from", str(tmp_path), "--provider-url", "http://127.0.0.1:9/v1"]
+    refused = r"^--replay-branch-at records each branch .* give --trace-root"
+    with pytest.raises(ConfigError, match=refused):
+        config.from_args(parser.parse_args([*argv, "--replay-branch-at", "3"]), {})
+    with pytest.raises(ConfigError, match=r"^--replay-branch-at records each branch"):
+        _serve_file(
+            tmp_path,
+            f"replay-from = {str(tmp_path)!r}\nprovider-url = 'http://127.0.0.1:9/v1'\n"
+            "replay-branch-at = 3\n",
+        )
+    # A plain replay records nothing unless asked, as before.
+    assert config.from_args(parser.parse_args(argv), {}).trace_root is None
 
 
 # -- start-up warnings ------------------------------------------------------------------------

@@ -8,9 +8,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
+from agent_server import Settings
 from agent_server.config import ConfigError
+from agent_server.replay_model import ReplayModel
 from rollout.agent.v1 import agent_pb2
 from rollout.trace.v1 import common_pb2, state_pb2
 from tests.agent_server.conftest import Harness, StartAgent, reduce_with_cli
@@ -24,6 +27,7 @@ from tests.agent_server.scripted_provider import (
 )
 from tests.agent_server.test_chat_dialect import chunk, stream
 from tests.agent_server.test_tools import CONVERT, LOOKUP, requested, submit
+from tests.trace_reducer.bundles import BundleBuilder, one_turn_bundle
 from trace_reducer import diff_runs, export_rl, read_bundle, read_recorded_thread, replay_bundle
 
 COMPLETED = agent_pb2.TURN_STATUS_COMPLETED
@@ -490,3 +494,90 @@ async def test_divergence_goes_live_when_asked(
     assert replay.server.replay is not None
     assert replay.server.replay.diverged == 1
     assert len(provider.requests) == 1
+
+
+async def test_bundles_without_an_inference_call_are_refused(
+    start_agent: StartAgent, tmp_path: Path
+) -> None:
+    # A thread started and closed before any turn: a bundle, but nothing to answer from.
+    builder = BundleBuilder(tmp_path / "root")
+    builder.thread_ended()
+    bundle = builder.close()
+    # Was: the server started, and every request got 409 "every recorded call was answered".
+    for source in (bundle, bundle.parent):
+        with pytest.raises(ConfigError, match=r"^--replay-from: no inference call to replay in"):
+            await start_agent(replay_from=source, trace_root=tmp_path / "replayed")
+
+
+async def test_a_branch_call_past_every_recorded_call_is_refused(
+    start_agent: StartAgent, tmp_path: Path
+) -> None:
+    root = tmp_path / "root"
+    bundle = one_turn_bundle(root)  # one call
+    settings: dict[str, Any] = {"provider_url": "http://127.0.0.1:9/v1", "trace_root": root}
+    # Was: the server started, replayed the whole run and never branched, without a word.
+    for source in (bundle, root):
+        with pytest.raises(
+            ConfigError,
+            match=r"^--replay-branch-at 2: the recorded threads made at most 1 inference call, ",
+        ):
+            await start_agent(replay_from=source, replay_branch_at=2, **settings)
+    # The last recorded call is one a branch can start at.
+    assert (await start_agent(replay_from=root, replay_branch_at=1, **settings)).server.replay
+
+
+async def test_a_second_branch_of_a_run_takes_the_next_place_in_its_group(
+    start_agent: StartAgent, provider: ScriptedProvider, tmp_path: Path
+) -> None:
+    async def client(agent: Harness) -> Path:
+        thread = await agent.start_thread(model="local-echo-1")
+        events = agent.events(thread.id)
+        for text in ("one", "two"):
+            turn = await agent.start_turn(thread.id, text)
+            assert (await events.turn_completed(turn.id)).status == COMPLETED
+        closed = await agent.stub.CloseThread(agent_pb2.CloseThreadRequest(thread_id=thread.id))
+        return Path(closed.thread.bundle_path)
+
+    live = await start_agent(provider_url=None, local_word_delay=0.0)
+    original = await client(live)
+    root = original.parent
+    branches = []
+    for attempt in ("first", "second"):
+        # A server a branch: the second reads the first's fork beside the original.
+        provider.queue(answer(f"live two, {attempt}", item_id=f"live-{attempt}"))
+        branched = await start_agent(replay_from=root, replay_branch_at=2, trace_root=root)
+        branches.append(await client(branched))
+    group = replay_bundle(original).root_thread_id
+    forks = [replay_bundle(branch).fork for branch in branches]
+    assert [(fork.group_id, fork.repetition_index) for fork in forks] == [(group, 1), (group, 2)]
+    # Was: both branches at repetition 1, two samples at one place of the group.
+    export_rl([root], fmt="jsonl", out_dir=tmp_path / "rl")
+    (written,) = (tmp_path / "rl").iterdir()
+    rows = [json.loads(line) for line in written.read_text().splitlines()]
+    assert sorted((row["group_id"], row["repetition_index"]) for row in rows) == [
+        (group, 0),
+        (group, 1),
+        (group, 2),
+    ]
+
+
+async def test_a_request_in_the_other_api_is_told_so(tmp_path: Path) -> None:
+    bundle = one_turn_bundle(tmp_path / "root")  # recorded in the Responses API
+    model = await ReplayModel.from_settings(Settings(replay_from=bundle))
+    chat = {"model": "m", "messages": [{"role": "user", "content": "answer once"}], "stream": True}
+    try:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(f"{model.url}/chat/completions", json=chat) as answer,
+        ):
+            assert answer.status == 409
+            error = (await answer.json())["error"]
+    finally:
+        await model.stop()
+    # Was: 'the request differs from recorded call 1 …: input: [{"content": …} vs absent'.
+    assert error["code"] == "replay_divergence"
+    assert error["message"] == (
+        "the request is a Chat Completions one, and recorded call 1 of thread thread-1 (call-1) "
+        "was a Responses API one: replay in the API it was recorded in "
+        "(serve --provider-api responses)"
+    )

@@ -6,7 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.trace_reducer.bundles import BundleBuilder, user_item
 from tests.trace_reducer.conftest import GOLDEN
+from trace_reducer import BundleWriter, read_recorded_thread
+from trace_reducer.bundle import RecordBuilder
 
 BIN = Path(sys.executable).parent
 
@@ -105,3 +108,55 @@ def test_the_report_s_words_agree_with_its_numbers() -> None:
         "  tool calls: 1 entry vs 0"
         in _run(str(BIN / "trace-reducer"), "diff", str(tools), str(no_tools)).stdout.splitlines()
     )
+
+
+def _fork_with_a_call(root: Path) -> tuple[Path, Path]:
+    """A parent bundle and a fork of it whose one call re-sends the parent's item."""
+    parent = BundleBuilder(root, "parent")
+    shared = user_item("the parent's words")
+    parent.turn("turn-1", [shared])
+    parent_dir = parent.close()
+    writer = BundleWriter.create(root, "child")
+    records = RecordBuilder(writer)
+    records.thread_forked(
+        parent_thread_id="parent",
+        parent_bundle=parent_dir.name,
+        parent_trace_id="",
+        after_turn_id="turn-1",
+        group_id="g",
+        repetition_index=1,
+        shared_turns=1,
+        prefix_items=[shared],
+        copy_prefix=False,
+    )
+    thread = records.thread_started("child", model="m", instructions="", metadata={})
+    question = user_item("the fork's question")
+    turn = records.turn_started(thread, "turn-2", [question])
+    records.inference_started_after_prefix(
+        turn,
+        inference_call_id="call-1",
+        attempt=1,
+        model="m",
+        provider_base_url="http://127.0.0.1:9/v1",
+        envelope={"model": "m", "stream": True},
+        prefix_count=1,
+        new_items=[question],
+    )
+    writer.close()
+    return parent_dir, writer.bundle_dir
+
+
+def test_diff_of_a_fork_away_from_its_parent_names_the_parent(tmp_path: Path) -> None:
+    parent, fork = _fork_with_a_call(tmp_path)
+    assert read_recorded_thread(fork).calls[0].request["input"][0] == user_item(
+        "the parent's words"
+    )
+    parent.rename(tmp_path / "elsewhere")
+    result = _run(str(BIN / "trace-reducer"), "diff", str(fork), str(fork))
+    assert result.returncode == 2
+    # Was: "payload <id> is missing", naming neither the parent nor where it is looked for.
+    assert result.stderr.splitlines() == [
+        f"trace-reducer: {fork}: its requests refer to its parent's payloads, and its parent "
+        f"(thread parent, bundle {parent.name}) is not beside it, or not whole: put the parent "
+        "bundle in the same directory"
+    ]

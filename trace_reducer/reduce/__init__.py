@@ -19,6 +19,7 @@ from ._recorded import (
     RecordedCall,
     RecordedThread,
     bundle_paths,
+    group_repetitions,
     read_recorded,
     read_recorded_thread,
 )
@@ -55,6 +56,7 @@ __all__ = [
     "comparable_request",
     "diff_runs",
     "expand_request_items",
+    "group_repetitions",
     "iter_state_json",
     "list_recorded",
     "load_recorded",

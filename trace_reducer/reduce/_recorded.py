@@ -110,6 +110,35 @@ def read_recorded(path: str | os.PathLike[str]) -> Iterator[RecordedThread]:
         yield read_recorded_thread(bundle, reader=reader)
 
 
+def group_repetitions(root: str | os.PathLike[str]) -> dict[str, int]:
+    """The highest repetition index taken in each export-rl group by the bundles directly
+    under root: a fork's from its thread_forked record, a thread that is no fork 0 of its own
+    group (its thread id). Each bundle is opened through the confined root and read only up
+    to its thread_forked or thread_started record; one that cannot be read is passed over."""
+    taken: dict[str, int] = {}
+    bundles = BundleRoot(root)
+    for found in walk_bundles(root, recursive=False):
+        group, repetition = "", 0
+        try:
+            with bundles.open(found.name) as confined, confined.reader() as reader:
+                for record in reader:
+                    body = record.WhichOneof("body")
+                    if body == "thread_forked":
+                        forked = record.thread_forked
+                        group, repetition = forked.group_id, forked.repetition_index
+                        break
+                    if body == "thread_started":
+                        group = record.thread_started.thread_id
+                        break
+                    if body == "footer":
+                        break
+        except (BundleError, OSError):
+            continue
+        if group:
+            taken[group] = max(taken.get(group, 0), repetition)
+    return taken
+
+
 def read_recorded_thread(
     path: str | os.PathLike[str], *, reader: BundleReader | None = None
 ) -> RecordedThread:
@@ -159,6 +188,16 @@ def read_recorded_thread(
         try:
             return fork_payload(payloads, parent, pid)
         except PayloadError:
+            if trace.integrity.fork_unresolved and forked:
+                # The fork's requests are made of its parent's payloads: say which parent, and
+                # that it is looked for beside the fork (was: "payload <id> is missing" alone).
+                origin = forked[0]
+                raise BundleError(
+                    f"{path}: its requests refer to its parent's payloads, and its parent "
+                    f"(thread {origin.parent_thread_id}, bundle "
+                    f"{origin.parent_bundle or '(unrecorded)'}) is not beside it, or not whole: "
+                    "put the parent bundle in the same directory"
+                ) from None
             raise BundleError(f"{path}: payload {pid} is missing") from None
 
     # Each payload parsed once: a conversation re-sends its whole history with every request,
