@@ -210,6 +210,14 @@ def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "pip install 'rollout-trace[batch]'",
         ),
         (
+            # The training extra installed (pyarrow), not the batch extra: was `internal error:
+            # ModuleNotFoundError`.
+            ["fsspec"],
+            ["reduce-all", "{root}", "--tables", "{tmp}/tables"],
+            "reduce-all needs the batch extra (fsspec is missing): "
+            "pip install 'rollout-trace[batch]'",
+        ),
+        (
             ["ray"],
             ["reduce-all", "{root}", "--force", "--ray"],
             "--ray needs the ray extra (ray is missing): pip install 'rollout-trace[ray]'",
