@@ -58,14 +58,24 @@ def address_problem(address: str) -> str | None:
     a status and no address (`: UNKNOWN`)."""
     if not address.strip():
         return f"--address is empty: give the server's HOST:PORT (default {DEFAULT_ADDRESS})"
+    # The gateway's address is a URL (`http://127.0.0.1:8090/v1`), the server's is not: gRPC
+    # took `http://HOST:PORT` for a host name, and "its host name does not resolve" sent the
+    # user after DNS. (gRPC's own target schemes, `dns:///`, `unix:`, ..., pass as they are.)
+    scheme, url, rest = address.partition("://")
+    if url and scheme.lower() in ("http", "https"):
+        # The host and port alone: never the URL's credentials, path or query.
+        host = rest.split("/", 1)[0].split("?", 1)[0].rpartition("@")[2] or "HOST:PORT"
+        tls = " with --tls" if scheme.lower() == "https" else ""
+        return f"--address takes the server's HOST:PORT, not a URL: give {host}{tls}"
     return None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Print the server's health status. Exit codes: 0 SERVING; 1 not serving, or no server "
-        "answers (one line says why); 2 an empty --address, a --timeout that is not a number "
-        "of seconds above 0 and at most 3600, or a --tls-ca file that cannot be read."
+        "answers (one line says why); 2 an empty --address or a URL (it takes HOST:PORT), a "
+        "--timeout that is not a number of seconds above 0 and at most 3600, or a --tls-ca "
+        "file that cannot be read."
     )
     parser.add_argument(
         "--address",

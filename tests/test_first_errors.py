@@ -86,6 +86,24 @@ def test_a_host_name_that_does_not_resolve() -> None:
     assert line.endswith(HINT)
 
 
+@pytest.mark.parametrize("command", ["health", "chat"])
+def test_a_url_for_the_address(command: str) -> None:
+    # Was: `no agent server answers at http://127.0.0.1:50051 (its host name does not
+    # resolve)`, exit 1: gRPC took the URL (the gateway's kind of address) for a host name.
+    program = str(BIN / "agent-server")
+    with _refusing() as address:
+        cases = [
+            (f"http://{address}", address),
+            (f"HTTPS://user:S3CRET@{address}/v1?key=S3CRETQ", f"{address} with --tls"),
+        ]
+        for url, give in cases:
+            line = _one_line(_run(program, command, "--address", url, stdin="hi\n"), 2)
+            assert line == (
+                f"agent-server {command}: --address takes the server's HOST:PORT, not a URL: "
+                f"give {give}"
+            )
+
+
 def test_something_else_at_the_address() -> None:
     with _http_server() as address:
         result = _run(str(BIN / "agent-server"), "health", "--address", address)
