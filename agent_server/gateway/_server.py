@@ -454,9 +454,15 @@ class Gateway:
         )
 
     async def _not_found(self, request: web.Request) -> web.Response:
-        return error_response(
-            404, "not_found", f"the gateway serves no {request.method} {request.path}"
-        )
+        message = f"the gateway serves no {request.method} {request.path}"
+        if not request.path.startswith("/rollout/"):
+            # An SDK given the gateway's address without /v1 (OPENAI_BASE_URL=http://HOST:PORT)
+            # posts /chat/completions: the answer says which base URL it needs.
+            message += (
+                f": an OpenAI client's base URL (OPENAI_BASE_URL) is {self.url}, where it serves "
+                "POST /v1/responses, POST /v1/chat/completions and GET /v1/models"
+            )
+        return error_response(404, "not_found", message)
 
     # -- upstream calls ------------------------------------------------------------------------
 

@@ -64,6 +64,24 @@ async def test_async_responses_whole_and_streamed(gateway: Gateway) -> None:
     assert list(second.request_item_ids[:2]) == [*first.request_item_ids, *first.response_item_ids]
 
 
+async def test_a_base_url_without_v1_is_told_the_one_to_use(gateway: Gateway) -> None:
+    # Was: `the gateway serves no POST /chat/completions`, which says what failed and not what
+    # to set OPENAI_BASE_URL to.
+    bare = gateway.url.removesuffix("/v1")
+    client = openai.AsyncOpenAI(base_url=bare, api_key="unused", max_retries=0)
+    with pytest.raises(openai.NotFoundError) as refused:
+        await client.chat.completions.create(
+            model="local", messages=[{"role": "user", "content": "hi"}]
+        )
+    assert refused.value.message == (
+        "Error code: 404 - the gateway serves no POST /chat/completions: an OpenAI client's base "
+        f"URL (OPENAI_BASE_URL) is {gateway.url}, where it serves POST /v1/responses, "
+        "POST /v1/chat/completions and GET /v1/models"
+    )
+    await gateway.stop()
+    assert not bundles(gateway.settings.trace_root)
+
+
 async def test_sync_client_and_its_stream_helper(gateway: Gateway) -> None:
     # The sync client blocks its thread: it runs on a worker while the gateway serves here.
     def call() -> tuple[str, str]:
