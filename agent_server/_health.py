@@ -7,7 +7,7 @@ import re
 import sys
 from pathlib import Path
 
-from rollout_client import ADDRESS_ENV, DEFAULT_ADDRESS, address_from_env
+from rollout_client import ADDRESS_ENV, DEFAULT_ADDRESS, address_from_env, url_address
 
 PROG = "agent-server health"
 
@@ -58,15 +58,12 @@ def address_problem(address: str) -> str | None:
     a status and no address (`: UNKNOWN`)."""
     if not address.strip():
         return f"--address is empty: give the server's HOST:PORT (default {DEFAULT_ADDRESS})"
-    # The gateway's address is a URL (`http://127.0.0.1:8090/v1`), the server's is not: gRPC
-    # took `http://HOST:PORT` for a host name, and "its host name does not resolve" sent the
-    # user after DNS. (gRPC's own target schemes, `dns:///`, `unix:`, ..., pass as they are.)
-    scheme, url, rest = address.partition("://")
-    if url and scheme.lower() in ("http", "https"):
-        # The host and port alone: never the URL's credentials, path or query.
-        host = rest.split("/", 1)[0].split("?", 1)[0].rpartition("@")[2] or "HOST:PORT"
-        tls = " with --tls" if scheme.lower() == "https" else ""
-        return f"--address takes the server's HOST:PORT, not a URL: give {host}{tls}"
+    # "its host name does not resolve" sent the user after DNS.
+    in_url = url_address(address)
+    if in_url is not None:
+        host, tls = in_url
+        with_tls = " with --tls" if tls else ""
+        return f"--address takes the server's HOST:PORT, not a URL: give {host}{with_tls}"
     return None
 
 

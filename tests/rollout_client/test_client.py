@@ -443,3 +443,27 @@ async def test_tool_calls_answered_by_hand(server: AgentServer) -> None:
         with pytest.raises(FailedPreconditionError) as late:
             await turn.submit_tool_output("call_nope", "too late")
         assert late.value.reason == "TURN_NOT_AWAITING_TOOL_OUTPUTS"
+
+
+async def test_a_url_for_the_address_says_the_host_and_port_to_give(server: AgentServer) -> None:
+    # Was: `UNAVAILABLE: errors resolving http://127.0.0.1:50051: [...] Misformatted domain
+    # name` at the first call, gRPC taking the URL (the gateway's kind of address) for a name.
+    from rollout_client import ReducerClient, SyncAgentClient
+
+    address = f"127.0.0.1:{server.port}"
+    for kind in (AgentClient, ReducerClient, SyncAgentClient):
+        with pytest.raises(ValueError, match=r"^the address is") as refused:
+            kind(f"http://{address}/v1")
+        assert str(refused.value) == (
+            f"the address is the server's HOST:PORT, not a URL: give '{address}'"
+        )
+    with pytest.raises(ValueError, match=r"^the address is") as refused:
+        AgentClient(f"https://user:S3CRET@{address}/v1?key=S3CRETQ")
+    assert str(refused.value) == (
+        f"the address is the server's HOST:PORT, not a URL: give '{address}' and tls=True"
+    )
+    # The address it names is the one that works; gRPC's own schemes pass as they are.
+    for working in (address, f"dns:///{address}", f"ipv4:{address}"):
+        async with AgentClient(working) as client:
+            thread = await client.start_thread()
+            await thread.close()
