@@ -200,6 +200,31 @@ def test_the_served_view_of_a_directory_of_other_files_says_the_same(tmp_path: P
     assert line == f"trace-reducer: {said}"
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["reduce", "{root}"],
+        ["dump", "{root}"],
+        ["watch", "{root}"],
+        ["request", "{root}", "inf_1"],
+        ["export-otlp", "{root}"],
+        ["diff", "{root}", "{bundle}"],
+        ["reward", "{root}", "--name", "score", "--value", "1"],
+    ],
+    ids=lambda argv: argv[0],
+)
+def test_a_root_given_where_a_bundle_belongs(argv: list[str], bundle: Path) -> None:
+    # Was `not a trace bundle (no trace.binpb): ROOT`: what the root lacks, not that it holds
+    # the bundles, nor where their names are.
+    root = bundle.parent
+    filled = [arg.format(root=root, bundle=bundle) for arg in argv]
+    line = _one_line(_run(str(BIN / "trace-reducer"), *filled), 2)
+    assert line == (
+        f"trace-reducer: not a trace bundle (no trace.binpb) but a root of bundles: {root}: "
+        f"give one of them (`trace-reducer list {root}` names them)"
+    )
+
+
 def _without(packages: list[str], program: str, *argv: str) -> subprocess.CompletedProcess[str]:
     """A command run as if the packages were not installed (an import of them fails)."""
     main = {"trace-reducer": "trace_reducer.cli", "agent-server": "agent_server.cli"}[program]
