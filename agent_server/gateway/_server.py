@@ -415,8 +415,13 @@ class Gateway:
             # that is not UTF-8 was a 500 (aiohttp decodes it to lone surrogates).
             token = bearer_token(request.headers.get("Authorization", ""))
             if token is None or not same_secret(token, self._token):
+                # An OpenAI SDK sends its API key as the bearer token: the key (OPENAI_API_KEY)
+                # is where a client of this gateway puts the gateway's token.
                 return error_response(
-                    401, "invalid_api_key", "the gateway needs `Authorization: Bearer <token>`"
+                    401,
+                    "invalid_api_key",
+                    "the gateway needs `Authorization: Bearer <token>`: an OpenAI client sends "
+                    "its API key (OPENAI_API_KEY) as the token, so set it to the gateway's",
                 )
         task = asyncio.current_task()
         if task is not None:

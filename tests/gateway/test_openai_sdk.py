@@ -82,6 +82,25 @@ async def test_a_base_url_without_v1_is_told_the_one_to_use(gateway: Gateway) ->
     assert not bundles(gateway.settings.trace_root)
 
 
+async def test_a_token_guarded_gateway_tells_the_sdk_where_its_token_goes(
+    start_gateway: StartGateway,
+) -> None:
+    # Was `the gateway needs `Authorization: Bearer <token>``: nothing said that an SDK's API
+    # key is what it sends there.
+    from grpc_common import AccessControl
+
+    gateway = await start_gateway(access=AccessControl(token="gateway-token"))
+    refused = openai.AsyncOpenAI(base_url=gateway.url, api_key="unused", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as raised:
+        await refused.responses.create(model="local", input="hello")
+    assert raised.value.message == (
+        "Error code: 401 - the gateway needs `Authorization: Bearer <token>`: an OpenAI client "
+        "sends its API key (OPENAI_API_KEY) as the token, so set it to the gateway's"
+    )
+    allowed = openai.AsyncOpenAI(base_url=gateway.url, api_key="gateway-token", max_retries=0)
+    assert (await allowed.responses.create(model="local", input="hello")).output_text
+
+
 async def test_sync_client_and_its_stream_helper(gateway: Gateway) -> None:
     # The sync client blocks its thread: it runs on a worker while the gateway serves here.
     def call() -> tuple[str, str]:
