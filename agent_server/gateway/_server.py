@@ -20,6 +20,7 @@ from aiohttp import web
 
 from agent_server import telemetry
 from agent_server.agent import MAX_MODEL_CHARS
+from agent_server.config import open_listen_warning
 from agent_server.gateway._dialects import (
     CHAT,
     RESPONSES,
@@ -257,6 +258,11 @@ class Gateway:
         # An address in use is said first, before the model starts and logs.
         refuse_address_in_use(*split_listen(self.settings.listen), self.settings.listen)
         agent = self.settings.agent
+        open_to = open_listen_warning(
+            "--listen", self.settings.listen, agent.access, "sends requests upstream"
+        )
+        if open_to is not None:
+            log.warning("%s", open_to)
         base_url = agent.provider_url
         if agent.replay_from is not None:
             self._replay = await ReplayModel.from_settings(agent)
