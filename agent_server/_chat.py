@@ -37,7 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--auth-token-env",
         metavar="NAME",
-        help="send `authorization: Bearer <token>`, the token read from the variable NAME",
+        help="send `authorization: Bearer <token>`, the token read from the variable NAME "
+        "(default: $ROLLOUT_TOKEN, when set)",
     )
     parser.add_argument(
         "--tls", action="store_true", help="connect with TLS, trusting the system's CAs"
@@ -91,7 +92,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _chat(args: argparse.Namespace, token: str | None, tls: bool | Path, ctrl_c: _CtrlC) -> int:
-    from rollout_client import RolloutError, RpcError, SyncAgentClient, UnavailableError
+    from rollout_client import (
+        TOKEN_ENV,
+        RolloutError,
+        RpcError,
+        SyncAgentClient,
+        UnauthenticatedError,
+        UnavailableError,
+    )
     from trace_reducer.bundle._shown import one_line
 
     # Ctrl-C must reach the main thread, which waits at the prompt in a read that only a signal
@@ -108,6 +116,13 @@ def _chat(args: argparse.Namespace, token: str | None, tls: bool | Path, ctrl_c:
         except UnavailableError as error:
             client.close()
             return _fail(unreachable(args.address, error.message), EXIT_FAILED)
+        except UnauthenticatedError as error:
+            client.close()
+            return _fail(
+                f"{error}; give the token the server was started with: --auth-token-env NAME "
+                f"(the variable holding it) or ${TOKEN_ENV}",
+                EXIT_FAILED,
+            )
         except RpcError as error:
             client.close()
             return _fail(str(error), EXIT_FAILED)

@@ -7,7 +7,7 @@ import re
 import sys
 from pathlib import Path
 
-from rollout_client import ADDRESS_ENV, DEFAULT_ADDRESS, address_from_env
+from rollout_client import ADDRESS_ENV, DEFAULT_ADDRESS, address_from_env, url_address
 
 PROG = "agent-server health"
 
@@ -58,14 +58,21 @@ def address_problem(address: str) -> str | None:
     a status and no address (`: UNKNOWN`)."""
     if not address.strip():
         return f"--address is empty: give the server's HOST:PORT (default {DEFAULT_ADDRESS})"
+    # "its host name does not resolve" sent the user after DNS.
+    in_url = url_address(address)
+    if in_url is not None:
+        host, tls = in_url
+        with_tls = " with --tls" if tls else ""
+        return f"--address takes the server's HOST:PORT, not a URL: give {host}{with_tls}"
     return None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Print the server's health status. Exit codes: 0 SERVING; 1 not serving, or no server "
-        "answers (one line says why); 2 an empty --address, a --timeout that is not a number "
-        "of seconds above 0 and at most 3600, or a --tls-ca file that cannot be read."
+        "answers (one line says why); 2 an empty --address or a URL (it takes HOST:PORT), a "
+        "--timeout that is not a number of seconds above 0 and at most 3600, or a --tls-ca "
+        "file that cannot be read."
     )
     parser.add_argument(
         "--address",

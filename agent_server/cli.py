@@ -111,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    from grpc_common import open_standard_fds
+    from grpc_common import open_standard_fds, parse_command_line
 
     # Before anything opens a file or socket: started with fd 0, 1 or 2 closed (`<&-`), the
     # next one opened takes its number; gRPC's poller took fd 0 for its epoll and, now and then,
@@ -119,7 +119,7 @@ def _main(argv: Sequence[str] | None) -> int:
     # sys.stdin and sys.stdout stay None, so `chat` still says which stream is closed.
     open_standard_fds()
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = _parser(_command(argv)).parse_args(argv)
+    args = parse_command_line(_parser(_command(argv)), argv)
     if args.command in ("chat", "health"):
         return _client_command(args)
     if args.command == "gateway":

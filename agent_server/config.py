@@ -22,6 +22,7 @@ from grpc_common import (
     default_event_loop,
     event_loop_problem,
     header_secret,
+    is_loopback,
     redact_url,
     split_listen,
     variable_name,
@@ -380,7 +381,23 @@ class Settings:
                 "--otlp-endpoint is set but --trace-root is not: the live export sends the spans "
                 "of recorded bundles, so nothing will be exported"
             )
+        open_to = open_listen_warning("--listen", self.listen, self.access, "runs turns")
+        if open_to is not None:
+            found.append(open_to)
         return found
+
+
+def open_listen_warning(flag: str, listen: str, access: AccessControl, does: str) -> str | None:
+    """What serve and the gateway say at start-up when they listen beyond loopback without a
+    token: legal (a container's 0.0.0.0, a private network), but whoever reaches the port is
+    served, on the provider's key."""
+    if access.token is not None or is_loopback(split_listen(listen)[0]):
+        return None
+    return (
+        f"{flag} {listen} is not loopback and no --auth-token-env is set: anyone who can reach it "
+        f"{does} on the provider's key and reads what is recorded; require a token with "
+        "--auth-token-env NAME"
+    )
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:

@@ -9,8 +9,6 @@ import sys
 import time
 from typing import Any, TextIO
 
-from trace_reducer.bundle._shown import one_line
-
 LEVELS = ("debug", "info", "warning", "error")
 FORMATS = ("text", "json")
 # Loggers of libraries whose INFO lines are noise next to the server's own.
@@ -56,6 +54,10 @@ class TextFormatter(logging.Formatter):
         self._process = dict(process or {})
 
     def format(self, record: logging.LogRecord) -> str:
+        # Loaded at the first line, not with this module: `serve --help` builds its parser from
+        # agent_server.config, which imports this module, and must not load the reducer.
+        from trace_reducer.bundle._shown import one_line
+
         line = f"{_time(record)} {record.levelname:<7} {record.name}: {record.getMessage()}"
         fields = {**fields_of(record), **self._process}
         pairs = [f"{key}={_text_value(value)}" for key, value in fields.items()]

@@ -379,7 +379,17 @@ class ProviderClient:
     async def _check_answer(self, response: aiohttp.ClientResponse) -> None:
         """Raise the ProviderError of an answer that is not an event stream."""
         if response.status >= 400:
-            raise await _http_error(response, self.redactor)
+            error = await _http_error(response, self.redactor)
+            parts = urllib.parse.urlsplit(self.base_url)
+            if response.status == 404 and not parts.path and not parts.query:
+                # `vllm serve` (and most OpenAI-compatible servers) say http://HOST:8000 and
+                # serve under /v1: their 404, `Not Found`, says nothing of the missing path.
+                error.message = (
+                    f"{error.message}; the provider URL {self.display_url} has no path, and an "
+                    f"OpenAI-compatible server serves under /v1: give {self.display_url}/v1"
+                )
+                error.args = (error.message,)
+            raise error
         if response.status != 200:
             raise ProviderError(
                 "unexpected_status",

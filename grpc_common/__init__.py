@@ -2,7 +2,7 @@
 
 from typing import TYPE_CHECKING
 
-from ._flags import add_access_arguments, add_event_loop_argument
+from ._flags import add_access_arguments, add_event_loop_argument, parse_command_line
 from ._http_log import (
     HTTP_IDLE_SECONDS,
     addressed_to_loopback,
@@ -119,6 +119,7 @@ __all__ = [
     "listen_error",
     "open_standard_fds",
     "outlive_caller",
+    "parse_command_line",
     "raise_open_file_limit",
     "redact_url",
     "refuse_address_in_use",

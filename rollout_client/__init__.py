@@ -14,6 +14,7 @@ from ._defaults import (
     TOKEN_ENV,
     address_from_env,
     token_from_env,
+    url_address,
 )
 
 if TYPE_CHECKING:
@@ -133,4 +134,5 @@ __all__ = [
     "address_from_env",
     "function_tool",
     "token_from_env",
+    "url_address",
 ]

@@ -10,6 +10,7 @@ from typing import Self
 
 import grpc
 
+from ._defaults import url_address
 from ._errors import RolloutError
 
 # Calls that change nothing are retried on UNAVAILABLE (a server restarting, a connection
@@ -77,6 +78,13 @@ class Connection:
         token: str | None,
         timeout: float | None,
     ) -> None:
+        in_url = url_address(address)
+        if in_url is not None:
+            host, https = in_url
+            with_tls = " and tls=True" if https else ""
+            raise ValueError(
+                f"the address is the server's HOST:PORT, not a URL: give {host!r}{with_tls}"
+            )
         self.address = address
         self.timeout = timeout
         self._channel = open_channel(address, tls, retried)

@@ -146,14 +146,20 @@ class AgentClient(Connection):
         *,
         status: agent_pb2.ThreadStatus.ValueType = agent_pb2.THREAD_STATUS_UNSPECIFIED,
         page_size: int = 0,
+        include_recorded: bool = False,
         **options: Unpack[CallOptions],
     ) -> list[agent_pb2.Thread]:
-        """Every thread the server keeps (optionally only those with status), oldest first."""
+        """Every thread the server keeps (optionally only those with status), oldest first;
+        with include_recorded, then the threads recorded under its trace root that it no
+        longer holds (`recorded` set), which fork_thread and resume_thread continue."""
         threads: list[agent_pb2.Thread] = []
         token = ""
         while True:
             request = agent_pb2.ListThreadsRequest(
-                page_size=page_size, page_token=token, status=status
+                page_size=page_size,
+                page_token=token,
+                status=status,
+                include_recorded=include_recorded,
             )
             reply = await self.call(self.stub.ListThreads, request, **options)
             threads.extend(reply.threads)
@@ -169,6 +175,23 @@ class AgentClient(Connection):
         request = fork_thread_request(thread_id, count, options)
         reply = await self.call(self.stub.ForkThread, request, **call_options(options))
         return [Thread(self, info) for info in reply.threads]
+
+    async def resume_thread(
+        self,
+        thread_id: str = "",
+        *,
+        after_turn_id: str = "",
+        bundle_path: str = "",
+        **options: Unpack[CallOptions],
+    ) -> Thread:
+        """A new thread continuing a closed or recorded one (found by its id in memory or
+        under the server's trace root, or named by bundle_path) after its last ended turn,
+        or after after_turn_id: ResumeThread."""
+        request = agent_pb2.ResumeThreadRequest(
+            thread_id=thread_id, bundle_path=bundle_path, after_turn_id=after_turn_id
+        )
+        reply = await self.call(self.stub.ResumeThread, request, **options)
+        return Thread(self, reply.thread)
 
     async def record_reward(
         self, thread_id: str, name: str, value: float, **options: Unpack[RewardOptions]

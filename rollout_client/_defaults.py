@@ -23,3 +23,16 @@ def address_from_env(default: str = DEFAULT_ADDRESS, variable: str = ADDRESS_ENV
 def token_from_env(variable: str = TOKEN_ENV) -> str | None:
     """The bearer token in the variable; None when it is unset or empty."""
     return os.environ.get(variable) or None
+
+
+def url_address(address: str) -> tuple[str, bool] | None:
+    """For an address written as an http(s) URL (the gateway's kind, `http://127.0.0.1:8090/v1`),
+    the HOST:PORT a gRPC client takes instead and whether the URL asked for TLS (https); None
+    for any other address, gRPC's own target schemes (`dns:///`, `unix:`, ...) included. gRPC
+    takes such a URL for a host name, and fails as if DNS had. The URL's credentials, path and
+    query are left out: they may hold secrets."""
+    scheme, found, rest = address.partition("://")
+    if not found or scheme.lower() not in ("http", "https"):
+        return None
+    host = rest.split("/", 1)[0].split("?", 1)[0].split("#", 1)[0].rpartition("@")[2]
+    return host or "HOST:PORT", scheme.lower() == "https"

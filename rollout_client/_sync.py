@@ -138,10 +138,13 @@ class SyncAgentClient:
         *,
         status: agent_pb2.ThreadStatus.ValueType = agent_pb2.THREAD_STATUS_UNSPECIFIED,
         page_size: int = 0,
+        include_recorded: bool = False,
         **options: Unpack[CallOptions],
     ) -> list[agent_pb2.Thread]:
         return self._loop.run(
-            self.client.list_threads(status=status, page_size=page_size, **options)
+            self.client.list_threads(
+                status=status, page_size=page_size, include_recorded=include_recorded, **options
+            )
         )
 
     def fork_thread(
@@ -149,6 +152,19 @@ class SyncAgentClient:
     ) -> list[SyncThread]:
         forks = self._loop.run(self.client.fork_thread(thread_id, count, **options))
         return [SyncThread(self._loop, thread) for thread in forks]
+
+    def resume_thread(
+        self,
+        thread_id: str = "",
+        *,
+        after_turn_id: str = "",
+        bundle_path: str = "",
+        **options: Unpack[CallOptions],
+    ) -> SyncThread:
+        resumed = self.client.resume_thread(
+            thread_id, after_turn_id=after_turn_id, bundle_path=bundle_path, **options
+        )
+        return SyncThread(self._loop, self._loop.run(resumed))
 
     def record_reward(
         self, thread_id: str, name: str, value: float, **options: Unpack[RewardOptions]

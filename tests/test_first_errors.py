@@ -86,6 +86,24 @@ def test_a_host_name_that_does_not_resolve() -> None:
     assert line.endswith(HINT)
 
 
+@pytest.mark.parametrize("command", ["health", "chat"])
+def test_a_url_for_the_address(command: str) -> None:
+    # Was: `no agent server answers at http://127.0.0.1:50051 (its host name does not
+    # resolve)`, exit 1: gRPC took the URL (the gateway's kind of address) for a host name.
+    program = str(BIN / "agent-server")
+    with _refusing() as address:
+        cases = [
+            (f"http://{address}", address),
+            (f"HTTPS://user:S3CRET@{address}/v1?key=S3CRETQ", f"{address} with --tls"),
+        ]
+        for url, give in cases:
+            line = _one_line(_run(program, command, "--address", url, stdin="hi\n"), 2)
+            assert line == (
+                f"agent-server {command}: --address takes the server's HOST:PORT, not a URL: "
+                f"give {give}"
+            )
+
+
 def test_something_else_at_the_address() -> None:
     with _http_server() as address:
         result = _run(str(BIN / "agent-server"), "health", "--address", address)
@@ -182,6 +200,31 @@ def test_the_served_view_of_a_directory_of_other_files_says_the_same(tmp_path: P
     assert line == f"trace-reducer: {said}"
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["reduce", "{root}"],
+        ["dump", "{root}"],
+        ["watch", "{root}"],
+        ["request", "{root}", "inf_1"],
+        ["export-otlp", "{root}"],
+        ["diff", "{root}", "{bundle}"],
+        ["reward", "{root}", "--name", "score", "--value", "1"],
+    ],
+    ids=lambda argv: argv[0],
+)
+def test_a_root_given_where_a_bundle_belongs(argv: list[str], bundle: Path) -> None:
+    # Was `not a trace bundle (no trace.binpb): ROOT`: what the root lacks, not that it holds
+    # the bundles, nor where their names are.
+    root = bundle.parent
+    filled = [arg.format(root=root, bundle=bundle) for arg in argv]
+    line = _one_line(_run(str(BIN / "trace-reducer"), *filled), 2)
+    assert line == (
+        f"trace-reducer: not a trace bundle (no trace.binpb) but a root of bundles: {root}: "
+        f"give one of them (`trace-reducer list {root}` names them)"
+    )
+
+
 def _without(packages: list[str], program: str, *argv: str) -> subprocess.CompletedProcess[str]:
     """A command run as if the packages were not installed (an import of them fails)."""
     main = {"trace-reducer": "trace_reducer.cli", "agent-server": "agent_server.cli"}[program]
@@ -207,6 +250,14 @@ def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
             ["pyarrow"],
             ["reduce-all", "{root}", "--tables", "{tmp}/tables"],
             "reduce-all needs the batch extra (pyarrow is missing): "
+            "pip install 'rollout-trace[batch]'",
+        ),
+        (
+            # The training extra installed (pyarrow), not the batch extra: was `internal error:
+            # ModuleNotFoundError`.
+            ["fsspec"],
+            ["reduce-all", "{root}", "--tables", "{tmp}/tables"],
+            "reduce-all needs the batch extra (fsspec is missing): "
             "pip install 'rollout-trace[batch]'",
         ),
         (

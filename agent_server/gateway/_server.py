@@ -20,6 +20,7 @@ from aiohttp import web
 
 from agent_server import telemetry
 from agent_server.agent import MAX_MODEL_CHARS
+from agent_server.config import open_listen_warning
 from agent_server.gateway._dialects import (
     CHAT,
     RESPONSES,
@@ -257,6 +258,11 @@ class Gateway:
         # An address in use is said first, before the model starts and logs.
         refuse_address_in_use(*split_listen(self.settings.listen), self.settings.listen)
         agent = self.settings.agent
+        open_to = open_listen_warning(
+            "--listen", self.settings.listen, agent.access, "sends requests upstream"
+        )
+        if open_to is not None:
+            log.warning("%s", open_to)
         base_url = agent.provider_url
         if agent.replay_from is not None:
             self._replay = await ReplayModel.from_settings(agent)
@@ -415,8 +421,13 @@ class Gateway:
             # that is not UTF-8 was a 500 (aiohttp decodes it to lone surrogates).
             token = bearer_token(request.headers.get("Authorization", ""))
             if token is None or not same_secret(token, self._token):
+                # An OpenAI SDK sends its API key as the bearer token: the key (OPENAI_API_KEY)
+                # is where a client of this gateway puts the gateway's token.
                 return error_response(
-                    401, "invalid_api_key", "the gateway needs `Authorization: Bearer <token>`"
+                    401,
+                    "invalid_api_key",
+                    "the gateway needs `Authorization: Bearer <token>`: an OpenAI client sends "
+                    "its API key (OPENAI_API_KEY) as the token, so set it to the gateway's",
                 )
         task = asyncio.current_task()
         if task is not None:
@@ -454,9 +465,15 @@ class Gateway:
         )
 
     async def _not_found(self, request: web.Request) -> web.Response:
-        return error_response(
-            404, "not_found", f"the gateway serves no {request.method} {request.path}"
-        )
+        message = f"the gateway serves no {request.method} {request.path}"
+        if not request.path.startswith("/rollout/"):
+            # An SDK given the gateway's address without /v1 (OPENAI_BASE_URL=http://HOST:PORT)
+            # posts /chat/completions: the answer says which base URL it needs.
+            message += (
+                f": an OpenAI client's base URL (OPENAI_BASE_URL) is {self.url}, where it serves "
+                "POST /v1/responses, POST /v1/chat/completions and GET /v1/models"
+            )
+        return error_response(404, "not_found", message)
 
     # -- upstream calls ------------------------------------------------------------------------
 

@@ -195,8 +195,33 @@ def test_chat_reads_its_token_from_the_named_variable() -> None:
             timeout=60,
         )
         assert anonymous.returncode == 1
-        assert "UNAUTHENTICATED" in anonymous.stderr
-        assert "MISSING_TOKEN" in anonymous.stderr
+        # Was the status alone: what the server wants, not how this command gives it.
+        assert anonymous.stderr.splitlines() == [
+            "agent-server chat: UNAUTHENTICATED: this server requires `authorization: Bearer "
+            "<token>` (MISSING_TOKEN); give the token the server was started with: "
+            "--auth-token-env NAME (the variable holding it) or $ROLLOUT_TOKEN"
+        ]
+        wrong = subprocess.run(
+            [AGENT_SERVER, "chat", "--address", server.address],
+            env=server_env(ROLLOUT_TOKEN="not-it"),
+            input="",
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert wrong.returncode == 1
+        assert "(INVALID_TOKEN); give the token the server was started with" in wrong.stderr
+        # As the hint says, $ROLLOUT_TOKEN is read when no --auth-token-env is given.
+        from_env = subprocess.run(
+            [AGENT_SERVER, "chat", "--address", server.address],
+            env=server_env(ROLLOUT_TOKEN="chat-token"),
+            input="hi\n",
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert from_env.returncode == 0, from_env.stderr
+        assert "[completed]" in from_env.stdout
         # Piped input works too: the session ends at end of input.
         allowed = subprocess.run(
             [AGENT_SERVER, "chat", "--address", server.address, "--auth-token-env", "MY_TOKEN"],

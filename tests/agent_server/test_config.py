@@ -526,3 +526,24 @@ def test_the_gateway_s_own_keys_name_the_file_too(tmp_path: Path) -> None:
     assert str(raised.value) == (
         "--upstream must be an http:// or https:// URL (set by ROLLOUT_PROVIDER_URL)"
     )
+
+
+@pytest.mark.parametrize("listen", ["0.0.0.0:50051", "[::]:50051", "10.0.0.7:50051"])
+def test_listening_beyond_loopback_without_a_token_is_warned_of(listen: str) -> None:
+    # Was said nowhere: `serve --listen 0.0.0.0:50051` served anyone who reached the port,
+    # on the provider's key, without a word.
+    def serve(argv: list[str], env: dict[str, str]) -> Settings:
+        parser = argparse.ArgumentParser()
+        config.add_serve_arguments(parser)
+        return config.from_args(parser.parse_args(argv), env)
+
+    (warning,) = serve(["--listen", listen], {}).warnings()
+    assert warning == (
+        f"--listen {listen} is not loopback and no --auth-token-env is set: anyone who can "
+        "reach it runs turns on the provider's key and reads what is recorded; require a "
+        "token with --auth-token-env NAME"
+    )
+    guarded = serve(["--listen", listen, "--auth-token-env", "T"], {"T": "t0ken"})
+    assert guarded.warnings() == []
+    for loopback in ("127.0.0.1:50051", "localhost:50051", "[::1]:50051"):
+        assert serve(["--listen", loopback], {}).warnings() == []

@@ -337,8 +337,9 @@ def test_the_documented_config_file_loads(tmp_path: Path) -> None:
     config.write_text(block("config", "toml", doc="docs/operating.md"))
     parser = argparse.ArgumentParser()
     add_serve_arguments(parser)
-    settings = from_args(parser.parse_args(["--config", str(config)]), {})
+    settings = from_args(parser.parse_args(["--config", str(config)]), {"AGENT_TOKEN": "t0ken"})
     assert settings.provider_url == "https://provider.example/v1"
+    assert settings.access.token == "t0ken"
     assert settings.trace_root == tmp_path / "traces"
     assert (settings.log_format, settings.metrics_listen) == ("json", "127.0.0.1:9464")
     assert settings.warnings() == [

@@ -345,3 +345,24 @@ async def test_a_refused_connection_says_refused(start_agent: StartAgent) -> Non
     )
     assert "timed out" not in final.error.message
     assert "ssl" not in final.error.message
+
+
+@pytest.mark.parametrize("path", ["", "/v1"])
+async def test_a_404_from_a_provider_url_without_a_path_says_to_add_v1(
+    provider: ScriptedProvider, start_agent: StartAgent, path: str
+) -> None:
+    # Was `provider answered HTTP 404: {"detail":"Not Found"}` alone: vLLM's answer to
+    # --provider-url http://HOST:8000, which `vllm serve` prints, its API being under /v1.
+    agent = await start_agent(provider_url=provider.url + path, max_retries=0)
+    provider.replies.append(Reply(status=404, body=b'{"detail":"Not Found"}'))
+    final, _, _ = await run_turn(agent)
+    assert final.status == agent_pb2.TURN_STATUS_FAILED
+    said = 'provider answered HTTP 404: {"detail":"Not Found"}'
+    if not path:
+        said += (
+            f"; the provider URL {provider.url} has no path, and an OpenAI-compatible server "
+            f"serves under /v1: give {provider.url}/v1"
+        )
+    assert (final.error.http_status, final.error.message) == (404, said)
+    [call] = calls_in_order(await reduced(agent))
+    assert call.error.message == said

@@ -366,3 +366,62 @@ def test_a_bundle_an_http_root_lists_and_never_serves_says_it_timed_out(tmp_path
         f"  FAILED: {url}{bundle.name}: no answer within 0.2 s "
         "(--storage-option timeout=SECONDS to wait longer)"
     ], result.stdout
+
+
+def test_tables_at_a_url_no_store_can_open_is_one_line_and_exit_2_before_any_work(
+    traces: Path,
+) -> None:
+    # Was: `internal error: ValueError: Protocol not known: bogus`, exit 1 (and, with the
+    # batch extra half installed, `internal error: ModuleNotFoundError` for fsspec).
+    result = reduce_all(str(traces), "--tables", "bogus://tables")
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert _our_lines(result.stderr) == [
+        "trace-reducer: cannot open bogus://tables: Protocol not known: bogus"
+    ]
+    assert not [bundle for bundle in bundles_under(traces) if (bundle / "state.json").exists()]
+
+
+def test_tables_a_store_refuses_are_one_warning_and_exit_1(traces: Path, tmp_path: Path) -> None:
+    # Was, once every bundle was reduced: `internal error: NoCredentialsError: Unable to
+    # locate credentials` (an s3:// store and no AWS credentials anywhere), `internal error:
+    # NotImplementedError: ` (fsspec's read-only http:// file system).
+    nowhere = str(tmp_path / "no-such-file")
+    env = {key: value for key, value in os.environ.items() if not key.startswith("AWS_")}
+    env |= {
+        "AWS_SHARED_CREDENTIALS_FILE": nowhere,
+        "AWS_CONFIG_FILE": nowhere,
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+    with socket.socket() as held:  # a loopback port nothing listens on
+        held.bind(("127.0.0.1", 0))
+        closed = held.getsockname()[1]
+        cases = [
+            (
+                [
+                    "s3://bucket/tables",
+                    "--storage-option",
+                    f"endpoint_url=http://127.0.0.1:{closed}",
+                ],
+                "s3://bucket/tables: Unable to locate credentials",
+            ),
+            ([f"http://127.0.0.1:{closed}/tables"], f"http://127.0.0.1:{closed}/tables: "),
+        ]
+        for args, said in cases:
+            result = subprocess.run(
+                [TRACE_REDUCER, "reduce-all", str(traces), "--force", "--tables", *args],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                env=env,
+                check=False,
+            )
+            assert result.returncode == 1, result.stderr
+            assert "Traceback" not in result.stderr
+            assert "internal error" not in result.stderr
+            last = result.stderr.splitlines()[-1]
+            assert last.startswith(f"trace-reducer: warning: cannot write the tables to {said}")
+            assert f"  tables: not written to {args[0]}" in result.stdout
+            # The batch itself went on: every bundle has its state.
+            for bundle in bundles_under(traces):
+                assert (bundle / "state.json").read_text() == expected_state(bundle)

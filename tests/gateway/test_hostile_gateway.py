@@ -850,7 +850,8 @@ async def test_a_token_of_any_bytes_is_a_401(
     # Was: 500 with aiohttp's own page ("surrogates not allowed" encoding the header's text).
     assert answer.status_code == 401, answer.text
     assert answer.json()["error"] == {
-        "message": "the gateway needs `Authorization: Bearer <token>`",
+        "message": "the gateway needs `Authorization: Bearer <token>`: an OpenAI client sends "
+        "its API key (OPENAI_API_KEY) as the token, so set it to the gateway's",
         "type": "authentication_error",
         "code": "invalid_api_key",
     }

@@ -64,6 +64,43 @@ async def test_async_responses_whole_and_streamed(gateway: Gateway) -> None:
     assert list(second.request_item_ids[:2]) == [*first.request_item_ids, *first.response_item_ids]
 
 
+async def test_a_base_url_without_v1_is_told_the_one_to_use(gateway: Gateway) -> None:
+    # Was: `the gateway serves no POST /chat/completions`, which says what failed and not what
+    # to set OPENAI_BASE_URL to.
+    bare = gateway.url.removesuffix("/v1")
+    client = openai.AsyncOpenAI(base_url=bare, api_key="unused", max_retries=0)
+    with pytest.raises(openai.NotFoundError) as refused:
+        await client.chat.completions.create(
+            model="local", messages=[{"role": "user", "content": "hi"}]
+        )
+    assert refused.value.message == (
+        "Error code: 404 - the gateway serves no POST /chat/completions: an OpenAI client's base "
+        f"URL (OPENAI_BASE_URL) is {gateway.url}, where it serves POST /v1/responses, "
+        "POST /v1/chat/completions and GET /v1/models"
+    )
+    await gateway.stop()
+    assert not bundles(gateway.settings.trace_root)
+
+
+async def test_a_token_guarded_gateway_tells_the_sdk_where_its_token_goes(
+    start_gateway: StartGateway,
+) -> None:
+    # Was `the gateway needs `Authorization: Bearer <token>``: nothing said that an SDK's API
+    # key is what it sends there.
+    from grpc_common import AccessControl
+
+    gateway = await start_gateway(access=AccessControl(token="gateway-token"))
+    refused = openai.AsyncOpenAI(base_url=gateway.url, api_key="unused", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as raised:
+        await refused.responses.create(model="local", input="hello")
+    assert raised.value.message == (
+        "Error code: 401 - the gateway needs `Authorization: Bearer <token>`: an OpenAI client "
+        "sends its API key (OPENAI_API_KEY) as the token, so set it to the gateway's"
+    )
+    allowed = openai.AsyncOpenAI(base_url=gateway.url, api_key="gateway-token", max_retries=0)
+    assert (await allowed.responses.create(model="local", input="hello")).output_text
+
+
 async def test_sync_client_and_its_stream_helper(gateway: Gateway) -> None:
     # The sync client blocks its thread: it runs on a worker while the gateway serves here.
     def call() -> tuple[str, str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -383,3 +384,29 @@ async def test_header_values_are_never_echoed(bundles: Bundles) -> None:
     run = await export_cli(str(bundles.retried), "--header", f"bad key={SECRET}")
     assert run.code == 2
     assert SECRET not in run.stderr
+
+
+async def test_the_default_receiver_not_there_says_it_was_the_default(bundles: Bundles) -> None:
+    # Was `could not export spans to http://localhost:4317: connection refused`: nothing said
+    # that this was a default the user never gave, nor how to give theirs.
+    held = []
+    for family, host in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+        probe = socket.socket(family)
+        try:
+            probe.bind((host, 4317))  # bound, never listening: connections are refused
+        except OSError:
+            probe.close()
+            if family == socket.AF_INET:
+                pytest.skip("something else holds 127.0.0.1:4317")
+            continue
+        held.append(probe)
+    try:
+        run = await export_cli(str(bundles.retried), "--timeout", "1")
+    finally:
+        for probe in held:
+            probe.close()
+    assert run.code == 1
+    assert run.error_lines == [
+        "trace-reducer: could not export spans to http://localhost:4317 (the default: give the "
+        "receiver's with --endpoint or OTEL_EXPORTER_OTLP_ENDPOINT): connection refused"
+    ]

@@ -443,3 +443,71 @@ async def test_tool_calls_answered_by_hand(server: AgentServer) -> None:
         with pytest.raises(FailedPreconditionError) as late:
             await turn.submit_tool_output("call_nope", "too late")
         assert late.value.reason == "TURN_NOT_AWAITING_TOOL_OUTPUTS"
+
+
+async def test_a_url_for_the_address_says_the_host_and_port_to_give(server: AgentServer) -> None:
+    # Was: `UNAVAILABLE: errors resolving http://127.0.0.1:50051: [...] Misformatted domain
+    # name` at the first call, gRPC taking the URL (the gateway's kind of address) for a name.
+    from rollout_client import ReducerClient, SyncAgentClient
+
+    address = f"127.0.0.1:{server.port}"
+    for kind in (AgentClient, ReducerClient, SyncAgentClient):
+        with pytest.raises(ValueError, match=r"^the address is") as refused:
+            kind(f"http://{address}/v1")
+        assert str(refused.value) == (
+            f"the address is the server's HOST:PORT, not a URL: give '{address}'"
+        )
+    with pytest.raises(ValueError, match=r"^the address is") as refused:
+        AgentClient(f"https://user:S3CRET@{address}/v1?key=S3CRETQ")
+    assert str(refused.value) == (
+        f"the address is the server's HOST:PORT, not a URL: give '{address}' and tls=True"
+    )
+    # The address it names is the one that works; gRPC's own schemes pass as they are.
+    for working in (address, f"dns:///{address}", f"ipv4:{address}"):
+        async with AgentClient(working) as client:
+            thread = await client.start_thread()
+            await thread.close()
+
+
+async def test_a_recorded_thread_is_listed_and_resumed_from_disk(
+    server: AgentServer, tmp_path: Path
+) -> None:
+    # Was: neither in the client (README: "the client covers the whole API"), so continuing a
+    # run from disk meant the raw stub: `client.call(client.stub.ResumeThread, ...)`.
+    from rollout_client import SyncAgentClient
+
+    async with AgentClient(f"127.0.0.1:{server.port}") as client:
+        thread = await client.start_thread(instructions="Be brief.")
+        turn = thread.run_turn("first question")
+        await turn.wait()
+        await thread.close()
+    # A second server on the same trace root holds none of it: the thread is only on disk.
+    later = await AgentServer.start(
+        Settings(listen="127.0.0.1:0", trace_root=tmp_path / "traces", local_word_delay=0.001)
+    )
+    try:
+        async with AgentClient(f"127.0.0.1:{later.port}") as client:
+            assert await client.list_threads() == []
+            [listed] = await client.list_threads(include_recorded=True)
+            assert (listed.id, listed.recorded) == (thread.id, True)
+            resumed = await client.resume_thread(thread.id, after_turn_id=turn.id)
+            assert resumed.id != thread.id
+            assert resumed.info.fork.resumed
+            again = resumed.run_turn("second question")
+            await again.wait()
+            assert again.status_name == "COMPLETED"
+            await resumed.close()
+
+        def blocking_client() -> None:  # off the loop the server answers on
+            with SyncAgentClient(f"127.0.0.1:{later.port}") as blocking:
+                ids = {t.id for t in blocking.list_threads(include_recorded=True)}
+                assert ids == {thread.id, resumed.id}
+                by_path = blocking.resume_thread(bundle_path=thread.bundle_path)
+                assert by_path.info.fork.resumed
+                by_path.close()
+
+        await asyncio.to_thread(blocking_client)
+    finally:
+        await later.stop()
+    trace = replay_bundle(resumed.bundle_path)
+    assert len(trace.fork.ancestors) == 1

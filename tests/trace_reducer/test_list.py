@@ -97,6 +97,34 @@ def test_filters(root: Path) -> None:
     assert top[0]["tokens"] == max((r["tokens"] for r in every), key=lambda t: t["total"])  # type: ignore[index]
 
 
+def test_a_filter_naming_what_no_run_has_says_what_the_runs_have(root: Path) -> None:
+    # Was: an empty listing and nothing else, so a typo (`--reward 'correc<1'`) read as "no
+    # such runs".
+    every = listed(str(root))
+    rewards = sorted({name for run in every for name in run["rewards"]})  # type: ignore[attr-defined]
+    models = sorted({str(run["model"]) for run in every} - {""})
+    tools = sorted({tool for run in every for tool in run["tools"]})  # type: ignore[attr-defined]
+    cases = [
+        (["--reward", "correc<1"], "--reward: no run has a reward named 'correc'", rewards),
+        (
+            ["--model", "model-z,MODEL-Y"],
+            "--model: no run has the model 'model-y' or 'model-z'",
+            models,
+        ),
+        (["--tool", "lokup"], "--tool: no run has the tool 'lokup'", tools),
+    ]
+    for args, said, have in cases:
+        done = run_list(str(root), *args, "--json")
+        assert (done.returncode, done.stdout) == (0, ""), done.stderr
+        assert done.stderr.splitlines() == [
+            f"trace-reducer: warning: {said} (the runs have: {', '.join(have)})"
+        ]
+    # A name some run has says nothing, whether runs match or not.
+    for args in (["--reward", "correct<0"], ["--reward", "correct>=1"], ["--tool", "lookup"]):
+        done = run_list(str(root), *args)
+        assert (done.returncode, done.stderr) == (0, ""), done.stderr
+
+
 def test_a_cold_listing_leaves_nothing_for_the_cycle_collector(root: Path) -> None:
     # The listing turns the collector off while it runs: whatever a bundle's reduction left in
     # cycles would pile up until the end (300 MiB at 9,000 small bundles, when it did).

@@ -14,6 +14,7 @@ from google.protobuf.message import DecodeError
 from rollout.trace.v1 import record_pb2, state_pb2
 
 from ._bulk import MIN_RUN, DeltaRun, RunFinder, parse_container, parse_frames
+from ._discover import walk_bundles
 from ._errors import BundleError, BundleNotFoundError, NotABundleError
 from ._framing import CRC_FIELD, CRC_TAG, CRC_TRAILER_BYTES, MAX_RECORD_BYTES, decode_varint
 from ._layout import TRACE_FILE_NAME
@@ -493,8 +494,24 @@ def resolve_trace_file(path: str | os.PathLike[str]) -> Path:
     if not candidate.is_file():
         if candidate.exists() or candidate.is_symlink():
             raise NotABundleError(f"not a trace bundle ({candidate} is not a regular file)")
+        if given.is_dir() and _holds_a_bundle(given):
+            # A root given where one of its bundles belongs (`reduce traces`): say so, and
+            # where the bundles' names are, rather than only what the root lacks.
+            raise NotABundleError(
+                f"not a trace bundle (no {TRACE_FILE_NAME}) but a root of bundles: {given}: "
+                f"give one of them (`trace-reducer list {given}` names them)"
+            )
         raise NotABundleError(f"not a trace bundle (no {TRACE_FILE_NAME}): {given}")
     return candidate
+
+
+def _holds_a_bundle(directory: Path) -> bool:
+    # Its own subdirectories only, the layout the agent writes: an error message must not
+    # walk a whole tree (`reduce ~`) to be said.
+    try:
+        return next(walk_bundles(directory, recursive=False), None) is not None
+    except OSError:
+        return False
 
 
 def read_bundle(path: str | os.PathLike[str]) -> BundleReader:

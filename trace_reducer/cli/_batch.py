@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import time
 from typing import Any
@@ -12,7 +13,7 @@ from ..batch._listing import indexed_integrity
 from ..batch._report import Tally, summary
 from ..batch._storage import Store, is_url, open_store, parse_storage_options
 from ..bundle._discover import no_bundles_there
-from ..bundle._errors import BundleError, MissingExtraError
+from ..bundle._errors import BundleError, MissingExtraError, os_error_reason
 from ..bundle._liveness import LIVE_WINDOW
 from ..bundle._shown import one_line
 from ..reduce._pool import Engine, InlineEngine, PoolEngine
@@ -111,6 +112,14 @@ def _missing_extra(error: ImportError) -> MissingExtraError:
     return MissingExtraError("reduce-all", "batch", error.name)
 
 
+def _store_failure(error: Exception) -> str:
+    """Why the tables could not be written, in the store's words (or the error's name, for the
+    NotImplementedError of a store that cannot write, fsspec's HTTP one)."""
+    if isinstance(error, OSError):
+        return os_error_reason(error)
+    return str(error) or type(error).__name__
+
+
 def _engine(args: argparse.Namespace, store: Store) -> Engine:
     if store.process_local:
         return InlineEngine(reduce_chunk)
@@ -167,36 +176,48 @@ def run(args: argparse.Namespace) -> int:
             from ..batch._tables import TableSink  # pyarrow: an optional extra
         except ImportError as error:
             raise _missing_extra(error) from error
-        sink = TableSink(args.tables, dict(storage_options))
+        try:
+            sink = TableSink(args.tables, dict(storage_options))
+        except (ImportError, ValueError) as error:
+            # Before any work, as for the root: fsspec (or gcsfs, ...) missing, a protocol
+            # fsspec does not know.
+            raise root_failure("reduce-all", args.tables, error, "open") from error
 
     engine = _engine(args, store) if tasks else None
     tally = Tally(salvage=options.salvage)
     tally.add_known(known)
 
-    def emit(result: BundleResult) -> None:
-        tally.add(result)
-        if sink is not None and result.rows is not None:
-            sink.add(result.day, result.rows)
-            result.rows = None
-
     interrupted = False
     table_rows = None
     table_error = ""
+
+    def emit(result: BundleResult) -> None:
+        nonlocal table_error
+        tally.add(result)
+        if sink is not None and result.rows is not None and not table_error:
+            try:
+                sink.add(result.day, result.rows)
+            except Exception as error:  # noqa: BLE001 - a store's own (botocore's): the batch goes on
+                table_error = _store_failure(error)
+            result.rows = None
+
     started = time.perf_counter()
     try:
         if engine is not None:
             progress = _Listener(progress_for("reduce-all", lines_into_pipes=True))
             drive(engine, tasks, options, progress, emit)
-        if sink is not None:
+        if sink is not None and not table_error:
             try:
                 table_rows = sink.commit()
-            except OSError as error:
-                table_error = str(error.strerror or error)
+            except Exception as error:  # noqa: BLE001 - an OSError, or a store's own (botocore's)
+                table_error = _store_failure(error)
     except KeyboardInterrupt:
         interrupted = True
     finally:
         if sink is not None and table_rows is None:
-            sink.abort()
+            # The store that refused the tables may refuse their clean-up as well.
+            with contextlib.suppress(Exception):
+                sink.abort()
     seconds = time.perf_counter() - started
     if isinstance(engine, PoolEngine) and engine.restarts:
         warn(engine.restarts_said())

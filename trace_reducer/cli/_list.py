@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..bundle._discover import no_bundles_there
@@ -138,6 +139,9 @@ def run(args: argparse.Namespace) -> int:
         root = args.root if is_url(args.root) else os.path.abspath(args.root)
         raise BundleError(no_bundles_there(root))
     runs = sort_runs([r for r in listing.runs if chosen.matches(r)], sort_key)
+    if not runs:
+        for note in _unknown_names(chosen, listing.runs):
+            warn(note)
     if args.limit is not None:
         runs = runs[: args.limit]
     if args.json:
@@ -149,3 +153,35 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(redact(format_table(runs)))
     return EXIT_OK
+
+
+def _unknown_names(chosen: RunFilter, runs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """For a listing that matched nothing: each reward name the filter compares, and each of
+    its model or tool lists, that no run has at all, with the names the runs do have. A typo
+    (`--reward 'scor<0.5'`) otherwise reads as "no such runs"."""
+    have: dict[str, set[str]] = {"reward": set(), "model": set(), "tool": set()}
+    for run in runs:
+        have["reward"].update(run["rewards"])
+        have["model"].add(run["model"])
+        have["tool"].update(run["tools"])
+    models = {name.lower() for name in have["model"]}
+    asked = [
+        *(("reward", [key]) for key in dict.fromkeys(key for key, _, _ in chosen.rewards)),
+        ("model", sorted(chosen.models) if not chosen.models & models else []),
+        ("tool", sorted(chosen.tools) if not chosen.tools & have["tool"] else []),
+    ]
+    notes = []
+    for kind, names in asked:
+        if not names or (kind == "reward" and names[0] in have["reward"]):
+            continue
+        known = sorted(filter(None, have[kind]))
+        shown = ", ".join(known[:_SHOWN_NAMES]) + (", ..." if len(known) > _SHOWN_NAMES else "")
+        notes.append(
+            f"--{kind}: no run has {'the ' + kind if kind != 'reward' else 'a reward named'} "
+            f"{' or '.join(map(repr, names))} (the runs have: {shown or 'none'})"
+        )
+    return notes
+
+
+# The names a note lists at most.
+_SHOWN_NAMES = 20

@@ -26,6 +26,7 @@ from grpc_common import (
     default_event_loop,
     event_loop_problem,
     listen_error,
+    parse_command_line,
     run_on_loop,
 )
 from rollout.trace.v1 import record_pb2, state_pb2
@@ -832,7 +833,7 @@ _NAME_ENDS = frozenset(" \t\n\"'<>")
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; never lets a traceback out."""
-    args = build_parser().parse_args(argv)
+    args = parse_command_line(build_parser(), argv)
     hide_secrets(
         (getattr(args, "root", None), getattr(args, "tables", None), _ray_url(args)),
         getattr(args, "storage_option", None) or (),

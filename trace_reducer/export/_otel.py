@@ -584,6 +584,12 @@ def export_otlp(
     if exporter is None:
         exporter, url = otlp_exporter(endpoint, protocol, headers, timeout)
         where = redact_url(url)
+        if not endpoint and _from_env((_TRACES_ENDPOINT_ENV, _ENDPOINT_ENV)) is None:
+            # Nothing named a receiver: one that is not there is the default's, which the user
+            # may not know was tried.
+            where += (
+                " (the default: give the receiver's with --endpoint or OTEL_EXPORTER_OTLP_ENDPOINT)"
+            )
     try:
         results = []
         for one in made:

@@ -1,0 +1,62 @@
+"""How both programs parse their command line (grpc_common._flags.parse_command_line): a word the
+command does not take is refused by that command, with its own usage and the flag it takes that
+is nearest a mistyped one."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from tests.commands import run_each
+
+BIN = Path(sys.executable).parent
+
+# Each command line, the usage its refusal starts with and the line that ends it.
+CASES = [
+    (
+        ["trace-reducer", "reduce", "--salvgae", "nosuch"],
+        "usage: trace-reducer reduce ",
+        "trace-reducer reduce: error: unrecognized arguments: --salvgae (did you mean --salvage?)",
+    ),
+    (
+        ["trace-reducer", "reduce-all", "nosuch", "--tabels=tables"],
+        "usage: trace-reducer reduce-all ",
+        "trace-reducer reduce-all: error: unrecognized arguments: --tabels=tables "
+        "(did you mean --tables?)",
+    ),
+    (
+        ["trace-reducer", "reduce", "one", "two"],
+        "usage: trace-reducer reduce ",
+        "trace-reducer reduce: error: unrecognized arguments: two",
+    ),
+    (
+        ["agent-server", "serve", "--listne", "127.0.0.1:0"],
+        "usage: agent-server serve ",
+        "agent-server serve: error: unrecognized arguments: --listne 127.0.0.1:0 "
+        "(did you mean --listen?)",
+    ),
+    (
+        ["agent-server", "health", "--adress", "127.0.0.1:1"],
+        "usage: agent-server health ",
+        "agent-server health: error: unrecognized arguments: --adress 127.0.0.1:1 "
+        "(did you mean --address?)",
+    ),
+    (
+        ["agent-server", "chat", "--no-such-flag"],
+        "usage: agent-server chat ",
+        "agent-server chat: error: unrecognized arguments: --no-such-flag",
+    ),
+]
+
+
+def test_a_mistyped_flag_is_refused_by_its_command_with_the_nearest_flag() -> None:
+    # Was `usage: trace-reducer [-h] [--version] COMMAND ...` and `trace-reducer: error:
+    # unrecognized arguments: --salvgae`: the program's usage, which names none of the
+    # command's flags, and no hint which one was meant.
+    results = run_each([[str(BIN / program), *rest] for (program, *rest), _, _ in CASES])
+    for (argv, usage, said), result in zip(CASES, results, strict=True):
+        assert result.returncode == 2, (argv, result.stderr)
+        assert "Traceback" not in result.stderr
+        assert result.stderr.startswith(usage), (argv, result.stderr)
+        assert result.stderr.splitlines()[-1] == said, (argv, result.stderr)
+        assert not result.stdout
