@@ -1031,3 +1031,24 @@ TRACE_REDUCER = str(Path(sys.executable).parent / "trace-reducer")
 def test_a_ctrl_c_while_the_command_loads_exits_130_quietly(argv: list[str], module: str) -> None:
     done = interrupt_while_importing(argv, module)
     assert (done.returncode, done.stderr, done.stdout) == (EXIT_INTERRUPTED, "", "")
+
+
+def test_export_rl_s_summary_marks_the_thousands_of_every_count(tmp_path: Path) -> None:
+    from trace_reducer.cli._training import summary_line
+    from trace_reducer.export._rl import Exported, Unreduced
+
+    exported = Exported(
+        tmp_path / "verl.parquet",
+        samples=1536,
+        exact=1536,
+        skipped_threads=0,
+        left_out=[],
+        warnings=[],
+        drifted=1200,
+        unreduced=[Unreduced(f"b{n}", "unreadable") for n in range(1002)],
+    )
+    # Was: `wrote 1,536 samples (1536 with exact tokens, 1200 drifted)`.
+    assert summary_line(exported) == (
+        f"wrote 1,536 samples (1,536 with exact tokens, 1,200 drifted) to {tmp_path}/verl.parquet"
+        "; 1,002 bundles not exported (0 corrupt, 1,002 failed)"
+    )

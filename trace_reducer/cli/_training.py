@@ -10,7 +10,7 @@ from ..bundle._integrity import require_reducible
 from ..bundle._names import counted
 from ..bundle._reader import resolve_trace_file
 from ..bundle._rewards import RewardInput, append_reward, check_reward
-from ..export._rl import FORMATS, ExportError, export_rl
+from ..export._rl import FORMATS, Exported, ExportError, export_rl
 from ..reduce._replay import replay_bundle
 from ..reduce._requests import ids_there
 from ._common import (
@@ -150,21 +150,27 @@ def _export(args: argparse.Namespace) -> int:
             "from the tokens it had sampled; their ids are kept as the engine saw them and the "
             "departed stretch is masked out (each sample's drift_events says where)"
         )
+    print(summary_line(exported), flush=True)
+    return EXIT_FAILED if exported.unreduced else EXIT_OK
+
+
+def summary_line(exported: Exported) -> str:
+    """export-rl's last line: what it wrote, and what it could not export."""
     written = exported.samples - len(exported.left_out) - len(exported.group_prompts)
     not_exported = ""
     if exported.unreduced:
         corrupt = sum(unreduced.corrupt for unreduced in exported.unreduced)
         not_exported = (
             f"; {counted(len(exported.unreduced), 'bundle')} not exported "
-            f"({corrupt} corrupt, {len(exported.unreduced) - corrupt} failed)"
+            f"({corrupt:,} corrupt, {len(exported.unreduced) - corrupt:,} failed)"
         )
-    print(
+    # Every count with its thousands marked, as `counted` marks the first (was `1,536
+    # samples (1536 with exact tokens …)`).
+    return (
         f"wrote {counted(written, 'sample')} "
-        f"({exported.exact} with exact tokens, {exported.drifted} drifted) to {exported.path}"
-        f"{not_exported}",
-        flush=True,
+        f"({exported.exact:,} with exact tokens, {exported.drifted:,} drifted) to "
+        f"{exported.path}{not_exported}"
     )
-    return EXIT_FAILED if exported.unreduced else EXIT_OK
 
 
 def add_parsers(commands: Any) -> None:
