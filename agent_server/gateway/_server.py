@@ -605,7 +605,7 @@ class Gateway:
             continued = None
             if hinted is None:
                 fingerprints = [dialect.fingerprint(entry) for entry in entries]
-                continued = self.sessions.continuing(fingerprints)
+                continued = self.sessions.continuing(fingerprints, retry=_is_retry(request))
             if hinted is not None:
                 key = hinted
                 reason = f"new key in the request's {hinted.source.partition(':')[2]}"
@@ -1235,6 +1235,18 @@ def _tag(headers: CIMultiDict[str], session: Session) -> None:
 
 # Headers coding agents send with every request of one conversation (Codex: both, the same id).
 _HINT_HEADERS = ("session_id", "conversation_id")
+
+
+# The openai SDKs (Python, Node, Go, ...: Stainless-made) number each attempt of a request in
+# this header, 0 for the first: with their default of two retries, every 408, 409, 429, 5xx or
+# timeout sent the same conversation again, and the retry started a session of its own.
+_RETRY_HEADER = "x-stainless-retry-count"
+
+
+def _is_retry(request: web.Request) -> bool:
+    count = request.headers.get(_RETRY_HEADER, "").strip()
+    # Not int(): a header of 5,000 digits is past what int() converts.
+    return count.isascii() and count.isdigit() and count.strip("0") != ""
 
 
 def _header_hint(request: web.Request) -> SessionKey | None:

@@ -286,10 +286,15 @@ class Sessions:
     def by_response(self, response_id: str) -> Session | None:
         return self._by_response.get(response_id)
 
-    def continuing(self, fingerprints: Sequence[str]) -> Session | None:
-        """The open session whose last exchange the request's input extends (longest first)."""
+    def continuing(self, fingerprints: Sequence[str], *, retry: bool = False) -> Session | None:
+        """The open session whose last exchange the request's input extends (longest first).
+
+        retry: the client says the request is its retry of one it sent before (an SDK's
+        `x-stainless-retry-count`); its input may then be that exchange itself, a call that
+        got no answer (failed, timed out, cut off) sent again. Without the client saying so,
+        an input equal to an exchange may be a new run of the same prompt."""
         for length in sorted(self._lengths, reverse=True):
-            if 0 < length < len(fingerprints):
+            if 0 < length < len(fingerprints) or (retry and 0 < length == len(fingerprints)):
                 found = self._by_exchange.get(tuple(fingerprints[:length]))
                 if found is not None and not found.closed:
                     return found

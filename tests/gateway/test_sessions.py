@@ -34,6 +34,7 @@ from trace_reducer import read_rewards, replay_bundle
 CLEAN = state_pb2.INTEGRITY_STATUS_CLEAN
 COMPLETED = common_pb2.EXECUTION_STATUS_COMPLETED
 CANCELLED = common_pb2.EXECUTION_STATUS_CANCELLED
+FAILED = common_pb2.EXECUTION_STATUS_FAILED
 
 
 def _client(gateway: Gateway, **headers: str) -> openai.AsyncOpenAI:
@@ -90,6 +91,59 @@ async def test_continuation_without_a_key_and_why_a_session_started(gateway: Gat
         (thread,) = trace.threads.values()
         assert thread.metadata["gateway.session_source"] == "new"
         assert "extends no open session" in thread.metadata["gateway.session_reason"]
+
+
+async def test_an_sdk_retry_stays_in_the_session_of_the_call_it_retries(
+    start_gateway: StartGateway, provider: ScriptedProvider
+) -> None:
+    # The SDK's default: two retries of a 408, 409, 429, 5xx or timeout, each the same body.
+    # Was: the retry's input repeats the failed call's, extending no exchange, so it started a
+    # session of its own and the conversation went on there, split across two bundles.
+    gateway = await start_gateway(provider.url)
+    client = openai.AsyncOpenAI(base_url=gateway.url, api_key="unused")
+    busy = {"error": {"message": "overloaded", "code": "server_error"}}
+
+    async def ask(input_: Any) -> str:
+        stream = await client.responses.create(model="m", input=input_, stream=True)
+        return "".join([e.delta async for e in stream if e.type == "response.output_text.delta"])
+
+    provider.queue(answer("one", response_id="resp-1"))
+    history: list[Any] = [
+        {"role": "user", "content": "first"},
+        {"role": "assistant", "content": await ask("first")},
+        {"role": "user", "content": "second"},
+    ]
+    provider.queue_error(503, busy, headers={"retry-after-ms": "1"})
+    provider.queue(answer("two", response_id="resp-2"))
+    history.append({"role": "assistant", "content": await ask(history)})
+    provider.queue(answer("three", response_id="resp-3"))
+    assert await ask([*history, {"role": "user", "content": "third"}]) == "three"
+    # A first call retried (a 429) is its session's too.
+    provider.queue_error(429, busy, headers={"retry-after-ms": "1"})
+    provider.queue(answer("other", response_id="resp-4"))
+    assert await ask("another run") == "other"
+    # The same input again, not said to be a retry, is a new run of the same prompt.
+    once = openai.AsyncOpenAI(base_url=gateway.url, api_key="unused", max_retries=0)
+    for _ in range(2):
+        provider.queue_error(500, busy)
+        with pytest.raises(openai.InternalServerError):
+            await once.responses.create(model="m", input="a prompt run twice", stream=True)
+    retries = [request.headers.get("x-stainless-retry-count") for request in provider.requests]
+    assert retries == ["0", "0", "1", "0", "0", "1", "0", "0"]
+    await gateway.stop()
+    traces = reduce_all(gateway.settings.trace_root)
+    assert all(trace.integrity.status == CLEAN for trace in traces)
+    shapes = sorted(
+        ([c.execution.status for c in calls(trace)], len(trace.turns)) for trace in traces
+    )
+    assert shapes == sorted(
+        [
+            ([COMPLETED, FAILED, COMPLETED, COMPLETED], 3),
+            ([FAILED, COMPLETED], 1),
+            ([FAILED], 1),
+            ([FAILED], 1),
+        ]
+    )
 
 
 async def test_a_session_keeps_a_digest_of_each_entry_not_its_text(gateway: Gateway) -> None:
