@@ -122,6 +122,9 @@ def _entries(logprobs: Any) -> list[dict[str, Any]]:
 
 _EVENT_OF = {
     "message": "response.output_text.delta",
+    # A message that is a refusal (`delta.refusal`, `message.refusal`: OpenAI's structured
+    # outputs), as the Responses API has it: a message item with a `refusal` part.
+    "refusal": "response.refusal.delta",
     "reasoning": "response.reasoning_summary_text.delta",
     "function_call": "response.function_call_arguments.delta",
 }
@@ -220,6 +223,9 @@ class ChunkMapper:
         content = delta.get("content")
         if isinstance(content, str) and content:
             out.extend(self._append("message", content))
+        refusal = delta.get("refusal")
+        if isinstance(refusal, str) and refusal:
+            out.extend(self._append("refusal", refusal))
         calls = delta.get("tool_calls")
         for call in calls if isinstance(calls, list) else []:
             if not isinstance(call, dict):
@@ -263,8 +269,8 @@ class ChunkMapper:
 
     def _added(self, item: _Item) -> MappedEvent:
         payload: dict[str, Any] = {"id": item.id, "type": item.type, "status": "in_progress"}
-        if item.type == "message":
-            payload.update(role="assistant", content=[])
+        if item.type in ("message", "refusal"):
+            payload.update(type="message", role="assistant", content=[])
         elif item.type == "function_call":
             payload.update(call_id=item.call_id, name=item.name, arguments="")
         else:
@@ -298,6 +304,10 @@ class ChunkMapper:
             payload.update(
                 role="assistant",
                 content=[{"type": "output_text", "text": text, "annotations": []}],
+            )
+        elif item.type == "refusal":
+            payload.update(
+                type="message", role="assistant", content=[{"type": "refusal", "refusal": text}]
             )
         elif item.type == "function_call":
             payload.update(call_id=item.call_id, name=item.name, arguments=text)

@@ -17,7 +17,7 @@ from openai.types.responses import ResponseTextDeltaEvent
 from agent_server.gateway import Gateway
 from rollout.trace.v1 import common_pb2, state_pb2
 from tests.agent_server.conftest import TRACE_REDUCER
-from tests.agent_server.scripted_provider import ScriptedProvider, answer
+from tests.agent_server.scripted_provider import ScriptedProvider, answer, sse
 from tests.gateway.conftest import (
     StartGateway,
     bundles,
@@ -309,3 +309,58 @@ async def test_a_placeholder_key_leaves_the_answer_whole(gateway: Gateway, api_k
         for call in calls(trace)
     ]
     assert sorted(recorded) == sorted([whole.output_text, streamed])
+
+
+def _refusal_completion(refusal: str) -> dict[str, Any]:
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": None,
+        "refusal": refusal,
+        "annotations": [],
+    }
+    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": "stop"}
+    usage = {"prompt_tokens": 9, "completion_tokens": 6, "total_tokens": 15}
+    return {"id": "chatcmpl-r1", "object": "chat.completion", "choices": [choice], "usage": usage}
+
+
+def _refusal_chunks(refusal: str) -> str:
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return {"id": "chatcmpl-r2", "object": "chat.completion.chunk", "choices": [choice]}
+
+    first, rest = refusal[:5], refusal[5:]
+    events = [
+        chunk({"role": "assistant", "content": None, "refusal": ""}),
+        chunk({"refusal": first}),
+        chunk({"refusal": rest}),
+        chunk({}, "stop"),
+    ]
+    return sse(*events) + "data: [DONE]\n\n"
+
+
+async def test_a_chat_refusal_is_recorded(
+    start_gateway: StartGateway, provider: ScriptedProvider
+) -> None:
+    # Structured outputs: the model refuses in `message.refusal` (streamed: `delta.refusal`),
+    # `content` null. Was: the SDK got it, the bundle recorded a call with no output at all.
+    gateway = await start_gateway(provider.url)
+    refusal = "I'm sorry, I can't help with that."
+    provider.queue_json(_refusal_completion(refusal))
+    provider.queue(_refusal_chunks(refusal))
+    client = openai.AsyncOpenAI(base_url=gateway.url, api_key="unused", max_retries=0)
+    messages: list[Any] = [{"role": "user", "content": "something I may not answer"}]
+    whole = await client.chat.completions.create(model="m", messages=messages)
+    assert whole.choices[0].message.refusal == refusal
+    stream = await client.chat.completions.create(model="m", messages=messages, stream=True)
+    streamed = "".join([c.choices[0].delta.refusal or "" async for c in stream if c.choices])
+    assert streamed == refusal
+    await gateway.stop()
+    traces = reduce_all(_root(gateway))
+    assert len(traces) == 2
+    for trace in traces:
+        (call,) = calls(trace)
+        assert call.execution.status == COMPLETED
+        (item_id,) = call.response_item_ids
+        item = trace.conversation_items[item_id]
+        assert item.role == state_pb2.CONVERSATION_ROLE_ASSISTANT
+        assert [(part.type, part.text) for part in item.content] == [("refusal", refusal)]
