@@ -19,7 +19,7 @@ from agent_server.response import Response
 from agent_server.sse import SseEvent
 from grpc_common import Redactor
 from rollout.trace.v1 import common_pb2
-from trace_reducer import CHAT_API, canonical_json, chat_messages
+from trace_reducer import CHAT_API, canonical_json, chat_items, chat_messages
 
 # Item fields that change between the provider's answer and the client's echo of it.
 _VOLATILE = frozenset({"id", "status", "annotations", "logprobs"})
@@ -247,37 +247,9 @@ class ChatDialect:
         return []
 
     def items(self, entries: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-        """Messages as Responses items: `chat_messages("", items)` gives the messages back
-        (their text; parts other than text are kept as the message's content list)."""
-        items: list[dict[str, Any]] = []
-        for message in entries:
-            role = message.get("role")
-            if role == "tool":
-                items.append(
-                    {
-                        "type": "function_call_output",
-                        "call_id": str(message.get("tool_call_id", "")),
-                        "output": _text(message.get("content")),
-                    }
-                )
-                continue
-            content = message.get("content")
-            calls = message.get("tool_calls")
-            if content is not None or not calls:
-                items.append({"type": "message", "role": role, "content": content or ""})
-            for call in calls if isinstance(calls, list) else []:
-                function = call.get("function") if isinstance(call, dict) else None
-                if not isinstance(function, dict):
-                    continue
-                items.append(
-                    {
-                        "type": "function_call",
-                        "call_id": str(call.get("id", "")),
-                        "name": str(function.get("name", "")),
-                        "arguments": str(function.get("arguments", "")),
-                    }
-                )
-        return items
+        """Messages as Responses items, which `chat_messages("", items)` turns back into the
+        same messages (`trace_reducer.chat_items`)."""
+        return chat_items(entries)
 
     def envelope(self, body: Mapping[str, Any]) -> dict[str, Any]:
         return {key: value for key, value in body.items() if key != "messages"}
