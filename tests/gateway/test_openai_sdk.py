@@ -364,3 +364,30 @@ async def test_a_chat_refusal_is_recorded(
         item = trace.conversation_items[item_id]
         assert item.role == state_pb2.CONVERSATION_ROLE_ASSISTANT
         assert [(part.type, part.text) for part in item.content] == [("refusal", refusal)]
+
+
+async def test_n_choices_reach_the_client_and_choice_0_is_the_output(
+    start_gateway: StartGateway, provider: ScriptedProvider
+) -> None:
+    # As docs/gateway.md says: the client gets every choice; the trace's conversation has one
+    # answer a call, choice 0, and the others stay in the call's raw body.
+    gateway = await start_gateway(provider.url)
+    choices = [
+        {"index": i, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+        for i, text in enumerate(["the first", "the second"])
+    ]
+    provider.queue_json({"id": "chatcmpl-n", "object": "chat.completion", "choices": choices})
+    client = openai.AsyncOpenAI(base_url=gateway.url, api_key="unused", max_retries=0)
+    completion = await client.chat.completions.create(
+        model="m", n=2, messages=[{"role": "user", "content": "twice"}]
+    )
+    assert [c.message.content for c in completion.choices] == ["the first", "the second"]
+    await gateway.stop()
+    (call,) = calls(only_trace(_root(gateway)))
+    assert items_text(only_trace(_root(gateway)), call.response_item_ids) == "the first"
+    (bundle,) = bundles(_root(gateway))
+    dumped = await asyncio.create_subprocess_exec(
+        TRACE_REDUCER, "dump", "--json", str(bundle), stdout=asyncio.subprocess.PIPE
+    )
+    printed, _ = await dumped.communicate()
+    assert b"the second" in printed
