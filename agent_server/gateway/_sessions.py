@@ -257,8 +257,10 @@ class Sessions:
         self._idle_timeout = idle_timeout
         self._by_key: dict[str, Session] = {}
         self._by_response: dict[str, Session] = {}
-        # Sessions by their last exchange; the lengths present, to look prefixes up.
-        self._by_exchange: dict[tuple[str, ...], Session] = {}
+        # Sessions by their last exchange, oldest first (runs of one prompt that got one
+        # answer share it: each is a session of its own); the lengths present, to look
+        # prefixes up.
+        self._by_exchange: dict[tuple[str, ...], list[Session]] = {}
         self._lengths: Counter[int] = Counter()
         self._closed: OrderedDict[str, ClosedSession] = OrderedDict()
         # Sessions whose close is under way (their calls being cut off, the footer written).
@@ -296,8 +298,13 @@ class Sessions:
         for length in sorted(self._lengths, reverse=True):
             if 0 < length < len(fingerprints) or (retry and 0 < length == len(fingerprints)):
                 found = self._by_exchange.get(tuple(fingerprints[:length]))
-                if found is not None and not found.closed:
-                    return found
+                # One that no call is answering first: two runs that shared an exchange go
+                # on one each, whichever comes first (their bundles are the same so far).
+                # Was: the last one to get there kept the exchange, so both went on in it and
+                # the other's bundle stopped there.
+                usable = [s for s in found or () if not s.closed]
+                if usable:
+                    return next((s for s in usable if not s.calls_running), usable[0])
         return None
 
     async def get_or_create(
@@ -351,14 +358,19 @@ class Sessions:
         self._unindex(session)
         session.exchange = fingerprints
         if fingerprints:
-            self._by_exchange[fingerprints] = session
+            self._by_exchange.setdefault(fingerprints, []).append(session)
             self._lengths[len(fingerprints)] += 1
         if response_id:
             self._by_response[response_id] = session
 
     def _unindex(self, session: Session) -> None:
-        if session.exchange and self._by_exchange.get(session.exchange) is session:
-            del self._by_exchange[session.exchange]
+        sharing = self._by_exchange.get(session.exchange) if session.exchange else None
+        # By identity: a Session compares equal field by field.
+        index = next((i for i, s in enumerate(sharing or ()) if s is session), None)
+        if sharing is not None and index is not None:
+            del sharing[index]
+            if not sharing:
+                del self._by_exchange[session.exchange]
             self._lengths[len(session.exchange)] -= 1
             if not self._lengths[len(session.exchange)]:
                 del self._lengths[len(session.exchange)]

@@ -146,6 +146,52 @@ async def test_an_sdk_retry_stays_in_the_session_of_the_call_it_retries(
     )
 
 
+async def test_runs_of_one_prompt_that_got_one_answer_go_on_in_a_bundle_each(
+    start_gateway: StartGateway, provider: ScriptedProvider
+) -> None:
+    # Rollouts of one task at temperature 0: each run's first call got the same answer, so
+    # their sessions share one exchange. Was: the last to end kept it, so every follow-up went
+    # into that run's bundle (two runs mixed in one, the other's stopped after one call), or,
+    # once it had moved on, started a session without the history.
+    gateway = await start_gateway(provider.url)
+    client = _client(gateway)
+    task = [{"role": "user", "content": "the task"}]
+
+    async def call(input_: Any) -> str:
+        stream = await client.responses.create(model="m", input=input_, stream=True)
+        return "".join([e.delta async for e in stream if e.type == "response.output_text.delta"])
+
+    for number in range(4):
+        provider.queue(answer("the same answer", response_id=f"resp-first-{number}"))
+    firsts = await asyncio.gather(*(call(task) for _ in range(4)))
+    history = [*task, {"role": "assistant", "content": firsts[0]}]
+
+    def follow_up(run: int) -> list[Any]:
+        return [*history, {"role": "user", "content": f"go on, run {run}"}]
+
+    # Runs 0 and 1 one after the other; runs 2 and 3 at once, 2 still streaming as 3 comes.
+    provider.queue(answer("zero", response_id="resp-0"))
+    assert await call(follow_up(0)) == "zero"
+    provider.queue(answer("one", response_id="resp-1"))
+    assert await call(follow_up(1)) == "one"
+    held = asyncio.Event()
+    provider.queue(held, answer("two", response_id="resp-2"))
+    provider.queue(answer("three", response_id="resp-3"))
+    # Its answer's head has come: the gateway is answering run 2, the upstream holds the rest.
+    two = await client.responses.create(model="m", input=follow_up(2), stream=True)
+    assert await call(follow_up(3)) == "three"
+    held.set()
+    assert "".join([e.delta async for e in two if e.type == "response.output_text.delta"]) == "two"
+    await gateway.stop()
+    traces = reduce_all(gateway.settings.trace_root)
+    assert len(traces) == 4
+    for trace in traces:
+        first, second = calls(trace)
+        assert items_text(trace, first.response_item_ids) == "the same answer"
+        assert len(second.request_item_ids) == 3
+        assert len(trace.turns) == 2
+
+
 async def test_a_session_keeps_a_digest_of_each_entry_not_its_text(gateway: Gateway) -> None:
     # Was: each entry's JSON, a second copy of the conversation held while the session is open.
     client = _client(gateway)
