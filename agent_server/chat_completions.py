@@ -356,9 +356,7 @@ class ChunkMapper:
                 "output_tokens": completion,
                 "total_tokens": usage.get("total_tokens"),
                 "input_tokens_details": {
-                    "cached_tokens": (usage.get("prompt_tokens_details") or {}).get(
-                        "cached_tokens", 0
-                    )
+                    "cached_tokens": _detail(usage, "prompt_tokens_details", "cached_tokens")
                 },
             }
         if self.finish_reason == _FILTERED:
@@ -367,6 +365,14 @@ class ChunkMapper:
         if self.finish_reason == _LENGTH:
             response.update(status="incomplete", incomplete_details={"reason": "max_output_tokens"})
         return [MappedEvent("response.completed", {"response": response})]
+
+
+def _detail(usage: Mapping[str, Any], field: str, name: str) -> Any:
+    """A count of a usage details object; 0 when there is none. Any JSON value may stand where
+    the object should (was: `"prompt_tokens_details": "…"` raised AttributeError recording
+    the call, and the gateway answered its client 500 for the upstream's 200)."""
+    details = usage.get(field)
+    return details.get(name, 0) if isinstance(details, dict) else 0
 
 
 class ChatDialect:

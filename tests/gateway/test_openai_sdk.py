@@ -391,3 +391,41 @@ async def test_n_choices_reach_the_client_and_choice_0_is_the_output(
     )
     printed, _ = await dumped.communicate()
     assert b"the second" in printed
+
+
+def _completion(usage: dict[str, Any]) -> dict[str, Any]:
+    message = {"role": "assistant", "content": "42"}
+    choice = {"index": 0, "message": message, "finish_reason": "stop"}
+    return {"id": "chatcmpl-u", "object": "chat.completion", "choices": [choice], "usage": usage}
+
+
+def _usage_chunks(usage: dict[str, Any]) -> str:
+    choice = {"index": 0, "delta": {"role": "assistant", "content": "42"}, "finish_reason": "stop"}
+    answer = {"id": "chatcmpl-s", "object": "chat.completion.chunk", "choices": [choice]}
+    last = {"id": "chatcmpl-s", "object": "chat.completion.chunk", "choices": [], "usage": usage}
+    return sse(answer, last) + "data: [DONE]\n\n"
+
+
+async def test_usage_details_that_are_no_objects_cost_nothing(
+    start_gateway: StartGateway, provider: ScriptedProvider
+) -> None:
+    # Was: `"prompt_tokens_details": "n/a"` raised AttributeError recording the answer; the
+    # client got 500 `internal_error` for the upstream's 200, a traceback in the log.
+    gateway = await start_gateway(provider.url)
+    usage = {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}
+    odd = {**usage, "prompt_tokens_details": "n/a", "completion_tokens_details": ["x"]}
+    provider.queue_json(_completion(odd))
+    provider.queue(_usage_chunks(odd))
+    client = openai.AsyncOpenAI(base_url=gateway.url, api_key="unused", max_retries=0)
+    messages: list[Any] = [{"role": "user", "content": "the answer?"}]
+    whole = await client.chat.completions.create(model="m", messages=messages)
+    assert whole.choices[0].message.content == "42"
+    stream = await client.chat.completions.create(
+        model="m", messages=messages, stream=True, stream_options={"include_usage": True}
+    )
+    assert "".join([c.choices[0].delta.content or "" async for c in stream if c.choices]) == "42"
+    await gateway.stop()
+    for trace in reduce_all(_root(gateway)):
+        (call,) = calls(trace)
+        assert call.execution.status == COMPLETED
+        assert (call.usage.input_tokens, call.usage.output_tokens) == (5, 1)
