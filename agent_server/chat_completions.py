@@ -358,6 +358,13 @@ class ChunkMapper:
                 "input_tokens_details": {
                     "cached_tokens": _detail(usage, "prompt_tokens_details", "cached_tokens")
                 },
+                # Reasoning models (o-series, and servers that count their thinking) say how
+                # many of the completion's tokens were reasoning; was left out, so 0.
+                "output_tokens_details": {
+                    "reasoning_tokens": _detail(
+                        usage, "completion_tokens_details", "reasoning_tokens"
+                    )
+                },
             }
         if self.finish_reason == _FILTERED:
             response.update(status="incomplete", incomplete_details={"reason": _FILTERED})

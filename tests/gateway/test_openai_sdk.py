@@ -429,3 +429,36 @@ async def test_usage_details_that_are_no_objects_cost_nothing(
         (call,) = calls(trace)
         assert call.execution.status == COMPLETED
         assert (call.usage.input_tokens, call.usage.output_tokens) == (5, 1)
+
+
+async def test_a_chat_answers_reasoning_tokens_are_recorded(
+    start_gateway: StartGateway, provider: ScriptedProvider
+) -> None:
+    # An o-series model on Chat Completions counts its thinking in
+    # `completion_tokens_details.reasoning_tokens`. Was: 0 in the trace (the Responses API's
+    # `output_tokens_details` was read, Chat's never), so the bundle's reasoning went uncounted.
+    gateway = await start_gateway(provider.url)
+    usage = {
+        "prompt_tokens": 19,
+        "completion_tokens": 80,
+        "total_tokens": 99,
+        "prompt_tokens_details": {"cached_tokens": 7},
+        "completion_tokens_details": {"reasoning_tokens": 64},
+    }
+    provider.queue_json(_completion(usage))
+    provider.queue(_usage_chunks(usage))
+    client = openai.AsyncOpenAI(base_url=gateway.url, api_key="unused", max_retries=0)
+    messages: list[Any] = [{"role": "user", "content": "think first"}]
+    whole = await client.chat.completions.create(model="o3", messages=messages)
+    assert whole.usage is not None
+    stream = await client.chat.completions.create(
+        model="o3", messages=messages, stream=True, stream_options={"include_usage": True}
+    )
+    [chunk async for chunk in stream]
+    await gateway.stop()
+    traces = reduce_all(_root(gateway))
+    assert len(traces) == 2
+    for trace in traces:
+        (call,) = calls(trace)
+        assert (call.usage.reasoning_tokens, call.usage.cached_input_tokens) == (64, 7)
+        assert call.usage.output_tokens == 80
