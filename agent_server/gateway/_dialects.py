@@ -51,6 +51,29 @@ def _json(value: Any) -> str:
     return hashlib.blake2b(canonical_json(value), digest_size=16).hexdigest()
 
 
+# What a leading system or developer message is fingerprinted as, whatever it says, in the
+# second look continuation takes (Sessions.continuing): it is the conversation's instructions
+# (the Responses API's `instructions`, no part of `input`), which an agent changes as it hands
+# the conversation to another agent (the Agents SDK's handoffs on Chat Completions).
+_INSTRUCTIONS = _json(["instructions"])
+
+
+def without_instructions(
+    entries: Sequence[Mapping[str, Any]], fingerprints: Sequence[str]
+) -> tuple[str, ...] | None:
+    """The fingerprints with those of the leading system and developer messages as one
+    placeholder; None when there are none."""
+    leading = 0
+    for entry in entries:
+        kind = entry.get("type") or ("message" if "role" in entry else "")
+        if kind != "message" or entry.get("role") not in ("system", "developer"):
+            break
+        leading += 1
+    if not leading:
+        return None
+    return (_INSTRUCTIONS,) * leading + tuple(fingerprints[leading:])
+
+
 class CallRecorder:
     """One call's upstream answer, recorded through the agent server's own Response handler
     (the events a dialect's decoder makes of the stream, or of a whole answer)."""

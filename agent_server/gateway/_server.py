@@ -28,6 +28,7 @@ from agent_server.gateway._dialects import (
     loads,
     starts_turn,
     tool_output,
+    without_instructions,
 )
 from agent_server.gateway._sessions import (
     CANCELLED,
@@ -605,7 +606,11 @@ class Gateway:
             continued = None
             if hinted is None:
                 fingerprints = [dialect.fingerprint(entry) for entry in entries]
-                continued = self.sessions.continuing(fingerprints, retry=_is_retry(request))
+                continued = self.sessions.continuing(
+                    fingerprints,
+                    without_instructions(entries, fingerprints),
+                    retry=_is_retry(request),
+                )
             if hinted is not None:
                 key = hinted
                 reason = f"new key in the request's {hinted.source.partition(':')[2]}"
@@ -633,11 +638,13 @@ class Gateway:
         traceparent: str = "",
     ) -> int:
         """Start or continue the session's turn for a request; its turn's ordinal.
+        fingerprints: the request's, its instructions as `without_instructions` has them.
 
-        New entries are those past what the request shares with the last exchange: a user
-        message among them starts a turn; tool outputs continue the current one."""
+        New entries are those past what the request shares with the last exchange (its
+        instructions aside: a handoff changes them, and goes on with the turn): a user message
+        among them starts a turn; tool outputs continue the current one."""
         shared = 0
-        for mine, theirs in zip(session.exchange, fingerprints, strict=False):
+        for mine, theirs in zip(session.masked or session.exchange, fingerprints, strict=False):
             if mine != theirs:
                 break
             shared += 1
@@ -669,7 +676,8 @@ class Gateway:
         # The caller's W3C trace context becomes the parent of the turn this request starts.
         traceparent = request.headers.get("traceparent", "").strip()
         fingerprints = tuple(dialect.fingerprint(entry) for entry in entries)
-        turn_ordinal = self._place(dialect, session, entries, fingerprints, traceparent)
+        masked = without_instructions(entries, fingerprints)
+        turn_ordinal = self._place(dialect, session, entries, masked or fingerprints, traceparent)
         # With --token-ids a Chat upstream is asked for the engine's ids; a client that did
         # not ask for them never sees them.
         strip = False
@@ -737,8 +745,12 @@ class Gateway:
             running.end()
             if answer is not None:
                 release(answer)
+            outputs = tuple(call.output_fingerprints())
             self.sessions.exchanged(
-                session, fingerprints + tuple(call.output_fingerprints()), call.response_id
+                session,
+                fingerprints + outputs,
+                None if masked is None else masked + outputs,
+                call.response_id,
             )
             if session.calls_running == 1:
                 # The accepted items were wanted for this exchange only: a long session must

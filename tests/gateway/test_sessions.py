@@ -192,6 +192,38 @@ async def test_runs_of_one_prompt_that_got_one_answer_go_on_in_a_bundle_each(
         assert len(trace.turns) == 2
 
 
+async def test_runs_told_apart_by_their_instructions_stay_apart(
+    start_gateway: StartGateway, provider: ScriptedProvider
+) -> None:
+    # A request whose instructions changed goes on with the conversation it extends (a
+    # handoff), but a session whose exchange it extends instructions and all comes first: two
+    # agents given one question that answered it alike go on in their own bundles.
+    gateway = await start_gateway(provider.url)
+    client = _client(gateway)
+
+    async def call(input_: Any) -> str:
+        stream = await client.responses.create(model="m", input=input_, stream=True)
+        return "".join([e.delta async for e in stream if e.type == "response.output_text.delta"])
+
+    runs = {
+        name: [{"role": "system", "content": f"you are {name}"}, {"role": "user", "content": "q"}]
+        for name in ("ana", "bo")
+    }
+    for name, history in runs.items():
+        provider.queue(answer("alike", response_id=f"resp-{name}"))
+        history.append({"role": "assistant", "content": await call(history)})
+    # The later run first: the earlier session shares its exchange, but not its instructions.
+    for name, history in reversed(runs.items()):
+        provider.queue(answer(f"to {name}", response_id=f"resp-{name}-2"))
+        assert await call([*history, {"role": "user", "content": "again"}]) == f"to {name}"
+    await gateway.stop()
+    for trace in reduce_all(gateway.settings.trace_root):
+        first, second = calls(trace)
+        texts = [trace.conversation_items[i].content[0].text for i in second.request_item_ids]
+        assert texts[0] == trace.conversation_items[first.request_item_ids[0]].content[0].text
+        assert items_text(trace, second.response_item_ids) == f"to {texts[0].split()[-1]}"
+
+
 async def test_a_session_keeps_a_digest_of_each_entry_not_its_text(gateway: Gateway) -> None:
     # Was: each entry's JSON, a second copy of the conversation held while the session is open.
     client = _client(gateway)
