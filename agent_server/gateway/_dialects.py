@@ -74,6 +74,19 @@ def without_instructions(
     return (_INSTRUCTIONS,) * leading + tuple(fingerprints[leading:])
 
 
+def _arguments(value: Any) -> Any:
+    """A tool call's arguments as what they mean: clients re-encode the JSON they were given
+    (pydantic-ai sends every call's arguments back compact: `{"a":1}` for the model's
+    `{"a": 1}`), which made a conversation extend no exchange and split its run in two
+    bundles. Arguments that are no JSON (or none a fingerprint can hold) stay as they are."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return canonical_json(json.loads(value)).decode()
+    except (ValueError, TypeError, RecursionError, OverflowError):
+        return value
+
+
 class CallRecorder:
     """One call's upstream answer, recorded through the agent server's own Response handler
     (the events a dialect's decoder makes of the stream, or of a whole answer)."""
@@ -206,7 +219,8 @@ class ResponsesDialect:
         if kind == "message":
             return _json(["message", entry.get("role"), _text(entry.get("content"))])
         if kind == "function_call":
-            return _json(["call", entry.get("call_id"), entry.get("name"), entry.get("arguments")])
+            arguments = _arguments(entry.get("arguments"))
+            return _json(["call", entry.get("call_id"), entry.get("name"), arguments])
         if kind == "function_call_output":
             return _json(["output", entry.get("call_id"), _text(entry.get("output"))])
         return _json({k: v for k, v in entry.items() if k not in _VOLATILE})
@@ -291,7 +305,7 @@ class ChatDialect:
                     [
                         c.get("id"),
                         _mapping(c.get("function")).get("name"),
-                        _mapping(c.get("function")).get("arguments"),
+                        _arguments(_mapping(c.get("function")).get("arguments")),
                     ]
                     for c in (calls if isinstance(calls, list) else [])
                     if isinstance(c, dict)

@@ -224,6 +224,60 @@ async def test_runs_told_apart_by_their_instructions_stay_apart(
         assert items_text(trace, second.response_item_ids) == f"to {texts[0].split()[-1]}"
 
 
+def _compact(arguments: str) -> str:
+    """Arguments as pydantic-ai sends a call back: its JSON re-encoded without spaces."""
+    return json.dumps(json.loads(arguments), separators=(",", ":"))
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+async def test_a_tool_calls_arguments_sent_back_re_encoded_continue_the_run(
+    gateway: Gateway, api: str
+) -> None:
+    # The built-in model writes `{"city": "…"}`; the client sends `{"city":"…"}` back. Was: the
+    # arguments compared as text, so the tool result extended no exchange and the run was
+    # split in two bundles, the first ending on an unanswered call.
+    client = _client(gateway)
+    question = "use lookup_weather for Paris"
+    parameters = {"type": "object", "properties": {"city": {"type": "string"}}}
+    if api == "chat":
+        function = {"name": "lookup_weather", "parameters": parameters}
+        tools: Any = [{"type": "function", "function": function}]
+        messages: list[Any] = [{"role": "user", "content": question}]
+        first = await client.chat.completions.create(model="m", messages=messages, tools=tools)
+        (call,) = first.choices[0].message.tool_calls or []
+        assert isinstance(call, openai.types.chat.ChatCompletionMessageFunctionToolCall)
+        assert _compact(call.function.arguments) != call.function.arguments
+        echoed = {"name": "lookup_weather", "arguments": _compact(call.function.arguments)}
+        messages += [
+            {
+                "role": "assistant",
+                "tool_calls": [{"id": call.id, "type": "function", "function": echoed}],
+            },
+            {"role": "tool", "tool_call_id": call.id, "content": "sunny"},
+        ]
+        await client.chat.completions.create(model="m", messages=messages, tools=tools)
+    else:
+        tool: Any = {"type": "function", "name": "lookup_weather", "parameters": parameters}
+        asked = await client.responses.create(model="m", input=question, tools=[tool])
+        (made,) = asked.output
+        assert made.type == "function_call"
+        sent_back = {
+            "type": "function_call",
+            "call_id": made.call_id,
+            "name": made.name,
+            "arguments": _compact(made.arguments),
+        }
+        output = {"type": "function_call_output", "call_id": made.call_id, "output": "sunny"}
+        history: list[Any] = [{"role": "user", "content": question}, sent_back, output]
+        await client.responses.create(model="m", input=history, tools=[tool])
+    await gateway.stop()
+    (trace,) = reduce_all(gateway.settings.trace_root)
+    assert len(calls(trace)) == 2
+    assert len(trace.turns) == 1
+    (tool_call,) = trace.tool_calls.values()
+    assert tool_call.execution.status == COMPLETED
+
+
 async def test_a_session_keeps_a_digest_of_each_entry_not_its_text(gateway: Gateway) -> None:
     # Was: each entry's JSON, a second copy of the conversation held while the session is open.
     client = _client(gateway)
