@@ -122,6 +122,9 @@ def _entries(logprobs: Any) -> list[dict[str, Any]]:
 
 _EVENT_OF = {
     "message": "response.output_text.delta",
+    # A message that is a refusal (`delta.refusal`, `message.refusal`: OpenAI's structured
+    # outputs), as the Responses API has it: a message item with a `refusal` part.
+    "refusal": "response.refusal.delta",
     "reasoning": "response.reasoning_summary_text.delta",
     "function_call": "response.function_call_arguments.delta",
 }
@@ -220,6 +223,9 @@ class ChunkMapper:
         content = delta.get("content")
         if isinstance(content, str) and content:
             out.extend(self._append("message", content))
+        refusal = delta.get("refusal")
+        if isinstance(refusal, str) and refusal:
+            out.extend(self._append("refusal", refusal))
         calls = delta.get("tool_calls")
         for call in calls if isinstance(calls, list) else []:
             if not isinstance(call, dict):
@@ -263,8 +269,8 @@ class ChunkMapper:
 
     def _added(self, item: _Item) -> MappedEvent:
         payload: dict[str, Any] = {"id": item.id, "type": item.type, "status": "in_progress"}
-        if item.type == "message":
-            payload.update(role="assistant", content=[])
+        if item.type in ("message", "refusal"):
+            payload.update(type="message", role="assistant", content=[])
         elif item.type == "function_call":
             payload.update(call_id=item.call_id, name=item.name, arguments="")
         else:
@@ -298,6 +304,10 @@ class ChunkMapper:
             payload.update(
                 role="assistant",
                 content=[{"type": "output_text", "text": text, "annotations": []}],
+            )
+        elif item.type == "refusal":
+            payload.update(
+                type="message", role="assistant", content=[{"type": "refusal", "refusal": text}]
             )
         elif item.type == "function_call":
             payload.update(call_id=item.call_id, name=item.name, arguments=text)
@@ -346,8 +356,13 @@ class ChunkMapper:
                 "output_tokens": completion,
                 "total_tokens": usage.get("total_tokens"),
                 "input_tokens_details": {
-                    "cached_tokens": (usage.get("prompt_tokens_details") or {}).get(
-                        "cached_tokens", 0
+                    "cached_tokens": _detail(usage, "prompt_tokens_details", "cached_tokens")
+                },
+                # Reasoning models (o-series, and servers that count their thinking) say how
+                # many of the completion's tokens were reasoning; was left out, so 0.
+                "output_tokens_details": {
+                    "reasoning_tokens": _detail(
+                        usage, "completion_tokens_details", "reasoning_tokens"
                     )
                 },
             }
@@ -357,6 +372,14 @@ class ChunkMapper:
         if self.finish_reason == _LENGTH:
             response.update(status="incomplete", incomplete_details={"reason": "max_output_tokens"})
         return [MappedEvent("response.completed", {"response": response})]
+
+
+def _detail(usage: Mapping[str, Any], field: str, name: str) -> Any:
+    """A count of a usage details object; 0 when there is none. Any JSON value may stand where
+    the object should (was: `"prompt_tokens_details": "…"` raised AttributeError recording
+    the call, and the gateway answered its client 500 for the upstream's 200)."""
+    details = usage.get(field)
+    return details.get(name, 0) if isinstance(details, dict) else 0
 
 
 class ChatDialect:

@@ -19,7 +19,7 @@ from agent_server.response import Response
 from agent_server.sse import SseEvent
 from grpc_common import Redactor
 from rollout.trace.v1 import common_pb2
-from trace_reducer import CHAT_API, canonical_json, chat_messages
+from trace_reducer import CHAT_API, canonical_json, chat_items, chat_messages
 
 # Item fields that change between the provider's answer and the client's echo of it.
 _VOLATILE = frozenset({"id", "status", "annotations", "logprobs"})
@@ -49,6 +49,42 @@ def _json(value: Any) -> str:
     fingerprints of its whole last exchange for as long as it is open; the JSON itself was a
     second copy of the conversation (1.2 times its text) for every open session."""
     return hashlib.blake2b(canonical_json(value), digest_size=16).hexdigest()
+
+
+# What a leading system or developer message is fingerprinted as, whatever it says, in the
+# second look continuation takes (Sessions.continuing): it is the conversation's instructions
+# (the Responses API's `instructions`, no part of `input`), which an agent changes as it hands
+# the conversation to another agent (the Agents SDK's handoffs on Chat Completions).
+_INSTRUCTIONS = _json(["instructions"])
+
+
+def without_instructions(
+    entries: Sequence[Mapping[str, Any]], fingerprints: Sequence[str]
+) -> tuple[str, ...] | None:
+    """The fingerprints with those of the leading system and developer messages as one
+    placeholder; None when there are none."""
+    leading = 0
+    for entry in entries:
+        kind = entry.get("type") or ("message" if "role" in entry else "")
+        if kind != "message" or entry.get("role") not in ("system", "developer"):
+            break
+        leading += 1
+    if not leading:
+        return None
+    return (_INSTRUCTIONS,) * leading + tuple(fingerprints[leading:])
+
+
+def _arguments(value: Any) -> Any:
+    """A tool call's arguments as what they mean: clients re-encode the JSON they were given
+    (pydantic-ai sends every call's arguments back compact: `{"a":1}` for the model's
+    `{"a": 1}`), which made a conversation extend no exchange and split its run in two
+    bundles. Arguments that are no JSON (or none a fingerprint can hold) stay as they are."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return canonical_json(json.loads(value)).decode()
+    except (ValueError, TypeError, RecursionError, OverflowError):
+        return value
 
 
 class CallRecorder:
@@ -183,7 +219,8 @@ class ResponsesDialect:
         if kind == "message":
             return _json(["message", entry.get("role"), _text(entry.get("content"))])
         if kind == "function_call":
-            return _json(["call", entry.get("call_id"), entry.get("name"), entry.get("arguments")])
+            arguments = _arguments(entry.get("arguments"))
+            return _json(["call", entry.get("call_id"), entry.get("name"), arguments])
         if kind == "function_call_output":
             return _json(["output", entry.get("call_id"), _text(entry.get("output"))])
         return _json({k: v for k, v in entry.items() if k not in _VOLATILE})
@@ -247,37 +284,9 @@ class ChatDialect:
         return []
 
     def items(self, entries: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-        """Messages as Responses items: `chat_messages("", items)` gives the messages back
-        (their text; parts other than text are kept as the message's content list)."""
-        items: list[dict[str, Any]] = []
-        for message in entries:
-            role = message.get("role")
-            if role == "tool":
-                items.append(
-                    {
-                        "type": "function_call_output",
-                        "call_id": str(message.get("tool_call_id", "")),
-                        "output": _text(message.get("content")),
-                    }
-                )
-                continue
-            content = message.get("content")
-            calls = message.get("tool_calls")
-            if content is not None or not calls:
-                items.append({"type": "message", "role": role, "content": content or ""})
-            for call in calls if isinstance(calls, list) else []:
-                function = call.get("function") if isinstance(call, dict) else None
-                if not isinstance(function, dict):
-                    continue
-                items.append(
-                    {
-                        "type": "function_call",
-                        "call_id": str(call.get("id", "")),
-                        "name": str(function.get("name", "")),
-                        "arguments": str(function.get("arguments", "")),
-                    }
-                )
-        return items
+        """Messages as Responses items, which `chat_messages("", items)` turns back into the
+        same messages (`trace_reducer.chat_items`)."""
+        return chat_items(entries)
 
     def envelope(self, body: Mapping[str, Any]) -> dict[str, Any]:
         return {key: value for key, value in body.items() if key != "messages"}
@@ -296,7 +305,7 @@ class ChatDialect:
                     [
                         c.get("id"),
                         _mapping(c.get("function")).get("name"),
-                        _mapping(c.get("function")).get("arguments"),
+                        _arguments(_mapping(c.get("function")).get("arguments")),
                     ]
                     for c in (calls if isinstance(calls, list) else [])
                     if isinstance(c, dict)

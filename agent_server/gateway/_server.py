@@ -29,6 +29,7 @@ from agent_server.gateway._dialects import (
     loads,
     starts_turn,
     tool_output,
+    without_instructions,
 )
 from agent_server.gateway._sessions import (
     CANCELLED,
@@ -622,7 +623,11 @@ class Gateway:
             continued = None
             if hinted is None:
                 fingerprints = [dialect.fingerprint(entry) for entry in entries]
-                continued = self.sessions.continuing(fingerprints)
+                continued = self.sessions.continuing(
+                    fingerprints,
+                    without_instructions(entries, fingerprints),
+                    retry=_is_retry(request),
+                )
             if hinted is not None:
                 key = hinted
                 reason = f"new key in the request's {hinted.source.partition(':')[2]}"
@@ -650,11 +655,13 @@ class Gateway:
         traceparent: str = "",
     ) -> int:
         """Start or continue the session's turn for a request; its turn's ordinal.
+        fingerprints: the request's, its instructions as `without_instructions` has them.
 
-        New entries are those past what the request shares with the last exchange: a user
-        message among them starts a turn; tool outputs continue the current one."""
+        New entries are those past what the request shares with the last exchange (its
+        instructions aside: a handoff changes them, and goes on with the turn): a user message
+        among them starts a turn; tool outputs continue the current one."""
         shared = 0
-        for mine, theirs in zip(session.exchange, fingerprints, strict=False):
+        for mine, theirs in zip(session.masked or session.exchange, fingerprints, strict=False):
             if mine != theirs:
                 break
             shared += 1
@@ -686,7 +693,8 @@ class Gateway:
         # The caller's W3C trace context becomes the parent of the turn this request starts.
         traceparent = request.headers.get("traceparent", "").strip()
         fingerprints = tuple(dialect.fingerprint(entry) for entry in entries)
-        turn_ordinal = self._place(dialect, session, entries, fingerprints, traceparent)
+        masked = without_instructions(entries, fingerprints)
+        turn_ordinal = self._place(dialect, session, entries, masked or fingerprints, traceparent)
         # With --token-ids a Chat upstream is asked for the engine's ids; a client that did
         # not ask for them never sees them.
         strip = False
@@ -754,8 +762,12 @@ class Gateway:
             running.end()
             if answer is not None:
                 release(answer)
+            outputs = tuple(call.output_fingerprints())
             self.sessions.exchanged(
-                session, fingerprints + tuple(call.output_fingerprints()), call.response_id
+                session,
+                fingerprints + outputs,
+                None if masked is None else masked + outputs,
+                call.response_id,
             )
             if session.calls_running == 1:
                 # The accepted items were wanted for this exchange only: a long session must
@@ -1252,6 +1264,18 @@ def _tag(headers: CIMultiDict[str], session: Session) -> None:
 
 # Headers coding agents send with every request of one conversation (Codex: both, the same id).
 _HINT_HEADERS = ("session_id", "conversation_id")
+
+
+# The openai SDKs (Python, Node, Go, ...: Stainless-made) number each attempt of a request in
+# this header, 0 for the first: with their default of two retries, every 408, 409, 429, 5xx or
+# timeout sent the same conversation again, and the retry started a session of its own.
+_RETRY_HEADER = "x-stainless-retry-count"
+
+
+def _is_retry(request: web.Request) -> bool:
+    count = request.headers.get(_RETRY_HEADER, "").strip()
+    # Not int(): a header of 5,000 digits is past what int() converts.
+    return count.isascii() and count.isdigit() and count.strip("0") != ""
 
 
 def _header_hint(request: web.Request) -> SessionKey | None:

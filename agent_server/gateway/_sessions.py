@@ -123,6 +123,9 @@ class Session:
     # Fingerprints of the last call's input followed by its accepted output: what a request
     # continuing the session starts with.
     exchange: tuple[str, ...] = ()
+    # The same, its leading system and developer messages as one placeholder
+    # (`without_instructions`); None when it has none.
+    masked: tuple[str, ...] | None = None
     # Function calls the model made whose outputs have not come back yet, by call_id.
     pending_tools: dict[str, ToolCall] = field(default_factory=dict)
     calls_running: int = 0
@@ -257,8 +260,10 @@ class Sessions:
         self._idle_timeout = idle_timeout
         self._by_key: dict[str, Session] = {}
         self._by_response: dict[str, Session] = {}
-        # Sessions by their last exchange; the lengths present, to look prefixes up.
-        self._by_exchange: dict[tuple[str, ...], Session] = {}
+        # Sessions by their last exchange, oldest first (runs of one prompt that got one
+        # answer share it: each is a session of its own); the lengths present, to look
+        # prefixes up.
+        self._by_exchange: dict[tuple[str, ...], list[Session]] = {}
         self._lengths: Counter[int] = Counter()
         self._closed: OrderedDict[str, ClosedSession] = OrderedDict()
         # Sessions whose close is under way (their calls being cut off, the footer written).
@@ -286,13 +291,38 @@ class Sessions:
     def by_response(self, response_id: str) -> Session | None:
         return self._by_response.get(response_id)
 
-    def continuing(self, fingerprints: Sequence[str]) -> Session | None:
-        """The open session whose last exchange the request's input extends (longest first)."""
+    def continuing(
+        self,
+        fingerprints: Sequence[str],
+        masked: Sequence[str] | None = None,
+        *,
+        retry: bool = False,
+    ) -> Session | None:
+        """The open session whose last exchange the request's input extends (longest first);
+        else, masked given (the input's leading system and developer messages as one
+        placeholder), the one whose exchange so masked it extends: the instructions changed,
+        as an agent's handoff changes them, the conversation going on.
+
+        retry: the client says the request is its retry of one it sent before (an SDK's
+        `x-stainless-retry-count`); its input may then be that exchange itself, a call that
+        got no answer (failed, timed out, cut off) sent again. Without the client saying so,
+        an input equal to an exchange may be a new run of the same prompt."""
+        found = self._extended(fingerprints, retry)
+        if found is None and masked is not None:
+            found = self._extended(masked, retry)
+        return found
+
+    def _extended(self, fingerprints: Sequence[str], retry: bool) -> Session | None:
         for length in sorted(self._lengths, reverse=True):
-            if 0 < length < len(fingerprints):
+            if 0 < length < len(fingerprints) or (retry and 0 < length == len(fingerprints)):
                 found = self._by_exchange.get(tuple(fingerprints[:length]))
-                if found is not None and not found.closed:
-                    return found
+                # One that no call is answering first: two runs that shared an exchange go
+                # on one each, whichever comes first (their bundles are the same so far).
+                # Was: the last one to get there kept the exchange, so both went on in it and
+                # the other's bundle stopped there.
+                usable = [s for s in found or () if not s.closed]
+                if usable:
+                    return next((s for s in usable if not s.calls_running), usable[0])
         return None
 
     async def get_or_create(
@@ -339,24 +369,39 @@ class Sessions:
         log.info("session %s started (thread %s, %s): %s", key.key, thread_id, key.source, reason)
         return session
 
-    def exchanged(self, session: Session, fingerprints: tuple[str, ...], response_id: str) -> None:
-        """Remember a finished call's input and output: the next request may extend it."""
+    def exchanged(
+        self,
+        session: Session,
+        fingerprints: tuple[str, ...],
+        masked: tuple[str, ...] | None,
+        response_id: str,
+    ) -> None:
+        """Remember a finished call's input and output (masked: with its instructions as
+        `without_instructions` has them): the next request may extend it."""
         if session.closed:
             return
         self._unindex(session)
-        session.exchange = fingerprints
-        if fingerprints:
-            self._by_exchange[fingerprints] = session
-            self._lengths[len(fingerprints)] += 1
+        session.exchange, session.masked = fingerprints, masked
+        # A masked key never equals an exact one: the placeholder is no entry's fingerprint.
+        for key in (fingerprints, masked):
+            if key:
+                self._by_exchange.setdefault(key, []).append(session)
+                self._lengths[len(key)] += 1
         if response_id:
             self._by_response[response_id] = session
 
     def _unindex(self, session: Session) -> None:
-        if session.exchange and self._by_exchange.get(session.exchange) is session:
-            del self._by_exchange[session.exchange]
-            self._lengths[len(session.exchange)] -= 1
-            if not self._lengths[len(session.exchange)]:
-                del self._lengths[len(session.exchange)]
+        for key in (session.exchange, session.masked):
+            sharing = self._by_exchange.get(key) if key else None
+            # By identity: a Session compares equal field by field.
+            index = next((i for i, s in enumerate(sharing or ()) if s is session), None)
+            if key and sharing is not None and index is not None:
+                del sharing[index]
+                if not sharing:
+                    del self._by_exchange[key]
+                self._lengths[len(key)] -= 1
+                if not self._lengths[len(key)]:
+                    del self._lengths[len(key)]
 
     async def close(self, session: Session, reason: str) -> ClosedSession:
         """Cut off its running calls, end the turn, record thread_ended and the footer; forget

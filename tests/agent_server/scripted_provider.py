@@ -139,12 +139,16 @@ class ScriptedProvider:
         payload = json.dumps(body or {"error": {"message": "boom", "code": "server_error"}})
         self.replies.append(Reply(status=status, body=payload.encode(), headers=headers or {}))
 
+    def queue_json(self, body: dict[str, Any]) -> None:
+        """A 200 with a JSON body: a whole (not streamed) answer."""
+        self.replies.append(Reply(body=json.dumps(body).encode()))
+
     async def _handle(self, request: HttpRequest, response: HttpResponse) -> None:
         if not self.replies:
             await response.send(500, b'{"error":{"message":"no scripted reply left"}}')
             return
         reply = self.replies.popleft()
-        if reply.status != 200:
+        if reply.status != 200 or reply.body:
             await response.send(reply.status, reply.body, headers=reply.headers)
             return
         await response.start()

@@ -107,3 +107,31 @@ async def test_agent_streamed_over_the_chat_completions_model(gateway: Gateway) 
     assert run.final_output
     await gateway.stop()
     _assert_tool_loop(only_trace(gateway.settings.trace_root), f"sunny in {seen[0]}")
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+async def test_a_handoff_stays_in_the_runs_bundle(gateway: Gateway, api: str) -> None:
+    # A handoff gives the conversation to an agent with other instructions. On Chat
+    # Completions they are the first (system) message, so the next request extended no
+    # exchange. Was: the run split in two bundles, the first with its handoff call unanswered,
+    # the second starting with the whole history (on the Responses API, where instructions are
+    # no part of `input`, it stayed one).
+    client = openai.AsyncOpenAI(base_url=gateway.url, api_key="unused", max_retries=0)
+
+    def model() -> agents.Model:
+        if api == "chat":
+            return agents.OpenAIChatCompletionsModel(model="local", openai_client=client)
+        return agents.OpenAIResponsesModel(model="local", openai_client=client)
+
+    weather = Agent(name="weather", instructions="You answer about the weather.", model=model())
+    triage = Agent(name="triage", instructions="Route the user.", handoffs=[weather], model=model())
+    result = await Runner.run(triage, "use transfer_to_weather")
+    assert result.last_agent is weather
+    await gateway.stop()
+    trace = only_trace(gateway.settings.trace_root)
+    assert trace.integrity.status == state_pb2.INTEGRITY_STATUS_CLEAN
+    assert len(trace.turns) == 1
+    assert len(calls(trace)) == 2
+    (handoff,) = trace.tool_calls.values()
+    assert handoff.name == "transfer_to_weather"
+    assert handoff.execution.status == COMPLETED

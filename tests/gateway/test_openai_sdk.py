@@ -17,7 +17,7 @@ from openai.types.responses import ResponseTextDeltaEvent
 from agent_server.gateway import Gateway
 from rollout.trace.v1 import common_pb2, state_pb2
 from tests.agent_server.conftest import TRACE_REDUCER
-from tests.agent_server.scripted_provider import ScriptedProvider, answer
+from tests.agent_server.scripted_provider import ScriptedProvider, answer, sse
 from tests.gateway.conftest import (
     StartGateway,
     bundles,
@@ -346,3 +346,156 @@ async def test_a_placeholder_key_leaves_the_answer_whole(gateway: Gateway, api_k
         for call in calls(trace)
     ]
     assert sorted(recorded) == sorted([whole.output_text, streamed])
+
+
+def _refusal_completion(refusal: str) -> dict[str, Any]:
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": None,
+        "refusal": refusal,
+        "annotations": [],
+    }
+    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": "stop"}
+    usage = {"prompt_tokens": 9, "completion_tokens": 6, "total_tokens": 15}
+    return {"id": "chatcmpl-r1", "object": "chat.completion", "choices": [choice], "usage": usage}
+
+
+def _refusal_chunks(refusal: str) -> str:
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return {"id": "chatcmpl-r2", "object": "chat.completion.chunk", "choices": [choice]}
+
+    first, rest = refusal[:5], refusal[5:]
+    events = [
+        chunk({"role": "assistant", "content": None, "refusal": ""}),
+        chunk({"refusal": first}),
+        chunk({"refusal": rest}),
+        chunk({}, "stop"),
+    ]
+    return sse(*events) + "data: [DONE]\n\n"
+
+
+async def test_a_chat_refusal_is_recorded(
+    start_gateway: StartGateway, provider: ScriptedProvider
+) -> None:
+    # Structured outputs: the model refuses in `message.refusal` (streamed: `delta.refusal`),
+    # `content` null. Was: the SDK got it, the bundle recorded a call with no output at all.
+    gateway = await start_gateway(provider.url)
+    refusal = "I'm sorry, I can't help with that."
+    provider.queue_json(_refusal_completion(refusal))
+    provider.queue(_refusal_chunks(refusal))
+    client = openai.AsyncOpenAI(base_url=gateway.url, api_key="unused", max_retries=0)
+    messages: list[Any] = [{"role": "user", "content": "something I may not answer"}]
+    whole = await client.chat.completions.create(model="m", messages=messages)
+    assert whole.choices[0].message.refusal == refusal
+    stream = await client.chat.completions.create(model="m", messages=messages, stream=True)
+    streamed = "".join([c.choices[0].delta.refusal or "" async for c in stream if c.choices])
+    assert streamed == refusal
+    await gateway.stop()
+    traces = reduce_all(_root(gateway))
+    assert len(traces) == 2
+    for trace in traces:
+        (call,) = calls(trace)
+        assert call.execution.status == COMPLETED
+        (item_id,) = call.response_item_ids
+        item = trace.conversation_items[item_id]
+        assert item.role == state_pb2.CONVERSATION_ROLE_ASSISTANT
+        assert [(part.type, part.text) for part in item.content] == [("refusal", refusal)]
+
+
+async def test_n_choices_reach_the_client_and_choice_0_is_the_output(
+    start_gateway: StartGateway, provider: ScriptedProvider
+) -> None:
+    # As docs/gateway.md says: the client gets every choice; the trace's conversation has one
+    # answer a call, choice 0, and the others stay in the call's raw body.
+    gateway = await start_gateway(provider.url)
+    choices = [
+        {"index": i, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+        for i, text in enumerate(["the first", "the second"])
+    ]
+    provider.queue_json({"id": "chatcmpl-n", "object": "chat.completion", "choices": choices})
+    client = openai.AsyncOpenAI(base_url=gateway.url, api_key="unused", max_retries=0)
+    completion = await client.chat.completions.create(
+        model="m", n=2, messages=[{"role": "user", "content": "twice"}]
+    )
+    assert [c.message.content for c in completion.choices] == ["the first", "the second"]
+    await gateway.stop()
+    (call,) = calls(only_trace(_root(gateway)))
+    assert items_text(only_trace(_root(gateway)), call.response_item_ids) == "the first"
+    (bundle,) = bundles(_root(gateway))
+    dumped = await asyncio.create_subprocess_exec(
+        TRACE_REDUCER, "dump", "--json", str(bundle), stdout=asyncio.subprocess.PIPE
+    )
+    printed, _ = await dumped.communicate()
+    assert b"the second" in printed
+
+
+def _completion(usage: dict[str, Any]) -> dict[str, Any]:
+    message = {"role": "assistant", "content": "42"}
+    choice = {"index": 0, "message": message, "finish_reason": "stop"}
+    return {"id": "chatcmpl-u", "object": "chat.completion", "choices": [choice], "usage": usage}
+
+
+def _usage_chunks(usage: dict[str, Any]) -> str:
+    choice = {"index": 0, "delta": {"role": "assistant", "content": "42"}, "finish_reason": "stop"}
+    answer = {"id": "chatcmpl-s", "object": "chat.completion.chunk", "choices": [choice]}
+    last = {"id": "chatcmpl-s", "object": "chat.completion.chunk", "choices": [], "usage": usage}
+    return sse(answer, last) + "data: [DONE]\n\n"
+
+
+async def test_usage_details_that_are_no_objects_cost_nothing(
+    start_gateway: StartGateway, provider: ScriptedProvider
+) -> None:
+    # Was: `"prompt_tokens_details": "n/a"` raised AttributeError recording the answer; the
+    # client got 500 `internal_error` for the upstream's 200, a traceback in the log.
+    gateway = await start_gateway(provider.url)
+    usage = {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}
+    odd = {**usage, "prompt_tokens_details": "n/a", "completion_tokens_details": ["x"]}
+    provider.queue_json(_completion(odd))
+    provider.queue(_usage_chunks(odd))
+    client = openai.AsyncOpenAI(base_url=gateway.url, api_key="unused", max_retries=0)
+    messages: list[Any] = [{"role": "user", "content": "the answer?"}]
+    whole = await client.chat.completions.create(model="m", messages=messages)
+    assert whole.choices[0].message.content == "42"
+    stream = await client.chat.completions.create(
+        model="m", messages=messages, stream=True, stream_options={"include_usage": True}
+    )
+    assert "".join([c.choices[0].delta.content or "" async for c in stream if c.choices]) == "42"
+    await gateway.stop()
+    for trace in reduce_all(_root(gateway)):
+        (call,) = calls(trace)
+        assert call.execution.status == COMPLETED
+        assert (call.usage.input_tokens, call.usage.output_tokens) == (5, 1)
+
+
+async def test_a_chat_answers_reasoning_tokens_are_recorded(
+    start_gateway: StartGateway, provider: ScriptedProvider
+) -> None:
+    # An o-series model on Chat Completions counts its thinking in
+    # `completion_tokens_details.reasoning_tokens`. Was: 0 in the trace (the Responses API's
+    # `output_tokens_details` was read, Chat's never), so the bundle's reasoning went uncounted.
+    gateway = await start_gateway(provider.url)
+    usage = {
+        "prompt_tokens": 19,
+        "completion_tokens": 80,
+        "total_tokens": 99,
+        "prompt_tokens_details": {"cached_tokens": 7},
+        "completion_tokens_details": {"reasoning_tokens": 64},
+    }
+    provider.queue_json(_completion(usage))
+    provider.queue(_usage_chunks(usage))
+    client = openai.AsyncOpenAI(base_url=gateway.url, api_key="unused", max_retries=0)
+    messages: list[Any] = [{"role": "user", "content": "think first"}]
+    whole = await client.chat.completions.create(model="o3", messages=messages)
+    assert whole.usage is not None
+    stream = await client.chat.completions.create(
+        model="o3", messages=messages, stream=True, stream_options={"include_usage": True}
+    )
+    [chunk async for chunk in stream]
+    await gateway.stop()
+    traces = reduce_all(_root(gateway))
+    assert len(traces) == 2
+    for trace in traces:
+        (call,) = calls(trace)
+        assert (call.usage.reasoning_tokens, call.usage.cached_input_tokens) == (64, 7)
+        assert call.usage.output_tokens == 80

@@ -15,7 +15,7 @@ from tests.agent_server.scripted_provider import ScriptedProvider
 from tests.agent_server.test_chat_dialect import chunk, stream
 from tests.agent_server.test_replay import assert_same_run
 from tests.gateway.conftest import StartGateway, bundles
-from trace_reducer import read_recorded_thread, request_body
+from trace_reducer import read_recorded_thread, replay_bundle, request_body
 
 QUESTIONS = ("hello gateway", "and again, please")
 
@@ -181,3 +181,71 @@ async def test_a_string_and_its_one_user_message_are_one_request(
         (replayed,) = bundles(replay.settings.trace_root)
         assert _sent(replayed) == list(replayed_with)
         await assert_same_run(original, replayed)
+
+
+_WEATHER_TOOL: Any = {
+    "type": "function",
+    "function": {
+        "name": "lookup_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+_PICTURE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+
+
+async def _tool_loop(gateway: Gateway) -> tuple[str, list[bytes]]:
+    """The SDK's documented Chat tool loop, a picture in the question: the answer, and the
+    bytes of each request the SDK sent."""
+    client = openai.AsyncOpenAI(base_url=gateway.url, api_key="unused", max_retries=0)
+    question = [{"type": "text", "text": "use lookup_weather for Paris"}, _PICTURE]
+    messages: list[Any] = [{"role": "user", "content": question, "name": "ana"}]
+    sent = []
+    first = await client.chat.completions.with_raw_response.create(
+        model="local", messages=messages, tools=[_WEATHER_TOOL]
+    )
+    sent.append(first.http_request.content)
+    message = first.parse().choices[0].message
+    assert message.tool_calls
+    # The message object itself, as the SDK's documentation has it (against OpenAI it sends
+    # back `refusal: null` and `annotations: []` too).
+    messages.append(message)
+    for call in message.tool_calls:
+        result = [{"type": "text", "text": "sunny"}]
+        messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+    final = await client.chat.completions.with_raw_response.create(
+        model="local", messages=messages, tools=[_WEATHER_TOOL]
+    )
+    sent.append(final.http_request.content)
+    await client.close()
+    return final.parse().choices[0].message.content or "", sent
+
+
+async def test_a_chat_tool_loop_with_a_picture_is_recorded_as_sent_and_replays(
+    start_gateway: StartGateway, tmp_path: Path
+) -> None:
+    # Was: a Chat message was recorded as its text, role and tool calls only, so the request
+    # `trace-reducer request` gave back had no picture, no `name` and the tool result as a
+    # string (and, against OpenAI, not the echoed message's `refusal: null`), and the replay of
+    # the same client diverged (409 `messages[0].content: "use lookup_weather…" vs [...]`).
+    live = await start_gateway()
+    told, sent = await _tool_loop(live)
+    await live.stop()
+    (original,) = bundles(live.settings.trace_root)
+    recorded = [
+        json.loads(request_body(original, call.inference_call_id))
+        for call in read_recorded_thread(original).calls
+    ]
+    assert recorded == [json.loads(body) for body in sent]
+    assert recorded[1]["messages"][0]["content"][1] == _PICTURE
+
+    replay = await start_gateway(replay_from=live.settings.trace_root, trace_root=tmp_path / "r")
+    assert (await _tool_loop(replay))[0] == told
+    assert replay.replay is not None
+    assert (replay.replay.answered, replay.replay.diverged) == (2, 0)
+    await replay.stop()
+    (replayed,) = bundles(replay.settings.trace_root)
+    await assert_same_run(original, replayed)
+    # The tool call echoed back is the item the model made, not a second one.
+    trace = replay_bundle(original)
+    first, second = sorted(trace.inference_calls.values(), key=lambda c: c.execution.started_seq)
+    assert set(first.response_item_ids) <= set(second.request_item_ids)

@@ -34,6 +34,7 @@ from trace_reducer import read_rewards, replay_bundle
 CLEAN = state_pb2.INTEGRITY_STATUS_CLEAN
 COMPLETED = common_pb2.EXECUTION_STATUS_COMPLETED
 CANCELLED = common_pb2.EXECUTION_STATUS_CANCELLED
+FAILED = common_pb2.EXECUTION_STATUS_FAILED
 
 
 def _client(gateway: Gateway, **headers: str) -> openai.AsyncOpenAI:
@@ -90,6 +91,191 @@ async def test_continuation_without_a_key_and_why_a_session_started(gateway: Gat
         (thread,) = trace.threads.values()
         assert thread.metadata["gateway.session_source"] == "new"
         assert "extends no open session" in thread.metadata["gateway.session_reason"]
+
+
+async def test_an_sdk_retry_stays_in_the_session_of_the_call_it_retries(
+    start_gateway: StartGateway, provider: ScriptedProvider
+) -> None:
+    # The SDK's default: two retries of a 408, 409, 429, 5xx or timeout, each the same body.
+    # Was: the retry's input repeats the failed call's, extending no exchange, so it started a
+    # session of its own and the conversation went on there, split across two bundles.
+    gateway = await start_gateway(provider.url)
+    client = openai.AsyncOpenAI(base_url=gateway.url, api_key="unused")
+    busy = {"error": {"message": "overloaded", "code": "server_error"}}
+
+    async def ask(input_: Any) -> str:
+        stream = await client.responses.create(model="m", input=input_, stream=True)
+        return "".join([e.delta async for e in stream if e.type == "response.output_text.delta"])
+
+    provider.queue(answer("one", response_id="resp-1"))
+    history: list[Any] = [
+        {"role": "user", "content": "first"},
+        {"role": "assistant", "content": await ask("first")},
+        {"role": "user", "content": "second"},
+    ]
+    provider.queue_error(503, busy, headers={"retry-after-ms": "1"})
+    provider.queue(answer("two", response_id="resp-2"))
+    history.append({"role": "assistant", "content": await ask(history)})
+    provider.queue(answer("three", response_id="resp-3"))
+    assert await ask([*history, {"role": "user", "content": "third"}]) == "three"
+    # A first call retried (a 429) is its session's too.
+    provider.queue_error(429, busy, headers={"retry-after-ms": "1"})
+    provider.queue(answer("other", response_id="resp-4"))
+    assert await ask("another run") == "other"
+    # The same input again, not said to be a retry, is a new run of the same prompt.
+    once = openai.AsyncOpenAI(base_url=gateway.url, api_key="unused", max_retries=0)
+    for _ in range(2):
+        provider.queue_error(500, busy)
+        with pytest.raises(openai.InternalServerError):
+            await once.responses.create(model="m", input="a prompt run twice", stream=True)
+    retries = [request.headers.get("x-stainless-retry-count") for request in provider.requests]
+    assert retries == ["0", "0", "1", "0", "0", "1", "0", "0"]
+    await gateway.stop()
+    traces = reduce_all(gateway.settings.trace_root)
+    assert all(trace.integrity.status == CLEAN for trace in traces)
+    shapes = sorted(
+        ([c.execution.status for c in calls(trace)], len(trace.turns)) for trace in traces
+    )
+    assert shapes == sorted(
+        [
+            ([COMPLETED, FAILED, COMPLETED, COMPLETED], 3),
+            ([FAILED, COMPLETED], 1),
+            ([FAILED], 1),
+            ([FAILED], 1),
+        ]
+    )
+
+
+async def test_runs_of_one_prompt_that_got_one_answer_go_on_in_a_bundle_each(
+    start_gateway: StartGateway, provider: ScriptedProvider
+) -> None:
+    # Rollouts of one task at temperature 0: each run's first call got the same answer, so
+    # their sessions share one exchange. Was: the last to end kept it, so every follow-up went
+    # into that run's bundle (two runs mixed in one, the other's stopped after one call), or,
+    # once it had moved on, started a session without the history.
+    gateway = await start_gateway(provider.url)
+    client = _client(gateway)
+    task = [{"role": "user", "content": "the task"}]
+
+    async def call(input_: Any) -> str:
+        stream = await client.responses.create(model="m", input=input_, stream=True)
+        return "".join([e.delta async for e in stream if e.type == "response.output_text.delta"])
+
+    for number in range(4):
+        provider.queue(answer("the same answer", response_id=f"resp-first-{number}"))
+    firsts = await asyncio.gather(*(call(task) for _ in range(4)))
+    history = [*task, {"role": "assistant", "content": firsts[0]}]
+
+    def follow_up(run: int) -> list[Any]:
+        return [*history, {"role": "user", "content": f"go on, run {run}"}]
+
+    # Runs 0 and 1 one after the other; runs 2 and 3 at once, 2 still streaming as 3 comes.
+    provider.queue(answer("zero", response_id="resp-0"))
+    assert await call(follow_up(0)) == "zero"
+    provider.queue(answer("one", response_id="resp-1"))
+    assert await call(follow_up(1)) == "one"
+    held = asyncio.Event()
+    provider.queue(held, answer("two", response_id="resp-2"))
+    provider.queue(answer("three", response_id="resp-3"))
+    # Its answer's head has come: the gateway is answering run 2, the upstream holds the rest.
+    two = await client.responses.create(model="m", input=follow_up(2), stream=True)
+    assert await call(follow_up(3)) == "three"
+    held.set()
+    assert "".join([e.delta async for e in two if e.type == "response.output_text.delta"]) == "two"
+    await gateway.stop()
+    traces = reduce_all(gateway.settings.trace_root)
+    assert len(traces) == 4
+    for trace in traces:
+        first, second = calls(trace)
+        assert items_text(trace, first.response_item_ids) == "the same answer"
+        assert len(second.request_item_ids) == 3
+        assert len(trace.turns) == 2
+
+
+async def test_runs_told_apart_by_their_instructions_stay_apart(
+    start_gateway: StartGateway, provider: ScriptedProvider
+) -> None:
+    # A request whose instructions changed goes on with the conversation it extends (a
+    # handoff), but a session whose exchange it extends instructions and all comes first: two
+    # agents given one question that answered it alike go on in their own bundles.
+    gateway = await start_gateway(provider.url)
+    client = _client(gateway)
+
+    async def call(input_: Any) -> str:
+        stream = await client.responses.create(model="m", input=input_, stream=True)
+        return "".join([e.delta async for e in stream if e.type == "response.output_text.delta"])
+
+    runs = {
+        name: [{"role": "system", "content": f"you are {name}"}, {"role": "user", "content": "q"}]
+        for name in ("ana", "bo")
+    }
+    for name, history in runs.items():
+        provider.queue(answer("alike", response_id=f"resp-{name}"))
+        history.append({"role": "assistant", "content": await call(history)})
+    # The later run first: the earlier session shares its exchange, but not its instructions.
+    for name, history in reversed(runs.items()):
+        provider.queue(answer(f"to {name}", response_id=f"resp-{name}-2"))
+        assert await call([*history, {"role": "user", "content": "again"}]) == f"to {name}"
+    await gateway.stop()
+    for trace in reduce_all(gateway.settings.trace_root):
+        first, second = calls(trace)
+        texts = [trace.conversation_items[i].content[0].text for i in second.request_item_ids]
+        assert texts[0] == trace.conversation_items[first.request_item_ids[0]].content[0].text
+        assert items_text(trace, second.response_item_ids) == f"to {texts[0].split()[-1]}"
+
+
+def _compact(arguments: str) -> str:
+    """Arguments as pydantic-ai sends a call back: its JSON re-encoded without spaces."""
+    return json.dumps(json.loads(arguments), separators=(",", ":"))
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+async def test_a_tool_calls_arguments_sent_back_re_encoded_continue_the_run(
+    gateway: Gateway, api: str
+) -> None:
+    # The built-in model writes `{"city": "…"}`; the client sends `{"city":"…"}` back. Was: the
+    # arguments compared as text, so the tool result extended no exchange and the run was
+    # split in two bundles, the first ending on an unanswered call.
+    client = _client(gateway)
+    question = "use lookup_weather for Paris"
+    parameters = {"type": "object", "properties": {"city": {"type": "string"}}}
+    if api == "chat":
+        function = {"name": "lookup_weather", "parameters": parameters}
+        tools: Any = [{"type": "function", "function": function}]
+        messages: list[Any] = [{"role": "user", "content": question}]
+        first = await client.chat.completions.create(model="m", messages=messages, tools=tools)
+        (call,) = first.choices[0].message.tool_calls or []
+        assert isinstance(call, openai.types.chat.ChatCompletionMessageFunctionToolCall)
+        assert _compact(call.function.arguments) != call.function.arguments
+        echoed = {"name": "lookup_weather", "arguments": _compact(call.function.arguments)}
+        messages += [
+            {
+                "role": "assistant",
+                "tool_calls": [{"id": call.id, "type": "function", "function": echoed}],
+            },
+            {"role": "tool", "tool_call_id": call.id, "content": "sunny"},
+        ]
+        await client.chat.completions.create(model="m", messages=messages, tools=tools)
+    else:
+        tool: Any = {"type": "function", "name": "lookup_weather", "parameters": parameters}
+        asked = await client.responses.create(model="m", input=question, tools=[tool])
+        (made,) = asked.output
+        assert made.type == "function_call"
+        sent_back = {
+            "type": "function_call",
+            "call_id": made.call_id,
+            "name": made.name,
+            "arguments": _compact(made.arguments),
+        }
+        output = {"type": "function_call_output", "call_id": made.call_id, "output": "sunny"}
+        history: list[Any] = [{"role": "user", "content": question}, sent_back, output]
+        await client.responses.create(model="m", input=history, tools=[tool])
+    await gateway.stop()
+    (trace,) = reduce_all(gateway.settings.trace_root)
+    assert len(calls(trace)) == 2
+    assert len(trace.turns) == 1
+    (tool_call,) = trace.tool_calls.values()
+    assert tool_call.execution.status == COMPLETED
 
 
 async def test_a_session_keeps_a_digest_of_each_entry_not_its_text(gateway: Gateway) -> None:

@@ -2,7 +2,7 @@
 recorded calls and run comparison."""
 
 from ..bundle._errors import RequestNotFoundError
-from ._chat import CHAT_API, chat_messages
+from ._chat import CHAT_API, chat_items, chat_messages
 from ._compact import expand_request_items
 from ._diff import (
     REPLAY_IGNORED_FIELDS,
@@ -52,6 +52,7 @@ __all__ = [
     "TurnNotRecordedError",
     "body_diff",
     "bundle_paths",
+    "chat_items",
     "chat_messages",
     "comparable_request",
     "diff_runs",

@@ -13,6 +13,7 @@ from google.protobuf import timestamp_pb2
 from rollout.trace.v1 import state_pb2
 
 from ..bundle._payloads import LONG_NUMBER_DIGITS, canonical_json, fast_json
+from ._chat import CHAT_MESSAGE_KEY
 
 try:
     from . import _describe
@@ -184,6 +185,9 @@ def _parse_item(data: bytes) -> ItemInfo:
     normalised = parsed.copy()
     normalised.pop("id", None)
     normalised.pop("status", None)
+    # How a Chat client spelt the message (chat_items): not what the model saw, and a tool
+    # call echoed back matches the call the model made.
+    normalised.pop(CHAT_MESSAGE_KEY, None)
     item_type = parsed.get("type")
     if item_type is None and "role" in parsed:
         # The short input form {"role", "content"} is a message.
