@@ -3,16 +3,29 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from trace_reducer.reduce._pool import MAX_ATTEMPTS, InlineEngine, PoolEngine, run_chunks
 
+# A task that, the first time it runs, is still running when a deadly one kills its worker.
+BYSTANDER = 8
 
-def _tens(chunk: Sequence[int], deadly: frozenset[int]) -> list[int]:
-    """Each task times ten; a deadly one kills its worker, as the OOM killer would."""
+
+def _tens(chunk: Sequence[int], deadly: frozenset[int], marks: str = "") -> list[int]:
+    """Each task times ten; a deadly one kills its worker, as the OOM killer would (with
+    marks: once the bystander is running beside it)."""
+    started = Path(marks, "bystander")
     for task in chunk:
         if task in deadly:
+            while marks and not started.exists():
+                time.sleep(0.005)
             os._exit(9)
+        if marks and task == BYSTANDER and not started.exists():
+            started.touch()
+            while True:  # in flight until the pool breaks under it and ends this process
+                time.sleep(1)
     return [task * 10 for task in chunk]
 
 
@@ -21,19 +34,23 @@ def _died(task: int, error: BaseException) -> int:
     return -task
 
 
-def test_a_dead_workers_chunk_is_retried_task_by_task_and_the_order_kept() -> None:
+def test_a_dead_workers_chunk_is_retried_task_by_task_and_the_order_kept(tmp_path: Path) -> None:
     engine = PoolEngine(2, _tens)
     emitted: list[int] = []
     heard: list[int] = []
     run_chunks(
         engine,
-        [[0, 1, 2], [3, 4, 5], [6, 7], [8]],
-        (frozenset({4}),),
+        # One worker takes [3, 4, 5] and waits in 4; the other finishes the rest up to the
+        # bystander, which is running when 4 kills its worker.
+        [[0, 1, 2], [3, 4, 5], [6, 7], [BYSTANDER]],
+        (frozenset({4}), str(tmp_path)),
         died=_died,
         emit=emitted.append,
         advanced=heard.extend,
     )
-    # Was (export-rl's own loop): the run ended `internal error: BrokenProcessPool`.
+    # Was (export-rl's own loop): the run ended `internal error: BrokenProcessPool`. And a lone
+    # task in flight beside the deadly one was charged for its deaths too, and could be given
+    # up (-8) as a bundle that kills its worker.
     assert emitted == [0, 10, 20, 30, -4, 50, 60, 70, 80]
     assert sorted(heard) == sorted(emitted)
     # The chunk's death, then task 4 alone until it was given up on.

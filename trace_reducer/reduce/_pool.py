@@ -168,30 +168,50 @@ def run_chunks(
 ) -> None:
     """Keep the engine busy with chunks and hand each task's result to emit in the tasks'
     order (whichever worker finished first); `advanced` hears of results as they come,
-    `tick` about once a second. A chunk whose worker died is retried task by task; a task
-    whose lone worker died MAX_ATTEMPTS times gets `died(task, error)` as its result. Closes
-    the engine; on any exception (Ctrl-C too) cancels what is queued first, then raises."""
-    # (position in the whole run, attempts as a lone task, task)
+    `tick` about once a second. When a worker dies, every task that was in flight is retried
+    alone, one at a time, so that a death is charged to the task it happened under; a task
+    that dies alone MAX_ATTEMPTS times gets `died(task, error)` as its result. Closes the
+    engine; on any exception (Ctrl-C too) cancels what is queued first, then raises."""
+    # (position in the whole run, lone deaths, task)
     pending: deque[list[tuple[int, int, T]]] = deque()
     position = 0
     for chunk in chunks:
         pending.append([(position + offset, 0, task) for offset, task in enumerate(chunk)])
         position += len(chunk)
+    # Tasks in flight when a worker died: each runs alone, with nothing else in flight.
+    suspects: deque[tuple[int, int, T]] = deque()
     in_flight: dict[Handle, list[tuple[int, int, T]]] = {}
+    # The suspect running with nothing else in flight: a death under it is its own.
+    alone: Handle = None
     ready: dict[int, R] = {}
     next_position = 0
     try:
-        while pending or in_flight:
-            while pending and len(in_flight) < engine.slots * 2:
-                entries = pending.popleft()
-                handle = engine.submit([task for _, _, task in entries], args)
-                in_flight[handle] = entries
+        while pending or suspects or in_flight:
+            if suspects:
+                if not in_flight:
+                    entry = suspects.popleft()
+                    alone = engine.submit([entry[2]], args)
+                    in_flight[alone] = [entry]
+            else:
+                while pending and len(in_flight) < engine.slots * 2:
+                    entries = pending.popleft()
+                    handle = engine.submit([task for _, _, task in entries], args)
+                    in_flight[handle] = entries
             for handle, done in engine.wait(list(in_flight), timeout=1.0):
                 entries = in_flight.pop(handle)
-                if isinstance(done, BaseException):
-                    results = _retry_or_give_up(entries, done, pending, died)
-                else:
+                results: list[tuple[int, R]] = []
+                if not isinstance(done, BaseException):
                     results = list(zip((spot for spot, _, _ in entries), done, strict=True))
+                elif handle is alone and entries[0][1] + 1 >= MAX_ATTEMPTS:
+                    # It died alone, again: nothing else was running to blame.
+                    spot, _, task = entries[0]
+                    results = [(spot, died(task, done))]
+                else:
+                    # A task is charged only for a death it was alone under.
+                    charged = 1 if handle is alone else 0
+                    suspects.extend(
+                        (spot, deaths + charged, task) for spot, deaths, task in entries
+                    )
                 for spot, result in results:
                     ready[spot] = result
                 advanced([result for _, result in results])
@@ -203,21 +223,3 @@ def run_chunks(
         engine.close(cancel=True)
         raise
     engine.close(cancel=False)
-
-
-def _retry_or_give_up(
-    entries: list[tuple[int, int, T]],
-    error: BaseException,
-    pending: deque[list[tuple[int, int, T]]],
-    died: Callable[[T, BaseException], R],
-) -> list[tuple[int, R]]:
-    """A worker died under these tasks: retry each alone, then give up on those that keep
-    killing their worker."""
-    given_up: list[tuple[int, R]] = []
-    for spot, attempts, task in reversed(entries):
-        attempts += 1 if len(entries) == 1 else 0
-        if attempts < MAX_ATTEMPTS:
-            pending.appendleft([(spot, attempts, task)])
-        else:
-            given_up.append((spot, died(task, error)))
-    return given_up
