@@ -15,6 +15,7 @@ import subprocess
 import sys
 import termios
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -306,53 +307,12 @@ def _descendants(pid: int) -> dict[int, int]:
     return below
 
 
-def test_a_worker_killed_mid_batch_does_not_stop_it(traces: Path, tmp_path: Path) -> None:
-    root = _many(traces, tmp_path, 3000)
-    process = subprocess.Popen(
-        [TRACE_REDUCER, "reduce-all", str(root), "--jobs", "2"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        _wait_for(
-            lambda: any(root.glob("*/state.json")), time.monotonic() + 120, "a first state.json"
-        )
-        # The pool's workers are the forkserver's children: the driver's grandchildren.
-        below = _descendants(process.pid)
-        workers = [pid for pid, parent in below.items() if parent != process.pid]
-        assert workers, below
-        os.kill(workers[0], signal.SIGKILL)  # as the OOM killer would
-        stdout, stderr = process.communicate(timeout=300)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-    assert process.returncode == 0, stdout + stderr
-    assert "the pool was restarted 1 time\n" in stderr
-    assert _counts(stdout)["reduced"] == 3000
-    assert len(list(root.glob("*/state.json"))) == 3000
-
-
-def test_a_worker_killed_mid_export_does_not_stop_it(traces: Path, tmp_path: Path) -> None:
-    root = _many(traces, tmp_path, 3000)
-    out = tmp_path / "export"
-    process = subprocess.Popen(
-        [
-            TRACE_REDUCER,
-            "export-rl",
-            str(root),
-            "--format",
-            "jsonl",
-            "--jobs",
-            "2",
-            "--out",
-            str(out),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+def _with_a_worker_killed(
+    argv: list[str | Path], started: Callable[[], bool]
+) -> tuple[int, str, str]:
+    """Run argv (a pool of 2), SIGKILL one of its workers once `started`, as the OOM killer
+    would, and wait for it: its exit code, stdout and stderr."""
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
 
         def workers() -> list[int]:
@@ -362,15 +322,37 @@ def test_a_worker_killed_mid_export_does_not_stop_it(traces: Path, tmp_path: Pat
                 pid for pid, parent in _descendants(process.pid).items() if parent != process.pid
             ]
 
-        _wait_for(workers, time.monotonic() + 120, "the pool's workers")
-        os.kill(workers()[0], signal.SIGKILL)  # as the OOM killer would
+        _wait_for(lambda: started() and workers(), time.monotonic() + 120, "the pool at work")
+        os.kill(workers()[0], signal.SIGKILL)
         stdout, stderr = process.communicate(timeout=300)
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
+    return process.returncode, stdout, stderr
+
+
+def test_a_worker_killed_mid_batch_does_not_stop_it(traces: Path, tmp_path: Path) -> None:
+    root = _many(traces, tmp_path, 3000)
+    code, stdout, stderr = _with_a_worker_killed(
+        [TRACE_REDUCER, "reduce-all", str(root), "--jobs", "2"],
+        lambda: any(root.glob("*/state.json")),
+    )
+    assert code == 0, stdout + stderr
+    assert "the pool was restarted 1 time\n" in stderr
+    assert _counts(stdout)["reduced"] == 3000
+    assert len(list(root.glob("*/state.json"))) == 3000
+
+
+def test_a_worker_killed_mid_export_does_not_stop_it(traces: Path, tmp_path: Path) -> None:
+    root = _many(traces, tmp_path, 3000)
+    out = tmp_path / "export"
+    code, stdout, stderr = _with_a_worker_killed(
+        [TRACE_REDUCER, "export-rl", str(root), "--jobs", "2", "--format", "jsonl", "--out", out],
+        lambda: True,
+    )
     # Was: `internal error: BrokenProcessPool`, exit 1, no file (export-rl had a pool of its own).
-    assert process.returncode == 0, stdout + stderr
+    assert code == 0, stdout + stderr
     assert "the pool was restarted 1 time\n" in stderr
     assert "internal error" not in stderr
     assert "not exported" not in stderr
