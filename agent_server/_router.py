@@ -198,12 +198,7 @@ class Router:
         target = await self._owner(thread_id, metadata, _LOOKUP_SECONDS)
         if target is None:
             return None, None
-        self._counted(name, target, request)
-        call = self._channel(target).unary_unary(
-            f"/{_SERVICE}/{name}",
-            request_serializer=_serialize,
-            response_deserializer=response_type.FromString,
-        )(request, metadata=metadata, timeout=_CARRIED_SECONDS)
+        call = self._unary_call(target, name, request, response_type, metadata, _CARRIED_SECONDS)
         try:
             return target, await call
         except grpc.aio.AioRpcError as error:
@@ -335,6 +330,23 @@ class Router:
             extra={"fields": {"rpc": name, "to": target, "thread_id": request.thread_id}},
         )
 
+    def _unary_call(
+        self,
+        target: int,
+        name: str,
+        request: Any,
+        response_type: type[Message],
+        metadata: _Metadata,
+        seconds: float | None,
+    ) -> Any:
+        """The call forwarding a unary request to worker target (counted and logged)."""
+        self._counted(name, target, request)
+        return self._channel(target).unary_unary(
+            f"/{_SERVICE}/{name}",
+            request_serializer=_serialize,
+            response_deserializer=response_type.FromString,
+        )(request, metadata=metadata, timeout=seconds)
+
     async def _relay(
         self,
         target: int,
@@ -343,12 +355,9 @@ class Router:
         response_type: type[Message],
         context: Context,
     ) -> Any:
-        self._counted(name, target, request)
-        call = self._channel(target).unary_unary(
-            f"/{_SERVICE}/{name}",
-            request_serializer=_serialize,
-            response_deserializer=response_type.FromString,
-        )(request, metadata=self._metadata(context), timeout=context.time_remaining())
+        call = self._unary_call(
+            target, name, request, response_type, self._metadata(context), context.time_remaining()
+        )
         try:
             return await call
         except grpc.aio.AioRpcError as error:
