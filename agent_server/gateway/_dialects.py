@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from agent_server import chat_completions
 from agent_server.gateway._sessions import Session, SessionKey, hint_key
-from agent_server.provider import Decode, ProviderEvent, parse_event
+from agent_server.provider import ProviderEvent, parse_event
 from agent_server.response import Response
 from agent_server.sse import SseEvent
 from grpc_common import Redactor
@@ -121,6 +121,13 @@ class CallRecorder:
         batch = [found for event in events for found in self._decode(event.event, event.data)]
         return bool(batch) and self._response.on_batch(batch)
 
+    def on_end_of_stream(self) -> bool:
+        """The stream ended cleanly without a terminal event: record what that end amounts to
+        (a Chat stream whose choices all finished, without `[DONE]`, is a whole answer); True
+        when the call completed with it."""
+        batch = self._decode.end_of_stream()
+        return bool(batch) and self._response.on_batch(batch)
+
     def on_body(self, body: Any, raw: str) -> None:
         """Record a whole (non-streamed) answer. Raises ProviderError when it says it failed."""
         self._response.on_batch(self._dialect.body_events(body, raw))
@@ -128,6 +135,25 @@ class CallRecorder:
     def output_fingerprints(self) -> list[str]:
         """The accepted output, fingerprinted as the client will send it back."""
         return self._dialect.output_fingerprints(self._history[self._mark :])
+
+
+class StreamDecoder(Protocol):
+    """One stream's decoder: (SSE event name, data) → events; what a clean end adds."""
+
+    def __call__(self, sse_event: str, raw: str) -> list[ProviderEvent]: ...
+
+    def end_of_stream(self) -> list[ProviderEvent]: ...
+
+
+class _ResponsesDecoder:
+    """A Responses stream's events as they are; its end is its terminal event, nothing else."""
+
+    def __call__(self, sse_event: str, raw: str) -> list[ProviderEvent]:
+        # A Responses stream has no `[DONE]`; some servers send one anyway.
+        return [] if raw.strip() == chat_completions.DONE_DATA else [parse_event(sse_event, raw)]
+
+    def end_of_stream(self) -> list[ProviderEvent]:
+        return []
 
 
 class Dialect(Protocol):
@@ -161,7 +187,7 @@ class Dialect(Protocol):
     def hint(self, body: Mapping[str, Any], sessions: Any) -> SessionKey | None:
         """The session a request's own fields name, if any."""
 
-    def decoder(self) -> Decode:
+    def decoder(self) -> StreamDecoder:
         """A fresh decoder of one stream's SSE events."""
 
     def body_events(self, body: Any, raw: str) -> list[ProviderEvent]:
@@ -241,14 +267,8 @@ class ResponsesDialect:
             return hint_key("conversation", conversation)
         return _cache_key_hint(body)
 
-    def decoder(self) -> Decode:
-        def decode(sse_event: str, raw: str) -> list[ProviderEvent]:
-            # A Responses stream has no `[DONE]`; some servers send one anyway.
-            return (
-                [] if raw.strip() == chat_completions.DONE_DATA else [parse_event(sse_event, raw)]
-            )
-
-        return decode
+    def decoder(self) -> StreamDecoder:
+        return _ResponsesDecoder()
 
     def body_events(self, body: Any, raw: str) -> list[ProviderEvent]:
         if not isinstance(body, dict):
@@ -319,8 +339,8 @@ class ChatDialect:
     def hint(self, body: Mapping[str, Any], sessions: Any) -> SessionKey | None:
         return _cache_key_hint(body)
 
-    def decoder(self) -> Decode:
-        return chat_completions.CHAT.decoder()
+    def decoder(self) -> StreamDecoder:
+        return chat_completions.ChunkDecoder()
 
     def body_events(self, body: Any, raw: str) -> list[ProviderEvent]:
         """A whole `chat.completion`: kept verbatim, then read as the one chunk it amounts to."""

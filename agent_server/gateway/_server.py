@@ -902,10 +902,19 @@ class Gateway:
             if rest:
                 await _write(response, rest)
             if not outcome.over:
+                try:
+                    # A Chat stream may end without `[DONE]` once its choices all finished: the
+                    # SDK takes it whole (was: recorded FAILED though the client had its answer).
+                    if call.on_end_of_stream():
+                        outcome.complete()
+                except ProviderError as error:
+                    outcome.fail(error)
+            if not outcome.over:
                 outcome.fail(
                     ProviderError(
                         "stream_ended",
-                        "the upstream stream ended without a terminal event",
+                        "the upstream stream ended without a terminal event (a Chat stream: "
+                        "before every choice had its finish_reason)",
                         reason="stream_ended",
                     )
                 )

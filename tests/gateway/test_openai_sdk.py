@@ -499,3 +499,58 @@ async def test_a_chat_answers_reasoning_tokens_are_recorded(
         (call,) = calls(trace)
         assert (call.usage.reasoning_tokens, call.usage.cached_input_tokens) == (64, 7)
         assert call.usage.output_tokens == 80
+
+
+def _chat_chunk(index: int, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+    choice = {"index": index, "delta": delta, "finish_reason": finish}
+    return {"id": "chatcmpl-e", "object": "chat.completion.chunk", "choices": [choice]}
+
+
+async def test_a_chat_stream_whose_choices_finished_needs_no_done(
+    start_gateway: StartGateway, provider: ScriptedProvider
+) -> None:
+    # Some servers end the stream (a clean EOF) after the last finish_reason, with no
+    # `data: [DONE]`; the openai SDK takes that as the whole answer. Was: recorded FAILED,
+    # `stream_ended`. A stream cut before a choice finished stays FAILED.
+    gateway = await start_gateway(provider.url)
+    provider.queue(
+        sse(
+            _chat_chunk(0, {"role": "assistant", "content": "one"}),
+            _chat_chunk(1, {"role": "assistant", "content": "two"}),
+            _chat_chunk(0, {}, "stop"),
+            _chat_chunk(1, {}, "stop"),
+        )
+    )
+    provider.queue(
+        sse(
+            _chat_chunk(0, {"role": "assistant", "content": "one"}),
+            _chat_chunk(1, {"role": "assistant", "content": "tw"}),
+            _chat_chunk(0, {}, "stop"),
+        )
+    )
+    provider.queue(sse(_chat_chunk(0, {"role": "assistant", "content": "cut"})))
+    async with openai.AsyncOpenAI(base_url=gateway.url, api_key="unused", max_retries=0) as client:
+        texts = []
+        for question in ("whole", "choice 1 cut", "choice 0 cut"):
+            stream = await client.chat.completions.create(
+                model="m", n=2, messages=[{"role": "user", "content": question}], stream=True
+            )
+            texts.append([c.choices[0].delta.content async for c in stream if c.choices])
+    assert texts[0] == ["one", "two", None, None]
+    await gateway.stop()
+    traces = sorted(reduce_all(_root(gateway)), key=lambda t: t.started_at.ToNanoseconds())
+    ended = [
+        (call.execution.status, call.end_reason, call.error.message, texts)
+        for trace in traces
+        for call in calls(trace)
+        for texts in [items_text(trace, call.response_item_ids)]
+    ]
+    cut = (
+        "the upstream stream ended without a terminal event (a Chat stream: before every "
+        "choice had its finish_reason)"
+    )
+    assert ended == [
+        (COMPLETED, "response.completed", "", "one"),
+        (FAILED, "stream_ended", cut, "one"),
+        (FAILED, "stream_ended", cut, ""),
+    ]
