@@ -599,6 +599,7 @@ class Gateway:
         finally:
             session.calls_running -= 1
             session.last_used = time.monotonic()
+            self.sessions.calls_ended(session)
 
     async def _session_for(
         self,

@@ -14,6 +14,7 @@ import pytest
 from aiohttp import web
 
 from agent_server.gateway import Gateway
+from agent_server.gateway._sessions import Session, SessionKey, Sessions
 from agent_server.loopback_http import HttpRequest, HttpResponse, LoopbackHttpServer
 from rollout.trace.v1 import common_pb2, state_pb2
 from tests.agent_server.scripted_provider import (
@@ -678,3 +679,46 @@ async def test_the_built_in_model_lists_itself(gateway: Gateway) -> None:
     # gateway.
     listed = await _client(gateway).models.list()
     assert [model.id async for model in listed] == ["local-echo-1"]
+
+
+async def test_runs_sharing_an_exchange_are_told_apart_in_few_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Runs of one prompt that got one answer share an exchange; each continuation goes on one
+    # that no call is answering. Was: every lookup walked all of them (and taking one out
+    # walked them again), so k runs cost k^2 steps: 2,000 runs, 4 million.
+    sessions = Sessions(tmp_path, idle_timeout=60.0)
+    runs = 200
+    opened = [
+        (await sessions.get_or_create(SessionKey(f"run-{i}", "header"), model="m", reason="t"))[0]
+        for i in range(runs)
+    ]
+    shared = ("question", "answer")
+    for session in opened:
+        sessions.exchanged(session, shared, None, "")
+    looked_at = 0
+
+    def running(session: Session) -> int:
+        nonlocal looked_at
+        looked_at += 1
+        return int(session.__dict__.get("_running", 0))
+
+    def set_running(session: Session, value: int) -> None:
+        session.__dict__["_running"] = value
+
+    # Counts how many sessions a lookup looks at (each asks whether a call is running).
+    monkeypatch.setattr(Session, "calls_running", property(running, set_running))
+    picked = []
+    for _ in range(runs):
+        found = sessions.continuing([*shared, "next"])
+        assert found is not None
+        found.calls_running += 1
+        picked.append(found)
+    assert {id(s) for s in picked} == {id(s) for s in opened}
+    assert picked == opened  # oldest first, as before
+    assert looked_at <= 4 * runs
+    for index, session in enumerate(picked):
+        sessions.exchanged(session, (*shared, "next", f"reply {index}"), None, "")
+        session.calls_running -= 1
+        sessions.calls_ended(session)
+    await sessions.close_all("test")
