@@ -661,11 +661,18 @@ class Gateway:
         New entries are those past what the request shares with the last exchange (its
         instructions aside: a handoff changes them, and goes on with the turn): a user message
         among them starts a turn; tool outputs continue the current one."""
+        # The longest of the last exchange and its other choices (n > 1) the request shares:
+        # a client going on with choice 1 sends it back, and it is no new input of the turn.
         shared = 0
-        for mine, theirs in zip(session.masked or session.exchange, fingerprints, strict=False):
-            if mine != theirs:
-                break
-            shared += 1
+        exchanges = [(session.masked or session.exchange)]
+        exchanges += [masked or exact for exact, masked in session.other_choices]
+        for exchange in exchanges:
+            common = 0
+            for mine, theirs in zip(exchange, fingerprints, strict=False):
+                if mine != theirs:
+                    break
+                common += 1
+            shared = max(shared, common)
         new = dialect.items(entries[shared:])
         for item in new:
             call_id = tool_output(item)
@@ -764,11 +771,15 @@ class Gateway:
             if answer is not None:
                 release(answer)
             outputs = tuple(call.output_fingerprints())
+            # A client may go on with any choice of an answer of n > 1 (choice 0 is the
+            # recorded output): each is an exchange the next request may extend.
+            others = [tuple(other) for other in call.other_choice_fingerprints()]
             self.sessions.exchanged(
                 session,
                 fingerprints + outputs,
                 None if masked is None else masked + outputs,
                 call.response_id,
+                [(fingerprints + o, None if masked is None else masked + o) for o in others],
             )
             if session.calls_running == 1:
                 # The accepted items were wanted for this exchange only: a long session must

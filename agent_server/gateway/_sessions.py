@@ -128,6 +128,11 @@ class Session:
     # The same, its leading system and developer messages as one placeholder
     # (`without_instructions`); None when it has none.
     masked: tuple[str, ...] | None = None
+    # The last call's other choices (Chat's n > 1): (exchange, masked) with that choice as the
+    # output, which a request may extend as well.
+    other_choices: list[tuple[tuple[str, ...], tuple[str, ...] | None]] = field(
+        default_factory=list
+    )
     # The index keys it is found by (Sessions), and the response ids it answered with.
     keys: list[ExchangeKey] = field(default_factory=list)
     response_ids: list[str] = field(default_factory=list)
@@ -467,21 +472,29 @@ class Sessions:
         fingerprints: tuple[str, ...],
         masked: tuple[str, ...] | None,
         response_id: str,
+        other_choices: Sequence[tuple[tuple[str, ...], tuple[str, ...] | None]] = (),
     ) -> None:
         """Remember a finished call's input and output (masked: with its instructions as
-        `without_instructions` has them): the next request may extend it."""
+        `without_instructions` has them): the next request may extend it, or one of
+        other_choices (the same with another choice of the answer as its output)."""
         if session.closed:
             return
         self._unindex(session)
         session.exchange, session.masked = fingerprints, masked
+        session.other_choices = list(other_choices)
         # A masked key never equals an exact one: the placeholder is no entry's fingerprint.
         order = next(self._joined)
-        for fingerprinted in (fingerprints, masked):
-            if fingerprinted:
-                key = ExchangeKey(fingerprinted)
-                self._by_exchange.setdefault(key, _Sharing()).join(session, order)
-                self._lengths[len(key)] += 1
-                session.keys.append(key)
+        # Once each: two choices may say the same.
+        keys = {
+            ExchangeKey(fingerprinted): None
+            for pair in [(fingerprints, masked), *other_choices]
+            for fingerprinted in pair
+            if fingerprinted
+        }
+        for key in keys:
+            self._by_exchange.setdefault(key, _Sharing()).join(session, order)
+            self._lengths[len(key)] += 1
+            session.keys.append(key)
         if response_id:
             self._by_response[response_id] = session
             session.response_ids.append(response_id)

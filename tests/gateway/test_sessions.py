@@ -722,3 +722,97 @@ async def test_runs_sharing_an_exchange_are_told_apart_in_few_steps(
         session.calls_running -= 1
         sessions.calls_ended(session)
     await sessions.close_all("test")
+
+
+def _two_choices(completion_id: str, texts: list[str], stream: bool) -> str | dict[str, Any]:
+    if not stream:
+        choices = [
+            {"index": i, "message": {"role": "assistant", "content": t}, "finish_reason": "stop"}
+            for i, t in enumerate(texts)
+        ]
+        return {"id": completion_id, "object": "chat.completion", "choices": choices}
+    chunks = [
+        {
+            "id": completion_id,
+            "object": "chat.completion.chunk",
+            "choices": [{"index": i, "delta": delta, "finish_reason": finish}],
+        }
+        for i, text in enumerate(texts)
+        for delta, finish in (({"role": "assistant", "content": text}, None), ({}, "stop"))
+    ]
+    return sse(*chunks) + "data: [DONE]\n\n"
+
+
+@pytest.mark.parametrize("named", [False, True])
+@pytest.mark.parametrize("stream", [False, True])
+async def test_going_on_with_another_choice_continues_the_session(
+    start_gateway: StartGateway, provider: ScriptedProvider, stream: bool, named: bool
+) -> None:
+    # With n=2 the recorded output is choice 0; a client that goes on with choice 1 sends
+    # choice 1 back. Was: that extended no exchange, so the run's second call started a
+    # bundle of its own (and, with the session named, choice 1 was taken for new input of
+    # the turn, as if the user had said it).
+    gateway = await start_gateway(provider.url)
+    for step, texts in (("c1", ["first", "second"]), ("c2", ["next"])):
+        script = _two_choices(step, texts, stream)
+        if isinstance(script, str):
+            provider.queue(script)
+        else:
+            provider.queue_json(script)
+    headers = {"x-rollout-session": "branching"} if named else {}
+    async with _client(gateway, **headers) as client:
+        messages: list[Any] = [{"role": "user", "content": "twice"}]
+        if stream:
+            chunks = await client.chat.completions.create(
+                model="m", n=2, messages=messages, stream=True
+            )
+            pieces = [c.choices[0] async for c in chunks if c.choices]
+            second = "".join(c.delta.content or "" for c in pieces if c.index == 1)
+        else:
+            whole = await client.chat.completions.create(model="m", n=2, messages=messages)
+            second = whole.choices[1].message.content or ""
+        assert second == "second"
+        messages += [{"role": "assistant", "content": second}, {"role": "user", "content": "go on"}]
+        await client.chat.completions.create(model="m", messages=messages)
+    await gateway.stop()
+    (trace,) = reduce_all(gateway.settings.trace_root)
+    one, two = calls(trace)
+    assert items_text(trace, one.response_item_ids) == "first"
+    # The second call sent choice 1 back, as the client did; its turn's new input is the
+    # user's message alone.
+    assert [items_text(trace, [i]) for i in two.request_item_ids] == ["twice", "second", "go on"]
+    turn = trace.turns[two.turn_id]
+    assert [items_text(trace, [i]) for i in turn.input_item_ids] == ["go on"]
+
+
+async def test_going_on_with_another_choices_tool_call_continues_the_session(
+    start_gateway: StartGateway, provider: ScriptedProvider
+) -> None:
+    gateway = await start_gateway(provider.url)
+    call = {"id": "call-9", "type": "function", "function": {"name": "look", "arguments": "{}"}}
+    streamed = [
+        {"index": 0, "delta": {"role": "assistant", "content": "no tool"}, "finish_reason": None},
+        {"index": 1, "delta": {"role": "assistant", "tool_calls": [{**call, "index": 0}]}},
+        {"index": 0, "delta": {}, "finish_reason": "stop"},
+        {"index": 1, "delta": {}, "finish_reason": "tool_calls"},
+    ]
+    chunks = [{"id": "c1", "object": "chat.completion.chunk", "choices": [c]} for c in streamed]
+    provider.queue(sse(*chunks) + "data: [DONE]\n\n")
+    whole = _two_choices("c2", ["looked"], stream=False)
+    assert isinstance(whole, dict)
+    provider.queue_json(whole)
+    async with _client(gateway) as client:
+        messages: list[Any] = [{"role": "user", "content": "look it up"}]
+        stream = await client.chat.completions.create(
+            model="m", n=2, messages=messages, stream=True
+        )
+        made = [c.choices[0].delta.tool_calls async for c in stream if c.choices]
+        assert [calls[0].id for calls in made if calls] == ["call-9"]
+        messages += [
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call-9", "content": "found"},
+        ]
+        await client.chat.completions.create(model="m", messages=messages)
+    await gateway.stop()
+    (trace,) = reduce_all(gateway.settings.trace_root)
+    assert len(calls(trace)) == 2
