@@ -554,3 +554,43 @@ async def test_a_chat_stream_whose_choices_finished_needs_no_done(
         (FAILED, "stream_ended", cut, "one"),
         (FAILED, "stream_ended", cut, ""),
     ]
+
+
+async def test_a_chat_stream_without_usage_is_recorded_as_unknown_tokens(
+    start_gateway: StartGateway, provider: ScriptedProvider, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A client that does not ask for `stream_options.include_usage` gets no usage chunk, and
+    # the gateway does not ask on its behalf (its stream stays the upstream's, byte for byte):
+    # the call's tokens are unknown. Was: `list` (and the served run list) said 0 tokens.
+    from trace_reducer import cli
+
+    gateway = await start_gateway(provider.url)
+    script = sse(
+        _chat_chunk(0, {"role": "assistant", "content": "no count"}), _chat_chunk(0, {}, "stop")
+    )
+    script += "data: [DONE]\n\n"
+    provider.queue(script)
+    async with openai.AsyncOpenAI(base_url=gateway.url, api_key="unused", max_retries=0) as client:
+        raw = await client.chat.completions.with_raw_response.create(
+            model="m", messages=[{"role": "user", "content": "count?"}], stream=True
+        )
+        body = b"".join([chunk async for chunk in raw.http_response.aiter_bytes()])
+    assert body == script.encode()
+    sent = json.loads(provider.requests[0].body)
+    assert "stream_options" not in sent
+    await gateway.stop()
+    (call,) = calls(only_trace(_root(gateway)))
+    assert call.execution.status == COMPLETED
+    assert not call.HasField("usage")
+    capsys.readouterr()
+    assert cli.main(["list", "--json", str(_root(gateway))]) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    tokens = {"input": None, "output": None, "total": None, "unknown_calls": 1}
+    assert json.loads(line)["tokens"] == tokens
+    assert cli.main(["list", str(_root(gateway))]) == 0
+    header, row = capsys.readouterr().out.splitlines()
+    assert row.split()[header.split().index("TOKENS")] == "?"
+    (bundle,) = bundles(_root(gateway))
+    assert cli.main(["reduce", "--stdout", str(bundle)]) == 0
+    (reduced,) = json.loads(capsys.readouterr().out)["inference_calls"].values()
+    assert "usage" not in reduced
