@@ -29,7 +29,7 @@ from tests.agent_server.scripted_provider import (
     sse,
     text_delta,
 )
-from tests.gateway.conftest import StartGateway, bundles, calls, items_text, reduce_all
+from tests.gateway.conftest import StartGateway, bundles, calls, items_text, reduce_all, sdk
 from trace_reducer import read_rewards, replay_bundle
 
 CLEAN = state_pb2.INTEGRITY_STATUS_CLEAN
@@ -39,7 +39,7 @@ FAILED = common_pb2.EXECUTION_STATUS_FAILED
 
 
 def _client(gateway: Gateway, **headers: str) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(
+    return sdk(
         base_url=gateway.url, api_key="unused", max_retries=0, default_headers=headers or None
     )
 
@@ -67,7 +67,7 @@ async def test_a_header_names_the_session(gateway: Gateway) -> None:
 
 async def test_a_path_prefix_names_the_session(gateway: Gateway) -> None:
     base = gateway.url.removesuffix("/v1") + "/s/job-7/v1"
-    client = openai.AsyncOpenAI(base_url=base, api_key="unused", max_retries=0)
+    client = sdk(base_url=base, api_key="unused", max_retries=0)
     await client.responses.create(model="m", input="a")
     await client.responses.create(model="m", input="b")
     await gateway.stop()
@@ -101,7 +101,7 @@ async def test_an_sdk_retry_stays_in_the_session_of_the_call_it_retries(
     # Was: the retry's input repeats the failed call's, extending no exchange, so it started a
     # session of its own and the conversation went on there, split across two bundles.
     gateway = await start_gateway(provider.url)
-    client = openai.AsyncOpenAI(base_url=gateway.url, api_key="unused")
+    client = sdk(base_url=gateway.url, api_key="unused")
     busy = {"error": {"message": "overloaded", "code": "server_error"}}
 
     async def ask(input_: Any) -> str:
@@ -124,7 +124,7 @@ async def test_an_sdk_retry_stays_in_the_session_of_the_call_it_retries(
     provider.queue(answer("other", response_id="resp-4"))
     assert await ask("another run") == "other"
     # The same input again, not said to be a retry, is a new run of the same prompt.
-    once = openai.AsyncOpenAI(base_url=gateway.url, api_key="unused", max_retries=0)
+    once = sdk(base_url=gateway.url, api_key="unused", max_retries=0)
     for _ in range(2):
         provider.queue_error(500, busy)
         with pytest.raises(openai.InternalServerError):
@@ -459,8 +459,8 @@ async def test_the_gateway_token_is_required_and_never_recorded(
 
     token = "gw-secret-token-123"
     gateway = await start_gateway(access=AccessControl(token=token))
-    with_token = openai.AsyncOpenAI(base_url=gateway.url, api_key=token, max_retries=0)
-    without = openai.AsyncOpenAI(base_url=gateway.url, api_key="wrong", max_retries=0)
+    with_token = sdk(base_url=gateway.url, api_key=token, max_retries=0)
+    without = sdk(base_url=gateway.url, api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError) as refused:
         await without.responses.create(model="m", input="let me in")
     assert refused.value.status_code == 401
@@ -645,7 +645,7 @@ async def test_closing_a_session_cuts_off_a_call_waiting_for_its_upstream(
     upstream = await LoopbackHttpServer.start(silent, keep_requests=True)
     try:
         gateway = await start_gateway(upstream.url)
-        client = openai.AsyncOpenAI(
+        client = sdk(
             base_url=gateway.url,
             api_key="unused",
             max_retries=2,
