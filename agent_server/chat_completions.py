@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent_server.provider import Decode, EncodedItems, ProviderEvent, parse_event
+from agent_server.provider import EncodedItems, ProviderEvent, parse_event
 from trace_reducer import LOGPROBS_INCLUDE, canonical_json, chat_messages
 
 CHUNK_EVENT = "chat.completion.chunk"
@@ -153,6 +153,10 @@ class ChunkMapper:
         self._ids: list[int] = []
         self._logprobs: list[dict[str, Any]] = []
         self._usage: dict[str, Any] | None = None
+        # The choices seen (n > 1 streams several, by index) and those that finished: a stream
+        # may end without `[DONE]` once every choice has its finish_reason.
+        self._choices: set[int] = set()
+        self._finished_choices: set[int] = set()
 
     @property
     def ended(self) -> bool:
@@ -185,6 +189,13 @@ class ChunkMapper:
         if isinstance(usage, dict):
             self._usage = usage
         choices = data.get("choices")
+        for listed in choices if isinstance(choices, list) else []:
+            if isinstance(listed, dict):
+                index = listed.get("index", 0)
+                self._choices.add(index if isinstance(index, int) else 0)
+                reason = listed.get("finish_reason")
+                if isinstance(reason, str) and reason:
+                    self._finished_choices.add(index if isinstance(index, int) else 0)
         choice = (
             next((c for c in choices if isinstance(c, dict) and c.get("index", 0) == 0), None)
             if isinstance(choices, list)
@@ -210,6 +221,14 @@ class ChunkMapper:
         The usage chunk comes between the finish and `[DONE]`: the response ends here, so the
         stream is read to its end (and its connection can serve the next request)."""
         if not self._finished:
+            return []
+        return self._end()
+
+    def end_of_stream(self) -> list[MappedEvent]:
+        """The stream ended cleanly without `[DONE]`: the terminal event when every choice it
+        streamed has its finish_reason (the openai SDK takes such a stream as whole, so it is
+        an answer), else nothing (it was cut: the call fails)."""
+        if not self._finished or not self._choices <= self._finished_choices:
             return []
         return self._end()
 
@@ -402,22 +421,32 @@ class ChatDialect:
         # The items become messages (some merged), so their own encodings do not serve here.
         return canonical_json(request_body(chat_envelope, instructions, items))
 
-    def decoder(self) -> Decode:
-        mapper = ChunkMapper()
+    def decoder(self) -> ChunkDecoder:
+        return ChunkDecoder()
 
-        def decode(sse_event: str, raw: str) -> list[ProviderEvent]:
-            if raw.strip() == DONE_DATA:
-                mapped = mapper.done()
-                first = ProviderEvent(DONE_EVENT, {}, raw)
-            else:
-                event = parse_event(sse_event, raw)
-                if event.data is None:
-                    return [event]
-                first = ProviderEvent(CHUNK_EVENT, event.data, raw)
-                mapped = mapper.chunk(event.data)
-            return [first, *(ProviderEvent(m.type, m.data, "") for m in mapped)]
 
-        return decode
+class ChunkDecoder:
+    """One stream's decoder (a `Decode`): each SSE event → the chunk kept verbatim, then the
+    Responses events it amounts to; `end_of_stream` at a clean end without `[DONE]`."""
+
+    def __init__(self) -> None:
+        self.mapper = ChunkMapper()
+
+    def __call__(self, sse_event: str, raw: str) -> list[ProviderEvent]:
+        if raw.strip() == DONE_DATA:
+            mapped = self.mapper.done()
+            first = ProviderEvent(DONE_EVENT, {}, raw)
+        else:
+            event = parse_event(sse_event, raw)
+            if event.data is None:
+                return [event]
+            first = ProviderEvent(CHUNK_EVENT, event.data, raw)
+            mapped = self.mapper.chunk(event.data)
+        return [first, *(ProviderEvent(m.type, m.data, "") for m in mapped)]
+
+    def end_of_stream(self) -> list[ProviderEvent]:
+        """The events a clean end without `[DONE]` amounts to (no bytes of their own)."""
+        return [ProviderEvent(m.type, m.data, "") for m in self.mapper.end_of_stream()]
 
 
 CHAT = ChatDialect()
@@ -430,6 +459,7 @@ __all__ = [
     "DONE_EVENT",
     "PATH",
     "ChatDialect",
+    "ChunkDecoder",
     "ChunkMapper",
     "MappedEvent",
     "envelope",

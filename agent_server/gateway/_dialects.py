@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from agent_server import chat_completions
 from agent_server.gateway._sessions import Session, SessionKey, hint_key
-from agent_server.provider import Decode, ProviderEvent, parse_event
+from agent_server.provider import ProviderEvent, parse_event
 from agent_server.response import Response
 from agent_server.sse import SseEvent
 from grpc_common import Redactor
@@ -102,6 +102,9 @@ class CallRecorder:
         self._decode = dialect.decoder()
         self._history = session.thread.history
         self._mark = len(self._history)
+        # A Chat answer's choices past 0 (n > 1): no part of the trace's conversation, but
+        # what a client that goes on with one of them sends back.
+        self._others = _OtherChoices() if dialect.name == ChatDialect.name else None
 
     @property
     def response_id(self) -> str:
@@ -119,15 +122,135 @@ class CallRecorder:
         """Record streamed events; True once a terminal one came. Raises ProviderError on a
         failure event (after recording it)."""
         batch = [found for event in events for found in self._decode(event.event, event.data)]
+        if self._others is not None:
+            for found in batch:
+                if found.type == chat_completions.CHUNK_EVENT and isinstance(found.data, dict):
+                    self._others.chunk(found.data)
+        return bool(batch) and self._response.on_batch(batch)
+
+    def on_end_of_stream(self) -> bool:
+        """The stream ended cleanly without a terminal event: record what that end amounts to
+        (a Chat stream whose choices all finished, without `[DONE]`, is a whole answer); True
+        when the call completed with it."""
+        batch = self._decode.end_of_stream()
         return bool(batch) and self._response.on_batch(batch)
 
     def on_body(self, body: Any, raw: str) -> None:
         """Record a whole (non-streamed) answer. Raises ProviderError when it says it failed."""
+        if self._others is not None and isinstance(body, dict):
+            self._others.body(body)
         self._response.on_batch(self._dialect.body_events(body, raw))
 
     def output_fingerprints(self) -> list[str]:
         """The accepted output, fingerprinted as the client will send it back."""
         return self._dialect.output_fingerprints(self._history[self._mark :])
+
+    def other_choice_fingerprints(self) -> list[list[str]]:
+        """Each other choice of a Chat answer (n > 1), fingerprinted as a client that goes on
+        with it sends it back; by index."""
+        if self._others is None:
+            return []
+        return [self._dialect.output_fingerprints(items) for items in self._others.items()]
+
+
+class _OtherChoices:
+    """The choices past 0 of one Chat answer, as Responses items: its text, refusal and
+    function calls, from the streamed deltas or the whole answer's messages."""
+
+    def __init__(self) -> None:
+        self._text: dict[int, list[str]] = {}
+        self._refusal: dict[int, list[str]] = {}
+        # Per choice, per tool call index: [id, name, argument pieces...].
+        self._calls: dict[int, dict[int, list[str]]] = {}
+
+    def _choices(self, data: Mapping[str, Any], field: str) -> list[tuple[int, Mapping[str, Any]]]:
+        listed = data.get("choices")
+        out = []
+        for choice in listed if isinstance(listed, list) else []:
+            index = choice.get("index") if isinstance(choice, dict) else None
+            if isinstance(index, int) and not isinstance(index, bool) and index > 0:
+                out.append((index, _mapping(choice.get(field))))
+        return out
+
+    def chunk(self, data: Mapping[str, Any]) -> None:
+        for index, delta in self._choices(data, "delta"):
+            self._add(index, delta)
+
+    def body(self, data: Mapping[str, Any]) -> None:
+        for index, message in self._choices(data, "message"):
+            calls = message.get("tool_calls")
+            numbered = dict(message)
+            if isinstance(calls, list):
+                numbered["tool_calls"] = [
+                    {**call, "index": i} for i, call in enumerate(calls) if isinstance(call, dict)
+                ]
+            self._add(index, numbered)
+
+    def _add(self, index: int, delta: Mapping[str, Any]) -> None:
+        text = _text(delta.get("content"))
+        if text or index not in self._text:
+            self._text.setdefault(index, []).append(text)
+        refusal = delta.get("refusal")
+        if isinstance(refusal, str) and refusal:
+            self._refusal.setdefault(index, []).append(refusal)
+        calls = delta.get("tool_calls")
+        for call in calls if isinstance(calls, list) else []:
+            if not isinstance(call, dict):
+                continue
+            position = call.get("index", 0)
+            position = position if isinstance(position, int) else 0
+            function = _mapping(call.get("function"))
+            held = self._calls.setdefault(index, {}).setdefault(position, ["", ""])
+            if isinstance(call.get("id"), str) and not held[0]:
+                held[0] = call["id"]
+            if isinstance(function.get("name"), str) and not held[1]:
+                held[1] = function["name"]
+            if isinstance(function.get("arguments"), str):
+                held.append(function["arguments"])
+
+    def items(self) -> list[list[dict[str, Any]]]:
+        out = []
+        for index in sorted(self._text.keys() | self._calls.keys() | self._refusal.keys()):
+            items: list[dict[str, Any]] = []
+            text = "".join(self._text.get(index, []))
+            refusal = "".join(self._refusal.get(index, []))
+            if text or refusal:
+                part = (
+                    {"type": "refusal", "refusal": refusal}
+                    if refusal and not text
+                    else {"type": "output_text", "text": text}
+                )
+                items.append({"type": "message", "role": "assistant", "content": [part]})
+            for _, (call_id, name, *pieces) in sorted(self._calls.get(index, {}).items()):
+                items.append(
+                    {
+                        "type": "function_call",
+                        "call_id": call_id,
+                        "name": name,
+                        "arguments": "".join(pieces),
+                    }
+                )
+            out.append(items)
+        return out
+
+
+class StreamDecoder(Protocol):
+    """One stream's decoder: (SSE event name, data) → events; what a clean end adds."""
+
+    def __call__(self, sse_event: str, raw: str) -> list[ProviderEvent]: ...
+
+    def end_of_stream(self) -> list[ProviderEvent]: ...
+
+
+class _ResponsesDecoder:
+    """A Responses stream's events as they are; its end is its terminal event, nothing else."""
+
+    def __call__(self, sse_event: str, raw: str) -> list[ProviderEvent]:
+        # A Responses stream has no `[DONE]`; some servers send one anyway.
+        return [] if raw.strip() == chat_completions.DONE_DATA else [parse_event(sse_event, raw)]
+
+    def end_of_stream(self) -> list[ProviderEvent]:
+        return []
 
 
 class Dialect(Protocol):
@@ -161,7 +284,7 @@ class Dialect(Protocol):
     def hint(self, body: Mapping[str, Any], sessions: Any) -> SessionKey | None:
         """The session a request's own fields name, if any."""
 
-    def decoder(self) -> Decode:
+    def decoder(self) -> StreamDecoder:
         """A fresh decoder of one stream's SSE events."""
 
     def body_events(self, body: Any, raw: str) -> list[ProviderEvent]:
@@ -241,14 +364,8 @@ class ResponsesDialect:
             return hint_key("conversation", conversation)
         return _cache_key_hint(body)
 
-    def decoder(self) -> Decode:
-        def decode(sse_event: str, raw: str) -> list[ProviderEvent]:
-            # A Responses stream has no `[DONE]`; some servers send one anyway.
-            return (
-                [] if raw.strip() == chat_completions.DONE_DATA else [parse_event(sse_event, raw)]
-            )
-
-        return decode
+    def decoder(self) -> StreamDecoder:
+        return _ResponsesDecoder()
 
     def body_events(self, body: Any, raw: str) -> list[ProviderEvent]:
         if not isinstance(body, dict):
@@ -319,8 +436,8 @@ class ChatDialect:
     def hint(self, body: Mapping[str, Any], sessions: Any) -> SessionKey | None:
         return _cache_key_hint(body)
 
-    def decoder(self) -> Decode:
-        return chat_completions.CHAT.decoder()
+    def decoder(self) -> StreamDecoder:
+        return chat_completions.ChunkDecoder()
 
     def body_events(self, body: Any, raw: str) -> list[ProviderEvent]:
         """A whole `chat.completion`: kept verbatim, then read as the one chunk it amounts to."""

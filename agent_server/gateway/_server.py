@@ -599,6 +599,7 @@ class Gateway:
         finally:
             session.calls_running -= 1
             session.last_used = time.monotonic()
+            self.sessions.calls_ended(session)
 
     async def _session_for(
         self,
@@ -660,11 +661,18 @@ class Gateway:
         New entries are those past what the request shares with the last exchange (its
         instructions aside: a handoff changes them, and goes on with the turn): a user message
         among them starts a turn; tool outputs continue the current one."""
+        # The longest of the last exchange and its other choices (n > 1) the request shares:
+        # a client going on with choice 1 sends it back, and it is no new input of the turn.
         shared = 0
-        for mine, theirs in zip(session.masked or session.exchange, fingerprints, strict=False):
-            if mine != theirs:
-                break
-            shared += 1
+        exchanges = [(session.masked or session.exchange)]
+        exchanges += [masked or exact for exact, masked in session.other_choices]
+        for exchange in exchanges:
+            common = 0
+            for mine, theirs in zip(exchange, fingerprints, strict=False):
+                if mine != theirs:
+                    break
+                common += 1
+            shared = max(shared, common)
         new = dialect.items(entries[shared:])
         for item in new:
             call_id = tool_output(item)
@@ -763,11 +771,15 @@ class Gateway:
             if answer is not None:
                 release(answer)
             outputs = tuple(call.output_fingerprints())
+            # A client may go on with any choice of an answer of n > 1 (choice 0 is the
+            # recorded output): each is an exchange the next request may extend.
+            others = [tuple(other) for other in call.other_choice_fingerprints()]
             self.sessions.exchanged(
                 session,
                 fingerprints + outputs,
                 None if masked is None else masked + outputs,
                 call.response_id,
+                [(fingerprints + o, None if masked is None else masked + o) for o in others],
             )
             if session.calls_running == 1:
                 # The accepted items were wanted for this exchange only: a long session must
@@ -902,10 +914,19 @@ class Gateway:
             if rest:
                 await _write(response, rest)
             if not outcome.over:
+                try:
+                    # A Chat stream may end without `[DONE]` once its choices all finished: the
+                    # SDK takes it whole (was: recorded FAILED though the client had its answer).
+                    if call.on_end_of_stream():
+                        outcome.complete()
+                except ProviderError as error:
+                    outcome.fail(error)
+            if not outcome.over:
                 outcome.fail(
                     ProviderError(
                         "stream_ended",
-                        "the upstream stream ended without a terminal event",
+                        "the upstream stream ended without a terminal event (a Chat stream: "
+                        "before every choice had its finish_reason)",
                         reason="stream_ended",
                     )
                 )

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import heapq
+import itertools
 import logging
 import time
 import uuid
@@ -126,6 +128,14 @@ class Session:
     # The same, its leading system and developer messages as one placeholder
     # (`without_instructions`); None when it has none.
     masked: tuple[str, ...] | None = None
+    # The last call's other choices (Chat's n > 1): (exchange, masked) with that choice as the
+    # output, which a request may extend as well.
+    other_choices: list[tuple[tuple[str, ...], tuple[str, ...] | None]] = field(
+        default_factory=list
+    )
+    # The index keys it is found by (Sessions), and the response ids it answered with.
+    keys: list[ExchangeKey] = field(default_factory=list)
+    response_ids: list[str] = field(default_factory=list)
     # Function calls the model made whose outputs have not come back yet, by call_id.
     pending_tools: dict[str, ToolCall] = field(default_factory=dict)
     calls_running: int = 0
@@ -252,6 +262,84 @@ class Session:
         self.recorder.tool_call_ended(call.ordinal, TRACE_STATUS[call.status])
 
 
+class ExchangeKey:
+    """An exchange's fingerprints as an index key whose hash is computed once: a tuple hashes
+    all its items at every lookup, so a session's key cost its whole conversation each time it
+    was looked up or removed (a long session: quadratic time)."""
+
+    __slots__ = ("_hash", "fingerprints")
+
+    def __init__(self, fingerprints: tuple[str, ...]) -> None:
+        self.fingerprints = fingerprints
+        self._hash = hash(fingerprints)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (
+            isinstance(other, ExchangeKey)
+            and self._hash == other._hash
+            and self.fingerprints == other.fingerprints
+        )
+
+    def __len__(self) -> int:
+        return len(self.fingerprints)
+
+
+class _Sharing:
+    """The open sessions whose last exchange is one key, in the order they got there, and a
+    heap of those that may be idle (no call being answered), oldest first: which one a request
+    continues is found in amortized O(log n), not by walking them all (runs of one prompt that
+    got one answer share a key: 2,000 of them cost 2,000 steps a request, and as many to take
+    one out)."""
+
+    __slots__ = ("idle", "members", "queued")
+
+    def __init__(self) -> None:
+        # By id(session): (the order it joined in, the session).
+        self.members: OrderedDict[int, tuple[int, Session]] = OrderedDict()
+        # (order, id): members that were idle when pushed, checked when read; one found busy
+        # is dropped, and pushed again when its calls end (Sessions.calls_ended). No session
+        # itself: an entry left by one that moved on must not keep it (orders are never
+        # reused, so an id reused by a later session does not match it).
+        self.idle: list[tuple[int, int]] = []
+        # By id(session): the order of its entry in the heap, so that none is pushed twice.
+        self.queued: dict[int, int] = {}
+
+    def join(self, session: Session, order: int) -> None:
+        self.members[id(session)] = (order, session)
+        self._push(session, order)
+
+    def leave(self, session: Session) -> None:
+        # Its heap entry goes when it comes to the top (it is no member then).
+        self.members.pop(id(session), None)
+
+    def idle_again(self, session: Session) -> None:
+        member = self.members.get(id(session))
+        if member is not None and self.queued.get(id(session)) != member[0]:
+            self._push(session, member[0])
+
+    def _push(self, session: Session, order: int) -> None:
+        heapq.heappush(self.idle, (order, id(session)))
+        self.queued[id(session)] = order
+
+    def pick(self) -> Session | None:
+        """The oldest member no call is answering, else the oldest member."""
+        idle = self.idle
+        while idle:
+            order, key = idle[0]
+            member = self.members.get(key)
+            if member is not None and member[0] == order:
+                session = member[1]
+                if not session.calls_running and not session.closed:
+                    return session
+            heapq.heappop(idle)
+            if self.queued.get(key) == order:
+                del self.queued[key]
+        return next((s for _, s in self.members.values() if not s.closed), None)
+
+
 class Sessions:
     """The open sessions of one gateway: by key, by response id, by their last exchange."""
 
@@ -263,8 +351,9 @@ class Sessions:
         # Sessions by their last exchange, oldest first (runs of one prompt that got one
         # answer share it: each is a session of its own); the lengths present, to look
         # prefixes up.
-        self._by_exchange: dict[tuple[str, ...], list[Session]] = {}
+        self._by_exchange: dict[ExchangeKey, _Sharing] = {}
         self._lengths: Counter[int] = Counter()
+        self._joined = itertools.count()
         self._closed: OrderedDict[str, ClosedSession] = OrderedDict()
         # Sessions whose close is under way (their calls being cut off, the footer written).
         self._closing: dict[str, Session] = {}
@@ -315,15 +404,23 @@ class Sessions:
     def _extended(self, fingerprints: Sequence[str], retry: bool) -> Session | None:
         for length in sorted(self._lengths, reverse=True):
             if 0 < length < len(fingerprints) or (retry and 0 < length == len(fingerprints)):
-                found = self._by_exchange.get(tuple(fingerprints[:length]))
+                found = self._by_exchange.get(ExchangeKey(tuple(fingerprints[:length])))
                 # One that no call is answering first: two runs that shared an exchange go
                 # on one each, whichever comes first (their bundles are the same so far).
                 # Was: the last one to get there kept the exchange, so both went on in it and
                 # the other's bundle stopped there.
-                usable = [s for s in found or () if not s.closed]
-                if usable:
-                    return next((s for s in usable if not s.calls_running), usable[0])
+                session = found.pick() if found is not None else None
+                if session is not None:
+                    return session
         return None
+
+    def calls_ended(self, session: Session) -> None:
+        """The session's calls_running fell to 0: it is idle again under its keys."""
+        if session.calls_running == 0:
+            for key in session.keys:
+                sharing = self._by_exchange.get(key)
+                if sharing is not None:
+                    sharing.idle_again(session)
 
     async def get_or_create(
         self, key: SessionKey, *, model: str, reason: str
@@ -375,33 +472,45 @@ class Sessions:
         fingerprints: tuple[str, ...],
         masked: tuple[str, ...] | None,
         response_id: str,
+        other_choices: Sequence[tuple[tuple[str, ...], tuple[str, ...] | None]] = (),
     ) -> None:
         """Remember a finished call's input and output (masked: with its instructions as
-        `without_instructions` has them): the next request may extend it."""
+        `without_instructions` has them): the next request may extend it, or one of
+        other_choices (the same with another choice of the answer as its output)."""
         if session.closed:
             return
         self._unindex(session)
         session.exchange, session.masked = fingerprints, masked
+        session.other_choices = list(other_choices)
         # A masked key never equals an exact one: the placeholder is no entry's fingerprint.
-        for key in (fingerprints, masked):
-            if key:
-                self._by_exchange.setdefault(key, []).append(session)
-                self._lengths[len(key)] += 1
+        order = next(self._joined)
+        # Once each: two choices may say the same.
+        keys = {
+            ExchangeKey(fingerprinted): None
+            for pair in [(fingerprints, masked), *other_choices]
+            for fingerprinted in pair
+            if fingerprinted
+        }
+        for key in keys:
+            self._by_exchange.setdefault(key, _Sharing()).join(session, order)
+            self._lengths[len(key)] += 1
+            session.keys.append(key)
         if response_id:
             self._by_response[response_id] = session
+            session.response_ids.append(response_id)
 
     def _unindex(self, session: Session) -> None:
-        for key in (session.exchange, session.masked):
-            sharing = self._by_exchange.get(key) if key else None
-            # By identity: a Session compares equal field by field.
-            index = next((i for i, s in enumerate(sharing or ()) if s is session), None)
-            if key and sharing is not None and index is not None:
-                del sharing[index]
-                if not sharing:
-                    del self._by_exchange[key]
-                self._lengths[len(key)] -= 1
-                if not self._lengths[len(key)]:
-                    del self._lengths[len(key)]
+        for key in session.keys:
+            sharing = self._by_exchange.get(key)
+            if sharing is None:
+                continue
+            sharing.leave(session)
+            if not sharing.members:
+                del self._by_exchange[key]
+            self._lengths[len(key)] -= 1
+            if not self._lengths[len(key)]:
+                del self._lengths[len(key)]
+        session.keys.clear()
 
     async def close(self, session: Session, reason: str) -> ClosedSession:
         """Cut off its running calls, end the turn, record thread_ended and the footer; forget
@@ -426,8 +535,9 @@ class Sessions:
         self._unindex(session)
         if self._by_key.get(session.key) is session:
             del self._by_key[session.key]
-        for response_id in [r for r, s in self._by_response.items() if s is session]:
-            del self._by_response[response_id]
+        for response_id in session.response_ids:
+            if self._by_response.get(response_id) is session:
+                del self._by_response[response_id]
         await session.cut_calls(_CUT_GRACE)
         session.end_turn(now=True)
         await session.recorder.finish(COMPLETED, reason)

@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 
 from agent_server.config import Settings
@@ -15,6 +16,47 @@ from tests.agent_server.scripted_provider import ScriptedProvider
 from trace_reducer import replay_bundle
 
 StartGateway = Callable[..., Awaitable[Gateway]]
+
+# The SDK clients the running test opened (sdk, sync_sdk): closed when it ends, so that none
+# leaves its connections for the garbage collector (a ResourceWarning each).
+_OPENED: list[openai.AsyncOpenAI | openai.OpenAI] = []
+
+
+def sdk(**options: Any) -> openai.AsyncOpenAI:
+    """openai.AsyncOpenAI(**options), closed when the test ends."""
+    client = openai.AsyncOpenAI(**options)
+    _OPENED.append(client)
+    return client
+
+
+def sync_sdk(**options: Any) -> openai.OpenAI:
+    """openai.OpenAI(**options), closed when the test ends."""
+    client = openai.OpenAI(**options)
+    _OPENED.append(client)
+    return client
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A connection left for the garbage collector fails the gateway's tests (the collector
+    reports it as an unraisable ResourceWarning, which only warned)."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in item.path.parents:
+            item.add_marker(pytest.mark.filterwarnings("error::ResourceWarning"))
+            item.add_marker(
+                pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
+            )
+
+
+@pytest.fixture(autouse=True)
+async def _close_sdk_clients() -> AsyncIterator[None]:
+    yield
+    while _OPENED:
+        client = _OPENED.pop()
+        if isinstance(client, openai.AsyncOpenAI):
+            await client.close()
+        else:
+            client.close()
 
 
 @pytest.fixture

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import agents
-import openai
 import pytest
 from agents import Agent, ModelSettings, Runner, function_tool
 
 from agent_server.gateway import Gateway
 from rollout.trace.v1 import common_pb2, state_pb2
-from tests.gateway.conftest import calls, only_trace
+from tests.gateway.conftest import calls, only_trace, sdk
 
 COMPLETED = common_pb2.EXECUTION_STATUS_COMPLETED
 
@@ -59,7 +58,7 @@ def _assert_tool_loop(trace: state_pb2.RolloutTrace, tool_output: str) -> None:
 
 
 async def test_agent_with_a_tool_over_the_responses_model(gateway: Gateway) -> None:
-    client = openai.AsyncOpenAI(base_url=gateway.url, api_key="unused", max_retries=0)
+    client = sdk(base_url=gateway.url, api_key="unused", max_retries=0)
     seen: list[str] = []
     model = agents.OpenAIResponsesModel(model="local", openai_client=client)
     result = await Runner.run(_agent(model, seen), "use lookup_weather for Paris")
@@ -73,7 +72,7 @@ async def test_agent_with_a_tool_over_the_responses_model(gateway: Gateway) -> N
 
 
 async def test_agent_streamed_over_the_responses_model(gateway: Gateway) -> None:
-    client = openai.AsyncOpenAI(base_url=gateway.url, api_key="unused", max_retries=0)
+    client = sdk(base_url=gateway.url, api_key="unused", max_retries=0)
     seen: list[str] = []
     model = agents.OpenAIResponsesModel(model="local", openai_client=client)
     run = Runner.run_streamed(_agent(model, seen), "use lookup_weather for Oslo")
@@ -86,7 +85,7 @@ async def test_agent_streamed_over_the_responses_model(gateway: Gateway) -> None
 
 
 async def test_agent_with_a_tool_over_the_chat_completions_model(gateway: Gateway) -> None:
-    client = openai.AsyncOpenAI(base_url=gateway.url, api_key="unused", max_retries=0)
+    client = sdk(base_url=gateway.url, api_key="unused", max_retries=0)
     seen: list[str] = []
     model = agents.OpenAIChatCompletionsModel(model="local", openai_client=client)
     result = await Runner.run(_agent(model, seen), "use lookup_weather for Lima")
@@ -97,7 +96,7 @@ async def test_agent_with_a_tool_over_the_chat_completions_model(gateway: Gatewa
 
 
 async def test_agent_streamed_over_the_chat_completions_model(gateway: Gateway) -> None:
-    client = openai.AsyncOpenAI(base_url=gateway.url, api_key="unused", max_retries=0)
+    client = sdk(base_url=gateway.url, api_key="unused", max_retries=0)
     seen: list[str] = []
     model = agents.OpenAIChatCompletionsModel(model="local", openai_client=client)
     run = Runner.run_streamed(_agent(model, seen), "use lookup_weather for Rome")
@@ -116,7 +115,7 @@ async def test_a_handoff_stays_in_the_runs_bundle(gateway: Gateway, api: str) ->
     # exchange. Was: the run split in two bundles, the first with its handoff call unanswered,
     # the second starting with the whole history (on the Responses API, where instructions are
     # no part of `input`, it stayed one).
-    client = openai.AsyncOpenAI(base_url=gateway.url, api_key="unused", max_retries=0)
+    client = sdk(base_url=gateway.url, api_key="unused", max_retries=0)
 
     def model() -> agents.Model:
         if api == "chat":

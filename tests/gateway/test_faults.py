@@ -27,7 +27,7 @@ from tests.agent_server.scripted_provider import (
     text_delta,
 )
 from tests.agent_server.test_recording import _redirect_to_dev_full
-from tests.gateway.conftest import StartGateway, bundles, calls, only_trace
+from tests.gateway.conftest import StartGateway, bundles, calls, only_trace, sdk
 from trace_reducer import replay_bundle
 
 CANCELLED = common_pb2.EXECUTION_STATUS_CANCELLED
@@ -86,7 +86,7 @@ async def test_upstream_stall_mid_stream_fails_the_call(
     gateway = await start_gateway(provider.url, stream_idle_timeout=0.3)
     never = asyncio.Event()
     provider.queue(_opening("before the stall"), never)
-    client = openai.AsyncOpenAI(base_url=gateway.url, api_key="unused", max_retries=0)
+    client = sdk(base_url=gateway.url, api_key="unused", max_retries=0)
     stream = await client.responses.create(model="m", input="hi", stream=True)
     got: list[str] = []
 
@@ -111,7 +111,7 @@ async def test_a_session_that_cannot_be_recorded_is_refused_with_503(
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("")
     gateway = await start_gateway(provider.url, trace_root=blocker / "traces")
-    client = openai.AsyncOpenAI(base_url=gateway.url, api_key="unused", max_retries=0)
+    client = sdk(base_url=gateway.url, api_key="unused", max_retries=0)
     with pytest.raises(openai.InternalServerError, match="failed to start rollout recording") as e:
         await client.responses.create(model="m", input="hi")
     assert e.value.status_code == 503
@@ -123,7 +123,7 @@ async def test_disk_full_before_a_call_answers_503_and_forwards_nothing(
     start_gateway: StartGateway, provider: ScriptedProvider
 ) -> None:
     gateway = await start_gateway(provider.url)
-    client = openai.AsyncOpenAI(
+    client = sdk(
         base_url=gateway.url,
         api_key="unused",
         max_retries=0,

@@ -24,7 +24,7 @@ from agent_server.gateway import MAX_CALL_ITEMS, Gateway
 from agent_server.sse import MAX_EVENT_BYTES
 from grpc_common import AccessControl
 from rollout.trace.v1 import common_pb2, state_pb2
-from tests.gateway.conftest import StartGateway, bundles, calls, items_text, reduce_all
+from tests.gateway.conftest import StartGateway, bundles, calls, items_text, reduce_all, sdk
 from tests.malformed_http import (
     MALFORMED_REQUESTS,
     SECRET,
@@ -1011,9 +1011,7 @@ async def test_bodies_past_the_budget_are_refused_503_and_the_session_records_on
     )
     await writer.drain()
     await _holding(gateway, 30_000)
-    client = openai.AsyncOpenAI(
-        base_url=gateway.url, api_key="unused", max_retries=0, default_headers=session
-    )
+    client = sdk(base_url=gateway.url, api_key="unused", max_retries=0, default_headers=session)
     async with client:
         # 40,000 more declared: refused at once, before any of it is read.
         with pytest.raises(openai.InternalServerError) as refused:

@@ -25,6 +25,8 @@ from tests.gateway.conftest import (
     items_text,
     only_trace,
     reduce_all,
+    sdk,
+    sync_sdk,
 )
 from trace_reducer import canonical_json, request_body
 
@@ -37,7 +39,7 @@ def _root(gateway: Gateway) -> Path:
 
 
 async def test_async_responses_whole_and_streamed(gateway: Gateway) -> None:
-    client = openai.AsyncOpenAI(base_url=gateway.url, api_key="unused", max_retries=0)
+    client = sdk(base_url=gateway.url, api_key="unused", max_retries=0)
     whole = await client.responses.create(model="local", input="hello gateway")
     assert whole.output_text
     # The client sends back the answer as it got it and a new message: the same session, a
@@ -68,7 +70,7 @@ async def test_a_base_url_without_v1_is_told_the_one_to_use(gateway: Gateway) ->
     # Was: `the gateway serves no POST /chat/completions`, which says what failed and not what
     # to set OPENAI_BASE_URL to.
     bare = gateway.url.removesuffix("/v1")
-    client = openai.AsyncOpenAI(base_url=bare, api_key="unused", max_retries=0)
+    client = sdk(base_url=bare, api_key="unused", max_retries=0)
     with pytest.raises(openai.NotFoundError) as refused:
         await client.chat.completions.create(
             model="local", messages=[{"role": "user", "content": "hi"}]
@@ -90,21 +92,21 @@ async def test_a_token_guarded_gateway_tells_the_sdk_where_its_token_goes(
     from grpc_common import AccessControl
 
     gateway = await start_gateway(access=AccessControl(token="gateway-token"))
-    refused = openai.AsyncOpenAI(base_url=gateway.url, api_key="unused", max_retries=0)
+    refused = sdk(base_url=gateway.url, api_key="unused", max_retries=0)
     with pytest.raises(openai.AuthenticationError) as raised:
         await refused.responses.create(model="local", input="hello")
     assert raised.value.message == (
         "Error code: 401 - the gateway needs `Authorization: Bearer <token>`: an OpenAI client "
         "sends its API key (OPENAI_API_KEY) as the token, so set it to the gateway's"
     )
-    allowed = openai.AsyncOpenAI(base_url=gateway.url, api_key="gateway-token", max_retries=0)
+    allowed = sdk(base_url=gateway.url, api_key="gateway-token", max_retries=0)
     assert (await allowed.responses.create(model="local", input="hello")).output_text
 
 
 async def test_sync_client_and_its_stream_helper(gateway: Gateway) -> None:
     # The sync client blocks its thread: it runs on a worker while the gateway serves here.
     def call() -> tuple[str, str]:
-        client = openai.OpenAI(base_url=gateway.url, api_key="unused", max_retries=0)
+        client = sync_sdk(base_url=gateway.url, api_key="unused", max_retries=0)
         whole = client.responses.create(model="local", input="sync hello")
         with client.responses.stream(model="local", input="helper hello") as stream:
             for _ in stream:
@@ -127,7 +129,7 @@ async def test_upstream_error_reaches_the_sdk_as_its_error_class(
     provider.queue_error(500, {"error": {"message": "engine fell over", "code": "server_error"}})
     provider.queue_error(429, {"error": {"message": "slow down", "code": "rate_limited"}})
     provider.queue_error(400, {"error": {"message": "bad field", "code": "invalid_value"}})
-    client = openai.AsyncOpenAI(base_url=gateway.url, api_key="unused", max_retries=0)
+    client = sdk(base_url=gateway.url, api_key="unused", max_retries=0)
     with pytest.raises(openai.InternalServerError, match="engine fell over"):
         await client.responses.create(model="m", input="one")
     with pytest.raises(openai.RateLimitError, match="slow down"):
@@ -156,7 +158,7 @@ async def test_stream_bytes_pass_through_unchanged(
     gateway = await start_gateway(provider.url)
     script = answer("exactly these bytes", response_id="resp-pass")
     provider.queue(script)
-    client = openai.AsyncOpenAI(base_url=gateway.url, api_key="unused", max_retries=0)
+    client = sdk(base_url=gateway.url, api_key="unused", max_retries=0)
     raw = await client.responses.with_raw_response.create(model="m", input="x", stream=True)
     body = b"".join([chunk async for chunk in raw.http_response.aiter_bytes()])
     assert body == script.encode()
@@ -165,7 +167,7 @@ async def test_stream_bytes_pass_through_unchanged(
 
 
 async def test_async_chat_whole_and_streamed(gateway: Gateway) -> None:
-    client = openai.AsyncOpenAI(base_url=gateway.url, api_key="unused", max_retries=0)
+    client = sdk(base_url=gateway.url, api_key="unused", max_retries=0)
     messages: list[Any] = [
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": "hello chat"},
@@ -202,7 +204,7 @@ async def test_async_chat_whole_and_streamed(gateway: Gateway) -> None:
 
 async def test_sync_chat_and_its_stream_helper(gateway: Gateway) -> None:
     def call() -> tuple[str, str]:
-        client = openai.OpenAI(base_url=gateway.url, api_key="unused", max_retries=0)
+        client = sync_sdk(base_url=gateway.url, api_key="unused", max_retries=0)
         whole = client.chat.completions.create(
             model="local", messages=[{"role": "user", "content": "sync chat"}]
         )
@@ -255,7 +257,7 @@ async def test_upstream_url_credentials_go_as_basic_auth_and_nowhere_else(
     )
     gateway = await start_gateway(upstream)
     provider.queue(answer("through basic auth"))
-    client = openai.AsyncOpenAI(base_url=gateway.url, api_key="client-key", max_retries=0)
+    client = sdk(base_url=gateway.url, api_key="client-key", max_retries=0)
     stream = await client.responses.create(model="m", input="hi", stream=True)
     text = "".join([e.delta async for e in stream if isinstance(e, ResponseTextDeltaEvent)])
     assert text == "through basic auth"
@@ -286,9 +288,7 @@ async def test_request_gives_back_a_string_input_as_it_was_sent(
         provider.queue(answer("second", response_id="resp-2"))
         listed = {"model": "m", "input": [{"role": "user", "content": "a string input"}]}
         assert (await http.post("/responses", json=listed)).status_code == 200
-    client = openai.AsyncOpenAI(
-        base_url=gateway.url, api_key="unused", max_retries=0, default_headers=session
-    )
+    client = sdk(base_url=gateway.url, api_key="unused", max_retries=0, default_headers=session)
     provider.queue(answer("third", response_id="resp-3"))
     stream = await client.responses.create(model="m", input="a streamed string", stream=True)
     assert "".join([e.delta async for e in stream if isinstance(e, ResponseTextDeltaEvent)])
@@ -329,7 +329,7 @@ async def test_a_placeholder_key_leaves_the_answer_whole(gateway: Gateway, api_k
     # no text and the bundle recorded none; with `EMPTY`, the word gone from the reply.
     prompt = "say EMPTY text, unused x"
     # Closed here: a client left for the collector logs on a later test's loop.
-    async with openai.AsyncOpenAI(base_url=gateway.url, api_key=api_key, max_retries=0) as client:
+    async with sdk(base_url=gateway.url, api_key=api_key, max_retries=0) as client:
         whole = await client.responses.create(model="local", input=prompt)
         stream = await client.chat.completions.create(
             model="local", messages=[{"role": "user", "content": prompt}], stream=True
@@ -384,7 +384,7 @@ async def test_a_chat_refusal_is_recorded(
     refusal = "I'm sorry, I can't help with that."
     provider.queue_json(_refusal_completion(refusal))
     provider.queue(_refusal_chunks(refusal))
-    client = openai.AsyncOpenAI(base_url=gateway.url, api_key="unused", max_retries=0)
+    client = sdk(base_url=gateway.url, api_key="unused", max_retries=0)
     messages: list[Any] = [{"role": "user", "content": "something I may not answer"}]
     whole = await client.chat.completions.create(model="m", messages=messages)
     assert whole.choices[0].message.refusal == refusal
@@ -414,7 +414,7 @@ async def test_n_choices_reach_the_client_and_choice_0_is_the_output(
         for i, text in enumerate(["the first", "the second"])
     ]
     provider.queue_json({"id": "chatcmpl-n", "object": "chat.completion", "choices": choices})
-    client = openai.AsyncOpenAI(base_url=gateway.url, api_key="unused", max_retries=0)
+    client = sdk(base_url=gateway.url, api_key="unused", max_retries=0)
     completion = await client.chat.completions.create(
         model="m", n=2, messages=[{"role": "user", "content": "twice"}]
     )
@@ -453,7 +453,7 @@ async def test_usage_details_that_are_no_objects_cost_nothing(
     odd = {**usage, "prompt_tokens_details": "n/a", "completion_tokens_details": ["x"]}
     provider.queue_json(_completion(odd))
     provider.queue(_usage_chunks(odd))
-    client = openai.AsyncOpenAI(base_url=gateway.url, api_key="unused", max_retries=0)
+    client = sdk(base_url=gateway.url, api_key="unused", max_retries=0)
     messages: list[Any] = [{"role": "user", "content": "the answer?"}]
     whole = await client.chat.completions.create(model="m", messages=messages)
     assert whole.choices[0].message.content == "42"
@@ -484,7 +484,7 @@ async def test_a_chat_answers_reasoning_tokens_are_recorded(
     }
     provider.queue_json(_completion(usage))
     provider.queue(_usage_chunks(usage))
-    client = openai.AsyncOpenAI(base_url=gateway.url, api_key="unused", max_retries=0)
+    client = sdk(base_url=gateway.url, api_key="unused", max_retries=0)
     messages: list[Any] = [{"role": "user", "content": "think first"}]
     whole = await client.chat.completions.create(model="o3", messages=messages)
     assert whole.usage is not None
@@ -499,3 +499,98 @@ async def test_a_chat_answers_reasoning_tokens_are_recorded(
         (call,) = calls(trace)
         assert (call.usage.reasoning_tokens, call.usage.cached_input_tokens) == (64, 7)
         assert call.usage.output_tokens == 80
+
+
+def _chat_chunk(index: int, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+    choice = {"index": index, "delta": delta, "finish_reason": finish}
+    return {"id": "chatcmpl-e", "object": "chat.completion.chunk", "choices": [choice]}
+
+
+async def test_a_chat_stream_whose_choices_finished_needs_no_done(
+    start_gateway: StartGateway, provider: ScriptedProvider
+) -> None:
+    # Some servers end the stream (a clean EOF) after the last finish_reason, with no
+    # `data: [DONE]`; the openai SDK takes that as the whole answer. Was: recorded FAILED,
+    # `stream_ended`. A stream cut before a choice finished stays FAILED.
+    gateway = await start_gateway(provider.url)
+    provider.queue(
+        sse(
+            _chat_chunk(0, {"role": "assistant", "content": "one"}),
+            _chat_chunk(1, {"role": "assistant", "content": "two"}),
+            _chat_chunk(0, {}, "stop"),
+            _chat_chunk(1, {}, "stop"),
+        )
+    )
+    provider.queue(
+        sse(
+            _chat_chunk(0, {"role": "assistant", "content": "one"}),
+            _chat_chunk(1, {"role": "assistant", "content": "tw"}),
+            _chat_chunk(0, {}, "stop"),
+        )
+    )
+    provider.queue(sse(_chat_chunk(0, {"role": "assistant", "content": "cut"})))
+    async with sdk(base_url=gateway.url, api_key="unused", max_retries=0) as client:
+        texts = []
+        for question in ("whole", "choice 1 cut", "choice 0 cut"):
+            stream = await client.chat.completions.create(
+                model="m", n=2, messages=[{"role": "user", "content": question}], stream=True
+            )
+            texts.append([c.choices[0].delta.content async for c in stream if c.choices])
+    assert texts[0] == ["one", "two", None, None]
+    await gateway.stop()
+    traces = sorted(reduce_all(_root(gateway)), key=lambda t: t.started_at.ToNanoseconds())
+    ended = [
+        (call.execution.status, call.end_reason, call.error.message, texts)
+        for trace in traces
+        for call in calls(trace)
+        for texts in [items_text(trace, call.response_item_ids)]
+    ]
+    cut = (
+        "the upstream stream ended without a terminal event (a Chat stream: before every "
+        "choice had its finish_reason)"
+    )
+    assert ended == [
+        (COMPLETED, "response.completed", "", "one"),
+        (FAILED, "stream_ended", cut, "one"),
+        (FAILED, "stream_ended", cut, ""),
+    ]
+
+
+async def test_a_chat_stream_without_usage_is_recorded_as_unknown_tokens(
+    start_gateway: StartGateway, provider: ScriptedProvider, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A client that does not ask for `stream_options.include_usage` gets no usage chunk, and
+    # the gateway does not ask on its behalf (its stream stays the upstream's, byte for byte):
+    # the call's tokens are unknown. Was: `list` (and the served run list) said 0 tokens.
+    from trace_reducer import cli
+
+    gateway = await start_gateway(provider.url)
+    script = sse(
+        _chat_chunk(0, {"role": "assistant", "content": "no count"}), _chat_chunk(0, {}, "stop")
+    )
+    script += "data: [DONE]\n\n"
+    provider.queue(script)
+    async with sdk(base_url=gateway.url, api_key="unused", max_retries=0) as client:
+        raw = await client.chat.completions.with_raw_response.create(
+            model="m", messages=[{"role": "user", "content": "count?"}], stream=True
+        )
+        body = b"".join([chunk async for chunk in raw.http_response.aiter_bytes()])
+    assert body == script.encode()
+    sent = json.loads(provider.requests[0].body)
+    assert "stream_options" not in sent
+    await gateway.stop()
+    (call,) = calls(only_trace(_root(gateway)))
+    assert call.execution.status == COMPLETED
+    assert not call.HasField("usage")
+    capsys.readouterr()
+    assert cli.main(["list", "--json", str(_root(gateway))]) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    tokens = {"input": None, "output": None, "total": None, "unknown_calls": 1}
+    assert json.loads(line)["tokens"] == tokens
+    assert cli.main(["list", str(_root(gateway))]) == 0
+    header, row = capsys.readouterr().out.splitlines()
+    assert row.split()[header.split().index("TOKENS")] == "?"
+    (bundle,) = bundles(_root(gateway))
+    assert cli.main(["reduce", "--stdout", str(bundle)]) == 0
+    (reduced,) = json.loads(capsys.readouterr().out)["inference_calls"].values()
+    assert "usage" not in reduced

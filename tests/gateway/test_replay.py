@@ -14,7 +14,7 @@ from agent_server.gateway import Gateway
 from tests.agent_server.scripted_provider import ScriptedProvider
 from tests.agent_server.test_chat_dialect import chunk, stream
 from tests.agent_server.test_replay import assert_same_run
-from tests.gateway.conftest import StartGateway, bundles
+from tests.gateway.conftest import StartGateway, bundles, sdk
 from trace_reducer import read_recorded_thread, replay_bundle, request_body
 
 QUESTIONS = ("hello gateway", "and again, please")
@@ -22,7 +22,7 @@ QUESTIONS = ("hello gateway", "and again, please")
 
 async def _client(gateway: Gateway, dialect: str, questions: tuple[str, ...] = QUESTIONS) -> str:
     """One conversation of two turns, the first whole, the second streamed; what it was told."""
-    client = openai.AsyncOpenAI(base_url=gateway.url, api_key="unused", max_retries=0)
+    client = sdk(base_url=gateway.url, api_key="unused", max_retries=0)
     told: list[str] = []
     if dialect == "responses":
         history: list[Any] = [{"role": "user", "content": questions[0]}]
@@ -107,7 +107,7 @@ async def test_a_changed_request_diverges_and_can_go_live(
 
 async def _ask(gateway: Gateway, inputs: tuple[Any, ...]) -> list[str]:
     """One session of Responses calls, the first whole and the rest streamed; what each was told."""
-    client = openai.AsyncOpenAI(
+    client = sdk(
         base_url=gateway.url,
         api_key="unused",
         max_retries=0,
@@ -196,7 +196,7 @@ _PICTURE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVB
 async def _tool_loop(gateway: Gateway) -> tuple[str, list[bytes]]:
     """The SDK's documented Chat tool loop, a picture in the question: the answer, and the
     bytes of each request the SDK sent."""
-    client = openai.AsyncOpenAI(base_url=gateway.url, api_key="unused", max_retries=0)
+    client = sdk(base_url=gateway.url, api_key="unused", max_retries=0)
     question = [{"type": "text", "text": "use lookup_weather for Paris"}, _PICTURE]
     messages: list[Any] = [{"role": "user", "content": question, "name": "ana"}]
     sent = []

@@ -14,6 +14,7 @@ import pytest
 from aiohttp import web
 
 from agent_server.gateway import Gateway
+from agent_server.gateway._sessions import Session, SessionKey, Sessions
 from agent_server.loopback_http import HttpRequest, HttpResponse, LoopbackHttpServer
 from rollout.trace.v1 import common_pb2, state_pb2
 from tests.agent_server.scripted_provider import (
@@ -28,7 +29,7 @@ from tests.agent_server.scripted_provider import (
     sse,
     text_delta,
 )
-from tests.gateway.conftest import StartGateway, bundles, calls, items_text, reduce_all
+from tests.gateway.conftest import StartGateway, bundles, calls, items_text, reduce_all, sdk
 from trace_reducer import read_rewards, replay_bundle
 
 CLEAN = state_pb2.INTEGRITY_STATUS_CLEAN
@@ -38,7 +39,7 @@ FAILED = common_pb2.EXECUTION_STATUS_FAILED
 
 
 def _client(gateway: Gateway, **headers: str) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(
+    return sdk(
         base_url=gateway.url, api_key="unused", max_retries=0, default_headers=headers or None
     )
 
@@ -66,7 +67,7 @@ async def test_a_header_names_the_session(gateway: Gateway) -> None:
 
 async def test_a_path_prefix_names_the_session(gateway: Gateway) -> None:
     base = gateway.url.removesuffix("/v1") + "/s/job-7/v1"
-    client = openai.AsyncOpenAI(base_url=base, api_key="unused", max_retries=0)
+    client = sdk(base_url=base, api_key="unused", max_retries=0)
     await client.responses.create(model="m", input="a")
     await client.responses.create(model="m", input="b")
     await gateway.stop()
@@ -100,7 +101,7 @@ async def test_an_sdk_retry_stays_in_the_session_of_the_call_it_retries(
     # Was: the retry's input repeats the failed call's, extending no exchange, so it started a
     # session of its own and the conversation went on there, split across two bundles.
     gateway = await start_gateway(provider.url)
-    client = openai.AsyncOpenAI(base_url=gateway.url, api_key="unused")
+    client = sdk(base_url=gateway.url, api_key="unused")
     busy = {"error": {"message": "overloaded", "code": "server_error"}}
 
     async def ask(input_: Any) -> str:
@@ -123,7 +124,7 @@ async def test_an_sdk_retry_stays_in_the_session_of_the_call_it_retries(
     provider.queue(answer("other", response_id="resp-4"))
     assert await ask("another run") == "other"
     # The same input again, not said to be a retry, is a new run of the same prompt.
-    once = openai.AsyncOpenAI(base_url=gateway.url, api_key="unused", max_retries=0)
+    once = sdk(base_url=gateway.url, api_key="unused", max_retries=0)
     for _ in range(2):
         provider.queue_error(500, busy)
         with pytest.raises(openai.InternalServerError):
@@ -458,8 +459,8 @@ async def test_the_gateway_token_is_required_and_never_recorded(
 
     token = "gw-secret-token-123"
     gateway = await start_gateway(access=AccessControl(token=token))
-    with_token = openai.AsyncOpenAI(base_url=gateway.url, api_key=token, max_retries=0)
-    without = openai.AsyncOpenAI(base_url=gateway.url, api_key="wrong", max_retries=0)
+    with_token = sdk(base_url=gateway.url, api_key=token, max_retries=0)
+    without = sdk(base_url=gateway.url, api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError) as refused:
         await without.responses.create(model="m", input="let me in")
     assert refused.value.status_code == 401
@@ -644,7 +645,7 @@ async def test_closing_a_session_cuts_off_a_call_waiting_for_its_upstream(
     upstream = await LoopbackHttpServer.start(silent, keep_requests=True)
     try:
         gateway = await start_gateway(upstream.url)
-        client = openai.AsyncOpenAI(
+        client = sdk(
             base_url=gateway.url,
             api_key="unused",
             max_retries=2,
@@ -678,3 +679,140 @@ async def test_the_built_in_model_lists_itself(gateway: Gateway) -> None:
     # gateway.
     listed = await _client(gateway).models.list()
     assert [model.id async for model in listed] == ["local-echo-1"]
+
+
+async def test_runs_sharing_an_exchange_are_told_apart_in_few_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Runs of one prompt that got one answer share an exchange; each continuation goes on one
+    # that no call is answering. Was: every lookup walked all of them (and taking one out
+    # walked them again), so k runs cost k^2 steps: 2,000 runs, 4 million.
+    sessions = Sessions(tmp_path, idle_timeout=60.0)
+    runs = 200
+    opened = [
+        (await sessions.get_or_create(SessionKey(f"run-{i}", "header"), model="m", reason="t"))[0]
+        for i in range(runs)
+    ]
+    shared = ("question", "answer")
+    for session in opened:
+        sessions.exchanged(session, shared, None, "")
+    looked_at = 0
+
+    def running(session: Session) -> int:
+        nonlocal looked_at
+        looked_at += 1
+        return int(session.__dict__.get("_running", 0))
+
+    def set_running(session: Session, value: int) -> None:
+        session.__dict__["_running"] = value
+
+    # Counts how many sessions a lookup looks at (each asks whether a call is running).
+    monkeypatch.setattr(Session, "calls_running", property(running, set_running))
+    picked = []
+    for _ in range(runs):
+        found = sessions.continuing([*shared, "next"])
+        assert found is not None
+        found.calls_running += 1
+        picked.append(found)
+    assert {id(s) for s in picked} == {id(s) for s in opened}
+    assert picked == opened  # oldest first, as before
+    assert looked_at <= 4 * runs
+    for index, session in enumerate(picked):
+        sessions.exchanged(session, (*shared, "next", f"reply {index}"), None, "")
+        session.calls_running -= 1
+        sessions.calls_ended(session)
+    await sessions.close_all("test")
+
+
+def _two_choices(completion_id: str, texts: list[str], stream: bool) -> str | dict[str, Any]:
+    if not stream:
+        choices = [
+            {"index": i, "message": {"role": "assistant", "content": t}, "finish_reason": "stop"}
+            for i, t in enumerate(texts)
+        ]
+        return {"id": completion_id, "object": "chat.completion", "choices": choices}
+    chunks = [
+        {
+            "id": completion_id,
+            "object": "chat.completion.chunk",
+            "choices": [{"index": i, "delta": delta, "finish_reason": finish}],
+        }
+        for i, text in enumerate(texts)
+        for delta, finish in (({"role": "assistant", "content": text}, None), ({}, "stop"))
+    ]
+    return sse(*chunks) + "data: [DONE]\n\n"
+
+
+@pytest.mark.parametrize("named", [False, True])
+@pytest.mark.parametrize("stream", [False, True])
+async def test_going_on_with_another_choice_continues_the_session(
+    start_gateway: StartGateway, provider: ScriptedProvider, stream: bool, named: bool
+) -> None:
+    # With n=2 the recorded output is choice 0; a client that goes on with choice 1 sends
+    # choice 1 back. Was: that extended no exchange, so the run's second call started a
+    # bundle of its own (and, with the session named, choice 1 was taken for new input of
+    # the turn, as if the user had said it).
+    gateway = await start_gateway(provider.url)
+    for step, texts in (("c1", ["first", "second"]), ("c2", ["next"])):
+        script = _two_choices(step, texts, stream)
+        if isinstance(script, str):
+            provider.queue(script)
+        else:
+            provider.queue_json(script)
+    headers = {"x-rollout-session": "branching"} if named else {}
+    async with _client(gateway, **headers) as client:
+        messages: list[Any] = [{"role": "user", "content": "twice"}]
+        if stream:
+            chunks = await client.chat.completions.create(
+                model="m", n=2, messages=messages, stream=True
+            )
+            pieces = [c.choices[0] async for c in chunks if c.choices]
+            second = "".join(c.delta.content or "" for c in pieces if c.index == 1)
+        else:
+            whole = await client.chat.completions.create(model="m", n=2, messages=messages)
+            second = whole.choices[1].message.content or ""
+        assert second == "second"
+        messages += [{"role": "assistant", "content": second}, {"role": "user", "content": "go on"}]
+        await client.chat.completions.create(model="m", messages=messages)
+    await gateway.stop()
+    (trace,) = reduce_all(gateway.settings.trace_root)
+    one, two = calls(trace)
+    assert items_text(trace, one.response_item_ids) == "first"
+    # The second call sent choice 1 back, as the client did; its turn's new input is the
+    # user's message alone.
+    assert [items_text(trace, [i]) for i in two.request_item_ids] == ["twice", "second", "go on"]
+    turn = trace.turns[two.turn_id]
+    assert [items_text(trace, [i]) for i in turn.input_item_ids] == ["go on"]
+
+
+async def test_going_on_with_another_choices_tool_call_continues_the_session(
+    start_gateway: StartGateway, provider: ScriptedProvider
+) -> None:
+    gateway = await start_gateway(provider.url)
+    call = {"id": "call-9", "type": "function", "function": {"name": "look", "arguments": "{}"}}
+    streamed = [
+        {"index": 0, "delta": {"role": "assistant", "content": "no tool"}, "finish_reason": None},
+        {"index": 1, "delta": {"role": "assistant", "tool_calls": [{**call, "index": 0}]}},
+        {"index": 0, "delta": {}, "finish_reason": "stop"},
+        {"index": 1, "delta": {}, "finish_reason": "tool_calls"},
+    ]
+    chunks = [{"id": "c1", "object": "chat.completion.chunk", "choices": [c]} for c in streamed]
+    provider.queue(sse(*chunks) + "data: [DONE]\n\n")
+    whole = _two_choices("c2", ["looked"], stream=False)
+    assert isinstance(whole, dict)
+    provider.queue_json(whole)
+    async with _client(gateway) as client:
+        messages: list[Any] = [{"role": "user", "content": "look it up"}]
+        stream = await client.chat.completions.create(
+            model="m", n=2, messages=messages, stream=True
+        )
+        made = [c.choices[0].delta.tool_calls async for c in stream if c.choices]
+        assert [calls[0].id for calls in made if calls] == ["call-9"]
+        messages += [
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call-9", "content": "found"},
+        ]
+        await client.chat.completions.create(model="m", messages=messages)
+    await gateway.stop()
+    (trace,) = reduce_all(gateway.settings.trace_root)
+    assert len(calls(trace)) == 2

@@ -8,12 +8,11 @@ import json
 from typing import Any
 
 import httpx
-import openai
 import pytest
 
 from rollout.trace.v1 import common_pb2, state_pb2
 from tests.engine import MODEL, READY_TIMEOUT, check_drift
-from tests.gateway.conftest import StartGateway, bundles, calls
+from tests.gateway.conftest import StartGateway, bundles, calls, sdk
 from trace_reducer import replay_bundle, request_body
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(READY_TIMEOUT + 600)]
@@ -23,7 +22,7 @@ SETTINGS: dict[str, Any] = {"model": MODEL, "temperature": 0, "max_tokens": 12}
 
 async def test_engine_ids_through_the_gateway(start_gateway: StartGateway, vllm_url: str) -> None:
     gateway = await start_gateway(vllm_url, token_ids=True)
-    client = openai.AsyncOpenAI(base_url=gateway.url, api_key="unused", max_retries=0)
+    client = sdk(base_url=gateway.url, api_key="unused", max_retries=0)
     messages: list[Any] = [{"role": "user", "content": "Name one colour."}]
 
     # A client that did not ask: neither the whole answer nor the stream carries the ids.

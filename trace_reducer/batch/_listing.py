@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
-from rollout.trace.v1 import state_pb2
+from rollout.trace.v1 import common_pb2, state_pb2
 
 from ..bundle._confine import open_regular_file, write_aside
 from ..bundle._errors import BundleError, ReductionError
@@ -50,8 +50,9 @@ __all__ = [
 # Kept directly under a local root; a URL root's index lives in the user's cache directory.
 INDEX_FILE_NAME = ".trace-list.json"
 # 2: each run kept as the JSON line `list --json` prints, beside the fields a listing needs
-# before it knows whether to parse it (version 1 kept every run as a JSON object).
-_INDEX_VERSION = 2
+# before it knows whether to parse it (version 1 kept every run as a JSON object). 3: tokens
+# null when unknown, and `unknown_calls` (2 counted a call without usage as 0 tokens).
+_INDEX_VERSION = 3
 # What --text searches: the start of every item's text, up to this much per bundle.
 TEXT_CHARS = 16_384
 
@@ -76,6 +77,29 @@ def _seconds(start: Any, end: Any) -> float | None:
     return round(seconds, 3)
 
 
+def _tokens(calls: Iterable[state_pb2.InferenceCall]) -> dict[str, int | None]:
+    """A run's tokens: the sums over the calls whose provider reported usage, and how many
+    answers did not (`unknown_calls`: completed calls without usage, such as a Chat stream
+    without `stream_options.include_usage`). Each sum is null when there are such calls and
+    none reported usage: the count is unknown, and 0 would claim none were spent (was: 0).
+    A call that failed or was cut off without usage adds nothing, as before."""
+    sums = {"input": 0, "output": 0, "total": 0}
+    reported = unknown = 0
+    for call in calls:
+        if not call.HasField("usage"):
+            unknown += call.execution.status == common_pb2.EXECUTION_STATUS_COMPLETED
+            continue
+        reported += 1
+        sums["input"] += call.usage.input_tokens
+        sums["output"] += call.usage.output_tokens
+        sums["total"] += call.usage.total_tokens
+    tokens: dict[str, int | None] = {**sums}
+    if unknown and not reported:
+        tokens = dict.fromkeys(sums)
+    tokens["unknown_calls"] = unknown
+    return tokens
+
+
 def summarize(trace: state_pb2.RolloutTrace, bundle: str) -> dict[str, Any]:
     """The line `list` shows for a reduced bundle (JSON-ready)."""
     thread = trace.threads.get(trace.root_thread_id)
@@ -85,11 +109,7 @@ def summarize(trace: state_pb2.RolloutTrace, bundle: str) -> dict[str, Any]:
     if not trace.integrity.records_read:
         # Not a bundle yet (an empty file just made) or at all: its integrity tells which.
         status = "unreadable"
-    usage = {"input": 0, "output": 0, "total": 0}
-    for call in trace.inference_calls.values():
-        usage["input"] += call.usage.input_tokens
-        usage["output"] += call.usage.output_tokens
-        usage["total"] += call.usage.total_tokens
+    usage = _tokens(trace.inference_calls.values())
     rewards: dict[str, float] = {}
     for reward in trace.rewards:
         # The latest value of each name; a rollout is usually scored once per name.
@@ -146,7 +166,7 @@ def _unreadable(bundle: str, detail: str) -> dict[str, Any]:
         "calls": 0,
         "tool_calls": 0,
         "tools": [],
-        "tokens": {"input": 0, "output": 0, "total": 0},
+        "tokens": {"input": None, "output": None, "total": None, "unknown_calls": 0},
         "rewards": {},
         "integrity": "",
         "recording_complete": False,
@@ -765,6 +785,14 @@ def _rewards_text(rewards: dict[str, float]) -> str:
     return ",".join(f"{name}={value:g}" for name, value in sorted(rewards.items())) or "-"
 
 
+def _tokens_text(tokens: Mapping[str, Any]) -> str:
+    """The total; `?` when no call reported usage, `N+?` when some did not."""
+    total = tokens.get("total")
+    if total is None:
+        return "?"
+    return f"{total}+?" if tokens.get("unknown_calls") else str(total)
+
+
 def _duration_text(seconds: float | None) -> str:
     if seconds is None:
         return "-"
@@ -802,7 +830,7 @@ def table_rows(runs: Sequence[Mapping[str, Any]]) -> list[tuple[str, ...]]:
                 str(run["turns"]),
                 str(run["calls"]),
                 str(run["tool_calls"]),
-                str(run["tokens"]["total"]),
+                _tokens_text(run["tokens"]),
                 _rewards_text(run["rewards"]),
                 run["integrity"] or "-",
                 run["started"][:19].replace("T", " ") if run["started"] else "-",

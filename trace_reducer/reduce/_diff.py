@@ -136,9 +136,11 @@ def _call_views(thread: RecordedThread) -> list[CallView]:
             )
         tool_calls.sort(key=lambda entry: json.dumps(entry, sort_keys=True))
         out = state.output_tokens
+        # None where the provider reported no usage: unknown, which 0 is not.
+        reported = state.HasField("usage")
         tokens = {
-            "input": state.usage.input_tokens,
-            "output": state.usage.output_tokens,
+            "input": state.usage.input_tokens if reported else None,
+            "output": state.usage.output_tokens if reported else None,
             "prompt_ids": list(state.prompt_token_ids),
             "ids": list(out.ids),
             "logprobs": list(out.logprobs),

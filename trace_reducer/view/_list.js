@@ -61,6 +61,13 @@
     return hay;
   }
 
+  // Unknown is no 0: "?" when no call reported usage, "N+?" when some did not.
+  function fmtTokens(tokens) {
+    if (tokens.total === null) return el("span", { title: "no call reported usage" }, "?");
+    if (!tokens.unknown_calls) return tokens.total.toLocaleString();
+    return el("span", { title: `${tokens.unknown_calls} call(s) reported no usage` }, `${tokens.total.toLocaleString()}+?`);
+  }
+
   function sortValue(run, key) {
     if (key.startsWith("reward:")) return run.rewards[key.slice(7)];
     if (key === "tokens") return run.tokens.total;
@@ -138,7 +145,7 @@
         return el("td", {}, el("a", { class: "run-link", href: run.href }, label),
           run.fork ? el("span", { class: "note" }, run.fork.resumed ? " resumed" : ` fork #${run.fork.repetition_index}`) : "");
       }
-      case "tokens": return el("td", { class: "num" }, run.tokens.total.toLocaleString());
+      case "tokens": return el("td", { class: "num" }, fmtTokens(run.tokens));
       case "reward": return el("td", { class: "rewards" }, Object.entries(run.rewards).map(([k, v]) => el("span", { class: "reward-chip" }, `${k}=${fmtNumber(v, 3)}`)));
       case "status": return el("td", {}, el("span", { class: `status st-${run.status}` }, run.status), run.error ? el("div", { class: "error" }, run.error) : "");
       case "duration": return el("td", { class: "num" }, run.duration === null ? "\u2014" : `${run.duration.toFixed(1)}s`);

@@ -40,7 +40,13 @@ def _error(error: common_pb2.TraceError) -> str:
     return f" · error {error.code or '?'}{http}: {error.message}"
 
 
-def _usage(usage: common_pb2.TokenUsage) -> str:
+def _usage(call: state_pb2.InferenceCall) -> str:
+    if not call.HasField("usage"):
+        # An answer without usage (a Chat stream without stream_options.include_usage): its
+        # count is unknown, not 0. A call that failed or was cut off says nothing here.
+        completed = call.execution.status == common_pb2.EXECUTION_STATUS_COMPLETED
+        return " · tokens unknown" if completed else ""
+    usage = call.usage
     if not usage.total_tokens and not usage.input_tokens and not usage.output_tokens:
         return ""
     return f" · {usage.input_tokens} in / {usage.output_tokens} out tokens"
@@ -209,7 +215,7 @@ class LiveTranscript:
                 self._discard(key, output.partial_text)
         if not running and self._changed(call_id, status):
             self._write(
-                f"[call {call_id} · {status_name(status)}{_usage(call.usage)}"
+                f"[call {call_id} · {status_name(status)}{_usage(call)}"
                 f"{_duration(call.execution)}{_error(call.error)}]"
             )
 

@@ -48,8 +48,10 @@
     return x.start !== null && x.end !== null ? x.end - x.start : null;
   }
 
+  // A completed call without usage: its provider reported none (a Chat stream without
+  // stream_options.include_usage), and its count is unknown, not 0.
   function fmtUsage(usage) {
-    if (!usage) return "";
+    if (!usage) return "tokens unknown";
     let text = `${usage.input} in / ${usage.output} out tokens`;
     if (usage.cached) text += `, ${usage.cached} cached`;
     if (usage.reasoning) text += `, ${usage.reasoning} reasoning`;
@@ -250,7 +252,7 @@
       "\u25b8 ", jump(`inference call ${call.id}`, "timeline", call.turn, "call-" + call.id),
       el("span", {}, `attempt ${call.attempt}`), badge(call.status),
       el("span", {}, fmtDuration(durationOf(call))),
-      call.usage ? el("span", {}, fmtUsage(call.usage)) : null,
+      call.usage || call.status === "COMPLETED" ? el("span", {}, fmtUsage(call.usage)) : null,
       call.error ? el("span", { class: "error" }, `${call.error.code || "error"}: ${call.error.message}`) : null);
   }
 
@@ -386,7 +388,7 @@
         el("td", {}, bar(durationOf(call), max, call.status), fmtDuration(durationOf(call))),
         el("td", {},
           el("div", {}, `model ${call.model}`, call.response_id ? el("span", { class: "id" }, ` \u00b7 ${call.response_id}`) : null),
-          call.usage ? el("div", { class: "usage" }, fmtUsage(call.usage)) : null,
+          call.usage || call.status === "COMPLETED" ? el("div", { class: "usage" }, fmtUsage(call.usage)) : null,
           call.end_reason ? el("div", { class: "prov" }, `ended: ${call.end_reason}`) : null,
           fmtError(call.error),
           el("div", { class: "prov" }, `${call.accepted.length} accepted, ${call.discarded.length} discarded`)));
