@@ -99,6 +99,10 @@ def _item(rng: random.Random) -> dict[str, Any]:
         "arguments": lambda: rng.choice(['{"phrase": "x"}', "", None, {"a": 1}]),
         "output": lambda: rng.choice([*_WORDS, None, [_part(rng), 3, _part(rng)], {"text": "t"}]),
         "extra": lambda: _value(rng),
+        # How a Chat client spelt the message: left out of the key both ways.
+        "chat_message": lambda: rng.choice(
+            [{}, {"set": {"name": "ana"}}, {"set": {"refusal": None}}, {"unset": ["content"]}]
+        ),
     }
     for key, make in fields.items():
         if rng.random() < 0.5:

@@ -22,6 +22,8 @@
 static PyObject *loads, *dumps, *decode_error, *encode_error, *sort_option, *item_info;
 static PyObject *roles, *kinds, *kind_other, *role_unspecified, *role_tool;
 static PyObject *kind_function_call_output, *kind_reasoning;
+/* _chat.CHAT_MESSAGE_KEY: how a Chat client spelt a message, left out of the key. */
+static PyObject *chat_message_key;
 static Py_ssize_t max_depth;
 /* A run of this many digits may be an integer past 64 bits, which orjson reads as a float
  * where json keeps it exact (_payloads.fast_json's rule). */
@@ -213,6 +215,12 @@ static PyObject *describe_object(PyObject *parsed) {
         PyErr_Clear();
     }
     if (PyDict_DelItem(normalised, s_status) < 0) {
+        if (!PyErr_ExceptionMatches(PyExc_KeyError)) goto done;
+        PyErr_Clear();
+    }
+    /* Was kept: an item a Chat client marked (an SDK's `refusal: null` echoed, a `name`) keyed
+     * apart from the one the model made, where the Python way matched them. */
+    if (PyDict_DelItem(normalised, chat_message_key) < 0) {
         if (!PyErr_ExceptionMatches(PyExc_KeyError)) goto done;
         PyErr_Clear();
     }
@@ -531,18 +539,20 @@ static PyObject *describe(PyObject *module, PyObject *data) {
 PyDoc_STRVAR(setup_doc,
              "setup(loads, dumps, decode_error, encode_error, sort_option, item_info, roles, "
              "kinds, kind_other, role_unspecified, role_tool, kind_function_call_output, "
-             "kind_reasoning, max_depth, long_number)\n\n"
+             "kind_reasoning, max_depth, long_number, chat_message_key)\n\n"
              "What describe() is made of, handed over once by _items.py.");
 
 static PyObject *setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    if (nargs != 15) {
-        PyErr_SetString(PyExc_TypeError, "setup() takes 15 arguments");
+    if (nargs != 16) {
+        PyErr_SetString(PyExc_TypeError, "setup() takes 16 arguments");
         return NULL;
     }
     if (!PyType_Check(args[5]) || !PyType_IsSubtype((PyTypeObject *)args[5], &PyTuple_Type) ||
-        !PyDict_Check(args[6]) || !PyDict_Check(args[7])) {
-        PyErr_SetString(PyExc_TypeError, "setup(): item_info a tuple type, roles and kinds dicts");
+        !PyDict_Check(args[6]) || !PyDict_Check(args[7]) || !PyUnicode_Check(args[15])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "setup(): item_info a tuple type, roles and kinds dicts, "
+                        "chat_message_key a string");
         return NULL;
     }
     Py_ssize_t depth = PyLong_AsSsize_t(args[13]);
@@ -558,6 +568,8 @@ static PyObject *setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs
         Py_INCREF(args[i]);
         Py_XSETREF(*slots[i], args[i]);
     }
+    Py_INCREF(args[15]);
+    Py_XSETREF(chat_message_key, args[15]);
     max_depth = depth;
     long_number = digits;
     Py_RETURN_NONE;

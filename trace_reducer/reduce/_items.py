@@ -278,6 +278,7 @@ if _describe is not None:
         state_pb2.ITEM_KIND_REASONING,
         MAX_ITEM_DEPTH,
         LONG_NUMBER_DIGITS,
+        CHAT_MESSAGE_KEY,
     )
     _describe.set_item_fields(_item_fields())
 
