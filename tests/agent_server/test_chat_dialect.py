@@ -389,3 +389,22 @@ def test_messages_from_items_group_calls_under_one_assistant_message() -> None:
             {"id": "c3", "type": "function", "function": {"name": "f", "arguments": "{}"}}
         ],
     }
+
+
+async def test_a_chat_conversation_holds_each_assistant_answer_once(chat: Harness) -> None:
+    # Each request sends the earlier answers back as Chat messages (a string content): the
+    # reducer matches each to the output item it was (was: a second, new item per answer).
+    thread = await chat.start_thread()
+    for text in ("one", "two", "three"):
+        turn = await run_turn(chat, thread.id, text)
+        assert turn.status == agent_pb2.TURN_STATUS_COMPLETED
+    rollout = await closed(chat, thread)
+    items = rollout.conversation_items
+    conversation = list(rollout.threads[thread.id].conversation_item_ids)
+    user, assistant = state_pb2.CONVERSATION_ROLE_USER, state_pb2.CONVERSATION_ROLE_ASSISTANT
+    assert [items[i].role for i in conversation] == [user, assistant] * 3
+    calls = sorted(rollout.inference_calls.values(), key=lambda c: c.execution.started_seq)
+    assert len(calls) == 3
+    for number, call in enumerate(calls):
+        assert list(call.request_item_ids) == conversation[: 2 * number + 1]
+        assert list(call.response_item_ids) == [conversation[2 * number + 1]]

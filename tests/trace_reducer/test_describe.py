@@ -34,7 +34,16 @@ _ITEM_KINDS = (
 _WORDS = ["", "a", "hi", "é", "日本", "null", "none", "\\", '"', "\u2028", "n", "nul"]
 _TYPES = ["message", "function_call", "function_call_output", "reasoning", "web_search", "", 7]
 _ROLES = ["user", "assistant", "system", "developer", "tool", "", "robot", None, 3]
-_PART_TYPES = ["input_text", "output_text", "refusal", "summary_text", "input_image", None, 1]
+_PART_TYPES = [
+    "input_text",
+    "output_text",
+    "text",
+    "refusal",
+    "summary_text",
+    "input_image",
+    None,
+    1,
+]
 
 
 def _scalar(rng: random.Random) -> Any:
