@@ -8,7 +8,7 @@ import email.utils
 import json
 import re
 import urllib.parse
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 from typing import Any, NamedTuple, Protocol
 
@@ -57,7 +57,15 @@ class ProviderEvent(NamedTuple):
     raw: str
 
 
-Decode = Callable[[str, str], list[ProviderEvent]]
+class Decode(Protocol):
+    """One stream's decoder: (SSE event name, data) → events, in order; and what a clean end
+    of the stream without a terminal event amounts to (the agent and the gateway both ask)."""
+
+    def __call__(self, sse_event: str, raw: str) -> list[ProviderEvent]: ...
+
+    def end_of_stream(self) -> list[ProviderEvent]: ...
+
+
 # A request's body: encoded (Dialect.request), or its JSON value, which canonical_json encodes.
 RequestBody = bytes | dict[str, Any]
 
@@ -137,7 +145,17 @@ class ResponsesDialect:
         return canonical_json_with_list(envelope, "input", encoded.of(items))
 
     def decoder(self) -> Decode:
-        return lambda sse_event, raw: [parse_event(sse_event, raw)]
+        return _ResponsesDecode()
+
+
+class _ResponsesDecode:
+    """A Responses stream's events as they are: its end is its terminal event, nothing else."""
+
+    def __call__(self, sse_event: str, raw: str) -> list[ProviderEvent]:
+        return [parse_event(sse_event, raw)]
+
+    def end_of_stream(self) -> list[ProviderEvent]:
+        return []
 
 
 RESPONSES = ResponsesDialect()
@@ -498,8 +516,11 @@ class EventBatches:
                 self._fail(failure)
                 raise failure from error
             if not chunk:
+                # A clean end: what the dialect makes of it (a Chat stream whose choices all
+                # finished is whole without `[DONE]`, as the gateway records it; was: the
+                # turn failed with stream_ended though the answer was all there), else [].
                 self.close()
-                return []
+                return self._decode.end_of_stream()
             events = (
                 self._whole_read(chunk)
                 if self._whole_read is not None and self._splitter.whole(chunk)

@@ -66,6 +66,7 @@ def run_on_terminal(
     controller, terminal = pty.openpty()
     # A terminal of 120 columns, as a person's would be (a new pty has none).
     fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    process: subprocess.Popen[bytes] | None = None
     try:
         process = subprocess.Popen(
             [str(part) for part in argv],
@@ -93,6 +94,9 @@ def run_on_terminal(
         os.close(controller)
         if terminal >= 0:
             os.close(terminal)
+        # Its stdout pipe too (was left to the garbage collector: a ResourceWarning each).
+        if process is not None and process.stdout is not None:
+            process.stdout.close()
     return code, out.decode(), seen.decode(errors="replace")
 
 

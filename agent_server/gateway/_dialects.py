@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from agent_server import chat_completions
 from agent_server.gateway._sessions import Session, SessionKey, hint_key
-from agent_server.provider import ProviderEvent, parse_event
+from agent_server.provider import Decode, ProviderEvent, parse_event
 from agent_server.response import Response
 from agent_server.sse import SseEvent
 from grpc_common import Redactor
@@ -234,14 +234,6 @@ class _OtherChoices:
         return out
 
 
-class StreamDecoder(Protocol):
-    """One stream's decoder: (SSE event name, data) → events; what a clean end adds."""
-
-    def __call__(self, sse_event: str, raw: str) -> list[ProviderEvent]: ...
-
-    def end_of_stream(self) -> list[ProviderEvent]: ...
-
-
 class _ResponsesDecoder:
     """A Responses stream's events as they are; its end is its terminal event, nothing else."""
 
@@ -284,7 +276,7 @@ class Dialect(Protocol):
     def hint(self, body: Mapping[str, Any], sessions: Any) -> SessionKey | None:
         """The session a request's own fields name, if any."""
 
-    def decoder(self) -> StreamDecoder:
+    def decoder(self) -> Decode:
         """A fresh decoder of one stream's SSE events."""
 
     def body_events(self, body: Any, raw: str) -> list[ProviderEvent]:
@@ -364,7 +356,7 @@ class ResponsesDialect:
             return hint_key("conversation", conversation)
         return _cache_key_hint(body)
 
-    def decoder(self) -> StreamDecoder:
+    def decoder(self) -> Decode:
         return _ResponsesDecoder()
 
     def body_events(self, body: Any, raw: str) -> list[ProviderEvent]:
@@ -436,7 +428,7 @@ class ChatDialect:
     def hint(self, body: Mapping[str, Any], sessions: Any) -> SessionKey | None:
         return _cache_key_hint(body)
 
-    def decoder(self) -> StreamDecoder:
+    def decoder(self) -> Decode:
         return chat_completions.ChunkDecoder()
 
     def body_events(self, body: Any, raw: str) -> list[ProviderEvent]:

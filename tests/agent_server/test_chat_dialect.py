@@ -389,3 +389,66 @@ def test_messages_from_items_group_calls_under_one_assistant_message() -> None:
             {"id": "c3", "type": "function", "function": {"name": "f", "arguments": "{}"}}
         ],
     }
+
+
+async def test_a_chat_conversation_holds_each_assistant_answer_once(chat: Harness) -> None:
+    # Each request sends the earlier answers back as Chat messages (a string content): the
+    # reducer matches each to the output item it was (was: a second, new item per answer).
+    thread = await chat.start_thread()
+    for text in ("one", "two", "three"):
+        turn = await run_turn(chat, thread.id, text)
+        assert turn.status == agent_pb2.TURN_STATUS_COMPLETED
+    rollout = await closed(chat, thread)
+    items = rollout.conversation_items
+    conversation = list(rollout.threads[thread.id].conversation_item_ids)
+    user, assistant = state_pb2.CONVERSATION_ROLE_USER, state_pb2.CONVERSATION_ROLE_ASSISTANT
+    assert [items[i].role for i in conversation] == [user, assistant] * 3
+    calls = sorted(rollout.inference_calls.values(), key=lambda c: c.execution.started_seq)
+    assert len(calls) == 3
+    for number, call in enumerate(calls):
+        assert list(call.request_item_ids) == conversation[: 2 * number + 1]
+        assert list(call.response_item_ids) == [conversation[2 * number + 1]]
+
+
+def without_done(*chunks: dict[str, Any]) -> str:
+    return "".join(f"data: {json.dumps(c)}\n\n" for c in chunks)
+
+
+async def test_a_stream_that_ends_without_done_after_its_finish_is_an_answer(
+    provider: ScriptedProvider, start_agent: StartAgent
+) -> None:
+    # The stream ends cleanly after the finish_reason and the usage, with no `data: [DONE]`
+    # (the openai SDK takes it whole). Was: the turn failed with stream_ended.
+    agent = await start_agent(provider_api="chat", max_retries=0)
+    usage = {
+        "id": "chatcmpl-7",
+        "choices": [],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2},
+    }
+    provider.queue(without_done(chunk({"content": "Hi."}), chunk(finish_reason="stop"), usage))
+    thread = await agent.start_thread()
+    turn = await run_turn(agent, thread.id, "hello")
+    assert turn.status == agent_pb2.TURN_STATUS_COMPLETED
+    rollout = await closed(agent, thread)
+    [call] = rollout.inference_calls.values()
+    assert call.execution.status == common_pb2.EXECUTION_STATUS_COMPLETED
+    assert call.stop_reason == common_pb2.STOP_REASON_COMPLETED
+    assert (call.usage.input_tokens, call.usage.output_tokens) == (3, 2)
+    [accepted] = call.response_item_ids
+    assert rollout.conversation_items[accepted].content[0].text == "Hi."
+
+
+async def test_a_stream_cut_before_its_finish_reason_still_fails(
+    provider: ScriptedProvider, start_agent: StartAgent
+) -> None:
+    agent = await start_agent(provider_api="chat", max_retries=0)
+    provider.queue(without_done(chunk({"content": "Hal"})))
+    thread = await agent.start_thread()
+    turn = await run_turn(agent, thread.id, "hello")
+    assert turn.status == agent_pb2.TURN_STATUS_FAILED
+    assert turn.error.code == "stream_ended"
+    rollout = await closed(agent, thread)
+    [call] = rollout.inference_calls.values()
+    assert call.execution.status == common_pb2.EXECUTION_STATUS_FAILED
+    assert call.end_reason == "stream_ended"
+    assert not call.response_item_ids

@@ -30,7 +30,7 @@ from tests.agent_server.scripted_provider import (
     text_delta,
 )
 from tests.gateway.conftest import StartGateway, bundles, calls, items_text, reduce_all, sdk
-from trace_reducer import read_rewards, replay_bundle
+from trace_reducer import build_sample, read_rewards, replay_bundle
 
 CLEAN = state_pb2.INTEGRITY_STATUS_CLEAN
 COMPLETED = common_pb2.EXECUTION_STATUS_COMPLETED
@@ -277,6 +277,44 @@ async def test_a_tool_calls_arguments_sent_back_re_encoded_continue_the_run(
     assert len(trace.turns) == 1
     (tool_call,) = trace.tool_calls.values()
     assert tool_call.execution.status == COMPLETED
+
+
+@pytest.mark.parametrize("echo", ["chat", "chat-exclude-none", "responses-string"])
+async def test_a_conversation_holds_each_answer_once(gateway: Gateway, echo: str) -> None:
+    # Each request sends the earlier answers back as the client spells them: Chat's string
+    # content (with the SDK's nulls, or without), a Responses message with a string. Was: each
+    # was keyed as input text, not the output text the model made, so the trace held every
+    # answer twice (once as the model's output, once more as new input of the next call).
+    async with _client(gateway) as client:
+        history: list[Any] = []
+        for text in ("one", "two", "three"):
+            history.append({"role": "user", "content": text})
+            if echo == "responses-string":
+                made = await client.responses.create(model="m", input=history)
+                history.append({"role": "assistant", "content": made.output_text})
+            else:
+                answer = await client.chat.completions.create(model="m", messages=history)
+                message = answer.choices[0].message
+                history.append(message.model_dump(exclude_none=echo == "chat-exclude-none"))
+    await gateway.stop()
+    (trace,) = reduce_all(gateway.settings.trace_root)
+    (thread,) = trace.threads.values()
+    conversation = list(thread.conversation_item_ids)
+    roles = [trace.conversation_items[i].role for i in conversation]
+    user, assistant = state_pb2.CONVERSATION_ROLE_USER, state_pb2.CONVERSATION_ROLE_ASSISTANT
+    assert roles == [user, assistant] * 3
+    for number, call in enumerate(calls(trace)):
+        # The earlier answers are the items the earlier calls made, in the order they came.
+        assert list(call.request_item_ids) == conversation[: 2 * number + 1]
+        assert list(call.response_item_ids) == [conversation[2 * number + 1]]
+    # A trainer's sample holds each answer once, the model's (the loss is taken on it).
+    (bundle,) = bundles(gateway.settings.trace_root)
+    sample = build_sample(bundle, trace)
+    assert sample is not None
+    assert [(m["role"], m["loss_mask"]) for m in sample.messages] == [
+        ("user", 0),
+        ("assistant", 1),
+    ] * 3
 
 
 async def test_a_session_keeps_a_digest_of_each_entry_not_its_text(gateway: Gateway) -> None:

@@ -34,7 +34,16 @@ _ITEM_KINDS = (
 _WORDS = ["", "a", "hi", "é", "日本", "null", "none", "\\", '"', "\u2028", "n", "nul"]
 _TYPES = ["message", "function_call", "function_call_output", "reasoning", "web_search", "", 7]
 _ROLES = ["user", "assistant", "system", "developer", "tool", "", "robot", None, 3]
-_PART_TYPES = ["input_text", "output_text", "refusal", "summary_text", "input_image", None, 1]
+_PART_TYPES = [
+    "input_text",
+    "output_text",
+    "text",
+    "refusal",
+    "summary_text",
+    "input_image",
+    None,
+    1,
+]
 
 
 def _scalar(rng: random.Random) -> Any:
@@ -99,6 +108,10 @@ def _item(rng: random.Random) -> dict[str, Any]:
         "arguments": lambda: rng.choice(['{"phrase": "x"}', "", None, {"a": 1}]),
         "output": lambda: rng.choice([*_WORDS, None, [_part(rng), 3, _part(rng)], {"text": "t"}]),
         "extra": lambda: _value(rng),
+        # How a Chat client spelt the message: left out of the key both ways.
+        "chat_message": lambda: rng.choice(
+            [{}, {"set": {"name": "ana"}}, {"set": {"refusal": None}}, {"unset": ["content"]}]
+        ),
     }
     for key, make in fields.items():
         if rng.random() < 0.5:

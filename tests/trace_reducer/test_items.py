@@ -40,6 +40,28 @@ def test_string_content_is_one_input_text_part_and_type_defaults_to_message() ->
     assert short.content == (("input_text", "hello"),)
 
 
+def test_an_answer_sent_back_in_chats_spelling_is_the_item_the_model_made() -> None:
+    # The model's answer as recorded (output_text); a Chat client sends it back as a string, or
+    # as a list of `text` parts.
+    made = info(
+        {
+            "type": "message",
+            "id": "chatcmpl-1/0",
+            "status": "completed",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": "hi", "annotations": []}],
+        }
+    )
+    as_string = info({"type": "message", "role": "assistant", "content": "hi"})
+    as_parts = info({"role": "assistant", "content": [{"type": "text", "text": "hi"}]})
+    assert made.key == as_string.key == as_parts.key
+    # A user's text is input text in either spelling, never the assistant's.
+    user = info({"role": "user", "content": [{"type": "input_text", "text": "hi"}]})
+    assert user.key == info({"role": "user", "content": "hi"}).key
+    assert user.key == info({"role": "user", "content": [{"type": "text", "text": "hi"}]}).key
+    assert user.key != made.key
+
+
 def test_different_roles_texts_and_part_types_differ() -> None:
     base = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "a"}]}
     keys = {

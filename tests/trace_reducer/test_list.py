@@ -27,6 +27,13 @@ from trace_reducer.batch._listing import (
     list_runs,
 )
 
+# A file or pipe left for the garbage collector fails these tests (the collector reports it as
+# an unraisable ResourceWarning, which only warned: run_on_terminal left each run's stdout).
+pytestmark = [
+    pytest.mark.filterwarnings("error::ResourceWarning"),
+    pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning"),
+]
+
 
 def run_list(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([TRACE_REDUCER, "list", *args], capture_output=True, text=True)

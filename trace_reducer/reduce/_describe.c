@@ -22,6 +22,8 @@
 static PyObject *loads, *dumps, *decode_error, *encode_error, *sort_option, *item_info;
 static PyObject *roles, *kinds, *kind_other, *role_unspecified, *role_tool;
 static PyObject *kind_function_call_output, *kind_reasoning;
+/* _chat.CHAT_MESSAGE_KEY: how a Chat client spelt a message, left out of the key. */
+static PyObject *chat_message_key;
 static Py_ssize_t max_depth;
 /* A run of this many digits may be an integer past 64 bits, which orjson reads as a float
  * where json keeps it exact (_payloads.fast_json's rule). */
@@ -39,7 +41,7 @@ static int item_fields_set;
 /* The keys and texts the rules use, interned once. */
 static PyObject *s_id, *s_status, *s_type, *s_role, *s_content, *s_text, *s_refusal;
 static PyObject *s_summary, *s_call_id, *s_name, *s_arguments, *s_output, *s_message;
-static PyObject *s_input_text, *s_summary_text, *s_empty;
+static PyObject *s_input_text, *s_output_text, *s_summary_text, *s_empty;
 
 /* dict.get(key): a borrowed reference, or NULL (absent, or an error set). */
 static PyObject *get(PyObject *dict, PyObject *key) { return PyDict_GetItemWithError(dict, key); }
@@ -118,13 +120,21 @@ fail:
     return NULL;
 }
 
-/* The normalised content: a string as one input_text part; a list with each dict part that
- * has a text cut to its type and text (annotations and logprobs are not sent back in). */
-static PyObject *normalised_content(PyObject *content) {
+/* Whether value is the string text (ASCII), as Python's value == text is. */
+static int is_string(PyObject *value, const char *text) {
+    return value != NULL && PyUnicode_Check(value) &&
+           PyUnicode_CompareWithASCIIString(value, text) == 0;
+}
+
+/* The normalised content: a string as one part of text_type (its role's: output_text for
+ * the assistant's, input_text for the rest); a list with each dict part that has a text cut to
+ * its type and text (annotations and logprobs are not sent back in), Chat's `text` type as
+ * text_type (_items._part_type). */
+static PyObject *normalised_content(PyObject *content, PyObject *text_type) {
     if (PyUnicode_Check(content)) {
         PyObject *part = PyDict_New();
         if (part == NULL) return NULL;
-        if (PyDict_SetItem(part, s_type, s_input_text) < 0 ||
+        if (PyDict_SetItem(part, s_type, text_type) < 0 ||
             PyDict_SetItem(part, s_text, content) < 0) {
             Py_DECREF(part);
             return NULL;
@@ -151,6 +161,7 @@ static PyObject *normalised_content(PyObject *content) {
         }
         PyObject *type = get(part, s_type);
         if (type == NULL && PyErr_Occurred()) goto fail;
+        if (is_string(type, "text")) type = text_type;
         PyObject *cut = PyDict_New();
         if (cut == NULL) goto fail;
         if (PyDict_SetItem(cut, s_type, type != NULL ? type : s_empty) < 0 ||
@@ -216,6 +227,12 @@ static PyObject *describe_object(PyObject *parsed) {
         if (!PyErr_ExceptionMatches(PyExc_KeyError)) goto done;
         PyErr_Clear();
     }
+    /* Was kept: an item a Chat client marked (an SDK's `refusal: null` echoed, a `name`) keyed
+     * apart from the one the model made, where the Python way matched them. */
+    if (PyDict_DelItem(normalised, chat_message_key) < 0) {
+        if (!PyErr_ExceptionMatches(PyExc_KeyError)) goto done;
+        PyErr_Clear();
+    }
     PyObject *item_type = get(parsed, s_type);
     if (item_type == NULL && PyErr_Occurred()) goto done;
     if (item_type == NULL || item_type == Py_None) {
@@ -228,10 +245,13 @@ static PyObject *describe_object(PyObject *parsed) {
             if (PyDict_SetItem(normalised, s_type, item_type) < 0) goto done;
         }
     }
+    PyObject *role_value = get(parsed, s_role);
+    if (role_value == NULL && PyErr_Occurred()) goto done;
     PyObject *content = get(parsed, s_content);
     if (content == NULL && PyErr_Occurred()) goto done;
     if (content != NULL && (PyUnicode_Check(content) || PyList_Check(content))) {
-        PyObject *cut = normalised_content(content);
+        PyObject *text_type = is_string(role_value, "assistant") ? s_output_text : s_input_text;
+        PyObject *cut = normalised_content(content, text_type);
         if (cut == NULL) goto done;
         int set = PyDict_SetItem(normalised, s_content, cut);
         Py_DECREF(cut);
@@ -245,8 +265,6 @@ static PyObject *describe_object(PyObject *parsed) {
         if (found != NULL) kind = found;
     }
     PyObject *role = role_unspecified;
-    PyObject *role_value = get(parsed, s_role);
-    if (role_value == NULL && PyErr_Occurred()) goto done;
     if (role_value != NULL && PyUnicode_Check(role_value)) {
         PyObject *found = get(roles, role_value);
         if (found == NULL && PyErr_Occurred()) goto done;
@@ -531,18 +549,20 @@ static PyObject *describe(PyObject *module, PyObject *data) {
 PyDoc_STRVAR(setup_doc,
              "setup(loads, dumps, decode_error, encode_error, sort_option, item_info, roles, "
              "kinds, kind_other, role_unspecified, role_tool, kind_function_call_output, "
-             "kind_reasoning, max_depth, long_number)\n\n"
+             "kind_reasoning, max_depth, long_number, chat_message_key)\n\n"
              "What describe() is made of, handed over once by _items.py.");
 
 static PyObject *setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    if (nargs != 15) {
-        PyErr_SetString(PyExc_TypeError, "setup() takes 15 arguments");
+    if (nargs != 16) {
+        PyErr_SetString(PyExc_TypeError, "setup() takes 16 arguments");
         return NULL;
     }
     if (!PyType_Check(args[5]) || !PyType_IsSubtype((PyTypeObject *)args[5], &PyTuple_Type) ||
-        !PyDict_Check(args[6]) || !PyDict_Check(args[7])) {
-        PyErr_SetString(PyExc_TypeError, "setup(): item_info a tuple type, roles and kinds dicts");
+        !PyDict_Check(args[6]) || !PyDict_Check(args[7]) || !PyUnicode_Check(args[15])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "setup(): item_info a tuple type, roles and kinds dicts, "
+                        "chat_message_key a string");
         return NULL;
     }
     Py_ssize_t depth = PyLong_AsSsize_t(args[13]);
@@ -558,6 +578,8 @@ static PyObject *setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs
         Py_INCREF(args[i]);
         Py_XSETREF(*slots[i], args[i]);
     }
+    Py_INCREF(args[15]);
+    Py_XSETREF(chat_message_key, args[15]);
     max_depth = depth;
     long_number = digits;
     Py_RETURN_NONE;
@@ -591,6 +613,7 @@ PyMODINIT_FUNC PyInit__describe(void) {
         intern(&s_call_id, "call_id") < 0 || intern(&s_name, "name") < 0 ||
         intern(&s_arguments, "arguments") < 0 || intern(&s_output, "output") < 0 ||
         intern(&s_message, "message") < 0 || intern(&s_input_text, "input_text") < 0 ||
+        intern(&s_output_text, "output_text") < 0 ||
         intern(&s_summary_text, "summary_text") < 0 || intern(&s_empty, "") < 0)
         return NULL;
     /* Interned: orjson tells its keywords apart by identity. */

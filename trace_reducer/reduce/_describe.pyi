@@ -20,6 +20,7 @@ def setup(
     kind_reasoning: int,
     max_depth: int,
     long_number: int,
+    chat_message_key: str,
     /,
 ) -> None: ...
 def item_wire(

@@ -101,6 +101,18 @@ def _parts(value: object, default_type: str) -> tuple[tuple[str, str], ...]:
     )
 
 
+_ASSISTANT = "assistant"
+_ASSISTANT_TEXT = "output_text"
+_INPUT_TEXT = "input_text"
+# A Chat message's text part (`chat_items` keeps a content list as the client sent it).
+_CHAT_TEXT = "text"
+
+
+def _part_type(part_type: object, text_type: str) -> object:
+    """A text part's type in the matching key: Chat's `text` is its role's Responses type."""
+    return text_type if part_type == _CHAT_TEXT else part_type
+
+
 def _opaque(key: str) -> ItemInfo:
     return ItemInfo(
         key, "", state_pb2.CONVERSATION_ROLE_UNSPECIFIED, state_pb2.ITEM_KIND_OTHER, (), ""
@@ -194,13 +206,17 @@ def _parse_item(data: bytes) -> ItemInfo:
         item_type = "message"
         normalised["type"] = item_type
     content = parsed.get("content")
+    # Text as a string or a Chat `text` part is the part its role's messages have: the model's
+    # answer is output_text, and a Chat client sends it back as a string (was: keyed as
+    # input_text, so every answer a Chat conversation sent back was recorded again).
+    text_type = _ASSISTANT_TEXT if parsed.get("role") == _ASSISTANT else _INPUT_TEXT
     if isinstance(content, str):
-        normalised["content"] = [{"type": "input_text", "text": content}]
+        normalised["content"] = [{"type": text_type, "text": content}]
     elif isinstance(content, list):
         # Text parts collect annotations and logprobs on the way out that are not sent back
         # in; other parts (images, files) are only distinguishable by all of their fields.
         normalised["content"] = [
-            {"type": part.get("type", ""), "text": part["text"]}
+            {"type": _part_type(part.get("type", ""), text_type), "text": part["text"]}
             if isinstance(part, dict) and "text" in part
             else part
             for part in content
@@ -278,6 +294,7 @@ if _describe is not None:
         state_pb2.ITEM_KIND_REASONING,
         MAX_ITEM_DEPTH,
         LONG_NUMBER_DIGITS,
+        CHAT_MESSAGE_KEY,
     )
     _describe.set_item_fields(_item_fields())
 
