@@ -324,7 +324,7 @@ def test_an_index_someone_else_wrote_is_never_trusted_beyond_its_shape(
     done = run_list(str(root), "--json", "--status", "completed,failed,cancelled,unreadable")
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
-    for garbage in ("[1, 2", "null", '{"version": 2, "entries": {}}', ""):
+    for garbage in ("[1, 2", "null", '{"version": 3, "entries": {}}', ""):
         index.write_text(garbage, encoding="utf-8")
         again = run_list(str(root), "--json")
         assert (again.returncode, again.stdout) == (0, expected), again.stderr
@@ -394,3 +394,23 @@ def test_text_searches_each_field_alone(needle: str, found: bool) -> None:
     assert chosen.matches(run) is found
     # The same answer for a run as a plain mapping (no text kept lower-cased).
     assert chosen.matches({**run, "text": summary["text"]}) is found
+
+
+def test_an_index_of_an_older_layout_is_rebuilt_never_misread(root: Path) -> None:
+    # Version 2 first kept every search text in one JSON object on the line after the runs;
+    # one text a line came later without raising it. Such an index of two runs, made here by
+    # hand from a current one, was read as texts of "" and `--text` found nothing.
+    for bundle in sorted(root.iterdir())[2:]:
+        shutil.rmtree(bundle)
+    expected = run_list(str(root), "--json", "--text", "story").stdout
+    assert len(expected.splitlines()) == 1
+    index = root / INDEX_FILE_NAME
+    lines = index.read_text(encoding="utf-8").split("\n")
+    heads = json.loads(lines[0])["entries"]
+    texts = {head[0]: json.loads(text) for head, text in zip(heads, lines[3:5], strict=True)}
+    older = [json.dumps({"version": 2, "entries": heads}), *lines[1:3], json.dumps(texts)]
+    index.write_text("\n".join(older) + "\n", encoding="utf-8")
+    again = run_list(str(root), "--json", "--text", "story")
+    assert (again.returncode, again.stdout) == (0, expected), again.stderr
+    # Rebuilt in the current layout: the listing after it reads no bundle.
+    assert list_runs(str(root)).reduced == 0

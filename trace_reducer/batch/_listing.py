@@ -49,9 +49,15 @@ __all__ = [
 
 # Kept directly under a local root; a URL root's index lives in the user's cache directory.
 INDEX_FILE_NAME = ".trace-list.json"
+# Raised whenever what the file holds or how it is laid out changes: an index of any other
+# version is ignored and rebuilt, never read in the wrong layout.
+# 1: every run kept as a JSON object.
 # 2: each run kept as the JSON line `list --json` prints, beside the fields a listing needs
-# before it knows whether to parse it (version 1 kept every run as a JSON object). 3: tokens
-# null when unknown, and `unknown_calls` (2 counted a call without usage as 0 tokens).
+#    before it knows whether to parse it; every search text in one JSON object after them,
+#    later one text a line (not raised then: an index of one or two runs in the older layout
+#    was read as texts of "", and `--text` found nothing in it).
+# 3: tokens null when unknown, and `unknown_calls` (2 counted a call without usage as 0
+#    tokens); an index of either layout of 2 is rebuilt.
 _INDEX_VERSION = 3
 # What --text searches: the start of every item's text, up to this much per bundle.
 TEXT_CHARS = 16_384
