@@ -15,10 +15,11 @@ from pathlib import Path
 
 from grpc_common import Redactor
 
+from .._exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from .._exits import TRACE_REDUCER as PROG
 from ..batch._storage import HTTP_TIMEOUT
 from ..bundle._errors import BundleError, MissingExtraError, os_error_reason
 from ..bundle._shown import one_line
-from ._exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, PROG
 
 __all__ = [
     "EXIT_FAILED",
