@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,13 @@ from agent_server.config import ConfigError
 from agent_server.replay_model import ReplayModel
 from rollout.agent.v1 import agent_pb2
 from rollout.trace.v1 import common_pb2, state_pb2
-from tests.agent_server.conftest import Harness, StartAgent, reduce_with_cli
+from tests.agent_server.conftest import (
+    AGENT_SERVER,
+    Harness,
+    StartAgent,
+    clean_env,
+    reduce_with_cli,
+)
 from tests.agent_server.scripted_provider import (
     ScriptedProvider,
     answer,
@@ -581,3 +589,42 @@ async def test_a_request_in_the_other_api_is_told_so(tmp_path: Path) -> None:
         "was a Responses API one: replay in the API it was recorded in "
         "(serve --provider-api responses)"
     )
+
+
+@pytest.mark.parametrize(
+    ("made", "said"),
+    [
+        # Was: "--replay-from: no such file or directory: PATH" for a FIFO that is there.
+        ("fifo", "not a trace bundle ({path} is a FIFO, not a regular file)"),
+        ("fifo bundle", "not a trace bundle ({path}/trace.binpb is a FIFO, not a regular file)"),
+        (
+            "dangling",
+            "not a trace bundle ({path} is a symbolic link to nothing, not a regular file)",
+        ),
+        ("missing", "no such file or directory: {path}"),
+        ("empty dir", "no trace bundles (directories holding trace.binpb) under {path}"),
+    ],
+)
+def test_replay_from_says_what_its_path_is_and_never_waits_on_a_fifo(
+    tmp_path: Path, made: str, said: str
+) -> None:
+    path = tmp_path / "recorded"
+    if made == "fifo":
+        os.mkfifo(path)
+    elif made == "fifo bundle":
+        path.mkdir()
+        os.mkfifo(path / "trace.binpb")
+    elif made == "dangling":
+        path.symlink_to(tmp_path / "nothing")
+    elif made == "empty dir":
+        path.mkdir()
+    done = subprocess.run(
+        [AGENT_SERVER, "serve", "--listen", "127.0.0.1:0", "--replay-from", str(path)],
+        env=clean_env(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == f"agent-server: --replay-from: {said.format(path=path)}\n"

@@ -578,7 +578,12 @@ async def _serve_async(
 def _serve(args: argparse.Namespace) -> int:
     root = args.bundle_root or os.getcwd()
     if not os.path.isdir(root):
-        raise _CommandError(f"--bundle-root is not a directory: {root}", EXIT_USAGE)
+        from grpc_common._files import path_kind
+
+        # What it is instead: missing, a FIFO, a file, a link to nothing.
+        raise _CommandError(
+            f"--bundle-root is not a directory: {root} is {path_kind(root)}", EXIT_USAGE
+        )
     from grpc_common import AccessControl
 
     try:
