@@ -252,6 +252,17 @@ def test_an_output_where_nothing_can_be_written_is_bad_input(tmp_path: Path) -> 
         (["export-rl", bundle, "--format", "jsonl", "--out", long_name], "File name too long"),
         (["view", tmp_path, "-o", long_name], "File name too long"),
         (["reduce", bundle, "-o", long_name], "File name too long"),
+        # Was: exit 1 after the work: the permission check passed (as root it always does),
+        # and /proc took no new file.
+        (
+            ["export-rl", bundle, "--format", "jsonl", "--out", "/proc/nope"],
+            "cannot write in /proc",
+        ),
+        (["view", tmp_path, "-o", "/proc/nope"], "cannot write in /proc: it takes no new files"),
+        (["view", bundle, "-o", "/proc/nope.html"], "cannot write in /proc"),
+        (["reduce", bundle, "-o", "/proc/nope.json"], "cannot write in /proc"),
+        (["reduce", bundle, "-o", "/proc/version"], "cannot write in /proc"),
+        (["reduce-all", tmp_path, "--tables", "/proc/nope"], "cannot write in /proc"),
     ):
         result = run(*map(str, args))
         assert result.returncode == 2, (args, result.stderr)

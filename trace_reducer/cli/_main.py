@@ -125,6 +125,11 @@ def _output_file(
             f"another path{instead}",
             EXIT_USAGE,
         )
+    # The file there is replaced by one written beside it: its directory must take a new file
+    # (/proc/version's did not: exit 1 after the work).
+    problem = unwritable_place(target, directory=False)
+    if problem is not None:
+        raise _CommandError(f"-o {given}: {problem}", EXIT_USAGE)
     return target
 
 
