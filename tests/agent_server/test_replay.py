@@ -628,3 +628,51 @@ def test_replay_from_says_what_its_path_is_and_never_waits_on_a_fifo(
     )
     assert done.returncode == 2, done.stderr
     assert done.stderr == f"agent-server: --replay-from: {said.format(path=path)}\n"
+
+
+async def test_a_client_that_interrupts_after_counting_deltas_replays_at_fast(
+    start_agent: StartAgent, provider: ScriptedProvider, tmp_path: Path
+) -> None:
+    # The demo's client: it interrupts the turn after its fifth delta. Recorded live, each delta
+    # came in a read of its own; replayed at fast, the interrupted call's chunks came together,
+    # the agent passed them on as one delta, the client waited for a fifth that never came and
+    # the call's stream stayed open (as recorded: until the interrupt): the turn never ended.
+    shown = [asyncio.Event() for _ in range(6)]
+    words = ["one ", "two ", "three ", "four ", "five ", "six "]
+    steps: list[Any] = [
+        sse(
+            created("resp-1"),
+            item_added({"id": "msg-a", "type": "message", "role": "assistant"}),
+            text_delta(words[0], "msg-a"),
+        )
+    ]
+    for index, word in enumerate(words[1:]):
+        steps += [shown[index], sse(text_delta(word, "msg-a"))]
+    provider.queue(*steps, shown[-1])  # the last never set: open until the interrupt
+
+    async def client(agent: Harness, live: bool) -> agent_pb2.Thread:
+        thread = await agent.start_thread()
+        events = agent.events(thread.id)
+        turn = await agent.start_turn(thread.id, "count with me")
+
+        def deltas_at_least(count: int) -> Callable[[agent_pb2.ThreadEvent], bool]:
+            return lambda _: len(events.of_kind("agent_message_delta")) >= count
+
+        for seen in range(1, 6):
+            await events.wait_for(deltas_at_least(seen))
+            if live:
+                shown[seen - 1].set()
+        await agent.stub.Interrupt(agent_pb2.InterruptRequest(thread_id=thread.id, turn_id=turn.id))
+        await events.turn_completed(turn.id)
+        await agent.stub.CloseThread(agent_pb2.CloseThreadRequest(thread_id=thread.id))
+        return thread
+
+    live = await start_agent()
+    original = Path((await client(live, live=True)).bundle_path)
+    replay = await start_agent(
+        provider_url=None, replay_from=original, trace_root=tmp_path / "replayed"
+    )
+    assert replay.server.settings.replay_pace == "fast"
+    async with asyncio.timeout(60):
+        replayed = Path((await client(replay, live=False)).bundle_path)
+    await assert_same_run(original, replayed)
