@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 
 # Only the defaults here: `chat --help` must not load gRPC; run() loads the client.
 from agent_server._health import address_problem, unreachable
-from agent_server.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from grpc_common import discard_stdout
 from rollout_client import ADDRESS_ENV, DEFAULT_ADDRESS, address_from_env
+from trace_reducer._exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
 if TYPE_CHECKING:
     from rollout.agent.v1 import agent_pb2

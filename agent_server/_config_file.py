@@ -8,6 +8,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from grpc_common._files import read_given_file
+
 # Every key a file may set: the flag's name without its dashes, and the type of its value
 # (`list`: a list of strings, as a repeatable flag gives; `bool`: a flag that takes no value).
 # Every flag of `serve` and `gateway` but --config has one (tests/agent_server/test_config.py);
@@ -73,17 +75,19 @@ def load(path: Path) -> dict[str, Any]:
     from the file's own directory, so the file means the same from wherever it is used."""
     try:
         # Read up to a bound: a settings file is small, and a path such as /dev/zero is not
-        # one (read whole, it took every byte of memory). A pipe (`--config <(...)`) is read.
-        with path.open("rb") as file:
-            data = file.read(MAX_CONFIG_BYTES + 1)
-        if len(data) > MAX_CONFIG_BYTES:
-            raise ConfigFileError(
-                f"--config: {path} is larger than {MAX_CONFIG_BYTES >> 20} MiB: not a settings file"
-            )
+        # one (read whole, it took every byte of memory). A pipe (`--config <(...)`) is read;
+        # a FIFO, a directory or a device is said to be one (a FIFO was waited on for ever).
+        data = read_given_file(path, "--config", limit=MAX_CONFIG_BYTES)
+    except ValueError as error:
+        raise ConfigFileError(str(error)) from error
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigFileError(
+            f"--config: {path} is larger than {MAX_CONFIG_BYTES >> 20} MiB: not a settings file"
+        )
+    try:
         text = data.decode("utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        cause = error.strerror if isinstance(error, OSError) else "not UTF-8 text"
-        raise ConfigFileError(f"--config: cannot read {path}: {cause}") from error
+    except UnicodeDecodeError as error:
+        raise ConfigFileError(f"--config: cannot read {path}: not UTF-8 text") from error
     try:
         table = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:

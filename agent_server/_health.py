@@ -10,6 +10,8 @@ from pathlib import Path
 from rollout_client import ADDRESS_ENV, DEFAULT_ADDRESS, address_from_env, url_address
 
 PROG = "agent-server health"
+# CA certificates are a few KiB (a system bundle a few hundred); /dev/zero is none.
+_MAX_CA_BYTES = 16 << 20
 
 
 def unreachable(address: str, detail: str) -> str:
@@ -143,6 +145,8 @@ def run(args: argparse.Namespace) -> int:
     # Imported here, not above: `--help` needs none of gRPC.
     import grpc
 
+    from grpc_common._files import read_given_file
+
     problem = address_problem(args.address)
     if problem is None and not (0 < args.timeout <= MAX_TIMEOUT):  # NaN fails it too
         problem = f"--timeout must be a number of seconds above 0, at most {MAX_TIMEOUT:g}"
@@ -151,9 +155,14 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.tls or args.tls_ca is not None:
         try:
-            roots = args.tls_ca.read_bytes() if args.tls_ca is not None else None
-        except OSError as error:
-            print(f"{PROG}: cannot read {args.tls_ca}: {error.strerror}", file=sys.stderr)
+            # A FIFO, a directory or a device is said to be one (a FIFO was waited on).
+            roots = (
+                read_given_file(args.tls_ca, "--tls-ca", limit=_MAX_CA_BYTES)
+                if args.tls_ca is not None
+                else None
+            )
+        except ValueError as error:
+            print(f"{PROG}: {error}", file=sys.stderr)
             return 2
         channel = grpc.secure_channel(args.address, grpc.ssl_channel_credentials(roots))
     else:

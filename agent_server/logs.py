@@ -90,7 +90,12 @@ class JsonFormatter(logging.Formatter):
         error = _error(record)
         if error:
             entry["error"] = error
-        return json.dumps(entry, ensure_ascii=False, default=str)
+        # Loaded at the first line, as TextFormatter's one_line. json.dumps escapes the C0
+        # controls only: DEL and C1 (U+009B, a CSI) were written raw, where the text log
+        # escapes them, and drove a terminal that showed the log.
+        from trace_reducer.bundle._shown import json_shown
+
+        return json_shown(json.dumps(entry, ensure_ascii=False, default=str))
 
 
 def configure(

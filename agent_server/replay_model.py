@@ -732,9 +732,16 @@ class ReplayModel:
             return
         await response.start()
         began = time.monotonic()
+        # A call the client interrupted (a held stream) keeps its recorded gaps between
+        # chunks even at fast: the interrupt answered what the client saw, and its chunks sent
+        # together reached it as one delta. A client that interrupts after so many deltas (the
+        # demo's, after five) then never did, and the stream, held open until the interrupt,
+        # never ended: the turn hung. At fast its first chunk still comes at once.
+        paced = self._pace == "recorded" or script.end == "hold"
+        skipped = 0 if self._pace == "recorded" or not script.chunks else script.chunks[0].offset_us
         for chunk in script.chunks:
-            if self._pace == "recorded":
-                wait = began + chunk.offset_us / 1e6 - time.monotonic()
+            if paced:
+                wait = began + (chunk.offset_us - skipped) / 1e6 - time.monotonic()
                 if wait > 0:
                     await asyncio.sleep(wait)
             # One `data:` line per line of the recorded data (a provider may have split an

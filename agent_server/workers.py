@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from agent_server.config import WORKER_ENV, Settings, WorkerRole
-from agent_server.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PROG
 from grpc_common import install_signal_handlers, listen_error, refuse_address_in_use, split_listen
+from trace_reducer._exits import AGENT_SERVER as PROG
+from trace_reducer._exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
 __all__ = ["leave_socket_dir", "supervise", "watch_supervisor"]
 

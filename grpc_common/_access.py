@@ -14,6 +14,7 @@ from typing import Any
 
 import grpc
 
+from ._files import read_given_file
 from ._handlers import BearerTokenInterceptor
 
 
@@ -177,8 +178,13 @@ def _memory_file(data: bytes) -> Iterator[str]:
         os.close(fd)
 
 
+# A PEM chain or key is a few KiB; a path such as /dev/zero is no certificate.
+_MAX_PEM_BYTES = 16 << 20
+
+
 def _read_file(path: Path, flag: str) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError as error:
-        raise ValueError(f"{flag}: cannot read {path}: {error.strerror or error}") from error
+    # A FIFO, a directory or a device is said to be one (a FIFO was waited on for ever).
+    data = read_given_file(path, flag, limit=_MAX_PEM_BYTES)
+    if len(data) > _MAX_PEM_BYTES:
+        raise ValueError(f"{flag}: {path} is larger than {_MAX_PEM_BYTES >> 20} MiB: not PEM")
+    return data

@@ -13,7 +13,6 @@ import httpx
 import pytest
 from google.protobuf import json_format
 
-from agent_server.exits import EXIT_INTERRUPTED
 from rollout.agent.v1 import agent_pb2, agent_pb2_grpc
 from rollout.trace.v1 import common_pb2, state_pb2
 from tests.agent_server.conftest import (
@@ -37,6 +36,7 @@ from tests.agent_server.scripted_provider import (
 from tests.commands import interrupt_while_importing
 from tests.ports import free_port
 from trace_reducer import read_bundle
+from trace_reducer._exits import EXIT_INTERRUPTED
 
 FAKE_KEY = "sk-test-0123456789-SECRET-never-written"
 

@@ -7,7 +7,7 @@ import logging
 import re
 from datetime import UTC, datetime
 
-from agent_server.logs import TextFormatter
+from agent_server.logs import JsonFormatter, TextFormatter
 from trace_reducer.bundle._shown import one_line
 
 _LINE = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3})Z INFO    agent_server: said ?(.*)")
@@ -57,3 +57,22 @@ def test_escape_sequences_in_a_message_or_a_value_are_written_as_escapes() -> No
         "agent_server: failed on /a\\x1b[2J\\nforged error=\\x1b]0;pwned\\x07 code=x\\x9b31m"
     )
     assert not any(character in line for character in "\x1b\x07\x9b\n")
+
+
+def test_the_json_log_escapes_every_control_character_the_text_log_does() -> None:
+    record = logging.LogRecord(
+        "agent_server", logging.WARNING, "x", 1, "failed on %s", ("/a\x9b2J\x1b[2J\n",), None
+    )
+    record.fields = {"code": "x\x9b31m\x85\x7f", "model": "m\x9d0;pwned\x9c"}
+    line = JsonFormatter().format(record)
+    # Was: U+009B (a CSI, as ESC [ is), U+009D (an OSC), NEL and DEL written raw, where the text
+    # log writes them as escapes; json.dumps escapes only the C0 controls.
+    shown = TextFormatter().format(record)
+    assert not re.search("[\x00-\x1f\x7f-\x9f]", line)
+    assert not re.search("[\x00-\x1f\x7f-\x9f]", shown)
+    assert "\\u009b" in line
+    assert "\\u009d" in line
+    # The same values, read back.
+    entry = json.loads(line)
+    assert entry["message"] == "failed on /a\x9b2J\x1b[2J\n"
+    assert (entry["code"], entry["model"]) == ("x\x9b31m\x85\x7f", "m\x9d0;pwned\x9c")

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import re
 import signal
 import subprocess
@@ -413,4 +414,36 @@ def test_an_empty_address_root_or_a_bad_timeout_is_a_usage_error(
     )
     assert result.returncode == 2
     assert result.stderr.startswith(message)
+    assert result.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        # Was: each waited on the FIFO for ever, before any line.
+        (["serve", "--config", "{fifo}"], "agent-server: --config: {fifo} is a FIFO, not a"),
+        (
+            ["serve", "--tls-cert", "{fifo}", "--tls-key", "{fifo}"],
+            "agent-server: --tls-cert: {fifo} is a FIFO, not a regular file",
+        ),
+        (["health", "--tls-ca", "{fifo}"], "agent-server health: --tls-ca: {fifo} is a FIFO"),
+        # Was: "--config: cannot read DIR: Is a directory".
+        (["serve", "--config", "{tmp}"], "agent-server: --config: {tmp} is a directory, not a"),
+    ],
+)
+def test_a_file_flag_naming_a_fifo_or_a_directory_says_so_at_once(
+    args: list[str], message: str, tmp_path: Path
+) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    result = subprocess.run(
+        [AGENT_SERVER, *(arg.format(tmp=tmp_path, fifo=fifo) for arg in args)],
+        env=clean_env(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith(message.format(tmp=tmp_path, fifo=fifo)), result.stderr
     assert result.stderr.count("\n") == 1

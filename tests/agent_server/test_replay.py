@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,13 @@ from agent_server.config import ConfigError
 from agent_server.replay_model import ReplayModel
 from rollout.agent.v1 import agent_pb2
 from rollout.trace.v1 import common_pb2, state_pb2
-from tests.agent_server.conftest import Harness, StartAgent, reduce_with_cli
+from tests.agent_server.conftest import (
+    AGENT_SERVER,
+    Harness,
+    StartAgent,
+    clean_env,
+    reduce_with_cli,
+)
 from tests.agent_server.scripted_provider import (
     ScriptedProvider,
     answer,
@@ -581,3 +589,90 @@ async def test_a_request_in_the_other_api_is_told_so(tmp_path: Path) -> None:
         "was a Responses API one: replay in the API it was recorded in "
         "(serve --provider-api responses)"
     )
+
+
+@pytest.mark.parametrize(
+    ("made", "said"),
+    [
+        # Was: "--replay-from: no such file or directory: PATH" for a FIFO that is there.
+        ("fifo", "not a trace bundle ({path} is a FIFO, not a regular file)"),
+        ("fifo bundle", "not a trace bundle ({path}/trace.binpb is a FIFO, not a regular file)"),
+        (
+            "dangling",
+            "not a trace bundle ({path} is a symbolic link to nothing, not a regular file)",
+        ),
+        ("missing", "no such file or directory: {path}"),
+        ("empty dir", "no trace bundles (directories holding trace.binpb) under {path}"),
+    ],
+)
+def test_replay_from_says_what_its_path_is_and_never_waits_on_a_fifo(
+    tmp_path: Path, made: str, said: str
+) -> None:
+    path = tmp_path / "recorded"
+    if made == "fifo":
+        os.mkfifo(path)
+    elif made == "fifo bundle":
+        path.mkdir()
+        os.mkfifo(path / "trace.binpb")
+    elif made == "dangling":
+        path.symlink_to(tmp_path / "nothing")
+    elif made == "empty dir":
+        path.mkdir()
+    done = subprocess.run(
+        [AGENT_SERVER, "serve", "--listen", "127.0.0.1:0", "--replay-from", str(path)],
+        env=clean_env(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == f"agent-server: --replay-from: {said.format(path=path)}\n"
+
+
+async def test_a_client_that_interrupts_after_counting_deltas_replays_at_fast(
+    start_agent: StartAgent, provider: ScriptedProvider, tmp_path: Path
+) -> None:
+    # The demo's client: it interrupts the turn after its fifth delta. Recorded live, each delta
+    # came in a read of its own; replayed at fast, the interrupted call's chunks came together,
+    # the agent passed them on as one delta, the client waited for a fifth that never came and
+    # the call's stream stayed open (as recorded: until the interrupt): the turn never ended.
+    shown = [asyncio.Event() for _ in range(6)]
+    words = ["one ", "two ", "three ", "four ", "five ", "six "]
+    steps: list[Any] = [
+        sse(
+            created("resp-1"),
+            item_added({"id": "msg-a", "type": "message", "role": "assistant"}),
+            text_delta(words[0], "msg-a"),
+        )
+    ]
+    for index, word in enumerate(words[1:]):
+        steps += [shown[index], sse(text_delta(word, "msg-a"))]
+    provider.queue(*steps, shown[-1])  # the last never set: open until the interrupt
+
+    async def client(agent: Harness, live: bool) -> agent_pb2.Thread:
+        thread = await agent.start_thread()
+        events = agent.events(thread.id)
+        turn = await agent.start_turn(thread.id, "count with me")
+
+        def deltas_at_least(count: int) -> Callable[[agent_pb2.ThreadEvent], bool]:
+            return lambda _: len(events.of_kind("agent_message_delta")) >= count
+
+        for seen in range(1, 6):
+            await events.wait_for(deltas_at_least(seen))
+            if live:
+                shown[seen - 1].set()
+        await agent.stub.Interrupt(agent_pb2.InterruptRequest(thread_id=thread.id, turn_id=turn.id))
+        await events.turn_completed(turn.id)
+        await agent.stub.CloseThread(agent_pb2.CloseThreadRequest(thread_id=thread.id))
+        return thread
+
+    live = await start_agent()
+    original = Path((await client(live, live=True)).bundle_path)
+    replay = await start_agent(
+        provider_url=None, replay_from=original, trace_root=tmp_path / "replayed"
+    )
+    assert replay.server.settings.replay_pace == "fast"
+    async with asyncio.timeout(60):
+        replayed = Path((await client(replay, live=False)).bundle_path)
+    await assert_same_run(original, replayed)

@@ -15,9 +15,9 @@ import pytest
 from aiohttp import web
 
 from agent_server import cli
-from agent_server.exits import EXIT_USAGE
 from rollout.trace.v1 import common_pb2
 from tests.gateway.conftest import calls, reduce_all
+from trace_reducer._exits import EXIT_USAGE
 
 AGENT_SERVER = str(Path(sys.executable).parent / "agent-server")
 

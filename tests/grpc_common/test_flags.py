@@ -44,7 +44,33 @@ CASES = [
     (
         ["agent-server", "chat", "--no-such-flag"],
         "usage: agent-server chat ",
-        "agent-server chat: error: unrecognized arguments: --no-such-flag",
+        # No flag near it: where the flags are listed.
+        "agent-server chat: error: unrecognized arguments: --no-such-flag "
+        "(`agent-server chat --help` lists its flags)",
+    ),
+    # Before the command. Was `the following arguments are required: COMMAND`, and for
+    # `--prot 1` `argument COMMAND: invalid choice: '1'`: no word of the flag.
+    (
+        ["trace-reducer", "--verison"],
+        "usage: trace-reducer ",
+        "trace-reducer: error: unrecognized arguments: --verison (did you mean --version?)",
+    ),
+    (
+        ["agent-server", "--verison"],
+        "usage: agent-server ",
+        "agent-server: error: unrecognized arguments: --verison (did you mean --version?)",
+    ),
+    (
+        ["agent-server", "--prot", "1"],
+        "usage: agent-server ",
+        "agent-server: error: unrecognized arguments: --prot "
+        "(`agent-server COMMAND --help` lists a command's flags)",
+    ),
+    (
+        ["trace-reducer", "--json", "list", "runs"],
+        "usage: trace-reducer ",
+        "trace-reducer: error: unrecognized arguments: --json (--json is a flag of list, dump: "
+        "give it after the command, `trace-reducer list --json`)",
     ),
 ]
 
@@ -60,3 +86,6 @@ def test_a_mistyped_flag_is_refused_by_its_command_with_the_nearest_flag() -> No
         assert result.stderr.startswith(usage), (argv, result.stderr)
         assert result.stderr.splitlines()[-1] == said, (argv, result.stderr)
         assert not result.stdout
+    # An unambiguous prefix of a flag is argparse's, and no mistake.
+    (version,) = run_each([[str(BIN / "trace-reducer"), "--vers"]])
+    assert (version.returncode, version.stdout.split()[0]) == (0, "trace-reducer")

@@ -252,6 +252,17 @@ def test_an_output_where_nothing_can_be_written_is_bad_input(tmp_path: Path) -> 
         (["export-rl", bundle, "--format", "jsonl", "--out", long_name], "File name too long"),
         (["view", tmp_path, "-o", long_name], "File name too long"),
         (["reduce", bundle, "-o", long_name], "File name too long"),
+        # Was: exit 1 after the work: the permission check passed (as root it always does),
+        # and /proc took no new file.
+        (
+            ["export-rl", bundle, "--format", "jsonl", "--out", "/proc/nope"],
+            "cannot write in /proc",
+        ),
+        (["view", tmp_path, "-o", "/proc/nope"], "cannot write in /proc: it takes no new files"),
+        (["view", bundle, "-o", "/proc/nope.html"], "cannot write in /proc"),
+        (["reduce", bundle, "-o", "/proc/nope.json"], "cannot write in /proc"),
+        (["reduce", bundle, "-o", "/proc/version"], "cannot write in /proc"),
+        (["reduce-all", tmp_path, "--tables", "/proc/nope"], "cannot write in /proc"),
     ):
         result = run(*map(str, args))
         assert result.returncode == 2, (args, result.stderr)
@@ -261,6 +272,33 @@ def test_an_output_where_nothing_can_be_written_is_bad_input(tmp_path: Path) -> 
     assert not (tmp_path / "gone").exists()
     assert a_file.read_text() == "keep me"
     assert not (bundle / "state.json").exists()
+
+
+def test_an_input_that_is_no_bundle_or_root_is_named_for_what_it_is(tmp_path: Path) -> None:
+    # Nothing is opened to find out, so no FIFO is waited on (the run's timeout fails a wait).
+    bundle = one_turn_bundle(tmp_path / "root")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "gone")
+    cases: list[tuple[list[str | Path], str]] = [
+        (["reduce", fifo], f"not a trace bundle ({fifo} is a FIFO, not a regular file)"),
+        (["diff", bundle, dangling], f"({dangling} is a symbolic link to nothing, not a"),
+        (
+            ["reduce", bundle, "--parent", fifo],
+            f"--parent {fifo}: not a trace bundle ({fifo} is a FIFO",
+        ),
+        # Was: "not a directory: ROOT", "--bundle-root is not a directory: ROOT".
+        (["list", fifo], f"not a directory: {fifo} is a FIFO"),
+        (["reduce-all", dangling], f"not a directory: {dangling} is a symbolic link to nothing"),
+        (["serve", "--bundle-root", fifo], f"--bundle-root is not a directory: {fifo} is a FIFO"),
+        (["serve", "--bundle-root", tmp_path / "gone"], "is missing"),
+    ]
+    for args, said in cases:
+        result = run(*args)
+        assert result.returncode == 2, (args, result.stderr)
+        assert_one_clean_line(result.stderr)
+        assert said in result.stderr, (args, result.stderr)
 
 
 def test_export_rl_replaces_a_fifo_or_symlink_named_like_its_file(tmp_path: Path) -> None:

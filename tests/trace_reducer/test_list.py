@@ -63,8 +63,10 @@ def test_a_line_per_bundle_with_its_status_integrity_and_rewards(root: Path) -> 
     assert sortable <= set(SORT_KEYS)
     assert len(lines) == 1 + len(list(GOLDEN.iterdir()))
     runs = {Path(str(r["bundle"])).name: r for r in listed(str(root))}
-    assert runs["damaged-corrupt"]["integrity"] == "corrupt"
-    assert runs["damaged-torn"]["integrity"] == "truncated"
+    # In the word the tables, the viewer, the RL export and `reduce` use (was corrupt, ...).
+    assert runs["damaged-corrupt"]["integrity"] == "CORRUPT"
+    assert runs["damaged-torn"]["integrity"] == "TRUNCATED"
+    assert {line.split()[8] for line in lines[1:]} == {"CLEAN", "TRUNCATED", "CORRUPT"}
     assert {r["status"] for r in runs.values()} >= {"completed", "failed", "cancelled"}
     rewarded = [r for r in runs.values() if r["rewards"] == {"concise": 0.25, "helpful": 0.5}]
     assert rewarded
@@ -76,8 +78,10 @@ def test_a_line_per_bundle_with_its_status_integrity_and_rewards(root: Path) -> 
 def test_filters(root: Path) -> None:
     every = listed(str(root))
     assert [r["status"] for r in listed(str(root), "--status", "failed")] == ["failed"]
-    damaged = listed(str(root), "--integrity", "corrupt,truncated")
-    assert {r["integrity"] for r in damaged} == {"corrupt", "truncated"}
+    damaged = listed(str(root), "--integrity", "CORRUPT,TRUNCATED")
+    assert {r["integrity"] for r in damaged} == {"CORRUPT", "TRUNCATED"}
+    # The lower-case words list once showed are taken too, in any case: no script breaks.
+    assert listed(str(root), "--integrity", "corrupt", "--integrity", "Truncated") == damaged
     assert [r["rewards"] for r in listed(str(root), "--reward", "correct>=1")] == [{"correct": 1}]
     assert len(listed(str(root), "--reward", "correct<1")) == 1
     assert len(listed(str(root), "--reward", "helpful>=0.5", "--reward", "concise<0.3")) >= 1
@@ -169,7 +173,7 @@ def test_a_warm_listing_reads_no_bundle_and_a_changed_one_is_read_again(root: Pa
     after = next(r for r in changed.runs if r["bundle"] == target["bundle"])
     assert after["rewards"] == {"late": 2.0}
     # reduce-all's fresh state.json is read rather than the bundle reduced.
-    removed = next(r for r in first.runs if r["integrity"] == "clean")
+    removed = next(r for r in first.runs if r["integrity"] == "CLEAN")
     subprocess.run(
         [TRACE_REDUCER, "reduce", str(removed["bundle"])], check=True, capture_output=True
     )
@@ -269,7 +273,7 @@ def test_a_url_root(root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
         memory.pipe_file(f"/golden/{path.parent.name}/trace.binpb", path.read_bytes())
     runs = list_runs("memory://golden")
     assert len(runs.runs) == len(list(GOLDEN.iterdir()))
-    assert {r["integrity"] for r in runs.runs} >= {"clean", "corrupt", "truncated"}
+    assert {r["integrity"] for r in runs.runs} >= {"CLEAN", "CORRUPT", "TRUNCATED"}
     assert list_runs("memory://golden").reduced == 0
     assert any((tmp_path / "cache" / "rollout-trace").iterdir())
 
@@ -324,7 +328,7 @@ def test_an_index_someone_else_wrote_is_never_trusted_beyond_its_shape(
     done = run_list(str(root), "--json", "--status", "completed,failed,cancelled,unreadable")
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
-    for garbage in ("[1, 2", "null", '{"version": 2, "entries": {}}', ""):
+    for garbage in ("[1, 2", "null", '{"version": 4, "entries": {}}', ""):
         index.write_text(garbage, encoding="utf-8")
         again = run_list(str(root), "--json")
         assert (again.returncode, again.stdout) == (0, expected), again.stderr
@@ -394,3 +398,23 @@ def test_text_searches_each_field_alone(needle: str, found: bool) -> None:
     assert chosen.matches(run) is found
     # The same answer for a run as a plain mapping (no text kept lower-cased).
     assert chosen.matches({**run, "text": summary["text"]}) is found
+
+
+def test_an_index_of_an_older_layout_is_rebuilt_never_misread(root: Path) -> None:
+    # Version 2 first kept every search text in one JSON object on the line after the runs;
+    # one text a line came later without raising it. Such an index of two runs, made here by
+    # hand from a current one, was read as texts of "" and `--text` found nothing.
+    for bundle in sorted(root.iterdir())[2:]:
+        shutil.rmtree(bundle)
+    expected = run_list(str(root), "--json", "--text", "story").stdout
+    assert len(expected.splitlines()) == 1
+    index = root / INDEX_FILE_NAME
+    lines = index.read_text(encoding="utf-8").split("\n")
+    heads = json.loads(lines[0])["entries"]
+    texts = {head[0]: json.loads(text) for head, text in zip(heads, lines[3:5], strict=True)}
+    older = [json.dumps({"version": 2, "entries": heads}), *lines[1:3], json.dumps(texts)]
+    index.write_text("\n".join(older) + "\n", encoding="utf-8")
+    again = run_list(str(root), "--json", "--text", "story")
+    assert (again.returncode, again.stdout) == (0, expected), again.stderr
+    # Rebuilt in the current layout: the listing after it reads no bundle.
+    assert list_runs(str(root)).reduced == 0

@@ -315,10 +315,10 @@ def test_the_list_filters_searches_sorts_and_opens_each_run(
         assert row_threads(page) == [recorded.failed]
         page.select_option("#status", "")
         settled(page)
-        page.select_option("#integrity", "corrupt")
+        page.select_option("#integrity", "CORRUPT")
         settled(page)
         assert row_threads(page) == [recorded.corrupt]
-        page.select_option("#integrity", "truncated")
+        page.select_option("#integrity", "TRUNCATED")
         settled(page)
         assert row_threads(page) == [recorded.torn]
         page.select_option("#integrity", "")

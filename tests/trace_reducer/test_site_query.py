@@ -71,7 +71,7 @@ async def test_a_page_of_the_newest_and_what_the_menus_offer(tmp_path: Path) -> 
         assert (answer["matching"], answer["total"]) == (7, 7)
         assert answer["facets"] == {
             "status": ["completed", "failed"],
-            "integrity": ["clean"],
+            "integrity": ["CLEAN"],
             "model": sorted({run["model"] for run in everything}),
             "reward": [],
         }

@@ -24,7 +24,7 @@ from rollout.trace.v1 import common_pb2, state_pb2
 from ..bundle._confine import open_regular_file, write_aside
 from ..bundle._errors import BundleError, ReductionError
 from ..bundle._liveness import being_written
-from ..bundle._names import OUTCOME_WORDS, rollout_outcome
+from ..bundle._names import INTEGRITY_WORDS, OUTCOME_WORDS, rollout_outcome
 from ..bundle._shown import one_line
 from ..reduce._pass import no_cycle_collection
 from ._storage import (
@@ -49,19 +49,27 @@ __all__ = [
 
 # Kept directly under a local root; a URL root's index lives in the user's cache directory.
 INDEX_FILE_NAME = ".trace-list.json"
+# Raised whenever what the file holds or how it is laid out changes: an index of any other
+# version is ignored and rebuilt, never read in the wrong layout.
+# 1: every run kept as a JSON object.
 # 2: each run kept as the JSON line `list --json` prints, beside the fields a listing needs
-# before it knows whether to parse it (version 1 kept every run as a JSON object). 3: tokens
-# null when unknown, and `unknown_calls` (2 counted a call without usage as 0 tokens).
-_INDEX_VERSION = 3
+#    before it knows whether to parse it; every search text in one JSON object after them,
+#    later one text a line (not raised then: an index of one or two runs in the older layout
+#    was read as texts of "", and `--text` found nothing in it).
+# 3: tokens null when unknown, and `unknown_calls` (2 counted a call without usage as 0
+#    tokens); an index of either layout of 2 is rebuilt.
+# 4: integrity in the words of every other surface, CLEAN, UNCLOSED, ... (was clean, ...).
+_INDEX_VERSION = 4
 # What --text searches: the start of every item's text, up to this much per bundle.
 TEXT_CHARS = 16_384
 
-_INTEGRITY = {
-    value: name.removeprefix("INTEGRITY_STATUS_").lower()
-    for name, value in state_pb2.IntegrityStatus.items()
+# The integrity's word is every surface's (`describe_integrity`, the tables, the viewer, the RL
+# export): CLEAN, UNCLOSED, TRUNCATED, CORRUPT. `--integrity` takes it in any case.
+_INTEGRITY = INTEGRITY_WORDS
+_MAYBE_LIVE = {
+    INTEGRITY_WORDS[state_pb2.INTEGRITY_STATUS_UNCLOSED],
+    INTEGRITY_WORDS[state_pb2.INTEGRITY_STATUS_TRUNCATED],
 }
-_MAYBE_LIVE = {"unclosed", "truncated"}
-_INTEGRITY_NAMES = frozenset({"clean", "unclosed", "truncated", "corrupt"})
 
 
 def _iso(stamp: Any) -> str:
@@ -138,7 +146,7 @@ def summarize(trace: state_pb2.RolloutTrace, bundle: str) -> dict[str, Any]:
         "tools": sorted({t.name for t in trace.tool_calls.values()}),
         "tokens": usage,
         "rewards": rewards,
-        "integrity": _INTEGRITY.get(trace.integrity.status, "unspecified"),
+        "integrity": _INTEGRITY.get(trace.integrity.status, "UNSPECIFIED"),
         "recording_complete": trace.recording_complete,
         "started": _iso(trace.started_at),
         "duration": _seconds(trace.started_at, trace.ended_at),
@@ -404,9 +412,9 @@ def indexed_integrity(store: Store, root: str) -> Callable[[BundleEntry], str | 
 
     def integrity(entry: BundleEntry) -> str | None:
         times, name = kept.get(entry.location, (None, None))
-        if times != _key(entry) or type(name) is not str or name not in _INTEGRITY_NAMES:
+        if times != _key(entry) or type(name) is not str or name not in INTEGRITY_NAMES:
             return None
-        return name.upper()
+        return name
 
     return integrity
 
@@ -651,8 +659,10 @@ class RunFilter:
                 known=STATUS_NAMES,
                 other_words=API_STATUS_WORDS,
             ),
+            # Upper case, the word every surface shows; clean, ... (what list once showed) is
+            # still taken, so no script that filters on it breaks.
             integrities=split_values(
-                given("integrity"), flag=f"{prefix}integrity", known=INTEGRITY_NAMES
+                given("integrity"), flag=f"{prefix}integrity", known=INTEGRITY_NAMES, upper=True
             ),
             models=split_values(given("model")),
             rewards=tuple(
@@ -705,12 +715,15 @@ def split_values(
     flag: str = "",
     known: Iterable[str] = (),
     other_words: Mapping[str, str] | None = None,
+    upper: bool = False,
 ) -> frozenset[str]:
-    """Repeated or comma-separated flag values, lower case; with `known`, a value outside it
-    is a ValueError naming `flag` (a filter no run can match is a typo, not an answer), and
-    saying which known word stands for it when `other_words` has it."""
+    """Repeated or comma-separated flag values, lower case (upper case with `upper`: a value
+    is taken in either); with `known`, a value outside it is a ValueError naming `flag` (a
+    filter no run can match is a typo, not an answer), and saying which known word stands for
+    it when `other_words` has it."""
+    fold = str.upper if upper else str.lower
     chosen = frozenset(
-        part.strip().lower() for value in values for part in value.split(",") if part.strip()
+        fold(part.strip()) for value in values for part in value.split(",") if part.strip()
     )
     allowed = frozenset(known)
     if allowed and not chosen <= allowed:

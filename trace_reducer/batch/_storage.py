@@ -163,10 +163,14 @@ class LocalStore:
         self._bundle_root_refused = bundle_root_refused
 
     def discover(self, warn: Callable[[str], None]) -> list[BundleEntry]:
-        if not os.path.exists(self.root):
+        if not os.path.lexists(self.root):
             raise BundleNotFoundError(f"no such file or directory: {self.root}")
         if not os.path.isdir(self.root):
-            raise NotABundleError(f"not a directory: {self.root}")
+            # Said for what it is (a FIFO, a link to nothing, a file), never opened. Loaded
+            # here alone: grpc_common's package loads asyncio, which a listing never needs.
+            from grpc_common._files import path_kind
+
+            raise NotABundleError(f"not a directory: {self.root} is {path_kind(self.root)}")
         if self._bundle_root_refused and os.path.lexists(os.path.join(self.root, TRACE_FILE_NAME)):
             # A bundle is never a root (walk_bundles starts below it): say so, not "none here".
             raise NotABundleError(

@@ -488,21 +488,34 @@ class BundleReader:
 def resolve_trace_file(path: str | os.PathLike[str]) -> Path:
     """The trace.binpb of a bundle given as its directory or as the file itself."""
     given = Path(path)
-    if not given.exists():
-        raise BundleNotFoundError(f"no such file or directory: {given}")
     candidate = given / TRACE_FILE_NAME if given.is_dir() else given
-    if not candidate.is_file():
-        if candidate.exists() or candidate.is_symlink():
-            raise NotABundleError(f"not a trace bundle ({candidate} is not a regular file)")
-        if given.is_dir() and _holds_a_bundle(given):
-            # A root given where one of its bundles belongs (`reduce traces`): say so, and
-            # where the bundles' names are, rather than only what the root lacks.
-            raise NotABundleError(
-                f"not a trace bundle (no {TRACE_FILE_NAME}) but a root of bundles: {given}: "
-                f"give one of them (`trace-reducer list {given}` names them)"
-            )
-        raise NotABundleError(f"not a trace bundle (no {TRACE_FILE_NAME}): {given}")
-    return candidate
+    if candidate.is_file():
+        return candidate
+    raise why_not_a_bundle(given)
+
+
+def why_not_a_bundle(given: Path) -> BundleError:
+    """Why a path given as one bundle names none, saying what it (or its trace.binpb) is: a
+    FIFO, a socket, a link to nothing, ... Nothing is opened, so no FIFO is waited on."""
+    if not os.path.lexists(given):
+        return BundleNotFoundError(f"no such file or directory: {given}")
+    candidate = given / TRACE_FILE_NAME if given.is_dir() else given
+    if os.path.lexists(candidate):
+        # Loaded on this path alone: grpc_common's package loads asyncio, which reading a
+        # bundle never needs. Its words are the flags' own (`--config: x is a FIFO, ...`).
+        from grpc_common._files import path_kind
+
+        return NotABundleError(
+            f"not a trace bundle ({candidate} is {path_kind(candidate)}, not a regular file)"
+        )
+    if _holds_a_bundle(given):
+        # A root given where one of its bundles belongs (`reduce traces`): say so, and
+        # where the bundles' names are, rather than only what the root lacks.
+        return NotABundleError(
+            f"not a trace bundle (no {TRACE_FILE_NAME}) but a root of bundles: {given}: "
+            f"give one of them (`trace-reducer list {given}` names them)"
+        )
+    return NotABundleError(f"not a trace bundle (no {TRACE_FILE_NAME}): {given}")
 
 
 def _holds_a_bundle(directory: Path) -> bool:

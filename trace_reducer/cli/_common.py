@@ -4,21 +4,24 @@ an error is printed as, and the fsspec option flag."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import math
 import os
 import re
 import sys
 import urllib.parse
+import uuid
 from collections.abc import Iterable
 from pathlib import Path
 
 from grpc_common import Redactor
 
+from .._exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from .._exits import TRACE_REDUCER as PROG
 from ..batch._storage import HTTP_TIMEOUT
 from ..bundle._errors import BundleError, MissingExtraError, os_error_reason
 from ..bundle._shown import one_line
-from ._exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, PROG
 
 __all__ = [
     "EXIT_FAILED",
@@ -201,8 +204,25 @@ def _unwritable_place(target: Path, *, directory: bool) -> str | None:
         place = target.parent
         if not place.is_dir():
             return f"no such directory: {place}"
-    if not os.access(place, os.W_OK | os.X_OK):
-        return f"cannot write in {place}: {os.strerror(errno.EACCES)}"
+    return _cannot_write_in(place)
+
+
+def _cannot_write_in(place: Path) -> str | None:
+    """Why no file can be made in the directory place, found by making one and removing it.
+
+    os.access answers for permissions alone, and root has them all: /proc, /sys, a read-only
+    mount passed it, and the command failed after its work, exit 1 (`export-rl --out
+    /proc/nope`). The probe is a new hidden name, never a link followed (O_EXCL|O_NOFOLLOW)."""
+    probe = place / f".{uuid.uuid4().hex}.probe"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as error:
+        # A virtual file system (/proc) answers a new name with ENOENT: say what that means.
+        reason = "it takes no new files" if error.errno == errno.ENOENT else None
+        return f"cannot write in {place}: {reason or os_error_reason(error)}"
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(probe)
     return None
 
 

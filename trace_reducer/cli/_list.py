@@ -39,7 +39,7 @@ def add_filter_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="NAME",
-        help="clean, unclosed, truncated or corrupt (repeatable, or a,b)",
+        help="CLEAN, UNCLOSED, TRUNCATED or CORRUPT, in either case (repeatable, or a,b)",
     )
     parser.add_argument(
         "--model",

@@ -125,6 +125,11 @@ def _output_file(
             f"another path{instead}",
             EXIT_USAGE,
         )
+    # The file there is replaced by one written beside it: its directory must take a new file
+    # (/proc/version's did not: exit 1 after the work).
+    problem = unwritable_place(target, directory=False)
+    if problem is not None:
+        raise _CommandError(f"-o {given}: {problem}", EXIT_USAGE)
     return target
 
 
@@ -578,7 +583,12 @@ async def _serve_async(
 def _serve(args: argparse.Namespace) -> int:
     root = args.bundle_root or os.getcwd()
     if not os.path.isdir(root):
-        raise _CommandError(f"--bundle-root is not a directory: {root}", EXIT_USAGE)
+        from grpc_common._files import path_kind
+
+        # What it is instead: missing, a FIFO, a file, a link to nothing.
+        raise _CommandError(
+            f"--bundle-root is not a directory: {root} is {path_kind(root)}", EXIT_USAGE
+        )
     from grpc_common import AccessControl
 
     try:

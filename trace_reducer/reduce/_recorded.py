@@ -18,7 +18,7 @@ from ..bundle._errors import BundleError, BundleNotFoundError, PayloadError
 from ..bundle._integrity import require_reducible
 from ..bundle._layout import TRACE_FILE_NAME
 from ..bundle._payloads import PayloadStore
-from ..bundle._reader import BundleReader, Item, read_bundle
+from ..bundle._reader import BundleReader, Item, read_bundle, why_not_a_bundle
 from ._forks import BundleForkResolver
 from ._parents import ParentBundle, fork_payload
 from ._replay import replay_reader
@@ -87,8 +87,9 @@ def bundle_paths(path: str | os.PathLike[str]) -> list[Path]:
     given = Path(path)
     if given.is_file() or (given / TRACE_FILE_NAME).is_file():
         return [given]
-    if not given.is_dir():
-        raise BundleNotFoundError(f"no such file or directory: {given}")
+    if not given.is_dir() or os.path.lexists(given / TRACE_FILE_NAME):
+        # What it is, or its trace.binpb, said without opening it (a FIFO was called missing).
+        raise why_not_a_bundle(given)
     found = [Path(bundle.path) for bundle in walk_bundles(given, recursive=False)]
     if not found:
         raise BundleNotFoundError(no_bundles_there(given))
