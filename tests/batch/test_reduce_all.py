@@ -307,6 +307,21 @@ def _descendants(pid: int) -> dict[int, int]:
     return below
 
 
+def _pool_workers(process: subprocess.Popen[str]) -> list[int]:
+    """A command's pool workers: the forkserver's children, the command's grandchildren."""
+    assert process.poll() is None, process.communicate()
+    return [pid for pid, parent in _descendants(process.pid).items() if parent != process.pid]
+
+
+def _running(pid: int) -> bool:
+    """Whether pid is a process that has not ended (a zombie has: only its reaping is due)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
 def _with_a_worker_killed(
     argv: list[str | Path], started: Callable[[], bool]
 ) -> tuple[int, str, str]:
@@ -314,16 +329,10 @@ def _with_a_worker_killed(
     would, and wait for it: its exit code, stdout and stderr."""
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-
-        def workers() -> list[int]:
-            # The pool's workers are the forkserver's children: the driver's grandchildren.
-            assert process.poll() is None, process.communicate()
-            return [
-                pid for pid, parent in _descendants(process.pid).items() if parent != process.pid
-            ]
-
-        _wait_for(lambda: started() and workers(), time.monotonic() + 120, "the pool at work")
-        os.kill(workers()[0], signal.SIGKILL)
+        _wait_for(
+            lambda: started() and _pool_workers(process), time.monotonic() + 120, "the pool at work"
+        )
+        os.kill(_pool_workers(process)[0], signal.SIGKILL)
         stdout, stderr = process.communicate(timeout=300)
     finally:
         if process.poll() is None:
@@ -359,6 +368,53 @@ def test_a_worker_killed_mid_export_does_not_stop_it(traces: Path, tmp_path: Pat
     lines = (out / "samples.jsonl").read_text().splitlines()
     assert f"wrote {len(lines):,} samples" in stdout
     assert len({json.loads(line)["bundle"] for line in lines}) == len(lines)
+
+
+@pytest.mark.parametrize("command", ["reduce-all", "export-rl"])
+def test_sigterm_mid_batch_stops_it_as_ctrl_c_does(
+    traces: Path, tmp_path: Path, command: str
+) -> None:
+    # Was: SIGTERM (kill, a job scheduler) killed the driver alone; its pool's workers waited
+    # for good on pipes no one read, holding the command's stdout and stderr open, so a
+    # pipeline or a caller reading its output never ended.
+    root = _many(traces, tmp_path, 3000)
+    out = tmp_path / "export"
+    argv: list[str | Path] = [TRACE_REDUCER, command, root, "--jobs", "2"]
+    started: Callable[[], bool] = lambda: any(root.glob("*/state.json"))  # noqa: E731
+    if command == "export-rl":
+        argv += ["--format", "jsonl", "--out", out]
+        started = lambda: True  # noqa: E731 - its first output is its last
+    stdout_file, stderr_file = tmp_path / "stdout", tmp_path / "stderr"
+    with stdout_file.open("w") as stdout, stderr_file.open("w") as stderr:
+        process = subprocess.Popen(argv, stdout=stdout, stderr=stderr, text=True)
+    workers: list[int] = []
+    try:
+        _wait_for(
+            lambda: started() and len(_pool_workers(process)) == 2,
+            time.monotonic() + 120,
+            "the pool at work",
+        )
+        workers = _pool_workers(process)
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        left = [pid for pid in workers if _running(pid)]
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+    said = stdout_file.read_text() + stderr_file.read_text()
+    assert left == [], f"workers still running after their command exited: {left}"
+    assert code == 143, said
+    assert "Traceback" not in said
+    assert not list(root.rglob("*.tmp"))
+    for state in root.glob("*/state.json"):
+        assert state.read_text() == expected_state(state.parent)
+    if command == "reduce-all":
+        assert "interrupted after" in said
+    else:
+        assert not out.exists()  # no export of part of the bundles
 
 
 def test_progress_bar_on_a_terminal(traces: Path) -> None:

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -386,9 +387,13 @@ def _pages_bar_part_way(terminal: str) -> bool:
     return any(0 < int(done) < int(total) for done, total in counts)
 
 
-def test_a_site_stopped_part_way_leaves_the_site_before(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("stop", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_site_stopped_part_way_leaves_the_site_before(
+    tmp_path: Path, stop: signal.Signals, code: int
+) -> None:
     # Was: the pages were written into DIR as they came, so a Ctrl-C left DIR half the new
     # site and half the one before (or, where there was none, a list-less directory of pages).
+    # And SIGTERM killed the command where it stood, its half-written site left beside DIR.
     bundle = one_turn_bundle(tmp_path / "one")
     earlier, root = tmp_path / "earlier", tmp_path / "root"
     earlier.mkdir()
@@ -401,10 +406,10 @@ def test_a_site_stopped_part_way_leaves_the_site_before(tmp_path: Path) -> None:
     before = _files_under(site)
     beside = sorted(os.listdir(tmp_path))
 
-    code, out, terminal = run_on_terminal(
-        *COMMAND, "view", root, "-o", site, interrupt_when=_pages_bar_part_way
+    stopped, out, terminal = run_on_terminal(
+        *COMMAND, "view", root, "-o", site, interrupt_when=_pages_bar_part_way, interrupt_with=stop
     )
-    assert (code, out) == (130, ""), terminal
+    assert (stopped, out) == (code, ""), terminal
     assert "Traceback" not in terminal
     assert _files_under(site) == before
     assert sorted(os.listdir(tmp_path)) == beside  # nothing half-written left beside it
