@@ -30,6 +30,7 @@ from tests.batch.conftest import (
     expected_state,
     reduce_all,
 )
+from tests.trace_reducer.process import running
 from trace_reducer import BundleWriter, read_bundle
 from trace_reducer.batch._storage import integrity_from_state_json
 
@@ -313,15 +314,6 @@ def _pool_workers(process: subprocess.Popen[str]) -> list[int]:
     return [pid for pid, parent in _descendants(process.pid).items() if parent != process.pid]
 
 
-def _running(pid: int) -> bool:
-    """Whether pid is a process that has not ended (a zombie has: only its reaping is due)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
 def _with_a_worker_killed(
     argv: list[str | Path], started: Callable[[], bool]
 ) -> tuple[int, str, str]:
@@ -401,7 +393,7 @@ def test_sigterm_mid_batch_stops_it_as_ctrl_c_does(
         if process.poll() is None:
             process.kill()
             process.wait()
-        left = [pid for pid in workers if _running(pid)]
+        left = [pid for pid in workers if running(pid)]
         for pid in left:
             os.kill(pid, signal.SIGKILL)
     said = stdout_file.read_text() + stderr_file.read_text()
