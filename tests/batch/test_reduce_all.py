@@ -28,6 +28,7 @@ from tests.batch.conftest import (
     age,
     bundles_under,
     expected_state,
+    many_copies,
     reduce_all,
 )
 from tests.trace_reducer.process import running
@@ -234,18 +235,6 @@ def test_bad_input_gets_one_line_and_exit_2(tmp_path: Path, args: list[str], mes
     assert len(lines) == 1, result.stderr
 
 
-def _many(traces: Path, tmp_path: Path, copies: int) -> Path:
-    """`copies` bundles: the corpus's bundles, copied over and over."""
-    root = tmp_path / "many"
-    sources = bundles_under(traces)
-    for n in range(copies):
-        source = sources[n % len(sources)]
-        target = root / f"{n:05d}"
-        target.mkdir(parents=True)
-        shutil.copy2(source / "trace.binpb", target / "trace.binpb")
-    return root
-
-
 def _wait_for(condition: object, deadline: float, what: str) -> None:
     assert callable(condition)
     while not condition():
@@ -254,7 +243,7 @@ def _wait_for(condition: object, deadline: float, what: str) -> None:
 
 
 def test_ctrl_c_stops_cleanly_without_half_written_state(traces: Path, tmp_path: Path) -> None:
-    root = _many(traces, tmp_path, 3000)
+    root = many_copies(traces, tmp_path, 3000)
     tables = tmp_path / "tables"
     # A terminal's Ctrl-C goes to the whole foreground process group: driver and workers.
     process = subprocess.Popen(
@@ -334,7 +323,7 @@ def _with_a_worker_killed(
 
 
 def test_a_worker_killed_mid_batch_does_not_stop_it(traces: Path, tmp_path: Path) -> None:
-    root = _many(traces, tmp_path, 3000)
+    root = many_copies(traces, tmp_path, 3000)
     code, stdout, stderr = _with_a_worker_killed(
         [TRACE_REDUCER, "reduce-all", str(root), "--jobs", "2"],
         lambda: any(root.glob("*/state.json")),
@@ -346,7 +335,7 @@ def test_a_worker_killed_mid_batch_does_not_stop_it(traces: Path, tmp_path: Path
 
 
 def test_a_worker_killed_mid_export_does_not_stop_it(traces: Path, tmp_path: Path) -> None:
-    root = _many(traces, tmp_path, 3000)
+    root = many_copies(traces, tmp_path, 3000)
     out = tmp_path / "export"
     code, stdout, stderr = _with_a_worker_killed(
         [TRACE_REDUCER, "export-rl", str(root), "--jobs", "2", "--format", "jsonl", "--out", out],
@@ -369,7 +358,7 @@ def test_sigterm_mid_batch_stops_it_as_ctrl_c_does(
     # Was: SIGTERM (kill, a job scheduler) killed the driver alone; its pool's workers waited
     # for good on pipes no one read, holding the command's stdout and stderr open, so a
     # pipeline or a caller reading its output never ended.
-    root = _many(traces, tmp_path, 3000)
+    root = many_copies(traces, tmp_path, 3000)
     out = tmp_path / "export"
     argv: list[str | Path] = [TRACE_REDUCER, command, root, "--jobs", "2"]
     started: Callable[[], bool] = lambda: any(root.glob("*/state.json"))  # noqa: E731
