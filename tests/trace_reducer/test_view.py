@@ -446,6 +446,26 @@ def test_a_site_is_never_written_through_a_link_nor_over_other_files(tmp_path: P
     assert os.listdir(notes) == ["todo.txt"]
 
 
+def test_a_site_written_there_meanwhile_is_left_and_said(tmp_path: Path) -> None:
+    # Two `view ROOT -o DIR` at once into a new DIR: the one that ended second said
+    # `Directory not empty: .DIR.<hex>.writing`, naming a directory gone by then.
+    root = tmp_path / "root"
+    root.mkdir()
+    one_turn_bundle(tmp_path / "one").rename(root / "run")
+    site = tmp_path / "site"
+
+    def other_command_finishes_first(_pages: int, _unshown: int) -> None:
+        site.mkdir()
+        (site / "index.html").write_text("the other's")
+
+    with pytest.raises(OSError, match="while this was written") as raised:
+        write_site(str(root), site, progress=other_command_finishes_first)
+    assert raised.value.filename == str(site)
+    assert os.listdir(site) == ["index.html"]
+    assert (site / "index.html").read_text() == "the other's"
+    assert sorted(os.listdir(tmp_path)) == ["one", "root", "site"]
+
+
 def test_a_site_replaces_the_one_before_where_the_kernel_cannot_exchange(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

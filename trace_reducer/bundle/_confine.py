@@ -117,7 +117,19 @@ def write_dir_aside(path: str | os.PathLike[str], fill: Callable[[Path], object]
             raise
         if before is None:
             # A directory made there meanwhile is replaced only if empty (ENOTEMPTY).
-            os.rename(staging, target)
+            try:
+                os.rename(staging, target)
+            except OSError as error:
+                if error.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
+                    raise
+                # Was `Directory not empty: .DIR.<hex>.writing`: a name gone by the time it
+                # was read, and no word of what happened.
+                raise OSError(
+                    error.errno,
+                    "something was put there while this was written (another command writing "
+                    "the same place?); it is left as it is: run again to replace it",
+                    os.fspath(target),
+                ) from error
         else:
             _exchange(staging, target)
     finally:
