@@ -304,16 +304,16 @@ def _pool_workers(process: subprocess.Popen[str]) -> list[int]:
 
 
 def _with_a_worker_killed(
-    argv: list[str | Path], started: Callable[[], bool]
+    argv: list[str | Path], started: Callable[[], bool], stop: signal.Signals = signal.SIGKILL
 ) -> tuple[int, str, str]:
-    """Run argv (a pool of 2), SIGKILL one of its workers once `started`, as the OOM killer
-    would, and wait for it: its exit code, stdout and stderr."""
+    """Run argv (a pool of 2), SIGKILL (or `stop`) one of its workers once `started`, as the
+    OOM killer would, and wait for it: its exit code, stdout and stderr."""
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _wait_for(
             lambda: started() and _pool_workers(process), time.monotonic() + 120, "the pool at work"
         )
-        os.kill(_pool_workers(process)[0], signal.SIGKILL)
+        os.kill(_pool_workers(process)[0], stop)
         stdout, stderr = process.communicate(timeout=300)
     finally:
         if process.poll() is None:
@@ -351,13 +351,31 @@ def test_a_worker_killed_mid_export_does_not_stop_it(traces: Path, tmp_path: Pat
     assert len({json.loads(line)["bundle"] for line in lines}) == len(lines)
 
 
+def test_a_worker_sent_sigterm_finishes_the_batch(traces: Path, tmp_path: Path) -> None:
+    # SIGTERM stops a run through its driver (a service manager sends it to every process):
+    # was, a worker given one died mid-bundle and the pool was restarted.
+    root = many_copies(traces, tmp_path, 3000)
+    code, stdout, stderr = _with_a_worker_killed(
+        [TRACE_REDUCER, "reduce-all", str(root), "--jobs", "2"],
+        lambda: any(root.glob("*/state.json")),
+        signal.SIGTERM,
+    )
+    assert code == 0, stdout + stderr
+    assert "restarted" not in stderr
+    assert _counts(stdout)["reduced"] == 3000
+    assert not list(root.rglob("*.tmp"))
+
+
 @pytest.mark.parametrize("command", ["reduce-all", "export-rl"])
+@pytest.mark.parametrize("group", [False, True], ids=["driver", "group"])
 def test_sigterm_mid_batch_stops_it_as_ctrl_c_does(
-    traces: Path, tmp_path: Path, command: str
+    traces: Path, tmp_path: Path, command: str, group: bool
 ) -> None:
     # Was: SIGTERM (kill, a job scheduler) killed the driver alone; its pool's workers waited
     # for good on pipes no one read, holding the command's stdout and stderr open, so a
-    # pipeline or a caller reading its output never ended.
+    # pipeline or a caller reading its output never ended. And sent to every process (a
+    # service manager stopping the service), it killed the workers mid-bundle: a
+    # `.state.json.<hex>.tmp` left behind, the pool restarted.
     root = many_copies(traces, tmp_path, 3000)
     out = tmp_path / "export"
     argv: list[str | Path] = [TRACE_REDUCER, command, root, "--jobs", "2"]
@@ -367,7 +385,9 @@ def test_sigterm_mid_batch_stops_it_as_ctrl_c_does(
         started = lambda: True  # noqa: E731 - its first output is its last
     stdout_file, stderr_file = tmp_path / "stdout", tmp_path / "stderr"
     with stdout_file.open("w") as stdout, stderr_file.open("w") as stderr:
-        process = subprocess.Popen(argv, stdout=stdout, stderr=stderr, text=True)
+        process = subprocess.Popen(
+            argv, stdout=stdout, stderr=stderr, text=True, start_new_session=group
+        )
     workers: list[int] = []
     try:
         _wait_for(
@@ -376,7 +396,10 @@ def test_sigterm_mid_batch_stops_it_as_ctrl_c_does(
             "the pool at work",
         )
         workers = _pool_workers(process)
-        process.send_signal(signal.SIGTERM)
+        if group:
+            os.killpg(process.pid, signal.SIGTERM)
+        else:
+            process.send_signal(signal.SIGTERM)
         code = process.wait(timeout=120)
     finally:
         if process.poll() is None:
@@ -389,6 +412,7 @@ def test_sigterm_mid_batch_stops_it_as_ctrl_c_does(
     assert left == [], f"workers still running after their command exited: {left}"
     assert code == 143, said
     assert "Traceback" not in said
+    assert "restarted" not in said
     assert not list(root.rglob("*.tmp"))
     for state in root.glob("*/state.json"):
         assert state.read_text() == expected_state(state.parent)
