@@ -466,6 +466,27 @@ def test_a_site_written_there_meanwhile_is_left_and_said(tmp_path: Path) -> None
     assert sorted(os.listdir(tmp_path)) == ["one", "root", "site"]
 
 
+def test_a_site_is_never_written_over_other_files_in_its_folders(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    one_turn_bundle(tmp_path / "one").rename(root / "run")
+    site = tmp_path / "site"
+    assert run("view", root, "-o", site).returncode == 0
+    # Was: only the site directory's own names were looked at, so these went with the site
+    # before when a new one took its place.
+    (site / "assets" / "mine.css").write_text("body { color: teal }")
+    (site / "runs" / "notes.txt").write_text("mine")
+    before = _files_under(site)
+    result = run("view", root, "-o", site)
+    assert (result.returncode, result.stdout) == (2, ""), result.stderr
+    assert result.stderr == (
+        f"trace-reducer: -o {site}: holds files that are not a site's (assets/mine.css, "
+        "runs/notes.txt), which writing the site would remove; give a new or empty directory, "
+        "or one a site was written to before\n"
+    )
+    assert _files_under(site) == before
+
+
 def test_a_site_replaces_the_one_before_where_the_kernel_cannot_exchange(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
