@@ -15,10 +15,11 @@ import os
 import shutil
 import signal
 import stat
+import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import BinaryIO
 
 from ._errors import (
@@ -149,9 +150,7 @@ def _exchange(new: Path, old: Path) -> None:
         if error.errno not in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
             raise
     aside = old.with_name(f".{old.name}.{uuid.uuid4().hex}.replaced")
-    blocked = {signal.SIGINT, signal.SIGTERM}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
-    try:
+    with stops_held():
         os.rename(old, aside)
         try:
             os.rename(new, old)
@@ -159,8 +158,32 @@ def _exchange(new: Path, old: Path) -> None:
             os.rename(aside, old)
             raise
         os.rename(aside, new)
+
+
+@contextlib.contextmanager
+def stops_held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM held off until the block has ended, for steps that must not stop
+    between each other (renames that replace one thing by another): one that arrives is
+    noted, then sent again once the block is over, to the handler there was before.
+
+    Noted by a handler rather than blocked: a process-directed signal blocked in this thread
+    goes to another (fsspec's, tqdm's), and Python still runs its handler here, mid-block."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread can set handlers, and only it runs them
+        return
+    arrived: list[int] = []
+
+    def note(signum: int, frame: FrameType | None) -> None:
+        arrived.append(signum)
+
+    previous = {stop: signal.signal(stop, note) for stop in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for stop, handler in previous.items():
+            signal.signal(stop, handler if handler is not None else signal.SIG_DFL)
+        if arrived:
+            signal.raise_signal(arrived[0])
 
 
 def _rename_exchange(first: Path, second: Path) -> None:
