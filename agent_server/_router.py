@@ -47,6 +47,12 @@ _LOOKUP_SECONDS = 10.0
 # deadline.
 _CARRIED = frozenset({"Interrupt", "CloseThread"})
 _CARRIED_SECONDS = 30.0
+# At most this many carried calls held at once after their callers left: each holds its request
+# and its caller's metadata (~9 KB) for up to the lookup's and the call's bounds (40 s) whatever
+# the caller's deadline was, so a client sending thousands while an owner is not answering
+# grew a worker by 180 MB every 20,000. Past it a leaving caller's call goes with it, as every
+# other call does.
+_CARRIED_HELD = 1_000
 # Responses between workers are only as large as what the client gets; the client's own limit
 # applies to them where they end.
 _CHANNEL_OPTIONS = [
@@ -117,6 +123,8 @@ class Router:
         self._owners: OrderedDict[str, int] = OrderedDict()
         # Carried calls whose caller left: held here until the owner has answered them.
         self._carried: set[asyncio.Future[Any]] = set()
+        # Whether a call was dropped since the calls held reached _CARRIED_HELD (warned once).
+        self._over_held = False
         # Calls this worker sent on to another, for the log and the tests.
         self.forwarded = 0
 
@@ -170,11 +178,16 @@ class Router:
             try:
                 target, answer = await asyncio.shield(carried)
             except asyncio.CancelledError:
-                if not carried.done():
-                    # The caller left (a cancel, its deadline): the call still reaches the
-                    # owner, as it would have here, and its answer goes nowhere.
-                    self._carried.add(carried)
-                    carried.add_done_callback(self._delivered(name, thread_id))
+                if carried.done():
+                    raise
+                if len(self._carried) >= _CARRIED_HELD:
+                    carried.cancel()
+                    self._not_carried(name, thread_id)
+                    raise
+                # The caller left (a cancel, its deadline): the call still reaches the owner,
+                # as it would have here, and its answer goes nowhere.
+                self._carried.add(carried)
+                carried.add_done_callback(self._delivered(name, thread_id))
                 raise
             if target is None:
                 # No worker holds the thread: refused here, as anywhere.
@@ -204,9 +217,24 @@ class Router:
         except grpc.aio.AioRpcError as error:
             return target, error
 
+    def _not_carried(self, name: str, thread_id: str) -> None:
+        """A call whose caller left, dropped with it: _CARRIED_HELD are held already. Said as a
+        warning once until the calls held go back under the bound, each one at debug."""
+        fields = {"rpc": name, "thread_id": thread_id, "held": len(self._carried)}
+        if not self._over_held:
+            self._over_held = True
+            log.warning(
+                "calls whose callers left are not carried to their owning worker while "
+                f"{_CARRIED_HELD:,} are (an owner is not answering)",
+                extra={"fields": fields},
+            )
+        log.debug("a call whose caller left was not carried", extra={"fields": fields})
+
     def _delivered(self, name: str, thread_id: str) -> Callable[[asyncio.Future[Any]], None]:
         def done(carried: asyncio.Future[Any]) -> None:
             self._carried.discard(carried)
+            if len(self._carried) < _CARRIED_HELD:
+                self._over_held = False
             if carried.cancelled():
                 outcome = "cancelled"
             elif (error := carried.exception()) is not None:

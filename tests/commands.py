@@ -57,12 +57,14 @@ def exec_argv(
 
 
 def run_on_terminal(
-    *argv: str | Path, interrupt_when: Callable[[str], bool] | None = None
+    *argv: str | Path,
+    interrupt_when: Callable[[str], bool] | None = None,
+    interrupt_with: signal.Signals = signal.SIGINT,
 ) -> tuple[int, str, str]:
     """The command with its stderr on a pseudo-terminal (what a person at a terminal sees),
     stdout on a pipe (what a script reads): its exit code, stdout and what the terminal got.
-    With `interrupt_when`, a SIGINT (Ctrl-C) is sent once what the terminal got so far
-    satisfies it: a person pressing Ctrl-C on seeing the progress."""
+    With `interrupt_when`, a SIGINT (Ctrl-C; or `interrupt_with`) is sent once what the
+    terminal got so far satisfies it: a person pressing Ctrl-C on seeing the progress."""
     controller, terminal = pty.openpty()
     # A terminal of 120 columns, as a person's would be (a new pty has none).
     fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
@@ -86,7 +88,7 @@ def run_on_terminal(
                 break
             seen += chunk
             if interrupt_when is not None and interrupt_when(seen.decode(errors="replace")):
-                process.send_signal(signal.SIGINT)
+                process.send_signal(interrupt_with)
                 interrupt_when = None
         out = process.stdout.read() if process.stdout is not None else b""
         code = process.wait(timeout=60)

@@ -15,12 +15,15 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+# Stopped by SIGTERM (128 + 15), as cleanly as by Ctrl-C.
+EXIT_TERMINATED = 143
 
 __all__ = [
     "AGENT_SERVER",
     "EXIT_FAILED",
     "EXIT_INTERRUPTED",
     "EXIT_OK",
+    "EXIT_TERMINATED",
     "EXIT_USAGE",
     "TRACE_REDUCER",
 ]

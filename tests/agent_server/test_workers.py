@@ -18,6 +18,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from agent_server._router import _CARRIED_HELD
 from rollout.agent.v1 import agent_pb2, agent_pb2_grpc
 from rollout.trace.v1 import common_pb2, state_pb2
 from tests.agent_server.conftest import AGENT_SERVER, EventLog, clean_env, error_reason, serve
@@ -391,6 +392,36 @@ async def test_an_interrupt_whose_caller_leaves_still_reaches_the_owning_worker(
     # Recorded as asked by the caller the first worker saw, through the owner.
     assert rollout.turns[waiting].execution.status == common_pb2.EXECUTION_STATUS_CANCELLED
     assert rollout.turns[waiting].interrupt.requested_by
+
+
+async def test_calls_carried_after_their_callers_left_are_bounded() -> None:
+    async with workers() as supervised:
+        channel, landed = await channel_on(supervised, lambda _: True)
+        stub = agent_pb2_grpc.AgentServiceStub(channel)
+        # The other worker, asked who holds each thread, does not answer: every call is held
+        # (for the lookup's 10 s) after its caller's deadline.
+        stopped = supervised.pids[1 - landed]
+        os.kill(stopped, signal.SIGSTOP)
+        try:
+
+            async def leaving(number: int) -> None:
+                request = agent_pb2.InterruptRequest(thread_id=f"gone-{number}", turn_id="t")
+                with pytest.raises(grpc.aio.AioRpcError) as raised:
+                    await stub.Interrupt(request, timeout=0.5)
+                assert raised.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+
+            await asyncio.gather(*map(leaving, range(_CARRIED_HELD + 1)))
+            # Was: every one held, ~9 KB each, whatever their number (180 MB for 20,000).
+            warned = await supervised.line(lambda line: "are not carried" in line)
+            assert f"held={_CARRIED_HELD}" in warned
+        finally:
+            os.kill(stopped, signal.SIGCONT)
+            await channel.close(None)
+    assert supervised.process.returncode == 0, supervised.stderr()
+    assert "Traceback" not in supervised.stderr()
+    dropped = [line for line in supervised.lines if "was not carried" in line]
+    assert len(dropped) == 1, dropped
+    assert sum("are not carried" in line for line in supervised.lines) == 1
 
 
 async def test_forks_rewards_and_resumes_find_the_thread_from_either_worker(

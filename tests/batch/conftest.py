@@ -275,3 +275,15 @@ def age(path: Path, seconds: float) -> None:
     """Set a file's modification time `seconds` into the past (an old, finished bundle)."""
     stat = path.stat()
     os.utime(path, (stat.st_atime - seconds, stat.st_mtime - seconds))
+
+
+def many_copies(traces: Path, tmp_path: Path, copies: int) -> Path:
+    """`copies` bundles: the corpus's bundles, copied over and over."""
+    root = tmp_path / "many"
+    sources = bundles_under(traces)
+    for n in range(copies):
+        source = sources[n % len(sources)]
+        target = root / f"{n:05d}"
+        target.mkdir(parents=True)
+        shutil.copy2(source / "trace.binpb", target / "trace.binpb")
+    return root

@@ -5,7 +5,9 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import signal
 import socket
+import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
@@ -13,7 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.batch.conftest import RAY_ENV, age, bundles_under, expected_state, reduce_all
+from tests.batch.conftest import (
+    RAY_ENV,
+    TRACE_REDUCER,
+    age,
+    bundles_under,
+    expected_state,
+    many_copies,
+    reduce_all,
+)
 
 pytestmark = [
     pytest.mark.skipif(
@@ -119,6 +129,40 @@ def test_bare_ray_starts_and_stops_its_own(traces: Path, tmp_path: Path) -> None
             time.sleep(0.1)
     finally:
         shutil.rmtree(temp, ignore_errors=True)
+
+
+def test_sigterm_stops_a_ray_batch_as_ctrl_c_does(
+    ray_address: str, traces: Path, tmp_path: Path
+) -> None:
+    # Was: ray.init put its own SIGTERM handlers in; the driver ended with exit 15, no summary,
+    # and Ray's core printed a stack (`*** SIGTERM received at time=...`).
+    root = many_copies(traces, tmp_path, 3000)
+    process = subprocess.Popen(
+        [TRACE_REDUCER, "reduce-all", str(root), "--ray", ray_address],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **RAY_ENV},
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not any(root.glob("*/state.json")):
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "no bundle reduced"
+            time.sleep(0.02)
+        process.send_signal(signal.SIGTERM)
+        stdout, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 143, stdout + stderr
+    assert "interrupted after" in stdout
+    assert "SIGTERM received" not in stderr
+    assert "Traceback" not in stderr
+    assert not list(root.rglob("*.tmp"))
+    for state in root.glob("*/state.json"):
+        assert state.read_text() == expected_state(state.parent)
 
 
 @pytest.mark.parametrize("scheme", ["", "ray://"])

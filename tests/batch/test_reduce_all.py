@@ -28,8 +28,10 @@ from tests.batch.conftest import (
     age,
     bundles_under,
     expected_state,
+    many_copies,
     reduce_all,
 )
+from tests.trace_reducer.process import running
 from trace_reducer import BundleWriter, read_bundle
 from trace_reducer.batch._storage import integrity_from_state_json
 
@@ -233,18 +235,6 @@ def test_bad_input_gets_one_line_and_exit_2(tmp_path: Path, args: list[str], mes
     assert len(lines) == 1, result.stderr
 
 
-def _many(traces: Path, tmp_path: Path, copies: int) -> Path:
-    """`copies` bundles: the corpus's bundles, copied over and over."""
-    root = tmp_path / "many"
-    sources = bundles_under(traces)
-    for n in range(copies):
-        source = sources[n % len(sources)]
-        target = root / f"{n:05d}"
-        target.mkdir(parents=True)
-        shutil.copy2(source / "trace.binpb", target / "trace.binpb")
-    return root
-
-
 def _wait_for(condition: object, deadline: float, what: str) -> None:
     assert callable(condition)
     while not condition():
@@ -253,7 +243,7 @@ def _wait_for(condition: object, deadline: float, what: str) -> None:
 
 
 def test_ctrl_c_stops_cleanly_without_half_written_state(traces: Path, tmp_path: Path) -> None:
-    root = _many(traces, tmp_path, 3000)
+    root = many_copies(traces, tmp_path, 3000)
     tables = tmp_path / "tables"
     # A terminal's Ctrl-C goes to the whole foreground process group: driver and workers.
     process = subprocess.Popen(
@@ -307,23 +297,23 @@ def _descendants(pid: int) -> dict[int, int]:
     return below
 
 
+def _pool_workers(process: subprocess.Popen[str]) -> list[int]:
+    """A command's pool workers: the forkserver's children, the command's grandchildren."""
+    assert process.poll() is None, process.communicate()
+    return [pid for pid, parent in _descendants(process.pid).items() if parent != process.pid]
+
+
 def _with_a_worker_killed(
-    argv: list[str | Path], started: Callable[[], bool]
+    argv: list[str | Path], started: Callable[[], bool], stop: signal.Signals = signal.SIGKILL
 ) -> tuple[int, str, str]:
-    """Run argv (a pool of 2), SIGKILL one of its workers once `started`, as the OOM killer
-    would, and wait for it: its exit code, stdout and stderr."""
+    """Run argv (a pool of 2), SIGKILL (or `stop`) one of its workers once `started`, as the
+    OOM killer would, and wait for it: its exit code, stdout and stderr."""
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-
-        def workers() -> list[int]:
-            # The pool's workers are the forkserver's children: the driver's grandchildren.
-            assert process.poll() is None, process.communicate()
-            return [
-                pid for pid, parent in _descendants(process.pid).items() if parent != process.pid
-            ]
-
-        _wait_for(lambda: started() and workers(), time.monotonic() + 120, "the pool at work")
-        os.kill(workers()[0], signal.SIGKILL)
+        _wait_for(
+            lambda: started() and _pool_workers(process), time.monotonic() + 120, "the pool at work"
+        )
+        os.kill(_pool_workers(process)[0], stop)
         stdout, stderr = process.communicate(timeout=300)
     finally:
         if process.poll() is None:
@@ -333,7 +323,7 @@ def _with_a_worker_killed(
 
 
 def test_a_worker_killed_mid_batch_does_not_stop_it(traces: Path, tmp_path: Path) -> None:
-    root = _many(traces, tmp_path, 3000)
+    root = many_copies(traces, tmp_path, 3000)
     code, stdout, stderr = _with_a_worker_killed(
         [TRACE_REDUCER, "reduce-all", str(root), "--jobs", "2"],
         lambda: any(root.glob("*/state.json")),
@@ -345,7 +335,7 @@ def test_a_worker_killed_mid_batch_does_not_stop_it(traces: Path, tmp_path: Path
 
 
 def test_a_worker_killed_mid_export_does_not_stop_it(traces: Path, tmp_path: Path) -> None:
-    root = _many(traces, tmp_path, 3000)
+    root = many_copies(traces, tmp_path, 3000)
     out = tmp_path / "export"
     code, stdout, stderr = _with_a_worker_killed(
         [TRACE_REDUCER, "export-rl", str(root), "--jobs", "2", "--format", "jsonl", "--out", out],
@@ -359,6 +349,77 @@ def test_a_worker_killed_mid_export_does_not_stop_it(traces: Path, tmp_path: Pat
     lines = (out / "samples.jsonl").read_text().splitlines()
     assert f"wrote {len(lines):,} samples" in stdout
     assert len({json.loads(line)["bundle"] for line in lines}) == len(lines)
+
+
+def test_a_worker_sent_sigterm_finishes_the_batch(traces: Path, tmp_path: Path) -> None:
+    # SIGTERM stops a run through its driver (a service manager sends it to every process):
+    # was, a worker given one died mid-bundle and the pool was restarted.
+    root = many_copies(traces, tmp_path, 3000)
+    code, stdout, stderr = _with_a_worker_killed(
+        [TRACE_REDUCER, "reduce-all", str(root), "--jobs", "2"],
+        lambda: any(root.glob("*/state.json")),
+        signal.SIGTERM,
+    )
+    assert code == 0, stdout + stderr
+    assert "restarted" not in stderr
+    assert _counts(stdout)["reduced"] == 3000
+    assert not list(root.rglob("*.tmp"))
+
+
+@pytest.mark.parametrize("command", ["reduce-all", "export-rl"])
+@pytest.mark.parametrize("group", [False, True], ids=["driver", "group"])
+def test_sigterm_mid_batch_stops_it_as_ctrl_c_does(
+    traces: Path, tmp_path: Path, command: str, group: bool
+) -> None:
+    # Was: SIGTERM (kill, a job scheduler) killed the driver alone; its pool's workers waited
+    # for good on pipes no one read, holding the command's stdout and stderr open, so a
+    # pipeline or a caller reading its output never ended. And sent to every process (a
+    # service manager stopping the service), it killed the workers mid-bundle: a
+    # `.state.json.<hex>.tmp` left behind, the pool restarted.
+    root = many_copies(traces, tmp_path, 3000)
+    out = tmp_path / "export"
+    argv: list[str | Path] = [TRACE_REDUCER, command, root, "--jobs", "2"]
+    started: Callable[[], bool] = lambda: any(root.glob("*/state.json"))  # noqa: E731
+    if command == "export-rl":
+        argv += ["--format", "jsonl", "--out", out]
+        started = lambda: True  # noqa: E731 - its first output is its last
+    stdout_file, stderr_file = tmp_path / "stdout", tmp_path / "stderr"
+    with stdout_file.open("w") as stdout, stderr_file.open("w") as stderr:
+        process = subprocess.Popen(
+            argv, stdout=stdout, stderr=stderr, text=True, start_new_session=group
+        )
+    workers: list[int] = []
+    try:
+        _wait_for(
+            lambda: started() and len(_pool_workers(process)) == 2,
+            time.monotonic() + 120,
+            "the pool at work",
+        )
+        workers = _pool_workers(process)
+        if group:
+            os.killpg(process.pid, signal.SIGTERM)
+        else:
+            process.send_signal(signal.SIGTERM)
+        code = process.wait(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        left = [pid for pid in workers if running(pid)]
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+    said = stdout_file.read_text() + stderr_file.read_text()
+    assert left == [], f"workers still running after their command exited: {left}"
+    assert code == 143, said
+    assert "Traceback" not in said
+    assert "restarted" not in said
+    assert not list(root.rglob("*.tmp"))
+    for state in root.glob("*/state.json"):
+        assert state.read_text() == expected_state(state.parent)
+    if command == "reduce-all":
+        assert "interrupted after" in said
+    else:
+        assert not out.exists()  # no export of part of the bundles
 
 
 def test_progress_bar_on_a_terminal(traces: Path) -> None:

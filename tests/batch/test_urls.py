@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -22,6 +23,7 @@ from tests.batch.conftest import (
 )
 from tests.docs import block
 from trace_reducer import cli
+from trace_reducer.batch._rows import TABLES
 
 fsspec = pytest.importorskip("fsspec", reason="URL roots need fsspec (the batch extra)")
 s3fs = pytest.importorskip("s3fs", reason="s3:// roots need s3fs (the batch extra)")
@@ -121,6 +123,36 @@ def test_file_urls(traces: Path) -> None:
     assert result.returncode == 0, result.stderr
     for bundle in bundles_under(traces):
         assert (bundle / "state.json").read_text() == expected_state(bundle)
+
+
+def test_ctrl_c_as_the_tables_replace_the_old_leaves_them_whole(
+    traces: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Was: a Ctrl-C (or SIGTERM) between a table's old files removed and its new ones moved in
+    # stopped the swap there, and the staged files were removed: tables half gone.
+    memory = fsspec.filesystem("memory")
+    memory.put(f"{traces}/", "/swap-test/", recursive=True)
+    tables = tmp_path / "t"
+    moved = fsspec.implementations.local.LocalFileSystem.mv
+
+    def ctrl_c_on_the_first_move(self: Any, *args: Any, **kwargs: Any) -> Any:
+        monkeypatch.undo()
+        os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C, as the swap starts
+        return moved(self, *args, **kwargs)
+
+    try:
+        assert cli.main(["reduce-all", "memory://swap-test", "--tables", str(tables)]) == 0
+        before = {table.name: pq.read_table(table).num_rows for table in tables.iterdir()}
+        monkeypatch.setattr(
+            fsspec.implementations.local.LocalFileSystem, "mv", ctrl_c_on_the_first_move
+        )
+        code = cli.main(["reduce-all", "memory://swap-test", "--force", "--tables", str(tables)])
+    finally:
+        memory.rm("/swap-test", recursive=True)
+    assert code == 130
+    after = {table.name: pq.read_table(table).num_rows for table in tables.iterdir()}
+    assert after == before
+    assert sorted(after) == sorted(TABLES)
 
 
 def test_memory_urls_are_reduced_in_process(

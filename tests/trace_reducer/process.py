@@ -1,9 +1,11 @@
-"""What the test process itself spends: bytes it read, and the peak of its Python allocations."""
+"""What the test process itself spends (bytes it read, the peak of its Python allocations), and
+whether another process is still running."""
 
 from __future__ import annotations
 
 import tracemalloc
 from collections.abc import Callable
+from pathlib import Path
 
 
 def read_bytes_of_process() -> int:
@@ -23,3 +25,12 @@ def peak_bytes(work: Callable[[], object]) -> int:
         return tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
+
+
+def running(pid: int) -> bool:
+    """Whether pid is a process that has not ended (a zombie has: only its reaping is due)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"

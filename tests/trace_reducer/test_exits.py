@@ -15,9 +15,9 @@ AGENT_SERVER = str(Path(sys.executable).parent / "agent-server")
 
 
 def test_the_codes_are_the_documented_ones() -> None:
-    # The README's: 0 done, 1 failed, 2 bad input, 130 interrupted; the same for both commands.
+    # The README's: 0 done, 1 failed, 2 bad input, 130 interrupted, 143 stopped by SIGTERM.
     assert (_exits.EXIT_OK, _exits.EXIT_FAILED, _exits.EXIT_USAGE) == (0, 1, 2)
-    assert _exits.EXIT_INTERRUPTED == 130
+    assert (_exits.EXIT_INTERRUPTED, _exits.EXIT_TERMINATED) == (130, 143)
     assert (_exits.TRACE_REDUCER, _exits.AGENT_SERVER) == ("trace-reducer", "agent-server")
 
 
@@ -33,7 +33,7 @@ def test_no_other_module_defines_an_exit_code() -> None:
                 names = [t.id for t in targets if isinstance(t, ast.Name)]
                 place = path.relative_to(ROOT)
                 defined += [f"{place}:{name}" for name in names if name.startswith("EXIT_")]
-    codes = ("EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_INTERRUPTED")
+    codes = ("EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_INTERRUPTED", "EXIT_TERMINATED")
     assert defined == [f"trace_reducer/_exits.py:{name}" for name in codes]
 
 

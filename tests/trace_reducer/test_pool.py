@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from trace_reducer.reduce._pool import MAX_ATTEMPTS, InlineEngine, PoolEngine, run_chunks
+
+from .process import running
 
 # A task that, the first time it runs, is still running when a deadly one kills its worker.
 BYSTANDER = 8
@@ -68,3 +74,48 @@ def test_results_come_in_the_tasks_order_in_process_too() -> None:
         emit=emitted.append,
     )
     assert emitted == [50, 60, 70]
+
+
+def _held(chunk: Sequence[int], marks: str) -> list[int]:
+    """Says which worker took the chunk, then holds it for good."""
+    Path(marks, str(os.getpid())).touch()
+    threading.Event().wait()
+    return list(chunk)
+
+
+def drive_held_chunks(marks: str) -> None:
+    """A driver whose two workers each hold a chunk until the driver is killed."""
+    run_chunks(PoolEngine(2, _held), [[1], [2]], (marks,), died=_died, emit=lambda _: None)
+
+
+def test_workers_end_when_their_driver_is_killed(tmp_path: Path) -> None:
+    # Was: a driver killed outright (the OOM killer, SIGKILL) left its workers waiting for good
+    # on pipes no one read, holding the command's stdout open: a pipeline never ended.
+    driver = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"from {__name__} import drive_held_chunks as d; d({str(tmp_path)!r})",
+        ],
+        cwd=Path(__file__).parents[2],
+    )
+    workers: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(workers) < 2:
+            assert driver.poll() is None, "the driver ended"
+            assert time.monotonic() < deadline, "no workers at work"
+            time.sleep(0.02)
+            workers = [int(mark.name) for mark in tmp_path.iterdir()]
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+        deadline = time.monotonic() + 30
+        while any(map(running, workers)) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert [pid for pid in workers if running(pid)] == []
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+        for pid in filter(running, workers):
+            os.kill(pid, signal.SIGKILL)

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -386,9 +387,13 @@ def _pages_bar_part_way(terminal: str) -> bool:
     return any(0 < int(done) < int(total) for done, total in counts)
 
 
-def test_a_site_stopped_part_way_leaves_the_site_before(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("stop", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_site_stopped_part_way_leaves_the_site_before(
+    tmp_path: Path, stop: signal.Signals, code: int
+) -> None:
     # Was: the pages were written into DIR as they came, so a Ctrl-C left DIR half the new
     # site and half the one before (or, where there was none, a list-less directory of pages).
+    # And SIGTERM killed the command where it stood, its half-written site left beside DIR.
     bundle = one_turn_bundle(tmp_path / "one")
     earlier, root = tmp_path / "earlier", tmp_path / "root"
     earlier.mkdir()
@@ -401,10 +406,10 @@ def test_a_site_stopped_part_way_leaves_the_site_before(tmp_path: Path) -> None:
     before = _files_under(site)
     beside = sorted(os.listdir(tmp_path))
 
-    code, out, terminal = run_on_terminal(
-        *COMMAND, "view", root, "-o", site, interrupt_when=_pages_bar_part_way
+    stopped, out, terminal = run_on_terminal(
+        *COMMAND, "view", root, "-o", site, interrupt_when=_pages_bar_part_way, interrupt_with=stop
     )
-    assert (code, out) == (130, ""), terminal
+    assert (stopped, out) == (code, ""), terminal
     assert "Traceback" not in terminal
     assert _files_under(site) == before
     assert sorted(os.listdir(tmp_path)) == beside  # nothing half-written left beside it
@@ -439,6 +444,47 @@ def test_a_site_is_never_written_through_a_link_nor_over_other_files(tmp_path: P
         assert result.stderr == f"trace-reducer: -o {tmp_path / name}: {said}\n"
     assert os.listdir(elsewhere) == []
     assert os.listdir(notes) == ["todo.txt"]
+
+
+def test_a_site_written_there_meanwhile_is_left_and_said(tmp_path: Path) -> None:
+    # Two `view ROOT -o DIR` at once into a new DIR: the one that ended second said
+    # `Directory not empty: .DIR.<hex>.writing`, naming a directory gone by then.
+    root = tmp_path / "root"
+    root.mkdir()
+    one_turn_bundle(tmp_path / "one").rename(root / "run")
+    site = tmp_path / "site"
+
+    def other_command_finishes_first(_pages: int, _unshown: int) -> None:
+        site.mkdir()
+        (site / "index.html").write_text("the other's")
+
+    with pytest.raises(OSError, match="while this was written") as raised:
+        write_site(str(root), site, progress=other_command_finishes_first)
+    assert raised.value.filename == str(site)
+    assert os.listdir(site) == ["index.html"]
+    assert (site / "index.html").read_text() == "the other's"
+    assert sorted(os.listdir(tmp_path)) == ["one", "root", "site"]
+
+
+def test_a_site_is_never_written_over_other_files_in_its_folders(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    one_turn_bundle(tmp_path / "one").rename(root / "run")
+    site = tmp_path / "site"
+    assert run("view", root, "-o", site).returncode == 0
+    # Was: only the site directory's own names were looked at, so these went with the site
+    # before when a new one took its place.
+    (site / "assets" / "mine.css").write_text("body { color: teal }")
+    (site / "runs" / "notes.txt").write_text("mine")
+    before = _files_under(site)
+    result = run("view", root, "-o", site)
+    assert (result.returncode, result.stdout) == (2, ""), result.stderr
+    assert result.stderr == (
+        f"trace-reducer: -o {site}: holds files that are not a site's (assets/mine.css, "
+        "runs/notes.txt), which writing the site would remove; give a new or empty directory, "
+        "or one a site was written to before\n"
+    )
+    assert _files_under(site) == before
 
 
 def test_a_site_replaces_the_one_before_where_the_kernel_cannot_exchange(

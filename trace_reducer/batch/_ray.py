@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import urllib.parse
 from collections.abc import Sequence
@@ -82,11 +83,17 @@ class RayEngine:
                 "log_to_driver": False,
                 "logging_level": logging.WARNING,
             }
+            # ray.init puts in its own SIGTERM handlers (sys.exit(15), and its core's, which
+            # prints a stack): the driver died mid-batch with exit 15, no summary and that
+            # stack. The command's is put back: SIGTERM stops it as Ctrl-C does (exit 143).
+            on_sigterm = signal.getsignal(signal.SIGTERM)
             if address == LOCAL:
                 # "local" makes Ray start its own, never join one it finds on this machine.
                 ray.init(address="local", num_cpus=jobs or os.cpu_count() or 1, **settings)
             else:
                 ray.init(address=address, **settings)
+            if on_sigterm is not None and on_sigterm != signal.getsignal(signal.SIGTERM):
+                signal.signal(signal.SIGTERM, on_sigterm)
         cpus = int(self._ray.cluster_resources().get("CPU", 1)) or 1
         self.slots = min(jobs, cpus) if jobs else cpus
         # Ray retries a task whose worker died; the driver retries bundle by bundle after that.

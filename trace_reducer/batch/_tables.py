@@ -95,6 +95,11 @@ class TableSink:
 
     def commit(self) -> dict[str, int]:
         """Write what is buffered, then replace the tables under target by the staged ones."""
+        self.stage()
+        return self.swap()
+
+    def stage(self) -> None:
+        """Write what is buffered into the staging directory."""
         for table, day in sorted(self._buffers):
             self._flush(table, day)
         if self._days:
@@ -103,6 +108,11 @@ class TableSink:
             for table in TABLES:
                 if not self.rows_written[table]:
                     self._write(table, first_day, [])
+
+    def swap(self) -> dict[str, int]:
+        """Replace the tables under target by the staged ones: each table's files removed,
+        then the staged ones moved in. Stopped part-way, some tables would be the new ones,
+        some gone: run it with stops held (bundle/_confine.py's stops_held)."""
         for table in TABLES:
             final = posixpath.join(self.base, table)
             if self.fs.exists(final):

@@ -15,10 +15,11 @@ import os
 import shutil
 import signal
 import stat
+import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import BinaryIO
 
 from ._errors import (
@@ -117,7 +118,19 @@ def write_dir_aside(path: str | os.PathLike[str], fill: Callable[[Path], object]
             raise
         if before is None:
             # A directory made there meanwhile is replaced only if empty (ENOTEMPTY).
-            os.rename(staging, target)
+            try:
+                os.rename(staging, target)
+            except OSError as error:
+                if error.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
+                    raise
+                # Was `Directory not empty: .DIR.<hex>.writing`: a name gone by the time it
+                # was read, and no word of what happened.
+                raise OSError(
+                    error.errno,
+                    "something was put there while this was written (another command writing "
+                    "the same place?); it is left as it is: run again to replace it",
+                    os.fspath(target),
+                ) from error
         else:
             _exchange(staging, target)
     finally:
@@ -137,9 +150,7 @@ def _exchange(new: Path, old: Path) -> None:
         if error.errno not in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
             raise
     aside = old.with_name(f".{old.name}.{uuid.uuid4().hex}.replaced")
-    blocked = {signal.SIGINT, signal.SIGTERM}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
-    try:
+    with stops_held():
         os.rename(old, aside)
         try:
             os.rename(new, old)
@@ -147,8 +158,32 @@ def _exchange(new: Path, old: Path) -> None:
             os.rename(aside, old)
             raise
         os.rename(aside, new)
+
+
+@contextlib.contextmanager
+def stops_held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM held off until the block has ended, for steps that must not stop
+    between each other (renames that replace one thing by another): one that arrives is
+    noted, then sent again once the block is over, to the handler there was before.
+
+    Noted by a handler rather than blocked: a process-directed signal blocked in this thread
+    goes to another (fsspec's, tqdm's), and Python still runs its handler here, mid-block."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread can set handlers, and only it runs them
+        return
+    arrived: list[int] = []
+
+    def note(signum: int, frame: FrameType | None) -> None:
+        arrived.append(signum)
+
+    previous = {stop: signal.signal(stop, note) for stop in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for stop, handler in previous.items():
+            signal.signal(stop, handler if handler is not None else signal.SIG_DFL)
+        if arrived:
+            signal.raise_signal(arrived[0])
 
 
 def _rename_exchange(first: Path, second: Path) -> None:

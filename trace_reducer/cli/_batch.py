@@ -12,6 +12,7 @@ from ..batch._batch import BatchOptions, BundleResult, Outcome, drive, plan, red
 from ..batch._listing import indexed_integrity
 from ..batch._report import Tally, summary
 from ..batch._storage import Store, is_url, open_store, parse_storage_options
+from ..bundle._confine import stops_held
 from ..bundle._discover import no_bundles_there
 from ..bundle._errors import BundleError, MissingExtraError, os_error_reason
 from ..bundle._liveness import LIVE_WINDOW
@@ -208,7 +209,12 @@ def run(args: argparse.Namespace) -> int:
             drive(engine, tasks, options, progress, emit)
         if sink is not None and not table_error:
             try:
-                table_rows = sink.commit()
+                sink.stage()
+                # A Ctrl-C or SIGTERM in the swap took effect between a table removed and its
+                # new files moved in: the staged files were then removed too, the tables left
+                # half old, half gone. Held, it stops the command once they are all new.
+                with stops_held():
+                    table_rows = sink.swap()
             except Exception as error:  # noqa: BLE001 - an OSError, or a store's own (botocore's)
                 table_error = _store_failure(error)
     except KeyboardInterrupt:

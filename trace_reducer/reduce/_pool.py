@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.forkserver
+import os
+import select
 import signal
 import threading
 from collections import deque
@@ -49,12 +51,63 @@ class Engine(Protocol):
     def close(self, *, cancel: bool) -> None: ...
 
 
-def _start_worker(initializer: Callable[..., object] | None, initargs: tuple[Any, ...]) -> None:
+_FORKSERVER_PRELOAD = f"{__package__}._forkserver"
+
+
+def _start_worker(
+    driver: int, initializer: Callable[..., object] | None, initargs: tuple[Any, ...]
+) -> None:
     # Ctrl-C reaches the whole process group; only the driver decides how the run stops, so a
     # worker finishes the bundle it is on rather than dying halfway.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Before any thread starts: each inherits the mask, and one that took SIGTERM would die.
+    # (Blocked from birth already where the forkserver preloaded reduce/_forkserver.py.)
+    _take_sigterm_from(driver)
+    _end_with(driver)
     if initializer is not None:
         initializer(*initargs)
+
+
+def _take_sigterm_from(driver: int) -> None:
+    """End this worker at a SIGTERM only from its driver (the pool ends its workers so when it
+    breaks); one from anything else, a service manager stopping every process of the service,
+    is the driver's to act on (trace_reducer.cli stops the run as at Ctrl-C), so the worker
+    finishes the bundle it is on. Was: it died mid-bundle, a `.state.json.<hex>.tmp` left
+    behind, and the driver restarted the pool."""
+    if not hasattr(signal, "sigwaitinfo"):  # not Linux: left as before
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+
+    def wait() -> None:
+        while signal.sigwaitinfo({signal.SIGTERM}).si_pid != driver:
+            pass
+        os._exit(128 + signal.SIGTERM)
+
+    threading.Thread(target=wait, name="sigterm-from-driver", daemon=True).start()
+
+
+def _end_with(driver: int) -> None:
+    """End this worker as soon as the driver process is gone. A driver killed outright (the OOM
+    killer, SIGKILL) can close no pool: its workers waited for good on pipes no one read, with
+    its stdout still open, so a pipeline or a caller reading the output never ended. Its
+    forkserver is no help: it stays as long as any worker does."""
+    pidfd_open = getattr(os, "pidfd_open", None)
+    if pidfd_open is None:  # not Linux: left as before
+        return
+    try:
+        gone = pidfd_open(driver)
+    except ProcessLookupError:
+        os._exit(1)  # gone already
+    except OSError:  # a kernel before 5.3
+        return
+
+    def watch() -> None:
+        readable = select.poll()
+        readable.register(gone, select.POLLIN)  # readable once the driver has exited
+        readable.poll()
+        os._exit(1)
+
+    threading.Thread(target=watch, name="driver-watch", daemon=True).start()
 
 
 def _start_forkserver_deaf_to_ctrl_c() -> None:
@@ -95,12 +148,14 @@ class PoolEngine:
         # forkserver: workers do not inherit the driver's threads (progress bar, fsspec's
         # event loop) the way fork would.
         context = multiprocessing.get_context("forkserver")
+        # Taken only by a forkserver this starts; one already running is left as it is.
+        context.set_forkserver_preload(["__main__", _FORKSERVER_PRELOAD])
         _start_forkserver_deaf_to_ctrl_c()
         return futures.ProcessPoolExecutor(
             self.slots,
             mp_context=context,
             initializer=_start_worker,
-            initargs=(self._initializer, self._initargs),
+            initargs=(os.getpid(), self._initializer, self._initargs),
         )
 
     def submit(self, chunk: Sequence[Any], args: tuple[Any, ...]) -> Handle:

@@ -394,17 +394,32 @@ def write_site(
 
 
 SITE_ENTRIES = frozenset({"index.html", "runs", "assets"})
+# What a site writes in its directories: run pages (_static_name) and content-named assets.
+_SITE_FILES = {
+    "runs": re.compile(r"[A-Za-z0-9._-]+\.html"),
+    "assets": re.compile(r"[a-z]+-[0-9a-f]{16}\.(?:css|js)"),
+}
 
 
 def site_place_problem(target: Path) -> str | None:
     """Why a static site cannot be written at target, None if it can: a site replaces the
     directory there whole, so that must be a site written before (or empty, or new), never a
-    directory of other files, nor a symbolic link (which would be written through)."""
+    directory of other files (in it, or in its runs/ or assets/), nor a symbolic link (which
+    would be written through)."""
     if target.is_symlink():
         return "a symbolic link; give the directory itself"
     if not target.is_dir():
         return None  # new (a file there is check_output_dir's to refuse)
-    others = sorted(name for name in os.listdir(target) if name not in SITE_ENTRIES)
+    others = [name for name in os.listdir(target) if name not in SITE_ENTRIES]
+    for folder, written in _SITE_FILES.items():
+        # Was: only DIR's own names were looked at; a file of the user's in runs/ or assets/
+        # (a stylesheet of their own, notes) was removed with the site before.
+        inside = target / folder
+        if inside.is_dir() and not inside.is_symlink():
+            others += (
+                f"{folder}/{name}" for name in os.listdir(inside) if not written.fullmatch(name)
+            )
+    others.sort()
     if others:
         shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
         return (
