@@ -227,7 +227,7 @@ class IdleWatch:
     every read.
 
     aiohttp's sock_read stops its timer and starts a new one at each network read, which cost
-    ~7 % of the stream read's CPU on uvloop (F1 in the README's lever table). The watch fails the
+    ~7 % of the stream read's CPU on uvloop (F1, docs/performance.md). The watch fails the
     body with the SocketTimeoutError sock_read raises once nothing has arrived for `idle`
     seconds while the reader had taken all that had; data waiting unread means the reader is
     busy, not that the provider went quiet. The reader adds each read's length to `consumed`.
