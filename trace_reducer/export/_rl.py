@@ -816,7 +816,7 @@ def _write_lines(path: Path, lines: Iterable[bytes]) -> None:
         for line in lines:
             out.write(line)
 
-    write_aside(path, write, mode=0o666)
+    write_aside(path, write)
 
 
 def _write_parquet(path: Path, columns: dict[str, list[Any]], schema: Any) -> None:
@@ -824,7 +824,7 @@ def _write_parquet(path: Path, columns: dict[str, list[Any]], schema: Any) -> No
     import pyarrow.parquet as pq
 
     table = pa.Table.from_pydict(columns, schema=schema)
-    write_aside(path, lambda out: pq.write_table(table, out), mode=0o666)
+    write_aside(path, lambda out: pq.write_table(table, out))
 
 
 def parquet_schema(fmt: str) -> Any:
