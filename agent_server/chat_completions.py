@@ -29,6 +29,15 @@ DONE_DATA = "[DONE]"
 PATH = "/chat/completions"
 
 
+def stream_ended_message(stream: str, *, chat: bool = True) -> str:
+    """The failure a stream that ended without a terminal event records (`stream_ended`),
+    `stream` naming whose it was (`upstream`, `provider`): for a Chat stream, that it was cut
+    before every choice had its finish_reason, which ChunkMapper.end_of_stream takes as whole.
+    The agent and the gateway say it in these words alike."""
+    said = f"the {stream} stream ended without a terminal event"
+    return f"{said} (a Chat stream: before every choice had its finish_reason)" if chat else said
+
+
 def item_id(completion_id: str, output_index: int) -> str:
     """The id of the item at output_index of a completion: stable, derived, documented."""
     return f"{completion_id}/{output_index}"
@@ -465,5 +474,6 @@ __all__ = [
     "envelope",
     "item_id",
     "request_body",
+    "stream_ended_message",
     "tool_choice",
 ]

@@ -85,13 +85,15 @@ def _package_version() -> str:
     return __version__
 
 
-def _parser(command: str | None) -> argparse.ArgumentParser:
+def _parser(command: str | None, *, every: bool = False) -> argparse.ArgumentParser:
+    """The program's parser, with the flags of the named command (of every one: `every`,
+    which loads every command's modules)."""
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__)
     parser.add_argument("--version", action=_Version)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (help_text, module, function) in _COMMANDS.items():
         subparser = commands.add_parser(name, help=help_text)
-        if name == command:
+        if every or name == command:
             getattr(importlib.import_module(module), function)(subparser)
     return parser
 
@@ -120,7 +122,11 @@ def _main(argv: Sequence[str] | None) -> int:
     # sys.stdin and sys.stdout stay None, so `chat` still says which stream is closed.
     open_standard_fds()
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = parse_command_line(_parser(_command(argv)), argv)
+    # Every command's flags only to name the command a flag given before it is of (`--listen
+    # x serve`; was: only a hint at --help).
+    args = parse_command_line(
+        _parser(_command(argv)), argv, every_command=lambda: _parser(None, every=True)
+    )
     if args.command in ("chat", "health"):
         return _client_command(args)
     if args.command == "gateway":

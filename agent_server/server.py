@@ -26,6 +26,7 @@ from grpc_common import (
     refuse_address_in_use,
     split_listen,
 )
+from grpc_common._files import path_kind
 
 if TYPE_CHECKING:
     from trace_reducer.export._live import LiveExport
@@ -44,12 +45,16 @@ def trace_root_problem(root: Path) -> str | None:
     """Why the trace root cannot take a bundle right now, or None when it looks usable."""
     if root.exists():
         if not root.is_dir():
-            return f"trace root is not a directory: {root}"
+            # What it is, in the words every path flag uses (was: only `is not a directory`,
+            # a FIFO and a file alike).
+            return f"trace root is not a directory: {root} is {path_kind(root)}"
         if not os.access(root, os.W_OK | os.X_OK):
             return f"trace root is not writable: {root}"
         return None
     parent = next((p for p in root.parents if p.exists()), None)
-    if parent is None or not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+    if parent is not None and not parent.is_dir():
+        return f"trace root cannot be created: {parent} is {path_kind(parent)}: {root}"
+    if parent is None or not os.access(parent, os.W_OK | os.X_OK):
         return f"trace root does not exist and cannot be created: {root}"
     return None
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent_server import telemetry
+from agent_server.chat_completions import CHAT, stream_ended_message
 from agent_server.config import Settings
 from agent_server.errors import (
     DuplicateToolOutputError,
@@ -423,7 +424,9 @@ class TurnRunner:
             else:
                 raise ProviderError(
                     "stream_ended",
-                    "the provider stream ended without a terminal event",
+                    # A Chat stream says it was cut before a choice finished, as the gateway
+                    # does (was: the same words as a Responses stream's, which has no choices).
+                    stream_ended_message("provider", chat=dialect.name == CHAT.name),
                     retryable=True,
                     reason="stream_ended",
                 )

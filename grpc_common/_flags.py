@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ._loop import EVENT_LOOPS
 
@@ -42,16 +42,21 @@ def add_event_loop_argument(parser: argparse.ArgumentParser, env: str | None = N
 
 
 def parse_command_line(
-    parser: argparse.ArgumentParser, argv: Sequence[str] | None
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str] | None,
+    every_command: Callable[[], argparse.ArgumentParser] | None = None,
 ) -> argparse.Namespace:
     """`parser.parse_args(argv)` for a program of commands (`trace-reducer reduce ...`), where
     words the command does not take are refused by the command's own parser, with the flag of
     that command nearest a mistyped one: argparse refuses them with the program's usage, which
     names no flag of the command (`usage: trace-reducer [-h] [--version] COMMAND ...`). A
     mistyped flag before the command (`--verison`) is refused the same way, with the program's
-    flag nearest it: argparse said only that COMMAND was missing, or not a command."""
+    flag nearest it: argparse said only that COMMAND was missing, or not a command.
+    `every_command`: the parser with every command's flags, for a program whose `parser` has
+    only the named command's (agent-server loads a command's modules only to run it); called
+    only to name the command a flag given before it belongs to."""
     words = sys.argv[1:] if argv is None else list(argv)
-    _refuse_unknown_before_command(parser, words)
+    _refuse_unknown_before_command(parser, words, every_command or (lambda: parser))
     args, extras = parser.parse_known_args(words)
     if extras:
         command = _command_parser(parser, getattr(args, "command", None)) or parser
@@ -77,9 +82,13 @@ def _nearest(flag: str, flags: Sequence[str]) -> str | None:
     return found[0] if found else None
 
 
-def _refuse_unknown_before_command(parser: argparse.ArgumentParser, words: Sequence[str]) -> None:
+def _refuse_unknown_before_command(
+    parser: argparse.ArgumentParser,
+    words: Sequence[str],
+    every_command: Callable[[], argparse.ArgumentParser],
+) -> None:
     """Refuse (exit 2) a long flag before the command that the program does not take, naming
-    the one nearest it, else the command whose flag it is."""
+    the command whose flag it is, else the program's flag nearest it."""
     flags = _long_flags(parser)
     for word in words:
         if word == "--" or not word.startswith("--"):
@@ -88,7 +97,7 @@ def _refuse_unknown_before_command(parser: argparse.ArgumentParser, words: Seque
         # argparse takes an unambiguous prefix of a flag (`--vers`): that is no mistake.
         if any(flag.startswith(name) for flag in flags):
             continue
-        commands = _command_parsers(parser)
+        commands = _command_parsers(every_command())
         taking = [command for command, sub in commands.items() if name in _long_flags(sub)]
         if taking:
             # A command's flag given before it (`--json list`): closer to --version by its

@@ -20,6 +20,7 @@ from aiohttp import web
 
 from agent_server import telemetry
 from agent_server.agent import MAX_MODEL_CHARS
+from agent_server.chat_completions import stream_ended_message
 from agent_server.config import open_listen_warning
 from agent_server.gateway._dialects import (
     CHAT,
@@ -925,8 +926,7 @@ class Gateway:
                 outcome.fail(
                     ProviderError(
                         "stream_ended",
-                        "the upstream stream ended without a terminal event (a Chat stream: "
-                        "before every choice had its finish_reason)",
+                        stream_ended_message("upstream"),
                         reason="stream_ended",
                     )
                 )

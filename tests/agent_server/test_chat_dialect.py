@@ -447,8 +447,16 @@ async def test_a_stream_cut_before_its_finish_reason_still_fails(
     turn = await run_turn(agent, thread.id, "hello")
     assert turn.status == agent_pb2.TURN_STATUS_FAILED
     assert turn.error.code == "stream_ended"
+    # Says why, as the gateway does (was: the words a Responses stream gets, no word of the
+    # choice that never finished).
+    cut = (
+        "the provider stream ended without a terminal event (a Chat stream: before every "
+        "choice had its finish_reason)"
+    )
+    assert cut in turn.error.message
     rollout = await closed(agent, thread)
     [call] = rollout.inference_calls.values()
     assert call.execution.status == common_pb2.EXECUTION_STATUS_FAILED
     assert call.end_reason == "stream_ended"
+    assert call.error.message == cut
     assert not call.response_item_ids

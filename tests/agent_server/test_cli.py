@@ -87,11 +87,17 @@ async def test_serve_records_a_turn_and_exits_cleanly_on_sigterm(
     assert f"(event loop {loop})".encode() in served.stderr
 
 
+@pytest.mark.parametrize("kind", ["a regular file", "a FIFO"])
 async def test_serve_warns_about_an_unusable_trace_root_and_keeps_serving(
-    tmp_path: Path,
+    tmp_path: Path, kind: str
 ) -> None:
+    # Unwritable is a warning (README: it still starts, StartThread tries again), so is a path
+    # that is no directory: removing it fixes the next thread.
     traces = tmp_path / "traces"
-    traces.write_text("not a directory")
+    if kind == "a FIFO":
+        os.mkfifo(traces)
+    else:
+        traces.write_text("not a directory")
     async with serve("--trace-root", str(traces)) as served:
         channel = grpc.aio.insecure_channel(served.address)
         stub = agent_pb2_grpc.AgentServiceStub(channel)
@@ -107,7 +113,8 @@ async def test_serve_warns_about_an_unusable_trace_root_and_keeps_serving(
             await channel.close(None)
     assert served.process.returncode == 0
     stderr = served.stderr.decode()
-    assert "trace root is not a directory" in stderr
+    # Was `trace root is not a directory: PATH`, a FIFO and a file alike.
+    assert f"trace root is not a directory: {traces} is {kind}; threads will fail" in stderr
     assert "built-in local model" in stderr
     assert "Traceback" not in stderr
 
@@ -157,7 +164,7 @@ async def test_demo_with_a_trace_root_it_cannot_record_under_is_one_line_and_exi
     said = stderr.decode()
     assert process.returncode == 2, said
     if where == "a-file":
-        assert said == f"agent-server: trace root is not a directory: {root}\n"
+        assert said == f"agent-server: trace root is not a directory: {root} is a regular file\n"
     else:
         # /proc takes no directory: said by the check before the server starts, or (as root,
         # whom the check cannot tell) by the bundle's creation.

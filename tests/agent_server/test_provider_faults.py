@@ -157,6 +157,8 @@ async def test_stream_ending_without_terminal_event(
     [call] = calls_in_order(await reduced(agent))
     assert call.execution.status == FAILED
     assert len(call.response_item_ids) == 1
+    # A Responses stream has no choices: no word of them.
+    assert call.error.message == "the provider stream ended without a terminal event"
 
 
 async def test_reset_after_accepted_output_keeps_it_and_is_not_retried(

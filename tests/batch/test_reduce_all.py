@@ -666,3 +666,41 @@ def test_a_state_json_newer_than_its_bundle_but_not_its_reduction_is_rebuilt(
 def read_bundle_header(bundle: Path) -> record_pb2.Header:
     with read_bundle(bundle) as reader:
         return next(iter(reader)).header
+
+
+def test_a_rewards_sidecar_it_cannot_read_is_said_as_export_rl_says_it(tmp_path: Path) -> None:
+    # Was: a FIFO or a symbolic link as rewards.binpb was said only in state.json's integrity
+    # detail; the summary said CLEAN, exit 0, and nothing else, where export-rl warned.
+    from tests.trace_reducer.bundles import one_turn_bundle
+
+    root = tmp_path / "root"
+    fifo, link = one_turn_bundle(root / "fifo"), one_turn_bundle(root / "link")
+    os.mkfifo(fifo / "rewards.binpb")
+    (tmp_path / "elsewhere.binpb").write_bytes(b"")
+    (link / "rewards.binpb").symlink_to(tmp_path / "elsewhere.binpb")
+    result = reduce_all(str(root))
+    assert result.returncode == 0, result.stderr
+    warned = [line.strip() for line in result.stdout.splitlines() if "warning:" in line]
+    assert warned == [
+        f"warning: clean bundle {fifo}: rewards.binpb is not a regular file",
+        f"warning: clean bundle {link}: rewards.binpb is a symbolic link, which is not followed",
+    ]
+    exported = subprocess.run(
+        [
+            TRACE_REDUCER,
+            "export-rl",
+            str(root),
+            "--format",
+            "jsonl",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert exported.returncode == 0, exported.stderr
+    for bundle, line in ((fifo, warned[0]), (link, warned[1])):
+        # The same words, the bundle named by its directory's name as export-rl names it.
+        assert line.replace(str(bundle), bundle.name) in exported.stderr

@@ -397,3 +397,80 @@ def test_threads_carry_the_group_and_reward_export_rl_gives_their_samples(
         row[0]: row[1] for row in tables.rows("SELECT root_thread_id, reward_count FROM bundles")
     }
     assert counts == {s["thread_id"]: len(s["rewards"]) for s in samples}
+
+
+def test_a_store_that_fails_part_way_through_the_swap_keeps_the_staged_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Was: the store refusing the second table's move left the first table new, the second
+    # gone, the rest old, and abort() removed the staged files: the new tables lost, and the
+    # warning said only the store's error. Now they are kept, and the warning says where.
+    import errno
+
+    import fsspec
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    from tests.trace_reducer.bundles import one_turn_bundle
+    from trace_reducer import cli
+    from trace_reducer.batch._rows import TABLES
+
+    scheme = "movefailstables"
+    refusing = {"on": False}
+
+    class MoveFailsOnTheSecondTable(MemoryFileSystem):  # type: ignore[misc]
+        """memory://, under its own protocol, refusing to move the second table's files."""
+
+        protocol = (scheme,)
+
+        @classmethod
+        def _strip_protocol(cls, path: Any) -> Any:
+            return super()._strip_protocol(str(path).removeprefix(f"{scheme}://"))
+
+        def mv(self, path1: Any, path2: Any, **kwargs: Any) -> Any:
+            if refusing["on"] and f"/{TABLES[1]}/" in str(path1):
+                raise OSError(errno.EIO, "the store refused the move")
+            return super().mv(path1, path2, **kwargs)
+
+    fsspec.register_implementation(scheme, MoveFailsOnTheSecondTable, clobber=True)
+    root = tmp_path / "root"
+    for number in range(2):
+        one_turn_bundle(root / f"run{number}")
+    url = f"{scheme}://swap-fails"
+    store = MoveFailsOnTheSecondTable()
+
+    def files() -> dict[str, list[str]]:
+        return {
+            table: sorted(store.find(f"/swap-fails/{table}"))
+            for table in TABLES
+            if store.exists(f"/swap-fails/{table}")
+        }
+
+    try:
+        assert cli.main(["reduce-all", str(root), "--jobs", "1", "--tables", url]) == 0
+        before = files()
+        assert sorted(before) == sorted(TABLES)
+        capsys.readouterr()
+        refusing["on"] = True
+        code = cli.main(["reduce-all", str(root), "--jobs", "1", "--force", "--tables", url])
+        err = capsys.readouterr().err
+        [staging] = [name for name in store.ls("/swap-fails", detail=False) if ".staging-" in name]
+        kept = {table: store.find(f"{staging}/{table}") for table in TABLES}
+        after = {table: store.find(f"/swap-fails/{table}") for table in TABLES}
+    finally:
+        store.rm("/swap-fails", recursive=True)
+    assert code == 1, err
+    assert "Traceback" not in err
+    # The first table new, the second's old files removed, the rest still old; and every
+    # table not yet moved in is still staged, where the warning says.
+    assert after[TABLES[0]]
+    assert not kept[TABLES[0]]
+    assert not after[TABLES[1]]
+    assert all(after[table] == before[table] for table in TABLES[2:])
+    assert all(kept[table] for table in TABLES[1:]), kept
+    said = (
+        f"trace-reducer: warning: cannot write the tables to {url}: the store refused the move; "
+        f"the swap stopped part-way: {TABLES[0]} replaced, {TABLES[1]} part-way (its old files "
+        f"removed), {', '.join(TABLES[2:])} not yet; the new files not yet moved in are kept in "
+        f"{url}/{staging.rsplit('/', 1)[1]}"
+    )
+    assert said in err.splitlines(), err

@@ -72,6 +72,14 @@ CASES = [
         "trace-reducer: error: unrecognized arguments: --json (--json is a flag of list, dump: "
         "give it after the command, `trace-reducer list --json`)",
     ),
+    # Was `(`agent-server COMMAND --help` lists a command's flags)`: its parser held only the
+    # named command's flags, and `x` is none.
+    (
+        ["agent-server", "--listen", "x", "serve"],
+        "usage: agent-server ",
+        "agent-server: error: unrecognized arguments: --listen (--listen is a flag of serve, "
+        "gateway: give it after the command, `agent-server serve --listen`)",
+    ),
 ]
 
 

@@ -200,6 +200,23 @@ def test_a_replay_reduces_alike_without_the_c_way(
     assert len(calls) >= 4 * 3 + 2 * 3
 
 
+def test_a_strings_part_is_its_roles_text_both_ways() -> None:
+    # Was: a Chat assistant message with string content (a few-shot example the client sent,
+    # matching no earlier output) was shown as an input_text part; the model's text is
+    # output_text everywhere else. Its key was output_text already.
+    for role, shown in (("assistant", "output_text"), ("user", "input_text")):
+        for data in (
+            json.dumps({"role": role, "content": "Paris."}).encode(),
+            json.dumps({"type": "message", "role": role, "content": "Paris."}).encode(),
+        ):
+            described, reference = _both_ways(data)
+            assert described is not None, data
+            assert reference.content == ((shown, "Paris."),), data
+    # A part list keeps each part's own type, whatever the role.
+    listed = b'{"role": "assistant", "content": [{"type": "input_text", "text": "a"}]}'
+    assert _both_ways(listed)[1].content == (("input_text", "a"),)
+
+
 def test_what_the_python_way_decides_is_left_to_it() -> None:
     deep = b'{"type": "message", "content": ' + b"[" * 300 + b"]" * 300 + b"}"
     cases = [

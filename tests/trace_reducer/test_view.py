@@ -313,6 +313,55 @@ def test_a_sites_pages_share_one_copy_of_the_style_and_scripts(tmp_path: Path) -
     assert "../assets/" not in own
 
 
+def _modes_under(directory: Path) -> dict[str, int]:
+    return {
+        os.path.relpath(path, directory): stat.S_IMODE(path.stat().st_mode)
+        for path in [directory, *directory.rglob("*")]
+    }
+
+
+@pytest.mark.parametrize(
+    ("umask", "file_mode", "dir_mode"), [(0o022, 0o644, 0o755), (0o027, 0o640, 0o750)]
+)
+def test_what_a_user_asks_for_gets_the_mode_any_new_file_gets(
+    tmp_path: Path, umask: int, file_mode: int, dir_mode: int
+) -> None:
+    # Was: a site's pages 0600 and its runs/ and assets/ 0700, so a web server running as
+    # another user (as the README says one may serve it) could read none of it. As cp or
+    # mkdir make them now, the umask deciding; a page or state left in the bundle stays 0600.
+    root = tmp_path / "root"
+    bundles = [two_turn_bundle(root / f"run{number}", f"answer {number}") for number in range(2)]
+    site, page, diff, state = (tmp_path / name for name in ("site", "a.html", "d.html", "s.json"))
+
+    def run_under_umask(*args: str | Path) -> None:
+        result = subprocess.run(
+            [*COMMAND, *map(str, args)], capture_output=True, text=True, timeout=30, umask=umask
+        )
+        assert result.returncode == 0, result.stderr
+
+    run_under_umask("view", root, "-o", site)
+    modes = _modes_under(site)
+    assert {name for name, mode in modes.items() if (site / name).is_dir()} == {
+        ".",
+        "runs",
+        "assets",
+    }
+    assert modes == {name: dir_mode if (site / name).is_dir() else file_mode for name in modes}, (
+        modes
+    )
+    assert len(modes) == 3 + 1 + 2 + 4  # index.html, two pages, four assets
+    run_under_umask("view", bundles[0], "-o", page)
+    run_under_umask("view", bundles[0], "--diff", bundles[1], "-o", diff)
+    run_under_umask("reduce", bundles[0], "-o", state)
+    for written in (page, diff, state):
+        assert stat.S_IMODE(written.stat().st_mode) == file_mode, written
+    run_under_umask("view", bundles[0])
+    run_under_umask("view", bundles[0], "--diff", bundles[1])
+    run_under_umask("reduce", bundles[0])
+    for name in (VIEW_FILE_NAME, "diff.html", "state.json"):
+        assert stat.S_IMODE((bundles[0] / name).stat().st_mode) == 0o600, name
+
+
 def test_a_site_gives_every_run_a_page_of_its_own(tmp_path: Path) -> None:
     root = tmp_path / "root"
     # Paths a naive flattening ("/" -> "__") would give one page name.

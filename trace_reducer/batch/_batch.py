@@ -17,10 +17,11 @@ from ..bundle._errors import (
     not_reduced_reason,
     os_error_reason,
 )
-from ..bundle._integrity import integrity_name, require_reducible
+from ..bundle._integrity import bundle_warning, integrity_name, require_reducible
 from ..bundle._layout import TRACE_FILE_NAME
 from ..bundle._liveness import LIVE_WINDOW
 from ..bundle._reader import BundleReader
+from ..bundle._rewards import RewardFile
 from ..reduce._pass import reduce_reader
 from ..reduce._pool import Engine, run_chunks
 from ._rows import Packed, bundle_day, bundle_rows
@@ -90,16 +91,22 @@ class BundleResult:
     # Why a state.json newer than its trace.binpb was not taken as up to date (unreadable,
     # another bundle's), the bundle reduced again; "" when it was, or there was none.
     distrusted_state: str = ""
+    # What was wrong with its rewards.binpb (a FIFO, a symbolic link, damage), in export-rl's
+    # words; "" when nothing was, or the bundle was not read. Else said only in state.json.
+    rewards_warning: str = ""
 
 
 def replay_from_store(store: Store, location: str) -> state_pb2.RolloutTrace:
+    return _replay_with_rewards(store, location)[0]
+
+
+def _replay_with_rewards(store: Store, location: str) -> tuple[state_pb2.RolloutTrace, RewardFile]:
     # What `trace-reducer reduce` does, over a file the store opened (a local file or an
     # object): the fork's parent found beside it, the rewards beside it attached.
     with BundleReader(Path(location, TRACE_FILE_NAME), store.open_trace(location)) as reader:
-        reduced = reduce_reader(
-            reader, forks=store.fork_resolver(location), rewards=store.read_rewards(location)
-        )
-    return reduced.trace
+        rewards = store.read_rewards(location)
+        reduced = reduce_reader(reader, forks=store.fork_resolver(location), rewards=rewards)
+    return reduced.trace, rewards
 
 
 def reduce_one(task: BundleTask, options: BatchOptions) -> BundleResult:
@@ -121,7 +128,11 @@ def reduce_one(task: BundleTask, options: BatchOptions) -> BundleResult:
         if trace is not None:
             outcome = Outcome.UP_TO_DATE
         else:
-            trace = replay_from_store(store, task.location)
+            trace, rewards = _replay_with_rewards(store, task.location)
+            if rewards.problem:
+                result.rewards_warning = bundle_warning(
+                    trace.integrity.status, bundle, rewards.problem
+                )
             outcome = _decide(store, task.location, trace, options)
             if outcome in (Outcome.REDUCED, Outcome.SALVAGED):
                 store.write_state(task.location, trace)

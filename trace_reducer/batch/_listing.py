@@ -386,7 +386,8 @@ class RunIndex:
 
         with contextlib.suppress(OSError):
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            write_aside(self.path, write)
+            # Private (0600) as the bundles whose text it keeps.
+            write_aside(self.path, write, mode=0o600)
 
 
 def indexed_integrity(store: Store, root: str) -> Callable[[BundleEntry], str | None]:

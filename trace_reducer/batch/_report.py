@@ -35,6 +35,8 @@ class Tally:
     live: list[str] = field(default_factory=list)
     # Bundles whose state.json looked up to date but was not theirs, and why.
     distrusted: list[tuple[str, str]] = field(default_factory=list)
+    # Bundles read whose rewards.binpb could not be (all) read: the warning to give of each.
+    rewards_warnings: list[tuple[int, str]] = field(default_factory=list)
     # Up-to-date bundles no worker looked at (their integrity known from `list`'s index).
     known: int = 0
     # Up-to-date CORRUPT bundles: an earlier run (or `reduce --salvage`) salvaged them.
@@ -53,6 +55,8 @@ class Tally:
         self.outcomes[result.outcome] += 1
         if result.distrusted_state:
             self.distrusted.append((result.bundle, result.distrusted_state))
+        if result.rewards_warning and result.outcome != Outcome.LIVE:
+            self.rewards_warnings.append((result.index, result.rewards_warning))
         if result.outcome == Outcome.LIVE:
             self.live.append(result.bundle)
         elif result.integrity:
@@ -124,6 +128,9 @@ def summary(
         )
     for result in sorted(tally.failed, key=lambda r: r.index):
         lines.append(f"  FAILED: {result.bundle}: {result.detail}")
+    # Was: said only in the bundle's state.json, the summary CLEAN and exit 0 (export-rl warned).
+    for _, warning in sorted(tally.rewards_warnings):
+        lines.append(f"  warning: {warning}")
     for bundle in sorted(tally.live):
         lines.append(f"  live (still being written, not reduced): {bundle}")
     for bundle, why in sorted(tally.distrusted):

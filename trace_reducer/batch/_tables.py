@@ -55,6 +55,10 @@ class TableSink:
         self._buffered = 0
         self.rows_written: dict[str, int] = dict.fromkeys(TABLES, 0)
         self._days: set[str] = set()
+        # Whether swap() has removed or moved anything yet, and the tables it replaced whole:
+        # once it has begun, the staged files are the only copy of the tables not yet moved in.
+        self._swap_begun = False
+        self._swapped: list[str] = []
 
     def add(self, day: str, rows: Packed) -> None:
         self._days.add(day)
@@ -112,23 +116,48 @@ class TableSink:
     def swap(self) -> dict[str, int]:
         """Replace the tables under target by the staged ones: each table's files removed,
         then the staged ones moved in. Stopped part-way, some tables would be the new ones,
-        some gone: run it with stops held (bundle/_confine.py's stops_held)."""
+        some gone: run it with stops held (bundle/_confine.py's stops_held). Failed part-way
+        (the store refused a move), the staged files not yet moved are kept (abort() leaves
+        them) and stopped_swap() says where."""
         for table in TABLES:
             final = posixpath.join(self.base, table)
             if self.fs.exists(final):
+                self._swap_begun = True
                 self.fs.rm(final, recursive=True)
             staged = posixpath.join(self.staging, table)
             # File by file: object stores have no directories to rename.
             for name in sorted(self.fs.find(staged)):
                 target = posixpath.join(final, posixpath.relpath(name, staged))
                 self.fs.makedirs(posixpath.dirname(target), exist_ok=True)
+                self._swap_begun = True
                 self.fs.mv(name, target)
+            self._swapped.append(table)
         self._remove_staging()
         return dict(self.rows_written)
 
     def abort(self) -> None:
+        """Drop what was staged, unless a swap has begun: then some tables are new and some
+        old or gone, and the staged files are all there is of the new ones not yet moved in
+        (was: removed too, those tables lost)."""
         self._buffers.clear()
-        self._remove_staging()
+        if not self._swap_begun:
+            self._remove_staging()
+
+    def stopped_swap(self) -> str:
+        """Where a swap that failed part-way left the tables, for the warning that says the
+        tables were not written; "" when none began."""
+        if not self._swap_begun:
+            return ""
+        where = f"{self.target.rstrip('/')}/{posixpath.basename(self.staging)}"
+        left = [table for table in TABLES if table not in self._swapped]
+        if not left:
+            return f"every table was replaced, but {where} could not be removed"
+        replaced = ", ".join(self._swapped) or "no table"
+        return (
+            f"the swap stopped part-way: {replaced} replaced, {left[0]} part-way (its old "
+            f"files removed), {', '.join(left[1:]) or 'no other'} not yet; the new files not "
+            f"yet moved in are kept in {where}"
+        )
 
     def _remove_staging(self) -> None:
         if self.fs.exists(self.staging):

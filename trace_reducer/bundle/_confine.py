@@ -60,13 +60,15 @@ def open_regular_file(
 
 
 def write_aside(
-    path: str | os.PathLike[str], write: Callable[[BinaryIO], object], *, mode: int = 0o600
+    path: str | os.PathLike[str], write: Callable[[BinaryIO], object], *, mode: int = 0o666
 ) -> Path:
     """Write the file at path whole or not at all, for every file written by name (a page, an
-    export, the list's index): `write` fills a new file beside it (`mode`, O_EXCL|O_NOFOLLOW),
-    which is then renamed over it. Whatever has the name already (a FIFO, a symbolic link) is
-    replaced, never waited on nor written through; a reader never sees half a file, and the
-    file before stays whole until the new one is. Returns the path."""
+    export, the list's index): `write` fills a new file beside it (`mode` less the umask, as
+    any new file gets: 0644 under umask 022; O_EXCL|O_NOFOLLOW), which is then renamed over
+    it. Pass 0o600 for a file that holds a bundle's contents beside it, as the bundle's own.
+    Whatever has the name already (a FIFO, a symbolic link) is replaced, never waited on nor
+    written through; a reader never sees half a file, and the file before stays whole until
+    the new one is. Returns the path."""
     target = Path(path)
     temp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
     try:

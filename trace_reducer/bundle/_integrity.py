@@ -22,6 +22,13 @@ def describe_integrity(integrity: state_pb2.Integrity) -> str:
     return f"{line}: {integrity.detail}" if integrity.detail else line
 
 
+def bundle_warning(status: state_pb2.IntegrityStatus.ValueType, bundle: str, what: str) -> str:
+    """The warning export-rl and reduce-all give of a bundle they read, whose integrity (or a
+    sidecar beside it) says something is wrong: `clean bundle NAME: rewards.binpb is not a
+    regular file`."""
+    return f"{integrity_name(status).lower()} bundle {bundle}: {what}"
+
+
 def require_reducible(integrity: state_pb2.Integrity, *, salvage: bool, source: str) -> None:
     """Refuse what is no bundle at all, and a CORRUPT bundle unless salvaging.
 

@@ -240,9 +240,14 @@ def run(args: argparse.Namespace) -> int:
     )
     # Each line one line, whatever a bundle's name holds.
     print(redact("\n".join(map(one_line, lines))), flush=True)
+    # A swap the store stopped part-way: where the new files not yet moved in are kept.
+    stopped = sink.stopped_swap() if sink is not None and table_rows is None else ""
     if interrupted:
+        if stopped:
+            warn(f"the tables at {args.tables} are not all new: {stopped}")
         return EXIT_INTERRUPTED
     if table_error:
-        warn(f"cannot write the tables to {args.tables}: {table_error}")
+        said = "; ".join(filter(None, [table_error, stopped]))
+        warn(f"cannot write the tables to {args.tables}: {said}")
         return EXIT_FAILED
     return EXIT_FAILED if tally.failing else EXIT_OK

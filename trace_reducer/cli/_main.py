@@ -198,7 +198,8 @@ def _reduce(args: argparse.Namespace) -> int:
         instead=" (--stdout writes to stdout)",
         inputs=[trace_file],
     )
-    print(write_state_json(trace, target, expand=expand), flush=True)
+    # Inside the bundle, private as its own files; elsewhere (-o), as any new file.
+    print(write_state_json(trace, target, expand=expand, private=not args.output), flush=True)
     return EXIT_OK
 
 
@@ -350,7 +351,13 @@ def _view(args: argparse.Namespace) -> int:
     require_reducible(integrity, salvage=True, source=args.bundle)
     _warn_incomplete(integrity, args.bundle, showing=True)
     target = _output_file(args.output, trace_file.parent / VIEW_FILE_NAME, inputs=[trace_file])
-    path = save_view(data, target, title=f"rollout {trace_file.parent.name}")
+    # Inside the bundle, private as its own files; elsewhere (-o), as any new file.
+    path = save_view(
+        data,
+        target,
+        title=f"rollout {trace_file.parent.name}",
+        mode=0o666 if args.output else 0o600,
+    )
     print(path, flush=True)
     if args.open and not webbrowser.open(path.resolve().as_uri()):
         say(f"no browser could be started; open {path} yourself")
@@ -366,7 +373,8 @@ def _view_diff(args: argparse.Namespace) -> int:
     target = _output_file(
         args.output, trace_file.parent / DIFF_FILE_NAME, inputs=[trace_file, other]
     )
-    path = write_diff(args.bundle, args.diff, target)
+    # Inside the bundle, private as its own files; elsewhere, as any new file.
+    path = write_diff(args.bundle, args.diff, target, mode=0o666 if args.output else 0o600)
     print(path, flush=True)
     if args.open and not webbrowser.open(path.resolve().as_uri()):
         say(f"no browser could be started; open {path} yourself")

@@ -24,7 +24,7 @@ from ..bundle._errors import (
     NotABundleError,
     not_reduced_reason,
 )
-from ..bundle._integrity import integrity_name, require_reducible
+from ..bundle._integrity import bundle_warning, integrity_name, require_reducible
 from ..bundle._layout import TRACE_FILE_NAME
 from ..bundle._names import KIND_WORDS, ROLE_WORDS, STOP_WORDS, rollout_group, rollout_outcome
 from ..bundle._reader import BundleReader, resolve_trace_file
@@ -212,9 +212,8 @@ def _reduce_and_sample(
         return _Reduced(None, None, "", Unreduced(str(bundle), not_reduced_reason(error)))
     warning = ""
     if trace.integrity.status != state_pb2.INTEGRITY_STATUS_CLEAN or trace.integrity.detail:
-        warning = (
-            f"{integrity_name(trace.integrity.status).lower()} bundle {bundle.name}: "
-            f"{trace.integrity.detail or 'exported what it holds'}"
+        warning = bundle_warning(
+            trace.integrity.status, bundle.name, trace.integrity.detail or "exported what it holds"
         )
     sample = build_sample(bundle, trace, instructions)
     if sample is None:
@@ -816,7 +815,7 @@ def _write_lines(path: Path, lines: Iterable[bytes]) -> None:
         for line in lines:
             out.write(line)
 
-    write_aside(path, write, mode=0o666)
+    write_aside(path, write)
 
 
 def _write_parquet(path: Path, columns: dict[str, list[Any]], schema: Any) -> None:
@@ -824,7 +823,7 @@ def _write_parquet(path: Path, columns: dict[str, list[Any]], schema: Any) -> No
     import pyarrow.parquet as pq
 
     table = pa.Table.from_pydict(columns, schema=schema)
-    write_aside(path, lambda out: pq.write_table(table, out), mode=0o666)
+    write_aside(path, lambda out: pq.write_table(table, out))
 
 
 def parquet_schema(fmt: str) -> Any:

@@ -249,8 +249,9 @@ static PyObject *describe_object(PyObject *parsed) {
     if (role_value == NULL && PyErr_Occurred()) goto done;
     PyObject *content = get(parsed, s_content);
     if (content == NULL && PyErr_Occurred()) goto done;
+    /* Its role's text type, for the key and for a string's shown part alike. */
+    PyObject *text_type = is_string(role_value, "assistant") ? s_output_text : s_input_text;
     if (content != NULL && (PyUnicode_Check(content) || PyList_Check(content))) {
-        PyObject *text_type = is_string(role_value, "assistant") ? s_output_text : s_input_text;
         PyObject *cut = normalised_content(content, text_type);
         if (cut == NULL) goto done;
         int set = PyDict_SetItem(normalised, s_content, cut);
@@ -284,7 +285,7 @@ static PyObject *describe_object(PyObject *parsed) {
         if (summary == NULL && PyErr_Occurred()) goto done;
         parts = parts_of(summary, s_summary_text);
     } else {
-        parts = parts_of(content, s_input_text);
+        parts = parts_of(content, text_type);
     }
     if (parts == NULL) goto done;
 

@@ -232,7 +232,9 @@ def _parse_item(data: bytes) -> ItemInfo:
     if kind == state_pb2.ITEM_KIND_REASONING:
         parts = _parts(parsed.get("summary"), "summary_text")
     else:
-        parts = _parts(content, "input_text")
+        # A string's part is its role's text, as in the key (was: input_text for every role,
+        # so an assistant's few-shot example a Chat client sent showed as input_text).
+        parts = _parts(content, text_type)
     return ItemInfo(
         key=_key(normalised),
         responses_item_id=_text(parsed.get("id")),

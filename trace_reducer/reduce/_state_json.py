@@ -91,11 +91,16 @@ def state_to_json(trace: state_pb2.RolloutTrace) -> str:
 
 
 def write_state_json(
-    trace: state_pb2.RolloutTrace, path: str | os.PathLike[str], *, expand: bool = False
+    trace: state_pb2.RolloutTrace,
+    path: str | os.PathLike[str],
+    *,
+    expand: bool = False,
+    private: bool = True,
 ) -> Path:
-    """Write the state to path (mode 0600) so readers see the old file or the new, never half.
+    """Write the state to path so readers see the old file or the new, never half.
 
-    expand: as for iter_state_json.
+    expand: as for iter_state_json. private: mode 0600, as a bundle's own files; else the
+    mode any new file gets (0666 less the umask), for a copy the user asked for elsewhere.
     """
     target = Path(path)
     try:
@@ -103,7 +108,9 @@ def write_state_json(
     except OSError as error:
         raise OSError(error.errno, error.strerror, str(target)) from error
     try:
-        write_state_json_at(trace, dir_fd, target.name, display=str(target), expand=expand)
+        write_state_json_at(
+            trace, dir_fd, target.name, display=str(target), expand=expand, private=private
+        )
     finally:
         os.close(dir_fd)
     return target
@@ -116,6 +123,7 @@ def write_state_json_at(
     *,
     display: str,
     expand: bool = False,
+    private: bool = True,
 ) -> None:
     """write_state_json into the directory open as dir_fd, whatever its path names by now.
 
@@ -127,14 +135,15 @@ def write_state_json_at(
         fd = os.open(
             temp_name,
             os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-            0o600,
+            0o600 if private else 0o666,
             dir_fd=dir_fd,
         )
     except OSError as error:
         # The temp file's name means nothing to the caller; the path they gave does.
         raise OSError(error.errno, error.strerror, display) from error
     try:
-        os.fchmod(fd, 0o600)
+        if private:
+            os.fchmod(fd, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8", newline="", buffering=_WRITE_BYTES) as temp:
             for piece in iter_state_json(trace, expand=expand):
                 temp.write(piece)

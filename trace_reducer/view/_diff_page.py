@@ -58,6 +58,9 @@ def write_diff(
     a: str | os.PathLike[str],
     b: str | os.PathLike[str],
     output: str | os.PathLike[str],
+    *,
+    mode: int = 0o666,
 ) -> Path:
-    """Write the page of two runs compared to output (mode 0600), replacing it whole."""
-    return write_page(render_diff(a, b), output)
+    """Write the page of two runs compared to output (`mode` less the umask), replacing it
+    whole."""
+    return write_page(render_diff(a, b), output, mode=mode)

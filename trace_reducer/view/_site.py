@@ -437,8 +437,10 @@ def _fill_site(
     started: Callable[[int], None],
     progress: Callable[[int, int], None],
 ) -> None:
-    (target / "runs").mkdir(mode=0o700)
-    (target / "assets").mkdir(mode=0o700)
+    # Made as mkdir makes any directory (0755 under umask 022), as the pages are made as any
+    # file (write_page): a web server running as another user can serve the site.
+    (target / "runs").mkdir()
+    (target / "assets").mkdir()
     # One copy of the pages' style and scripts for the whole site, not one a page.
     assets = write_assets(target / "assets", "../assets/")
     listed = _listed_runs(root, lambda relative: f"runs/{_static_name(relative)}", warn, reading)

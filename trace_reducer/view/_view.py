@@ -498,15 +498,18 @@ def save_view(
     *,
     links: RunLinks | None = None,
     assets: SharedAssets | None = None,
+    mode: int = 0o666,
 ) -> Path:
-    """Write the page of data to target (mode 0600), replacing it whole; return the path."""
-    return write_page(render_view(data, title, links=links, assets=assets), target)
+    """Write the page of data to target (`mode` less the umask), replacing it whole; return
+    the path."""
+    return write_page(render_view(data, title, links=links, assets=assets), target, mode=mode)
 
 
-def write_page(text: str, target: str | os.PathLike[str]) -> Path:
-    """Write a page to target (mode 0600), replacing it whole (a browser reloading it never sees
-    half a page); return the path."""
-    return write_aside(target, lambda out: out.write(text.encode("utf-8")))
+def write_page(text: str, target: str | os.PathLike[str], *, mode: int = 0o666) -> Path:
+    """Write a page to target, replacing it whole (a browser reloading it never sees half a
+    page); return the path. Its mode is `mode` less the umask, as any new file's (0644 under
+    umask 022): a page the user asked for is readable by a web server serving it."""
+    return write_aside(target, lambda out: out.write(text.encode("utf-8")), mode=mode)
 
 
 def write_view(
@@ -523,5 +526,8 @@ def write_view(
         raise NotABundleError(
             f"not a trace bundle (no header record): {bundle}: {data.trace.integrity.detail}"
         )
-    target = output if output is not None else trace_file.parent / VIEW_FILE_NAME
-    return save_view(data, target, title=f"rollout {trace_file.parent.name}")
+    title = f"rollout {trace_file.parent.name}"
+    if output is None:
+        # Inside the bundle, private as the bundle's own files (0600, in a 0700 directory).
+        return save_view(data, trace_file.parent / VIEW_FILE_NAME, title, mode=0o600)
+    return save_view(data, output, title)
