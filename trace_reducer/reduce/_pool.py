@@ -292,7 +292,14 @@ class PoolEngine:
     def submit(self, chunk: Sequence[Any], args: tuple[Any, ...]) -> Handle:
         first = self._serial
         self._serial += len(chunk) + 1
-        future = self._pool.submit(_run_taken, self._work, first, chunk, *args)
+        try:
+            future = self._pool.submit(_run_taken, self._work, first, chunk, *args)
+        except BrokenProcessPool as error:
+            # A worker died since the driver last waited: the chunk is lost with the pool,
+            # never sent, and the next wait says so and restarts the pool (was: the error
+            # ended the run).
+            future = futures.Future()
+            future.set_exception(error)
         self._spans[future] = (first, len(chunk))
         return future
 
