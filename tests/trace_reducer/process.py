@@ -31,6 +31,6 @@ def running(pid: int) -> bool:
     """Whether pid is a process that has not ended (a zombie has: only its reaping is due)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # ESRCH: reaped between open and read
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"

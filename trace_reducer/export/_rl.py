@@ -257,7 +257,7 @@ def _reduce_samples(
     warn: Callable[[str], None] | None,
 ) -> list[_Reduced]:
     """Every bundle reduced into its sample's row, in the order given, on `jobs` processes
-    (reduce-all's pool: a worker that dies is replaced, the bundles it held retried alone)."""
+    (reduce-all's pool: a worker that dies is replaced, the bundle it was on retried alone)."""
     candidates = [*bundles, *parents]
     # Every bundle's header read once, here, whatever the number of processes and chunks; a
     # trace.binpb that is a link is no bundle to resolve a fork against (it is reported).
