@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import io
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -490,3 +491,27 @@ def test_live_transcript_of_a_growing_bundle(tmp_path: Path) -> None:
     assert len(turn_lines) == 2
     assert turn_lines[0].startswith("[turn turn-1 · COMPLETED · ")
     assert turn_lines[1].startswith("[turn turn-2 · CANCELLED · ")
+
+
+def test_watch_ends_its_last_line_before_a_corrupt_bundle_s_error(tmp_path: Path) -> None:
+    """Stopped by damage mid-answer, the transcript's half line is ended before the error line,
+    on stdout and stderr sharing one pipe as on a terminal (was: `assistant: accepted answer
+    trace-reducer: corrupt bundle …`, the newline flushed after the error)."""
+    source = one_turn_bundle(tmp_path / "src")
+    data = bytearray((source / "trace.binpb").read_bytes())
+    # The frame after the answer's deltas: the transcript stops inside `assistant: …`.
+    data[frame_ends(bytes(data))[11] - 2] ^= 0x01
+    bundle = tmp_path / "corrupt"
+    bundle.mkdir()
+    (bundle / "trace.binpb").write_bytes(bytes(data))
+    done = subprocess.run(
+        [*WATCH, str(bundle)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        timeout=DEADLINE_SECONDS,
+        check=False,
+    )
+    output = done.stdout.decode()
+    assert done.returncode == 1, output
+    assert "\nassistant: accepted answer \ntrace-reducer: corrupt bundle " in output, output
+    assert output.endswith("CRC mismatch\n"), output

@@ -500,6 +500,9 @@ def _watch(args: argparse.Namespace) -> int:
             "records; the recording had not completed",
             EXIT_INTERRUPTED,
         ) from None
+    # The transcript's last line (ended by the printer) goes out before any error on stderr: into
+    # one pipe or file (`watch B 2>&1 | less`), the error would otherwise follow a half line.
+    sys.stdout.flush()
     try:
         require_reducible(trace.integrity, salvage=False, source=args.bundle)
     except CorruptBundleError as error:
