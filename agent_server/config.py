@@ -466,7 +466,10 @@ def add_replay_arguments(
     replay.add_argument(
         "--replay-pace",
         choices=REPLAY_PACES,
-        help="send recorded events at their recorded times, or at once (default fast)",
+        help=(
+            "send recorded events at their recorded times, or at once (default fast: a call "
+            "the client interrupted keeps its recorded gaps)"
+        ),
     )
     replay.add_argument(
         "--replay-on-divergence",
