@@ -212,6 +212,9 @@ class _TurnStats:
     first_delta: bool = False
     input_tokens: int = 0
     output_tokens: int = 0
+    # Whether any call reported its usage: a turn none did has unknown tokens, not 0 (as `list`,
+    # `view` and `diff` say).
+    usage_reported: bool = False
     http_status: int = 0
 
 
@@ -277,6 +280,7 @@ def on_event(thread_id: str, event: agent_pb2.ThreadEvent) -> None:
         if stats is not None:
             stats.input_tokens += usage.input_tokens
             stats.output_tokens += usage.output_tokens
+            stats.usage_reported = True
     elif kind == "error":
         _provider_failed(thread_id, event)
     elif kind == "turn_completed":
@@ -313,12 +317,9 @@ def _turn_ended(thread_id: str, event: agent_pb2.ThreadEvent) -> None:
         TURNS_ACTIVE.dec()
         duration = time.monotonic() - stats.started
         TURN_SECONDS.observe(duration)
-        fields.update(
-            duration_s=round(duration, 3),
-            calls=stats.calls,
-            input_tokens=stats.input_tokens,
-            output_tokens=stats.output_tokens,
-        )
+        fields.update(duration_s=round(duration, 3), calls=stats.calls)
+        if stats.usage_reported:
+            fields.update(input_tokens=stats.input_tokens, output_tokens=stats.output_tokens)
     if turn.error.code:
         fields.update(error_code=turn.error.code, error=turn.error.message)
     _info("turn ended", **fields)

@@ -24,7 +24,17 @@ from agent_server.config import add_serve_arguments, from_args
 from rollout.agent.v1 import agent_pb2
 from rollout_client import AgentClient
 from tests.agent_server.conftest import AGENT_SERVER, Harness, StartAgent, clean_env
-from tests.agent_server.scripted_provider import ScriptedProvider, answer
+from tests.agent_server.scripted_provider import (
+    ScriptedProvider,
+    answer,
+    completed,
+    created,
+    item_added,
+    item_done,
+    message,
+    sse,
+    text_delta,
+)
 from tests.docs import block
 
 METRICS_LINE = re.compile(r"metrics at (http://\S+/metrics)")
@@ -226,6 +236,25 @@ async def test_provider_failures_and_retries_are_logged_and_counted(
     assert (fields["attempt"], fields["http_status"], fields["turn"]) == (1, 503, turn.id)
     [ended] = [r for r in caplog.records if r.getMessage() == "turn ended"]
     assert ended.fields["calls"] == 2  # type: ignore[attr-defined]
+
+
+async def test_a_turn_whose_provider_reported_no_usage_logs_no_token_counts(
+    provider: ScriptedProvider, agent: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Unknown is not 0: the turn ended line leaves the counts out, as `list` says `?`.
+    item = message("nothing counted", "msg-1")
+    events_sent = [created(), item_added(item), text_delta("nothing counted", "msg-1")]
+    provider.queue(sse(*events_sent, item_done(item), completed()))
+    thread = await agent.start_thread()
+    events = agent.events(thread.id)
+    with caplog.at_level(logging.INFO, logger="agent_server"):
+        turn = await agent.start_turn(thread.id, "count nothing")
+        assert (await events.turn_completed(turn.id)).status == agent_pb2.TURN_STATUS_COMPLETED
+    [ended] = [r for r in caplog.records if r.getMessage() == "turn ended"]
+    fields = ended.fields  # type: ignore[attr-defined]
+    assert fields["calls"] == 1
+    assert "input_tokens" not in fields
+    assert "output_tokens" not in fields
 
 
 async def test_a_recording_failure_is_counted(provider: ScriptedProvider, agent: Harness) -> None:
