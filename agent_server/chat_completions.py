@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from agent_server.provider import EncodedItems, ProviderEvent, parse_event
 from trace_reducer import LOGPROBS_INCLUDE, canonical_json, chat_messages
@@ -254,23 +254,16 @@ class ChunkMapper:
         refusal = delta.get("refusal")
         if isinstance(refusal, str) and refusal:
             out.extend(self._append("refusal", refusal))
-        calls = delta.get("tool_calls")
-        for call in calls if isinstance(calls, list) else []:
-            if not isinstance(call, dict):
-                continue
-            index = call.get("index", 0)
-            index = index if isinstance(index, int) else 0
-            given = call.get("function")
-            function: dict[str, Any] = given if isinstance(given, dict) else {}
-            item = self._calls.get(index)
+        for piece in tool_call_pieces(delta.get("tool_calls")):
+            item = self._calls.get(piece.position)
             if item is None:
                 item = self._begin("function_call", out)
-                item.call_id = str(call.get("id") or item.id)
-                item.name = str(function.get("name") or "")
-                self._calls[index] = item
+                item.call_id = str(piece.call_id or item.id)
+                item.name = str(piece.name or "")
+                self._calls[piece.position] = item
                 out.append(self._added(item))
-            arguments = function.get("arguments")
-            if isinstance(arguments, str) and (arguments or self._ids or self._logprobs):
+            arguments = piece.arguments
+            if arguments is not None and (arguments or self._ids or self._logprobs):
                 item.text.append(arguments)
                 out.append(self._text_event(item, arguments))
         return out
@@ -461,6 +454,41 @@ class ChunkDecoder:
 CHAT = ChatDialect()
 
 
+class ToolCallPiece(NamedTuple):
+    """One tool call's piece of a Chat delta (or whole message): the call's position (its
+    `index`) in its choice, and its id, name and arguments as the JSON has them (the id and
+    name any value there; arguments None where they are not a string)."""
+
+    position: int
+    call_id: Any
+    name: Any
+    arguments: str | None
+
+
+def tool_call_pieces(calls: Any) -> list[ToolCallPiece]:
+    """The pieces of a delta's `tool_calls`; what is not shaped as the API has it is skipped
+    (a call that is no object) or read as absent (an index that is no int is 0)."""
+    if not isinstance(calls, list):
+        return []
+    pieces = []
+    for call in calls:
+        if not isinstance(call, dict):
+            continue
+        index = call.get("index", 0)
+        given = call.get("function")
+        function: Mapping[str, Any] = given if isinstance(given, dict) else {}
+        arguments = function.get("arguments")
+        pieces.append(
+            ToolCallPiece(
+                index if isinstance(index, int) else 0,
+                call.get("id"),
+                function.get("name"),
+                arguments if isinstance(arguments, str) else None,
+            )
+        )
+    return pieces
+
+
 __all__ = [
     "CHAT",
     "CHUNK_EVENT",
@@ -471,9 +499,11 @@ __all__ = [
     "ChunkDecoder",
     "ChunkMapper",
     "MappedEvent",
+    "ToolCallPiece",
     "envelope",
     "item_id",
     "request_body",
     "stream_ended_message",
+    "tool_call_pieces",
     "tool_choice",
 ]

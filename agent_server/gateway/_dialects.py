@@ -193,20 +193,14 @@ class _OtherChoices:
         refusal = delta.get("refusal")
         if isinstance(refusal, str) and refusal:
             self._refusal.setdefault(index, []).append(refusal)
-        calls = delta.get("tool_calls")
-        for call in calls if isinstance(calls, list) else []:
-            if not isinstance(call, dict):
-                continue
-            position = call.get("index", 0)
-            position = position if isinstance(position, int) else 0
-            function = _mapping(call.get("function"))
-            held = self._calls.setdefault(index, {}).setdefault(position, ["", ""])
-            if isinstance(call.get("id"), str) and not held[0]:
-                held[0] = call["id"]
-            if isinstance(function.get("name"), str) and not held[1]:
-                held[1] = function["name"]
-            if isinstance(function.get("arguments"), str):
-                held.append(function["arguments"])
+        for piece in chat_completions.tool_call_pieces(delta.get("tool_calls")):
+            held = self._calls.setdefault(index, {}).setdefault(piece.position, ["", ""])
+            if isinstance(piece.call_id, str) and not held[0]:
+                held[0] = piece.call_id
+            if isinstance(piece.name, str) and not held[1]:
+                held[1] = piece.name
+            if piece.arguments is not None:
+                held.append(piece.arguments)
 
     def items(self) -> list[list[dict[str, Any]]]:
         out = []
